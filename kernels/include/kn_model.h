@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file kn_model.h
+ * A Hugging Face model directory, opened: config.json, *.safetensors
+ * (mmapped, single file or sharded with model.safetensors.index.json),
+ * tokenizer files and generation_config.json.
+ *
+ * Threading: a kn_model is read-only after kn_model_open(); any number of
+ * threads and stage engines may read it at once.
+ */
+#ifndef KN_MODEL_H
+#define KN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Architecture flavours the engines implement. */
+enum kn_arch {
+	KN_ARCH_LLAMA = 1, /**< LlamaForCausalLM, MistralForCausalLM */
+	KN_ARCH_QWEN2 = 2, /**< Qwen2ForCausalLM: q/k/v projections carry bias */
+	KN_ARCH_QWEN3 = 3, /**< Qwen3ForCausalLM: RMSNorm on q and k per head */
+};
+
+/** Tensor element types as stored in safetensors. */
+enum kn_dtype {
+	KN_DT_F32 = 1,
+	KN_DT_F16 = 2,
+	KN_DT_BF16 = 3,
+};
+
+#define KN_MAX_EOS 8
+
+/** The model's shape and constants, normalised from every spelling of config.json. */
+struct kn_model_config {
+	enum kn_arch arch;
+	int32_t vocab_size;
+	int32_t hidden_size;
+	int32_t intermediate_size;
+	int32_t n_layers;
+	int32_t n_heads;
+	int32_t n_kv_heads;
+	int32_t head_dim;          /**< explicit head_dim, else hidden/heads */
+	int32_t max_position;      /**< max_position_embeddings */
+	float rms_eps;
+	float rope_theta;
+	/* Llama-3 rope scaling (rope_type "llama3"); factor 0 means none. */
+	float rope_factor;
+	float rope_low_freq_factor;
+	float rope_high_freq_factor;
+	int32_t rope_orig_max_position;
+	int tie_embeddings;        /**< lm_head shares embed_tokens */
+	int qkv_bias;              /**< q/k/v projections have bias (Qwen2) */
+	int qk_norm;               /**< per-head RMSNorm on q and k (Qwen3) */
+	enum kn_dtype dtype;       /**< torch_dtype / dtype */
+	int32_t bos_token_id;      /**< -1 if none */
+	int32_t eos_token_ids[KN_MAX_EOS]; /**< from config and generation_config */
+	int32_t n_eos;
+};
+
+/** One tensor as found in the safetensors files. */
+struct kn_tensor {
+	const char *name;
+	enum kn_dtype dtype;
+	int32_t n_dims;
+	int64_t shape[4];
+	const void *data;          /**< points into the mmapped file */
+	size_t nbytes;
+};
+
+struct kn_model;
+
+/**
+ * Open a model directory.
+ * @param dir     directory holding config.json and *.safetensors
+ * @param err     receives a message naming the problem and the fix on failure
+ * @param errlen  size of @p err
+ * @return the model, or NULL with errno set (ENOENT missing file, EINVAL bad
+ *         config or tensor: shape, dtype, truncated file, lying header,
+ *         unknown architecture; ENOMEM) and @p err filled.
+ */
+struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen);
+
+/** Close a model opened by kn_model_open(); NULL is a no-op. */
+void kn_model_close(struct kn_model *m);
+
+/** @return the model's normalised configuration (valid until close). */
+const struct kn_model_config *kn_model_config(const struct kn_model *m);
+
+/** @return the directory the model was opened from. */
+const char *kn_model_dir(const struct kn_model *m);
+
+/**
+ * Look up a tensor by its Hugging Face name.
+ * @return the tensor, or NULL if absent.
+ */
+const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *name);
+
+/**
+ * A stable 64-bit identity of the model (config + tensor names, shapes and a
+ * sample of weight bytes): two processes holding different models disagree.
+ */
+uint64_t kn_model_fingerprint(const struct kn_model *m);
+
+/** @return a short name for an architecture ("llama", "qwen2", "qwen3"). */
+const char *kn_arch_name(enum kn_arch a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_MODEL_H */

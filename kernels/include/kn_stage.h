@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file kn_stage.h
+ * A stage engine: one layer range [start, end) of a model, with its own paged
+ * KV pool, stepping micro-batches of columns exactly as the scheduler packs
+ * them. The same API is implemented by the CPU reference engine and the CUDA
+ * engine (chosen by enum kn_backend at creation).
+ *
+ * Invariants (tests pin each one):
+ *  - Bitwise determinism: a column computes the same bits whatever else
+ *    shares its micro-batch, wherever it sits in it, and however the model is
+ *    split into stages. Steps run under plans of fixed width (columns padded
+ *    to the smallest plan >= n_cols); no reduction order depends on batch
+ *    composition.
+ *  - Paged KV: block b of layer l holds KN_PAGE_BLK positions. A column at
+ *    position p of slot s writes its K/V to block table[s][p / KN_PAGE_BLK],
+ *    offset p % KN_PAGE_BLK, for this stage's layers only. All columns' K/V
+ *    of a step are written before any attention of that step, so a prefill
+ *    chunk attends causally within itself. A column attends to positions
+ *    0..pos of its slot.
+ *  - Block tables change only through kn_stage_apply_ops(), in the order the
+ *    scheduler sent the ops, so every stage's layout is identical.
+ *
+ * Threading: one thread drives a stage (create, apply_ops, step, destroy);
+ * the engine may use its own worker threads inside a step. Different stages
+ * may be driven from different threads.
+ */
+#ifndef KN_STAGE_H
+#define KN_STAGE_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kn_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Positions per KV block. */
+#define KN_PAGE_BLK 16
+/** Most plans a stage may carry. */
+#define KN_MAX_PLANS 4
+
+enum kn_backend {
+	KN_BACKEND_CPU = 0,
+	KN_BACKEND_CUDA = 1,
+};
+
+/* ---- in-band ops (a wire ABI: fixed width, 16 bytes) ---- */
+
+enum kn_op_type {
+	KN_OP_SET_BLOCK = 1, /**< table[slot][idx] = val (a block id, or -1 to clear) */
+	KN_OP_ZERO_SLOT = 2, /**< clear slot's table row and any per-slot state */
+	KN_OP_ROLLBACK = 3,  /**< slot's state rolls back to before position val
+	                          (no-op for pure attention: K/V past it is simply
+	                          overwritten; needed for recurrent layers) */
+};
+
+struct kn_op {
+	uint32_t type;  /**< enum kn_op_type */
+	int32_t slot;
+	int32_t idx;
+	int32_t val;
+};
+static_assert(sizeof(struct kn_op) == 16, "kn_op is a 16-byte wire record");
+
+/* ---- a column (a wire ABI: fixed width, 32 bytes) ---- */
+
+/** Column flags. */
+#define KN_COL_NEED_LOGIT 0x1u /**< last stage: produce a token for this column */
+
+struct kn_column {
+	int32_t token;       /**< first stage: token id (< vocab); ignored elsewhere */
+	int32_t pos;         /**< position in its sequence, 0-based */
+	int32_t slot;        /**< block-table row */
+	uint32_t flags;      /**< KN_COL_* */
+	float temperature;   /**< 0 = greedy (argmax, lowest id wins ties) */
+	float top_p;         /**< 1 = off */
+	int32_t top_k;       /**< 0 = off */
+	uint32_t seed;       /**< sampling draws from a stream keyed by (seed, pos) */
+};
+static_assert(sizeof(struct kn_column) == 32, "kn_column is a 32-byte wire record");
+
+/* ---- creating a stage ---- */
+
+struct kn_stage_opts {
+	int32_t layer_start;          /**< first layer held (the first stage embeds) */
+	int32_t layer_end;            /**< one past the last (the last stage has norm + LM head) */
+	int32_t n_blocks;             /**< KV pool blocks; -1 = as many as the budget holds */
+	size_t kv_budget_bytes;       /**< with n_blocks -1: CPU bytes for the pool */
+	float kv_mem_fraction;        /**< with n_blocks -1, CUDA: fraction of free device memory */
+	int32_t n_slots;              /**< block-table rows (concurrent sequences) */
+	int32_t max_blocks_per_slot;  /**< row length: context limit = this * KN_PAGE_BLK */
+	int32_t plan_widths[KN_MAX_PLANS]; /**< ascending fixed widths */
+	int32_t n_plans;
+	int32_t n_threads;            /**< CPU engine threads (0 = online cores) */
+	int32_t device;               /**< CUDA device ordinal */
+};
+
+/** Fill @p o with defaults: whole model, 64 slots, 256 blocks/slot, plans {8, 64}, auto pool. */
+void kn_stage_opts_init(struct kn_stage_opts *o);
+
+struct kn_stage;
+
+/**
+ * Create a stage engine over layers [o->layer_start, o->layer_end) of @p m.
+ * The model must outlive the stage.
+ * @return the stage, or NULL with errno set (EINVAL bad range/options,
+ *         ENOMEM, ENODEV backend unavailable, EIO device error) and @p err filled.
+ */
+struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
+				 const struct kn_stage_opts *o, char *err, size_t errlen);
+
+/** Destroy a stage; NULL is a no-op. */
+void kn_stage_destroy(struct kn_stage *s);
+
+/** What a stage holds, for reporting and for pool negotiation. */
+struct kn_stage_info {
+	int32_t layer_start, layer_end;
+	int first, last;              /**< holds the embedding / the LM head */
+	int32_t n_blocks;             /**< KV pool blocks */
+	int32_t n_slots;
+	int32_t max_blocks_per_slot;
+	int32_t hidden_size;
+	int32_t vocab_size;
+	size_t weight_bytes;          /**< resident weight bytes of this stage */
+	size_t kv_bytes;              /**< KV pool bytes */
+	size_t workspace_bytes;       /**< scratch */
+};
+
+/** Fill @p info. @return 0. */
+int kn_stage_info(const struct kn_stage *s, struct kn_stage_info *info);
+
+/**
+ * Re-size the KV pool to @p n_blocks (the negotiated count). Clears all slots.
+ * @return 0, -EINVAL (n_blocks < 1), -ENOMEM.
+ */
+int kn_stage_set_pool(struct kn_stage *s, int32_t n_blocks);
+
+/**
+ * Apply in-band ops in order.
+ * @return 0, or -EINVAL (bad type, slot, index or block id; nothing after the
+ *         bad op is applied; kn_stage_error() says which).
+ */
+int kn_stage_apply_ops(struct kn_stage *s, const struct kn_op *ops, size_t n);
+
+/** One step's inputs and outputs. Buffers are the caller's. */
+struct kn_step {
+	int32_t n_cols;
+	const struct kn_column *cols;  /**< [n_cols] */
+	const float *hidden_in;        /**< non-first stage: [n_cols][hidden] f32 */
+	float *hidden_out;             /**< non-last stage: [n_cols][hidden] f32 */
+	int32_t *tokens_out;           /**< last stage: [n_cols], -1 where no logit was asked */
+	float *logits_out;             /**< optional, last stage: [n_cols][vocab] f32 (rows
+	                                    of columns without NEED_LOGIT are untouched) */
+	int32_t n_logprobs;            /**< top-k logprobs per NEED_LOGIT column (0 = none) */
+	float *token_logprob_out;      /**< optional [n_cols]: logprob of the chosen token */
+	int32_t *top_ids_out;          /**< [n_cols][n_logprobs] */
+	float *top_logprobs_out;       /**< [n_cols][n_logprobs] */
+};
+
+/**
+ * Run one stage step over st->n_cols columns (1 <= n_cols <= widest plan).
+ * @return 0, or -EINVAL (token >= vocab, position beyond the slot's table or
+ *         the model's context, unset block, bad slot, n_cols out of range),
+ *         -EIO (device error); kn_stage_error() names the column and value.
+ *         A failed step writes no K/V.
+ */
+int kn_stage_step(struct kn_stage *s, struct kn_step *st);
+
+/** @return the last error message of this stage ("" if none). */
+const char *kn_stage_error(const struct kn_stage *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_STAGE_H */

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file shm_pool.h
+ * A pool of fixed-size buffers inside a region (micro-batch buffers, KV page
+ * staging), shared by several processes. The free list is an MPMC ring of
+ * buffer indices; a state word per buffer refuses a double release.
+ *
+ * Invariants: a buffer index is on the free ring exactly when its state is
+ * FREE; get() flips FREE→HELD, put() flips HELD→FREE before re-queueing, so
+ * a buffer is never handed out twice and exhaustion is a return value.
+ *
+ * Threading: any number of threads and processes may get/put concurrently.
+ */
+#ifndef SHM_POOL_H
+#define SHM_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm_region.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct shm_pool;
+
+/**
+ * Create a pool of @p n buffers of @p bufsize bytes (rounded up to 64) in @p r.
+ * @return the handle, or NULL with errno EINVAL, EEXIST, ENOSPC, ENOMEM.
+ */
+struct shm_pool *shm_pool_create(struct shm_region *r, const char *name, uint32_t n,
+				 size_t bufsize);
+
+/** Find a pool another process created. @return handle or NULL (ENOENT, EPROTO). */
+struct shm_pool *shm_pool_lookup(struct shm_region *r, const char *name);
+
+/** Free the process-local handle. */
+void shm_pool_close(struct shm_pool *p);
+
+/**
+ * Take a free buffer.
+ * @param idx receives its index
+ * @return 0, or -ENOBUFS (pool exhausted).
+ */
+int shm_pool_get(struct shm_pool *p, uint32_t *idx);
+
+/**
+ * Return a buffer.
+ * @return 0, -EINVAL (index out of range), -EALREADY (already free: double release refused).
+ */
+int shm_pool_put(struct shm_pool *p, uint32_t idx);
+
+/** @return the buffer's offset in the region. */
+uint64_t shm_pool_buf_off(const struct shm_pool *p, uint32_t idx);
+/** @return the buffer's address in this process. */
+void *shm_pool_buf(const struct shm_pool *p, uint32_t idx);
+/** @return the buffer index holding region offset @p off, or -EINVAL. */
+int64_t shm_pool_idx_of(const struct shm_pool *p, uint64_t off);
+/** @return buffer size. */
+size_t shm_pool_bufsize(const struct shm_pool *p);
+/** @return number of buffers. */
+uint32_t shm_pool_count(const struct shm_pool *p);
+/** @return free buffers now. */
+uint32_t shm_pool_available(const struct shm_pool *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHM_POOL_H */

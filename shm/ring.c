@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Rings: rte_ring placed in region memory with rte_ring_init(), driven with
+ * the inline *_elem calls, so no EAL is ever initialised.
+ *
+ * Sleep/wake invariant (a Dekker pair across processes):
+ *   consumer: W1 waiters += 1 (seq_cst RMW) ; then re-reads the ring tail;
+ *             sleeps on wake_seq only if the ring is still empty.
+ *   producer: publishes the tail (release, inside rte_ring) ; F1 full fence ;
+ *             then reads waiters and, if non-zero, bumps wake_seq and wakes.
+ * W1 and F1 order each side's store before its load, so at least one side
+ * sees the other: either the consumer finds the element or the producer
+ * finds the waiter. The wake_seq snapshot is taken before W1, so a bump
+ * that lands between the re-check and the futex call makes FUTEX_WAIT
+ * return at once (EAGAIN) instead of sleeping through it.
+ * Cost: F1 is one fence per enqueue burst on the producer; the wake syscall
+ * happens only while a consumer sleeps.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rte_ring.h>
+#include <rte_ring_elem.h>
+
+#include "ring_abi.h"
+#include "shm_ring.h"
+
+struct shm_ring {
+	struct shm_ring_meta *meta;
+	struct rte_ring *r;
+	unsigned esize;
+	unsigned count;
+};
+
+/* Spin this many empty checks before sleeping: ~1-2 µs, shorter than a
+ * futex round trip, so a consumer that is fed steadily never sleeps. */
+#define WAIT_SPINS 256
+
+static long futex(_Atomic uint32_t *uaddr, int op, uint32_t val, const struct timespec *ts)
+{
+	return syscall(SYS_futex, (uint32_t *)uaddr, op, val, ts, NULL, 0);
+}
+
+static struct shm_ring *wrap(void *area)
+{
+	struct shm_ring *q = malloc(sizeof(*q));
+
+	if (q == NULL) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	q->meta = area;
+	q->r = (struct rte_ring *)((char *)area + SHM_RING_META_BYTES);
+	q->esize = q->meta->esize;
+	q->count = q->meta->count;
+	return q;
+}
+
+struct shm_ring *shm_ring_create(struct shm_region *reg, const char *name, unsigned count,
+				 unsigned esize, unsigned flags)
+{
+	struct shm_ring_meta *meta;
+	unsigned rflags = RING_F_EXACT_SZ;
+	ssize_t rsz;
+	uint64_t off;
+	int rc;
+
+	if (count == 0 || count > (1u << 28) || esize == 0 || esize % 4 != 0 ||
+	    (flags & ~(SHM_RING_MP | SHM_RING_MC)) != 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	rsz = rte_ring_get_memsize_elem(esize, count);
+	if (rsz < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	rc = shm_region_add_area(reg, name, SHM_RING_META_BYTES + (size_t)rsz, 128, SHM_AREA_RING,
+				 &off);
+	if (rc < 0) {
+		errno = -rc;
+		return NULL;
+	}
+	meta = shm_ptr(reg, off);
+	memset(meta, 0, SHM_RING_META_BYTES);
+	if (!(flags & SHM_RING_MP))
+		rflags |= RING_F_SP_ENQ;
+	if (!(flags & SHM_RING_MC))
+		rflags |= RING_F_SC_DEQ;
+	rc = rte_ring_init((struct rte_ring *)((char *)meta + SHM_RING_META_BYTES), name, count,
+			   rflags);
+	if (rc < 0) {
+		errno = -rc;
+		return NULL;
+	}
+	meta->esize = esize;
+	meta->count = count;
+	meta->flags = flags;
+	meta->layout = SHM_RING_LAYOUT;
+	/* R3: publish the ring; pairs with A3 in shm_ring_lookup(). */
+	__atomic_store_n(&meta->magic, SHM_RING_MAGIC, __ATOMIC_RELEASE);
+	return wrap(meta);
+}
+
+struct shm_ring *shm_ring_lookup(struct shm_region *reg, const char *name)
+{
+	struct shm_ring_meta *meta;
+	uint64_t off;
+
+	if (shm_region_find_area(reg, name, &off, NULL) < 0) {
+		errno = ENOENT;
+		return NULL;
+	}
+	meta = shm_ptr(reg, off);
+	/* A3 */
+	if (__atomic_load_n(&meta->magic, __ATOMIC_ACQUIRE) != SHM_RING_MAGIC ||
+	    meta->layout != SHM_RING_LAYOUT) {
+		errno = EPROTO;
+		return NULL;
+	}
+	return wrap(meta);
+}
+
+void shm_ring_close(struct shm_ring *q)
+{
+	free(q);
+}
+
+static inline void wake_if_sleeping(struct shm_ring *q)
+{
+	/* F1: order the tail store (inside rte_ring) before reading waiters. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&q->meta->waiters, memory_order_relaxed) != 0) {
+		atomic_fetch_add_explicit(&q->meta->wake_seq, 1, memory_order_release);
+		futex(&q->meta->wake_seq, FUTEX_WAKE, INT_MAX, NULL);
+	}
+}
+
+unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *objs, unsigned n)
+{
+	unsigned done = rte_ring_enqueue_burst_elem(q->r, objs, q->esize, n, NULL);
+
+	if (done > 0)
+		wake_if_sleeping(q);
+	return done;
+}
+
+unsigned shm_ring_dequeue_burst(struct shm_ring *q, void *objs, unsigned n)
+{
+	return rte_ring_dequeue_burst_elem(q->r, objs, q->esize, n, NULL);
+}
+
+int shm_ring_wait(struct shm_ring *q, int64_t timeout_ns)
+{
+	struct timespec ts, *tsp = NULL;
+	uint32_t seq;
+	long rc;
+
+	for (int i = 0; i < WAIT_SPINS; i++) {
+		if (rte_ring_count(q->r) > 0)
+			return 0;
+		rte_pause();
+	}
+	if (timeout_ns == 0)
+		return -ETIMEDOUT;
+	if (timeout_ns > 0) {
+		ts.tv_sec = timeout_ns / 1000000000;
+		ts.tv_nsec = timeout_ns % 1000000000;
+		tsp = &ts;
+	}
+	seq = atomic_load_explicit(&q->meta->wake_seq, memory_order_acquire);
+	/* W1 */
+	atomic_fetch_add_explicit(&q->meta->waiters, 1, memory_order_seq_cst);
+	if (rte_ring_count(q->r) > 0) {
+		atomic_fetch_sub_explicit(&q->meta->waiters, 1, memory_order_relaxed);
+		return 0;
+	}
+	rc = futex(&q->meta->wake_seq, FUTEX_WAIT, seq, tsp);
+	atomic_fetch_sub_explicit(&q->meta->waiters, 1, memory_order_relaxed);
+	if (rte_ring_count(q->r) > 0)
+		return 0;
+	if (rc != 0 && errno == ETIMEDOUT)
+		return -ETIMEDOUT;
+	if (rc != 0 && errno == EINTR)
+		return -EINTR;
+	/* Woken (or seq moved) but another consumer took the element. */
+	return timeout_ns < 0 ? shm_ring_wait(q, timeout_ns) : -ETIMEDOUT;
+}
+
+unsigned shm_ring_count(const struct shm_ring *q)
+{
+	return rte_ring_count(q->r);
+}
+
+unsigned shm_ring_free_count(const struct shm_ring *q)
+{
+	return rte_ring_free_count(q->r);
+}
+
+unsigned shm_ring_capacity(const struct shm_ring *q)
+{
+	return rte_ring_get_capacity(q->r);
+}
+
+unsigned shm_ring_esize(const struct shm_ring *q)
+{
+	return q->esize;
+}
+
+unsigned shm_ring_reset(struct shm_ring *q)
+{
+	unsigned n = rte_ring_count(q->r);
+
+	rte_ring_reset(q->r);
+	atomic_store_explicit(&q->meta->waiters, 0, memory_order_relaxed);
+	atomic_fetch_add_explicit(&q->meta->wake_seq, 1, memory_order_release);
+	return n;
+}
