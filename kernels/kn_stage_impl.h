@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file kn_stage_impl.h
+ * Private: how a backend (CPU reference engine, CUDA engine) plugs into the
+ * kn_stage API without the dispatcher knowing its internals.
+ *
+ * A backend's stage struct embeds `struct kn_stage` as its FIRST member and
+ * points `base.vt` at its vtable. The public functions in kn_stage.c do
+ * everything that must be identical across backends before calling in:
+ *
+ *  - kn_stage_create() checks the options (layer range, slots, plans) and
+ *    calls the backend's create (kn_cpu_stage_create / kn_cuda_stage_create).
+ *    The backend calls kn_stage_base_init() first, which copies the options,
+ *    sorts nothing (plans must already ascend) and allocates the host block
+ *    table (every entry -1).
+ *  - kn_stage_apply_ops() validates and applies each op to the host block
+ *    table `base.table` in order, stopping at the first bad op, then calls
+ *    vt->apply_ops with the prefix that was applied (the CUDA engine mirrors
+ *    the table to the device there; the CPU engine reads base.table directly).
+ *  - kn_stage_step() validates every column (n_cols within the widest plan,
+ *    token < vocab on the first stage, slot in range, position within the
+ *    model context and the slot's table, every block 0..pos/KN_PAGE_BLK set)
+ *    and the buffers, so vt->step only sees well-formed steps. A failed
+ *    validation writes nothing.
+ *  - kn_stage_set_pool() checks n_blocks >= 1, calls vt->set_pool, and on
+ *    success clears the host table and sets base.n_blocks.
+ *  - kn_stage_destroy() calls vt->destroy, which must call
+ *    kn_stage_base_fini() and free its struct.
+ *
+ * Errors: a backend writes its message with kn_stage_seterr(); vt->error may
+ * be NULL (then base.err is returned).
+ *
+ * Sampling (kn_sample.c) is shared: a backend that produces f32 logit rows on
+ * the host calls kn_sample_column() so greedy ties, top-k/top-p and the
+ * (seed, pos)-keyed draw are the same bits on every backend.
+ */
+#ifndef KN_STAGE_IMPL_H
+#define KN_STAGE_IMPL_H
+
+#include <stdarg.h>
+
+#include "kn_model.h"
+#include "kn_stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kn_stage;
+
+/** A backend's entry points. All take the embedded base pointer. */
+struct kn_stage_vtbl {
+	const char *name; /**< "cpu", "cuda" */
+	/** Build a stage; NULL + errno and @p err filled on failure. */
+	struct kn_stage *(*create)(const struct kn_model *m, const struct kn_stage_opts *o,
+				   char *err, size_t errlen);
+	/** Free everything, including base (via kn_stage_base_fini) and the struct. */
+	void (*destroy)(struct kn_stage *s);
+	/** Fill @p info; base fields are pre-filled by kn_stage_info(). @return 0. */
+	int (*info)(const struct kn_stage *s, struct kn_stage_info *info);
+	/** Re-size the KV pool; @return 0 or -ENOMEM (pool unchanged). */
+	int (*set_pool)(struct kn_stage *s, int32_t n_blocks);
+	/** Mirror ops already applied to base.table (may be NULL). @return 0 or -errno. */
+	int (*apply_ops)(struct kn_stage *s, const struct kn_op *ops, size_t n);
+	/** Run a validated step. @return 0 or -errno with kn_stage_seterr(). */
+	int (*step)(struct kn_stage *s, struct kn_step *st);
+	/** Last error message; NULL means base.err is used. */
+	const char *(*error)(const struct kn_stage *s);
+};
+
+/** State every backend shares; embed as the first member. */
+struct kn_stage {
+	const struct kn_stage_vtbl *vt;
+	const struct kn_model *model;
+	const struct kn_model_config *cfg;
+	struct kn_stage_opts opts;   /**< as given, validated */
+	int first, last;             /**< holds the embedding / the LM head */
+	int32_t n_blocks;            /**< current KV pool size */
+	int32_t max_plan;            /**< widest plan */
+	int32_t *table;              /**< [n_slots][max_blocks_per_slot], -1 = unset */
+	char err[512];
+};
+
+/**
+ * Initialise @p s (already zeroed by the caller) for @p m and @p o.
+ * @return 0, or -ENOMEM (err filled).
+ */
+int kn_stage_base_init(struct kn_stage *s, const struct kn_stage_vtbl *vt,
+		       const struct kn_model *m, const struct kn_stage_opts *o,
+		       char *err, size_t errlen);
+
+/** Release what kn_stage_base_init() allocated. */
+void kn_stage_base_fini(struct kn_stage *s);
+
+/** printf into s->err. */
+void kn_stage_seterr(struct kn_stage *s, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/** @return the block id of slot @p slot at position @p pos (validated steps only). */
+static inline int32_t kn_stage_block(const struct kn_stage *s, int32_t slot, int32_t pos)
+{
+	return s->table[(size_t)slot * (size_t)s->opts.max_blocks_per_slot
+			+ (size_t)(pos / KN_PAGE_BLK)];
+}
+
+/** The CPU reference engine (kn_cpu.c). */
+struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_stage_opts *o,
+				     char *err, size_t errlen);
+
+/** The CUDA engine (kernels/cuda/), present when KVF_HAVE_CUDA. */
+struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_stage_opts *o,
+				      char *err, size_t errlen);
+
+/**
+ * Choose the token for one column from its f32 logit row and fill the
+ * requested logprobs. Greedy when c->temperature <= 0 (argmax, lowest id on
+ * ties); otherwise softmax(logits / T), top-k then top-p filtered, one draw
+ * from a counter-based RNG keyed by (c->seed, c->pos) — independent of what
+ * else was in the batch.
+ * @param logits     [vocab] f32 row (not modified)
+ * @param vocab      row length
+ * @param c          the column (sampling parameters)
+ * @param n_logprobs number of top logprobs wanted (0 = none)
+ * @param tok_lp     out, may be NULL: logprob of the chosen token
+ * @param top_ids    out [n_logprobs], may be NULL when n_logprobs is 0
+ * @param top_lps    out [n_logprobs]
+ * @param scratch    caller scratch of at least 2 * vocab floats (f32 + index)
+ * @return the token id.
+ */
+int32_t kn_sample_column(const float *logits, int32_t vocab, const struct kn_column *c,
+			 int32_t n_logprobs, float *tok_lp, int32_t *top_ids, float *top_lps,
+			 void *scratch);
+
+/** bf16 → f32 (exact). */
+static inline float kn_bf16_to_f32(uint16_t h)
+{
+	union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+	return v.f;
+}
+
+/** f32 → bf16, round to nearest even (NaN stays NaN). */
+static inline uint16_t kn_f32_to_bf16(float f)
+{
+	union { uint32_t u; float f; } v = { .f = f };
+	if ((v.u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((v.u >> 16) | 0x40u);
+	return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/** f16 → f32 (exact, handles subnormals, inf, NaN). */
+float kn_f16_to_f32(uint16_t h);
+
+/**
+ * RoPE inverse frequencies for @p cfg, with Llama-3 scaling applied when
+ * cfg->rope_factor > 0. Shared so every backend rotates by the same angles.
+ * @param inv_freq out [head_dim / 2]
+ */
+void kn_rope_inv_freq(const struct kn_model_config *cfg, float *inv_freq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_STAGE_IMPL_H */
