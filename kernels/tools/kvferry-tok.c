@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-tok: the tokenizer on the command line, JSON lines in and out, for
+ * debugging and for the reference comparisons in tests/.
+ *
+ *   kvferry-tok encode --model DIR [--no-special] [--bos] [--time]
+ *       in:  "text" or {"text": "..."}      out: {"ids": [..]}
+ *   kvferry-tok decode --model DIR [--skip-special]
+ *       in:  [ids] or {"ids": [..]}        out: {"text": "..."}
+ *   kvferry-tok chat --model DIR [--gen]
+ *       in:  [{"role": .., "content": ..}]  out: {"prompt": "...", "ids": [..]}
+ *
+ * --tokenizer FILE [--config FILE] replace --model. A line that fails gives
+ * {"error": "..."} and the exit status is 1 at the end.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "kn_tok.h"
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: kvferry-tok encode|decode|chat (--model DIR | --tokenizer FILE "
+		"[--config FILE])\n"
+		"       [--no-special] [--bos] [--skip-special] [--gen] [--time]\n"
+		"JSON lines on stdin, one JSON object per line on stdout.\n");
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void put_ids(FILE *f, const int32_t *ids, size_t n)
+{
+	fputc('[', f);
+	for (size_t i = 0; i < n; i++)
+		fprintf(f, i ? ",%d" : "%d", ids[i]);
+	fputc(']', f);
+}
+
+static void put_string(FILE *f, const char *key, const char *s, size_t n)
+{
+	json_t *o = json_object();
+	char *d;
+
+	json_object_set_new(o, key, json_stringn(s, n));
+	d = json_dumps(o, JSON_COMPACT);
+	fputs(d ? d : "{\"error\":\"json_dumps failed\"}", f);
+	free(d);
+	json_decref(o);
+}
+
+static void put_error(const char *what, int rc)
+{
+	printf("{\"error\":\"%s: %s\"}\n", what, strerror(-rc));
+}
+
+int main(int argc, char **argv)
+{
+	const char *model = NULL, *tjson = NULL, *tcfg = NULL, *cmd;
+	unsigned eflags = KN_TOK_SPECIAL, dflags = 0;
+	int gen = 0, timing = 0, failed = 0;
+	char err[512];
+	struct kn_tok *tok;
+	char *line = NULL;
+	size_t cap = 0, bytes = 0;
+	ssize_t len;
+	double spent = 0;
+
+	if (argc < 2) {
+		usage();
+		return 2;
+	}
+	cmd = argv[1];
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+			model = argv[++i];
+		else if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc)
+			tjson = argv[++i];
+		else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+			tcfg = argv[++i];
+		else if (strcmp(argv[i], "--no-special") == 0)
+			eflags &= ~KN_TOK_SPECIAL;
+		else if (strcmp(argv[i], "--bos") == 0)
+			eflags |= KN_TOK_ADD_BOS;
+		else if (strcmp(argv[i], "--skip-special") == 0)
+			dflags |= KN_TOK_SKIP_SPECIAL;
+		else if (strcmp(argv[i], "--gen") == 0)
+			gen = 1;
+		else if (strcmp(argv[i], "--time") == 0)
+			timing = 1;
+		else {
+			usage();
+			return 2;
+		}
+	}
+	if ((!model && !tjson) || (strcmp(cmd, "encode") && strcmp(cmd, "decode") &&
+				   strcmp(cmd, "chat"))) {
+		usage();
+		return 2;
+	}
+	tok = model ? kn_tok_open(model, err, sizeof(err)) :
+		      kn_tok_open_file(tjson, tcfg, err, sizeof(err));
+	if (!tok) {
+		fprintf(stderr, "kvferry-tok: %s\n", err);
+		return 1;
+	}
+	while ((len = getline(&line, &cap, stdin)) >= 0) {
+		json_error_t je;
+		json_t *j;
+
+		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+			line[--len] = '\0';
+		if (len == 0)
+			continue;
+		j = json_loadb(line, (size_t)len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+		if (!j) {
+			printf("{\"error\":\"bad JSON line\"}\n");
+			failed = 1;
+			continue;
+		}
+		if (strcmp(cmd, "encode") == 0) {
+			const json_t *s = json_is_object(j) ? json_object_get(j, "text") : j;
+			int32_t *ids;
+			size_t n;
+			double t0;
+			int rc;
+
+			if (!json_is_string(s)) {
+				printf("{\"error\":\"expected a string or {\\\"text\\\": ...}\"}\n");
+				failed = 1;
+				json_decref(j);
+				continue;
+			}
+			t0 = now();
+			rc = kn_tok_encode(tok, json_string_value(s), json_string_length(s),
+					   eflags, &ids, &n);
+			spent += now() - t0;
+			bytes += json_string_length(s);
+			if (rc) {
+				put_error("kn_tok_encode", rc);
+				failed = 1;
+			} else {
+				fputs("{\"ids\":", stdout);
+				put_ids(stdout, ids, n);
+				fputs("}\n", stdout);
+				free(ids);
+			}
+		} else if (strcmp(cmd, "decode") == 0) {
+			const json_t *a = json_is_object(j) ? json_object_get(j, "ids") : j;
+			size_t n = json_array_size(a);
+			int32_t *ids = malloc((n + 1) * sizeof(*ids));
+			char *text;
+			size_t tl;
+			int rc;
+
+			for (size_t i = 0; ids && i < n; i++)
+				ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
+			rc = ids ? kn_tok_decode(tok, ids, n, dflags, &text, &tl) : -ENOMEM;
+			if (rc) {
+				put_error("kn_tok_decode", rc);
+				failed = 1;
+			} else {
+				put_string(stdout, "text", text, tl);
+				fputc('\n', stdout);
+				free(text);
+			}
+			free(ids);
+		} else {
+			size_t n = json_array_size(j);
+			struct kn_chat_msg *m = calloc(n + 1, sizeof(*m));
+			char *prompt = NULL;
+			int32_t *ids = NULL;
+			size_t nid = 0;
+			int rc;
+
+			for (size_t i = 0; m && i < n; i++) {
+				m[i].role = json_string_value(json_object_get(json_array_get(j, i), "role"));
+				m[i].content = json_string_value(
+					json_object_get(json_array_get(j, i), "content"));
+			}
+			rc = m ? kn_tok_apply_chat(tok, m, n, gen, &prompt) : -ENOMEM;
+			if (rc == -ENOTSUP) {
+				printf("{\"error\":\"%s\"}\n", kn_tok_chat_error(tok));
+				failed = 1;
+			} else if (rc) {
+				put_error("kn_tok_apply_chat", rc);
+				failed = 1;
+			} else if ((rc = kn_tok_encode(tok, prompt, strlen(prompt), KN_TOK_SPECIAL,
+						       &ids, &nid))) {
+				put_error("kn_tok_encode", rc);
+				failed = 1;
+			} else {
+				json_t *o = json_object();
+				char *d;
+
+				json_object_set_new(o, "prompt", json_string(prompt));
+				d = json_dumps(o, JSON_COMPACT);
+				/* splice "ids" in before the closing brace */
+				if (d) {
+					d[strlen(d) - 1] = '\0';
+					fputs(d, stdout);
+					fputs(",\"ids\":", stdout);
+					put_ids(stdout, ids, nid);
+					fputs("}\n", stdout);
+				}
+				free(d);
+				json_decref(o);
+			}
+			free(ids);
+			free(prompt);
+			free(m);
+		}
+		json_decref(j);
+	}
+	if (timing && strcmp(cmd, "encode") == 0)
+		fprintf(stderr, "kvferry-tok: encoded %zu bytes in %.3f s: %.2f MB/s\n",
+			bytes, spent, spent > 0 ? (double)bytes / spent / 1e6 : 0.0);
+	free(line);
+	kn_tok_close(tok);
+	return failed;
+}
