@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file kn_cpu_mm.h
+ * Private: the CPU engine's batched matrix-vector kernels.
+ *
+ * Bitwise contract: every output element y[j][o] = dot(x[j], W[o]) is
+ * reduced by one thread in one fixed order (8 lanes over k ascending, then a
+ * fixed lane tree), whichever columns or rows share its register block. So a
+ * column's result does not depend on the batch it rides in or the thread
+ * split.
+ */
+#ifndef KN_CPU_MM_H
+#define KN_CPU_MM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kn_model.h"
+
+/** Lane padding of every activation row and converted weight row (floats). */
+#define KN_LANES 16
+
+static inline int32_t kn_pad(int32_t n)
+{
+	return (n + KN_LANES - 1) / KN_LANES * KN_LANES;
+}
+
+/** One y = x W^T (+ bias) (+ y if accumulate) over n columns. */
+struct kn_mm {
+	const struct kn_tensor *w;    /**< [N][K] weight, f32/f16/bf16 */
+	const struct kn_tensor *bias; /**< [N] or NULL */
+	const float *x;               /**< [n][ldx], lanes K..pad(K) zero */
+	float *y;                     /**< [n][ldy] */
+	int32_t ldx, ldy, n, K, N;
+	int accumulate;               /**< y += result (residual add) */
+};
+
+/**
+ * Compute rows [o0, o1) of @p mm. @p wbuf is thread scratch of 4 * pad(K)
+ * floats (the converted weight rows: bf16 is widened per tile, never kept).
+ */
+void kn_mm_rows(const struct kn_mm *mm, int32_t o0, int32_t o1, float *wbuf);
+
+/** Convert @p k elements of a row of dtype @p dt to f32, zero-padding to pad(k). */
+void kn_row_to_f32(const void *src, enum kn_dtype dt, int32_t k, float *dst);
+
+/** Fixed-order dot product of two pad(k)-long rows (k a multiple of KN_LANES). */
+float kn_dot(const float *a, const float *b, int32_t kp);
+
+/** y[0..kp) += a * x[0..kp). */
+void kn_axpy(float a, const float *x, float *y, int32_t kp);
+
+#endif /* KN_CPU_MM_H */

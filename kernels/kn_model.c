@@ -1,0 +1,714 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Hugging Face model directory loader: config.json (every spelling recent
+ * transformers releases have written), generation_config.json and
+ * safetensors (single file, sharded with an index, or a bare set of shards).
+ *
+ * Invariants: after kn_model_open() returns, every tensor the architecture
+ * needs exists with the expected shape and a supported dtype, and every
+ * tensor's bytes lie inside its mmapped file. Engines rely on both and never
+ * re-check; breaking either would let a lying header read out of bounds.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kn_model.h"
+
+struct kn_mapping {
+	char *path;
+	void *base;
+	size_t size;
+};
+
+struct kn_model {
+	char *dir;
+	struct kn_model_config cfg;
+	struct kn_mapping *maps;
+	size_t n_maps;
+	struct kn_tensor *tensors; /* sorted by name */
+	size_t n_tensors, cap_tensors;
+	uint64_t fingerprint;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+const char *kn_arch_name(enum kn_arch a)
+{
+	switch (a) {
+	case KN_ARCH_LLAMA: return "llama";
+	case KN_ARCH_QWEN2: return "qwen2";
+	case KN_ARCH_QWEN3: return "qwen3";
+	}
+	return "unknown";
+}
+
+static size_t dtype_size(enum kn_dtype d)
+{
+	return d == KN_DT_F32 ? 4 : 2;
+}
+
+/* ---------------------------------------------------------------- config */
+
+static int json_num(json_t *o, const char *key, double *out)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || !json_is_number(v))
+		return 0;
+	*out = json_number_value(v);
+	return 1;
+}
+
+static int get_int(json_t *o, const char *key, int32_t *out, int required,
+		   char *err, size_t errlen)
+{
+	double d;
+	if (!json_num(o, key, &d)) {
+		if (required) {
+			seterr(err, errlen, "config.json: required integer key \"%s\" is missing or not a number", key);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (d < 0 || d > 1e9 || d != (double)(int64_t)d) {
+		seterr(err, errlen, "config.json: \"%s\" = %g is not a sane non-negative integer", key, d);
+		return -EINVAL;
+	}
+	*out = (int32_t)d;
+	return 1;
+}
+
+static void add_eos(struct kn_model_config *c, json_t *v)
+{
+	size_t i;
+	json_t *e;
+	if (json_is_integer(v)) {
+		int32_t id = (int32_t)json_integer_value(v);
+		for (int k = 0; k < c->n_eos; k++)
+			if (c->eos_token_ids[k] == id)
+				return;
+		if (c->n_eos < KN_MAX_EOS)
+			c->eos_token_ids[c->n_eos++] = id;
+	} else if (json_is_array(v)) {
+		json_array_foreach(v, i, e)
+			add_eos(c, e);
+	}
+}
+
+static int parse_dtype_name(const char *s, enum kn_dtype *d)
+{
+	if (!strcmp(s, "bfloat16") || !strcmp(s, "torch.bfloat16") || !strcmp(s, "BF16"))
+		*d = KN_DT_BF16;
+	else if (!strcmp(s, "float16") || !strcmp(s, "torch.float16") || !strcmp(s, "F16"))
+		*d = KN_DT_F16;
+	else if (!strcmp(s, "float32") || !strcmp(s, "torch.float32") || !strcmp(s, "F32"))
+		*d = KN_DT_F32;
+	else
+		return -1;
+	return 0;
+}
+
+/* Rope settings live in rope_theta + rope_scaling (transformers <= 4.x) or
+ * in rope_parameters (5.x, which also moves rope_theta inside). */
+static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t errlen)
+{
+	double d;
+	json_t *sc = json_object_get(root, "rope_parameters");
+	if (!sc || !json_is_object(sc))
+		sc = json_object_get(root, "rope_scaling");
+	c->rope_theta = 10000.0f;
+	if (json_num(root, "rope_theta", &d))
+		c->rope_theta = (float)d;
+	if (!sc || json_is_null(sc))
+		return 0;
+	if (!json_is_object(sc)) {
+		seterr(err, errlen, "config.json: rope_scaling/rope_parameters is not an object");
+		return -EINVAL;
+	}
+	if (json_num(sc, "rope_theta", &d))
+		c->rope_theta = (float)d;
+	json_t *t = json_object_get(sc, "rope_type");
+	if (!t)
+		t = json_object_get(sc, "type");
+	const char *type = json_is_string(t) ? json_string_value(t) : "default";
+	if (!strcmp(type, "default"))
+		return 0;
+	if (strcmp(type, "llama3") != 0) {
+		seterr(err, errlen, "config.json: rope type \"%s\" is not supported (supported: default, llama3)", type);
+		return -EINVAL;
+	}
+	c->rope_factor = 8.0f;
+	c->rope_low_freq_factor = 1.0f;
+	c->rope_high_freq_factor = 4.0f;
+	c->rope_orig_max_position = 8192;
+	if (json_num(sc, "factor", &d))
+		c->rope_factor = (float)d;
+	if (json_num(sc, "low_freq_factor", &d))
+		c->rope_low_freq_factor = (float)d;
+	if (json_num(sc, "high_freq_factor", &d))
+		c->rope_high_freq_factor = (float)d;
+	if (json_num(sc, "original_max_position_embeddings", &d))
+		c->rope_orig_max_position = (int32_t)d;
+	if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
+	    || c->rope_orig_max_position <= 0) {
+		seterr(err, errlen, "config.json: llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen)
+{
+	char path[4096];
+	json_error_t je;
+	json_t *root, *v;
+	int rc = -EINVAL;
+	double d;
+
+	memset(c, 0, sizeof(*c));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	root = json_load_file(path, 0, &je);
+	if (!root) {
+		int e = access(path, R_OK) ? errno : EINVAL;
+		seterr(err, errlen, "json_load_file(%s) failed: %s (line %d); a model directory needs a Hugging Face config.json",
+		       path, je.text, je.line);
+		return -e;
+	}
+	/* Multimodal wrappers nest the text model; plain decoders do not. */
+	v = json_object_get(root, "text_config");
+	json_t *cfg = json_is_object(v) ? v : root;
+
+	const char *archname = NULL;
+	v = json_object_get(root, "architectures");
+	if (json_is_array(v) && json_array_size(v) > 0 && json_is_string(json_array_get(v, 0)))
+		archname = json_string_value(json_array_get(v, 0));
+	const char *mtype = json_string_value(json_object_get(cfg, "model_type"));
+	if (archname && (!strcmp(archname, "LlamaForCausalLM") || !strcmp(archname, "MistralForCausalLM")))
+		c->arch = KN_ARCH_LLAMA;
+	else if (archname && !strcmp(archname, "Qwen2ForCausalLM"))
+		c->arch = KN_ARCH_QWEN2;
+	else if (archname && !strcmp(archname, "Qwen3ForCausalLM"))
+		c->arch = KN_ARCH_QWEN3;
+	else if (!archname && mtype && (!strcmp(mtype, "llama") || !strcmp(mtype, "mistral")))
+		c->arch = KN_ARCH_LLAMA;
+	else if (!archname && mtype && !strcmp(mtype, "qwen2"))
+		c->arch = KN_ARCH_QWEN2;
+	else if (!archname && mtype && !strcmp(mtype, "qwen3"))
+		c->arch = KN_ARCH_QWEN3;
+	else {
+		seterr(err, errlen, "%s: unknown architecture \"%s\" (model_type \"%s\"); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+		       path, archname ? archname : "(none)", mtype ? mtype : "(none)");
+		goto out;
+	}
+	c->qkv_bias = c->arch == KN_ARCH_QWEN2;
+	c->qk_norm = c->arch == KN_ARCH_QWEN3;
+
+	if (get_int(cfg, "vocab_size", &c->vocab_size, 1, err, errlen) < 0
+	    || get_int(cfg, "hidden_size", &c->hidden_size, 1, err, errlen) < 0
+	    || get_int(cfg, "intermediate_size", &c->intermediate_size, 1, err, errlen) < 0
+	    || get_int(cfg, "num_hidden_layers", &c->n_layers, 1, err, errlen) < 0
+	    || get_int(cfg, "num_attention_heads", &c->n_heads, 1, err, errlen) < 0)
+		goto out;
+	c->n_kv_heads = c->n_heads;
+	if (get_int(cfg, "num_key_value_heads", &c->n_kv_heads, 0, err, errlen) < 0)
+		goto out;
+	if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->hidden_size <= 0
+	    || c->vocab_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0) {
+		seterr(err, errlen, "%s: inconsistent shape: hidden_size %d, vocab_size %d, layers %d, heads %d, kv heads %d (heads must be a multiple of kv heads; all > 0)",
+		       path, c->hidden_size, c->vocab_size, c->n_layers, c->n_heads, c->n_kv_heads);
+		goto out;
+	}
+	c->head_dim = c->hidden_size / c->n_heads;
+	if (get_int(cfg, "head_dim", &c->head_dim, 0, err, errlen) < 0)
+		goto out;
+	if (c->head_dim <= 0 || c->head_dim % 2) {
+		seterr(err, errlen, "%s: head_dim %d must be even and > 0", path, c->head_dim);
+		goto out;
+	}
+	c->max_position = 8192;
+	if (get_int(cfg, "max_position_embeddings", &c->max_position, 0, err, errlen) < 0)
+		goto out;
+	c->rms_eps = 1e-6f;
+	if (json_num(cfg, "rms_norm_eps", &d))
+		c->rms_eps = (float)d;
+	if (parse_rope(cfg, c, err, errlen) < 0)
+		goto out;
+	v = json_object_get(cfg, "tie_word_embeddings");
+	if (!v)
+		v = json_object_get(root, "tie_word_embeddings");
+	c->tie_embeddings = json_is_true(v);
+	if (c->arch == KN_ARCH_LLAMA && (json_is_true(json_object_get(cfg, "attention_bias"))
+					 || json_is_true(json_object_get(cfg, "mlp_bias")))) {
+		seterr(err, errlen, "%s: attention_bias/mlp_bias true is not supported for llama models", path);
+		goto out;
+	}
+	c->dtype = KN_DT_BF16;
+	v = json_object_get(cfg, "dtype");
+	if (!json_is_string(v))
+		v = json_object_get(cfg, "torch_dtype");
+	if (!json_is_string(v))
+		v = json_object_get(root, "torch_dtype");
+	if (json_is_string(v) && parse_dtype_name(json_string_value(v), &c->dtype) < 0) {
+		seterr(err, errlen, "%s: dtype \"%s\" is not supported (bfloat16, float16, float32)", path, json_string_value(v));
+		goto out;
+	}
+	c->bos_token_id = -1;
+	v = json_object_get(cfg, "bos_token_id");
+	if (json_is_integer(v))
+		c->bos_token_id = (int32_t)json_integer_value(v);
+	add_eos(c, json_object_get(cfg, "eos_token_id"));
+	rc = 0;
+out:
+	json_decref(root);
+	if (rc)
+		return rc;
+
+	/* generation_config.json is optional; it adds stop ids (e.g. <|eot_id|>). */
+	snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+	root = json_load_file(path, 0, &je);
+	if (root) {
+		add_eos(c, json_object_get(root, "eos_token_id"));
+		v = json_object_get(root, "bos_token_id");
+		if (c->bos_token_id < 0 && json_is_integer(v))
+			c->bos_token_id = (int32_t)json_integer_value(v);
+		json_decref(root);
+	}
+	return 0;
+}
+
+/* ----------------------------------------------------------- safetensors */
+
+static int tensor_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct kn_tensor *)a)->name, ((const struct kn_tensor *)b)->name);
+}
+
+static int add_tensor(struct kn_model *m, const struct kn_tensor *t)
+{
+	if (m->n_tensors == m->cap_tensors) {
+		size_t cap = m->cap_tensors ? 2 * m->cap_tensors : 256;
+		struct kn_tensor *n = realloc(m->tensors, cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		m->tensors = n;
+		m->cap_tensors = cap;
+	}
+	m->tensors[m->n_tensors++] = *t;
+	return 0;
+}
+
+/* Map one safetensors file and register its tensors, checking every offset
+ * and size against the file so a lying header is refused, not read. */
+static int load_safetensors(struct kn_model *m, const char *path, char *err, size_t errlen)
+{
+	int fd, rc = -EINVAL;
+	struct stat st;
+	void *base;
+	json_t *hdr = NULL, *v;
+	json_error_t je;
+	const char *key;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	size_t size = (size_t)st.st_size;
+	if (size < 8) {
+		seterr(err, errlen, "%s: truncated safetensors file (%zu bytes; needs an 8-byte header length)", path, size);
+		close(fd);
+		return -EINVAL;
+	}
+	base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED) {
+		rc = -errno;
+		seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
+		return rc;
+	}
+	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
+	if (!maps) {
+		munmap(base, size);
+		seterr(err, errlen, "out of memory mapping %s", path);
+		return -ENOMEM;
+	}
+	m->maps = maps;
+	m->maps[m->n_maps].base = base;
+	m->maps[m->n_maps].size = size;
+	m->maps[m->n_maps].path = strdup(path);
+	m->n_maps++;
+	if (!m->maps[m->n_maps - 1].path)
+		return -ENOMEM;
+
+	uint64_t hlen;
+	memcpy(&hlen, base, 8); /* little-endian on every host we build for */
+	if (hlen > size - 8 || hlen > (100u << 20)) {
+		seterr(err, errlen, "%s: header length %llu exceeds the file (%zu bytes): truncated or corrupt safetensors",
+		       path, (unsigned long long)hlen, size);
+		return -EINVAL;
+	}
+	hdr = json_loadb((const char *)base + 8, hlen, 0, &je);
+	if (!hdr || !json_is_object(hdr)) {
+		seterr(err, errlen, "%s: safetensors header is not a JSON object: %s", path, hdr ? "wrong type" : je.text);
+		goto out;
+	}
+	const uint8_t *data = (const uint8_t *)base + 8 + hlen;
+	size_t dlen = size - 8 - hlen;
+	json_object_foreach(hdr, key, v) {
+		struct kn_tensor t = { 0 };
+		if (!strcmp(key, "__metadata__"))
+			continue;
+		json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+		       *off = json_object_get(v, "data_offsets");
+		if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) || json_array_size(off) != 2
+		    || !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1))) {
+			seterr(err, errlen, "%s: tensor %s: header entry lacks dtype/shape/data_offsets", path, key);
+			goto out;
+		}
+		const char *dts = json_string_value(dt);
+		if (!strcmp(dts, "F32"))
+			t.dtype = KN_DT_F32;
+		else if (!strcmp(dts, "F16"))
+			t.dtype = KN_DT_F16;
+		else if (!strcmp(dts, "BF16"))
+			t.dtype = KN_DT_BF16;
+		else {
+			seterr(err, errlen, "%s: tensor %s has dtype %s; supported: F32, F16, BF16", path, key, dts);
+			goto out;
+		}
+		if (json_array_size(sh) > 4) {
+			seterr(err, errlen, "%s: tensor %s has %zu dims (at most 4 supported)", path, key, json_array_size(sh));
+			goto out;
+		}
+		t.n_dims = (int32_t)json_array_size(sh);
+		uint64_t n = 1;
+		for (int i = 0; i < t.n_dims; i++) {
+			json_t *e = json_array_get(sh, (size_t)i);
+			if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > (1ll << 40)) {
+				seterr(err, errlen, "%s: tensor %s: bad shape entry %d", path, key, i);
+				goto out;
+			}
+			t.shape[i] = json_integer_value(e);
+			n *= (uint64_t)t.shape[i];
+			if (n > (1ull << 40)) {
+				seterr(err, errlen, "%s: tensor %s: shape too large", path, key);
+				goto out;
+			}
+		}
+		json_int_t b = json_integer_value(json_array_get(off, 0));
+		json_int_t e = json_integer_value(json_array_get(off, 1));
+		uint64_t need = n * dtype_size(t.dtype);
+		if (b < 0 || e < b || (uint64_t)e > dlen || (uint64_t)(e - b) != need) {
+			seterr(err, errlen, "%s: tensor %s: data_offsets [%lld, %lld] do not hold %llu bytes inside the %zu-byte data section (truncated file or lying header)",
+			       path, key, (long long)b, (long long)e, (unsigned long long)need, dlen);
+			goto out;
+		}
+		t.data = data + b;
+		t.nbytes = (size_t)need;
+		t.name = strdup(key);
+		if (!t.name || add_tensor(m, &t) < 0) {
+			free((void *)t.name);
+			rc = -ENOMEM;
+			seterr(err, errlen, "out of memory reading %s", path);
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	json_decref(hdr);
+	return rc;
+}
+
+static int str_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Which files hold the weights: the index's shards, else model.safetensors,
+ * else every *.safetensors in the directory (sorted). */
+static int load_weights(struct kn_model *m, char *err, size_t errlen)
+{
+	char path[4096];
+	json_error_t je;
+	char **files = NULL;
+	size_t n = 0, i;
+	int rc = 0;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", m->dir);
+	json_t *idx = json_load_file(path, 0, &je);
+	if (idx) {
+		json_t *wm = json_object_get(idx, "weight_map"), *v;
+		const char *key;
+		if (!json_is_object(wm)) {
+			seterr(err, errlen, "%s: no weight_map object", path);
+			json_decref(idx);
+			return -EINVAL;
+		}
+		files = calloc(json_object_size(wm) + 1, sizeof(*files));
+		if (!files) {
+			json_decref(idx);
+			return -ENOMEM;
+		}
+		json_object_foreach(wm, key, v) {
+			if (!json_is_string(v) || strchr(json_string_value(v), '/')) {
+				seterr(err, errlen, "%s: weight_map[%s] is not a plain file name", path, key);
+				rc = -EINVAL;
+				break;
+			}
+			size_t k;
+			for (k = 0; k < n; k++)
+				if (!strcmp(files[k], json_string_value(v)))
+					break;
+			if (k == n && !(files[n++] = strdup(json_string_value(v))))
+				rc = -ENOMEM;
+			if (rc)
+				break;
+		}
+		json_decref(idx);
+	} else {
+		snprintf(path, sizeof(path), "%s/model.safetensors", m->dir);
+		DIR *d = opendir(m->dir);
+		struct dirent *de;
+		if (!d) {
+			rc = -errno;
+			seterr(err, errlen, "opendir(%s) failed: %s", m->dir, strerror(errno));
+			return rc;
+		}
+		size_t cap = 0;
+		while ((de = readdir(d))) {
+			size_t l = strlen(de->d_name);
+			if (l < 12 || strcmp(de->d_name + l - 12, ".safetensors"))
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 8;
+				char **nf = realloc(files, cap * sizeof(*nf));
+				if (!nf) {
+					rc = -ENOMEM;
+					break;
+				}
+				files = nf;
+			}
+			if (!(files[n++] = strdup(de->d_name))) {
+				rc = -ENOMEM;
+				break;
+			}
+		}
+		closedir(d);
+		if (!rc && n == 0) {
+			seterr(err, errlen, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors file", m->dir);
+			rc = -ENOENT;
+		}
+	}
+	if (!rc)
+		qsort(files, n, sizeof(*files), str_cmp);
+	for (i = 0; !rc && i < n; i++) {
+		snprintf(path, sizeof(path), "%s/%s", m->dir, files[i]);
+		rc = load_safetensors(m, path, err, errlen);
+	}
+	for (i = 0; i < n; i++)
+		free(files[i]);
+	free(files);
+	if (rc)
+		return rc;
+	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
+	for (i = 1; i < m->n_tensors; i++)
+		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
+			seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+/* ------------------------------------------------------------ validation */
+
+static int expect(struct kn_model *m, const char *name, int nd, int64_t d0, int64_t d1,
+		  char *err, size_t errlen)
+{
+	const struct kn_tensor *t = kn_model_tensor(m, name);
+	if (!t) {
+		if (nd > 1)
+			seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld, %lld])", m->dir, name,
+			       (long long)d0, (long long)d1);
+		else
+			seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld])", m->dir, name, (long long)d0);
+		return -EINVAL;
+	}
+	if (t->n_dims != nd || t->shape[0] != d0 || (nd > 1 && t->shape[1] != d1)) {
+		char found[96];
+		int o = snprintf(found, sizeof(found), "[");
+		for (int i = 0; i < t->n_dims && o < (int)sizeof(found) - 24; i++)
+			o += snprintf(found + o, sizeof(found) - (size_t)o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+		snprintf(found + o, sizeof(found) - (size_t)o, "]");
+		if (nd > 1)
+			seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld, %lld]", m->dir, name, found,
+			       (long long)d0, (long long)d1);
+		else
+			seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld]", m->dir, name, found, (long long)d0);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int validate(struct kn_model *m, char *err, size_t errlen)
+{
+	const struct kn_model_config *c = &m->cfg;
+	char name[128];
+	int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+	int64_t Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
+
+	if (expect(m, "model.embed_tokens.weight", 2, V, H, err, errlen)
+	    || expect(m, "model.norm.weight", 1, H, 0, err, errlen))
+		return -EINVAL;
+	if (!c->tie_embeddings || kn_model_tensor(m, "lm_head.weight"))
+		if (expect(m, "lm_head.weight", 2, V, H, err, errlen))
+			return -EINVAL;
+	for (int l = 0; l < c->n_layers; l++) {
+		static const struct { const char *s; int nd; char d0, d1; } tab[] = {
+			{ "input_layernorm.weight", 1, 'H', 0 },
+			{ "post_attention_layernorm.weight", 1, 'H', 0 },
+			{ "self_attn.q_proj.weight", 2, 'Q', 'H' },
+			{ "self_attn.k_proj.weight", 2, 'K', 'H' },
+			{ "self_attn.v_proj.weight", 2, 'K', 'H' },
+			{ "self_attn.o_proj.weight", 2, 'H', 'Q' },
+			{ "mlp.gate_proj.weight", 2, 'I', 'H' },
+			{ "mlp.up_proj.weight", 2, 'I', 'H' },
+			{ "mlp.down_proj.weight", 2, 'H', 'I' },
+			{ "self_attn.q_proj.bias", 1, 'Q', 'b' },
+			{ "self_attn.k_proj.bias", 1, 'K', 'b' },
+			{ "self_attn.v_proj.bias", 1, 'K', 'b' },
+			{ "self_attn.q_norm.weight", 1, 'D', 'n' },
+			{ "self_attn.k_norm.weight", 1, 'D', 'n' },
+		};
+		for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
+			if (tab[i].d1 == 'b' && !c->qkv_bias)
+				continue;
+			if (tab[i].d1 == 'n' && !c->qk_norm)
+				continue;
+			int64_t dim[2];
+			for (int k = 0; k < 2; k++) {
+				char x = k ? tab[i].d1 : tab[i].d0;
+				dim[k] = x == 'H' ? H : x == 'Q' ? Q : x == 'K' ? KV : x == 'I' ? I : x == 'D' ? c->head_dim : 0;
+			}
+			snprintf(name, sizeof(name), "model.layers.%d.%s", l, tab[i].s);
+			if (expect(m, name, tab[i].nd, dim[0], dim[1], err, errlen))
+				return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* ------------------------------------------------------------------ API */
+
+struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
+{
+	struct kn_model *m;
+	int rc;
+
+	if (!dir) {
+		seterr(err, errlen, "kn_model_open: no directory given");
+		errno = EINVAL;
+		return NULL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m || !(m->dir = strdup(dir))) {
+		free(m);
+		seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
+		errno = ENOMEM;
+		return NULL;
+	}
+	rc = parse_config(dir, &m->cfg, err, errlen);
+	if (!rc)
+		rc = load_weights(m, err, errlen);
+	if (!rc)
+		rc = validate(m, err, errlen);
+	if (rc) {
+		if (rc == -ENOMEM)
+			seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
+		kn_model_close(m);
+		errno = -rc;
+		return NULL;
+	}
+	uint64_t h = fnv(0xcbf29ce484222325ull, &m->cfg, sizeof(m->cfg));
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct kn_tensor *t = &m->tensors[i];
+		h = fnv(h, t->name, strlen(t->name));
+		h = fnv(h, t->shape, sizeof(t->shape));
+		h = fnv(h, t->data, t->nbytes < 64 ? t->nbytes : 64);
+	}
+	m->fingerprint = h;
+	return m;
+}
+
+void kn_model_close(struct kn_model *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_tensors; i++)
+		free((void *)m->tensors[i].name);
+	free(m->tensors);
+	for (size_t i = 0; i < m->n_maps; i++) {
+		munmap(m->maps[i].base, m->maps[i].size);
+		free(m->maps[i].path);
+	}
+	free(m->maps);
+	free(m->dir);
+	free(m);
+}
+
+const struct kn_model_config *kn_model_config(const struct kn_model *m)
+{
+	return &m->cfg;
+}
+
+const char *kn_model_dir(const struct kn_model *m)
+{
+	return m->dir;
+}
+
+const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *name)
+{
+	struct kn_tensor key = { .name = name };
+	if (!m->tensors)
+		return NULL;
+	return bsearch(&key, m->tensors, m->n_tensors, sizeof(key), tensor_cmp);
+}
+
+uint64_t kn_model_fingerprint(const struct kn_model *m)
+{
+	return m->fingerprint;
+}

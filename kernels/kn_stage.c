@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The kn_stage API: option and input checks shared by every backend, the host
+ * block table, and dispatch through the backend vtable (kn_stage_impl.h).
+ * Doing the checks here, once, is what makes "a bad step is refused the same
+ * way on CPU and CUDA" hold.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvf_config.h"
+#include "kn_stage_impl.h"
+
+void kn_stage_opts_init(struct kn_stage_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->layer_start = 0;
+	o->layer_end = -1; /* whole model */
+	o->n_blocks = -1;
+	o->kv_budget_bytes = (size_t)256 << 20;
+	o->kv_mem_fraction = 0.8f;
+	o->n_slots = 64;
+	o->max_blocks_per_slot = 256;
+	o->plan_widths[0] = 8;
+	o->plan_widths[1] = 64;
+	o->n_plans = 2;
+	o->n_threads = 0;
+	o->device = 0;
+}
+
+void kn_stage_seterr(struct kn_stage *s, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->err, sizeof(s->err), fmt, ap);
+	va_end(ap);
+}
+
+static void fill(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fill(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+int kn_stage_base_init(struct kn_stage *s, const struct kn_stage_vtbl *vt,
+		       const struct kn_model *m, const struct kn_stage_opts *o,
+		       char *err, size_t errlen)
+{
+	s->vt = vt;
+	s->model = m;
+	s->cfg = kn_model_config(m);
+	s->opts = *o;
+	if (s->opts.layer_end < 0)
+		s->opts.layer_end = s->cfg->n_layers;
+	s->first = s->opts.layer_start == 0;
+	s->last = s->opts.layer_end == s->cfg->n_layers;
+	s->max_plan = s->opts.plan_widths[s->opts.n_plans - 1];
+	size_t n = (size_t)o->n_slots * (size_t)o->max_blocks_per_slot;
+	s->table = malloc(n * sizeof(*s->table));
+	if (!s->table) {
+		fill(err, errlen, "kn_stage_create: out of memory for a %d x %d block table",
+		     o->n_slots, o->max_blocks_per_slot);
+		return -ENOMEM;
+	}
+	memset(s->table, 0xff, n * sizeof(*s->table));
+	return 0;
+}
+
+void kn_stage_base_fini(struct kn_stage *s)
+{
+	free(s->table);
+	s->table = NULL;
+}
+
+struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
+				 const struct kn_stage_opts *o, char *err, size_t errlen)
+{
+	struct kn_stage_opts d;
+	if (!o) {
+		kn_stage_opts_init(&d);
+		o = &d;
+	}
+	if (!m) {
+		fill(err, errlen, "kn_stage_create: no model");
+		errno = EINVAL;
+		return NULL;
+	}
+	const struct kn_model_config *c = kn_model_config(m);
+	int32_t end = o->layer_end < 0 ? c->n_layers : o->layer_end;
+	if (o->layer_start < 0 || o->layer_start >= end || end > c->n_layers) {
+		fill(err, errlen, "kn_stage_create: layer range [%d, %d) is not inside the model's %d layers",
+		     o->layer_start, end, c->n_layers);
+		errno = EINVAL;
+		return NULL;
+	}
+	if (o->n_slots < 1 || o->max_blocks_per_slot < 1 || o->n_plans < 1 || o->n_plans > KN_MAX_PLANS
+	    || (o->n_blocks < 1 && o->n_blocks != -1)) {
+		fill(err, errlen, "kn_stage_create: need n_slots >= 1 (got %d), max_blocks_per_slot >= 1 (got %d), 1..%d plans (got %d), n_blocks >= 1 or -1 (got %d)",
+		     o->n_slots, o->max_blocks_per_slot, KN_MAX_PLANS, o->n_plans, o->n_blocks);
+		errno = EINVAL;
+		return NULL;
+	}
+	for (int i = 0; i < o->n_plans; i++)
+		if (o->plan_widths[i] < 1 || (i && o->plan_widths[i] <= o->plan_widths[i - 1])) {
+			fill(err, errlen, "kn_stage_create: plan widths must be >= 1 and strictly ascending (plan %d is %d)",
+			     i, o->plan_widths[i]);
+			errno = EINVAL;
+			return NULL;
+		}
+	switch (be) {
+	case KN_BACKEND_CPU:
+		return kn_cpu_stage_create(m, o, err, errlen);
+	case KN_BACKEND_CUDA:
+#if KVF_HAVE_CUDA
+		return kn_cuda_stage_create(m, o, err, errlen);
+#else
+		fill(err, errlen, "kn_stage_create: this build has no CUDA engine (rebuild with -Dcuda=enabled and /usr/local/cuda present, or use the cpu backend)");
+		errno = ENODEV;
+		return NULL;
+#endif
+	}
+	fill(err, errlen, "kn_stage_create: unknown backend %d", (int)be);
+	errno = EINVAL;
+	return NULL;
+}
+
+void kn_stage_destroy(struct kn_stage *s)
+{
+	if (s)
+		s->vt->destroy(s);
+}
+
+int kn_stage_info(const struct kn_stage *s, struct kn_stage_info *info)
+{
+	memset(info, 0, sizeof(*info));
+	info->layer_start = s->opts.layer_start;
+	info->layer_end = s->opts.layer_end;
+	info->first = s->first;
+	info->last = s->last;
+	info->n_blocks = s->n_blocks;
+	info->n_slots = s->opts.n_slots;
+	info->max_blocks_per_slot = s->opts.max_blocks_per_slot;
+	info->hidden_size = s->cfg->hidden_size;
+	info->vocab_size = s->cfg->vocab_size;
+	return s->vt->info ? s->vt->info(s, info) : 0;
+}
+
+int kn_stage_set_pool(struct kn_stage *s, int32_t n_blocks)
+{
+	if (n_blocks < 1) {
+		kn_stage_seterr(s, "kn_stage_set_pool(%d): the pool needs at least one block", n_blocks);
+		return -EINVAL;
+	}
+	int rc = s->vt->set_pool(s, n_blocks);
+	if (rc)
+		return rc;
+	s->n_blocks = n_blocks;
+	memset(s->table, 0xff, (size_t)s->opts.n_slots * (size_t)s->opts.max_blocks_per_slot * sizeof(*s->table));
+	return 0;
+}
+
+int kn_stage_apply_ops(struct kn_stage *s, const struct kn_op *ops, size_t n)
+{
+	size_t i;
+	int rc = 0;
+	size_t row = (size_t)s->opts.max_blocks_per_slot;
+
+	for (i = 0; i < n; i++) {
+		const struct kn_op *op = &ops[i];
+		if (op->slot < 0 || op->slot >= s->opts.n_slots) {
+			kn_stage_seterr(s, "op %zu (type %u): slot %d is outside 0..%d", i, op->type, op->slot, s->opts.n_slots - 1);
+			rc = -EINVAL;
+			break;
+		}
+		int32_t *t = s->table + (size_t)op->slot * row;
+		if (op->type == KN_OP_SET_BLOCK) {
+			if (op->idx < 0 || op->idx >= s->opts.max_blocks_per_slot) {
+				kn_stage_seterr(s, "op %zu SET_BLOCK: index %d is outside the slot's table row 0..%d", i, op->idx,
+						s->opts.max_blocks_per_slot - 1);
+				rc = -EINVAL;
+				break;
+			}
+			if (op->val < -1 || op->val >= s->n_blocks) {
+				kn_stage_seterr(s, "op %zu SET_BLOCK: block %d is outside the pool 0..%d (or -1 to clear)", i,
+						op->val, s->n_blocks - 1);
+				rc = -EINVAL;
+				break;
+			}
+			t[op->idx] = op->val;
+		} else if (op->type == KN_OP_ZERO_SLOT) {
+			memset(t, 0xff, row * sizeof(*t));
+		} else if (op->type == KN_OP_ROLLBACK) {
+			if (op->val < 0) {
+				kn_stage_seterr(s, "op %zu ROLLBACK: position %d is negative", i, op->val);
+				rc = -EINVAL;
+				break;
+			}
+			/* Pure attention: K/V past val is overwritten by the next step. */
+		} else {
+			kn_stage_seterr(s, "op %zu: unknown op type %u", i, op->type);
+			rc = -EINVAL;
+			break;
+		}
+	}
+	if (s->vt->apply_ops && i > 0) {
+		int r2 = s->vt->apply_ops(s, ops, i);
+		if (!rc)
+			rc = r2;
+	}
+	return rc;
+}
+
+int kn_stage_step(struct kn_stage *s, struct kn_step *st)
+{
+	const struct kn_model_config *c = s->cfg;
+	int32_t ctx = s->opts.max_blocks_per_slot * KN_PAGE_BLK;
+
+	if (!st || st->n_cols < 1 || st->n_cols > s->max_plan || !st->cols) {
+		kn_stage_seterr(s, "kn_stage_step: n_cols %d is outside 1..%d (the widest plan)", st ? st->n_cols : -1,
+				s->max_plan);
+		return -EINVAL;
+	}
+	if ((!s->first && !st->hidden_in) || (!s->last && !st->hidden_out) || (s->last && !st->tokens_out)
+	    || st->n_logprobs < 0 || (st->n_logprobs > 0 && (!st->top_ids_out || !st->top_logprobs_out))) {
+		kn_stage_seterr(s, "kn_stage_step: missing buffer (a non-first stage needs hidden_in, a non-last one hidden_out, the last tokens_out, logprobs need top_ids_out and top_logprobs_out)");
+		return -EINVAL;
+	}
+	for (int32_t j = 0; j < st->n_cols; j++) {
+		const struct kn_column *col = &st->cols[j];
+		if (s->first && (col->token < 0 || col->token >= c->vocab_size)) {
+			kn_stage_seterr(s, "column %d: token id %d is outside the vocabulary 0..%d", j, col->token,
+					c->vocab_size - 1);
+			return -EINVAL;
+		}
+		if (col->slot < 0 || col->slot >= s->opts.n_slots) {
+			kn_stage_seterr(s, "column %d: slot %d is outside 0..%d", j, col->slot, s->opts.n_slots - 1);
+			return -EINVAL;
+		}
+		if (col->pos < 0 || col->pos >= ctx || col->pos >= c->max_position) {
+			kn_stage_seterr(s, "column %d: position %d is beyond the block table (%d positions per slot) or the model context (%d)",
+					j, col->pos, ctx, c->max_position);
+			return -EINVAL;
+		}
+		const int32_t *row = s->table + (size_t)col->slot * (size_t)s->opts.max_blocks_per_slot;
+		for (int32_t b = 0; b <= col->pos / KN_PAGE_BLK; b++)
+			if (row[b] < 0) {
+				kn_stage_seterr(s, "column %d: slot %d position %d needs block index %d, which is not set (send SET_BLOCK first)",
+						j, col->slot, col->pos, b);
+				return -EINVAL;
+			}
+	}
+	return s->vt->step(s, st);
+}
+
+const char *kn_stage_error(const struct kn_stage *s)
+{
+	if (s->vt && s->vt->error)
+		return s->vt->error(s);
+	return s->err;
+}
