@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_chain.h
+ * The stage chain: what the scheduler talks to. A chain takes a micro-batch
+ * for group g (its columns and the in-band ops that must be applied before
+ * them) and, later, hands back group g's result: one token per column that
+ * asked for a logit, or an error for the whole group (a dead worker, a
+ * refused step). How the micro-batch reaches the stages is the
+ * implementation's business: an in-process chain of kn_ stage engines, a
+ * fake chain with programmable latency for tests, and (with the serving
+ * slice) the shm/dataplane chain to worker processes.
+ *
+ * Contract every implementation keeps (the scheduler relies on each):
+ *  - Order: micro-batches pass every stage in submission order, so the ops
+ *    of a later submission are applied after the steps of an earlier one.
+ *  - One micro-batch per group in flight: a group id is submitted again only
+ *    after its result was polled. The chain may keep per-group buffers.
+ *  - submit() never blocks on stage work; poll() never blocks at all.
+ *  - A result's tokens/logprobs stay valid until the group is submitted
+ *    again or the chain is destroyed.
+ *
+ * The vtable is public so that other modules' chains (the shm chain) can
+ * implement it: embed `struct ctrl_chain` as the first member and point
+ * `vt` at a static vtable.
+ *
+ * Threading: one thread (the scheduler's) calls every function of a chain.
+ */
+#ifndef CTRL_CHAIN_H
+#define CTRL_CHAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kn_stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Most stages a chain reports on. */
+#define CTRL_CHAIN_MAX_STAGES 16
+/** Length of a result's error message buffer. */
+#define CTRL_CHAIN_ERRLEN 192
+
+/** What a chain can carry; the scheduler sizes itself from this. */
+struct ctrl_chain_info {
+	int32_t n_stages;
+	int32_t n_slots;             /**< block-table rows every stage holds */
+	int32_t n_blocks;            /**< KV blocks every stage holds (the least of them) */
+	int32_t max_blocks_per_slot; /**< row length: context = this * KN_PAGE_BLK */
+	int32_t max_cols;            /**< widest plan: most columns in one micro-batch */
+	int32_t max_groups;          /**< group ids 0 .. max_groups-1 are accepted */
+	int32_t max_position;        /**< model context limit (positions) */
+	int32_t vocab_size;
+};
+
+/** One completed group. */
+struct ctrl_chain_result {
+	uint32_t group;
+	int status;                  /**< 0, or -errno: the group failed, see err */
+	int32_t n_cols;              /**< as submitted */
+	const int32_t *tokens;       /**< [n_cols], -1 where no logit was asked */
+	const float *logprobs;       /**< [n_cols] logprob of each token, or NULL */
+	char err[CTRL_CHAIN_ERRLEN]; /**< with status < 0: what failed and where */
+};
+
+/** Counters of one stage, cumulative since the chain was created. */
+struct ctrl_chain_stage_stats {
+	uint64_t steps;
+	uint64_t cols;
+	uint64_t busy_ns;            /**< time spent stepping (simulated for the fake chain) */
+};
+
+/** Counters of a chain. */
+struct ctrl_chain_stats {
+	int32_t n_stages;
+	uint64_t elapsed_ns;         /**< from the first submit to the last completion */
+	struct ctrl_chain_stage_stats stage[CTRL_CHAIN_MAX_STAGES];
+};
+
+struct ctrl_chain;
+
+/** A chain implementation's entry points. */
+struct ctrl_chain_vtbl {
+	const char *name;
+	int (*info)(struct ctrl_chain *c, struct ctrl_chain_info *info);
+	int (*submit)(struct ctrl_chain *c, uint32_t group, const struct kn_column *cols,
+		      int32_t n_cols, const struct kn_op *ops, int32_t n_ops);
+	int (*poll)(struct ctrl_chain *c, struct ctrl_chain_result *out, int max);
+	int (*stats)(struct ctrl_chain *c, struct ctrl_chain_stats *st);
+	void (*destroy)(struct ctrl_chain *c);
+};
+
+/** Embed as the first member of an implementation's struct. */
+struct ctrl_chain {
+	const struct ctrl_chain_vtbl *vt;
+};
+
+/**
+ * Describe what @p c carries.
+ * @return 0, or -errno from the implementation.
+ */
+int ctrl_chain_info(struct ctrl_chain *c, struct ctrl_chain_info *info);
+
+/**
+ * Send one micro-batch for @p group down the chain. @p ops are applied by
+ * every stage, in order, before the step over @p cols. Buffers are copied;
+ * the caller may reuse them on return. Never blocks on stage work.
+ * @param n_cols 1 .. info.max_cols
+ * @return 0, -EINVAL (group out of range or still in flight, n_cols out of
+ *         range), -EBUSY (the transport cannot take it now: retry later),
+ *         -EPIPE (the chain is dead).
+ */
+int ctrl_chain_submit(struct ctrl_chain *c, uint32_t group, const struct kn_column *cols,
+		      int32_t n_cols, const struct kn_op *ops, int32_t n_ops);
+
+/**
+ * Collect completed groups without blocking.
+ * @param out receives up to @p max results
+ * @return the number of results (0 if none is ready), or -errno.
+ */
+int ctrl_chain_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int max);
+
+/** Fill @p st with the chain's counters. @return 0 or -errno. */
+int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st);
+
+/** Destroy a chain (any implementation); NULL is a no-op. */
+void ctrl_chain_destroy(struct ctrl_chain *c);
+
+/* ---- the fake chain (tests, simulation) ---- */
+
+/** Options of the fake chain. */
+struct ctrl_fake_chain_opts {
+	int32_t n_stages;            /**< 1 .. CTRL_CHAIN_MAX_STAGES */
+	uint64_t stage_ns[CTRL_CHAIN_MAX_STAGES]; /**< fixed cost of one step per stage */
+	uint64_t col_ns;             /**< extra cost per column, every stage */
+	int virtual_time;            /**< 1: a simulated clock that jumps to the next
+	                                  completion on each poll (deterministic, no
+	                                  sleeping); 0: CLOCK_MONOTONIC */
+	int32_t n_slots;
+	int32_t n_blocks;
+	int32_t max_blocks_per_slot;
+	int32_t max_cols;
+	int32_t max_groups;
+	int32_t vocab_size;
+	int64_t fail_submit;         /**< 0-based index of a submission whose group
+	                                  fails as if a stage died (-1 = never) */
+};
+
+/** Defaults: 2 stages of 100 µs, virtual time, 64 slots, 1024 blocks, 64 per slot, 64 cols, 32 groups, vocab 64. */
+void ctrl_fake_chain_opts_init(struct ctrl_fake_chain_opts *o);
+
+/**
+ * Create the fake chain. It models a FIFO pipeline of stages with the given
+ * step costs, and produces tokens like a model would: each column's token is
+ * a function of everything its slot holds at positions 0..pos (a hash chain
+ * over the fed tokens), so a wrong token, position, block or rollback shows
+ * up as different output. It also checks what a stage engine checks (every
+ * block up to pos set, slot and block ids in range) plus that columns of a
+ * slot follow its written positions and that no block is used by a slot that
+ * no longer owns it; a violation fails the group with a message.
+ *
+ * Greedy output, produced over a small vocabulary, is mostly "previous
+ * token + 1" with history-dependent jumps, so prompt lookup finds drafts that
+ * are sometimes wrong — what speculative-decoding tests need.
+ * @return the chain, or NULL with errno EINVAL (bad options) or ENOMEM.
+ */
+struct ctrl_chain *ctrl_fake_chain_create(const struct ctrl_fake_chain_opts *o);
+
+/* ---- the in-process chain of kn_ stage engines ---- */
+
+/** Options of the in-process kn chain. */
+struct ctrl_kn_chain_opts {
+	int32_t n_stages;            /**< the model's layers split evenly in this many ranges */
+	struct kn_stage_opts stage;  /**< template for every stage (layer range is overwritten) */
+	enum kn_backend backend;
+	int threaded;                /**< 1: one thread per stage so stages overlap; 0: submit steps inline */
+	int32_t max_groups;
+};
+
+/** Defaults: 1 stage, kn_stage_opts_init() template, CPU backend, threaded, 32 groups. */
+void ctrl_kn_chain_opts_init(struct ctrl_kn_chain_opts *o);
+
+/**
+ * Create a chain of @p o->n_stages kn_ stage engines over @p m in this process.
+ * The model must outlive the chain.
+ * @return the chain, or NULL with errno set (EINVAL bad options, ENOMEM, or
+ *         the errno of kn_stage_create()) and @p err filled.
+ */
+struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct ctrl_kn_chain_opts *o,
+					char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_CHAIN_H */

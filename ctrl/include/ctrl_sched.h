@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_sched.h
+ * The scheduler: KV-aware admission and micro-batched continuous batching
+ * over a stage chain (ctrl_chain.h), with prompt-lookup speculative decoding,
+ * and a dispatcher over several independent replicas.
+ *
+ * Invariants (tests/ctrl pins each one):
+ *  - One round in flight per sequence: a per-slot in-flight mark; a sequence
+ *    is packed again only after its previous round's tokens were applied.
+ *    Groups do not pin sequences: a launching group packs from every ready
+ *    sequence, scanning from a rotating cursor.
+ *  - Deadlock-free admission: a request is admitted only when the block pool
+ *    carries its worst case (prompt + max_tokens positions) on top of the
+ *    worst case of every admitted sequence, so a lazily grown block table
+ *    never finds the pool empty. Waiting requests are admitted FIFO. A
+ *    request that could never fit is rejected at once, naming the pool size.
+ *  - In-band control: SET_BLOCK, ZERO_SLOT and ROLLBACK ops travel in the
+ *    micro-batch whose columns need them, ahead of those columns.
+ *  - Speculation never changes output: drafts are verified greedily and only
+ *    the prefix the model itself would have produced is emitted.
+ *  - Progress bound: a ready sequence is packed within n_live launches of
+ *    becoming ready (each launch packs the first ready sequence at or after
+ *    the cursor and moves the cursor past it); a waiting request is admitted
+ *    as soon as the requests ahead of it are admitted and enough admitted
+ *    sequences finished, which each does within its max_tokens rounds.
+ *
+ * Threading: one thread (the scheduler thread) calls ctrl_sched_poll() in a
+ * loop and destroys the scheduler; ctrl_sched_submit(), ctrl_sched_cancel()
+ * and ctrl_sched_stats() may be called from any thread. Token callbacks run on
+ * the scheduler thread, inside ctrl_sched_poll(); they may call submit and
+ * cancel.
+ */
+#ifndef CTRL_SCHED_H
+#define CTRL_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctrl_chain.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** ctrl_sched_poll() did work (launched, applied results, admitted, finished). */
+#define CTRL_SCHED_BUSY 1
+/** ctrl_sched_poll() found nothing to do (groups may still be in flight). */
+#define CTRL_SCHED_IDLE 0
+
+/** Why a request ended. */
+enum ctrl_finish {
+	CTRL_FINISH_NONE = 0,      /**< not finished: the event carries a token */
+	CTRL_FINISH_LENGTH = 1,    /**< max_tokens reached */
+	CTRL_FINISH_STOP = 2,      /**< a stop token was produced (event.token) */
+	CTRL_FINISH_CANCELLED = 3, /**< ctrl_sched_cancel() */
+	CTRL_FINISH_ERROR = 4,     /**< rejected, or its group failed: event.message */
+};
+
+/** @return "length", "stop", "cancelled", "error" or "none". */
+const char *ctrl_finish_name(enum ctrl_finish f);
+
+/** What a token callback receives. */
+struct ctrl_event {
+	uint64_t id;
+	enum ctrl_finish finish;
+	int32_t token;             /**< NONE: the new token; STOP: the stop token; else -1 */
+	float logprob;             /**< logprob of token (0 where unknown) */
+	int32_t n_generated;       /**< tokens emitted so far, this one included */
+	const char *message;       /**< ERROR: why; else NULL */
+};
+
+/**
+ * A per-request callback: once per generated token (finish NONE), then once
+ * with the finish reason. The last call is always the finish event; after it
+ * the request's id is dead. Runs on the scheduler thread.
+ */
+typedef void (*ctrl_token_cb)(void *arg, const struct ctrl_event *ev);
+
+/** A request. Buffers are copied by ctrl_sched_submit(). */
+struct ctrl_request {
+	const int32_t *prompt;     /**< token ids */
+	int32_t n_prompt;          /**< >= 1 */
+	int32_t max_tokens;        /**< >= 1 */
+	const int32_t *stop_ids;   /**< ending tokens (e.g. the model's EOS ids) */
+	int32_t n_stop;
+	float temperature;         /**< 0 = greedy */
+	float top_p;               /**< 1 = off */
+	int32_t top_k;             /**< 0 = off */
+	uint32_t seed;
+	ctrl_token_cb cb;          /**< required */
+	void *cb_arg;
+};
+
+/** Fill @p r with defaults: greedy, top_p 1, no stops, max_tokens 16. */
+void ctrl_request_init(struct ctrl_request *r);
+
+/** Scheduler options. */
+struct ctrl_sched_opts {
+	int32_t n_groups;          /**< micro-batches in flight: max(n_stages + 1, this) */
+	int32_t force_groups;      /**< > 0: exactly this many, below the floor too (tests and
+	                                benches that show what too few groups cost) */
+	int32_t mb_cols;           /**< columns of a micro-batch with decode work (mb_k) */
+	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
+	                                0 = the chain's max_cols */
+	int32_t n_blocks;          /**< 0 = the chain's; else at most that */
+	int32_t n_slots;           /**< 0 = the chain's; else at most that */
+	int32_t max_queue;         /**< waiting requests beyond this are refused (-EAGAIN) */
+	int spec;                  /**< prompt-lookup speculative decoding on greedy requests */
+	int32_t spec_depth;        /**< most drafted tokens per verify span */
+	int32_t spec_c_full;       /**< full depth while live sequences <= this */
+	int32_t spec_c_half;       /**< min(depth, 4) while live <= this; off above */
+	int32_t spec_ngram_min;    /**< shortest suffix n-gram that may produce a draft */
+	int32_t spec_ngram_max;    /**< longest suffix n-gram tried first */
+	int32_t spec_window;       /**< lookup searches the last this many tokens */
+	uint8_t id_tag;            /**< low 8 bits of every request id (replica index) */
+};
+
+/**
+ * Fill @p o with defaults: 0 extra groups (so n_stages + 1), mb_cols 32, wide
+ * plan = chain max, spec on with depth 8, c_full 8, c_half 32, n-grams 2..4,
+ * window 4096, queue 65536.
+ */
+void ctrl_sched_opts_init(struct ctrl_sched_opts *o);
+
+/** One stage as the scheduler sees it. */
+struct ctrl_sched_stage_stats {
+	uint64_t steps;
+	uint64_t cols;
+	double mean_step_us;       /**< busy time per step */
+	double busy_frac;          /**< busy time / chain elapsed time */
+};
+
+/** Scheduler counters; a consistent snapshot as of the last poll that did work. */
+struct ctrl_sched_stats {
+	int32_t n_stages;
+	int32_t n_groups;
+	struct ctrl_sched_stage_stats stage[CTRL_CHAIN_MAX_STAGES];
+	double occupancy;          /**< fraction of stage-ticks busy: sum busy / (stages * elapsed) */
+	double ideal_occupancy;    /**< launches / (launches + stages - 1): what a perfect
+	                                pipeline of equal steps reaches with as many launches */
+	double mean_round_trip_us; /**< submit to result, per group round */
+	uint64_t launches;
+	uint64_t launched_cols;
+	uint64_t prefill_cols;
+	uint64_t submitted;
+	uint64_t admitted;
+	uint64_t rejected;
+	uint64_t finished;         /**< every finish, whatever the reason */
+	uint64_t cancelled;
+	uint64_t errors;           /**< finished with CTRL_FINISH_ERROR, rejections included */
+	uint64_t tokens;           /**< tokens emitted */
+	int32_t queued;
+	int32_t live;
+	int32_t blocks_total;
+	int32_t blocks_in_use;
+	int32_t blocks_reserved;   /**< worst case of every admitted sequence */
+	uint64_t spec_rounds;      /**< verify spans launched */
+	uint64_t spec_drafted;
+	uint64_t spec_accepted;
+	double spec_acceptance;    /**< accepted / drafted */
+	uint64_t lookup_tries;
+	uint64_t lookup_hits;      /**< prompt lookups that found a draft */
+	uint64_t max_ready_wait;   /**< most launches a ready sequence waited to be packed */
+	size_t queued_bytes;       /**< heap held by waiting requests */
+	size_t live_bytes;         /**< heap held by live sequences (tokens, block rows) */
+};
+
+struct ctrl_sched;
+
+/**
+ * Create a scheduler over @p chain (borrowed: it must outlive the scheduler).
+ * @param err receives a message on failure
+ * @return the scheduler, or NULL with errno EINVAL (options the chain cannot
+ *         carry, e.g. more groups than it accepts), ENOMEM.
+ */
+struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl_sched_opts *o,
+				     char *err, size_t errlen);
+
+/**
+ * Destroy the scheduler. Requests still queued or live end without a
+ * callback; groups in flight are abandoned (destroy the chain after).
+ * Call from the scheduler thread; NULL is a no-op.
+ */
+void ctrl_sched_destroy(struct ctrl_sched *s);
+
+/**
+ * Queue a request. Thread-safe; cheap (one copy, one lock). A request that can
+ * never fit (more blocks than the pool, longer than a slot's context) ends on
+ * the next poll with CTRL_FINISH_ERROR and a message naming the pool.
+ * @return the request id (> 0), or -EINVAL (no prompt, max_tokens < 1, no
+ *         callback), -EAGAIN (max_queue requests already waiting), -ENOMEM.
+ */
+int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *r);
+
+/**
+ * Cancel a request (its client went away). Thread-safe. It ends with
+ * CTRL_FINISH_CANCELLED after its in-flight round, if any, returned; its
+ * blocks are freed then. Cancelling an id that already ended is harmless.
+ * @return 0, -ENOMEM.
+ */
+int ctrl_sched_cancel(struct ctrl_sched *s, uint64_t id);
+
+/**
+ * Do one round of scheduler work without blocking: take new requests and
+ * cancellations, collect finished groups and apply their tokens (callbacks
+ * run here), admit waiting requests, launch every free group that has work.
+ * @return CTRL_SCHED_BUSY, CTRL_SCHED_IDLE, or -errno when the chain failed
+ *         as a whole (the requests involved have already been ended).
+ */
+int ctrl_sched_poll(struct ctrl_sched *s);
+
+/** @return 1 when nothing is queued, live or in flight. Scheduler thread. */
+int ctrl_sched_drained(struct ctrl_sched *s);
+
+/**
+ * A snapshot of the counters as of the last poll that did work. Thread-safe.
+ * @return 0.
+ */
+int ctrl_sched_stats(struct ctrl_sched *s, struct ctrl_sched_stats *st);
+
+/**
+ * Current load: worst-case blocks of live and waiting requests over the pool
+ * size. Thread-safe (one atomic read); the dispatcher balances on it.
+ */
+double ctrl_sched_load(struct ctrl_sched *s);
+
+/* ---- replicas ---- */
+
+/** Most replicas a dispatcher holds (ids carry the index in 8 bits). */
+#define CTRL_DISPATCH_MAX 64
+
+struct ctrl_dispatch;
+
+/**
+ * A dispatcher over @p n independent schedulers (borrowed), each driving its
+ * own pipeline. Replica i must have been created with id_tag = i.
+ * @return the dispatcher, or NULL with errno EINVAL (n out of 1..CTRL_DISPATCH_MAX,
+ *         a replica's id_tag not its index), ENOMEM.
+ */
+struct ctrl_dispatch *ctrl_dispatch_create(struct ctrl_sched *const *replicas, int n);
+
+/** Destroy the dispatcher (not the replicas); NULL is a no-op. */
+void ctrl_dispatch_destroy(struct ctrl_dispatch *d);
+
+/**
+ * Send @p r to the least-loaded replica (ctrl_sched_load(); ties go round
+ * robin). Thread-safe. @return as ctrl_sched_submit().
+ */
+int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request *r);
+
+/** Cancel by id (routed by its tag). Thread-safe. @return 0, -EINVAL (bad tag), -ENOMEM. */
+int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id);
+
+/**
+ * Poll every replica once (one scheduler thread drives them all; a daemon may
+ * instead give each replica its own thread and poll them directly).
+ * @return CTRL_SCHED_BUSY if any replica was busy, CTRL_SCHED_IDLE, or the
+ *         first -errno.
+ */
+int ctrl_dispatch_poll(struct ctrl_dispatch *d);
+
+/** @return 1 when every replica is drained. */
+int ctrl_dispatch_drained(struct ctrl_dispatch *d);
+
+/** @return the replica count. */
+int ctrl_dispatch_count(const struct ctrl_dispatch *d);
+
+/** @return replica @p i (for its stats), or NULL. */
+struct ctrl_sched *ctrl_dispatch_replica(struct ctrl_dispatch *d, int i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_SCHED_H */

@@ -1,0 +1,930 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The scheduler core: inbox, admission, packing, result application.
+ *
+ * A sequence lives in a slot (its block-table row on every stage). Its state:
+ *   toks[0 .. n_toks)  prompt then generated tokens
+ *   n_fed              positions whose K/V the stages hold
+ * Prefill while n_fed < n_prompt; decode after, with n_fed == n_toks - 1 (the
+ * newest token is the next input). A round sends columns at positions
+ * n_fed .. n_fed + k - 1; n_fed advances only when the round's result is
+ * applied, and the slot's in-flight mark is what stops a second round from
+ * being packed meanwhile. Break that and the stages see a position twice or
+ * a token that is not yet known.
+ *
+ * Blocks: worst case per request is ceil((n_prompt + max_tokens - 1) / 16)
+ * (the last generated token is never fed; drafts never reach past
+ * max_tokens). Admission keeps sum(worst case of live) <= pool size, so the
+ * lazy growth in ensure_blocks() cannot find the pool empty. Blocks return
+ * to the pool only when the sequence is not in flight: a stage may still
+ * write a block of an in-flight round.
+ *
+ * Ops for a slot (ZERO_SLOT on reuse, ROLLBACK after rejected drafts,
+ * SET_BLOCK for new rows) go into the micro-batch that carries the slot's
+ * next columns, ahead of them; chains keep submission order, so every stage
+ * sees the same table at the same step.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctrl_sched.h"
+#include "sched_int.h"
+#include "shm_blkpool.h"
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int32_t min32(int32_t a, int32_t b)
+{
+	return a < b ? a : b;
+}
+
+const char *ctrl_finish_name(enum ctrl_finish f)
+{
+	switch (f) {
+	case CTRL_FINISH_LENGTH: return "length";
+	case CTRL_FINISH_STOP: return "stop";
+	case CTRL_FINISH_CANCELLED: return "cancelled";
+	case CTRL_FINISH_ERROR: return "error";
+	default: return "none";
+	}
+}
+
+void ctrl_request_init(struct ctrl_request *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->max_tokens = 16;
+	r->top_p = 1.0f;
+}
+
+void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->n_groups = 0;
+	o->mb_cols = 32;
+	o->max_queue = 65536;
+	o->spec = 1;
+	o->spec_depth = 8;
+	o->spec_c_full = 8;
+	o->spec_c_half = 32;
+	o->spec_ngram_min = 2;
+	o->spec_ngram_max = 4;
+	o->spec_window = 4096;
+}
+
+static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)
+{
+	int32_t pos = n_prompt + max_tokens - 1;
+
+	return (pos + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+}
+
+/* ---- request lifetime ---- */
+
+static size_t req_queued_bytes(const struct sched_req *r)
+{
+	return sizeof(*r) + sizeof(int32_t) * (size_t)(r->n_prompt + r->n_stop);
+}
+
+static void req_free(struct sched_req *r)
+{
+	if (r == NULL)
+		return;
+	free(r->toks);
+	free(r);
+}
+
+/* Tell the client and drop a request that is not in a slot. */
+static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why,
+		       int32_t token, const char *msg)
+{
+	struct ctrl_event ev = {
+		.id = r->id, .finish = why, .token = token, .logprob = 0.0f,
+		.n_generated = r->n_gen, .message = msg,
+	};
+
+	s->st.finished++;
+	if (why == CTRL_FINISH_CANCELLED)
+		s->st.cancelled++;
+	if (why == CTRL_FINISH_ERROR)
+		s->st.errors++;
+	atomic_fetch_sub_explicit(&s->load, r->need, memory_order_relaxed);
+	r->cb(r->cb_arg, &ev);
+	req_free(r);
+}
+
+/* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
+static void slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
+			const char *msg)
+{
+	struct sched_slot *sl = &s->slots[i];
+	struct sched_req *r = sl->r;
+
+	shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
+	sl->n_blk = 0;
+	s->reserved -= r->need;
+	s->n_live--;
+	s->live_bytes -= sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
+	sl->r = NULL;
+	sl->fresh = 1;
+	sl->cancelled = 0;
+	sl->rollback_to = -1;
+	s->free_slots[s->n_free_slots++] = i;
+	req_finish(s, r, why, token, msg);
+}
+
+/* Append a generated token; @return 1 if the sequence ended. */
+static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp)
+{
+	struct sched_slot *sl = &s->slots[i];
+	struct sched_req *r = sl->r;
+	struct ctrl_event ev;
+
+	r->toks[sl->n_toks++] = tok;
+	r->n_gen++;
+	s->st.tokens++;
+	for (int32_t k = 0; k < r->n_stop; k++) {
+		if (r->stop[k] == tok) {
+			slot_finish(s, i, CTRL_FINISH_STOP, tok, NULL);
+			return 1;
+		}
+	}
+	ev = (struct ctrl_event){
+		.id = r->id, .finish = CTRL_FINISH_NONE, .token = tok, .logprob = lp,
+		.n_generated = r->n_gen, .message = NULL,
+	};
+	r->cb(r->cb_arg, &ev);
+	if (r->n_gen >= r->max_tokens) {
+		slot_finish(s, i, CTRL_FINISH_LENGTH, -1, NULL);
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- inbox (any thread) ---- */
+
+int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
+{
+	struct sched_req *r;
+	uint64_t seq;
+
+	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 1
+	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL))
+		return -EINVAL;
+	if (atomic_fetch_add_explicit(&s->pending, 1, memory_order_relaxed) >= s->o.max_queue) {
+		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+		return -EAGAIN;
+	}
+	r = malloc(sizeof(*r) + sizeof(int32_t) * (size_t)rq->n_stop);
+	if (r == NULL)
+		goto fail;
+	r->toks = malloc(sizeof(int32_t) * (size_t)rq->n_prompt);
+	if (r->toks == NULL)
+		goto fail_req;
+	memcpy(r->toks, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
+	if (rq->n_stop > 0)
+		memcpy(r->stop, rq->stop_ids, sizeof(int32_t) * (size_t)rq->n_stop);
+	r->next = NULL;
+	r->n_prompt = rq->n_prompt;
+	r->max_tokens = rq->max_tokens;
+	r->n_stop = rq->n_stop;
+	r->n_gen = 0;
+	r->cap = rq->n_prompt;
+	r->temperature = rq->temperature;
+	r->top_p = rq->top_p;
+	r->top_k = rq->top_k;
+	r->seed = rq->seed;
+	r->cb = rq->cb;
+	r->cb_arg = rq->cb_arg;
+	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
+	seq = atomic_fetch_add_explicit(&s->next_seq, 1, memory_order_relaxed);
+	r->id = (seq << 8) | s->o.id_tag;
+	atomic_fetch_add_explicit(&s->load, r->need, memory_order_relaxed);
+
+	pthread_mutex_lock(&s->lock);
+	if (s->in_tail != NULL)
+		s->in_tail->next = r;
+	else
+		s->in_head = r;
+	s->in_tail = r;
+	pthread_mutex_unlock(&s->lock);
+	return (int64_t)r->id;
+
+fail_req:
+	free(r);
+fail:
+	atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+	return -ENOMEM;
+}
+
+int ctrl_sched_cancel(struct ctrl_sched *s, uint64_t id)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->n_cancel == s->cap_cancel) {
+		size_t cap = s->cap_cancel ? s->cap_cancel * 2 : 16;
+		uint64_t *p = realloc(s->cancels, sizeof(*p) * cap);
+
+		if (p == NULL) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		s->cancels = p;
+		s->cap_cancel = cap;
+	}
+	s->cancels[s->n_cancel++] = id;
+out:
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+/* Move new requests to the FIFO (or reject them) and apply cancellations. */
+static int drain_inbox(struct ctrl_sched *s)
+{
+	struct sched_req *head, *r;
+	uint64_t *cancels;
+	size_t n_cancel;
+	int busy = 0;
+
+	pthread_mutex_lock(&s->lock);
+	head = s->in_head;
+	s->in_head = s->in_tail = NULL;
+	cancels = s->cancels;
+	n_cancel = s->n_cancel;
+	s->cancels = NULL;
+	s->n_cancel = s->cap_cancel = 0;
+	pthread_mutex_unlock(&s->lock);
+
+	while ((r = head) != NULL) {
+		char msg[256];
+		int32_t ctx = s->ctx;
+
+		head = r->next;
+		r->next = NULL;
+		busy = 1;
+		s->st.submitted++;
+		if (r->need > s->n_blocks || r->n_prompt + r->max_tokens > ctx) {
+			if (r->need > s->n_blocks)
+				snprintf(msg, sizeof(msg),
+					 "request needs %d KV blocks (prompt %d + max_tokens %d at %d positions "
+					 "per block) but the pool holds %d blocks: lower max_tokens or give the "
+					 "workers a larger KV pool",
+					 r->need, r->n_prompt, r->max_tokens, KN_PAGE_BLK, s->n_blocks);
+			else
+				snprintf(msg, sizeof(msg),
+					 "request needs %d positions (prompt %d + max_tokens %d) but a sequence "
+					 "holds at most %d: lower max_tokens or raise max_blocks_per_slot",
+					 r->n_prompt + r->max_tokens, r->n_prompt, r->max_tokens, ctx);
+			s->st.rejected++;
+			atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+			req_finish(s, r, CTRL_FINISH_ERROR, -1, msg);
+			continue;
+		}
+		if (s->q_tail != NULL)
+			s->q_tail->next = r;
+		else
+			s->q_head = r;
+		s->q_tail = r;
+		s->n_queued++;
+		s->queued_bytes += req_queued_bytes(r);
+	}
+
+	for (size_t k = 0; k < n_cancel; k++) {
+		uint64_t id = cancels[k];
+		struct sched_req **pp = &s->q_head, *prev = NULL;
+		int found = 0;
+
+		busy = 1;
+		while (*pp != NULL) {
+			r = *pp;
+			if (r->id == id) {
+				*pp = r->next;
+				if (s->q_tail == r)
+					s->q_tail = prev;
+				s->n_queued--;
+				s->queued_bytes -= req_queued_bytes(r);
+				atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+				req_finish(s, r, CTRL_FINISH_CANCELLED, -1, NULL);
+				found = 1;
+				break;
+			}
+			prev = r;
+			pp = &r->next;
+		}
+		for (int32_t i = 0; !found && i < s->n_slots; i++) {
+			struct sched_slot *sl = &s->slots[i];
+
+			if (sl->r == NULL || sl->r->id != id)
+				continue;
+			found = 1;
+			if (sl->inflight)
+				sl->cancelled = 1; /* ends when its round returns */
+			else
+				slot_finish(s, i, CTRL_FINISH_CANCELLED, -1, NULL);
+		}
+	}
+	free(cancels);
+	return busy;
+}
+
+/* ---- admission ---- */
+
+static int admit(struct ctrl_sched *s)
+{
+	int busy = 0;
+
+	while (s->q_head != NULL && s->n_free_slots > 0) {
+		struct sched_req *r = s->q_head;
+		struct sched_slot *sl;
+		int32_t *toks;
+		int32_t i;
+
+		if (s->reserved + r->need > s->n_blocks)
+			break; /* FIFO: nobody overtakes the head */
+		s->q_head = r->next;
+		if (s->q_head == NULL)
+			s->q_tail = NULL;
+		r->next = NULL;
+		s->n_queued--;
+		s->queued_bytes -= req_queued_bytes(r);
+		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+		busy = 1;
+		toks = realloc(r->toks, sizeof(int32_t) * (size_t)(r->n_prompt + r->max_tokens));
+		if (toks == NULL) {
+			req_finish(s, r, CTRL_FINISH_ERROR, -1,
+				   "realloc of the token buffer failed at admission: the scheduler is out of memory");
+			continue;
+		}
+		r->toks = toks;
+		r->cap = r->n_prompt + r->max_tokens;
+		i = s->free_slots[--s->n_free_slots];
+		sl = &s->slots[i];
+		sl->r = r;
+		sl->n_fed = 0;
+		sl->n_toks = r->n_prompt;
+		sl->n_blk = 0;
+		sl->inflight = 0;
+		sl->cancelled = 0;
+		sl->rollback_to = -1;
+		sl->ready_at = s->launch_no;
+		s->reserved += r->need;
+		s->n_live++;
+		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
+		s->st.admitted++;
+	}
+	return busy;
+}
+
+/* ---- packing ---- */
+
+/*
+ * Prompt lookup: the continuation of the most recent earlier occurrence of
+ * the longest suffix n-gram of t[0..n). @return the draft length (0..dmax).
+ */
+static int32_t prompt_lookup(const struct ctrl_sched *s, const int32_t *t, int32_t n, int32_t dmax,
+			     int32_t *out)
+{
+	int32_t lo = n > s->o.spec_window ? n - s->o.spec_window : 0;
+
+	for (int32_t ng = min32(s->o.spec_ngram_max, n - 1); ng >= s->o.spec_ngram_min; ng--) {
+		const int32_t *suf = t + n - ng;
+
+		for (int32_t i = n - ng - 1; i >= lo; i--) {
+			int32_t len;
+
+			if (t[i] != suf[0] || memcmp(t + i, suf, sizeof(int32_t) * (size_t)ng) != 0)
+				continue;
+			len = min32(dmax, n - (i + ng));
+			memcpy(out, t + i + ng, sizeof(int32_t) * (size_t)len);
+			return len;
+		}
+	}
+	return 0;
+}
+
+/* Emit the slot's pending ops and grow its row to cover @p pos_max. */
+static int slot_prepare(struct ctrl_sched *s, struct sched_group *g, int32_t i, int32_t pos_max)
+{
+	struct sched_slot *sl = &s->slots[i];
+	int32_t need = pos_max / KN_PAGE_BLK + 1;
+
+	if (sl->fresh) {
+		g->ops[g->n_ops++] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = i };
+		sl->fresh = 0;
+	}
+	if (sl->rollback_to >= 0) {
+		g->ops[g->n_ops++] = (struct kn_op){
+			.type = KN_OP_ROLLBACK, .slot = i, .idx = 0, .val = sl->rollback_to };
+		sl->rollback_to = -1;
+	}
+	if (need > sl->n_blk) {
+		int rc = shm_blkpool_alloc(s->pool, need - sl->n_blk, sl->blk + sl->n_blk);
+
+		if (rc < 0)
+			return rc; /* cannot happen while admission holds its invariant */
+		for (int32_t b = sl->n_blk; b < need; b++)
+			g->ops[g->n_ops++] = (struct kn_op){
+				.type = KN_OP_SET_BLOCK, .slot = i, .idx = b, .val = sl->blk[b] };
+		sl->n_blk = need;
+	}
+	return 0;
+}
+
+static void fill_col(struct kn_column *c, const struct sched_req *r, int32_t slot, int32_t pos,
+		     int32_t tok, uint32_t flags)
+{
+	c->token = tok;
+	c->pos = pos;
+	c->slot = slot;
+	c->flags = flags;
+	c->temperature = r->temperature;
+	c->top_p = r->top_p;
+	c->top_k = r->top_k;
+	c->seed = r->seed;
+}
+
+static void note_wait(struct ctrl_sched *s, struct sched_slot *sl)
+{
+	uint64_t w = s->launch_no - sl->ready_at;
+
+	if (w > s->st.max_ready_wait)
+		s->st.max_ready_wait = w;
+}
+
+/* Pack decode spans from the rotating cursor into at most @p budget columns. */
+static void pack_decode(struct ctrl_sched *s, struct sched_group *g, int32_t budget)
+{
+	int32_t gate = 0, last = -1;
+
+	if (s->o.spec)
+		gate = s->n_live <= s->o.spec_c_full ? s->o.spec_depth
+		       : s->n_live <= s->o.spec_c_half ? min32(s->o.spec_depth, 4) : 0;
+	for (int32_t k = 0; k < s->n_slots && g->n_cols < budget; k++) {
+		int32_t i = s->dcur + k < s->n_slots ? s->dcur + k : s->dcur + k - s->n_slots;
+		struct sched_slot *sl = &s->slots[i];
+		struct sched_req *r = sl->r;
+		struct kn_column *c;
+		int32_t d = 0, dmax, pos;
+
+		if (r == NULL || sl->inflight || sl->n_fed < r->n_prompt)
+			continue;
+		pos = sl->n_fed;
+		c = &g->cols[g->n_cols];
+		dmax = min32(gate, min32(r->max_tokens - r->n_gen - 1, budget - g->n_cols - 1));
+		if (dmax > 0 && r->temperature <= 0.0f) {
+			s->st.lookup_tries++;
+			d = prompt_lookup(s, r->toks, sl->n_toks, dmax, s->draft);
+			if (d > 0)
+				s->st.lookup_hits++;
+		}
+		if (slot_prepare(s, g, i, pos + d) < 0)
+			continue;
+		fill_col(c, r, i, pos, r->toks[pos], KN_COL_NEED_LOGIT);
+		for (int32_t j = 0; j < d; j++)
+			fill_col(c + 1 + j, r, i, pos + 1 + j, s->draft[j], KN_COL_NEED_LOGIT);
+		g->ent[g->n_ent++] = (struct sched_ent){
+			.slot = i, .col = g->n_cols, .n = 1 + d, .kind = ENT_DECODE, .draft = d };
+		g->n_cols += 1 + d;
+		if (d > 0) {
+			s->st.spec_rounds++;
+			s->st.spec_drafted += (uint64_t)d;
+		}
+		sl->inflight = 1;
+		note_wait(s, sl);
+		last = i;
+	}
+	if (last >= 0)
+		s->dcur = last + 1 == s->n_slots ? 0 : last + 1;
+}
+
+/* Pack prefill chunks from the prefill cursor up to @p width columns. */
+static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t width)
+{
+	int32_t last = -1;
+
+	for (int32_t k = 0; k < s->n_slots && g->n_cols < width; k++) {
+		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
+		struct sched_slot *sl = &s->slots[i];
+		struct sched_req *r = sl->r;
+		int32_t n, pos;
+		int lastchunk;
+
+		if (r == NULL || sl->inflight || sl->n_fed >= r->n_prompt)
+			continue;
+		pos = sl->n_fed;
+		n = min32(r->n_prompt - pos, width - g->n_cols);
+		lastchunk = pos + n == r->n_prompt;
+		if (slot_prepare(s, g, i, pos + n - 1) < 0)
+			continue;
+		for (int32_t j = 0; j < n; j++)
+			fill_col(&g->cols[g->n_cols + j], r, i, pos + j, r->toks[pos + j],
+				 lastchunk && j == n - 1 ? KN_COL_NEED_LOGIT : 0u);
+		g->ent[g->n_ent++] = (struct sched_ent){
+			.slot = i, .col = g->n_cols, .n = n,
+			.kind = lastchunk ? ENT_PREFILL_LAST : ENT_PREFILL, .draft = 0 };
+		g->n_cols += n;
+		s->st.prefill_cols += (uint64_t)n;
+		sl->inflight = 1;
+		note_wait(s, sl);
+		last = i;
+	}
+	if (last >= 0)
+		s->pcur = last + 1 == s->n_slots ? 0 : last + 1;
+}
+
+/* Is there a sequence in prefill that is not in flight? */
+static int prefill_ready(const struct ctrl_sched *s)
+{
+	for (int32_t k = 0; k < s->n_slots; k++) {
+		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
+		const struct sched_slot *sl = &s->slots[i];
+
+		if (sl->r != NULL && !sl->inflight && sl->n_fed < sl->r->n_prompt)
+			return 1;
+	}
+	return 0;
+}
+
+/* End every sequence of group @p g with an error (a failed group). */
+static void group_fail(struct ctrl_sched *s, struct sched_group *g, const char *why)
+{
+	char msg[320];
+
+	snprintf(msg, sizeof(msg), "the stage chain failed this request's micro-batch (group %d): %s",
+		 (int)(g - s->groups), why);
+	for (int32_t e = 0; e < g->n_ent; e++) {
+		int32_t i = g->ent[e].slot;
+
+		s->slots[i].inflight = 0;
+		if (s->slots[i].r != NULL)
+			slot_finish(s, i, CTRL_FINISH_ERROR, -1, msg);
+	}
+	g->n_ent = 0;
+	g->state = GROUP_IDLE;
+}
+
+/* Submit the group's built micro-batch. @return 1 sent, 0 retry later, <0 failed. */
+static int group_submit(struct ctrl_sched *s, struct sched_group *g)
+{
+	int rc = ctrl_chain_submit(s->chain, (uint32_t)(g - s->groups), g->cols, g->n_cols, g->ops,
+				   g->n_ops);
+
+	if (rc == -EBUSY) {
+		g->state = GROUP_PENDING;
+		return 0;
+	}
+	if (rc < 0) {
+		char why[128];
+
+		snprintf(why, sizeof(why), "ctrl_chain_submit(%s, %d columns) failed: %s",
+			 s->chain->vt->name, g->n_cols, strerror(-rc));
+		group_fail(s, g, why);
+		return rc;
+	}
+	g->state = GROUP_INFLIGHT;
+	g->t_launch = mono_ns();
+	s->n_inflight++;
+	s->launch_no++;
+	s->st.launches++;
+	s->st.launched_cols += (uint64_t)g->n_cols;
+	return 1;
+}
+
+/* Pack group @p g from every ready sequence. @return columns packed. */
+static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
+{
+	int32_t reserve = s->mb_cols / 4 > 1 ? s->mb_cols / 4 : 1;
+	int pf = prefill_ready(s);
+
+	g->n_cols = g->n_ops = g->n_ent = 0;
+	pack_decode(s, g, pf ? s->mb_cols - reserve : s->mb_cols);
+	if (pf)
+		pack_prefill(s, g, g->n_cols > 0 ? s->mb_cols : s->pf_cols);
+	return g->n_cols;
+}
+
+/* ---- results ---- */
+
+static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *res)
+{
+	struct sched_group *g;
+
+	if (res->group >= (uint32_t)s->n_groups || s->groups[res->group].state != GROUP_INFLIGHT)
+		return; /* not ours: a chain bug; nothing to apply */
+	g = &s->groups[res->group];
+	s->n_inflight--;
+	s->rt_ns += mono_ns() - g->t_launch;
+	s->rt_n++;
+	if (res->status < 0 || res->n_cols != g->n_cols) {
+		group_fail(s, g, res->status < 0 ? res->err : "result has a different column count");
+		return;
+	}
+	for (int32_t e = 0; e < g->n_ent; e++) {
+		const struct sched_ent *en = &g->ent[e];
+		struct sched_slot *sl = &s->slots[en->slot];
+		const int32_t *out = res->tokens + en->col;
+		const float *lp = res->logprobs != NULL ? res->logprobs + en->col : NULL;
+		int32_t a = 0, old;
+
+		sl->inflight = 0;
+		sl->ready_at = s->launch_no;
+		if (sl->cancelled) {
+			slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
+			continue;
+		}
+		switch (en->kind) {
+		case ENT_PREFILL:
+			sl->n_fed += en->n;
+			break;
+		case ENT_PREFILL_LAST:
+			sl->n_fed += en->n;
+			slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f);
+			break;
+		case ENT_DECODE:
+			while (a < en->draft && out[a] == g->cols[en->col + 1 + a].token)
+				a++;
+			old = sl->n_fed;
+			sl->n_fed = old + 1 + a;
+			s->st.spec_accepted += (uint64_t)a;
+			for (int32_t j = 0; j <= a; j++)
+				if (slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f))
+					goto next;
+			if (a < en->draft)
+				sl->rollback_to = old + 1 + a;
+			break;
+		}
+next:;
+	}
+	g->n_ent = 0;
+	g->state = GROUP_IDLE;
+}
+
+/* ---- stats ---- */
+
+static void publish(struct ctrl_sched *s)
+{
+	struct ctrl_chain_stats cs;
+	struct ctrl_sched_stats *st = &s->st;
+	double busy = 0.0;
+
+	st->n_groups = s->n_groups;
+	st->queued = s->n_queued;
+	st->live = s->n_live;
+	st->blocks_total = s->n_blocks;
+	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool);
+	st->blocks_reserved = s->reserved;
+	st->queued_bytes = s->queued_bytes;
+	st->live_bytes = s->live_bytes;
+	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;
+	st->spec_acceptance = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
+	if (ctrl_chain_stats(s->chain, &cs) == 0) {
+		st->n_stages = cs.n_stages;
+		for (int32_t k = 0; k < cs.n_stages && k < CTRL_CHAIN_MAX_STAGES; k++) {
+			const struct ctrl_chain_stage_stats *c = &cs.stage[k];
+
+			st->stage[k].steps = c->steps;
+			st->stage[k].cols = c->cols;
+			st->stage[k].mean_step_us = c->steps ? (double)c->busy_ns / (double)c->steps / 1000.0 : 0.0;
+			st->stage[k].busy_frac = cs.elapsed_ns ? (double)c->busy_ns / (double)cs.elapsed_ns : 0.0;
+			busy += (double)c->busy_ns;
+		}
+		st->occupancy = cs.elapsed_ns && cs.n_stages
+			? busy / ((double)cs.n_stages * (double)cs.elapsed_ns) : 0.0;
+		st->ideal_occupancy = st->launches
+			? (double)st->launches / (double)(st->launches + (uint64_t)cs.n_stages - 1) : 0.0;
+	}
+	pthread_mutex_lock(&s->st_lock);
+	s->pub = *st;
+	pthread_mutex_unlock(&s->st_lock);
+}
+
+int ctrl_sched_stats(struct ctrl_sched *s, struct ctrl_sched_stats *st)
+{
+	pthread_mutex_lock(&s->st_lock);
+	*st = s->pub;
+	pthread_mutex_unlock(&s->st_lock);
+	return 0;
+}
+
+double ctrl_sched_load(struct ctrl_sched *s)
+{
+	return (double)atomic_load_explicit(&s->load, memory_order_relaxed) / (double)s->n_blocks;
+}
+
+/* ---- the poll loop ---- */
+
+int ctrl_sched_poll(struct ctrl_sched *s)
+{
+	int busy = 0, n, rc = 0;
+
+	busy |= drain_inbox(s);
+	if (s->n_inflight > 0) {
+		n = ctrl_chain_poll(s->chain, s->res, s->n_groups);
+		if (n < 0) {
+			char why[128];
+
+			snprintf(why, sizeof(why), "ctrl_chain_poll(%s) failed: %s", s->chain->vt->name,
+				 strerror(-n));
+			for (int32_t k = 0; k < s->n_groups; k++)
+				if (s->groups[k].state == GROUP_INFLIGHT) {
+					s->n_inflight--;
+					group_fail(s, &s->groups[k], why);
+				}
+			publish(s);
+			return n;
+		}
+		for (int k = 0; k < n; k++)
+			apply_result(s, &s->res[k]);
+		busy |= n > 0;
+	}
+	busy |= admit(s);
+	for (int32_t k = 0; k < s->n_groups; k++) {
+		struct sched_group *g = &s->groups[k];
+		int sent;
+
+		if (g->state == GROUP_INFLIGHT)
+			continue;
+		if (g->state == GROUP_IDLE && group_pack(s, g) == 0)
+			break;
+		sent = group_submit(s, g);
+		if (sent == 0)
+			break; /* transport full: keep order, retry this group first */
+		busy = 1;
+		if (sent < 0 && rc == 0)
+			rc = sent;
+	}
+	if (busy)
+		publish(s);
+	return rc < 0 ? rc : busy ? CTRL_SCHED_BUSY : CTRL_SCHED_IDLE;
+}
+
+int ctrl_sched_drained(struct ctrl_sched *s)
+{
+	return atomic_load_explicit(&s->pending, memory_order_relaxed) == 0 && s->n_live == 0
+	       && s->n_inflight == 0;
+}
+
+/* ---- create / destroy ---- */
+
+struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl_sched_opts *o,
+				     char *err, size_t errlen)
+{
+	struct ctrl_sched *s;
+	int32_t width, ops_cap;
+	int rc;
+
+	if (chain == NULL || o == NULL) {
+		snprintf(err, errlen, "ctrl_sched_create: chain and options are required");
+		errno = EINVAL;
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		goto fail_nomem;
+	s->chain = chain;
+	s->o = *o;
+	rc = ctrl_chain_info(chain, &s->ci);
+	if (rc < 0) {
+		snprintf(err, errlen, "ctrl_chain_info(%s) failed: %s", chain->vt->name, strerror(-rc));
+		errno = -rc;
+		goto fail_sched;
+	}
+	s->n_slots = o->n_slots > 0 && o->n_slots < s->ci.n_slots ? o->n_slots : s->ci.n_slots;
+	s->n_blocks = o->n_blocks > 0 && o->n_blocks < s->ci.n_blocks ? o->n_blocks : s->ci.n_blocks;
+	s->mbps = s->ci.max_blocks_per_slot;
+	s->ctx = s->mbps * KN_PAGE_BLK;
+	if (s->ci.max_position > 0 && s->ci.max_position < s->ctx)
+		s->ctx = s->ci.max_position;
+	s->n_groups = o->force_groups > 0 ? o->force_groups
+		      : o->n_groups > s->ci.n_stages + 1 ? o->n_groups : s->ci.n_stages + 1;
+	s->mb_cols = min32(o->mb_cols, s->ci.max_cols);
+	s->pf_cols = o->prefill_cols > 0 ? min32(o->prefill_cols, s->ci.max_cols) : s->ci.max_cols;
+	if (s->n_groups > s->ci.max_groups || s->mb_cols < 2 || s->n_slots < 1 || s->n_blocks < 1
+	    || o->max_queue < 1 || o->spec_ngram_min < 1 || o->spec_ngram_max < o->spec_ngram_min
+	    || o->spec_depth < 0 || o->spec_window < 2) {
+		snprintf(err, errlen,
+			 "ctrl_sched_create: options out of range: groups %d (chain %s takes %d), mb_cols %d "
+			 "(needs >= 2, chain max %d), n-grams %d..%d, depth %d, window %d, max_queue %d",
+			 s->n_groups, chain->vt->name, s->ci.max_groups, s->mb_cols, s->ci.max_cols,
+			 o->spec_ngram_min, o->spec_ngram_max, o->spec_depth, o->spec_window, o->max_queue);
+		errno = EINVAL;
+		goto fail_sched;
+	}
+	width = s->mb_cols > s->pf_cols ? s->mb_cols : s->pf_cols;
+	/* Each packed sequence brings at least one column and at most ZERO +
+	 * ROLLBACK + one SET_BLOCK per 16 columns plus one: 4 ops per column bounds it. */
+	ops_cap = 4 * width + 16;
+	s->pool = shm_blkpool_create(s->n_blocks);
+	if (s->pool == NULL)
+		goto fail_nomem_sched;
+	s->slots = calloc((size_t)s->n_slots, sizeof(*s->slots));
+	s->blk_mem = malloc(sizeof(int32_t) * (size_t)s->n_slots * (size_t)s->mbps);
+	s->free_slots = malloc(sizeof(int32_t) * (size_t)s->n_slots);
+	s->groups = calloc((size_t)s->n_groups, sizeof(*s->groups));
+	s->res = calloc((size_t)s->n_groups, sizeof(*s->res));
+	s->draft = malloc(sizeof(int32_t) * (size_t)(o->spec_depth + 1));
+	if (s->slots == NULL || s->blk_mem == NULL || s->free_slots == NULL || s->groups == NULL
+	    || s->res == NULL || s->draft == NULL)
+		goto fail_nomem_sched;
+	for (int32_t i = 0; i < s->n_slots; i++) {
+		s->slots[i].blk = s->blk_mem + (size_t)i * (size_t)s->mbps;
+		s->slots[i].fresh = 1;
+		s->slots[i].rollback_to = -1;
+		s->free_slots[i] = s->n_slots - 1 - i;
+	}
+	s->n_free_slots = s->n_slots;
+	for (int32_t k = 0; k < s->n_groups; k++) {
+		struct sched_group *g = &s->groups[k];
+
+		g->cols = malloc(sizeof(*g->cols) * (size_t)width);
+		g->ops = malloc(sizeof(*g->ops) * (size_t)ops_cap);
+		g->ent = malloc(sizeof(*g->ent) * (size_t)width);
+		if (g->cols == NULL || g->ops == NULL || g->ent == NULL)
+			goto fail_nomem_sched;
+	}
+	atomic_init(&s->next_seq, 1);
+	atomic_init(&s->load, 0);
+	atomic_init(&s->pending, 0);
+	if (pthread_mutex_init(&s->lock, NULL) != 0)
+		goto fail_nomem_sched;
+	if (pthread_mutex_init(&s->st_lock, NULL) != 0)
+		goto fail_lock;
+	s->st.n_groups = s->n_groups;
+	s->st.n_stages = s->ci.n_stages;
+	s->st.blocks_total = s->n_blocks;
+	s->pub = s->st;
+	return s;
+
+fail_lock:
+	pthread_mutex_destroy(&s->lock);
+fail_nomem_sched:
+	snprintf(err, errlen, "ctrl_sched_create: out of memory for %d slots, %d groups, %d blocks",
+		 s->n_slots, s->n_groups, s->n_blocks);
+	errno = ENOMEM;
+fail_sched:
+	if (s->groups != NULL)
+		for (int32_t k = 0; k < s->n_groups; k++) {
+			free(s->groups[k].cols);
+			free(s->groups[k].ops);
+			free(s->groups[k].ent);
+		}
+	free(s->draft);
+	free(s->res);
+	free(s->groups);
+	free(s->free_slots);
+	free(s->blk_mem);
+	free(s->slots);
+	shm_blkpool_destroy(s->pool);
+	free(s);
+	return NULL;
+fail_nomem:
+	snprintf(err, errlen, "ctrl_sched_create: out of memory");
+	errno = ENOMEM;
+	return NULL;
+}
+
+void ctrl_sched_destroy(struct ctrl_sched *s)
+{
+	struct sched_req *r;
+
+	if (s == NULL)
+		return;
+	while ((r = s->in_head) != NULL) {
+		s->in_head = r->next;
+		req_free(r);
+	}
+	while ((r = s->q_head) != NULL) {
+		s->q_head = r->next;
+		req_free(r);
+	}
+	for (int32_t i = 0; i < s->n_slots; i++)
+		req_free(s->slots[i].r);
+	for (int32_t k = 0; k < s->n_groups; k++) {
+		free(s->groups[k].cols);
+		free(s->groups[k].ops);
+		free(s->groups[k].ent);
+	}
+	free(s->cancels);
+	pthread_mutex_destroy(&s->st_lock);
+	pthread_mutex_destroy(&s->lock);
+	free(s->draft);
+	free(s->res);
+	free(s->groups);
+	free(s->free_slots);
+	free(s->blk_mem);
+	free(s->slots);
+	shm_blkpool_destroy(s->pool);
+	free(s);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Replicas: independent pipelines behind one dispatcher. A request goes to
+ * the replica with the least worst-case block load (waiting + live, over its
+ * pool), so a replica full of long requests stops receiving new ones before
+ * its queue grows. Request ids carry the replica index in their low 8 bits
+ * (each replica's id_tag), so cancel needs no lookup table.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "ctrl_sched.h"
+#include "sched_int.h"
+
+struct ctrl_dispatch {
+	int n;
+	atomic_uint rr;            /* tie-breaker */
+	struct ctrl_sched *r[];
+};
+
+struct ctrl_dispatch *ctrl_dispatch_create(struct ctrl_sched *const *replicas, int n)
+{
+	struct ctrl_dispatch *d;
+
+	if (replicas == NULL || n < 1 || n > CTRL_DISPATCH_MAX) {
+		errno = EINVAL;
+		return NULL;
+	}
+	for (int i = 0; i < n; i++) {
+		if (replicas[i] == NULL || replicas[i]->o.id_tag != (uint8_t)i) {
+			errno = EINVAL;
+			return NULL;
+		}
+	}
+	d = calloc(1, sizeof(*d) + sizeof(d->r[0]) * (size_t)n);
+	if (d == NULL) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	d->n = n;
+	atomic_init(&d->rr, 0);
+	for (int i = 0; i < n; i++)
+		d->r[i] = replicas[i];
+	return d;
+}
+
+void ctrl_dispatch_destroy(struct ctrl_dispatch *d)
+{
+	free(d);
+}
+
+int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request *r)
+{
+	unsigned start = atomic_fetch_add_explicit(&d->rr, 1, memory_order_relaxed);
+	int best = -1;
+	double best_load = 0.0;
+
+	for (int k = 0; k < d->n; k++) {
+		int i = (int)((start + (unsigned)k) % (unsigned)d->n);
+		double l = ctrl_sched_load(d->r[i]);
+
+		if (best < 0 || l < best_load) {
+			best = i;
+			best_load = l;
+		}
+	}
+	return ctrl_sched_submit(d->r[best], r);
+}
+
+int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id)
+{
+	unsigned tag = (unsigned)(id & 0xffu);
+
+	if (tag >= (unsigned)d->n)
+		return -EINVAL;
+	return ctrl_sched_cancel(d->r[tag], id);
+}
+
+int ctrl_dispatch_poll(struct ctrl_dispatch *d)
+{
+	int busy = CTRL_SCHED_IDLE, err = 0;
+
+	for (int i = 0; i < d->n; i++) {
+		int rc = ctrl_sched_poll(d->r[i]);
+
+		if (rc < 0 && err == 0)
+			err = rc;
+		if (rc == CTRL_SCHED_BUSY)
+			busy = CTRL_SCHED_BUSY;
+	}
+	return err < 0 ? err : busy;
+}
+
+int ctrl_dispatch_drained(struct ctrl_dispatch *d)
+{
+	for (int i = 0; i < d->n; i++)
+		if (!ctrl_sched_drained(d->r[i]))
+			return 0;
+	return 1;
+}
+
+int ctrl_dispatch_count(const struct ctrl_dispatch *d)
+{
+	return d->n;
+}
+
+struct ctrl_sched *ctrl_dispatch_replica(struct ctrl_dispatch *d, int i)
+{
+	return i >= 0 && i < d->n ? d->r[i] : NULL;
+}
