@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Frame build/parse: round trip, integrity checks, truncation. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dp_wire.h"
+
+static const struct dp_wire_addr A = {{0x02, 0, 0, 0, 0, 1}, 0x0a000001, 47474};
+static const struct dp_wire_addr B = {{0x02, 0, 0, 0, 0, 2}, 0x0a000002, 47474};
+
+static size_t make_frame(uint8_t *buf, uint16_t plen, uint8_t type)
+{
+	struct dp_wire_hdr h = {0};
+	h.type = type;
+	h.flags = DP_WF_PCSUM;
+	h.src_node = 1;
+	h.dst_node = 2;
+	h.stream = 7;
+	h.payload_len = plen;
+	h.src_epoch = 0x1122334455667788ull;
+	h.dst_epoch = 0x99;
+	h.msg_id = 42;
+	h.seq = 0xfffffff0u;
+	h.msg_len = 100000;
+	h.frag_off = 8192;
+	h.frag_idx = 1;
+	h.frag_count = 13;
+	h.tsval = 123456789;
+	for (unsigned i = 0; i < plen; i++)
+		buf[DP_FRAME_HLEN + i] = (uint8_t)(i * 7 + 3);
+	h.payload_csum = dp_crc32c(0, buf + DP_FRAME_HLEN, plen);
+	assert_int_equal(dp_wire_build(buf, &A, &B, &h), (int)DP_FRAME_HLEN);
+	return DP_FRAME_HLEN + plen;
+}
+
+static void crc32c_matches_the_published_check_value(void **state)
+{
+	(void)state;
+	assert_int_equal(dp_crc32c(0, "123456789", 9), 0xe3069283u);
+	/* incremental == one shot */
+	uint32_t c = dp_crc32c(0, "1234", 4);
+	assert_int_equal(dp_crc32c(c, "56789", 5), 0xe3069283u);
+}
+
+static void a_built_frame_parses_back_to_every_field(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	size_t len = make_frame(buf, 1000, DP_MT_KVPAGE);
+	struct dp_wire_view v;
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), 0);
+	assert_int_equal(v.h.type, DP_MT_KVPAGE);
+	assert_int_equal(v.h.src_node, 1);
+	assert_int_equal(v.h.dst_node, 2);
+	assert_int_equal(v.h.stream, 7);
+	assert_int_equal(v.h.payload_len, 1000);
+	assert_true(v.h.src_epoch == 0x1122334455667788ull);
+	assert_true(v.h.dst_epoch == 0x99);
+	assert_true(v.h.msg_id == 42);
+	assert_int_equal(v.h.seq, 0xfffffff0u);
+	assert_int_equal(v.h.msg_len, 100000);
+	assert_int_equal(v.h.frag_off, 8192);
+	assert_int_equal(v.h.frag_idx, 1);
+	assert_int_equal(v.h.frag_count, 13);
+	assert_true(v.h.tsval == 123456789);
+	assert_memory_equal(v.src.mac, A.mac, 6);
+	assert_memory_equal(v.dst.mac, B.mac, 6);
+	assert_int_equal(v.src.ip, A.ip);
+	assert_int_equal(v.dst.ip, B.ip);
+	assert_int_equal(v.payload_off, DP_FRAME_HLEN);
+	assert_int_equal(dp_crc32c(0, buf + v.payload_off, 1000), v.h.payload_csum);
+	/* The kvferry header sits where WIRE.md says, magic bytes "KVFR". */
+	assert_memory_equal(buf + 42, "KVFR", 4);
+}
+
+static void every_single_bit_flip_in_the_ip_udp_or_kvferry_header_is_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[256];
+	size_t len = make_frame(buf, 64, DP_MT_MBATCH);
+	struct dp_wire_view v;
+	/* IP (14..34), UDP length/dst port (38..40 excluded: src port/csum are free), kvferry header. */
+	for (size_t byte = DP_ETH_HLEN; byte < DP_FRAME_HLEN; byte++) {
+		if (byte >= 34 && byte < 36) /* UDP source port: any value is legal */
+			continue;
+		if (byte >= 40 && byte < 42) /* UDP checksum: unused (0) */
+			continue;
+		for (int bit = 0; bit < 8; bit++) {
+			buf[byte] ^= (uint8_t)(1u << bit);
+			int r = dp_wire_parse(buf, len, len, 47474, &v);
+			buf[byte] ^= (uint8_t)(1u << bit);
+			if (r == 0)
+				fail_msg("flip of bit %d in byte %zu was accepted", bit, byte);
+		}
+	}
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), 0);
+}
+
+static void a_payload_bit_flip_is_caught_by_the_payload_crc(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	size_t len = make_frame(buf, 1500, DP_MT_MBATCH);
+	struct dp_wire_view v;
+	buf[DP_FRAME_HLEN + 777] ^= 0x10;
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), 0);
+	assert_int_not_equal(dp_crc32c(0, buf + v.payload_off, v.h.payload_len), v.h.payload_csum);
+}
+
+static void every_truncation_is_refused_without_reading_past_the_end(void **state)
+{
+	(void)state;
+	uint8_t buf[512];
+	size_t len = make_frame(buf, 200, DP_MT_CONTROL);
+	struct dp_wire_view v;
+	for (size_t l = 0; l < len; l++)
+		assert_int_not_equal(dp_wire_parse(buf, l, l, 0, &v), 0);
+	/* Ethernet padding after the IP datagram is legal. */
+	assert_int_equal(dp_wire_parse(buf, len + 10, len + 10, 0, &v), 0);
+}
+
+static void another_port_and_inconsistent_fragments_are_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[512];
+	size_t len = make_frame(buf, 100, DP_MT_MBATCH);
+	struct dp_wire_view v;
+	assert_int_equal(dp_wire_parse(buf, len, len, 1234, &v), DP_DROP_PORT);
+
+	struct dp_wire_hdr h;
+	memcpy(&h, buf + DP_KVF_OFF, sizeof(h));
+	h.frag_idx = h.frag_count; /* out of range, CRC recomputed so only the field is wrong */
+	dp_wire_build(buf, &A, &B, &h);
+	assert_int_equal(dp_wire_parse(buf, len, len, 0, &v), DP_DROP_BAD_FIELD);
+
+	h.frag_idx = 0;
+	h.frag_off = h.msg_len - 10; /* payload runs past the message */
+	dp_wire_build(buf, &A, &B, &h);
+	assert_int_equal(dp_wire_parse(buf, len, len, 0, &v), DP_DROP_BAD_FIELD);
+
+	h.frag_off = 0;
+	h.type = DP_MT_MAX_;
+	dp_wire_build(buf, &A, &B, &h);
+	assert_int_equal(dp_wire_parse(buf, len, len, 0, &v), DP_DROP_BAD_FIELD);
+}
+
+static void an_ack_carries_its_body_and_a_short_ack_is_refused(void **state)
+{
+	(void)state;
+	uint8_t buf[256];
+	struct dp_wire_hdr h = {0};
+	struct dp_wire_ack ack = {.cum_seq = 77, .msg_limit = 9, .ts_echo = 5, .sack = {3, 0, 0, 1}};
+	h.type = DP_MT_ACK;
+	int len = dp_wire_build_ctl(buf, &A, &B, &h, &ack, sizeof(ack));
+	assert_int_equal(len, (int)(DP_FRAME_HLEN + sizeof(ack)));
+	struct dp_wire_view v;
+	struct dp_wire_ack got;
+	assert_int_equal(dp_wire_parse(buf, len, len, 0, &v), 0);
+	assert_int_equal(dp_wire_ack_read(buf, &v, &got), 0);
+	assert_memory_equal(&got, &ack, sizeof(ack));
+
+	/* A flipped SACK bit must not reach the sender. */
+	buf[DP_FRAME_HLEN + 24] ^= 1;
+	assert_int_equal(dp_wire_parse(buf, len, len, 0, &v), DP_DROP_PAYLOAD_CSUM);
+
+	h.flags = 0;
+	dp_wire_build_ctl(buf, &A, &B, &h, &ack, 8);
+	assert_int_equal(dp_wire_parse(buf, DP_FRAME_HLEN + 8, DP_FRAME_HLEN + 8, 0, &v),
+			 DP_DROP_BAD_FIELD);
+}
+
+static void a_frame_over_64_kib_cannot_be_built(void **state)
+{
+	(void)state;
+	uint8_t buf[256];
+	struct dp_wire_hdr h = {0};
+	h.type = DP_MT_KVPAGE;
+	h.payload_len = 65535;
+	assert_int_equal(dp_wire_build(buf, &A, &B, &h), -EINVAL);
+	assert_string_equal(dp_drop_reason_name(DP_DROP_HDR_CSUM), "hdr_csum");
+	assert_string_equal(dp_drop_reason_name(1000), "?");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(crc32c_matches_the_published_check_value),
+		cmocka_unit_test(a_built_frame_parses_back_to_every_field),
+		cmocka_unit_test(every_single_bit_flip_in_the_ip_udp_or_kvferry_header_is_refused),
+		cmocka_unit_test(a_payload_bit_flip_is_caught_by_the_payload_crc),
+		cmocka_unit_test(every_truncation_is_refused_without_reading_past_the_end),
+		cmocka_unit_test(another_port_and_inconsistent_fragments_are_refused),
+		cmocka_unit_test(an_ack_carries_its_body_and_a_short_ack_is_refused),
+		cmocka_unit_test(a_frame_over_64_kib_cannot_be_built),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
