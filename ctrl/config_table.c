@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The configuration table: every key kvferry-ctrld reads, in one place.
+ * The packaged kvferry.conf, --help, `ctrlctl config` and the error messages
+ * are all generated from it, so a key added here is documented everywhere.
+ */
+#include <stddef.h>
+
+#include "config_int.h"
+
+static int check_stages(const char *value, char *err, size_t errlen)
+{
+	int32_t ends[CTRL_CFG_MAX_STAGES];
+	int32_t n;
+
+	return ctrl_config_stages(value, 0, ends, &n, err, errlen);
+}
+
+static const char *const backend_names[] = {"cpu", "cuda", NULL};
+
+#define OFF(f) offsetof(struct ctrl_settings, f)
+#define KIB 1024.0
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+const char *const g_cfg_sections[] = {"http", "model", "engine", "sched", "ctrl", "dataplane", NULL};
+
+const struct cfg_key g_cfg_keys[] = {
+	/* [http] */
+	{"listen_address", "http", CFG_STRING, OFF(listen_address), "127.0.0.1", 0, 0,
+	 "KVFERRY_LISTEN_ADDRESS", "--listen-address", NULL, NULL,
+	 "IPv4 or IPv6 address the OpenAI-compatible HTTP API listens on (0.0.0.0 for every interface)"},
+	{"port", "http", CFG_INT, OFF(port), "8000", 0, 65535,
+	 "KVFERRY_PORT", "--port", NULL, NULL,
+	 "TCP port of the HTTP API; 0 picks a free port and logs it"},
+	{"http_threads", "http", CFG_INT, OFF(http_threads), "4", 1, 256,
+	 "KVFERRY_HTTP_THREADS", "--http-threads", NULL, NULL,
+	 "HTTP worker threads (request parsing and tokenizing run on them)"},
+	{"request_body_limit", "http", CFG_SIZE, OFF(request_body_limit), "1M", KIB, 1024 * KIB * KIB,
+	 "KVFERRY_REQUEST_BODY_LIMIT", "--request-body-limit", NULL, NULL,
+	 "largest request body accepted; bigger ones get 413"},
+	/* [model] */
+	{"model_dir", "model", CFG_STRING, OFF(model_dir), "/var/lib/kvferry/model", 0, 0,
+	 "KVFERRY_MODEL_DIR", "--model-dir", NULL, NULL,
+	 "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"},
+	{"served_model_name", "model", CFG_STRING, OFF(served_model_name), "", 0, 0,
+	 "KVFERRY_SERVED_MODEL_NAME", "--served-model-name", NULL, NULL,
+	 "model name clients send and /v1/models lists; empty = the model directory's name"},
+	{"max_tokens_default", "model", CFG_INT, OFF(max_tokens_default), "256", 1, 1 << 24,
+	 "KVFERRY_MAX_TOKENS_DEFAULT", "--max-tokens-default", NULL, NULL,
+	 "max_tokens of a request that does not say (capped by what the context has left)"},
+	{"max_context", "model", CFG_INT, OFF(max_context), "0", 0, 1 << 24,
+	 "KVFERRY_MAX_CONTEXT", "--max-context", NULL, NULL,
+	 "longest sequence (prompt + output) in tokens; 0 = the model's max_position_embeddings"},
+	/* [engine] */
+	{"stages", "engine", CFG_STRING, OFF(stages), "1", 0, 0,
+	 "KVFERRY_STAGES", "--stages", NULL, check_stages,
+	 "pipeline stages: a count (layers split evenly) or layer ranges like 0-8,8-16"},
+	{"backend", "engine", CFG_ENUM, OFF(backend), "cpu", 0, 1,
+	 "KVFERRY_BACKEND", "--backend", backend_names, NULL,
+	 "stage engine: cpu or cuda"},
+	{"threads", "engine", CFG_INT, OFF(threads), "0", 0, 1024,
+	 "KVFERRY_THREADS", "--threads", NULL, NULL,
+	 "CPU engine threads per stage; 0 = online cores"},
+	{"kv_blocks", "engine", CFG_INT, OFF(kv_blocks), "0", 0, 1 << 24,
+	 "KVFERRY_KV_BLOCKS", "--kv-blocks", NULL, NULL,
+	 "KV pool blocks per stage (16 positions each); 0 = as many as kv_memory holds"},
+	{"kv_memory", "engine", CFG_SIZE, OFF(kv_memory), "1G", 64 * KIB, 1024 * GIB,
+	 "KVFERRY_KV_MEMORY", "--kv-memory", NULL, NULL,
+	 "CPU backend: bytes of KV pool per stage when kv_blocks is 0"},
+	{"kv_mem_fraction", "engine", CFG_FLOAT, OFF(kv_mem_fraction), "0.9", 0.01, 1.0,
+	 "KVFERRY_KV_MEM_FRACTION", "--kv-mem-fraction", NULL, NULL,
+	 "CUDA backend: share of free device memory the KV pool takes when kv_blocks is 0"},
+	{"device", "engine", CFG_INT, OFF(device), "0", 0, 63,
+	 "KVFERRY_DEVICE", "--device", NULL, NULL,
+	 "CUDA device ordinal of the first stage (stage i uses device + i)"},
+	/* [sched] */
+	{"max_slots", "sched", CFG_INT, OFF(max_slots), "64", 1, 4096,
+	 "KVFERRY_MAX_SLOTS", "--max-slots", NULL, NULL,
+	 "sequences generating at once per replica"},
+	{"mb_k", "sched", CFG_INT, OFF(mb_k), "32", 1, 4096,
+	 "KVFERRY_MB_K", "--mb-k", NULL, NULL,
+	 "micro-batch width: columns of a launch that carries decode work"},
+	{"groups", "sched", CFG_INT, OFF(groups), "0", 0, 256,
+	 "KVFERRY_GROUPS", "--groups", NULL, NULL,
+	 "micro-batch groups in flight; 0 = stages + 1, the least that keeps every stage busy"},
+	{"max_queue", "sched", CFG_INT, OFF(max_queue), "65536", 1, 1 << 24,
+	 "KVFERRY_MAX_QUEUE", "--max-queue", NULL, NULL,
+	 "requests waiting for admission beyond this get 503"},
+	{"replicas", "sched", CFG_INT, OFF(replicas), "1", 1, 64,
+	 "KVFERRY_REPLICAS", "--replicas", NULL, NULL,
+	 "independent pipelines; requests go to the least loaded"},
+	{"spec", "sched", CFG_BOOL, OFF(spec), "yes", 0, 1,
+	 "KVFERRY_SPEC", "--spec", NULL, NULL,
+	 "prompt-lookup speculative decoding for greedy requests (output is unchanged)"},
+	{"spec_depth", "sched", CFG_INT, OFF(spec_depth), "8", 1, 64,
+	 "KVFERRY_SPEC_DEPTH", "--spec-depth", NULL, NULL,
+	 "most drafted tokens verified per round"},
+	{"spec_c_full", "sched", CFG_INT, OFF(spec_c_full), "8", 0, 4096,
+	 "KVFERRY_SPEC_C_FULL", "--spec-c-full", NULL, NULL,
+	 "full speculation depth while at most this many sequences are live"},
+	{"spec_c_half", "sched", CFG_INT, OFF(spec_c_half), "32", 0, 4096,
+	 "KVFERRY_SPEC_C_HALF", "--spec-c-half", NULL, NULL,
+	 "depth min(spec_depth, 4) while at most this many are live; no speculation above"},
+	/* [ctrl] */
+	{"admin_socket", "ctrl", CFG_STRING, OFF(admin_socket), CTRL_ADMIN_PATH, 0, 0,
+	 "KVFERRY_ADMIN_SOCKET", "--admin-socket", NULL, NULL,
+	 "Unix socket ctrlctl talks to (mode 0660)"},
+	{"drain_timeout", "ctrl", CFG_INT, OFF(drain_timeout), "30", 0, 86400,
+	 "KVFERRY_DRAIN_TIMEOUT", "--drain-timeout", NULL, NULL,
+	 "seconds SIGTERM waits for in-flight requests before cancelling them"},
+	/* [dataplane] */
+	{"node_id", "dataplane", CFG_STRING, OFF(node_id), "", 0, 0,
+	 "KVFERRY_NODE_ID", "--node-id", NULL, NULL,
+	 "this node's name on the dataplane (empty: single node)"},
+	{"peers", "dataplane", CFG_STRING, OFF(peers), "", 0, 0,
+	 "KVFERRY_PEERS", "--peers", NULL, NULL,
+	 "other nodes, comma-separated name=address pairs"},
+};
+
+const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
