@@ -1115,7 +1115,9 @@ static int scratch_fit(struct bpe_scratch *s, size_t n)
 	s->sym = malloc(n * sizeof(int32_t));
 	s->prev = malloc(n * sizeof(int32_t));
 	s->next = malloc(n * sizeof(int32_t));
-	s->heap = malloc(n * sizeof(struct heap_ent));
+	/* Stale entries stay queued: n - 1 initial pairs plus at most two new
+	 * ones per merge (n - 1 merges) bound the heap by 3n. */
+	s->heap = malloc(3 * n * sizeof(struct heap_ent));
 	if (!s->sym || !s->prev || !s->next || !s->heap) {
 		s->cap = 0;
 		return -ENOMEM;
