@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The scheduler over the in-process chain of CPU stage engines, on the tiny
+ * model generated into a temporary directory: every request's tokens equal
+ * its solo run on one whole-model stage, bit for bit, for 1-3 stages, with
+ * and without speculation, threaded and inline, and behind two replicas.
+ * Usage: test_ctrl_sched_kn PATH-TO-kvferry-mkmodel
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kn_model.h"
+#include "kn_stage.h"
+#include "sched_harness.h"
+
+enum { N = 14 };
+
+static const char *g_mkmodel;
+static char g_dir[] = "/tmp/kvferry-sched-kn-XXXXXX";
+static struct kn_model *g_model;
+static int32_t g_prompt[N][48], g_len[N], g_max[N];
+static float g_temp[N];
+static struct rec g_ref[N];
+
+static int32_t vocab(void)
+{
+	return kn_model_config(g_model)->vocab_size;
+}
+
+/* Solo reference: one stage holding the whole model, one slot, prompt then one token per step. */
+static void solo_run(int i)
+{
+	struct kn_stage_opts so;
+	struct kn_stage *st;
+	char err[256];
+	struct kn_op ops[8];
+	struct kn_column cols[64];
+	int32_t toks[64];
+	int32_t n = g_len[i], pos = 0, last = -1;
+	struct rec *r = &g_ref[i];
+
+	kn_stage_opts_init(&so);
+	so.n_slots = 1;
+	so.max_blocks_per_slot = 8;
+	so.n_blocks = 8;
+	st = kn_stage_create(g_model, KN_BACKEND_CPU, &so, err, sizeof(err));
+	if (st == NULL)
+		fail_msg("kn_stage_create: %s", err);
+	for (int b = 0; b < 8; b++)
+		ops[b] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 0, .idx = b, .val = b };
+	assert_int_equal(kn_stage_apply_ops(st, ops, 8), 0);
+	memset(r, 0, sizeof(*r));
+	while (r->n < g_max[i]) {
+		int32_t k = 0;
+		struct kn_step step;
+
+		if (pos < n) {
+			for (; pos < n; pos++, k++)
+				cols[k] = (struct kn_column){ .token = g_prompt[i][pos], .pos = pos, .slot = 0,
+							      .top_p = 1.0f, .temperature = g_temp[i],
+							      .seed = (uint32_t)i };
+		} else {
+			cols[k++] = (struct kn_column){ .token = last, .pos = pos++, .slot = 0,
+							.top_p = 1.0f, .temperature = g_temp[i],
+							.seed = (uint32_t)i };
+		}
+		cols[k - 1].flags = KN_COL_NEED_LOGIT;
+		memset(&step, 0, sizeof(step));
+		step.n_cols = k;
+		step.cols = cols;
+		step.tokens_out = toks;
+		if (kn_stage_step(st, &step) != 0)
+			fail_msg("kn_stage_step: %s", kn_stage_error(st));
+		last = toks[k - 1];
+		r->toks[r->n++] = last;
+	}
+	r->finish = CTRL_FINISH_LENGTH;
+	kn_stage_destroy(st);
+}
+
+static int setup(void **state)
+{
+	char cmd[512], err[256];
+
+	(void)state;
+	if (g_mkmodel == NULL || access(g_mkmodel, X_OK) != 0 || mkdtemp(g_dir) == NULL)
+		return -1;
+	snprintf(cmd, sizeof(cmd), "%s --out %s --preset tiny >/dev/null", g_mkmodel, g_dir);
+	if (system(cmd) != 0)
+		return -1;
+	g_model = kn_model_open(g_dir, err, sizeof(err));
+	if (g_model == NULL) {
+		fprintf(stderr, "kn_model_open(%s): %s\n", g_dir, err);
+		return -1;
+	}
+	for (int i = 0; i < N; i++) {
+		uint32_t x = 77u + (uint32_t)i * 7919u;
+
+		g_len[i] = 3 + (i * 7) % 40;
+		g_max[i] = 10 + (i * 5) % 30;
+		g_temp[i] = i % 6 == 5 ? 0.9f : 0.0f;
+		for (int32_t p = 0; p < g_len[i]; p++) {
+			x = x * 1103515245u + 12345u;
+			g_prompt[i][p] = p >= 5 && (x >> 16) % 3 == 0 ? g_prompt[i][p - 5]
+				       : (int32_t)((x >> 16) % (uint32_t)vocab());
+		}
+		solo_run(i);
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	char cmd[512];
+
+	(void)state;
+	kn_model_close(g_model);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
+{
+	struct ctrl_kn_chain_opts ko;
+	struct ctrl_chain *c;
+	char err[256];
+
+	ctrl_kn_chain_opts_init(&ko);
+	ko.n_stages = stages;
+	ko.threaded = threaded;
+	ko.stage.n_slots = 8;
+	ko.stage.n_blocks = 24; /* fewer than 14 requests' worst case: some wait */
+	ko.stage.max_blocks_per_slot = 8;
+	ko.stage.plan_widths[0] = 8;
+	ko.stage.plan_widths[1] = 32;
+	ko.stage.n_plans = 2;
+	ko.stage.n_threads = 1;
+	c = ctrl_kn_chain_create(g_model, &ko, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_kn_chain_create: %s", err);
+	return c;
+}
+
+static void check_all(struct rec *got)
+{
+	for (int i = 0; i < N; i++) {
+		if (got[i].finish != CTRL_FINISH_LENGTH)
+			fail_msg("request %d ended %s: %s", i, ctrl_finish_name(got[i].finish), got[i].msg);
+		assert_int_equal(got[i].n, g_ref[i].n);
+		assert_memory_equal(got[i].toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	}
+}
+
+static void every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation(void **state)
+{
+	static struct rec got[N];
+
+	(void)state;
+	for (int spec = 0; spec <= 1; spec++)
+		for (int32_t p = 1; p <= 3; p++) {
+			struct ctrl_chain *c = kn_chain(p, p != 2);
+			struct ctrl_sched_opts o;
+			struct ctrl_sched *s;
+			struct ctrl_sched_stats st;
+			char err[256];
+
+			ctrl_sched_opts_init(&o);
+			o.spec = spec;
+			o.mb_cols = 8;
+			o.spec_c_full = 64;
+			o.spec_ngram_min = 1;
+			s = ctrl_sched_create(c, &o, err, sizeof(err));
+			if (s == NULL)
+				fail_msg("ctrl_sched_create: %s", err);
+			memset(got, 0, sizeof(got));
+			for (int i = 0; i < N; i++)
+				assert_true(submit_rec(s, &got[i], g_prompt[i], g_len[i], g_max[i], g_temp[i],
+						       (uint32_t)i) > 0);
+			for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+				assert_true(ctrl_sched_poll(s) >= 0);
+			assert_true(ctrl_sched_drained(s));
+			check_all(got);
+			ctrl_sched_stats(s, &st);
+			printf("spec=%d stages=%d: launches %llu, occupancy %.2f, spec rounds %llu, "
+			       "accepted %llu/%llu, lookup hits %llu/%llu, blocks in use %d\n", spec, p,
+			       (unsigned long long)st.launches, st.occupancy, (unsigned long long)st.spec_rounds,
+			       (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
+			       (unsigned long long)st.lookup_hits, (unsigned long long)st.lookup_tries,
+			       st.blocks_in_use);
+			if (spec)
+				assert_true(st.spec_rounds > 0);
+			assert_int_equal(st.blocks_in_use, 0);
+			ctrl_sched_destroy(s);
+			ctrl_chain_destroy(c);
+		}
+}
+
+static void two_replicas_of_different_depth_give_every_request_its_solo_tokens(void **state)
+{
+	static struct rec got[N];
+	struct ctrl_chain *c[2];
+	struct ctrl_sched *s[2];
+	struct ctrl_dispatch *d;
+	int per[2] = { 0 };
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		struct ctrl_sched_opts o;
+		char err[256];
+
+		ctrl_sched_opts_init(&o);
+		o.id_tag = (uint8_t)k;
+		o.mb_cols = 8;
+		c[k] = kn_chain(k + 2, 1);
+		s[k] = ctrl_sched_create(c[k], &o, err, sizeof(err));
+		if (s[k] == NULL)
+			fail_msg("ctrl_sched_create: %s", err);
+	}
+	d = ctrl_dispatch_create(s, 2);
+	assert_non_null(d);
+	memset(got, 0, sizeof(got));
+	for (int i = 0; i < N; i++) {
+		struct ctrl_request rq;
+
+		ctrl_request_init(&rq);
+		rq.prompt = g_prompt[i];
+		rq.n_prompt = g_len[i];
+		rq.max_tokens = g_max[i];
+		rq.temperature = g_temp[i];
+		rq.seed = (uint32_t)i;
+		rq.cb = rec_cb;
+		rq.cb_arg = &got[i];
+		got[i].id = ctrl_dispatch_submit(d, &rq);
+		assert_true(got[i].id > 0);
+		per[got[i].id & 0xff]++;
+	}
+	for (long k = 0; k < 10000000 && !ctrl_dispatch_drained(d); k++)
+		assert_true(ctrl_dispatch_poll(d) >= 0);
+	check_all(got);
+	assert_true(per[0] > 0 && per[1] > 0);
+	ctrl_dispatch_destroy(d);
+	for (int k = 0; k < 2; k++) {
+		ctrl_sched_destroy(s[k]);
+		ctrl_chain_destroy(c[k]);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
+		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
+	};
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s PATH-TO-kvferry-mkmodel\n", argv[0]);
+		return 77;
+	}
+	g_mkmodel = argv[1];
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
