@@ -9,7 +9,8 @@
  * Weights stream to disk a chunk at a time: an 8B preset never sits in RAM.
  *
  * Init: projections N(0, 1/fan_in) so every layer's output has unit scale
- * and the residual stream keeps changing with context; embeddings N(0, 1);
+ * and the residual stream keeps changing with context; embeddings N(0, 1)
+ * (N(0, 1/hidden) when tied, see below);
  * norm weights 1 + N(0, 0.1) so a missing norm multiply is caught by the
  * reference test. With N(0, 0.02) everywhere the residual stays dominated by
  * the input embedding and greedy decoding repeats one token.
@@ -40,7 +41,7 @@ struct preset {
  * published configs of the models they are named after. */
 static const struct preset presets[] = {
 	{ "tiny", "llama", 64, 128, 3, 4, 2, 16, 0, 2048, 0, 0, 0, 10000.0f },
-	{ "small", "llama", 512, 1408, 12, 8, 4, 64, 16384, 4096, 0, 0, 0, 500000.0f },
+	{ "small", "llama", 512, 1408, 16, 8, 4, 64, 0, 4096, 0, 0, 0, 500000.0f },
 	{ "llama3-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1, 1, 32.0f, 500000.0f },
 	{ "llama3-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, 131072, 1, 1, 32.0f, 500000.0f },
 	{ "llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 0, 1, 8.0f, 500000.0f },
@@ -78,7 +79,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kvferry-mkmodel --out DIR [--preset NAME] [--arch llama|qwen2|qwen3] [--dtype bf16|f16|f32]\n"
 		"                       [--seed N] [--tie|--no-tie] [--rope-scaling|--no-rope-scaling] [--layers N]\n"
-		"                       [--config-style 4|5] [--tokenizer FILE] [--shard-mb N] [--merges N]\n"
+		"                       [--config-style 4|5] [--tokenizer FILE] [--shard-mb N] [--merges N] [--embed-std S]\n"
 		"presets:");
 	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
 		fprintf(f, " %s", presets[i].name);
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
 	uint64_t seed = 1;
 	int tie = -1, rope = -1, layers = -1, style = 5, merges = -1;
 	long shard_mb = 4096;
+	double embed_std = 0;
 	static const struct option lo[] = {
 		{ "out", required_argument, 0, 'o' }, { "preset", required_argument, 0, 'p' },
 		{ "arch", required_argument, 0, 'a' }, { "dtype", required_argument, 0, 'd' },
@@ -208,6 +210,7 @@ int main(int argc, char **argv)
 		{ "no-rope-scaling", no_argument, 0, 'r' }, { "layers", required_argument, 0, 'l' },
 		{ "config-style", required_argument, 0, 'c' }, { "tokenizer", required_argument, 0, 't' },
 		{ "shard-mb", required_argument, 0, 'm' }, { "merges", required_argument, 0, 'M' },
+		{ "embed-std", required_argument, 0, 'e' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
 	};
 	int ch;
@@ -238,6 +241,7 @@ int main(int argc, char **argv)
 		case 't': tok_file = optarg; break;
 		case 'm': shard_mb = atol(optarg); break;
 		case 'M': merges = atoi(optarg); break;
+		case 'e': embed_std = atof(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -313,7 +317,7 @@ int main(int argc, char **argv)
 				return 1;
 		}
 	} else {
-		int32_t nm = merges >= 0 ? merges : P.vocab ? 2000 : 220;
+		int32_t nm = merges >= 0 ? merges : !strcmp(P.name, "tiny") ? 220 : 4000;
 		if (kn_mk_vocab_build(&v, qwen2 || qwen3, nm, P.vocab)) {
 			fprintf(stderr, "kvferry-mkmodel: out of memory building the tokenizer\n");
 			return 1;
@@ -404,7 +408,11 @@ int main(int argc, char **argv)
 		x->bytes = (size_t)(d0) * (size_t)((d1) ? (d1) : 1) * esz;                             \
 	} while (0)
 	char nm[96];
-	ADD("model.embed_tokens.weight", P.vocab, H, 1.0, 0);
+	/* A tied head scores the hidden state against the embeddings: at std 1
+	 * the input token's own embedding dominates the residual and greedy
+	 * decoding repeats it forever (measured: 1 distinct token of 64 on the
+	 * tiny preset); at 1/sqrt(H) the layers' outputs dominate (40-55 of 64). */
+	ADD("model.embed_tokens.weight", P.vocab, H, embed_std > 0 ? embed_std : P.tie ? 1.0 / sqrt((double)H) : 1.0, 0);
 	for (int32_t l = 0; l < P.layers; l++) {
 #define L(s, d0, d1, sd, mn)                                                                           \
 	do {                                                                                           \

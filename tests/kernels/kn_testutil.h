@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Helpers for the kernels/ unit tests: a scratch directory and a generated
+ * model in it (kvferry-mkmodel, path from $KVF_MKMODEL set by meson). */
+#ifndef KN_TESTUTIL_H
+#define KN_TESTUTIL_H
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int kt_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+	(void)sb;
+	(void)flag;
+	(void)f;
+	return remove(p);
+}
+
+/** Remove a directory tree. */
+static inline void kt_rmtree(const char *dir)
+{
+	nftw(dir, kt_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/** Make a scratch directory into @p buf (size >= 64). @return 0 or -1. */
+static inline int kt_tmpdir(char *buf, size_t n)
+{
+	snprintf(buf, n, "%s/kvf-kn-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	return mkdtemp(buf) ? 0 : -1;
+}
+
+/** Run kvferry-mkmodel --out @p dir @p flags. @return 0, 77 if the tool is unknown, else 1. */
+static inline int kt_mkmodel(const char *dir, const char *flags)
+{
+	const char *mk = getenv("KVF_MKMODEL");
+	char cmd[4096];
+	if (!mk || access(mk, X_OK))
+		return 77;
+	snprintf(cmd, sizeof(cmd), "'%s' --out '%s' %s >/dev/null", mk, dir, flags);
+	return system(cmd) == 0 ? 0 : 1;
+}
+
+/** Read a whole file. @return malloc'd bytes or NULL. */
+static inline void *kt_read(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	void *p = NULL;
+	long n;
+	*len = 0;
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+		p = malloc((size_t)n + 1);
+		if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
+			free(p);
+			p = NULL;
+		}
+		*len = (size_t)n;
+	}
+	fclose(f);
+	return p;
+}
+
+/** Write a whole file. @return 0 or -1. */
+static inline int kt_write(const char *path, const void *p, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -1;
+	size_t w = fwrite(p, 1, len, f);
+	return (fclose(f) == 0 && w == len) ? 0 : -1;
+}
+
+#endif
