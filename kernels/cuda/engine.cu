@@ -1,0 +1,896 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA stage engine: layers [start, end) of a model in device memory,
+ * bf16 weights, f32 residual stream and accumulation, a paged bf16 KV pool.
+ *
+ * Invariants (what breaks if one is violated):
+ *  - Every plan runs at its fixed width W: columns n_cols..W-1 are padding
+ *    (slot -1) and every kernel computes each column independently in an
+ *    order fixed by the shapes, so a column's bits never depend on its batch
+ *    (kn_stage.h bitwise determinism). Changing a kernel so that a column's
+ *    reduction depends on n or on its index breaks the batched-vs-solo test.
+ *  - A plan's whole step (columns upload, all layers, argmax, tokens
+ *    download) is one CUDA graph, captured at the plan's first step and
+ *    replayed; everything it touches lives at fixed device/pinned addresses.
+ *    Re-sizing the pool moves the pool, so set_pool drops every graph.
+ *  - The device block table mirrors base.table; vt->apply_ops marks it dirty
+ *    and the next step uploads it before the graph runs (same stream, so the
+ *    ops are ordered ahead of the step that needs them).
+ *  - Device memory = weights + KV pool + workspace (reported by info); the
+ *    host keeps no copy of the weights (they are uploaded from the loader's
+ *    mapping, through a bounded staging buffer when they need conversion).
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "embed.cuh"
+#include "fill.cuh"
+#include "gemm.cuh"
+#include "kn_cuda.h"
+#include "kn_stage_impl.h"
+#include "qkv_rope.cuh"
+#include "rmsnorm.cuh"
+#include "sample.cuh"
+#include "swiglu.cuh"
+
+/* cuBLAS workspace: set explicitly so graph capture never allocates. */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+/* Conversion staging for non-bf16 weights (f32/f16 files). */
+#define STAGE_BYTES ((size_t)64 << 20)
+
+struct layer_w {
+	kn_bf16 *wqkv;  /* [q_dim + 2 kv_dim][hidden] */
+	kn_bf16 *wo;    /* [hidden][q_dim] */
+	kn_bf16 *wgu;   /* [2 inter][hidden]: gate rows, then up rows */
+	kn_bf16 *wd;    /* [hidden][inter] */
+	float *ln1, *ln2; /* [hidden] */
+	float *bqkv;    /* [qkv_dim] or NULL */
+	float *qn, *kn; /* [head_dim] or NULL */
+};
+
+struct plan {
+	int32_t width;
+	cudaGraphExec_t exec; /* NULL until the plan's first step */
+};
+
+struct cu_stage {
+	struct kn_stage base; /* first member: kn_stage_impl.h */
+	struct kn_model_config cfg_copy;
+	int nl, hidden, inter, vocab, hd, nh, nkv, q_dim, kv_dim, qkv_dim, max_ctx, wmax;
+	int dev;
+	cudaStream_t st;
+	cublasHandle_t blas;
+	void *blas_ws;
+	struct layer_w *L;
+	kn_bf16 *embed, *lm_head;
+	int lm_head_owned;
+	float *fnorm, *inv_freq;
+	size_t weight_bytes, ws_bytes, kv_bytes, blk_bytes;
+	kn_bf16 *kv;          /* [nl][2][n_blocks][nkv][KN_PAGE_BLK][hd] */
+	int32_t *d_table;     /* [n_slots][max_bps] */
+	int table_dirty;
+	struct kn_column *h_cols, *d_cols; /* [wmax], pinned / device */
+	int32_t *h_tok, *d_tok;            /* [wmax] */
+	float *h_hidden;                   /* [wmax][hidden] pinned staging */
+	float *h_row;                      /* [vocab] pinned, sampled rows */
+	void *scratch;                     /* kn_sample_column() scratch */
+	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
+	kn_bf16 *x, *att, *act;
+	struct plan plans[KN_MAX_PLANS];
+	int n_plans;
+	/* allocations to free, in order of acquisition */
+	void *dptr[4096];
+	int n_dptr;
+};
+
+static void seterr(struct cu_stage *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void seterr(struct cu_stage *s, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->base.err, sizeof(s->base.err), fmt, ap);
+	va_end(ap);
+}
+
+/* Check a CUDA runtime call; on failure name it and return -EIO. */
+#define CK(call)                                                                             \
+	do {                                                                                 \
+		cudaError_t e_ = (call);                                                     \
+		if (e_ != cudaSuccess) {                                                     \
+			seterr(s, "%s failed: %s (%s)", #call, cudaGetErrorString(e_),      \
+			       cudaGetErrorName(e_));                                        \
+			return -EIO;                                                         \
+		}                                                                            \
+	} while (0)
+
+static int dalloc(struct cu_stage *s, void **p, size_t bytes, const char *what)
+{
+	*p = NULL;
+	if (s->n_dptr >= (int)(sizeof(s->dptr) / sizeof(s->dptr[0]))) {
+		seterr(s, "cudaMalloc(%s): allocation table full", what);
+		return -ENOMEM;
+	}
+	cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+	if (e != cudaSuccess) {
+		size_t fr = 0, tot = 0;
+		cudaGetLastError();
+		cudaMemGetInfo(&fr, &tot);
+		seterr(s, "cudaMalloc(%s, %zu bytes) failed: %s (device has %zu of %zu bytes free); use fewer layers per stage, fewer KV blocks or a smaller plan",
+		       what, bytes, cudaGetErrorString(e), fr, tot);
+		*p = NULL;
+		return -ENOMEM;
+	}
+	s->dptr[s->n_dptr++] = *p;
+	e = cudaMemset(*p, 0, bytes ? bytes : 16);
+	if (e != cudaSuccess) {
+		seterr(s, "cudaMemset(%s, %zu) failed: %s", what, bytes, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+static void dfree(struct cu_stage *s, void *p)
+{
+	for (int i = 0; i < s->n_dptr; i++)
+		if (s->dptr[i] == p) {
+			cudaFree(p);
+			s->dptr[i] = s->dptr[--s->n_dptr];
+			return;
+		}
+}
+
+/* ---- weights ---- */
+
+/* Upload @p t (any dtype, @p rows x @p cols) as bf16 to @p dst. */
+static int upload_bf16(struct cu_stage *s, kn_bf16 *dst, const struct kn_tensor *t, int64_t rows,
+		       int64_t cols)
+{
+	const size_t n = (size_t)rows * (size_t)cols;
+	size_t have = 1;
+	for (int i = 0; i < t->n_dims; i++)
+		have *= (size_t)t->shape[i];
+	if (have != n) {
+		seterr(s, "tensor %s has %zu elements, the config implies %lld x %lld", t->name, have,
+		       (long long)rows, (long long)cols);
+		return -EINVAL;
+	}
+	if (t->dtype == KN_DT_BF16) {
+		CK(cudaMemcpy(dst, t->data, n * 2, cudaMemcpyHostToDevice));
+		return 0;
+	}
+	uint16_t *buf = (uint16_t *)malloc(STAGE_BYTES);
+	if (!buf) {
+		seterr(s, "malloc(%zu) for weight conversion staging failed", STAGE_BYTES);
+		return -ENOMEM;
+	}
+	const size_t chunk = STAGE_BYTES / 2;
+	for (size_t o = 0; o < n; o += chunk) {
+		size_t m = n - o < chunk ? n - o : chunk;
+		for (size_t i = 0; i < m; i++) {
+			float f = t->dtype == KN_DT_F32 ? ((const float *)t->data)[o + i]
+							: kn_f16_to_f32(((const uint16_t *)t->data)[o + i]);
+			buf[i] = kn_f32_to_bf16(f);
+		}
+		cudaError_t e = cudaMemcpy(dst + o, buf, m * 2, cudaMemcpyHostToDevice);
+		if (e != cudaSuccess) {
+			free(buf);
+			seterr(s, "cudaMemcpy(%s, %zu bytes) failed: %s", t->name, m * 2, cudaGetErrorString(e));
+			return -EIO;
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+/* Upload a small vector tensor as f32. */
+static int upload_f32(struct cu_stage *s, float *dst, const struct kn_tensor *t, int64_t n)
+{
+	size_t have = 1;
+	for (int i = 0; i < t->n_dims; i++)
+		have *= (size_t)t->shape[i];
+	if (have != (size_t)n) {
+		seterr(s, "tensor %s has %zu elements, expected %lld", t->name, have, (long long)n);
+		return -EINVAL;
+	}
+	float *buf = (float *)malloc((size_t)n * sizeof(float));
+	if (!buf) {
+		seterr(s, "malloc(%lld floats) failed", (long long)n);
+		return -ENOMEM;
+	}
+	for (int64_t i = 0; i < n; i++)
+		buf[i] = t->dtype == KN_DT_F32   ? ((const float *)t->data)[i]
+			 : t->dtype == KN_DT_BF16 ? kn_bf16_to_f32(((const uint16_t *)t->data)[i])
+						  : kn_f16_to_f32(((const uint16_t *)t->data)[i]);
+	cudaError_t e = cudaMemcpy(dst, buf, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+	free(buf);
+	if (e != cudaSuccess) {
+		seterr(s, "cudaMemcpy(%s) failed: %s", t->name, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+static const struct kn_tensor *need(struct cu_stage *s, const char *fmt, int l)
+{
+	char name[160];
+	snprintf(name, sizeof(name), fmt, l);
+	const struct kn_tensor *t = kn_model_tensor(s->base.model, name);
+	if (!t)
+		seterr(s, "kn_stage_create(cuda): tensor %s is missing from %s", name,
+		       kn_model_dir(s->base.model));
+	return t;
+}
+
+/* Seed of weight tensor `id` of layer l (l = -1: embedding/head/final norm). */
+static uint64_t wseed(uint64_t seed, int l, int id)
+{
+	return seed * 1000003ull + (uint64_t)(l + 1) * 64ull + (uint64_t)id;
+}
+
+static int fill_or_load_mat(struct cu_stage *s, kn_bf16 *dst, int64_t rows, int64_t cols,
+			    const char *fmt, int l, int rand, uint64_t seed, int id)
+{
+	if (rand) {
+		/* U(-a, a) with a = 1/sqrt(cols): unit-variance activations stay O(1). */
+		float a = 1.0f / sqrtf((float)cols) * 1.7320508f;
+		CK(kn_cuda_fill_bf16(dst, (size_t)rows * cols, wseed(seed, l, id), a, s->st));
+		return 0;
+	}
+	const struct kn_tensor *t = need(s, fmt, l);
+	return t ? upload_bf16(s, dst, t, rows, cols) : -EINVAL;
+}
+
+static int fill_or_load_vec(struct cu_stage *s, float *dst, int64_t n, const char *fmt, int l,
+			    int rand, uint64_t seed, int id, float base, float scale)
+{
+	if (rand) {
+		CK(kn_cuda_fill_f32(dst, (size_t)n, wseed(seed, l, id), base, scale, s->st));
+		return 0;
+	}
+	const struct kn_tensor *t = need(s, fmt, l);
+	return t ? upload_f32(s, dst, t, n) : -EINVAL;
+}
+
+static int load_weights(struct cu_stage *s, int rand, uint64_t seed)
+{
+	const struct kn_model_config *c = s->base.cfg;
+	const int H = s->hidden, I = s->inter;
+	int rc;
+	s->L = (struct layer_w *)calloc((size_t)s->nl, sizeof(*s->L));
+	if (!s->L) {
+		seterr(s, "calloc(%d layers) failed", s->nl);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < s->nl; i++) {
+		const int l = s->base.opts.layer_start + i;
+		struct layer_w *w = &s->L[i];
+		const size_t qkv_e = (size_t)s->qkv_dim * H, o_e = (size_t)H * s->q_dim;
+		const size_t gu_e = (size_t)2 * I * H, d_e = (size_t)H * I;
+		if ((rc = dalloc(s, (void **)&w->wqkv, qkv_e * 2, "wqkv")) ||
+		    (rc = dalloc(s, (void **)&w->wo, o_e * 2, "wo")) ||
+		    (rc = dalloc(s, (void **)&w->wgu, gu_e * 2, "wgate_up")) ||
+		    (rc = dalloc(s, (void **)&w->wd, d_e * 2, "wdown")) ||
+		    (rc = dalloc(s, (void **)&w->ln1, H * 4, "ln1")) ||
+		    (rc = dalloc(s, (void **)&w->ln2, H * 4, "ln2")))
+			return rc;
+		s->weight_bytes += (qkv_e + o_e + gu_e + d_e) * 2 + 2 * H * 4;
+		if ((rc = fill_or_load_mat(s, w->wqkv, s->q_dim, H, "model.layers.%d.self_attn.q_proj.weight", l, rand, seed, 0)) ||
+		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)s->q_dim * H, s->kv_dim, H, "model.layers.%d.self_attn.k_proj.weight", l, rand, seed, 1)) ||
+		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)(s->q_dim + s->kv_dim) * H, s->kv_dim, H, "model.layers.%d.self_attn.v_proj.weight", l, rand, seed, 2)) ||
+		    (rc = fill_or_load_mat(s, w->wo, H, s->q_dim, "model.layers.%d.self_attn.o_proj.weight", l, rand, seed, 3)) ||
+		    (rc = fill_or_load_mat(s, w->wgu, I, H, "model.layers.%d.mlp.gate_proj.weight", l, rand, seed, 4)) ||
+		    (rc = fill_or_load_mat(s, w->wgu + (size_t)I * H, I, H, "model.layers.%d.mlp.up_proj.weight", l, rand, seed, 5)) ||
+		    (rc = fill_or_load_mat(s, w->wd, H, I, "model.layers.%d.mlp.down_proj.weight", l, rand, seed, 6)) ||
+		    (rc = fill_or_load_vec(s, w->ln1, H, "model.layers.%d.input_layernorm.weight", l, rand, seed, 7, 1.f, 0.1f)) ||
+		    (rc = fill_or_load_vec(s, w->ln2, H, "model.layers.%d.post_attention_layernorm.weight", l, rand, seed, 8, 1.f, 0.1f)))
+			return rc;
+		if (c->qkv_bias) {
+			if ((rc = dalloc(s, (void **)&w->bqkv, (size_t)s->qkv_dim * 4, "bqkv")) ||
+			    (rc = fill_or_load_vec(s, w->bqkv, s->q_dim, "model.layers.%d.self_attn.q_proj.bias", l, rand, seed, 9, 0.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim, s->kv_dim, "model.layers.%d.self_attn.k_proj.bias", l, rand, seed, 10, 0.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim + s->kv_dim, s->kv_dim, "model.layers.%d.self_attn.v_proj.bias", l, rand, seed, 11, 0.f, 0.1f)))
+				return rc;
+			s->weight_bytes += (size_t)s->qkv_dim * 4;
+		}
+		if (c->qk_norm) {
+			if ((rc = dalloc(s, (void **)&w->qn, (size_t)s->hd * 4, "q_norm")) ||
+			    (rc = dalloc(s, (void **)&w->kn, (size_t)s->hd * 4, "k_norm")) ||
+			    (rc = fill_or_load_vec(s, w->qn, s->hd, "model.layers.%d.self_attn.q_norm.weight", l, rand, seed, 12, 1.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->kn, s->hd, "model.layers.%d.self_attn.k_norm.weight", l, rand, seed, 13, 1.f, 0.1f)))
+				return rc;
+			s->weight_bytes += (size_t)s->hd * 8;
+		}
+	}
+	const size_t emb_e = (size_t)s->vocab * H;
+	if (s->base.first) {
+		if ((rc = dalloc(s, (void **)&s->embed, emb_e * 2, "embed_tokens")))
+			return rc;
+		s->weight_bytes += emb_e * 2;
+		if (rand) {
+			CK(kn_cuda_fill_bf16(s->embed, emb_e, wseed(seed, -1, 0), 1.0f, s->st));
+		} else {
+			const struct kn_tensor *t = need(s, "model.embed_tokens.weight%.0d", 0);
+			if (!t || (rc = upload_bf16(s, s->embed, t, s->vocab, H)))
+				return t ? rc : -EINVAL;
+		}
+	}
+	if (s->base.last) {
+		if ((rc = dalloc(s, (void **)&s->fnorm, H * 4, "norm")) ||
+		    (rc = fill_or_load_vec(s, s->fnorm, H, "model.norm.weight%.0d", 0, rand, seed, 1, 1.f, 0.1f)))
+			return rc;
+		s->weight_bytes += H * 4;
+		if (c->tie_embeddings && s->base.first) {
+			s->lm_head = s->embed;
+		} else {
+			if ((rc = dalloc(s, (void **)&s->lm_head, emb_e * 2, "lm_head")))
+				return rc;
+			s->weight_bytes += emb_e * 2;
+			const char *nm = c->tie_embeddings ? "model.embed_tokens.weight%.0d" : "lm_head.weight%.0d";
+			if (rand && c->tie_embeddings)
+				CK(kn_cuda_fill_bf16(s->lm_head, emb_e, wseed(seed, -1, 0), 1.0f, s->st));
+			else if ((rc = fill_or_load_mat(s, s->lm_head, s->vocab, H, nm, 0, rand, seed, 2)))
+				return rc;
+		}
+	}
+	CK(cudaStreamSynchronize(s->st));
+	return 0;
+}
+
+/* ---- pool, workspace ---- */
+
+static int alloc_pool(struct cu_stage *s, int32_t n_blocks)
+{
+	s->kv_bytes = (size_t)n_blocks * s->blk_bytes;
+	int rc = dalloc(s, (void **)&s->kv, s->kv_bytes, "KV pool");
+	if (rc)
+		s->kv_bytes = 0;
+	return rc;
+}
+
+static int alloc_workspace(struct cu_stage *s)
+{
+	const size_t W = (size_t)s->wmax, H = (size_t)s->hidden;
+	int rc;
+	const size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx);
+	struct {
+		void **p;
+		size_t b;
+		const char *what;
+	} a[] = {
+		{ (void **)&s->resid, W * H * 4, "residual" },
+		{ (void **)&s->delta, W * H * 4, "delta" },
+		{ (void **)&s->qkv, W * s->qkv_dim * 4, "qkv" },
+		{ (void **)&s->gu, W * 2 * s->inter * 4, "gate_up" },
+		{ (void **)&s->x, W * H * 2, "normed" },
+		{ (void **)&s->att, W * s->q_dim * 2, "attention out" },
+		{ (void **)&s->act, W * s->inter * 2, "swiglu out" },
+		{ (void **)&s->attn_ws, aws, "attention partials" },
+		{ (void **)&s->d_cols, W * sizeof(struct kn_column), "columns" },
+		{ (void **)&s->d_tok, W * 4, "tokens" },
+		{ (void **)&s->d_table, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4, "block table" },
+		{ &s->blas_ws, BLAS_WS_BYTES, "cuBLAS workspace" },
+	};
+	for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++) {
+		if ((rc = dalloc(s, a[i].p, a[i].b, a[i].what)))
+			return rc;
+		s->ws_bytes += a[i].b;
+	}
+	if (s->base.last) {
+		if ((rc = dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
+			return rc;
+		s->ws_bytes += W * s->vocab * 4;
+	}
+	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
+	CK(cudaHostAlloc((void **)&s->h_cols, W * sizeof(struct kn_column), cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&s->h_tok, W * 4, cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&s->h_hidden, W * H * 4, cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&s->h_row, (size_t)s->vocab * 4, cudaHostAllocDefault));
+	s->scratch = malloc((size_t)s->vocab * 8 + 64);
+	if (!s->scratch) {
+		seterr(s, "malloc(sampling scratch) failed");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* ---- the step, as enqueued into a graph ---- */
+
+#define CKL(call, what)                                                                       \
+	do {                                                                                  \
+		cudaError_t e_ = (call);                                                      \
+		if (e_ != cudaSuccess) {                                                      \
+			seterr(s, "%s (layer %d, plan width %d) failed: %s", what, l, W,       \
+			       cudaGetErrorString(e_));                                       \
+			return -EIO;                                                          \
+		}                                                                             \
+	} while (0)
+
+static int linear(struct cu_stage *s, const kn_bf16 *w, const kn_bf16 *x, float *y, int n, int in,
+		  int out)
+{
+	char e[256];
+	if (kn_cuda_linear(s->blas, w, x, y, n, in, out, s->st, e, sizeof(e))) {
+		seterr(s, "%s", e);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int enqueue(struct cu_stage *s, int W)
+{
+	const struct kn_model_config *c = s->base.cfg;
+	const int H = s->hidden;
+	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd;
+	int l = -1, rc;
+	CKL(cudaMemcpyAsync(s->d_cols, s->h_cols, (size_t)W * sizeof(struct kn_column),
+			    cudaMemcpyHostToDevice, s->st), "cudaMemcpyAsync(columns)");
+	if (s->base.first)
+		CKL(kn_cuda_embed(s->embed, s->d_cols, W, H, s->resid, s->st), "kn_cuda_embed");
+	const float *pending = NULL;
+	for (int i = 0; i < s->nl; i++) {
+		const struct layer_w *w = &s->L[i];
+		l = s->base.opts.layer_start + i;
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, w->ln1, c->rms_eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm(input)");
+		if ((rc = linear(s, w->wqkv, s->x, s->qkv, W, H, s->qkv_dim)))
+			return rc;
+		kn_bf16 *kc = s->kv + (size_t)i * lay, *vc = kc + lay / 2;
+		struct kn_cu_qkv_args qa = {};
+		qa.qkv = s->qkv;
+		qa.bias = w->bqkv;
+		qa.q_norm = w->qn;
+		qa.k_norm = w->kn;
+		qa.inv_freq = s->inv_freq;
+		qa.cols = s->d_cols;
+		qa.table = s->d_table;
+		qa.k_cache = kc;
+		qa.v_cache = vc;
+		qa.n = W;
+		qa.n_heads = s->nh;
+		qa.n_kv_heads = s->nkv;
+		qa.head_dim = s->hd;
+		qa.max_bps = s->base.opts.max_blocks_per_slot;
+		qa.eps = c->rms_eps;
+		CKL(kn_cuda_qkv_rope(&qa, s->st), "kn_cuda_qkv_rope");
+		struct kn_cu_attn_args aa = {};
+		aa.q = s->qkv;
+		aa.q_stride = s->qkv_dim;
+		aa.k_cache = kc;
+		aa.v_cache = vc;
+		aa.table = s->d_table;
+		aa.cols = s->d_cols;
+		aa.out = s->att;
+		aa.part = s->attn_ws;
+		aa.n = W;
+		aa.n_heads = s->nh;
+		aa.n_kv_heads = s->nkv;
+		aa.head_dim = s->hd;
+		aa.max_bps = s->base.opts.max_blocks_per_slot;
+		aa.max_ctx = s->max_ctx;
+		aa.scale = 1.0f / sqrtf((float)s->hd);
+		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)))
+			return rc;
+		CKL(kn_cuda_add_rmsnorm(s->resid, s->delta, w->ln2, c->rms_eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm(post-attention)");
+		if ((rc = linear(s, w->wgu, s->x, s->gu, W, H, 2 * s->inter)))
+			return rc;
+		CKL(kn_cuda_swiglu(s->gu, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
+		if ((rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H)))
+			return rc;
+		pending = s->delta;
+	}
+	if (s->base.last) {
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, s->fnorm, c->rms_eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm(final)");
+		if ((rc = linear(s, s->lm_head, s->x, s->logits, W, H, s->vocab)))
+			return rc;
+		CKL(kn_cuda_argmax(s->logits, s->vocab, s->d_cols, W, s->d_tok, s->st), "kn_cuda_argmax");
+		CKL(cudaMemcpyAsync(s->h_tok, s->d_tok, (size_t)W * 4, cudaMemcpyDeviceToHost, s->st),
+		    "cudaMemcpyAsync(tokens)");
+	} else if (pending) {
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");
+	}
+	return 0;
+}
+
+static void drop_graphs(struct cu_stage *s)
+{
+	for (int i = 0; i < s->n_plans; i++)
+		if (s->plans[i].exec) {
+			cudaGraphExecDestroy(s->plans[i].exec);
+			s->plans[i].exec = NULL;
+		}
+}
+
+static int capture(struct cu_stage *s, struct plan *p)
+{
+	cudaGraph_t g = NULL;
+	CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+	int rc = enqueue(s, p->width);
+	cudaError_t e = cudaStreamEndCapture(s->st, &g);
+	if (rc) {
+		if (g)
+			cudaGraphDestroy(g);
+		cudaGetLastError();
+		return rc;
+	}
+	if (e != cudaSuccess) {
+		seterr(s, "cudaStreamEndCapture(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
+		return -EIO;
+	}
+	e = cudaGraphInstantiate(&p->exec, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) {
+		p->exec = NULL;
+		seterr(s, "cudaGraphInstantiate(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+static int hidden_copy(struct cu_stage *s, void *dst, const void *src, size_t bytes, int h2d)
+{
+	cudaPointerAttributes pa;
+	const void *host = h2d ? src : dst;
+	int pinned = cudaPointerGetAttributes(&pa, host) == cudaSuccess && pa.type == cudaMemoryTypeHost;
+	cudaGetLastError();
+	if (pinned) {
+		CK(cudaMemcpyAsync(dst, src, bytes, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s->st));
+		return 0;
+	}
+	/* Pageable caller buffer: bounce through our pinned staging. */
+	if (h2d) {
+		memcpy(s->h_hidden, src, bytes);
+		CK(cudaMemcpyAsync(dst, s->h_hidden, bytes, cudaMemcpyHostToDevice, s->st));
+	} else {
+		CK(cudaMemcpyAsync(s->h_hidden, src, bytes, cudaMemcpyDeviceToHost, s->st));
+		CK(cudaStreamSynchronize(s->st));
+		memcpy(dst, s->h_hidden, bytes);
+	}
+	return 0;
+}
+
+static int cu_step(struct kn_stage *b, struct kn_step *stp)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	const int n = stp->n_cols, H = s->hidden;
+	int pi = 0, rc;
+	CK(cudaSetDevice(s->dev));
+	while (s->plans[pi].width < n)
+		pi++;
+	struct plan *p = &s->plans[pi];
+	const int W = p->width;
+	memcpy(s->h_cols, stp->cols, (size_t)n * sizeof(struct kn_column));
+	for (int j = n; j < W; j++) {
+		memset(&s->h_cols[j], 0, sizeof(s->h_cols[j]));
+		s->h_cols[j].slot = KN_CU_PAD_SLOT;
+	}
+	if (s->table_dirty) {
+		CK(cudaMemcpyAsync(s->d_table, s->base.table,
+				   (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4,
+				   cudaMemcpyHostToDevice, s->st));
+		/* base.table is pageable: the copy is staged before returning, so a
+		 * later op cannot race with it. */
+		s->table_dirty = 0;
+	}
+	if (!s->base.first && (rc = hidden_copy(s, s->resid, stp->hidden_in, (size_t)n * H * 4, 1)))
+		return rc;
+	if (!p->exec && (rc = capture(s, p)))
+		return rc;
+	CK(cudaGraphLaunch(p->exec, s->st));
+	if (!s->base.last) {
+		if ((rc = hidden_copy(s, stp->hidden_out, s->resid, (size_t)n * H * 4, 0)))
+			return rc;
+		CK(cudaStreamSynchronize(s->st));
+		return 0;
+	}
+	CK(cudaStreamSynchronize(s->st));
+	for (int j = 0; j < n; j++) {
+		const struct kn_column *c = &stp->cols[j];
+		stp->tokens_out[j] = s->h_tok[j];
+		if (!(c->flags & KN_COL_NEED_LOGIT))
+			continue;
+		const int want_row = stp->logits_out || c->temperature > 0 || stp->n_logprobs > 0 ||
+				     stp->token_logprob_out;
+		if (!want_row)
+			continue;
+		float *row = stp->logits_out ? stp->logits_out + (size_t)j * s->vocab : s->h_row;
+		CK(cudaMemcpy(row, s->logits + (size_t)j * s->vocab, (size_t)s->vocab * 4, cudaMemcpyDeviceToHost));
+		if (c->temperature > 0 || stp->n_logprobs > 0 || stp->token_logprob_out) {
+			float lp = 0.f;
+			int32_t t = kn_sample_column(row, s->vocab, c, stp->n_logprobs,
+						     stp->token_logprob_out ? &lp : NULL,
+						     stp->n_logprobs ? stp->top_ids_out + (size_t)j * stp->n_logprobs : NULL,
+						     stp->n_logprobs ? stp->top_logprobs_out + (size_t)j * stp->n_logprobs : NULL,
+						     s->scratch);
+			if (c->temperature > 0)
+				stp->tokens_out[j] = t;
+			if (stp->token_logprob_out)
+				stp->token_logprob_out[j] = lp;
+		}
+	}
+	return 0;
+}
+
+/* ---- vtable ---- */
+
+static void cu_destroy(struct kn_stage *b)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	if (!s)
+		return;
+	cudaSetDevice(s->dev);
+	if (s->st)
+		cudaStreamSynchronize(s->st);
+	drop_graphs(s);
+	if (s->blas)
+		cublasDestroy(s->blas);
+	if (s->st)
+		cudaStreamDestroy(s->st);
+	cudaFreeHost(s->h_cols);
+	cudaFreeHost(s->h_tok);
+	cudaFreeHost(s->h_hidden);
+	cudaFreeHost(s->h_row);
+	free(s->scratch);
+	while (s->n_dptr > 0)
+		cudaFree(s->dptr[--s->n_dptr]);
+	free(s->L);
+	kn_stage_base_fini(&s->base);
+	free(s);
+}
+
+static int cu_info(const struct kn_stage *b, struct kn_stage_info *info)
+{
+	const struct cu_stage *s = (const struct cu_stage *)b;
+	info->weight_bytes = s->weight_bytes;
+	info->kv_bytes = s->kv_bytes;
+	info->workspace_bytes = s->ws_bytes;
+	return 0;
+}
+
+static int cu_set_pool(struct kn_stage *b, int32_t n_blocks)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	CK(cudaSetDevice(s->dev));
+	CK(cudaStreamSynchronize(s->st));
+	drop_graphs(s);
+	dfree(s, s->kv);
+	s->kv = NULL;
+	s->kv_bytes = 0;
+	int rc = alloc_pool(s, n_blocks);
+	if (rc) {
+		/* keep a usable stage: restore the previous size if it still fits */
+		if (s->base.n_blocks > 0 && alloc_pool(s, s->base.n_blocks) == 0)
+			return -ENOMEM;
+		s->base.n_blocks = 0;
+		return -ENOMEM;
+	}
+	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
+	s->table_dirty = 1;
+	return 0;
+}
+
+static int cu_apply_ops(struct kn_stage *b, const struct kn_op *ops, size_t n)
+{
+	(void)ops;
+	(void)n;
+	((struct cu_stage *)b)->table_dirty = 1;
+	return 0;
+}
+
+static const struct kn_stage_vtbl cu_vtbl = {
+	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, cu_step, NULL,
+};
+
+static void errfill(char *err, size_t errlen, const char *msg)
+{
+	if (err && errlen)
+		snprintf(err, errlen, "%s", msg);
+}
+
+static struct kn_stage *create(const struct kn_model *m, const struct kn_model_config *rcfg,
+			       uint64_t seed, const struct kn_stage_opts *o, char *err, size_t errlen)
+{
+	struct cu_stage *s = (struct cu_stage *)calloc(1, sizeof(*s));
+	int rc = -ENOMEM;
+	if (!s) {
+		errfill(err, errlen, "kn_stage_create(cuda): out of memory");
+		errno = ENOMEM;
+		return NULL;
+	}
+	if (m) {
+		rc = kn_stage_base_init(&s->base, &cu_vtbl, m, o, err, errlen);
+		if (rc) {
+			free(s);
+			errno = -rc;
+			return NULL;
+		}
+	} else {
+		/* Random weights: the same base fields kn_stage_base_init() sets. */
+		s->cfg_copy = *rcfg;
+		s->base.vt = &cu_vtbl;
+		s->base.cfg = &s->cfg_copy;
+		s->base.opts = *o;
+		if (s->base.opts.layer_end < 0)
+			s->base.opts.layer_end = rcfg->n_layers;
+		s->base.first = s->base.opts.layer_start == 0;
+		s->base.last = s->base.opts.layer_end == rcfg->n_layers;
+		s->base.max_plan = o->plan_widths[o->n_plans - 1];
+		size_t tn = (size_t)o->n_slots * o->max_blocks_per_slot;
+		s->base.table = (int32_t *)malloc(tn * 4);
+		if (!s->base.table) {
+			free(s);
+			errfill(err, errlen, "kn_stage_create(cuda): out of memory for the block table");
+			errno = ENOMEM;
+			return NULL;
+		}
+		memset(s->base.table, 0xff, tn * 4);
+	}
+	const struct kn_model_config *c = s->base.cfg;
+	const struct kn_stage_opts *op = &s->base.opts;
+	s->dev = op->device;
+	s->nl = op->layer_end - op->layer_start;
+	s->hidden = c->hidden_size;
+	s->inter = c->intermediate_size;
+	s->vocab = c->vocab_size;
+	s->hd = c->head_dim;
+	s->nh = c->n_heads;
+	s->nkv = c->n_kv_heads;
+	s->q_dim = s->nh * s->hd;
+	s->kv_dim = s->nkv * s->hd;
+	s->qkv_dim = s->q_dim + 2 * s->kv_dim;
+	s->max_ctx = op->max_blocks_per_slot * KN_PAGE_BLK;
+	if (c->max_position > 0 && c->max_position < s->max_ctx)
+		s->max_ctx = c->max_position;
+	s->wmax = s->base.max_plan;
+	s->n_plans = op->n_plans;
+	for (int i = 0; i < s->n_plans; i++)
+		s->plans[i].width = op->plan_widths[i];
+	s->blk_bytes = (size_t)s->nl * 2 * s->nkv * KN_PAGE_BLK * s->hd * 2;
+
+	if (s->hidden % 8 || s->inter % 8 || s->q_dim % 8 ||
+	    (s->hd != 16 && s->hd != 32 && s->hd != 64 && s->hd != 128 && s->hd != 256) || s->nkv < 1 ||
+	    s->nh % s->nkv || s->nh / s->nkv > 8) {
+		snprintf(s->base.err, sizeof(s->base.err),
+			 "kn_stage_create(cuda): unsupported shape (hidden %d, intermediate %d and heads x head_dim %d must be multiples of 8; head_dim %d must be 16/32/64/128/256; %d heads over %d KV heads must group by at most 8); use the cpu backend",
+			 s->hidden, s->inter, s->q_dim, s->hd, s->nh, s->nkv);
+		rc = -EINVAL;
+		goto fail;
+	}
+	int ndev;
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= s->dev) {
+		cudaGetLastError();
+		snprintf(s->base.err, sizeof(s->base.err),
+			 "kn_stage_create(cuda): no CUDA device %d (cudaGetDeviceCount found none usable); use the cpu backend or fix the driver",
+			 s->dev);
+		rc = -ENODEV;
+		goto fail;
+	}
+	if (cudaSetDevice(s->dev) != cudaSuccess || cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) != cudaSuccess) {
+		snprintf(s->base.err, sizeof(s->base.err), "kn_stage_create(cuda): cudaSetDevice/cudaStreamCreate(%d) failed: %s",
+			 s->dev, cudaGetErrorString(cudaGetLastError()));
+		rc = -EIO;
+		goto fail;
+	}
+	if (cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS) {
+		s->blas = NULL;
+		snprintf(s->base.err, sizeof(s->base.err), "kn_stage_create(cuda): cublasCreate failed");
+		rc = -EIO;
+		goto fail;
+	}
+	if ((rc = dalloc(s, (void **)&s->inv_freq, (size_t)s->hd / 2 * 4, "inv_freq")))
+		goto fail;
+	{
+		float *f = (float *)malloc((size_t)s->hd / 2 * 4);
+		if (!f) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		kn_rope_inv_freq(c, f);
+		cudaError_t e = cudaMemcpy(s->inv_freq, f, (size_t)s->hd / 2 * 4, cudaMemcpyHostToDevice);
+		free(f);
+		if (e != cudaSuccess) {
+			seterr(s, "cudaMemcpy(inv_freq) failed: %s", cudaGetErrorString(e));
+			rc = -EIO;
+			goto fail;
+		}
+	}
+	if ((rc = load_weights(s, m == NULL, seed)) || (rc = alloc_workspace(s)))
+		goto fail;
+	if (cublasSetStream(s->blas, s->st) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetWorkspace(s->blas, s->blas_ws, BLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetMathMode(s->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+		seterr(s, "cublasSetStream/cublasSetWorkspace(%zu) failed", BLAS_WS_BYTES);
+		rc = -EIO;
+		goto fail;
+	}
+	{
+		int32_t nb = op->n_blocks;
+		if (nb < 0) {
+			size_t fr = 0, tot = 0;
+			if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+				seterr(s, "cudaMemGetInfo failed");
+				rc = -EIO;
+				goto fail;
+			}
+			float frac = op->kv_mem_fraction;
+			if (!(frac > 0.f && frac <= 1.f)) {
+				seterr(s, "kn_stage_create(cuda): kv_mem_fraction %g is not in (0, 1]", (double)frac);
+				rc = -EINVAL;
+				goto fail;
+			}
+			size_t want = (size_t)((double)fr * frac) / s->blk_bytes;
+			nb = want > INT32_MAX ? INT32_MAX : (int32_t)want;
+			if (nb < 1) {
+				seterr(s, "kn_stage_create(cuda): %g of the %zu free device bytes holds no KV block of %zu bytes; raise kv_mem_fraction or hold fewer layers",
+				       (double)frac, fr, s->blk_bytes);
+				rc = -ENOMEM;
+				goto fail;
+			}
+		}
+		if ((rc = alloc_pool(s, nb)))
+			goto fail;
+		s->base.n_blocks = nb;
+	}
+	return &s->base;
+fail:
+	errfill(err, errlen, s->base.err);
+	errno = -rc;
+	cu_destroy(&s->base);
+	return NULL;
+}
+
+extern "C" struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_stage_opts *o,
+						 char *err, size_t errlen)
+{
+	return create(m, NULL, 0, o, err, errlen);
+}
+
+extern "C" struct kn_stage *kn_cuda_stage_create_random(const struct kn_model_config *cfg, uint64_t seed,
+							const struct kn_stage_opts *o, char *err,
+							size_t errlen)
+{
+	struct kn_stage_opts d;
+	if (!o) {
+		kn_stage_opts_init(&d);
+		o = &d;
+	}
+	int32_t end = o->layer_end < 0 ? cfg->n_layers : o->layer_end;
+	if (o->layer_start < 0 || o->layer_start >= end || end > cfg->n_layers || o->n_plans < 1 ||
+	    o->n_plans > KN_MAX_PLANS || o->n_slots < 1 || o->max_blocks_per_slot < 1) {
+		errfill(err, errlen, "kn_cuda_stage_create_random: bad layer range, plans or slots");
+		errno = EINVAL;
+		return NULL;
+	}
+	return create(NULL, cfg, seed, o, err, errlen);
+}
+
+extern "C" int kn_cuda_device_count(void)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return n;
+}
+
+extern "C" int kn_cuda_host_register(void *p, size_t len, char *err, size_t errlen)
+{
+	cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
+	if (e != cudaSuccess) {
+		if (err && errlen)
+			snprintf(err, errlen, "cudaHostRegister(%p, %zu) failed: %s", p, len, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+extern "C" int kn_cuda_host_unregister(void *p)
+{
+	return cudaHostUnregister(p) == cudaSuccess ? 0 : -EIO;
+}

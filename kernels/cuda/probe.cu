@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Ceilings measured in the same run as the benchmarks that compare with
+ * them (BENCHMARKS.md: absolute figures drift +-20% between runs, ratios
+ * hold): device copy bandwidth, cuBLAS bf16 GEMM rate, and paged attention
+ * alone. Timings are CUDA events around each call after warm-up; the median
+ * is reported.
+ */
+#include <cublas_v2.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "fill.cuh"
+#include "kn_cuda.h"
+
+#define PCK(call)                                                                            \
+	do {                                                                                 \
+		cudaError_t e_ = (call);                                                     \
+		if (e_ != cudaSuccess) {                                                     \
+			snprintf(err, errlen, "%s failed: %s", #call, cudaGetErrorString(e_)); \
+			rc = -EIO;                                                           \
+			goto out;                                                            \
+		}                                                                            \
+	} while (0)
+
+static int cmp_f(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+static float median(float *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_f);
+	return v[n / 2];
+}
+
+extern "C" int kn_cuda_probe_copy_bw(int device, size_t bytes, int iters, double *bytes_per_s,
+				     char *err, size_t errlen)
+{
+	void *a = NULL, *b = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	int rc = 0;
+	if (!ms)
+		return -ENOMEM;
+	PCK(cudaSetDevice(device));
+	PCK(cudaMalloc(&a, bytes));
+	PCK(cudaMalloc(&b, bytes));
+	PCK(cudaMemset(a, 1, bytes));
+	PCK(cudaEventCreate(&e0));
+	PCK(cudaEventCreate(&e1));
+	for (int i = 0; i < 3; i++)
+		PCK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+	for (int i = 0; i < iters; i++) {
+		PCK(cudaEventRecord(e0));
+		PCK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+		PCK(cudaEventRecord(e1));
+		PCK(cudaEventSynchronize(e1));
+		PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	*bytes_per_s = 2.0 * (double)bytes / (median(ms, iters) * 1e-3);
+out:
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaFree(a);
+	cudaFree(b);
+	free(ms);
+	return rc;
+}
+
+extern "C" int kn_cuda_probe_gemm(int device, int m, int n, int k, int iters, double *flop_per_s,
+				  char *err, size_t errlen)
+{
+	kn_bf16 *a = NULL, *b = NULL, *c = NULL;
+	void *ws = NULL;
+	cublasHandle_t h = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	const float one = 1.f, zero = 0.f;
+	int rc = 0;
+	if (!ms)
+		return -ENOMEM;
+	PCK(cudaSetDevice(device));
+	PCK(cudaMalloc((void **)&a, (size_t)m * k * 2));
+	PCK(cudaMalloc((void **)&b, (size_t)k * n * 2));
+	PCK(cudaMalloc((void **)&c, (size_t)m * n * 2));
+	PCK(cudaMalloc(&ws, (size_t)32 << 20));
+	PCK(kn_cuda_fill_bf16(a, (size_t)m * k, 1, 1.f, 0));
+	PCK(kn_cuda_fill_bf16(b, (size_t)k * n, 2, 1.f, 0));
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetWorkspace(h, ws, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS) {
+		snprintf(err, errlen, "cublasCreate/cublasSetWorkspace failed");
+		rc = -EIO;
+		goto out;
+	}
+	PCK(cudaEventCreate(&e0));
+	PCK(cudaEventCreate(&e1));
+	for (int i = -3; i < iters; i++) {
+		PCK(cudaEventRecord(e0));
+		cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, k,
+						 b, CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, m,
+						 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+		if (st != CUBLAS_STATUS_SUCCESS) {
+			snprintf(err, errlen, "cublasGemmEx(%d, %d, %d): %s", m, n, k, cublasGetStatusString(st));
+			rc = -EIO;
+			goto out;
+		}
+		PCK(cudaEventRecord(e1));
+		PCK(cudaEventSynchronize(e1));
+		if (i >= 0)
+			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	*flop_per_s = 2.0 * m * n * (double)k / (median(ms, iters) * 1e-3);
+out:
+	if (h)
+		cublasDestroy(h);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaFree(a);
+	cudaFree(b);
+	cudaFree(c);
+	cudaFree(ws);
+	free(ms);
+	return rc;
+}
+
+extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_heads,
+				       int n_kv_heads, int head_dim, int iters,
+				       double *bytes_per_s, double *sec_per_call, char *err,
+				       size_t errlen)
+{
+	const int bps = (ctx + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+	const int nb = n_cols * bps;
+	const size_t kv_e = (size_t)nb * n_kv_heads * KN_PAGE_BLK * head_dim;
+	kn_bf16 *kc = NULL, *vc = NULL, *out = NULL;
+	float *q = NULL, *part = NULL;
+	int32_t *table = NULL, *h_table = NULL;
+	struct kn_column *cols = NULL, *h_cols = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	struct kn_cu_attn_args a;
+	int rc = 0;
+	memset(&a, 0, sizeof(a));
+	if (!ms)
+		return -ENOMEM;
+	h_table = (int32_t *)malloc((size_t)nb * 4);
+	h_cols = (struct kn_column *)calloc((size_t)n_cols, sizeof(*h_cols));
+	if (!h_table || !h_cols) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Blocks in a scattered order (a stride coprime with nb), as a real
+	 * pool is after churn. */
+	for (int i = 0; i < nb; i++)
+		h_table[i] = (int32_t)(((long long)i * 7919) % nb);
+	if (nb % 7919 == 0)
+		for (int i = 0; i < nb; i++)
+			h_table[i] = i;
+	for (int c = 0; c < n_cols; c++) {
+		h_cols[c].slot = c;
+		h_cols[c].pos = ctx - 1;
+		h_cols[c].flags = KN_COL_NEED_LOGIT;
+	}
+	PCK(cudaSetDevice(device));
+	PCK(cudaMalloc((void **)&kc, kv_e * 2));
+	PCK(cudaMalloc((void **)&vc, kv_e * 2));
+	PCK(cudaMalloc((void **)&q, (size_t)n_cols * n_heads * head_dim * 4));
+	PCK(cudaMalloc((void **)&out, (size_t)n_cols * n_heads * head_dim * 2));
+	PCK(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx)));
+	PCK(cudaMalloc((void **)&table, (size_t)nb * 4));
+	PCK(cudaMalloc((void **)&cols, (size_t)n_cols * sizeof(*cols)));
+	PCK(kn_cuda_fill_bf16(kc, kv_e, 11, 1.f, 0));
+	PCK(kn_cuda_fill_bf16(vc, kv_e, 12, 1.f, 0));
+	PCK(kn_cuda_fill_f32(q, (size_t)n_cols * n_heads * head_dim, 13, 0.f, 1.f, 0));
+	PCK(cudaMemcpy(table, h_table, (size_t)nb * 4, cudaMemcpyHostToDevice));
+	PCK(cudaMemcpy(cols, h_cols, (size_t)n_cols * sizeof(*cols), cudaMemcpyHostToDevice));
+	a.q = q;
+	a.q_stride = n_heads * head_dim;
+	a.k_cache = kc;
+	a.v_cache = vc;
+	a.table = table;
+	a.cols = cols;
+	a.out = out;
+	a.part = part;
+	a.n = n_cols;
+	a.n_heads = n_heads;
+	a.n_kv_heads = n_kv_heads;
+	a.head_dim = head_dim;
+	a.max_bps = bps;
+	a.max_ctx = ctx;
+	a.scale = 1.f / sqrtf((float)head_dim);
+	PCK(cudaEventCreate(&e0));
+	PCK(cudaEventCreate(&e1));
+	for (int i = -3; i < iters; i++) {
+		PCK(cudaEventRecord(e0));
+		PCK(kn_cuda_attention(&a, 0));
+		PCK(cudaEventRecord(e1));
+		PCK(cudaEventSynchronize(e1));
+		if (i >= 0)
+			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	*sec_per_call = median(ms, iters) * 1e-3;
+	*bytes_per_s = 2.0 * (double)n_cols * ctx * n_kv_heads * head_dim * 2 / *sec_per_call;
+out:
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaFree(kc);
+	cudaFree(vc);
+	cudaFree(q);
+	cudaFree(out);
+	cudaFree(part);
+	cudaFree(table);
+	cudaFree(cols);
+	free(h_table);
+	free(h_cols);
+	free(ms);
+	return rc;
+}

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/** @file rmsnorm.cuh Residual add fused with RMSNorm. */
+#ifndef KN_CU_RMSNORM_CUH
+#define KN_CU_RMSNORM_CUH
+#include "cu_common.cuh"
+
+/**
+ * For each row r < n: resid[r] += delta[r] (if delta); then, if out is not
+ * NULL, out[r] = bf16(w * resid[r] / sqrt(mean(resid[r]^2) + eps)).
+ * The sum of squares is reduced in a fixed order (one block per row), so a
+ * row's bits never depend on the other rows.
+ * @param resid  [n][hidden] f32, updated in place
+ * @param delta  [n][hidden] f32 or NULL
+ * @param w      [hidden] f32 norm weight (ignored when out is NULL)
+ * @param out    [n][hidden] bf16 or NULL (add only)
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
+				int n, int hidden, kn_bf16 *out, cudaStream_t st);
+#endif

@@ -1,0 +1,14 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/** @file swiglu.cuh SwiGLU activation: silu(gate) * up. */
+#ifndef KN_CU_SWIGLU_CUH
+#define KN_CU_SWIGLU_CUH
+#include "cu_common.cuh"
+
+/**
+ * out[r][i] = bf16(silu(gu[r][i]) * gu[r][inter + i]) for r < n, i < inter.
+ * @param gu   [n][2*inter] f32 (gate rows first, then up: the fused projection)
+ * @param out  [n][inter] bf16
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, kn_bf16 *out, cudaStream_t st);
+#endif

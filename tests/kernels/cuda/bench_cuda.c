@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * CUDA engine benchmarks, each beside the ceiling measured in the same run:
+ *  - device copy bandwidth (read + write) and cuBLAS bf16 peak (8192^3);
+ *  - paged attention alone at 4k and 32k context vs copy bandwidth;
+ *  - decode step time at batch 1..256, Llama-3 1B and 8B shapes with random
+ *    weights, context 512 and 4096: tokens/s vs the HBM roofline (weight +
+ *    K/V bytes a step must read / copy bandwidth);
+ *  - prefill of one 2048-token prompt vs the cuBLAS peak.
+ * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
+ * usage: bench_cuda [--quick]   (--quick: 1B shape and 512 context only)
+ * Exits 77 without a CUDA device.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kn_cuda.h"
+#include "kn_model.h"
+#include "kn_stage.h"
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static struct kn_model_config shape(const char *name)
+{
+	struct kn_model_config c;
+	memset(&c, 0, sizeof(c));
+	c.arch = KN_ARCH_LLAMA;
+	c.vocab_size = 128256;
+	c.n_kv_heads = 8;
+	c.max_position = 131072;
+	c.rms_eps = 1e-5f;
+	c.rope_theta = 500000.f;
+	c.rope_factor = 32.f;
+	c.rope_low_freq_factor = 1.f;
+	c.rope_high_freq_factor = 4.f;
+	c.rope_orig_max_position = 8192;
+	c.dtype = KN_DT_BF16;
+	if (!strcmp(name, "llama3-8b")) {
+		c.hidden_size = 4096;
+		c.intermediate_size = 14336;
+		c.n_layers = 32;
+		c.n_heads = 32;
+		c.head_dim = 128;
+		c.rope_factor = 8.f;
+	} else {
+		c.hidden_size = 2048;
+		c.intermediate_size = 8192;
+		c.n_layers = 16;
+		c.n_heads = 32;
+		c.head_dim = 64;
+		c.tie_embeddings = 1;
+	}
+	return c;
+}
+
+/* Matrix parameters read per step (the LM head once; embedding rows are negligible). */
+static double matmul_params(const struct kn_model_config *c)
+{
+	double H = c->hidden_size, I = c->intermediate_size, q = (double)c->n_heads * c->head_dim,
+	       kv = (double)c->n_kv_heads * c->head_dim;
+	return c->n_layers * (H * (q + 2 * kv) + q * H + 3 * H * I) + (double)c->vocab_size * H;
+}
+
+static int setup_slots(struct kn_stage *s, int n_slots, int bps)
+{
+	struct kn_op *ops = malloc((size_t)n_slots * bps * sizeof(*ops));
+	if (!ops)
+		return -ENOMEM;
+	for (int j = 0; j < n_slots; j++)
+		for (int b = 0; b < bps; b++)
+			ops[(size_t)j * bps + b] = (struct kn_op){ KN_OP_SET_BLOCK, j, b, j * bps + b };
+	int rc = kn_stage_apply_ops(s, ops, (size_t)n_slots * bps);
+	free(ops);
+	return rc;
+}
+
+static void bench_decode(const char *name, int ctx, const int *batches, int nb, double copy_bw,
+			 size_t budget)
+{
+	struct kn_model_config c = shape(name);
+	const int bps = ctx / 16;
+	const size_t blk = (size_t)c.n_layers * 2 * c.n_kv_heads * 16 * c.head_dim * 2;
+	int maxb = batches[nb - 1];
+	size_t want = (size_t)maxb * bps;
+	if (want * blk > budget)
+		want = budget / blk;
+	int slots = (int)(want / (size_t)bps);
+	if (slots < 1)
+		return;
+	struct kn_stage_opts o;
+	kn_stage_opts_init(&o);
+	o.n_slots = slots;
+	o.max_blocks_per_slot = bps;
+	o.n_blocks = slots * bps;
+	o.n_plans = nb;
+	for (int i = 0; i < nb; i++)
+		o.plan_widths[i] = batches[i];
+	char err[512];
+	struct kn_stage *s = kn_cuda_stage_create_random(&c, 42, &o, err, sizeof(err));
+	if (!s) {
+		printf("RESULT kind=decode model=%s ctx=%d error=\"%s\"\n", name, ctx, err);
+		return;
+	}
+	struct kn_stage_info info;
+	kn_stage_info(s, &info);
+	if (setup_slots(s, slots, bps)) {
+		printf("setup: %s\n", kn_stage_error(s));
+		kn_stage_destroy(s);
+		return;
+	}
+	struct kn_column *cols = calloc((size_t)maxb, sizeof(*cols));
+	int32_t *tok = calloc((size_t)maxb, 4);
+	for (int i = 0; i < nb; i++) {
+		const int b = batches[i];
+		if (b > slots) {
+			printf("RESULT kind=decode model=%s ctx=%d batch=%d skipped=\"KV for %d x %d positions exceeds device memory\"\n",
+			       name, ctx, b, b, ctx);
+			continue;
+		}
+		for (int j = 0; j < b; j++)
+			cols[j] = (struct kn_column){ .token = j + 1, .pos = ctx - 1, .slot = j,
+						      .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		struct kn_step st = { .n_cols = b, .cols = cols, .tokens_out = tok };
+		int rc = 0;
+		for (int w = 0; w < 3 && !rc; w++)
+			rc = kn_stage_step(s, &st);
+		const int iters = b <= 64 ? 30 : 10;
+		double t0 = now();
+		for (int k = 0; k < iters && !rc; k++)
+			rc = kn_stage_step(s, &st);
+		double dt = (now() - t0) / iters;
+		if (rc) {
+			printf("RESULT kind=decode model=%s ctx=%d batch=%d error=\"%s\"\n", name, ctx, b, kn_stage_error(s));
+			continue;
+		}
+		double bytes = matmul_params(&c) * 2 + (double)b * ctx * blk / 16;
+		double roof_t = bytes / copy_bw;
+		printf("RESULT kind=decode model=%s ctx=%d batch=%d step_ms=%.3f tok_s=%.1f roof_tok_s=%.1f frac=%.3f bytes=%.3e\n",
+		       name, ctx, b, dt * 1e3, b / dt, b / roof_t, roof_t / dt, bytes);
+		fflush(stdout);
+	}
+	free(cols);
+	free(tok);
+	kn_stage_destroy(s);
+}
+
+static void bench_prefill(const char *name, int len, double peak)
+{
+	struct kn_model_config c = shape(name);
+	struct kn_stage_opts o;
+	kn_stage_opts_init(&o);
+	o.n_slots = 1;
+	o.max_blocks_per_slot = len / 16;
+	o.n_blocks = len / 16;
+	o.n_plans = 1;
+	o.plan_widths[0] = len;
+	char err[512];
+	struct kn_stage *s = kn_cuda_stage_create_random(&c, 42, &o, err, sizeof(err));
+	if (!s) {
+		printf("RESULT kind=prefill model=%s error=\"%s\"\n", name, err);
+		return;
+	}
+	setup_slots(s, 1, len / 16);
+	struct kn_column *cols = calloc((size_t)len, sizeof(*cols));
+	int32_t *tok = calloc((size_t)len, 4);
+	for (int j = 0; j < len; j++)
+		cols[j] = (struct kn_column){ .token = (j * 31) % 1000, .pos = j, .slot = 0,
+					      .flags = j == len - 1 ? KN_COL_NEED_LOGIT : 0, .top_p = 1 };
+	struct kn_step st = { .n_cols = len, .cols = cols, .tokens_out = tok };
+	int rc = kn_stage_step(s, &st) || kn_stage_step(s, &st);
+	double best = 1e9;
+	for (int k = 0; k < 5 && !rc; k++) {
+		double t0 = now();
+		rc = kn_stage_step(s, &st);
+		double dt = now() - t0;
+		best = dt < best ? dt : best;
+	}
+	if (rc) {
+		printf("RESULT kind=prefill model=%s error=\"%s\"\n", name, kn_stage_error(s));
+	} else {
+		/* matmuls (the LM head runs on every column of the plan) + attention QK and PV */
+		double fl = 2 * matmul_params(&c) * len +
+			    4.0 * c.n_layers * c.n_heads * c.head_dim * ((double)len * (len + 1) / 2);
+		printf("RESULT kind=prefill model=%s len=%d ms=%.2f tok_s=%.0f tflops=%.1f peak_tflops=%.1f frac=%.3f\n",
+		       name, len, best * 1e3, len / best, fl / best / 1e12, peak / 1e12, fl / best / peak);
+	}
+	free(cols);
+	free(tok);
+	kn_stage_destroy(s);
+}
+
+int main(int argc, char **argv)
+{
+	int quick = argc > 1 && !strcmp(argv[1], "--quick");
+	char err[512];
+	double bw = 0, peak = 0;
+	if (kn_cuda_probe_copy_bw(0, (size_t)2 << 30, 20, &bw, err, sizeof(err))) {
+		printf("no CUDA device or copy probe failed: %s\n", err);
+		return 77;
+	}
+	printf("RESULT kind=ceiling copy_bw_tb_s=%.3f\n", bw / 1e12);
+	if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) == 0)
+		printf("RESULT kind=ceiling gemm_tflops=%.1f\n", peak / 1e12);
+	const int ctxs[] = { 4096, 32768 };
+	for (int i = 0; i < 2; i++) {
+		double abw, sec;
+		int ncol = ctxs[i] == 4096 ? 16 : 2;
+		if (kn_cuda_probe_attention(0, ncol, ctxs[i], 32, 8, 128, 20, &abw, &sec, err, sizeof(err)) == 0)
+			printf("RESULT kind=attention ctx=%d cols=%d us=%.1f tb_s=%.3f frac=%.3f\n", ctxs[i], ncol,
+			       sec * 1e6, abw / 1e12, abw / bw);
+		if (kn_cuda_probe_attention(0, 1, ctxs[i], 32, 8, 128, 20, &abw, &sec, err, sizeof(err)) == 0)
+			printf("RESULT kind=attention ctx=%d cols=1 us=%.1f tb_s=%.3f frac=%.3f\n", ctxs[i],
+			       sec * 1e6, abw / 1e12, abw / bw);
+	}
+	fflush(stdout);
+	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 };
+	const char *models[] = { "llama3-1b", "llama3-8b" };
+	const size_t budget = (size_t)96 << 30;
+	for (int mi = 0; mi < (quick ? 1 : 2); mi++)
+		for (int ci = 0; ci < (quick ? 1 : 2); ci++) {
+			int ctx = ci ? 4096 : 512;
+			bench_decode(models[mi], ctx, small, 4, bw, budget);
+			bench_decode(models[mi], ctx, large, 2, bw, budget);
+		}
+	for (int mi = 0; mi < (quick ? 1 : 2); mi++)
+		bench_prefill(models[mi], 2048, peak);
+	return 0;
+}

@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Each CUDA operator against a CPU reference in double precision, over
+ * several sizes, on fresh random inputs; outputs are poisoned (NaN) before
+ * each run so an unwritten element fails. Tolerance: relative L2 error
+ * ||out - ref|| / ||ref|| <= 1e-2 where bf16 rounding enters (one rounding
+ * of the output or of K/V), <= 1e-4 for f32-only paths.
+ * Exits 77 when no CUDA device is present.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "attention.cuh"
+#include "gemv.cuh"
+#include "gemm.cuh"
+#include "qkv_rope.cuh"
+#include "rmsnorm.cuh"
+#include "sample.cuh"
+#include "swiglu.cuh"
+
+static int g_fail;
+static uint64_t g_rng = 0x1234567ull;
+
+#define CHECK_CUDA(call)                                                                     \
+	do {                                                                                 \
+		cudaError_t e_ = (call);                                                     \
+		if (e_ != cudaSuccess) {                                                     \
+			fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+				cudaGetErrorString(e_));                                     \
+			exit(1);                                                             \
+		}                                                                            \
+	} while (0)
+
+static float frand(void)
+{
+	g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+	return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+}
+
+static uint16_t f2bf(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+template <class T> static T *dev(const std::vector<T> &h)
+{
+	T *d;
+	CHECK_CUDA(cudaMalloc((void **)&d, h.size() * sizeof(T) + 16));
+	CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+	return d;
+}
+
+template <class T> static std::vector<T> host(const T *d, size_t n)
+{
+	std::vector<T> h(n);
+	CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static void expect_close(const char *what, const float *out, const double *ref, size_t n, double tol)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!isfinite(out[i])) {
+			printf("FAIL %s: element %zu is %g (unwritten or overflow)\n", what, i, out[i]);
+			g_fail++;
+			return;
+		}
+		num += (out[i] - ref[i]) * (out[i] - ref[i]);
+		den += ref[i] * ref[i];
+	}
+	double rel = sqrt(num / (den > 0 ? den : 1));
+	printf("%s %s: rel err %.3g (tol %.0e)\n", rel <= tol ? "ok  " : "FAIL", what, rel, tol);
+	if (!(rel <= tol))
+		g_fail++;
+}
+
+static void rand_bf16(std::vector<uint16_t> &v, float scale)
+{
+	for (auto &x : v)
+		x = f2bf(frand() * scale);
+}
+
+/* gemv and the cuBLAS path vs a double reference; a column's bits equal
+ * across narrow widths. */
+static void skinny_and_wide_products_match_a_double_reference(cublasHandle_t h)
+{
+	const int shapes[][2] = { { 64, 48 }, { 512, 1408 }, { 2048, 3072 }, { 4096, 1000 } };
+	const int widths[] = { 1, 3, 8, 16, 32, 96 };
+	for (auto &sh : shapes) {
+		const int in = sh[0], out = sh[1];
+		std::vector<uint16_t> w((size_t)in * out), x((size_t)96 * in);
+		rand_bf16(w, 1.f);
+		rand_bf16(x, 1.f);
+		uint16_t *dw = dev(w), *dx = dev(x);
+		float *dy;
+		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)96 * out * 4));
+		std::vector<float> col0;
+		for (int n : widths) {
+			CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)96 * out * 4));
+			char err[256];
+			if (kn_cuda_linear(h, (kn_bf16 *)dw, (kn_bf16 *)dx, dy, n, in, out, 0, err, sizeof(err))) {
+				printf("FAIL linear: %s\n", err);
+				g_fail++;
+				continue;
+			}
+			std::vector<float> y = host(dy, (size_t)n * out);
+			std::vector<double> ref((size_t)n * out);
+			for (int c = 0; c < n; c++)
+				for (int o = 0; o < out; o++) {
+					double s = 0;
+					for (int k = 0; k < in; k++)
+						s += (double)bf2f(w[(size_t)o * in + k]) * bf2f(x[(size_t)c * in + k]);
+					ref[(size_t)c * out + o] = s;
+				}
+			char what[96];
+			snprintf(what, sizeof(what), "linear in=%d out=%d n=%d", in, out, n);
+			expect_close(what, y.data(), ref.data(), y.size(), 1e-4);
+			if (n <= KN_CU_GEMV_MAX_N) {
+				if (col0.empty())
+					col0.assign(y.begin(), y.begin() + out);
+				else if (memcmp(col0.data(), y.data(), (size_t)out * 4)) {
+					printf("FAIL gemv in=%d out=%d: column 0 bits differ at n=%d vs n=1\n", in, out, n);
+					g_fail++;
+				}
+			}
+		}
+		cudaFree(dw);
+		cudaFree(dx);
+		cudaFree(dy);
+	}
+}
+
+static void add_rmsnorm_matches_reference(void)
+{
+	for (int hidden : { 64, 512, 4096 }) {
+		const int n = 5;
+		std::vector<float> r((size_t)n * hidden), d((size_t)n * hidden), w(hidden);
+		for (auto &v : r) v = frand() * 3;
+		for (auto &v : d) v = frand();
+		for (auto &v : w) v = 1 + frand() * .2f;
+		float *dr = dev(r), *dd = dev(d), *dw = dev(w);
+		uint16_t *dout;
+		CHECK_CUDA(cudaMalloc((void **)&dout, (size_t)n * hidden * 2));
+		CHECK_CUDA(cudaMemset(dout, 0xff, (size_t)n * hidden * 2));
+		CHECK_CUDA(kn_cuda_add_rmsnorm(dr, dd, dw, 1e-5f, n, hidden, (kn_bf16 *)dout, 0));
+		std::vector<uint16_t> o = host(dout, (size_t)n * hidden);
+		std::vector<float> rr = host(dr, (size_t)n * hidden), of(o.size());
+		std::vector<double> ref(o.size()), rref(o.size());
+		for (int i = 0; i < n; i++) {
+			double ss = 0;
+			for (int j = 0; j < hidden; j++) {
+				double v = (double)r[(size_t)i * hidden + j] + d[(size_t)i * hidden + j];
+				rref[(size_t)i * hidden + j] = v;
+				ss += v * v;
+			}
+			double inv = 1 / sqrt(ss / hidden + 1e-5);
+			for (int j = 0; j < hidden; j++)
+				ref[(size_t)i * hidden + j] = rref[(size_t)i * hidden + j] * inv * w[j];
+		}
+		for (size_t i = 0; i < o.size(); i++)
+			of[i] = bf2f(o[i]);
+		char what[64];
+		snprintf(what, sizeof(what), "add_rmsnorm hidden=%d (residual)", hidden);
+		expect_close(what, rr.data(), rref.data(), rr.size(), 1e-6);
+		snprintf(what, sizeof(what), "add_rmsnorm hidden=%d (normed)", hidden);
+		expect_close(what, of.data(), ref.data(), of.size(), 1e-2);
+		cudaFree(dr); cudaFree(dd); cudaFree(dw); cudaFree(dout);
+	}
+}
+
+static void swiglu_matches_reference(void)
+{
+	const int n = 3, inter = 1408;
+	std::vector<float> gu((size_t)n * 2 * inter);
+	for (auto &v : gu) v = frand() * 4;
+	float *dg = dev(gu);
+	uint16_t *dout;
+	CHECK_CUDA(cudaMalloc((void **)&dout, (size_t)n * inter * 2));
+	CHECK_CUDA(cudaMemset(dout, 0xff, (size_t)n * inter * 2));
+	CHECK_CUDA(kn_cuda_swiglu(dg, n, inter, (kn_bf16 *)dout, 0));
+	std::vector<uint16_t> o = host(dout, (size_t)n * inter);
+	std::vector<float> of(o.size());
+	std::vector<double> ref(o.size());
+	for (int r = 0; r < n; r++)
+		for (int i = 0; i < inter; i++) {
+			double g = gu[(size_t)r * 2 * inter + i], u = gu[(size_t)r * 2 * inter + inter + i];
+			ref[(size_t)r * inter + i] = g / (1 + exp(-g)) * u;
+			of[(size_t)r * inter + i] = bf2f(o[(size_t)r * inter + i]);
+		}
+	expect_close("swiglu", of.data(), ref.data(), of.size(), 1e-2);
+	cudaFree(dg); cudaFree(dout);
+}
+
+/*
+ * qkv_rope then attention over a prefilled paged cache, vs a double
+ * reference of RoPE + causal softmax attention, for several head shapes and
+ * contexts crossing the split size.
+ */
+static void paged_attention_matches_reference(void)
+{
+	struct { int nh, nkv, hd, ctx, qk_norm, bias; } cases[] = {
+		{ 4, 2, 16, 37, 0, 0 }, { 8, 4, 64, 300, 1, 1 }, { 32, 8, 128, 1000, 0, 0 },
+		{ 14, 2, 64, 129, 0, 1 }, { 16, 16, 32, 17, 1, 0 }, { 8, 1, 256, 260, 0, 0 },
+	};
+	for (auto &cs : cases) {
+		const int nh = cs.nh, nkv = cs.nkv, hd = cs.hd, ctx = cs.ctx;
+		const int qkv_dim = (nh + 2 * nkv) * hd;
+		const int bps = (ctx + 15) / 16, nb = bps + 3;
+		/* every position of one slot in one step: exercises the causal mask */
+		const int n = ctx;
+		std::vector<float> qkv((size_t)n * qkv_dim), bias(qkv_dim), qn(hd), kn(hd), inv(hd / 2);
+		for (auto &v : qkv) v = frand();
+		for (auto &v : bias) v = frand() * .1f;
+		for (auto &v : qn) v = 1 + frand() * .2f;
+		for (auto &v : kn) v = 1 + frand() * .2f;
+		for (int i = 0; i < hd / 2; i++)
+			inv[i] = 1.f / powf(10000.f, 2.f * i / hd);
+		std::vector<int32_t> table(bps);
+		for (int b = 0; b < bps; b++)
+			table[b] = (b * 5 + 2) % nb; /* scattered, distinct while bps < nb */
+		for (int b = 0; b < bps; b++)
+			for (int b2 = 0; b2 < b; b2++)
+				if (table[b] == table[b2])
+					table[b] = -1;
+		bool ok = true;
+		for (int b = 0; b < bps; b++)
+			ok &= table[b] >= 0;
+		if (!ok)
+			for (int b = 0; b < bps; b++)
+				table[b] = bps - 1 - b;
+		std::vector<struct kn_column> cols(n);
+		for (int c = 0; c < n; c++) {
+			memset(&cols[c], 0, sizeof(cols[c]));
+			cols[c].pos = c;
+			cols[c].slot = 0;
+		}
+		float *dqkv = dev(qkv), *dbias = dev(bias), *dqn = dev(qn), *dkn = dev(kn), *dinv = dev(inv);
+		int32_t *dtab = dev(table);
+		struct kn_column *dcols = dev(cols);
+		kn_bf16 *kc, *vc, *out;
+		float *part;
+		const size_t kv_e = (size_t)nb * nkv * 16 * hd;
+		CHECK_CUDA(cudaMalloc((void **)&kc, kv_e * 2));
+		CHECK_CUDA(cudaMalloc((void **)&vc, kv_e * 2));
+		CHECK_CUDA(cudaMalloc((void **)&out, (size_t)n * nh * hd * 2));
+		CHECK_CUDA(cudaMemset(out, 0xff, (size_t)n * nh * hd * 2));
+		CHECK_CUDA(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n, nh, nkv, hd, ctx)));
+		struct kn_cu_qkv_args qa = {};
+		qa.qkv = dqkv;
+		qa.bias = cs.bias ? dbias : NULL;
+		qa.q_norm = cs.qk_norm ? dqn : NULL;
+		qa.k_norm = cs.qk_norm ? dkn : NULL;
+		qa.inv_freq = dinv;
+		qa.cols = dcols;
+		qa.table = dtab;
+		qa.k_cache = kc;
+		qa.v_cache = vc;
+		qa.n = n;
+		qa.n_heads = nh;
+		qa.n_kv_heads = nkv;
+		qa.head_dim = hd;
+		qa.max_bps = bps;
+		qa.eps = 1e-6f;
+		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
+		struct kn_cu_attn_args aa = {};
+		aa.q = dqkv;
+		aa.q_stride = qkv_dim;
+		aa.k_cache = kc;
+		aa.v_cache = vc;
+		aa.table = dtab;
+		aa.cols = dcols;
+		aa.out = out;
+		aa.part = part;
+		aa.n = n;
+		aa.n_heads = nh;
+		aa.n_kv_heads = nkv;
+		aa.head_dim = hd;
+		aa.max_bps = bps;
+		aa.max_ctx = ctx;
+		aa.scale = 1.f / sqrtf((float)hd);
+		CHECK_CUDA(kn_cuda_attention(&aa, 0));
+		std::vector<uint16_t> o = host((uint16_t *)out, (size_t)n * nh * hd);
+
+		/* reference: bias, norm, rope in double; K/V rounded to bf16 as stored */
+		std::vector<double> x((size_t)n * qkv_dim);
+		for (int c = 0; c < n; c++)
+			for (int h = 0; h < nh + 2 * nkv; h++) {
+				double *v = &x[(size_t)c * qkv_dim + h * hd];
+				for (int i = 0; i < hd; i++)
+					v[i] = qkv[(size_t)c * qkv_dim + h * hd + i] + (cs.bias ? bias[h * hd + i] : 0);
+				if (cs.qk_norm && h < nh + nkv) {
+					double ss = 0;
+					for (int i = 0; i < hd; i++)
+						ss += v[i] * v[i];
+					double r = 1 / sqrt(ss / hd + 1e-6);
+					for (int i = 0; i < hd; i++)
+						v[i] *= r * (h < nh ? qn[i] : kn[i]);
+				}
+				if (h < nh + nkv)
+					for (int i = 0; i < hd / 2; i++) {
+						double a = (double)(float)((float)c * inv[i]);
+						double x0 = v[i], x1 = v[i + hd / 2];
+						v[i] = x0 * cos(a) - x1 * sin(a);
+						v[i + hd / 2] = x1 * cos(a) + x0 * sin(a);
+					}
+				if (h >= nh)
+					for (int i = 0; i < hd; i++)
+						v[i] = bf2f(f2bf((float)v[i]));
+			}
+		std::vector<double> ref((size_t)n * nh * hd);
+		std::vector<float> of(ref.size());
+		const int G = nh / nkv;
+		for (int c = 0; c < n; c++)
+			for (int h = 0; h < nh; h++) {
+				const double *q = &x[(size_t)c * qkv_dim + h * hd];
+				const int kh = h / G;
+				std::vector<double> sc(c + 1);
+				double mx = -1e300;
+				for (int p = 0; p <= c; p++) {
+					const double *k = &x[(size_t)p * qkv_dim + (nh + kh) * hd];
+					double d = 0;
+					for (int i = 0; i < hd; i++)
+						d += q[i] * k[i];
+					sc[p] = d / sqrt((double)hd);
+					mx = fmax(mx, sc[p]);
+				}
+				double z = 0;
+				for (int p = 0; p <= c; p++)
+					z += (sc[p] = exp(sc[p] - mx));
+				for (int i = 0; i < hd; i++) {
+					double a = 0;
+					for (int p = 0; p <= c; p++)
+						a += sc[p] * x[(size_t)p * qkv_dim + (nh + nkv + kh) * hd + i];
+					ref[((size_t)c * nh + h) * hd + i] = a / z;
+				}
+			}
+		for (size_t i = 0; i < of.size(); i++)
+			of[i] = bf2f(o[i]);
+		char what[128];
+		snprintf(what, sizeof(what), "qkv_rope+attention heads=%d kv=%d hd=%d ctx=%d qknorm=%d bias=%d",
+			 nh, nkv, hd, ctx, cs.qk_norm, cs.bias);
+		expect_close(what, of.data(), ref.data(), of.size(), 1e-2);
+		cudaFree(dqkv); cudaFree(dbias); cudaFree(dqn); cudaFree(dkn); cudaFree(dinv);
+		cudaFree(dtab); cudaFree(dcols); cudaFree(kc); cudaFree(vc); cudaFree(out); cudaFree(part);
+	}
+}
+
+static void argmax_picks_the_lowest_id_among_ties(void)
+{
+	const int vocab = 50001, n = 4;
+	std::vector<float> l((size_t)n * vocab);
+	for (auto &v : l) v = frand();
+	l[(size_t)0 * vocab + 777] = 5;
+	l[(size_t)0 * vocab + 40000] = 5;
+	l[(size_t)1 * vocab + vocab - 1] = 7;
+	l[(size_t)2 * vocab + 0] = 9;
+	std::vector<struct kn_column> cols(n);
+	memset(cols.data(), 0, n * sizeof(cols[0]));
+	for (int c = 0; c < n; c++)
+		cols[c].flags = KN_COL_NEED_LOGIT;
+	cols[3].flags = 0;
+	float *dl = dev(l);
+	struct kn_column *dc = dev(cols);
+	int32_t *dt;
+	CHECK_CUDA(cudaMalloc((void **)&dt, n * 4));
+	CHECK_CUDA(kn_cuda_argmax(dl, vocab, dc, n, dt, 0));
+	std::vector<int32_t> t = host(dt, n);
+	const int want[] = { 777, vocab - 1, 0, -1 };
+	for (int c = 0; c < n; c++)
+		if (t[c] != want[c]) {
+			printf("FAIL argmax column %d: got %d, want %d\n", c, t[c], want[c]);
+			g_fail++;
+		}
+	printf("ok   argmax ties/last id/first id/no-logit column checked\n");
+	cudaFree(dl); cudaFree(dc); cudaFree(dt);
+}
+
+extern "C" int kn_cuda_test_ops_main(void)
+{
+	int ndev = 0;
+	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+		printf("no CUDA device: skipped\n");
+		return 77;
+	}
+	cublasHandle_t h;
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+		printf("cublasCreate failed\n");
+		return 1;
+	}
+	skinny_and_wide_products_match_a_double_reference(h);
+	add_rmsnorm_matches_reference();
+	swiglu_matches_reference();
+	paged_attention_matches_reference();
+	argmax_picks_the_lowest_id_among_ties();
+	cublasDestroy(h);
+	CHECK_CUDA(cudaDeviceSynchronize());
+	printf("%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
+	return g_fail ? 1 : 0;
+}
