@@ -1,0 +1,943 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The dataplane poll loop: send requests from DP_RING_TX become frames,
+ * frames become messages on DP_RING_RX, ACKs become completions on
+ * DP_RING_TXC, epoch changes become events on DP_RING_EV.
+ *
+ * Invariants:
+ *  - A peer's streams run in one session, named by (our local epoch toward
+ *    it, its epoch). A frame whose src_epoch is older than the peer's, or
+ *    whose dst_epoch is not our local epoch toward it, is dropped: a
+ *    restarted process never sees its predecessor's traffic.
+ *  - When a session ends (peer restarted, or unreachable), every message
+ *    submitted to that peer and not yet acknowledged is reported failed on
+ *    DP_RING_TXC, and partly assembled messages from it are released.
+ *  - Every message on DP_RING_RX holds one pool buffer; DP_RING_RX has room
+ *    for every pool buffer, so a delivery never waits for ring space.
+ *  - Memory is fixed at start: pools, per-stream windows (created on first
+ *    use, at most DP_MAX_PEERS x DP_MAX_STREAMS), rings.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rte_cycles.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+
+#include "dp.h"
+#include "dp_ipc.h"
+#include "port.h"
+#include "shm_live.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+#define BURST 32
+#define HOLD_MAX 64           /* frames the reorder impairment may hold back */
+#define TICK_NS 100000ull     /* timer work every 100 µs */
+#define HELLO_UP_NS 100000000ull   /* keepalive to a known peer */
+#define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
+#define WINUPD_NS 1000000ull  /* periodic ACK (window update) per active stream */
+
+struct stream {
+	struct dp_rel_tx *tx;
+	struct dp_rel_rx *rx;
+	uint32_t partial;         /* rx messages holding a buffer, not yet delivered */
+	uint16_t id;
+};
+
+struct peer {
+	int configured;
+	uint16_t node;
+	struct dp_wire_addr addr;
+	uint64_t remote_epoch;    /* 0: never heard */
+	uint64_t local_epoch;     /* our epoch toward this peer */
+	uint64_t next_hello;
+	uint64_t last_stale_hello;
+	struct stream *st[DP_MAX_STREAMS];
+	struct dp_peer_stats *stats;
+};
+
+struct dp {
+	const struct dp_opts *o;
+	struct dp_port port;
+	struct shm_region *reg;
+	struct shm_ring *r_tx, *r_txc, *r_rx, *r_ev;
+	struct shm_pool *p_small, *p_large;
+	struct dp_stats_shm *stats;
+	int live_slot;
+	struct dp_wire_addr self;
+	uint64_t base_epoch;
+	struct peer peers[DP_MAX_PEERS];
+	struct shm_desc held;     /* a send request waiting for window space */
+	int have_held;
+	uint64_t tsc_hz;
+	uint64_t rng;
+	struct rte_mbuf *hold[HOLD_MAX];
+	unsigned n_hold;
+	/* context for reliab callbacks */
+	struct peer *cur_peer;
+	struct stream *cur_stream;
+	uint64_t failed_now;
+};
+
+static uint64_t now_ns(const struct dp *d)
+{
+	/* TSC to ns without overflow for ~centuries at GHz rates */
+	uint64_t t = rte_rdtsc();
+	return (uint64_t)((__uint128_t)t * 1000000000u / d->tsc_hz);
+}
+
+static inline void cnt_add(uint64_t *c, uint64_t v)
+{
+	/* single writer: a relaxed store readers see whole */
+	__atomic_store_n(c, *c + v, __ATOMIC_RELAXED);
+}
+
+static void drop(struct dp *d, struct peer *p, unsigned reason)
+{
+	if (reason >= DP_DROP_MAX_)
+		return;
+	cnt_add(p ? &p->stats->drops[reason] : &d->stats->drops_unknown[reason], 1);
+}
+
+void dp_opts_init(struct dp_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->frame_size = 9000;
+	o->self.port = DP_WIRE_UDP_PORT;
+	o->idle = DP_IDLE_POLL;
+	o->rx_small_n = 256;
+	o->rx_small_size = 64 * 1024;
+	o->rx_large_n = 32;
+	o->rx_large_size = 4 * 1024 * 1024;
+	o->n_mbufs = 8191;
+	dp_rel_opts_init(&o->rel);
+}
+
+static int parse_mac(const char *s, uint8_t mac[6])
+{
+	unsigned v[6];
+	if (sscanf(s, "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6)
+		return -EINVAL;
+	for (int i = 0; i < 6; i++)
+		mac[i] = (uint8_t)v[i];
+	return 0;
+}
+
+static int parse_ip(const char *s, uint32_t *ip)
+{
+	unsigned a, b, c, e;
+	if (sscanf(s, "%u.%u.%u.%u", &a, &b, &c, &e) != 4 || a > 255 || b > 255 || c > 255 || e > 255)
+		return -EINVAL;
+	*ip = (a << 24) | (b << 16) | (c << 8) | e;
+	return 0;
+}
+
+int dp_peer_parse(const char *s, struct dp_peer_cfg *p)
+{
+	char buf[128];
+	unsigned id;
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	strcpy(buf, s);
+	char *eq = strchr(buf, '=');
+	if (!eq || sscanf(buf, "%u", &id) != 1 || id >= DP_MAX_PEERS)
+		return -EINVAL;
+	memset(p, 0, sizeof(*p));
+	p->node = (uint16_t)id;
+	memset(p->addr.mac, 0xff, 6);
+	p->addr.port = DP_WIRE_UDP_PORT;
+	char *save = NULL;
+	int field = 0;
+	for (char *t = strtok_r(eq + 1, ",", &save); t; t = strtok_r(NULL, ",", &save), field++) {
+		if (strchr(t, ':')) {
+			if (parse_mac(t, p->addr.mac))
+				return -EINVAL;
+		} else if (strchr(t, '.')) {
+			if (parse_ip(t, &p->addr.ip))
+				return -EINVAL;
+		} else {
+			unsigned port;
+			if (sscanf(t, "%u", &port) != 1 || port == 0 || port > 65535)
+				return -EINVAL;
+			p->addr.port = (uint16_t)port;
+		}
+	}
+	return p->addr.ip ? 0 : -EINVAL;
+}
+
+int dp_impair_parse(const char *s, struct dp_impair *imp)
+{
+	char buf[256];
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	strcpy(buf, s);
+	memset(imp, 0, sizeof(*imp));
+	imp->seed = 1;
+	char *save = NULL;
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		double v;
+		char key[32];
+		if (sscanf(t, "%31[a-z]=%lf", key, &v) != 2 || v < 0)
+			return -EINVAL;
+		if (!strcmp(key, "loss"))
+			imp->loss = v;
+		else if (!strcmp(key, "dup"))
+			imp->dup = v;
+		else if (!strcmp(key, "reorder"))
+			imp->reorder = v;
+		else if (!strcmp(key, "corrupt"))
+			imp->corrupt = v;
+		else if (!strcmp(key, "seed"))
+			imp->seed = (uint64_t)v;
+		else
+			return -EINVAL;
+		if (strcmp(key, "seed") && v > 1)
+			return -EINVAL;
+	}
+	return 0;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+static double urand(uint64_t *s)
+{
+	return (double)(rnd(s) >> 11) / 9007199254740992.0;
+}
+
+/* ------------------------------------------------------------ buffers */
+
+static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
+{
+	struct dp *d = ctx;
+	(void)type;
+	struct shm_pool *pool = dp_ipc_rx_pool_is_small(len, shm_pool_bufsize(d->p_small))
+					? d->p_small : d->p_large;
+	if (len > shm_pool_bufsize(d->p_large))
+		return -ENOBUFS;
+	uint32_t idx;
+	if (shm_pool_get(pool, &idx))
+		return -ENOBUFS;
+	*off = shm_pool_buf_off(pool, idx);
+	d->cur_stream->partial++;
+	return 0;
+}
+
+static void rx_release(void *ctx, uint64_t off, uint32_t len)
+{
+	struct dp *d = ctx;
+	struct shm_pool *pool = dp_ipc_rx_pool_is_small(len, shm_pool_bufsize(d->p_small))
+					? d->p_small : d->p_large;
+	int64_t idx = shm_pool_idx_of(pool, off);
+	if (idx >= 0)
+		shm_pool_put(pool, (uint32_t)idx);
+	d->cur_stream->partial--;
+}
+
+static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
+{
+	struct dp *d = ctx;
+	struct shm_desc desc = {.off = m->off, .len = m->len, .type = m->type, .flags = 0,
+				.seq = m->msg_id,
+				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
+	d->cur_stream->partial--;
+	/* DP_RING_RX holds every pool buffer (see invariants): cannot fail. */
+	if (shm_ring_enqueue_burst(d->r_rx, &desc, 1) != 1)
+		fprintf(stderr, "dataplane: %s full: a message from node %u is lost (ring sized "
+			"below the pools?)\n", DP_RING_RX, d->cur_peer->node);
+	cnt_add(&d->cur_peer->stats->msgs_received, 1);
+}
+
+static void tx_done(void *ctx, const struct dp_rel_msg *m)
+{
+	struct dp *d = ctx;
+	struct shm_desc desc = {.off = m->off, .len = m->len, .type = m->type,
+				.flags = m->status ? (uint16_t)(DP_TXC_FAILED | (uint16_t)(-m->status & 0xff)) : 0,
+				.seq = m->cookie,
+				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
+	while (shm_ring_enqueue_burst(d->r_txc, &desc, 1) != 1)
+		; /* sized to every outstanding request: only a stalled consumer waits here */
+	if (m->status) {
+		cnt_add(&d->cur_peer->stats->msgs_failed, 1);
+		d->failed_now++;
+	} else {
+		cnt_add(&d->cur_peer->stats->msgs_sent, 1);
+	}
+}
+
+static const struct dp_rel_rx_ops rx_ops = {rx_alloc, rx_release, rx_deliver};
+
+static struct stream *stream_get(struct dp *d, struct peer *p, uint16_t id)
+{
+	if (id >= DP_MAX_STREAMS)
+		return NULL;
+	if (p->st[id])
+		return p->st[id];
+	struct stream *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->id = id;
+	s->tx = dp_rel_tx_create(&d->o->rel);
+	s->rx = dp_rel_rx_create(&d->o->rel, &rx_ops, d);
+	if (!s->tx || !s->rx) {
+		dp_rel_tx_destroy(s->tx);
+		dp_rel_rx_destroy(s->rx);
+		free(s);
+		return NULL;
+	}
+	p->st[id] = s;
+	return s;
+}
+
+/* ------------------------------------------------------------ transmit */
+
+static struct rte_mbuf *ctl_frame(struct dp *d, struct peer *p, uint8_t type, uint16_t stream,
+				  uint16_t flags, const void *body, uint16_t len)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.hdr_pool);
+	if (!m)
+		return NULL;
+	uint8_t *buf = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)(DP_FRAME_HLEN + len));
+	if (!buf) {
+		rte_pktmbuf_free(m);
+		return NULL;
+	}
+	struct dp_wire_hdr h = {.type = type, .flags = flags, .src_node = d->o->node,
+				.dst_node = p->node, .stream = stream,
+				.src_epoch = p->local_epoch, .dst_epoch = p->remote_epoch,
+				.tsval = now_ns(d)};
+	dp_wire_build_ctl(buf, &d->self, &p->addr, &h, body, len);
+	return m;
+}
+
+static void tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
+{
+	if (!m)
+		return;
+	if (rte_eth_tx_burst(d->port.port, 0, &m, 1) != 1) {
+		rte_pktmbuf_free(m);
+		drop(d, p, DP_DROP_TXFULL);
+		return;
+	}
+	cnt_add(&p->stats->tx_frames, 1);
+}
+
+static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
+{
+	/* body: our MAC is in the Ethernet header; the body names the base epoch */
+	uint64_t body[2] = {d->base_epoch, 0};
+	tx_ctl(d, p, ctl_frame(d, p, DP_MT_HELLO, 0, flags, body, sizeof(body)));
+}
+
+static uint32_t credit_of(struct dp *d, struct stream *s)
+{
+	/* Messages this stream may still start: free buffers of the scarcer
+	 * pool plus buffers its partial messages already hold. */
+	uint32_t a = shm_pool_available(d->p_small), b = shm_pool_available(d->p_large);
+	return (a < b ? a : b) + s->partial;
+}
+
+static void send_ack(struct dp *d, struct peer *p, struct stream *s)
+{
+	struct dp_wire_ack ack;
+	dp_rel_rx_make_ack(s->rx, credit_of(d, s), &ack);
+	tx_ctl(d, p, ctl_frame(d, p, DP_MT_ACK, s->id, 0, &ack, sizeof(ack)));
+}
+
+static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *s,
+				   const struct dp_rel_frame *f, uint64_t now)
+{
+	const uint8_t *payload = shm_ptr(d->reg, f->payload_off);
+	struct dp_wire_hdr h = {.type = f->type, .flags = DP_WF_PCSUM | (f->retx ? DP_WF_RETX : 0),
+				.src_node = d->o->node, .dst_node = p->node, .stream = s->id,
+				.payload_len = f->payload_len, .src_epoch = p->local_epoch,
+				.dst_epoch = p->remote_epoch, .msg_id = f->msg_id, .seq = f->seq,
+				.msg_len = f->msg_len, .frag_off = f->frag_off,
+				.frag_idx = f->frag_idx, .frag_count = f->frag_count, .tsval = now};
+	h.payload_csum = dp_crc32c(0, payload, f->payload_len);
+	if (!d->port.multiseg) {
+		struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.rx_pool);
+		if (!m)
+			return NULL;
+		uint8_t *buf = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)(DP_FRAME_HLEN + f->payload_len));
+		if (!buf) {
+			rte_pktmbuf_free(m);
+			return NULL;
+		}
+		dp_wire_build(buf, &d->self, &p->addr, &h);
+		memcpy(buf + DP_FRAME_HLEN, payload, f->payload_len);
+		return m;
+	}
+	struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.hdr_pool);
+	if (!m)
+		return NULL;
+	uint8_t *buf = (uint8_t *)rte_pktmbuf_append(m, DP_FRAME_HLEN);
+	dp_wire_build(buf, &d->self, &p->addr, &h);
+	if (f->payload_len) {
+		struct rte_mbuf *pm = rte_pktmbuf_alloc(d->port.ext_pool);
+		if (!pm) {
+			rte_pktmbuf_free(m);
+			return NULL;
+		}
+		/* Zero copy: the mbuf points at the region; the sender keeps the
+		 * bytes until the completion says they were acknowledged. */
+		rte_mbuf_ext_refcnt_update(&d->port.shinfo, 1);
+		rte_pktmbuf_attach_extbuf(pm, (void *)(uintptr_t)payload,
+					  dp_port_iova(&d->port, payload), f->payload_len,
+					  &d->port.shinfo);
+		pm->data_len = f->payload_len;
+		pm->pkt_len = f->payload_len;
+		rte_pktmbuf_chain(m, pm);
+	}
+	return m;
+}
+
+/* Send what a stream's window allows. @return frames sent. */
+static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64_t now)
+{
+	struct dp_rel_frame f[BURST];
+	struct rte_mbuf *m[BURST];
+	unsigned n = dp_rel_tx_burst(s->tx, now, f, BURST), k = 0;
+	if (!n)
+		return 0;
+	for (; k < n; k++) {
+		m[k] = data_frame(d, p, s, &f[k], now);
+		if (!m[k])
+			break;
+	}
+	unsigned sent = rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
+	uint64_t bytes = 0;
+	for (unsigned i = 0; i < sent; i++)
+		bytes += f[i].payload_len;
+	for (unsigned i = sent; i < k; i++)
+		rte_pktmbuf_free(m[i]);
+	if (sent < n)
+		dp_rel_tx_unsent(s->tx, f + sent, n - sent);
+	cnt_add(&p->stats->tx_frames, sent);
+	cnt_add(&p->stats->tx_bytes, bytes);
+	return sent;
+}
+
+/* A session with @p p ended: fail what was in flight, release partial input. */
+static uint64_t end_session(struct dp *d, struct peer *p, int status)
+{
+	d->cur_peer = p;
+	d->failed_now = 0;
+	for (unsigned i = 0; i < DP_MAX_STREAMS; i++) {
+		struct stream *s = p->st[i];
+		if (!s)
+			continue;
+		d->cur_stream = s;
+		dp_rel_tx_fail_all(s->tx, status, tx_done, d);
+		dp_rel_rx_reset(s->rx);
+	}
+	return d->failed_now;
+}
+
+static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
+{
+	struct shm_desc e = {.off = 0, .len = (uint32_t)failed, .type = type,
+			     .seq = p->remote_epoch, .aux = DP_AUX(p->node, 0)};
+	shm_ring_enqueue_burst(d->r_ev, &e, 1); /* events are advisory when nobody reads */
+	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted" : "unreachable";
+	fprintf(stderr, "dataplane %u: peer %u %s (epoch %llu), %llu in-flight messages reported failed\n",
+		d->o->node, p->node, what, (unsigned long long)p->remote_epoch,
+		(unsigned long long)failed);
+}
+
+/* ------------------------------------------------------------ receive */
+
+/* Epoch checks. @return 0 to go on, else the drop reason. */
+static int check_epoch(struct dp *d, struct peer *p, const struct dp_wire_hdr *h)
+{
+	if (h->src_epoch < p->remote_epoch)
+		return DP_DROP_STALE_EPOCH;
+	if (h->src_epoch > p->remote_epoch) {
+		int first = p->remote_epoch == 0;
+		uint64_t failed = first ? 0 : end_session(d, p, -ECONNRESET);
+		if (first) {
+			/* Nothing of ours reached it yet (it had no epoch for us);
+			 * streams start fresh. */
+			for (unsigned i = 0; i < DP_MAX_STREAMS; i++)
+				if (p->st[i]) {
+					d->cur_stream = p->st[i];
+					dp_rel_rx_reset(p->st[i]->rx);
+				}
+		}
+		p->remote_epoch = h->src_epoch;
+		cnt_add(&p->stats->restarts, first ? 0 : 1);
+		__atomic_store_n(&p->stats->epoch, h->src_epoch, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->up, 1, __ATOMIC_RELAXED);
+		event(d, p, first ? DP_EV_PEER_UP : DP_EV_PEER_RESTART, failed);
+	}
+	if (h->type != DP_MT_HELLO && h->dst_epoch != p->local_epoch) {
+		/* It still talks to our predecessor (or to us before a reset):
+		 * tell it who we are, at most once per ms. */
+		uint64_t now = now_ns(d);
+		if (now - p->last_stale_hello > 1000000) {
+			p->last_stale_hello = now;
+			send_hello(d, p, 0);
+		}
+		return DP_DROP_STALE_EPOCH;
+	}
+	return 0;
+}
+
+static void copy_payload(uint8_t *dst, const struct rte_mbuf *m, uint32_t off, uint32_t len,
+			 uint32_t *crc)
+{
+	uint32_t c = 0;
+	while (m && off >= m->data_len) {
+		off -= m->data_len;
+		m = m->next;
+	}
+	while (m && len) {
+		uint32_t n = m->data_len - off;
+		if (n > len)
+			n = len;
+		memcpy(dst, rte_pktmbuf_mtod_offset(m, const uint8_t *, off), n);
+		c = dp_crc32c(c, dst, n); /* on the copy, while it is in cache */
+		dst += n;
+		len -= n;
+		off = 0;
+		m = m->next;
+	}
+	*crc = len ? ~c : c;
+}
+
+static void handle_frame(struct dp *d, struct rte_mbuf *m)
+{
+	uint8_t tmp[DP_FRAME_HLEN + 256];
+	const uint8_t *f = rte_pktmbuf_mtod(m, const uint8_t *);
+	size_t hl = m->data_len;
+	if (hl < sizeof(tmp) && m->pkt_len > hl) {
+		size_t want = m->pkt_len < sizeof(tmp) ? m->pkt_len : sizeof(tmp);
+		f = rte_pktmbuf_read(m, 0, (uint32_t)want, tmp);
+		hl = want;
+	}
+	struct dp_wire_view v;
+	int r = dp_wire_parse(f, m->pkt_len, hl, d->self.port, &v);
+	if (r) {
+		drop(d, NULL, (unsigned)r);
+		return;
+	}
+	if (v.h.dst_node != d->o->node) {
+		drop(d, NULL, DP_DROP_NOT_FOR_US);
+		return;
+	}
+	struct peer *p = v.h.src_node < DP_MAX_PEERS ? &d->peers[v.h.src_node] : NULL;
+	if (!p || !p->configured) {
+		drop(d, NULL, DP_DROP_UNKNOWN_PEER);
+		return;
+	}
+	cnt_add(&p->stats->rx_frames, 1);
+	cnt_add(&p->stats->rx_bytes, v.h.payload_len);
+	memcpy(p->addr.mac, v.src.mac, 6); /* learn (or follow) the peer's MAC */
+	d->cur_peer = p;
+	r = check_epoch(d, p, &v.h);
+	if (r) {
+		drop(d, p, (unsigned)r);
+		return;
+	}
+	if (v.h.type == DP_MT_HELLO) {
+		if (!(v.h.flags & DP_WF_REPLY))
+			send_hello(d, p, DP_WF_REPLY);
+		return;
+	}
+	struct stream *s = stream_get(d, p, v.h.stream);
+	if (!s) {
+		drop(d, p, DP_DROP_BAD_FIELD);
+		return;
+	}
+	d->cur_stream = s;
+	if (v.h.type == DP_MT_ACK) {
+		struct dp_wire_ack ack;
+		dp_wire_ack_read(f, &v, &ack);
+		dp_rel_tx_on_ack(s->tx, &ack, now_ns(d), tx_done, d);
+		return;
+	}
+	uint64_t dst;
+	r = dp_rel_rx_place(s->rx, &v.h, &dst);
+	if (r) {
+		drop(d, p, (unsigned)r);
+		if (r == DP_DROP_DUP)
+			dp_rel_rx_note(s->rx, v.h.tsval); /* its ACK may have been lost */
+		return;
+	}
+	uint32_t crc;
+	copy_payload(shm_ptr(d->reg, dst), m, v.payload_off, v.h.payload_len, &crc);
+	if (crc != v.h.payload_csum) {
+		drop(d, p, DP_DROP_PAYLOAD_CSUM);
+		return;
+	}
+	dp_rel_rx_commit(s->rx, &v.h);
+	dp_rel_rx_note(s->rx, v.h.tsval);
+}
+
+/* Test-only impairment on receive: loss, duplication, reordering, bit flips. */
+static void impaired(struct dp *d, struct rte_mbuf *m)
+{
+	const struct dp_impair *im = &d->o->impair;
+	if (urand(&d->rng) < im->loss) {
+		drop(d, NULL, DP_DROP_IMPAIR);
+		rte_pktmbuf_free(m);
+		return;
+	}
+	if (urand(&d->rng) < im->corrupt) {
+		uint32_t bit = (uint32_t)(rnd(&d->rng) % ((uint64_t)m->data_len * 8));
+		rte_pktmbuf_mtod(m, uint8_t *)[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+	}
+	if (urand(&d->rng) < im->reorder && d->n_hold < HOLD_MAX) {
+		d->hold[d->n_hold++] = m; /* handled after later frames */
+		return;
+	}
+	handle_frame(d, m);
+	if (urand(&d->rng) < im->dup)
+		handle_frame(d, m);
+	rte_pktmbuf_free(m);
+}
+
+static unsigned poll_rx(struct dp *d)
+{
+	struct rte_mbuf *m[BURST];
+	uint16_t n = rte_eth_rx_burst(d->port.port, 0, m, BURST);
+	int imp = d->o->impair.loss > 0 || d->o->impair.dup > 0 || d->o->impair.reorder > 0 ||
+		  d->o->impair.corrupt > 0;
+	for (uint16_t i = 0; i < n; i++) {
+		if (i + 1 < n)
+			rte_prefetch0(rte_pktmbuf_mtod(m[i + 1], void *));
+		if (imp) {
+			impaired(d, m[i]);
+		} else {
+			handle_frame(d, m[i]);
+			rte_pktmbuf_free(m[i]);
+		}
+	}
+	if (imp && d->n_hold && (n == 0 || d->n_hold == HOLD_MAX)) {
+		for (unsigned i = 0; i < d->n_hold; i++) {
+			handle_frame(d, d->hold[i]);
+			rte_pktmbuf_free(d->hold[i]);
+		}
+		d->n_hold = 0;
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static void fail_request(struct dp *d, const struct shm_desc *q, int err)
+{
+	struct shm_desc c = *q;
+	c.flags = (uint16_t)(DP_TXC_FAILED | (uint16_t)err);
+	shm_ring_enqueue_burst(d->r_txc, &c, 1);
+}
+
+static unsigned poll_requests(struct dp *d)
+{
+	unsigned taken = 0;
+	for (;;) {
+		struct shm_desc q;
+		if (d->have_held) {
+			q = d->held;
+		} else if (shm_ring_dequeue_burst(d->r_tx, &q, 1) != 1) {
+			break;
+		}
+		uint16_t pid = DP_AUX_PEER(q.aux);
+		struct peer *p = pid < DP_MAX_PEERS ? &d->peers[pid] : NULL;
+		struct stream *s = p && p->configured ? stream_get(d, p, DP_AUX_STREAM(q.aux)) : NULL;
+		if (!s || q.off + q.len > shm_region_size(d->reg) ||
+		    (q.type != DP_MT_MBATCH && q.type != DP_MT_KVPAGE && q.type != DP_MT_CONTROL) ||
+		    q.len > shm_pool_bufsize(d->p_large)) {
+			d->have_held = 0;
+			fail_request(d, &q, EINVAL);
+			taken++;
+			continue;
+		}
+		if (dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq) == -ENOSPC) {
+			/* Head-of-line: keep it until this stream's window frees a slot. */
+			d->held = q;
+			d->have_held = 1;
+			break;
+		}
+		d->have_held = 0;
+		taken++;
+	}
+	return taken;
+}
+
+/* ------------------------------------------------------------ loop */
+
+static unsigned poll_once(struct dp *d, uint64_t now)
+{
+	unsigned work = poll_rx(d);
+	work += poll_requests(d);
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
+		struct peer *p = &d->peers[i];
+		if (!p->configured)
+			continue;
+		d->cur_peer = p;
+		for (unsigned j = 0; j < DP_MAX_STREAMS; j++) {
+			struct stream *s = p->st[j];
+			if (!s)
+				continue;
+			d->cur_stream = s;
+			if (dp_rel_rx_ack_pending(s->rx)) {
+				send_ack(d, p, s);
+				work++;
+			}
+			if (p->remote_epoch)
+				work += stream_tx(d, p, s, now);
+		}
+	}
+	return work;
+}
+
+static void timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
+{
+	int winupd = now >= *next_winupd;
+	if (winupd)
+		*next_winupd = now + WINUPD_NS;
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
+		struct peer *p = &d->peers[i];
+		if (!p->configured)
+			continue;
+		d->cur_peer = p;
+		if (now >= p->next_hello) {
+			send_hello(d, p, 0);
+			p->next_hello = now + (p->remote_epoch ? HELLO_UP_NS : HELLO_DOWN_NS);
+		}
+		uint64_t rtt = 0;
+		struct dp_rel_tx_stats agg = {0};
+		for (unsigned j = 0; j < DP_MAX_STREAMS; j++) {
+			struct stream *s = p->st[j];
+			if (!s)
+				continue;
+			d->cur_stream = s;
+			if (winupd && dp_rel_rx_next_msg(s->rx) > 1)
+				send_ack(d, p, s);
+			struct dp_rel_tx_stats st;
+			dp_rel_tx_get_stats(s->tx, &st);
+			agg.retransmits += st.retransmits;
+			agg.timeouts += st.timeouts;
+			if (st.srtt_ns > rtt)
+				rtt = st.srtt_ns;
+			if (dp_rel_tx_timer(s->tx, now) == -ETIMEDOUT) {
+				uint64_t failed = end_session(d, p, -ETIMEDOUT);
+				p->local_epoch++; /* the peer sees a new session from us */
+				event(d, p, DP_EV_PEER_DEAD, failed);
+				break;
+			}
+		}
+		__atomic_store_n(&p->stats->retransmits, agg.retransmits, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->timeouts, agg.timeouts, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->rtt_ns, rtt, __ATOMIC_RELAXED);
+	}
+	if (d->live_slot >= 0)
+		shm_live_beat(d->reg, d->live_slot);
+}
+
+static struct shm_ring *ring_get(struct shm_region *r, const char *name, unsigned count,
+				 unsigned flags)
+{
+	struct shm_ring *q = shm_ring_create(r, name, count, sizeof(struct shm_desc), flags);
+	if (!q && errno == EEXIST)
+		q = shm_ring_lookup(r, name);
+	if (!q)
+		fprintf(stderr, "shm_ring_create(%s, %u) failed: %s: make the region larger "
+			"(--region-size)\n", name, count, strerror(errno));
+	return q;
+}
+
+static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz)
+{
+	struct shm_pool *p = shm_pool_create(r, name, n, sz);
+	if (!p && errno == EEXIST)
+		p = shm_pool_lookup(r, name);
+	if (!p)
+		fprintf(stderr, "shm_pool_create(%s, %u x %zu) failed: %s: make the region larger "
+			"(--region-size) or the pools smaller\n", name, n, sz, strerror(errno));
+	return p;
+}
+
+static unsigned pow2_at_least(unsigned x)
+{
+	unsigned p = 1;
+	while (p < x)
+		p <<= 1;
+	return p;
+}
+
+static int setup_shm(struct dp *d)
+{
+	const struct dp_opts *o = d->o;
+	char err[256] = "";
+	if (o->region_size) {
+		struct shm_region_opts ro;
+		shm_region_opts_init(&ro);
+		ro.name = o->region;
+		ro.size = o->region_size;
+		d->reg = shm_region_create(&ro, err, sizeof(err));
+	} else {
+		d->reg = shm_region_attach(o->region, err, sizeof(err));
+	}
+	if (!d->reg) {
+		fprintf(stderr, "dataplane: region '%s': %s\n", o->region, err);
+		return -errno;
+	}
+	unsigned bufs = o->rx_small_n + o->rx_large_n;
+	unsigned req = DP_MAX_STREAMS * o->rel.max_msgs;
+	d->r_tx = ring_get(d->reg, DP_RING_TX, 1024, SHM_RING_MP);
+	d->r_txc = ring_get(d->reg, DP_RING_TXC, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx = ring_get(d->reg, DP_RING_RX, pow2_at_least(2 * bufs), 0);
+	d->r_ev = ring_get(d->reg, DP_RING_EV, 256, 0);
+	d->p_small = pool_get(d->reg, DP_POOL_RX_SMALL, o->rx_small_n, o->rx_small_size);
+	d->p_large = pool_get(d->reg, DP_POOL_RX_LARGE, o->rx_large_n, o->rx_large_size);
+	if (!d->r_tx || !d->r_txc || !d->r_rx || !d->r_ev || !d->p_small || !d->p_large)
+		return -ENOSPC;
+	uint64_t off;
+	int r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64,
+				    SHM_AREA_RAW, &off);
+	if (r && r != -EEXIST) {
+		fprintf(stderr, "shm_region_add_area(%s) failed: %s\n", DP_AREA_STATS, strerror(-r));
+		return r;
+	}
+	d->stats = shm_ptr(d->reg, off);
+	memset(d->stats, 0, sizeof(*d->stats));
+	d->stats->magic = DP_STATS_MAGIC;
+	d->stats->version = DP_STATS_VERSION;
+	d->stats->self_node = o->node;
+	d->live_slot = shm_live_register(d->reg, "dataplane");
+	return 0;
+}
+
+int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
+{
+	if (o->node >= DP_MAX_PEERS || !o->port || !o->region || o->frame_size < DP_FRAME_HLEN + 64 ||
+	    o->frame_size > DP_FRAME_MAX) {
+		fprintf(stderr, "dataplane: bad options: need --node-id < %u, --port, --region, "
+			"--frame-size in [%u, %u]\n", DP_MAX_PEERS, DP_FRAME_HLEN + 64, DP_FRAME_MAX);
+		return -EINVAL;
+	}
+	struct dp_opts eff = *o;
+	eff.rel.frame_payload = o->frame_size - DP_FRAME_HLEN;
+	if (dp_rel_opts_check(&eff.rel)) {
+		fprintf(stderr, "dataplane: bad reliability options (window, max-msgs)\n");
+		return -EINVAL;
+	}
+	struct dp *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->o = &eff;
+	d->live_slot = -1;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	/* Wall-clock ns: a restarted process always has a larger epoch. */
+	d->base_epoch = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	d->rng = eff.impair.seed ? eff.impair.seed : 1;
+
+	int r = setup_shm(d);
+	if (r)
+		goto out;
+	r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args,
+			 eff.frame_size, eff.n_mbufs, eff.tx_copy);
+	if (r)
+		goto out;
+	r = dp_port_register_region(&d->port, shm_region_base(d->reg), shm_region_size(d->reg),
+				    shm_region_page_size(d->reg));
+	if (r)
+		goto out;
+	d->tsc_hz = rte_get_tsc_hz();
+	d->self = eff.self;
+	memcpy(d->self.mac, d->port.mac, 6);
+	d->stats->epoch = d->base_epoch;
+	for (unsigned i = 0; i < eff.n_peers; i++) {
+		const struct dp_peer_cfg *c = &eff.peers[i];
+		struct peer *p = &d->peers[c->node];
+		p->configured = 1;
+		p->node = c->node;
+		p->addr = c->addr;
+		p->local_epoch = d->base_epoch;
+		p->stats = &d->stats->peer[d->stats->n_peers++];
+		p->stats->node = c->node;
+	}
+	uint64_t pools = (uint64_t)eff.rx_small_n * eff.rx_small_size +
+			 (uint64_t)eff.rx_large_n * eff.rx_large_size;
+	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
+			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
+	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
+	fprintf(stderr,
+		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
+		"idle %s, epoch %llu\n"
+		"  memory: mbuf pools %.1f MiB (DPDK hugepages), region '%s' %.1f MiB (%s, reassembly "
+		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start\n",
+		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
+		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
+		d->port.multiseg ? "zero-copy (ext buffers)" : "copy", eff.idle ? "sleep" : "poll",
+		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0, eff.region,
+		shm_region_size(d->reg) / 1048576.0,
+		shm_region_is_huge(d->reg) ? "hugepages" : "NOT hugepages", pools / 1048576.0,
+		windows / 1048576.0);
+
+	uint64_t next_tick = 0, next_winupd = 0;
+	unsigned idle_spins = 0;
+	uint64_t sleep_ns = 1000;
+	while (!*stop) {
+		uint64_t now = now_ns(d);
+		unsigned work = poll_once(d, now);
+		if (now >= next_tick) {
+			timers(d, now, &next_winupd);
+			next_tick = now + TICK_NS;
+		}
+		if (eff.idle == DP_IDLE_SLEEP) {
+			if (work) {
+				idle_spins = 0;
+				sleep_ns = 1000;
+			} else if (++idle_spins > 64) {
+				/* Adaptive back-off: 1 µs doubling to 200 µs, reset on work. */
+				struct timespec t = {0, (long)sleep_ns};
+				nanosleep(&t, NULL);
+				if (sleep_ns < 200000)
+					sleep_ns *= 2;
+			}
+		}
+	}
+	fprintf(stderr, "dataplane %u: stopping\n", eff.node);
+	r = 0;
+out:
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++)
+		for (unsigned j = 0; j < DP_MAX_STREAMS; j++) {
+			struct stream *s = d->peers[i].st[j];
+			if (!s)
+				continue;
+			d->cur_stream = s;
+			dp_rel_tx_destroy(s->tx);
+			dp_rel_rx_destroy(s->rx);
+			free(s);
+		}
+	for (unsigned i = 0; i < d->n_hold; i++)
+		rte_pktmbuf_free(d->hold[i]);
+	dp_port_fini(&d->port);
+	if (d->live_slot >= 0)
+		shm_live_release(d->reg, d->live_slot);
+	shm_ring_close(d->r_tx);
+	shm_ring_close(d->r_txc);
+	shm_ring_close(d->r_rx);
+	shm_ring_close(d->r_ev);
+	shm_pool_close(d->p_small);
+	shm_pool_close(d->p_large);
+	shm_region_detach(d->reg);
+	free(d);
+	return r;
+}

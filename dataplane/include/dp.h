@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file dp.h
+ * The dataplane engine behind kvferry-dataplane: one port (a NIC bound to a
+ * DPDK driver or a vdev such as net_memif / net_af_packet — the same code
+ * path), a peer table, per-(peer, stream) reliability, and the shm rings of
+ * dp_ipc.h. One thread runs dp_run(); it owns the port and the rings' consumer
+ * ends.
+ */
+#ifndef DP_H
+#define DP_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp_reliab.h"
+#include "dp_wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How the poll loop waits when there is nothing to do. */
+enum dp_idle_mode {
+	DP_IDLE_POLL = 0,  /**< busy-poll a dedicated core (production) */
+	DP_IDLE_SLEEP = 1, /**< adaptive back-off sleep (1 µs doubling to 200 µs): shares cores */
+};
+
+/** Test-only receive impairment (probabilities 0..1). */
+struct dp_impair {
+	double loss, dup, reorder, corrupt;
+	uint64_t seed;
+};
+
+/** A configured peer. */
+struct dp_peer_cfg {
+	uint16_t node;
+	struct dp_wire_addr addr; /**< MAC all-ones: learned from the peer's frames */
+};
+
+/** Everything dp_run() needs; fill with dp_opts_init() then override. */
+struct dp_opts {
+	uint16_t node;              /**< our node id, < DP_MAX_PEERS */
+	const char *port;           /**< a --vdev spec ("net_memif0,role=server,...") or a PCI address */
+	const char *region;         /**< region name */
+	size_t region_size;         /**< > 0: create the region with this many bytes (replacing) */
+	struct dp_wire_addr self;   /**< our IP and UDP port (MAC comes from the port) */
+	uint32_t frame_size;        /**< largest frame on the wire, bytes (<= DP_FRAME_MAX) */
+	enum dp_idle_mode idle;
+	struct dp_impair impair;
+	uint32_t rx_small_n, rx_small_size; /**< reassembly pool for messages <= rx_small_size */
+	uint32_t rx_large_n, rx_large_size; /**< reassembly pool for larger messages (max message) */
+	uint32_t n_mbufs;           /**< mbufs per pool */
+	int tx_copy;                /**< 1: copy payload into mbufs instead of attaching it */
+	struct dp_rel_opts rel;
+	struct dp_peer_cfg peers[64];
+	unsigned n_peers;
+	const char *eal_args;       /**< extra EAL arguments, space-separated (may be NULL) */
+};
+
+/** Defaults: frame 9000, idle poll, rx pools 256 x 64 KiB and 32 x 4 MiB, 8192 mbufs. */
+void dp_opts_init(struct dp_opts *o);
+
+/**
+ * Parse "id=[mac,]a.b.c.d[,port]" into @p p.
+ * @return 0 or -EINVAL.
+ */
+int dp_peer_parse(const char *s, struct dp_peer_cfg *p);
+
+/**
+ * Parse "loss=0.05,dup=0.01,reorder=0.01,corrupt=0.01[,seed=N]".
+ * @return 0 or -EINVAL.
+ */
+int dp_impair_parse(const char *s, struct dp_impair *imp);
+
+/**
+ * Initialise the EAL and the port, create the rings and pools, then poll
+ * until *@p stop becomes non-zero. Prints its memory budget at start.
+ * @return 0 after a clean stop, or -errno with the reason printed to stderr.
+ */
+int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DP_H */

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file dp_ipc.h
+ * How other processes talk to kvferry-dataplane: named rings of shm_desc and
+ * buffer pools in the node's region, and the per-peer counters it publishes.
+ * This is a shared-memory ABI: names, descriptor conventions and the stats
+ * layout change only with DP_STATS_VERSION.
+ *
+ * Rings (all of struct shm_desc, created by the dataplane):
+ *  - DP_RING_TX  "dp.tx"  send requests, any number of producers:
+ *      off/len = payload in the region (must stay untouched until completion),
+ *      type = DP_MT_MBATCH | DP_MT_KVPAGE | DP_MT_CONTROL, seq = caller's cookie,
+ *      aux = DP_AUX(peer node, stream).
+ *  - DP_RING_TXC "dp.txc" send completions, one consumer: the request echoed,
+ *      flags = 0 (delivered and acknowledged) or DP_TXC_FAILED with the
+ *      positive errno in the low byte (ECONNRESET: peer restarted; ETIMEDOUT:
+ *      peer unreachable; EINVAL: bad request).
+ *  - DP_RING_RX  "dp.rx"  receive notifications, one consumer: off/len = the
+ *      whole message in a buffer of pool DP_POOL_RX_SMALL or DP_POOL_RX_LARGE
+ *      (dp_ipc_rx_pool_is_small() tells which); the consumer gives it back
+ *      with shm_pool_put() when done. seq = msg_id, type, aux = DP_AUX(peer, stream).
+ *  - DP_RING_EV  "dp.ev"  events for ctrld: type = enum dp_event,
+ *      aux = DP_AUX(peer, 0), seq = the peer's new epoch, len = messages failed.
+ *
+ * Threading: as for shm rings and pools; the stats block has one writer (the
+ * dataplane) and is read with relaxed loads (counters may be mutually skewed
+ * by one poll iteration).
+ */
+#ifndef DP_IPC_H
+#define DP_IPC_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp_wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DP_RING_TX "dp.tx"
+#define DP_RING_TXC "dp.txc"
+#define DP_RING_RX "dp.rx"
+#define DP_RING_EV "dp.ev"
+#define DP_POOL_RX_SMALL "dp.rxs"
+#define DP_POOL_RX_LARGE "dp.rxl"
+#define DP_AREA_STATS "dp.stats"
+
+#define DP_MAX_PEERS 64u   /**< node ids are 0..DP_MAX_PEERS-1 */
+#define DP_MAX_STREAMS 16u /**< stream ids per peer are 0..DP_MAX_STREAMS-1 */
+
+/** Pack a peer node id and a stream id into shm_desc.aux. */
+#define DP_AUX(peer, stream) (((uint64_t)(peer) << 16) | (uint64_t)(uint16_t)(stream))
+#define DP_AUX_PEER(aux) ((uint16_t)((aux) >> 16))
+#define DP_AUX_STREAM(aux) ((uint16_t)(aux))
+
+#define DP_TXC_FAILED 0x100u
+
+/** Events on DP_RING_EV. */
+enum dp_event {
+	DP_EV_PEER_UP = 1,      /**< first hello from a peer */
+	DP_EV_PEER_RESTART = 2, /**< the peer came back with a new epoch; len = messages failed */
+	DP_EV_PEER_DEAD = 3,    /**< retransmissions exhausted; len = messages failed */
+};
+
+#define DP_STATS_MAGIC 0x53545044u /* "DPTS" */
+#define DP_STATS_VERSION 1u
+
+/** Counters for one peer (all monotonic except rtt_ns, epoch, up). */
+struct dp_peer_stats {
+	uint64_t tx_frames;
+	uint64_t tx_bytes;
+	uint64_t rx_frames;
+	uint64_t rx_bytes;
+	uint64_t retransmits;
+	uint64_t timeouts;
+	uint64_t msgs_sent;      /**< acknowledged */
+	uint64_t msgs_failed;    /**< reported failed to the sender */
+	uint64_t msgs_received;  /**< delivered to the consumer */
+	uint64_t restarts;       /**< epoch changes seen */
+	uint64_t rtt_ns;         /**< smoothed RTT of the busiest stream */
+	uint64_t epoch;          /**< the peer's current epoch */
+	uint64_t drops[DP_DROP_MAX_];
+	uint32_t node;
+	uint32_t up;             /**< 1 once a hello arrived */
+};
+
+/** The DP_AREA_STATS area. */
+struct dp_stats_shm {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t n_peers;        /**< entries in use */
+	uint32_t self_node;
+	uint64_t epoch;          /**< this dataplane's base epoch */
+	uint64_t hugepage_bytes; /**< DPDK + region memory this dataplane sized at start */
+	uint64_t drops_unknown[DP_DROP_MAX_]; /**< drops not attributable to a peer */
+	struct dp_peer_stats peer[DP_MAX_PEERS];
+};
+static_assert(offsetof(struct dp_stats_shm, epoch) == 16, "epoch at 16");
+static_assert(offsetof(struct dp_stats_shm, drops_unknown) == 32, "drops_unknown at 32");
+static_assert(offsetof(struct dp_stats_shm, peer) == 32 + 8 * DP_DROP_MAX_, "peer table");
+static_assert(sizeof(struct dp_peer_stats) == 8 * (12 + DP_DROP_MAX_) + 8, "peer stats size");
+
+/**
+ * @return 1 if a received message of @p len bytes sits in DP_POOL_RX_SMALL,
+ *         given that pool's buffer size @p small_bufsize; 0 for DP_POOL_RX_LARGE.
+ */
+static inline int dp_ipc_rx_pool_is_small(uint32_t len, size_t small_bufsize)
+{
+	return len <= small_bufsize;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DP_IPC_H */

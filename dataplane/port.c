@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * EAL and port setup: one port, one RX and one TX queue, three mbuf pools
+ * (RX frames; small TX header mbufs; data-less mbufs that carry region
+ * payload as external buffers), and the region registered as external
+ * memory so a NIC can DMA payload straight from it.
+ *
+ * Invariant: every mbuf handed to the PMD is accounted for by these pools,
+ * which are sized at start; the ext-buffer refcount (16 bits) can never
+ * overflow because fewer than 65535 mbufs exist in the ext pool.
+ */
+/* rte_dev_dma_map() is still experimental in DPDK 22.11. */
+#define ALLOW_EXPERIMENTAL_API 1
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_bus.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_memory.h>
+
+#include "port.h"
+
+#define RX_DESC 1024
+#define TX_DESC 1024
+#define POOL_CACHE 256
+
+static void ext_free_noop(void *addr, void *opaque)
+{
+	/* Region memory outlives every mbuf: nothing to free. */
+	(void)addr;
+	(void)opaque;
+}
+
+int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
+		 const char *extra, uint32_t frame_size, uint32_t n_mbufs, int force_copy)
+{
+	char *argv[64];
+	int argc = 0;
+	char prefix[32], vdev[512], *extra_dup = NULL;
+	memset(p, 0, sizeof(*p));
+	snprintf(prefix, sizeof(prefix), "--file-prefix=kvfdp%u", node);
+	argv[argc++] = (char *)prog;
+	argv[argc++] = (char *)"--in-memory";
+	argv[argc++] = prefix;
+	argv[argc++] = (char *)"--log-level=lib.eal:warning";
+	int is_vdev = strncmp(spec, "net_", 4) == 0;
+	if (is_vdev) {
+		snprintf(vdev, sizeof(vdev), "--vdev=%s", spec);
+		argv[argc++] = (char *)"--no-pci";
+		argv[argc++] = vdev;
+	} else {
+		snprintf(vdev, sizeof(vdev), "--allow=%s", spec);
+		argv[argc++] = vdev;
+	}
+	if (extra && *extra) {
+		extra_dup = strdup(extra);
+		for (char *t = strtok(extra_dup, " "); t && argc < 62; t = strtok(NULL, " "))
+			argv[argc++] = t;
+	} else {
+		argv[argc++] = (char *)"-l";
+		argv[argc++] = (char *)"0";
+	}
+	argv[argc] = NULL;
+	if (rte_eal_init(argc, argv) < 0) {
+		fprintf(stderr, "rte_eal_init(%s) failed: %s: reserve hugepages (echo 512 > "
+			"/proc/sys/vm/nr_hugepages) and check the port spec\n", spec,
+			rte_strerror(rte_errno));
+		free(extra_dup);
+		return -ENODEV;
+	}
+	p->eal_up = 1;
+
+	uint16_t pid = RTE_MAX_ETHPORTS;
+	uint16_t i;
+	RTE_ETH_FOREACH_DEV(i) {
+		pid = i;
+		break;
+	}
+	if (pid == RTE_MAX_ETHPORTS) {
+		fprintf(stderr, "no DPDK port for '%s': bind the NIC to vfio-pci or give a vdev spec\n",
+			spec);
+		return -ENODEV;
+	}
+	p->port = pid;
+	struct rte_eth_dev_info info;
+	int r = rte_eth_dev_info_get(pid, &info);
+	if (r) {
+		fprintf(stderr, "rte_eth_dev_info_get(%u) failed: %s\n", pid, rte_strerror(-r));
+		return r;
+	}
+	p->multiseg = !force_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
+	int socket = rte_eth_dev_socket_id(pid);
+	if (socket < 0)
+		socket = 0;
+
+	/* RX mbufs hold a whole frame when the PMD cannot scatter (af_packet);
+	 * memif chains as needed. */
+	uint32_t room = frame_size + RTE_PKTMBUF_HEADROOM;
+	if (room > UINT16_MAX)
+		room = UINT16_MAX;
+	char name[32];
+	snprintf(name, sizeof(name), "dprx%u", node);
+	p->rx_pool = rte_pktmbuf_pool_create(name, n_mbufs, POOL_CACHE, 0, (uint16_t)room, socket);
+	snprintf(name, sizeof(name), "dphdr%u", node);
+	p->hdr_pool = rte_pktmbuf_pool_create(name, n_mbufs, POOL_CACHE, 0,
+					      RTE_PKTMBUF_HEADROOM + 256, socket);
+	snprintf(name, sizeof(name), "dpext%u", node);
+	p->ext_pool = rte_pktmbuf_pool_create(name, n_mbufs < 65000 ? n_mbufs : 65000, POOL_CACHE, 0,
+					      0, socket);
+	if (!p->rx_pool || !p->hdr_pool || !p->ext_pool) {
+		fprintf(stderr, "rte_pktmbuf_pool_create(%u mbufs of %u bytes) failed: %s: reserve "
+			"more hugepages or lower --mbufs\n", n_mbufs, room, rte_strerror(rte_errno));
+		return -ENOMEM;
+	}
+	p->mbuf_bytes = (uint64_t)n_mbufs * (room + 128) + (uint64_t)n_mbufs * (RTE_PKTMBUF_HEADROOM + 256 + 128) +
+			(uint64_t)n_mbufs * 128;
+
+	struct rte_eth_conf conf;
+	memset(&conf, 0, sizeof(conf));
+	if (p->multiseg)
+		conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER)
+		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
+	uint32_t mtu = frame_size - RTE_ETHER_HDR_LEN;
+	if (info.max_mtu && mtu > info.max_mtu)
+		mtu = info.max_mtu;
+	conf.rxmode.mtu = mtu;
+	r = rte_eth_dev_configure(pid, 1, 1, &conf);
+	if (r) {
+		/* Some vdevs refuse an MTU they cannot change; frames still pass. */
+		conf.rxmode.mtu = 0;
+		r = rte_eth_dev_configure(pid, 1, 1, &conf);
+	}
+	if (r) {
+		fprintf(stderr, "rte_eth_dev_configure(port %u) failed: %s\n", pid, rte_strerror(-r));
+		return r;
+	}
+	uint16_t nrx = RX_DESC, ntx = TX_DESC;
+	rte_eth_dev_adjust_nb_rx_tx_desc(pid, &nrx, &ntx);
+	r = rte_eth_rx_queue_setup(pid, 0, nrx, (unsigned)socket, NULL, p->rx_pool);
+	if (!r)
+		r = rte_eth_tx_queue_setup(pid, 0, ntx, (unsigned)socket, NULL);
+	if (r) {
+		fprintf(stderr, "rte_eth_{rx,tx}_queue_setup(port %u, %u/%u desc) failed: %s\n", pid,
+			nrx, ntx, rte_strerror(-r));
+		return r;
+	}
+	r = rte_eth_dev_start(pid);
+	if (r) {
+		fprintf(stderr, "rte_eth_dev_start(port %u) failed: %s\n", pid, rte_strerror(-r));
+		return r;
+	}
+	p->started = 1;
+	rte_eth_promiscuous_enable(pid); /* peers may address us before they learn our MAC */
+	struct rte_ether_addr mac;
+	rte_eth_macaddr_get(pid, &mac);
+	memcpy(p->mac, mac.addr_bytes, 6);
+	rte_mbuf_ext_refcnt_set(&p->shinfo, 1);
+	p->shinfo.free_cb = ext_free_noop;
+	p->shinfo.fcb_opaque = NULL;
+	free(extra_dup);
+	return 0;
+}
+
+int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t page)
+{
+	size_t n = len / page;
+	rte_iova_t *iova = calloc(n, sizeof(*iova));
+	if (!iova)
+		return -ENOMEM;
+	int va_mode = rte_eal_iova_mode() == RTE_IOVA_VA;
+	for (size_t i = 0; i < n; i++) {
+		void *va = (char *)base + i * page;
+		iova[i] = va_mode ? (rte_iova_t)(uintptr_t)va : rte_mem_virt2phy(va);
+	}
+	int r = rte_extmem_register(base, len, iova, (unsigned)n, page);
+	if (r && rte_errno != EEXIST) {
+		fprintf(stderr, "rte_extmem_register(%p, %zu, %zu pages of %zu) failed: %s\n", base,
+			len, n, page, rte_strerror(rte_errno));
+		free(iova);
+		return -rte_errno;
+	}
+	p->region_base = base;
+	p->region_len = len;
+	p->region_page = page;
+	p->region_iova = iova;
+	struct rte_eth_dev_info info;
+	if (rte_eth_dev_info_get(p->port, &info) == 0 && info.device) {
+		/* Only a real device behind an IOMMU needs the mapping; vdevs
+		 * answer ENOTSUP, which is fine: they copy by virtual address. */
+		for (size_t i = 0; i < n; i++) {
+			r = rte_dev_dma_map(info.device, (char *)base + i * page, iova[i], page);
+			if (r) {
+				if (rte_errno != ENOTSUP && rte_errno != ENODEV)
+					fprintf(stderr, "rte_dev_dma_map(page %zu) failed: %s (the NIC "
+						"will copy instead)\n", i, rte_strerror(rte_errno));
+				break;
+			}
+			p->dma_mapped = i + 1;
+		}
+	}
+	return 0;
+}
+
+void dp_port_fini(struct dp_port *p)
+{
+	if (p->started) {
+		rte_eth_dev_stop(p->port);
+		rte_eth_dev_close(p->port);
+	}
+	if (p->region_iova) {
+		struct rte_eth_dev_info info;
+		(void)info;
+		rte_extmem_unregister(p->region_base, p->region_len);
+		free(p->region_iova);
+	}
+	if (p->eal_up)
+		rte_eal_cleanup();
+	memset(p, 0, sizeof(*p));
+}

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private: EAL + port setup for dp.c (see port.c). */
+#ifndef DP_PORT_H
+#define DP_PORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <rte_mbuf.h>
+
+struct dp_port {
+	uint16_t port;
+	uint8_t mac[6];
+	int eal_up, started;
+	int multiseg;                 /* PMD takes header + ext-buffer chains */
+	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
+	struct rte_mempool *hdr_pool; /* TX headers */
+	struct rte_mempool *ext_pool; /* data-less mbufs for region payload */
+	struct rte_mbuf_ext_shared_info shinfo;
+	uint64_t mbuf_bytes;
+	void *region_base;
+	size_t region_len, region_page, dma_mapped;
+	rte_iova_t *region_iova;
+};
+
+/** EAL init (its own --file-prefix, --in-memory) and one started port. @return 0 or -errno. */
+int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
+		 const char *extra, uint32_t frame_size, uint32_t n_mbufs, int force_copy);
+
+/** Register the region as external memory (and DMA-map it for a real device). @return 0 or -errno. */
+int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t page);
+
+/** Stop the port, unregister memory, clean up the EAL. */
+void dp_port_fini(struct dp_port *p);
+
+/** IOVA of a region address. */
+static inline rte_iova_t dp_port_iova(const struct dp_port *p, const void *va)
+{
+	size_t off = (size_t)((const char *)va - (const char *)p->region_base);
+	return p->region_iova[off / p->region_page] + off % p->region_page;
+}
+
+#endif

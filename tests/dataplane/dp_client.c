@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Test and bench client of kvferry-dataplane that uses only the shm rings
+ * and pools of dp_ipc.h, as a worker or ctrld would.
+ *   send: message k (k = 0..count-1) goes to stream k % streams, its size and
+ *         bytes derived from (seed, k); completions must come back in order
+ *         per stream.
+ *   recv: expects exactly those messages, in order per stream, byte-identical.
+ * Prints one summary line; exits 0 on success, 1 on failure, 77 if the
+ * region is absent.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dp_ipc.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_sig(int s)
+{
+	(void)s;
+	g_stop = 1;
+}
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+struct cfg {
+	const char *region;
+	int send, recv, verify, until_stop;
+	unsigned peer, streams, inflight;
+	uint64_t count, seed;
+	uint32_t fixed; /* 0: skewed random sizes */
+	double timeout_s;
+};
+
+static uint32_t msg_size(const struct cfg *c, uint64_t k)
+{
+	if (c->fixed)
+		return c->fixed;
+	uint64_t r = mix(c->seed ^ (k * 0x100000001b3ull));
+	uint64_t u = r % 1000, v = r >> 20;
+	/* skewed to small: 90% up to 4 KiB, 9.7% up to 256 KiB, 0.3% up to 4 MiB */
+	if (u < 900)
+		return (uint32_t)(v % 4096) + 1;
+	if (u < 997)
+		return (uint32_t)(v % (256 * 1024)) + 1;
+	return (uint32_t)(v % (4 * 1024 * 1024)) + 1;
+}
+
+static void fill(const struct cfg *c, uint64_t k, uint8_t *p, uint32_t len)
+{
+	uint64_t x = mix(c->seed * 31 + k);
+	uint32_t i = 0;
+	for (; i + 8 <= len; i += 8) {
+		x = mix(x);
+		memcpy(p + i, &x, 8);
+	}
+	x = mix(x);
+	for (; i < len; i++)
+		p[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz)
+{
+	struct shm_pool *p = shm_pool_create(r, name, n, sz);
+	if (!p && errno == EEXIST)
+		p = shm_pool_lookup(r, name);
+	if (!p)
+		fprintf(stderr, "shm_pool_create(%s, %u x %zu) failed: %s\n", name, n, sz,
+			strerror(errno));
+	return p;
+}
+
+static void drain_events(struct shm_ring *ev, uint64_t *failed_reported, uint64_t *restarts,
+			 uint64_t ok)
+{
+	struct shm_desc e[8];
+	unsigned n;
+	while ((n = shm_ring_dequeue_burst(ev, e, 8)))
+		for (unsigned i = 0; i < n; i++) {
+			printf("event type %u peer %u epoch %llu failed %u ok_so_far %llu\n", e[i].type,
+			       DP_AUX_PEER(e[i].aux), (unsigned long long)e[i].seq, e[i].len,
+			       (unsigned long long)ok);
+			fflush(stdout);
+			if (e[i].type == DP_EV_PEER_RESTART || e[i].type == DP_EV_PEER_DEAD) {
+				*failed_reported += e[i].len;
+				(*restarts)++;
+			}
+		}
+}
+
+static struct shm_ring *ring_wait(struct shm_region *r, const char *name)
+{
+	/* The dataplane creates its rings after the region: wait up to 20 s. */
+	for (int i = 0; i < 200; i++) {
+		struct shm_ring *q = shm_ring_lookup(r, name);
+		if (q)
+			return q;
+		usleep(100000);
+	}
+	return NULL;
+}
+
+static int do_send(const struct cfg *c, struct shm_region *r)
+{
+	struct shm_ring *tx = ring_wait(r, DP_RING_TX), *txc = ring_wait(r, DP_RING_TXC);
+	struct shm_ring *ev = ring_wait(r, DP_RING_EV);
+	struct shm_pool *ps = pool_get(r, "cli.s", 256, 64 * 1024);
+	struct shm_pool *pl = pool_get(r, "cli.l", 24, 4 * 1024 * 1024);
+	if (!tx || !txc || !ev || !ps || !pl) {
+		fprintf(stderr, "send: rings/pools missing in region %s\n", c->region);
+		return 1;
+	}
+	uint64_t *next_done = calloc(c->streams, sizeof(uint64_t));
+	for (unsigned s = 0; s < c->streams; s++)
+		next_done[s] = s;
+	uint64_t k = 0, ok = 0, failed = 0, bytes = 0, out = 0, failed_rep = 0, restarts = 0;
+	int bad = 0;
+	double t0 = now_s(), last_progress = t0;
+	while (!g_stop) {
+		int work = 0;
+		while ((c->until_stop || k < c->count) && out < c->inflight) {
+			uint32_t len = msg_size(c, k);
+			struct shm_pool *p = len <= 64 * 1024 ? ps : pl;
+			uint32_t idx;
+			if (shm_pool_get(p, &idx))
+				break;
+			uint8_t *buf = shm_pool_buf(p, idx);
+			if (c->verify)
+				fill(c, k, buf, len);
+			struct shm_desc d = {.off = shm_pool_buf_off(p, idx), .len = len,
+					     .type = len > 64 * 1024 ? 2 : 1, .seq = k,
+					     .aux = DP_AUX(c->peer, k % c->streams)};
+			if (shm_ring_enqueue_burst(tx, &d, 1) != 1) {
+				shm_pool_put(p, idx);
+				break;
+			}
+			k++;
+			out++;
+			work = 1;
+		}
+		struct shm_desc d[32];
+		unsigned n = shm_ring_dequeue_burst(txc, d, 32);
+		for (unsigned i = 0; i < n; i++) {
+			struct shm_pool *p = d[i].len <= 64 * 1024 ? ps : pl;
+			shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d[i].off));
+			unsigned s = DP_AUX_STREAM(d[i].aux);
+			if (d[i].flags & DP_TXC_FAILED) {
+				failed++;
+			} else {
+				ok++;
+				bytes += d[i].len;
+			}
+			/* completions (ok or failed) come back in submission order per stream */
+			if (s >= c->streams || d[i].seq != next_done[s]) {
+				fprintf(stderr, "send: completion of message %llu on stream %u, expected %llu\n",
+					(unsigned long long)d[i].seq, s, (unsigned long long)next_done[s]);
+				bad = 1;
+			} else {
+				next_done[s] += c->streams;
+			}
+			out--;
+			work = 1;
+		}
+		drain_events(ev, &failed_rep, &restarts, ok);
+		double t = now_s();
+		if (work)
+			last_progress = t;
+		if (!c->until_stop && k == c->count && out == 0)
+			break;
+		if (t - last_progress > c->timeout_s) {
+			fprintf(stderr, "send: no progress for %.0f s (sent %llu, outstanding %llu)\n",
+				c->timeout_s, (unsigned long long)k, (unsigned long long)out);
+			bad = 1;
+			break;
+		}
+		if (!work)
+			usleep(20);
+	}
+	double dt = now_s() - t0;
+	drain_events(ev, &failed_rep, &restarts, ok);
+	printf("send: %llu ok, %llu failed (events reported %llu failed, %llu restarts), %llu bytes, "
+	       "%.3f s, %.3f GB/s, %.0f msg/s\n",
+	       (unsigned long long)ok, (unsigned long long)failed, (unsigned long long)failed_rep,
+	       (unsigned long long)restarts, (unsigned long long)bytes, dt, bytes / dt / 1e9, ok / dt);
+	if (!c->until_stop && failed)
+		bad = 1;
+	if (c->until_stop && failed != failed_rep) {
+		fprintf(stderr, "send: %llu completions failed but events reported %llu\n",
+			(unsigned long long)failed, (unsigned long long)failed_rep);
+		bad = 1;
+	}
+	free(next_done);
+	return bad;
+}
+
+static int do_recv(const struct cfg *c, struct shm_region *r)
+{
+	struct shm_ring *rx = ring_wait(r, DP_RING_RX);
+	usleep(100000); /* pools follow the rings */
+	struct shm_pool *ps = shm_pool_lookup(r, DP_POOL_RX_SMALL);
+	struct shm_pool *pl = shm_pool_lookup(r, DP_POOL_RX_LARGE);
+	if (!rx || !ps || !pl) {
+		fprintf(stderr, "recv: rings/pools missing in region %s\n", c->region);
+		return 1;
+	}
+	uint64_t *next = calloc(c->streams, sizeof(uint64_t));
+	for (unsigned s = 0; s < c->streams; s++)
+		next[s] = s;
+	uint8_t *scratch = malloc(4 * 1024 * 1024);
+	uint64_t got = 0, bytes = 0;
+	int bad = 0;
+	double t0 = 0, last = now_s();
+	while (!g_stop && (c->until_stop || got < c->count)) {
+		struct shm_desc d[32];
+		unsigned n = shm_ring_dequeue_burst(rx, d, 32);
+		for (unsigned i = 0; i < n; i++) {
+			if (!t0)
+				t0 = now_s();
+			unsigned s = DP_AUX_STREAM(d[i].aux);
+			uint8_t *p = shm_ptr(r, d[i].off);
+			if (c->verify && !c->until_stop) {
+				uint64_t k = s < c->streams ? next[s] : UINT64_MAX;
+				uint32_t want = k < c->count ? msg_size(c, k) : 0;
+				if (DP_AUX_PEER(d[i].aux) != c->peer || k >= c->count || d[i].len != want) {
+					fprintf(stderr, "recv: stream %u: got %u bytes, expected message %llu "
+						"of %u bytes\n", s, d[i].len, (unsigned long long)k, want);
+					bad = 1;
+				} else {
+					fill(c, k, scratch, want);
+					if (memcmp(scratch, p, want)) {
+						fprintf(stderr, "recv: message %llu differs\n",
+							(unsigned long long)k);
+						bad = 1;
+					}
+					next[s] += c->streams;
+				}
+			}
+			struct shm_pool *pool = dp_ipc_rx_pool_is_small(d[i].len, shm_pool_bufsize(ps)) ? ps : pl;
+			shm_pool_put(pool, (uint32_t)shm_pool_idx_of(pool, d[i].off));
+			got++;
+			bytes += d[i].len;
+		}
+		if (n) {
+			last = now_s();
+		} else {
+			if (now_s() - last > c->timeout_s) {
+				fprintf(stderr, "recv: nothing for %.0f s after %llu messages\n",
+					c->timeout_s, (unsigned long long)got);
+				bad = 1;
+				break;
+			}
+			shm_ring_wait(rx, 1000000);
+		}
+		if (bad && !c->until_stop)
+			break;
+	}
+	double dt = now_s() - t0;
+	printf("recv: %llu messages, %llu bytes, %.3f s, %.3f GB/s, %.0f msg/s%s\n",
+	       (unsigned long long)got, (unsigned long long)bytes, dt, bytes / dt / 1e9, got / dt,
+	       c->verify ? ", verified in order and byte-identical" : "");
+	free(scratch);
+	free(next);
+	return bad || (!c->until_stop && got != c->count);
+}
+
+int main(int argc, char **argv)
+{
+	struct cfg c = {.streams = 1, .count = 1000, .seed = 1, .verify = 1, .inflight = 64,
+			.timeout_s = 30};
+	static const struct option lo[] = {
+		{"region", 1, 0, 'r'}, {"send", 0, 0, 'S'}, {"recv", 0, 0, 'R'}, {"peer", 1, 0, 'p'},
+		{"streams", 1, 0, 's'}, {"count", 1, 0, 'n'}, {"seed", 1, 0, 'x'},
+		{"fixed", 1, 0, 'f'}, {"no-verify", 0, 0, 'V'}, {"inflight", 1, 0, 'i'},
+		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
+	int o;
+	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (o) {
+		case 'r': c.region = optarg; break;
+		case 'S': c.send = 1; break;
+		case 'R': c.recv = 1; break;
+		case 'p': c.peer = (unsigned)atoi(optarg); break;
+		case 's': c.streams = (unsigned)atoi(optarg); break;
+		case 'n': c.count = strtoull(optarg, NULL, 0); break;
+		case 'x': c.seed = strtoull(optarg, NULL, 0); break;
+		case 'f': c.fixed = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case 'V': c.verify = 0; break;
+		case 'i': c.inflight = (unsigned)atoi(optarg); break;
+		case 'U': c.until_stop = 1; break;
+		case 't': c.timeout_s = atof(optarg); break;
+		default: return 2;
+		}
+	}
+	if (!c.region || c.send == c.recv || !c.streams || c.streams > DP_MAX_STREAMS) {
+		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
+			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
+			"[--until-stop] [--timeout S]\n");
+		return 2;
+	}
+	signal(SIGTERM, on_sig);
+	signal(SIGINT, on_sig);
+	char err[256];
+	struct shm_region *r = NULL;
+	for (int i = 0; i < 100 && !r; i++) { /* the dataplane may still be creating it */
+		r = shm_region_attach(c.region, err, sizeof(err));
+		if (!r)
+			usleep(100000);
+	}
+	if (!r) {
+		fprintf(stderr, "dp_client: %s\n", err);
+		return 77;
+	}
+	int rc = c.send ? do_send(&c, r) : do_recv(&c, r);
+	shm_region_detach(r);
+	return rc;
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Two kvferry-dataplane processes and two dp_client processes.
+#   dp_integration.sh memif|memif-impair|restart|afpacket DATAPLANE CLIENT
+# Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
+# exits 77 when it cannot.
+set -u
+mode=$1 dp=$2 cli=$3
+N=${DP_IT_COUNT:-100000}
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root (hugepages, network namespaces)"
+need=640
+hp() { awk "/$1/{print \$2}" /proc/meminfo; }
+if [ "$(hp HugePages_Free)" -lt $need ]; then
+  echo $(( $(hp HugePages_Total) + need - $(hp HugePages_Free) )) > /proc/sys/vm/nr_hugepages 2>/dev/null
+fi
+[ "$(hp HugePages_Free)" -ge $need ] || skip "cannot reserve $need hugepages of 2 MiB"
+mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs none /dev/hugepages; } \
+  || skip "cannot mount hugetlbfs on /dev/hugepages"
+
+tmp=$(mktemp -d /tmp/kvfdp.XXXXXX)
+tag=$$
+ra=kvfitA$tag rb=kvfitB$tag
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -f /dev/hugepages/*"$ra"* /dev/hugepages/*"$rb"* /dev/shm/*"$ra"* /dev/shm/*"$rb"* 2>/dev/null
+  ip netns del kvfA$tag 2>/dev/null; ip netns del kvfB$tag 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+common=(--idle-mode sleep --mbufs 4095 --region-size 320)
+nsA=() nsB=()
+case $mode in
+  memif|memif-impair|restart)
+    portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
+    portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
+    frame=9000 ;;
+  afpacket)
+    command -v ip >/dev/null || skip "iproute2 missing"
+    ip netns add kvfA$tag && ip netns add kvfB$tag || skip "cannot create network namespaces"
+    ip link add vA$tag type veth peer name vB$tag || skip "cannot create a veth pair"
+    ip link set vA$tag netns kvfA$tag; ip link set vB$tag netns kvfB$tag
+    ip -n kvfA$tag link set vA$tag mtu 9000 up; ip -n kvfB$tag link set vB$tag mtu 9000 up
+    nsA=(ip netns exec kvfA$tag) nsB=(ip netns exec kvfB$tag)
+    portA="net_af_packet0,iface=vA$tag,blocksz=16384,framesz=16384,framecnt=1024,qpairs=1"
+    portB="net_af_packet0,iface=vB$tag,blocksz=16384,framesz=16384,framecnt=1024,qpairs=1"
+    frame=9000 ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+imp=()
+[ "$mode" = memif-impair ] && imp=(--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=7)
+
+startB() { # $1: extra args
+  "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
+    --frame-size $frame --eal "-l 1" "${common[@]}" "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
+  pidB=$!; pids+=($pidB)
+}
+"${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
+  --frame-size $frame --eal "-l 0" "${common[@]}" "${imp[@]}" >"$tmp/A.log" 2>&1 &
+pids+=($!)
+startB
+
+fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
+
+if [ "$mode" = restart ]; then
+  "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  "$cli" --region "$ra" --send --peer 2 --streams 2 --until-stop --inflight 64 --timeout 60 \
+    >"$tmp/send.log" 2>&1 &
+  ps_=$!; pids+=($ps_)
+  sleep 4
+  kill -9 $pidB; wait $pidB 2>/dev/null
+  echo "killed dataplane B mid-stream"
+  sleep 0.3
+  # The restarted dataplane attaches to the region its predecessor created.
+  common=(--idle-mode sleep --mbufs 4095)
+  startB
+  sleep 5
+  kill -TERM $ps_; wait $ps_; rc=$?
+  cat "$tmp/send.log"
+  [ $rc = 0 ] || fail "sender saw out-of-order completions or unreported failures"
+  grep -q "^event type [23] peer 2" "$tmp/send.log" || fail "no restart/dead event for peer 2"
+  failed=$(sed -n 's/^send: [0-9]* ok, \([0-9]*\) failed.*/\1/p' "$tmp/send.log")
+  [ "${failed:-0}" -ge 1 ] || fail "no in-flight message was reported failed"
+  ok_at=$(grep -m1 "^event type [23] peer 2" "$tmp/send.log" | sed 's/.*ok_so_far \([0-9]*\).*/\1/')
+  ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
+  [ "$ok_end" -gt "$ok_at" ] || fail "no message completed after the restart ($ok_at then $ok_end)"
+  echo "PASS: restart detected, $failed in-flight reported failed, $((ok_end - ok_at)) completed after"
+  exit 0
+fi
+
+"$cli" --region "$rb" --recv --peer 1 --streams 4 --count "$N" --seed 42 --timeout 60 \
+  >"$tmp/recv.log" 2>&1 &
+pr=$!; pids+=($pr)
+"$cli" --region "$ra" --send --peer 2 --streams 4 --count "$N" --seed 42 --inflight 128 --timeout 60 \
+  >"$tmp/send.log" 2>&1
+rs=$?
+wait $pr; rr=$?
+cat "$tmp/send.log" "$tmp/recv.log"
+[ $rs = 0 ] && [ $rr = 0 ] || fail "send rc $rs, recv rc $rr"
+echo "PASS: $N messages exactly once, in order per stream, byte-identical ($mode)"
