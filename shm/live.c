@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>

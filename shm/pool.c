@@ -7,10 +7,15 @@
  *        and the states disagree: the index is dropped, never handed out);
  *   put: CAS state HELD→FREE (a failure is a double release: refused),
  *        then enqueue idx.
- * The ring holds all n indices, so an enqueue after a successful CAS cannot
- * fail for lack of room.
+ * The ring has room for 2n indices: in RTS mode the consumer tail advances
+ * only when the last concurrent dequeuer finishes, so slots freed by a get
+ * can still count as used while the same index is put back. The spare room
+ * makes a retry of put's enqueue rare; it always succeeds once the stalled
+ * dequeuer finishes.
  */
+#include <sched.h>
 #include <errno.h>
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +92,7 @@ struct shm_pool *shm_pool_create(struct shm_region *reg, const char *name, uint3
 		return NULL;
 	}
 	bufsize = up(bufsize, 64);
-	rsz = rte_ring_get_memsize_elem(sizeof(uint32_t), n);
+	rsz = rte_ring_get_memsize_elem(sizeof(uint32_t), rte_align32pow2(2 * n + 1));
 	if (rsz < 0) {
 		errno = EINVAL;
 		return NULL;
@@ -110,7 +115,9 @@ struct shm_pool *shm_pool_create(struct shm_region *reg, const char *name, uint3
 	meta->ring_off = ring_off;
 	meta->bufs_off = off + bufs_rel;
 	memset((char *)meta + states_off, 0, sizeof(uint32_t) * n);
-	rc = rte_ring_init((struct rte_ring *)((char *)meta + ring_off), name, n, RING_F_EXACT_SZ);
+	/* RTS mode: see ring.c on preempted peers. */
+	rc = rte_ring_init((struct rte_ring *)((char *)meta + ring_off), name, 2 * n,
+			   RING_F_EXACT_SZ | RING_F_MP_RTS_ENQ | RING_F_MC_RTS_DEQ);
 	if (rc < 0) {
 		errno = -rc;
 		return NULL;
@@ -176,8 +183,8 @@ int shm_pool_put(struct shm_pool *p, uint32_t idx)
 	if (!atomic_compare_exchange_strong_explicit(&p->states[idx], &expect, BUF_FREE,
 						     memory_order_release, memory_order_relaxed))
 		return -EALREADY;
-	if (rte_ring_enqueue_elem(p->ring, &idx, sizeof(idx)) != 0)
-		return -EIO; /* cannot happen: the ring holds all n indices */
+	while (rte_ring_enqueue_elem(p->ring, &idx, sizeof(idx)) != 0)
+		sched_yield(); /* a preempted dequeuer holds the tail: see the top */
 	return 0;
 }
 

@@ -7,6 +7,7 @@
 #ifndef SHM_REGION_ABI_H
 #define SHM_REGION_ABI_H
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>

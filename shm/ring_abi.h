@@ -8,6 +8,7 @@
 #ifndef SHM_RING_ABI_H
 #define SHM_RING_ABI_H
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>

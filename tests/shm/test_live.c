@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "shm_live.h"
+#include "shm_region.h"
+
+static char g_name[SHM_NAME_MAX];
+
+static void another_process_tells_alive_slow_and_dead_apart(void **state)
+{
+	struct shm_region_opts o;
+	struct shm_live_info info;
+	struct shm_region *r;
+	char err[256];
+	int fds[2], slot, st;
+	pid_t pid;
+	char c;
+
+	(void)state;
+	shm_region_opts_init(&o);
+	o.name = g_name;
+	o.size = 1 << 20;
+	o.force_fallback = 1;
+	r = shm_region_create(&o, err, sizeof(err));
+	assert_non_null(r);
+	assert_int_equal(pipe(fds), 0);
+	pid = fork();
+	if (pid == 0) {
+		struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
+		int s = shm_live_register(a, "worker0");
+
+		for (int i = 0; i < 5; i++)
+			shm_live_beat(a, s);
+		if (write(fds[1], "x", 1) != 1)
+			_exit(1);
+		/* then stop beating, and exit when told */
+		if (read(fds[0], &c, 1) != 1)
+			_exit(1);
+		_exit(0);
+	}
+	assert_int_equal(read(fds[0], &c, 1), 1);
+	slot = shm_live_find(r, "worker0");
+	assert_true(slot >= 0);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, &info), SHM_LIVE_ALIVE);
+	assert_int_equal(info.pid, pid);
+	assert_int_equal(info.beats, 5);
+	assert_string_equal(info.role, "worker0");
+	usleep(30000);
+	assert_int_equal(shm_live_check(r, slot, 10000000ull, NULL), SHM_LIVE_SLOW);
+	assert_int_equal(write(fds[1], "x", 1), 1);
+	waitpid(pid, &st, 0);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_DEAD);
+	/* a dead owner's slot is reclaimed by the next process */
+	assert_int_equal(shm_live_register(r, "worker0-restarted"), slot);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_ALIVE);
+	shm_live_release(r, slot);
+	assert_int_equal(shm_live_check(r, slot, 1, NULL), SHM_LIVE_EMPTY);
+	assert_int_equal(shm_live_check(r, -1, 1, NULL), -EINVAL);
+	close(fds[0]);
+	close(fds[1]);
+	shm_region_detach(r);
+	shm_region_unlink(g_name);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(another_process_tells_alive_slow_and_dead_apart),
+	};
+
+	snprintf(g_name, sizeof(g_name), "t-live-%d", (int)getpid());
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "shm_pool.h"
+#include "shm_region.h"
+
+static char g_name[SHM_NAME_MAX];
+
+static int setup(void **state)
+{
+	struct shm_region_opts o;
+	char err[256];
+
+	shm_region_opts_init(&o);
+	o.name = g_name;
+	o.size = 16u << 20;
+	o.force_fallback = 1;
+	*state = shm_region_create(&o, err, sizeof(err));
+	return *state ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	shm_region_detach(*state);
+	shm_region_unlink(g_name);
+	return 0;
+}
+
+static void an_exhausted_pool_says_so_and_recovers_when_buffers_return(void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "ex", 8, 1000);
+	uint32_t idx[8], extra;
+
+	assert_non_null(p);
+	assert_int_equal(shm_pool_bufsize(p), 1024); /* rounded to 64 */
+	for (int i = 0; i < 8; i++) {
+		assert_int_equal(shm_pool_get(p, &idx[i]), 0);
+		for (int j = 0; j < i; j++)
+			assert_int_not_equal(idx[i], idx[j]);
+		assert_int_equal(shm_pool_idx_of(p, shm_pool_buf_off(p, idx[i]) + 5), idx[i]);
+	}
+	assert_int_equal(shm_pool_available(p), 0);
+	assert_int_equal(shm_pool_get(p, &extra), -ENOBUFS);
+	assert_int_equal(shm_pool_put(p, idx[3]), 0);
+	assert_int_equal(shm_pool_get(p, &extra), 0);
+	assert_int_equal(extra, idx[3]);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(shm_pool_put(p, idx[i]), 0);
+	assert_int_equal(shm_pool_available(p), 8);
+	shm_pool_close(p);
+}
+
+static void a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice(void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "dbl", 4, 64);
+	uint32_t a, b, c, d, e;
+
+	assert_non_null(p);
+	assert_int_equal(shm_pool_get(p, &a), 0);
+	assert_int_equal(shm_pool_put(p, a), 0);
+	assert_int_equal(shm_pool_put(p, a), -EALREADY);
+	assert_int_equal(shm_pool_put(p, 99), -EINVAL);
+	assert_int_equal(shm_pool_available(p), 4);
+	assert_int_equal(shm_pool_get(p, &a), 0);
+	assert_int_equal(shm_pool_get(p, &b), 0);
+	assert_int_equal(shm_pool_get(p, &c), 0);
+	assert_int_equal(shm_pool_get(p, &d), 0);
+	assert_int_equal(shm_pool_get(p, &e), -ENOBUFS);
+	assert_true(a != b && a != c && a != d && b != c && b != d && c != d);
+	assert_int_equal(shm_pool_idx_of(p, 0), -EINVAL);
+	shm_pool_close(p);
+}
+
+/* Several processes get and put concurrently; each marks the buffer it
+ * holds with its pid and checks nobody else wrote it while held. */
+static void processes_sharing_a_pool_never_hold_the_same_buffer(void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "mp", 16, 64);
+	pid_t pids[4];
+	int bad = 0;
+
+	assert_non_null(p);
+	for (int k = 0; k < 4; k++) {
+		pids[k] = fork();
+		if (pids[k] == 0) {
+			char err[256];
+			struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
+			struct shm_pool *c = shm_pool_lookup(a, "mp");
+			int me = getpid();
+
+			for (int i = 0; i < 200000; i++) {
+				uint32_t idx;
+				_Atomic int *mark;
+				int expect = 0;
+
+				if (shm_pool_get(c, &idx) != 0)
+					continue;
+				mark = shm_pool_buf(c, idx);
+				if (!atomic_compare_exchange_strong(mark, &expect, me))
+					_exit(2); /* someone else holds it too */
+				atomic_store(mark, 0);
+				if (shm_pool_put(c, idx) != 0)
+					_exit(3);
+			}
+			_exit(0);
+		}
+	}
+	for (int k = 0; k < 4; k++) {
+		int st;
+
+		waitpid(pids[k], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, "child %d exited with status 0x%x\n", (int)pids[k], st);
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+	assert_int_equal(shm_pool_available(p), 16);
+	shm_pool_close(p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(an_exhausted_pool_says_so_and_recovers_when_buffers_return),
+		cmocka_unit_test(a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice),
+		cmocka_unit_test(processes_sharing_a_pool_never_hold_the_same_buffer),
+	};
+
+	snprintf(g_name, sizeof(g_name), "t-pool-%d", (int)getpid());
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
