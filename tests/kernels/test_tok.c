@@ -417,6 +417,37 @@ static void threads_encoding_at_once_get_the_same_ids(void **state)
 	kn_tok_close(t);
 }
 
+/* kvferry-mkmodel writes its own small byte-level tokenizer.json; the
+ * tokenizer must load it and round-trip text through it. KVF_MKMODEL names
+ * the binary (set by meson); without it the test is skipped. */
+static void the_generated_models_tokenizer_loads_and_round_trips(void **state)
+{
+	const char *mk = getenv("KVF_MKMODEL");
+	char dir[] = "/tmp/kvf-tok-mkmodel-XXXXXX";
+	char cmd[2048], err[512];
+	struct kn_tok *t;
+	struct kn_chat_msg m[] = { { "user", "hi" } };
+	char *prompt;
+
+	(void)state;
+	if (!mk || !*mk)
+		skip();
+	assert_non_null(mkdtemp(dir));
+	snprintf(cmd, sizeof(cmd), "%s --out %s/m --preset tiny --arch qwen3 >/dev/null 2>&1", mk, dir);
+	assert_int_equal(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s/m", dir);
+	t = kn_tok_open(cmd, err, sizeof(err));
+	if (!t)
+		fail_msg("kn_tok_open(%s): %s", cmd, err);
+	roundtrip(t, "Hello world, \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80\t 12345 <|im_start|>x",
+		  "Hello world, \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80\t 12345 <|im_start|>x");
+	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &prompt), 0);
+	free(prompt);
+	kn_tok_close(t);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const char *d = getenv("TOK_DATA");
@@ -434,6 +465,7 @@ int main(void)
 		cmocka_unit_test(an_unknown_chat_template_is_refused_by_name),
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
+		cmocka_unit_test(the_generated_models_tokenizer_loads_and_round_trips),
 	};
 
 	snprintf(g_dir, sizeof(g_dir), "%s", d ? d : "tests/kernels/data");
