@@ -243,6 +243,7 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 		f->started = 1;
 		f->t_first = t;
 	}
+	t += f->o.link_ns;
 	for (int32_t s = 0; s < f->o.n_stages; s++) {
 		uint64_t cost = f->o.stage_ns[s] + f->o.col_ns * (uint64_t)n_cols;
 		uint64_t start = t > f->stage_free[s] ? t : f->stage_free[s];
@@ -253,7 +254,7 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 		f->st[s].cols += (uint64_t)n_cols;
 		f->st[s].busy_ns += cost;
 	}
-	g->t_done = t;
+	g->t_done = t + f->o.link_ns;
 	return 0;
 }
 

@@ -134,6 +134,9 @@ struct ctrl_fake_chain_opts {
 	int32_t n_stages;            /**< 1 .. CTRL_CHAIN_MAX_STAGES */
 	uint64_t stage_ns[CTRL_CHAIN_MAX_STAGES]; /**< fixed cost of one step per stage */
 	uint64_t col_ns;             /**< extra cost per column, every stage */
+	uint64_t link_ns;            /**< transport latency each way between the
+	                                  scheduler and the chain's ends (what makes
+	                                  n_stages groups leave bubbles) */
 	int virtual_time;            /**< 1: a simulated clock that jumps to the next
 	                                  completion on each poll (deterministic, no
 	                                  sleeping); 0: CLOCK_MONOTONIC */
