@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to the HTTP layer: the server, a generation request, and the
+ * helpers http.c, http_openai.c and http_stats.c share. */
+#ifndef CTRL_HTTP_INT_H
+#define CTRL_HTTP_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "ctrl_http.h"
+
+/* A growable byte buffer. */
+struct sbuf {
+	char *p;
+	size_t len, cap;
+};
+
+int sbuf_add(struct sbuf *b, const void *data, size_t n);
+void sbuf_free(struct sbuf *b);
+
+struct http_ev {
+	int32_t token;
+	float logprob;
+	int32_t n_generated;
+	int32_t finish; /* enum ctrl_finish */
+};
+
+enum gen_kind { GEN_COMPLETION, GEN_CHAT };
+
+/*
+ * One generation request. Fields above `mu`'s line are shared with the
+ * backend thread and guarded by mu; the rest belong to whichever MHD thread
+ * runs the connection (MHD never runs one connection on two threads).
+ */
+struct gen {
+	pthread_mutex_t mu;
+	atomic_int refs;             /* the connection's + the backend's */
+	struct ctrl_http *h;
+	struct MHD_Connection *conn;
+	struct http_ev *q;           /* events not yet taken by the connection */
+	size_t qn, qcap;
+	char *backend_err;           /* CTRL_FINISH_ERROR's message */
+	int backend_done;            /* the finish event arrived */
+	int suspended;               /* the connection is suspended, waiting on q */
+	int conn_gone;               /* MHD completed the connection */
+	int cancel_sent;
+	int32_t n_seen;              /* tokens delivered (for /requests) */
+	/* ---- connection thread only ---- */
+	uint64_t id;
+	enum gen_kind kind;
+	int stream, include_usage;
+	char rid[48];
+	int64_t created;
+	double t_start;
+	int32_t n_prompt, n_gen, max_tokens;
+	char **stops;
+	int n_stops;
+	size_t max_stop;
+	struct kn_tok_stream *ds;
+	struct sbuf text;            /* decoded output so far (truncated at a stop string) */
+	size_t emitted;              /* bytes of text already streamed */
+	int done;                    /* the answer is complete (finish is set) */
+	const char *finish;          /* "stop", "length", "abort" */
+	int failed;                  /* the backend ended it with an error */
+	char *fail_msg;              /* why (malloc'd), when failed */
+	struct sbuf out;             /* SSE bytes waiting to be read by MHD */
+	size_t out_off;
+	int role_sent, final_sent;
+	struct gen *next, *prev;     /* h->gens, under h->mu */
+};
+
+struct ctrl_http {
+	struct MHD_Daemon *d;
+	struct ctrl_http_backend be;
+	char *address, *model;
+	uint16_t port;
+	int32_t threads, max_context, max_tokens_default;
+	size_t body_limit;
+	const struct kn_tok *tok;
+	int32_t *stop_ids;
+	int32_t n_stop;
+	int64_t started;
+	double t0;
+	atomic_int draining, stopping, active;
+	atomic_uint_fast64_t n_req, n_4xx, n_5xx, n_completions, n_chat, n_streams,
+		prompt_tokens, completion_tokens, client_cancels, tokenize_calls;
+	atomic_uint_fast64_t seq;
+	pthread_mutex_t mu;          /* gens list */
+	struct gen *gens;
+	pthread_t ticker;
+	int ticker_started;
+	pthread_mutex_t tick_mu;
+	pthread_cond_t tick_cv;
+};
+
+/* Per-connection state (MHD's con_cls). */
+struct conn_state {
+	struct sbuf body;
+	int too_big;
+	int first_done;
+	struct gen *gen;
+};
+
+double http_now(void);
+
+/* Queue an OpenAI-style error object. */
+enum MHD_Result http_error(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
+			   const char *type, const char *param, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+/* Queue @j (stolen) as application/json. */
+enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j);
+/* Queue a text body with a content type. */
+enum MHD_Result http_text(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
+			  const char *type, const char *body, size_t len);
+
+/* http_openai.c: the generation and token endpoints. */
+enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs,
+			      enum gen_kind kind, json_t *req);
+enum MHD_Result http_generate_resume(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs);
+enum MHD_Result http_tokenize(struct ctrl_http *h, struct MHD_Connection *c, json_t *req);
+enum MHD_Result http_detokenize(struct ctrl_http *h, struct MHD_Connection *c, json_t *req);
+void gen_unref(struct gen *g);
+void gen_connection_closed(struct gen *g);
+
+/* http_stats.c */
+enum MHD_Result http_stats(struct ctrl_http *h, struct MHD_Connection *c, int html);
+enum MHD_Result http_metrics(struct ctrl_http *h, struct MHD_Connection *c);
+
+#endif /* CTRL_HTTP_INT_H */

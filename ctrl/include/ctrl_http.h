@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_http.h
+ * The OpenAI-compatible HTTP API of kvferry-ctrld (libmicrohttpd):
+ * POST /v1/completions, POST /v1/chat/completions (JSON or SSE streaming),
+ * GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
+ * GET /stats (JSON; ?format=html or /dashboard for a live page),
+ * GET /metrics (Prometheus text). ctrl/API.md documents each route.
+ *
+ * The server tokenizes and renders chat prompts itself (kn_tok) and hands
+ * token ids to a backend through struct ctrl_http_backend; tokens come back
+ * through the request's callback on the backend's thread, are queued under
+ * a per-request lock and the connection is resumed (MHD_resume_connection):
+ * the backend thread never waits on a client.
+ *
+ * Invariants:
+ *  - Every request that reached the backend ends exactly once there: it
+ *    finishes, or it is cancelled when its client disconnects or a stop
+ *    string ends it early.
+ *  - A request's memory lives until both its connection and its backend
+ *    request are over (two references).
+ *
+ * Threading: ctrl_http_start()/ctrl_http_stop() from one thread; the other
+ * functions from any thread. Backend callbacks may come from any one thread.
+ */
+#ifndef CTRL_HTTP_H
+#define CTRL_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "ctrl_sched.h"
+#include "kn_tok.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What the HTTP layer generates with. */
+struct ctrl_http_backend {
+	/**
+	 * Start a request (ctrl_sched_submit() semantics: buffers copied; the
+	 * callback runs once per token and once at the end).
+	 * @return an id > 0, or -EAGAIN (queue full: 503), -EINVAL, -ENOMEM.
+	 */
+	int64_t (*submit)(void *ctx, const struct ctrl_request *r);
+	/** Cancel request @p id (its finish event still comes). @return 0 or -errno. */
+	int (*cancel)(void *ctx, uint64_t id);
+	/** Backend counters for /stats and /metrics: a new JSON object, or NULL. */
+	json_t *(*stats)(void *ctx);
+	void *ctx;
+};
+
+/** Server options. */
+struct ctrl_http_opts {
+	const char *address;         /**< IPv4 or IPv6 literal */
+	uint16_t port;               /**< 0: an ephemeral port (ctrl_http_port() tells) */
+	int32_t threads;             /**< MHD worker threads */
+	size_t body_limit;           /**< bytes; larger bodies get 413 */
+	const char *model_name;      /**< the only model this server serves */
+	int32_t max_context;         /**< prompt + max_tokens limit */
+	int32_t max_tokens_default;  /**< when a request does not say */
+	const struct kn_tok *tok;    /**< borrowed; must outlive the server */
+	const int32_t *stop_ids;     /**< ids that end generation (EOS); copied */
+	int32_t n_stop;
+};
+
+/** Fill @p o with defaults: 127.0.0.1:8000, 4 threads, 1 MiB bodies, context 4096, 256 tokens. */
+void ctrl_http_opts_init(struct ctrl_http_opts *o);
+
+struct ctrl_http;
+
+/**
+ * Start serving.
+ * @param o    options (strings copied)
+ * @param be   the backend (copied; its ctx must outlive the server)
+ * @param err  receives a message naming the failing call and its address on failure
+ * @return the server, or NULL with errno EINVAL (bad address or options),
+ *         EADDRINUSE/EACCES (cannot listen), ENOMEM.
+ */
+struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct ctrl_http_backend *be,
+				  char *err, size_t errlen);
+
+/**
+ * Stop serving: close the listener and every connection; requests still at
+ * the backend are cancelled and their finish events awaited, so the backend
+ * must still be running (polled) until this returns. NULL is a no-op.
+ */
+void ctrl_http_stop(struct ctrl_http *h);
+
+/** @return the TCP port listened on. */
+uint16_t ctrl_http_port(const struct ctrl_http *h);
+
+/**
+ * Drain (1): new generation requests get 503 and /health says "draining";
+ * requests in flight continue. Resume (0). Thread-safe.
+ */
+void ctrl_http_set_draining(struct ctrl_http *h, int draining);
+
+/** @return 1 while draining. */
+int ctrl_http_draining(const struct ctrl_http *h);
+
+/** @return generation requests not yet over (connection or backend side). */
+int ctrl_http_active(const struct ctrl_http *h);
+
+/** Cancel every request in flight at the backend (drain timeout). @return how many. */
+int ctrl_http_cancel_all(struct ctrl_http *h);
+
+/**
+ * The requests in flight: [{"id","backend_id","endpoint","stream",
+ * "prompt_tokens","generated","age_s"}]. @return a new reference or NULL.
+ */
+json_t *ctrl_http_requests_json(struct ctrl_http *h);
+
+/**
+ * Everything /stats serves: {"model","uptime_s","draining","http":{...},
+ * "backend":{...}}. @return a new reference or NULL.
+ */
+json_t *ctrl_http_stats_json(struct ctrl_http *h);
+
+/**
+ * Render a stats object as Prometheus text: every number becomes a
+ * kvferry_* sample; arrays of objects become a label per element.
+ * @return a malloc'd string, or NULL (ENOMEM).
+ */
+char *ctrl_http_prometheus(const json_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_HTTP_H */

@@ -1,0 +1,751 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The HTTP API against a fake backend that echoes the prompt back one token
+ * at a time on its own thread (as the scheduler calls back on its thread).
+ * The server runs on an ephemeral loopback port; requests go through libcurl.
+ * argv[1]: a tokenizer directory (tests/kernels/data/tok_tiny).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+
+#include "ctrl_http.h"
+
+/* ---- the fake backend ---- */
+
+struct fake_req {
+	uint64_t id;
+	int32_t *prompt;
+	int32_t n_prompt, max_tokens, emitted;
+	ctrl_token_cb cb;
+	void *arg;
+	atomic_int cancel;
+	struct fake_req *next;
+};
+
+struct fake {
+	pthread_mutex_t mu;
+	struct fake_req *reqs;
+	uint64_t next_id;
+	pthread_t th;
+	atomic_int quit;
+	atomic_int token_us;     /* delay between tokens */
+	atomic_int eos_after;    /* emit the stop token after this many (-1 never) */
+	atomic_int fail_after;   /* fail after this many (-1 never) */
+	atomic_int refuse;       /* submit returns -EAGAIN */
+	atomic_int submits, cancels, live;
+	int32_t eos;
+};
+
+static struct fake g_fake;
+static struct ctrl_http *g_http;
+static struct kn_tok *g_tok;
+static char g_base[64];
+
+/* The server's context limit: the tiny tokenizer spends a token per byte or so. */
+#define CTX 1024
+
+static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
+{
+	struct fake *f = ctx;
+	struct fake_req *q;
+
+	if (atomic_load(&f->refuse))
+		return -EAGAIN;
+	q = calloc(1, sizeof(*q));
+	q->prompt = malloc((size_t)r->n_prompt * sizeof(int32_t));
+	memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+	q->n_prompt = r->n_prompt;
+	q->max_tokens = r->max_tokens;
+	q->cb = r->cb;
+	q->arg = r->cb_arg;
+	pthread_mutex_lock(&f->mu);
+	q->id = ++f->next_id;
+	q->next = f->reqs;
+	f->reqs = q;
+	pthread_mutex_unlock(&f->mu);
+	atomic_fetch_add(&f->submits, 1);
+	atomic_fetch_add(&f->live, 1);
+	return (int64_t)q->id;
+}
+
+static int fake_cancel(void *ctx, uint64_t id)
+{
+	struct fake *f = ctx;
+
+	pthread_mutex_lock(&f->mu);
+	for (struct fake_req *q = f->reqs; q; q = q->next)
+		if (q->id == id)
+			atomic_store(&q->cancel, 1);
+	pthread_mutex_unlock(&f->mu);
+	atomic_fetch_add(&f->cancels, 1);
+	return 0;
+}
+
+static json_t *fake_stats(void *ctx)
+{
+	struct fake *f = ctx;
+
+	return json_pack("{s:i, s:[{s:i, s:[{s:i},{s:i}]}]}", "live", atomic_load(&f->live), "replicas",
+			 "n_stages", 2, "stages", "steps", 5, "steps", 7);
+}
+
+static void *fake_thread(void *arg)
+{
+	struct fake *f = arg;
+
+	while (!atomic_load(&f->quit)) {
+		struct fake_req *snap[256];
+		int n = 0;
+
+		pthread_mutex_lock(&f->mu);
+		for (struct fake_req *q = f->reqs; q && n < 256; q = q->next)
+			snap[n++] = q;
+		pthread_mutex_unlock(&f->mu);
+		for (int i = 0; i < n; i++) {
+			struct fake_req *q = snap[i];
+			struct ctrl_event ev = {q->id, CTRL_FINISH_NONE, -1, 0, q->emitted, NULL};
+
+			if (atomic_load(&q->cancel)) {
+				ev.finish = CTRL_FINISH_CANCELLED;
+			} else if (atomic_load(&f->fail_after) >= 0 && q->emitted >= atomic_load(&f->fail_after)) {
+				ev.finish = CTRL_FINISH_ERROR;
+				ev.message = "stage 1 stopped answering";
+			} else if (atomic_load(&f->eos_after) >= 0 && q->emitted >= atomic_load(&f->eos_after)) {
+				ev.finish = CTRL_FINISH_STOP;
+				ev.token = f->eos;
+				ev.n_generated = q->emitted + 1;
+			} else {
+				ev.token = q->prompt[q->emitted % q->n_prompt];
+				ev.logprob = -0.5f;
+				ev.n_generated = ++q->emitted;
+			}
+			q->cb(q->arg, &ev);
+			if (ev.finish == CTRL_FINISH_NONE && q->emitted == q->max_tokens) {
+				struct ctrl_event end = {q->id, CTRL_FINISH_LENGTH, -1, 0, q->emitted, NULL};
+				q->cb(q->arg, &end);
+				ev.finish = CTRL_FINISH_LENGTH;
+			}
+			if (ev.finish != CTRL_FINISH_NONE) {
+				pthread_mutex_lock(&f->mu);
+				for (struct fake_req **pp = &f->reqs; *pp; pp = &(*pp)->next) {
+					if (*pp == q) {
+						*pp = q->next;
+						break;
+					}
+				}
+				pthread_mutex_unlock(&f->mu);
+				free(q->prompt);
+				free(q);
+				atomic_fetch_sub(&f->live, 1);
+			}
+		}
+		usleep((useconds_t)atomic_load(&f->token_us));
+	}
+	return NULL;
+}
+
+static void fake_reset(void)
+{
+	atomic_store(&g_fake.token_us, 200);
+	atomic_store(&g_fake.eos_after, -1);
+	atomic_store(&g_fake.fail_after, -1);
+	atomic_store(&g_fake.refuse, 0);
+	ctrl_http_set_draining(g_http, 0);
+}
+
+/* ---- HTTP client ---- */
+
+struct resp {
+	long status;
+	char *body;
+	size_t len;
+	json_t *json;
+};
+
+static size_t on_data(char *p, size_t sz, size_t n, void *arg)
+{
+	struct resp *r = arg;
+
+	r->body = realloc(r->body, r->len + sz * n + 1);
+	memcpy(r->body + r->len, p, sz * n);
+	r->len += sz * n;
+	r->body[r->len] = 0;
+	return sz * n;
+}
+
+static CURLcode request(const char *method, const char *path, const char *body, long timeout_ms,
+			struct resp *r)
+{
+	CURL *c = curl_easy_init();
+	struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+	char url[256];
+	CURLcode rc;
+
+	memset(r, 0, sizeof(*r));
+	snprintf(url, sizeof(url), "%s%s", g_base, path);
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+	if (body)
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms ? timeout_ms : 10000L);
+	rc = curl_easy_perform(c);
+	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+	curl_slist_free_all(hdr);
+	curl_easy_cleanup(c);
+	if (r->body && r->body[0] == '{')
+		r->json = json_loads(r->body, 0, NULL);
+	return rc;
+}
+
+static void resp_free(struct resp *r)
+{
+	free(r->body);
+	json_decref(r->json);
+}
+
+static json_t *post(const char *path, long want_status, const char *fmt, ...)
+{
+	char body[4096];
+	struct resp r;
+	va_list ap;
+	json_t *j;
+
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof(body), fmt, ap);
+	va_end(ap);
+	assert_int_equal(request("POST", path, body, 0, &r), CURLE_OK);
+	if (r.status != want_status)
+		fprintf(stderr, "POST %s %s -> %ld %s\n", path, body, r.status, r.body ? r.body : "");
+	assert_int_equal(r.status, want_status);
+	assert_non_null(r.json);
+	j = json_incref(r.json);
+	resp_free(&r);
+	return j;
+}
+
+static const char *text_of(json_t *j)
+{
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	json_t *m = json_object_get(ch, "message");
+
+	return json_string_value(m ? json_object_get(m, "content") : json_object_get(ch, "text"));
+}
+
+static const char *finish_of(json_t *j)
+{
+	return json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"));
+}
+
+static int usage(json_t *j, const char *k)
+{
+	return (int)json_integer_value(json_object_get(json_object_get(j, "usage"), k));
+}
+
+static int count_tokens(const char *prompt)
+{
+	json_t *j = post("/tokenize", 200, "{\"model\":\"tiny\",\"prompt\":\"%s\"}", prompt);
+	int n = (int)json_integer_value(json_object_get(j, "count"));
+
+	assert_int_equal(json_array_size(json_object_get(j, "tokens")), n);
+	json_decref(j);
+	return n;
+}
+
+static void wait_idle(void)
+{
+	for (int i = 0; i < 500 && (ctrl_http_active(g_http) || atomic_load(&g_fake.live)); i++)
+		usleep(10000);
+	assert_int_equal(ctrl_http_active(g_http), 0);
+	assert_int_equal(atomic_load(&g_fake.live), 0);
+}
+
+/* ---- tests ---- */
+
+static void a_completion_comes_back_with_consistent_usage(void **state)
+{
+	int n = count_tokens("hello world");
+	json_t *j;
+
+	(void)state;
+	fake_reset();
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"hello world\",\"max_tokens\":%d,\"temperature\":0}", n);
+	assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+	assert_string_equal(text_of(j), "hello world");
+	assert_string_equal(finish_of(j), "length");
+	assert_int_equal(usage(j, "prompt_tokens"), n);
+	assert_int_equal(usage(j, "completion_tokens"), n);
+	assert_int_equal(usage(j, "total_tokens"), 2 * n);
+	assert_string_equal(json_string_value(json_object_get(j, "model")), "tiny");
+	json_decref(j);
+	wait_idle();
+}
+
+static void a_chat_completion_answers_as_the_assistant(void **state)
+{
+	json_t *j, *t;
+	int n;
+
+	(void)state;
+	fake_reset();
+	t = post("/tokenize", 200, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+	n = (int)json_integer_value(json_object_get(t, "count"));
+	json_decref(t);
+	j = post("/v1/chat/completions", 200,
+		 "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}");
+	assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(
+				    json_array_get(json_object_get(j, "choices"), 0), "message"), "role")),
+			    "assistant");
+	assert_int_equal(usage(j, "prompt_tokens"), n);
+	assert_int_equal(usage(j, "completion_tokens"), 3);
+	assert_string_equal(finish_of(j), "length");
+	json_decref(j);
+	wait_idle();
+}
+
+static void the_stop_token_ends_with_finish_reason_stop(void **state)
+{
+	json_t *j;
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.eos_after, 2);
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abcdef\",\"max_tokens\":50}");
+	assert_string_equal(finish_of(j), "stop");
+	assert_int_equal(usage(j, "completion_tokens"), 3);
+	json_decref(j);
+	wait_idle();
+}
+
+static void a_stop_string_ends_the_output_and_is_not_included(void **state)
+{
+	json_t *j;
+	int cancels = atomic_load(&g_fake.cancels);
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.token_us, 2000);
+	j = post("/v1/completions", 200,
+		 "{\"model\":\"tiny\",\"prompt\":\"one two END three four five six\",\"max_tokens\":500,\"stop\":[\"xyz\",\"END\"]}");
+	assert_string_equal(text_of(j), "one two ");
+	assert_string_equal(finish_of(j), "stop");
+	json_decref(j);
+	/* The backend was told to stop rather than run to max_tokens. */
+	assert_int_equal(atomic_load(&g_fake.cancels), cancels + 1);
+	wait_idle();
+}
+
+/* Parse an SSE body: every event is "data: ...\n\n"; returns the text. */
+static char *sse_text(const char *body, int chat, const char **finish, int *events, json_t **usage_out)
+{
+	static char text[4096];
+	static char fin[32];
+	const char *p = body;
+
+	text[0] = fin[0] = 0;
+	*events = 0;
+	*finish = NULL;
+	while (*p) {
+		const char *end = strstr(p, "\n\n");
+		json_t *j, *ch, *v;
+		char buf[2048];
+
+		assert_non_null(end);
+		assert_memory_equal(p, "data: ", 6);
+		snprintf(buf, sizeof(buf), "%.*s", (int)(end - p - 6), p + 6);
+		p = end + 2;
+		(*events)++;
+		if (!strcmp(buf, "[DONE]")) {
+			assert_int_equal(*p, 0);
+			break;
+		}
+		j = json_loads(buf, 0, NULL);
+		assert_non_null(j);
+		assert_string_equal(json_string_value(json_object_get(j, "object")),
+				    chat ? "chat.completion.chunk" : "text_completion");
+		ch = json_array_get(json_object_get(j, "choices"), 0);
+		if (!ch && usage_out)
+			*usage_out = json_incref(json_object_get(j, "usage"));
+		v = chat ? json_object_get(json_object_get(ch, "delta"), "content") : json_object_get(ch, "text");
+		if (json_is_string(v))
+			strcat(text, json_string_value(v));
+		if (json_is_string(json_object_get(ch, "finish_reason"))) {
+			snprintf(fin, sizeof(fin), "%s", json_string_value(json_object_get(ch, "finish_reason")));
+			*finish = fin;
+		}
+		json_decref(j);
+	}
+	assert_true(strstr(body, "data: [DONE]\n\n") != NULL);
+	return text;
+}
+
+static void a_stream_frames_sse_chunks_and_ends_with_done(void **state)
+{
+	struct resp r;
+	const char *finish;
+	int events;
+	json_t *u = NULL, *j;
+	char *text;
+
+	(void)state;
+	fake_reset();
+	j = post("/v1/chat/completions", 200,
+		 "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"stream me\"}],\"max_tokens\":12,\"temperature\":0}");
+	assert_int_equal(request("POST", "/v1/chat/completions",
+				 "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"stream me\"}],"
+				 "\"max_tokens\":12,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+				 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	text = sse_text(r.body, 1, &finish, &events, &u);
+	/* role chunk, at least one content chunk, finish, usage, [DONE] */
+	assert_true(events >= 5);
+	assert_string_equal(text, text_of(j));
+	assert_string_equal(finish, "length");
+	assert_non_null(u);
+	assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 12);
+	json_decref(u);
+	json_decref(j);
+	resp_free(&r);
+	wait_idle();
+}
+
+static void a_streamed_stop_string_is_never_sent_even_in_part(void **state)
+{
+	struct resp r;
+	const char *finish;
+	int events;
+
+	(void)state;
+	fake_reset();
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"aaa bbSTOcc STOP dd\",\"max_tokens\":400,\"stream\":true,\"stop\":\"STOP\"}",
+				 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(sse_text(r.body, 0, &finish, &events, NULL), "aaa bbSTOcc ");
+	assert_string_equal(finish, "stop");
+	assert_null(strstr(r.body, "STOP\""));
+	resp_free(&r);
+	wait_idle();
+}
+
+static void assert_error(long status, const char *param, const char *code, const char *path, const char *body)
+{
+	struct resp r;
+	json_t *e;
+
+	assert_int_equal(request(body ? "POST" : "GET", path, body, 0, &r), CURLE_OK);
+	if (r.status != status)
+		fprintf(stderr, "%s %s -> %ld %s\n", path, body ? body : "", r.status, r.body ? r.body : "");
+	assert_int_equal(r.status, status);
+	assert_non_null(r.json);
+	e = json_object_get(r.json, "error");
+	assert_true(json_is_object(e));
+	assert_true(json_string_length(json_object_get(e, "message")) > 10);
+	assert_true(json_is_string(json_object_get(e, "type")));
+	assert_non_null(json_object_get(e, "param"));
+	assert_non_null(json_object_get(e, "code"));
+	if (param)
+		assert_string_equal(json_string_value(json_object_get(e, "param")), param);
+	else
+		assert_true(json_is_null(json_object_get(e, "param")));
+	if (code)
+		assert_string_equal(json_string_value(json_object_get(e, "code")), code);
+	resp_free(&r);
+}
+
+static void bad_requests_get_openai_error_objects(void **state)
+{
+	(void)state;
+	fake_reset();
+	assert_error(400, NULL, "invalid_json", "/v1/completions", "{\"model\":\"tiny\",");
+	assert_error(400, NULL, "invalid_json", "/v1/completions", "[1,2]");
+	assert_error(404, "model", "model_not_found", "/v1/completions", "{\"model\":\"gpt-9\",\"prompt\":\"x\"}");
+	assert_error(400, "model", "missing_required_parameter", "/v1/completions", "{\"prompt\":\"x\"}");
+	assert_error(400, "prompt", "missing_required_parameter", "/v1/completions", "{\"model\":\"tiny\"}");
+	assert_error(400, "prompt", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[\"a\",\"b\"]}");
+	assert_error(400, "n", "unsupported_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":2}");
+	assert_error(400, "max_tokens", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"5\"}");
+	assert_error(400, "max_tokens", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":0}");
+	assert_error(400, "temperature", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"temperature\":3}");
+	assert_error(400, "stream", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"stream\":\"yes\"}");
+	assert_error(400, "stop", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"stop\":5}");
+	assert_error(400, "messages", "missing_required_parameter", "/v1/chat/completions", "{\"model\":\"tiny\"}");
+	assert_error(400, "messages", "invalid_type", "/v1/chat/completions", "{\"model\":\"tiny\",\"messages\":[]}");
+	assert_error(400, "messages", "invalid_value", "/v1/chat/completions", "{\"model\":\"tiny\",\"messages\":[{\"content\":\"x\"}]}");
+	assert_error(400, "prompt", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[1,99999]}");
+	assert_error(400, "tokens", "invalid_value", "/detokenize", "{\"model\":\"tiny\",\"tokens\":[-1]}");
+	assert_error(404, NULL, "not_found", "/v1/nothing", NULL);
+	assert_error(405, NULL, "method_not_allowed", "/v1/completions", NULL);
+	/* Nothing reached the backend. */
+	assert_int_equal(atomic_load(&g_fake.live), 0);
+}
+
+static void a_prompt_longer_than_the_context_is_refused(void **state)
+{
+	char body[8192];
+	int n;
+
+	(void)state;
+	fake_reset();
+	snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"");
+	for (int i = 0; i < CTX / 2; i++)
+		strcat(body, "a b ");
+	strcat(body, "\"}");
+	assert_error(400, "prompt", "context_length_exceeded", "/v1/completions", body);
+	n = count_tokens("a b c d");
+	snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"a b c d\",\"max_tokens\":%d}", CTX - n + 1);
+	assert_error(400, "max_tokens", "context_length_exceeded", "/v1/completions", body);
+	snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"a b c d\",\"max_tokens\":%d}", CTX - n);
+	json_decref(post("/v1/completions", 200, "%s", body));
+	wait_idle();
+}
+
+static void an_oversized_body_gets_413(void **state)
+{
+	size_t len = 200 * 1024;
+	char *body = malloc(len + 64);
+
+	(void)state;
+	fake_reset();
+	snprintf(body, 64, "{\"model\":\"tiny\",\"prompt\":\"");
+	memset(body + strlen(body), 'a', len);
+	strcpy(body + 26 + len, "\"}");
+	assert_error(413, NULL, "request_too_large", "/v1/completions", body);
+	free(body);
+}
+
+static void a_client_that_disconnects_cancels_its_request(void **state)
+{
+	struct resp r;
+	int cancels = atomic_load(&g_fake.cancels);
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.token_us, 20000); /* 50 tokens/s: 500 tokens take 10 s */
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"slow\",\"max_tokens\":60}", 150, &r),
+			 CURLE_OPERATION_TIMEDOUT);
+	resp_free(&r);
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"slow\",\"max_tokens\":60,\"stream\":true}", 150, &r),
+			 CURLE_OPERATION_TIMEDOUT);
+	resp_free(&r);
+	/* Both are cancelled long before 60 tokens (1.2 s) could finish them. */
+	for (int i = 0; i < 100 && atomic_load(&g_fake.cancels) < cancels + 2; i++)
+		usleep(10000);
+	assert_int_equal(atomic_load(&g_fake.cancels), cancels + 2);
+	wait_idle();
+}
+
+struct bg {
+	pthread_t th;
+	struct resp r;
+};
+
+static void *bg_post(void *arg)
+{
+	struct bg *b = arg;
+
+	request("POST", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"in flight\",\"max_tokens\":40}", 0, &b->r);
+	return NULL;
+}
+
+static void draining_refuses_new_work_and_finishes_what_is_in_flight(void **state)
+{
+	struct bg b;
+	struct resp r;
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.token_us, 5000);
+	pthread_create(&b.th, NULL, bg_post, &b);
+	while (atomic_load(&g_fake.live) == 0)
+		usleep(1000);
+	ctrl_http_set_draining(g_http, 1);
+	assert_error(503, NULL, "draining", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"late\"}");
+	assert_int_equal(request("GET", "/health", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 503);
+	resp_free(&r);
+	assert_true(ctrl_http_active(g_http) >= 1);
+	pthread_join(b.th, NULL);
+	assert_int_equal(b.r.status, 200);
+	assert_int_equal(usage(b.r.json, "completion_tokens"), 40);
+	resp_free(&b.r);
+	wait_idle();
+	ctrl_http_set_draining(g_http, 0);
+	assert_int_equal(request("GET", "/health", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	resp_free(&r);
+}
+
+static void backend_failures_and_a_full_queue_become_5xx(void **state)
+{
+	struct resp r;
+	const char *finish;
+	int events;
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.fail_after, 2);
+	assert_error(500, NULL, "generation_failed", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":9}");
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":9,\"stream\":true}", 0, &r), CURLE_OK);
+	assert_non_null(strstr(r.body, "stage 1 stopped answering"));
+	assert_non_null(strstr(r.body, "data: [DONE]\n\n"));
+	(void)finish;
+	(void)events;
+	resp_free(&r);
+	wait_idle();
+	fake_reset();
+	atomic_store(&g_fake.refuse, 1);
+	assert_error(503, NULL, "queue_full", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"abc\"}");
+	fake_reset();
+}
+
+static void models_tokenize_and_detokenize_agree(void **state)
+{
+	struct resp r;
+	json_t *t, *d;
+	char body[1024];
+	char *toks;
+
+	(void)state;
+	fake_reset();
+	assert_int_equal(request("GET", "/v1/models", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(r.json, "data"), 0), "id")), "tiny");
+	resp_free(&r);
+	t = post("/tokenize", 200, "{\"model\":\"tiny\",\"prompt\":\"round trip, ok?\"}");
+	assert_int_equal(json_integer_value(json_object_get(t, "max_model_len")), CTX);
+	toks = json_dumps(json_object_get(t, "tokens"), JSON_COMPACT);
+	snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"tokens\":%s}", toks);
+	free(toks);
+	d = post("/detokenize", 200, "%s", body);
+	assert_string_equal(json_string_value(json_object_get(d, "prompt")), "round trip, ok?");
+	json_decref(t);
+	json_decref(d);
+	/* A prompt given as token ids is the same prompt. */
+	t = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":[5,6,7],\"max_tokens\":3}");
+	assert_int_equal(usage(t, "prompt_tokens"), 3);
+	json_decref(t);
+	wait_idle();
+}
+
+static void stats_metrics_and_dashboard_are_served(void **state)
+{
+	struct resp r;
+
+	(void)state;
+	fake_reset();
+	assert_int_equal(request("GET", "/stats", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_true(json_integer_value(json_object_get(json_object_get(r.json, "http"), "requests_total")) > 0);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(r.json, "backend"), "live")), 0);
+	resp_free(&r);
+	assert_int_equal(request("GET", "/metrics", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "# TYPE kvferry_http_requests_total counter\nkvferry_http_requests_total "));
+	assert_non_null(strstr(r.body, "kvferry_backend_replicas_stages_steps{replica=\"0\",stage=\"1\"} 7\n"));
+	/* Every sample of a name follows its one TYPE line. */
+	assert_non_null(strstr(r.body, "# TYPE kvferry_backend_replicas_stages_steps gauge\n"
+				       "kvferry_backend_replicas_stages_steps{replica=\"0\",stage=\"0\"} 5\n"
+				       "kvferry_backend_replicas_stages_steps{replica=\"0\",stage=\"1\"} 7\n"));
+	resp_free(&r);
+	assert_int_equal(request("GET", "/stats?format=html", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "fetch('/stats')"));
+	resp_free(&r);
+}
+
+static int setup(void **state)
+{
+	struct ctrl_http_opts o;
+	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake};
+	char err[256];
+	int32_t eos[4];
+
+	(void)state;
+	curl_global_init(CURL_GLOBAL_ALL);
+	pthread_mutex_init(&g_fake.mu, NULL);
+	kn_tok_eos_ids(g_tok, eos, 4);
+	g_fake.eos = eos[0];
+	pthread_create(&g_fake.th, NULL, fake_thread, &g_fake);
+	ctrl_http_opts_init(&o);
+	o.port = 0;
+	o.threads = 2;
+	o.body_limit = 64 * 1024;
+	o.model_name = "tiny";
+	o.max_context = CTX;
+	o.max_tokens_default = 16;
+	o.tok = g_tok;
+	o.stop_ids = eos;
+	o.n_stop = 1;
+	g_http = ctrl_http_start(&o, &be, err, sizeof(err));
+	if (!g_http)
+		fprintf(stderr, "%s\n", err);
+	assert_non_null(g_http);
+	snprintf(g_base, sizeof(g_base), "http://127.0.0.1:%u", ctrl_http_port(g_http));
+	fake_reset();
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	ctrl_http_stop(g_http);
+	atomic_store(&g_fake.quit, 1);
+	pthread_join(g_fake.th, NULL);
+	curl_global_cleanup();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	char err[256];
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(a_completion_comes_back_with_consistent_usage),
+		cmocka_unit_test(a_chat_completion_answers_as_the_assistant),
+		cmocka_unit_test(the_stop_token_ends_with_finish_reason_stop),
+		cmocka_unit_test(a_stop_string_ends_the_output_and_is_not_included),
+		cmocka_unit_test(a_stream_frames_sse_chunks_and_ends_with_done),
+		cmocka_unit_test(a_streamed_stop_string_is_never_sent_even_in_part),
+		cmocka_unit_test(bad_requests_get_openai_error_objects),
+		cmocka_unit_test(a_prompt_longer_than_the_context_is_refused),
+		cmocka_unit_test(an_oversized_body_gets_413),
+		cmocka_unit_test(a_client_that_disconnects_cancels_its_request),
+		cmocka_unit_test(draining_refuses_new_work_and_finishes_what_is_in_flight),
+		cmocka_unit_test(backend_failures_and_a_full_queue_become_5xx),
+		cmocka_unit_test(models_tokenize_and_detokenize_agree),
+		cmocka_unit_test(stats_metrics_and_dashboard_are_served),
+	};
+	int rc;
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s TOKENIZER_DIR\n", argv[0]);
+		return 1;
+	}
+	g_tok = kn_tok_open(argv[1], err, sizeof(err));
+	if (!g_tok) {
+		fprintf(stderr, "kn_tok_open(%s): %s\n", argv[1], err);
+		return 1;
+	}
+	rc = cmocka_run_group_tests(tests, setup, teardown);
+	kn_tok_close(g_tok);
+	return rc;
+}
