@@ -39,7 +39,7 @@ struct chain {
 };
 
 static int chain_open(struct chain *c, const struct kn_model *m, enum kn_backend be, int n_stages,
-		      int plan, int n_slots, int bps)
+		      int plan, int n_slots, int bps, int narrow)
 {
 	const struct kn_model_config *cfg = kn_model_config(m);
 	char err[512];
@@ -55,8 +55,10 @@ static int chain_open(struct chain *c, const struct kn_model *m, enum kn_backend
 		o.n_blocks = n_slots * bps;
 		o.n_slots = n_slots;
 		o.max_blocks_per_slot = bps;
-		o.n_plans = 1;
-		o.plan_widths[0] = plan;
+		/* narrow: plans {8, plan}, so decode steps run the skinny-GEMM path */
+		o.n_plans = narrow && plan > 8 ? 2 : 1;
+		o.plan_widths[0] = o.n_plans == 2 ? 8 : plan;
+		o.plan_widths[1] = plan;
 		c->st[s] = kn_stage_create(m, be, &o, err, sizeof(err));
 		if (!c->st[s]) {
 			if (errno == ENODEV)
@@ -118,10 +120,10 @@ static double rel_err(const float *a, const float *b, int n)
 static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_model *m)
 {
 	struct chain g, cpu;
-	int rc = chain_open(&g, m, KN_BACKEND_CUDA, 1, PROMPT, 1, 8);
+	int rc = chain_open(&g, m, KN_BACKEND_CUDA, 1, PROMPT, 1, 8, 1);
 	if (rc == 77)
 		exit(77);
-	if (rc || chain_open(&cpu, m, KN_BACKEND_CPU, 1, PROMPT, 1, 8)) {
+	if (rc || chain_open(&cpu, m, KN_BACKEND_CPU, 1, PROMPT, 1, 8, 1)) {
 		FAIL("opening the engines");
 		return;
 	}
@@ -183,9 +185,9 @@ static void a_column_has_the_same_bits_solo_batched_and_split(const struct kn_mo
 {
 	struct chain solo, bat, split;
 	const int bps = 8;
-	if (chain_open(&solo, m, KN_BACKEND_CUDA, 1, plan, n_batch, bps) ||
-	    chain_open(&bat, m, KN_BACKEND_CUDA, 1, plan, n_batch, bps) ||
-	    chain_open(&split, m, KN_BACKEND_CUDA, 2, plan, n_batch, bps)) {
+	if (chain_open(&solo, m, KN_BACKEND_CUDA, 1, plan, n_batch, bps, 0) ||
+	    chain_open(&bat, m, KN_BACKEND_CUDA, 1, plan, n_batch, bps, 0) ||
+	    chain_open(&split, m, KN_BACKEND_CUDA, 2, plan, n_batch, bps, 0)) {
 		FAIL("opening the engines");
 		return;
 	}
