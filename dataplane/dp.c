@@ -914,6 +914,27 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		}
 	}
 	fprintf(stderr, "dataplane %u: stopping\n", eff.node);
+	for (unsigned i = 0; i < d->stats->n_peers; i++) {
+		const struct dp_peer_stats *ps = &d->stats->peer[i];
+		fprintf(stderr, "  peer %u: tx %llu frames %llu B, rx %llu frames %llu B, retransmits %llu, "
+			"timeouts %llu, sent %llu, failed %llu, received %llu, restarts %llu, rtt %llu ns\n   drops:",
+			ps->node, (unsigned long long)ps->tx_frames, (unsigned long long)ps->tx_bytes,
+			(unsigned long long)ps->rx_frames, (unsigned long long)ps->rx_bytes,
+			(unsigned long long)ps->retransmits, (unsigned long long)ps->timeouts,
+			(unsigned long long)ps->msgs_sent, (unsigned long long)ps->msgs_failed,
+			(unsigned long long)ps->msgs_received, (unsigned long long)ps->restarts,
+			(unsigned long long)ps->rtt_ns);
+		for (unsigned k = 1; k < DP_DROP_MAX_; k++)
+			if (ps->drops[k])
+				fprintf(stderr, " %s=%llu", dp_drop_reason_name(k), (unsigned long long)ps->drops[k]);
+		fprintf(stderr, "\n");
+	}
+	fprintf(stderr, "  unattributed drops:");
+	for (unsigned k = 1; k < DP_DROP_MAX_; k++)
+		if (d->stats->drops_unknown[k])
+			fprintf(stderr, " %s=%llu", dp_drop_reason_name(k),
+				(unsigned long long)d->stats->drops_unknown[k]);
+	fprintf(stderr, "\n");
 	r = 0;
 out:
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++)

@@ -100,7 +100,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 
 	/* RX mbufs hold a whole frame when the PMD cannot scatter (af_packet);
 	 * memif chains as needed. */
-	uint32_t room = frame_size + RTE_PKTMBUF_HEADROOM;
+	uint32_t room = frame_size + 1024 + RTE_PKTMBUF_HEADROOM; /* af_packet wants its frame slot to fit */
 	if (room > UINT16_MAX)
 		room = UINT16_MAX;
 	char name[32];
