@@ -5,6 +5,7 @@
  * mixes, orders, prefill chunk sizes and block placements, and however the
  * model is split into stages.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -312,6 +313,48 @@ static void a_sampled_sequence_draws_the_same_tokens_for_the_same_seed(void **st
 	assert_true(differs);
 }
 
+static void logprobs_rank_the_logits_and_the_greedy_token_is_the_best(void **state)
+{
+	struct fixture *f = *state;
+	struct kn_stage *st[1];
+	static const int32_t blocks[BPS] = { 0, 1 };
+	enum { K = 5 };
+	make_chain(f, 1, st);
+	set_blocks(st, 1, 0, blocks);
+	struct kn_column cols[3];
+	for (int j = 0; j < 3; j++)
+		cols[j] = (struct kn_column){ .token = 10 + j, .pos = j, .slot = 0, .top_p = 1,
+					      .flags = j == 1 ? 0 : KN_COL_NEED_LOGIT };
+	float *lg = calloc(3 * (size_t)f->vocab, sizeof(float)), lp[3], tlp[3 * K];
+	int32_t toks[3], tid[3 * K];
+	struct kn_step step = { .n_cols = 3, .cols = cols, .tokens_out = toks, .logits_out = lg, .n_logprobs = K,
+				.token_logprob_out = lp, .top_ids_out = tid, .top_logprobs_out = tlp };
+	assert_int_equal(kn_stage_step(st[0], &step), 0);
+	assert_int_equal(toks[1], -1); /* no logit asked */
+	for (int j = 0; j < 3; j += 2) {
+		const float *row = lg + (size_t)j * (size_t)f->vocab;
+		double mx = row[0], sum = 0;
+		for (int32_t i = 0; i < f->vocab; i++)
+			mx = row[i] > mx ? row[i] : mx;
+		for (int32_t i = 0; i < f->vocab; i++)
+			sum += exp(row[i] - mx);
+		assert_int_equal(toks[j], tid[j * K]);
+		assert_float_equal(lp[j], tlp[j * K], 0);
+		for (int k = 0; k < K; k++) {
+			int32_t id = tid[j * K + k];
+			assert_float_equal(tlp[j * K + k], row[id] - mx - log(sum), 1e-5);
+			if (k)
+				assert_true(row[id] <= row[tid[j * K + k - 1]]);
+			int above = 0; /* exactly k logits rank above the k-th */
+			for (int32_t i = 0; i < f->vocab; i++)
+				above += row[i] > row[id];
+			assert_true(above <= k);
+		}
+	}
+	free(lg);
+	kn_stage_destroy(st[0]);
+}
+
 int main(void)
 {
 	const char *mk = getenv("KVF_MKMODEL");
@@ -322,6 +365,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(batched_and_split_runs_match_each_sequence_alone_bit_for_bit),
 		cmocka_unit_test(a_sampled_sequence_draws_the_same_tokens_for_the_same_seed),
+		cmocka_unit_test(logprobs_rank_the_logits_and_the_greedy_token_is_the_best),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
