@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,18 +327,30 @@ static void free_pool(struct cpu_stage *c)
 	}
 }
 
+/* Allocate a pool of @p n_blocks; the old one is freed only on success, so
+ * a failed resize leaves the stage as it was. */
 static int alloc_pool(struct cpu_stage *c, int32_t n_blocks)
 {
 	size_t per = (size_t)n_blocks * KN_PAGE_BLK * (size_t)c->KVD;
-	for (int32_t l = 0; l < c->nl; l++) {
+	float **nk = calloc((size_t)c->nl * 2, sizeof(float *));
+	if (!nk)
+		return -ENOMEM;
+	for (int32_t l = 0; l < 2 * c->nl; l++) {
 		/* calloc: unwritten K/V reads as zeros, never as garbage. */
-		c->L[l].kc = calloc(per, sizeof(float));
-		c->L[l].vc = calloc(per, sizeof(float));
-		if (!c->L[l].kc || !c->L[l].vc) {
-			free_pool(c);
+		nk[l] = calloc(per, sizeof(float));
+		if (!nk[l]) {
+			for (int32_t i = 0; i < l; i++)
+				free(nk[i]);
+			free(nk);
 			return -ENOMEM;
 		}
 	}
+	free_pool(c);
+	for (int32_t l = 0; l < c->nl; l++) {
+		c->L[l].kc = nk[2 * l];
+		c->L[l].vc = nk[2 * l + 1];
+	}
+	free(nk);
 	c->kv_bytes = 2 * per * sizeof(float) * (size_t)c->nl;
 	c->base.n_blocks = n_blocks;
 	return 0;
@@ -346,7 +359,6 @@ static int alloc_pool(struct cpu_stage *c, int32_t n_blocks)
 static int cpu_set_pool(struct kn_stage *s, int32_t n_blocks)
 {
 	struct cpu_stage *c = cs(s);
-	free_pool(c);
 	int rc = alloc_pool(c, n_blocks);
 	if (rc)
 		kn_stage_seterr(s, "kn_stage_set_pool(%d): out of memory for %zu bytes of KV", n_blocks,
@@ -409,6 +421,17 @@ static const struct kn_tensor *lt(const struct kn_model *m, int32_t l, const cha
 	return t;
 }
 
+static void fill_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fill_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
 static float *ws(struct cpu_stage *c, size_t n, int *fail)
 {
 	float *p = calloc(n ? n : 1, sizeof(float));
@@ -424,7 +447,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 	struct cpu_stage *c = calloc(1, sizeof(*c));
 	int fail = 0, rc;
 	if (!c) {
-		snprintf(err, errlen, "kn_stage_create(cpu): out of memory");
+		fill_err(err, errlen, "kn_stage_create(cpu): out of memory");
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -518,7 +541,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 		size_t b = s->opts.kv_budget_bytes / per_block;
 		nb = b > INT32_MAX ? INT32_MAX : (int32_t)b;
 		if (nb < 1) {
-			snprintf(err, errlen, "kn_stage_create(cpu): kv_budget_bytes %zu holds no block (%zu bytes each for layers [%d, %d)); raise the budget",
+			fill_err(err, errlen, "kn_stage_create(cpu): kv_budget_bytes %zu holds no block (%zu bytes each for layers [%d, %d)); raise the budget",
 				 s->opts.kv_budget_bytes, per_block, s->opts.layer_start, s->opts.layer_end);
 			cpu_destroy(s);
 			errno = EINVAL;
@@ -532,7 +555,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 		goto nomem;
 	return s;
 nomem:
-	snprintf(err, errlen, "kn_stage_create(cpu): out of memory for layers [%d, %d) (workspace %zu bytes, %d KV blocks)",
+	fill_err(err, errlen, "kn_stage_create(cpu): out of memory for layers [%d, %d) (workspace %zu bytes, %d KV blocks)",
 		 s->opts.layer_start, s->opts.layer_end, c->ws_bytes, s->opts.n_blocks);
 	cpu_destroy(s);
 	errno = ENOMEM;
