@@ -192,7 +192,7 @@ static const char g_dashboard[] =
 	" reps.forEach((p,i)=>{h+='<h2>replica '+i+': '+p.n_stages+' stages, '+p.n_groups+' groups</h2>';\n"
 	"  h+='<p>pipeline occupancy '+bar(p.occupancy)+' (ideal '+((p.ideal_occupancy||0)*100).toFixed(1)+'%), round trip '+num(p.mean_round_trip_us)+' &micro;s, live '+p.live+', queued '+p.queued+', KV blocks '+p.blocks_in_use+'/'+p.blocks_total+'</p>';\n"
 	"  h+='<table><tr><th>stage</th><th>steps</th><th>columns</th><th>cols/step</th><th>mean step &micro;s</th><th>busy</th></tr>';\n"
-	"  (p.stages||[]).forEach((st,j)=>{h+='<tr><td>'+j+'</td><td>'+st.steps+'</td><td>'+st.cols+'</td><td>'+(st.steps?(st.cols/st.steps).toFixed(1):'-')+'</td><td>'+num(st.mean_step_us)+'</td><td style=\"text-align:left\">'+bar(st.busy_frac)+'</td></tr>';});\n"
+	"  (p.stages||[]).forEach((st,j)=>{h+='<tr><td>'+j+'</td><td>'+st.steps_total+'</td><td>'+st.cols_total+'</td><td>'+(st.steps_total?(st.cols_total/st.steps_total).toFixed(1):'-')+'</td><td>'+num(st.mean_step_us)+'</td><td style=\"text-align:left\">'+bar(st.busy_frac)+'</td></tr>';});\n"
 	"  h+='</table>';});\n"
 	" document.getElementById('reps').innerHTML=h;document.getElementById('http').innerHTML=kv(s.http);\n"
 	"}catch(e){document.getElementById('err').textContent='cannot fetch /stats: '+e;}}\n"

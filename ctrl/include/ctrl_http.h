@@ -127,6 +127,23 @@ json_t *ctrl_http_stats_json(struct ctrl_http *h);
  */
 char *ctrl_http_prometheus(const json_t *stats);
 
+/* ---- the scheduler as a backend (http_backend.c) ---- */
+
+/**
+ * Fill @p be with an adapter over the dispatcher @p d (borrowed: it must
+ * outlive the server): submit and cancel go to ctrl_dispatch_*, stats to
+ * ctrl_http_sched_stats_json().
+ */
+void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch *d);
+
+/**
+ * The scheduler counters of every replica: {"replicas":[{...,"stages":
+ * [{"steps","cols","mean_step_us","busy_frac"}]}], "live","queued",...}.
+ * Counter keys end in _total. Thread-safe.
+ * @return a new reference, or NULL (ENOMEM).
+ */
+json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,598 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-ctrld: the serving daemon. Reads the configuration, opens the
+ * model and its tokenizer, builds one scheduler per replica over an
+ * in-process chain of kn_ stage engines, serves the HTTP API and the admin
+ * socket, and drives the schedulers from the main thread.
+ *
+ * Lifecycle: READY=1 goes to systemd once HTTP and the admin socket
+ * listen. SIGTERM/SIGINT drain: new requests get 503, requests in flight
+ * finish (or are cancelled after drain_timeout), then everything closes in
+ * reverse order of opening. `ctrlctl drain` / `resume` toggle admission
+ * without exiting.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if __has_include(<systemd/sd-daemon.h>)
+#include <systemd/sd-daemon.h>
+#else
+static int sd_notify(int unset, const char *state)
+{
+	(void)unset;
+	(void)state;
+	return 0;
+}
+static int sd_notifyf(int unset, const char *fmt, ...)
+{
+	(void)unset;
+	(void)fmt;
+	return 0;
+}
+#endif
+
+#include "ctrl_admin.h"
+#include "ctrl_chain.h"
+#include "ctrl_config.h"
+#include "ctrl_http.h"
+#include "ctrl_sched.h"
+#include "kn_model.h"
+#include "kn_tok.h"
+#include "kvf_config.h"
+
+/* Idle poll back-off: a poll that found nothing sleeps this long. The CPU
+ * engine's steps take milliseconds, so 50 µs adds under 5% to a round
+ * while keeping an idle daemon off the CPU. */
+#define IDLE_SLEEP_NS 50000L
+
+static volatile sig_atomic_t g_term;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	g_term = 1;
+}
+
+struct daemon {
+	struct ctrl_config *cfg;
+	const struct ctrl_settings *set;
+	struct kn_model *model;
+	struct kn_tok *tok;
+	char model_name[CTRL_CFG_STRLEN];
+	int32_t max_context;
+	int32_t n_stages;
+	int32_t ends[CTRL_CFG_MAX_STAGES];
+	int n_rep;
+	struct ctrl_chain *chains[CTRL_DISPATCH_MAX];
+	struct ctrl_sched *scheds[CTRL_DISPATCH_MAX];
+	struct ctrl_dispatch *disp;
+	struct ctrl_http *http;
+	struct ctrl_admin *admin;
+	double t0;
+	atomic_int stopping;
+	atomic_int stop_poller;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void logmsg(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("kvferry-ctrld: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+/* ---- admin commands ---- */
+
+static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	const struct kn_model_config *mc = kn_model_config(d->model);
+	json_t *st = ctrl_http_sched_stats_json(d->disp);
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O}",
+			  "state", atomic_load(&d->stopping) ? "stopping" : ctrl_http_draining(d->http) ? "draining" : "serving",
+			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
+			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
+			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
+			  "port", ctrl_http_port(d->http), "uptime_s", now_s() - d->t0,
+			  "active_requests", ctrl_http_active(d->http),
+			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
+	json_decref(st);
+	return 0;
+}
+
+static int cmd_stages(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	json_t *reps = json_array(), *stages = json_array();
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	for (int r = 0; r < d->n_rep; r++) {
+		struct ctrl_sched_stats st;
+		ctrl_sched_stats(d->scheds[r], &st);
+		json_array_append_new(reps, json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:I}", "replica", r,
+			"stages", st.n_stages, "groups", st.n_groups, "occupancy", st.occupancy,
+			"ideal_occupancy", st.ideal_occupancy, "round_trip_us", st.mean_round_trip_us,
+			"launches", (json_int_t)st.launches));
+		for (int s = 0; s < st.n_stages; s++) {
+			char layers[32];
+			snprintf(layers, sizeof(layers), "%d-%d", s ? d->ends[s - 1] : 0, d->ends[s]);
+			json_array_append_new(stages, json_pack("{s:i, s:i, s:s, s:I, s:I, s:f, s:f}", "replica", r,
+				"stage", s, "layers", layers, "steps", (json_int_t)st.stage[s].steps,
+				"cols", (json_int_t)st.stage[s].cols, "mean_step_us", st.stage[s].mean_step_us,
+				"busy_frac", st.stage[s].busy_frac));
+		}
+	}
+	*data = json_pack("{s:o, s:o}", "pipelines", reps, "stages", stages);
+	return 0;
+}
+
+static int cmd_pool(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	json_t *rows = json_array();
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	for (int r = 0; r < d->n_rep; r++) {
+		struct ctrl_sched_stats st;
+		ctrl_sched_stats(d->scheds[r], &st);
+		json_array_append_new(rows, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "replica", r,
+			"blocks_total", st.blocks_total, "blocks_in_use", st.blocks_in_use,
+			"blocks_reserved", st.blocks_reserved, "live", st.live, "queued", st.queued,
+			"live_bytes", (json_int_t)st.live_bytes, "queued_bytes", (json_int_t)st.queued_bytes));
+	}
+	*data = rows;
+	return 0;
+}
+
+static int cmd_requests(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = ctrl_http_requests_json(d->http);
+	return *data ? 0 : -ENOMEM;
+}
+
+static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	json_t *peers = json_array();
+	char buf[CTRL_CFG_STRLEN], *save, *tok;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	snprintf(buf, sizeof(buf), "%s", d->set->peers);
+	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		char *eq = strchr(tok, '=');
+		if (eq)
+			*eq = 0;
+		json_array_append_new(peers, json_pack("{s:s, s:s, s:s}", "name", tok, "address", eq ? eq + 1 : "",
+						       "state", "configured"));
+	}
+	*data = json_pack("{s:s, s:s, s:o}", "node_id", d->set->node_id[0] ? d->set->node_id : "(single node)",
+			  "dataplane", "not attached: stages run in this process", "peers", peers);
+	return 0;
+}
+
+static int cmd_config(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = ctrl_config_json(d->cfg);
+	return *data ? 0 : -ENOMEM;
+}
+
+static int cmd_drain(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	int on = !strcmp(cmd, "/ctrl/drain");
+
+	(void)params;
+	(void)err;
+	(void)errlen;
+	ctrl_http_set_draining(d->http, on);
+	sd_notifyf(0, "STATUS=%s %s on %s:%u", on ? "draining;" : "serving", d->model_name,
+		   d->set->listen_address, ctrl_http_port(d->http));
+	logmsg("%s (admin socket)", on ? "draining: new requests get 503" : "resumed admitting requests");
+	*data = json_pack("{s:s, s:i}", "state", on ? "draining" : "serving", "active_requests",
+			  ctrl_http_active(d->http));
+	return 0;
+}
+
+static int register_commands(struct daemon *d)
+{
+	static const struct {
+		const char *cmd, *help;
+		ctrl_admin_fn fn;
+	} t[] = {
+		{"/ctrl/status", "daemon, model and load summary", cmd_status},
+		{"/sched/stages", "per-stage steps, columns, step time, busy share; pipeline occupancy and round trip", cmd_stages},
+		{"/http/requests", "requests in flight: id, endpoint, prompt tokens, generated, age", cmd_requests},
+		{"/sched/pool", "KV block pool per replica: total, in use, reserved for admitted worst cases", cmd_pool},
+		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
+		{"/ctrl/config", "effective configuration and where each value came from", cmd_config},
+		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
+		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
+	};
+
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		int rc = ctrl_admin_register(d->admin, t[i].cmd, t[i].help, t[i].fn, d);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* ---- startup ---- */
+
+static int load_config(struct daemon *d, int argc, char **argv)
+{
+	static const char *const skip[] = {"--config", NULL};
+	static const char *const bare[] = {"--print-config", "--help", "-h", "--version", "--check", NULL};
+	extern char **environ;
+	const char *path = getenv("KVFERRY_CONFIG");
+	int must = path != NULL, rc;
+	char err[1024];
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+			path = argv[i + 1];
+			must = 1;
+		} else if (!strncmp(argv[i], "--config=", 9)) {
+			path = argv[i] + 9;
+			must = 1;
+		}
+	}
+	d->cfg = ctrl_config_new();
+	if (!d->cfg)
+		return -ENOMEM;
+	rc = ctrl_config_load_file(d->cfg, path ? path : CTRL_CONFIG_PATH, must, err, sizeof(err));
+	if (!rc)
+		rc = ctrl_config_load_env(d->cfg, environ, err, sizeof(err));
+	if (!rc)
+		rc = ctrl_config_load_args(d->cfg, argc, argv, skip, bare, err, sizeof(err));
+	if (!rc)
+		rc = ctrl_config_check(d->cfg, err, sizeof(err));
+	if (rc) {
+		logmsg("configuration error: %s", err);
+		return rc;
+	}
+	d->set = ctrl_config_settings(d->cfg);
+	return 0;
+}
+
+static int open_model(struct daemon *d)
+{
+	const struct kn_model_config *mc;
+	char err[1024], dirbuf[CTRL_CFG_STRLEN];
+	int32_t even[CTRL_CFG_MAX_STAGES], n_even;
+
+	d->model = kn_model_open(d->set->model_dir, err, sizeof(err));
+	if (!d->model) {
+		logmsg("kn_model_open(%s) failed: %s (set model_dir in %s or --model-dir)", d->set->model_dir, err,
+		       CTRL_CONFIG_PATH);
+		return -errno;
+	}
+	d->tok = kn_tok_open(d->set->model_dir, err, sizeof(err));
+	if (!d->tok) {
+		logmsg("kn_tok_open(%s) failed: %s", d->set->model_dir, err);
+		return -errno;
+	}
+	mc = kn_model_config(d->model);
+	if (ctrl_config_stages(d->set->stages, mc->n_layers, d->ends, &d->n_stages, err, sizeof(err))) {
+		const char *origin;
+		ctrl_config_source(d->cfg, "stages", &origin);
+		logmsg("stages = %s (from %s): %s", d->set->stages, origin, err);
+		return -EINVAL;
+	}
+	/* The in-process chain splits layers evenly; explicit ranges are
+	 * accepted when they are that split. */
+	snprintf(err, sizeof(err), "%d", d->n_stages);
+	ctrl_config_stages(err, mc->n_layers, even, &n_even, err, sizeof(err));
+	if (memcmp(even, d->ends, (size_t)d->n_stages * sizeof(int32_t))) {
+		logmsg("stages = %s: the in-process chain splits %d layers evenly (%d stages end at layers %d, %d, ...); "
+		       "write stages = %d or the even ranges",
+		       d->set->stages, mc->n_layers, d->n_stages, even[0], n_even > 1 ? even[1] : even[0], d->n_stages);
+		return -EINVAL;
+	}
+	d->max_context = mc->max_position;
+	if (d->set->max_context) {
+		if (d->set->max_context > mc->max_position) {
+			logmsg("max_context %lld exceeds the model's max_position_embeddings %d; lower max_context",
+			       (long long)d->set->max_context, mc->max_position);
+			return -EINVAL;
+		}
+		d->max_context = (int32_t)d->set->max_context;
+	}
+	snprintf(dirbuf, sizeof(dirbuf), "%s", d->set->model_dir);
+	snprintf(d->model_name, sizeof(d->model_name), "%s",
+		 d->set->served_model_name[0] ? d->set->served_model_name : basename(dirbuf));
+	return 0;
+}
+
+static int build_pipelines(struct daemon *d)
+{
+	char err[1024];
+
+	d->n_rep = (int)d->set->replicas;
+	for (int r = 0; r < d->n_rep; r++) {
+		struct ctrl_kn_chain_opts ko;
+		struct ctrl_sched_opts so;
+
+		ctrl_kn_chain_opts_init(&ko);
+		ko.n_stages = d->n_stages;
+		ko.backend = d->set->backend == CTRL_CFG_BACKEND_CUDA ? KN_BACKEND_CUDA : KN_BACKEND_CPU;
+		ko.threaded = d->n_stages > 1;
+		ko.stage.n_slots = (int32_t)d->set->max_slots;
+		ko.stage.max_blocks_per_slot = (d->max_context + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+		ko.stage.n_blocks = d->set->kv_blocks ? (int32_t)d->set->kv_blocks : -1;
+		ko.stage.kv_budget_bytes = (size_t)d->set->kv_memory;
+		ko.stage.kv_mem_fraction = (float)d->set->kv_mem_fraction;
+		ko.stage.n_threads = (int32_t)d->set->threads;
+		ko.stage.device = (int32_t)d->set->device;
+		if (d->set->groups + 1 > ko.max_groups)
+			ko.max_groups = (int32_t)d->set->groups + 1;
+		d->chains[r] = ctrl_kn_chain_create(d->model, &ko, err, sizeof(err));
+		if (!d->chains[r]) {
+			logmsg("replica %d: ctrl_kn_chain_create(%d stages, %s) failed: %s", r, d->n_stages,
+			       ko.backend == KN_BACKEND_CUDA ? "cuda" : "cpu", err);
+			return -errno;
+		}
+		ctrl_sched_opts_init(&so);
+		so.n_groups = (int32_t)d->set->groups;
+		so.mb_cols = (int32_t)d->set->mb_k;
+		so.n_slots = (int32_t)d->set->max_slots;
+		so.max_queue = (int32_t)d->set->max_queue;
+		so.spec = d->set->spec;
+		so.spec_depth = (int32_t)d->set->spec_depth;
+		so.spec_c_full = (int32_t)d->set->spec_c_full;
+		so.spec_c_half = (int32_t)d->set->spec_c_half;
+		so.id_tag = (uint8_t)r;
+		d->scheds[r] = ctrl_sched_create(d->chains[r], &so, err, sizeof(err));
+		if (!d->scheds[r]) {
+			logmsg("replica %d: ctrl_sched_create failed: %s", r, err);
+			return -errno;
+		}
+	}
+	d->disp = ctrl_dispatch_create(d->scheds, d->n_rep);
+	if (!d->disp) {
+		logmsg("ctrl_dispatch_create(%d replicas) failed: %s", d->n_rep, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+static int start_front(struct daemon *d)
+{
+	struct ctrl_http_opts ho;
+	struct ctrl_http_backend be;
+	int32_t eos[16];
+	size_t n_eos;
+	char err[1024];
+	const struct kn_model_config *mc = kn_model_config(d->model);
+
+	/* Stop on the tokenizer's EOS ids and the model's own (config and
+	 * generation_config), without duplicates. */
+	n_eos = kn_tok_eos_ids(d->tok, eos, 8);
+	if (n_eos > 8)
+		n_eos = 8;
+	for (int i = 0; i < mc->n_eos; i++) {
+		int dup = 0;
+		for (size_t j = 0; j < n_eos; j++)
+			dup |= eos[j] == mc->eos_token_ids[i];
+		if (!dup && n_eos < 16)
+			eos[n_eos++] = mc->eos_token_ids[i];
+	}
+	ctrl_http_opts_init(&ho);
+	ho.address = d->set->listen_address;
+	ho.port = (uint16_t)d->set->port;
+	ho.threads = (int32_t)d->set->http_threads;
+	ho.body_limit = (size_t)d->set->request_body_limit;
+	ho.model_name = d->model_name;
+	ho.max_context = d->max_context;
+	ho.max_tokens_default = (int32_t)d->set->max_tokens_default;
+	ho.tok = d->tok;
+	ho.stop_ids = eos;
+	ho.n_stop = (int32_t)n_eos;
+	ctrl_http_backend_sched(&be, d->disp);
+	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
+	if (!d->http) {
+		logmsg("%s", err);
+		return -errno;
+	}
+	d->admin = ctrl_admin_start(d->set->admin_socket, 0660, err, sizeof(err));
+	if (!d->admin) {
+		logmsg("%s", err);
+		return -errno;
+	}
+	return register_commands(d);
+}
+
+static void teardown(struct daemon *d)
+{
+	ctrl_admin_stop(d->admin);
+	ctrl_dispatch_destroy(d->disp);
+	for (int r = 0; r < d->n_rep; r++) {
+		ctrl_sched_destroy(d->scheds[r]);
+		ctrl_chain_destroy(d->chains[r]);
+	}
+	kn_tok_close(d->tok);
+	kn_model_close(d->model);
+	ctrl_config_free(d->cfg);
+}
+
+/* Poll the schedulers until @p done says stop; a poll failure is logged once. */
+static void poll_once(struct daemon *d)
+{
+	static atomic_int reported;
+	int rc = ctrl_dispatch_poll(d->disp);
+
+	if (rc < 0 && !atomic_exchange(&reported, 1))
+		logmsg("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
+	if (rc == CTRL_SCHED_IDLE) {
+		struct timespec ts = {0, IDLE_SLEEP_NS};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static void *poller(void *arg)
+{
+	struct daemon *d = arg;
+
+	while (!atomic_load(&d->stop_poller))
+		poll_once(d);
+	return NULL;
+}
+
+static void serve(struct daemon *d)
+{
+	double deadline = 0;
+	int cancelled = 0;
+
+	while (!g_term)
+		poll_once(d);
+	/* Drain: refuse new work, let what is in flight finish. */
+	ctrl_http_set_draining(d->http, 1);
+	atomic_store(&d->stopping, 1);
+	sd_notify(0, "STOPPING=1\nSTATUS=draining before exit");
+	logmsg("SIGTERM: draining %d request(s), at most %lld s", ctrl_http_active(d->http),
+	       (long long)d->set->drain_timeout);
+	deadline = now_s() + (double)d->set->drain_timeout;
+	while (ctrl_http_active(d->http) > 0) {
+		poll_once(d);
+		if (!cancelled && now_s() > deadline) {
+			logmsg("drain_timeout (%lld s) passed: cancelling %d request(s); raise drain_timeout to wait longer",
+			       (long long)d->set->drain_timeout, ctrl_http_cancel_all(d->http));
+			cancelled = 1;
+			deadline = now_s() + 5;
+		} else if (cancelled && now_s() > deadline) {
+			logmsg("requests did not end 5 s after cancel: exiting anyway");
+			break;
+		}
+	}
+	/* ctrl_http_stop cancels what is left and waits for the backend's
+	 * last callbacks: keep the schedulers turning on a helper thread
+	 * meanwhile (this thread is blocked in the stop). */
+	{
+		pthread_t th;
+		struct ctrl_http *h = d->http;
+
+		atomic_store(&d->stop_poller, 0);
+		if (pthread_create(&th, NULL, poller, d) == 0) {
+			ctrl_http_stop(h);
+			atomic_store(&d->stop_poller, 1);
+			pthread_join(th, NULL);
+		} else {
+			logmsg("pthread_create(poller) failed: leaving the HTTP server to process exit");
+		}
+		d->http = NULL;
+	}
+}
+
+static void usage(void)
+{
+	printf("usage: kvferry-ctrld [--config PATH] [--print-config] [--check] [OPTION VALUE ...]\n"
+	       "Serves an OpenAI-compatible API for the model in model_dir.\n"
+	       "Configuration: %s (INI), then KVFERRY_* variables, then these options:\n", CTRL_CONFIG_PATH);
+	ctrl_config_print_usage(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	struct daemon d;
+	struct sigaction sa;
+	int check_only = 0, rc;
+
+	memset(&d, 0, sizeof(d));
+	d.t0 = now_s();
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--print-config")) {
+			return ctrl_config_print_defaults(stdout) ? 1 : 0;
+		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage();
+			return 0;
+		} else if (!strcmp(argv[i], "--version")) {
+			printf("kvferry-ctrld %s\n", KVF_VERSION);
+			return 0;
+		} else if (!strcmp(argv[i], "--check")) {
+			check_only = 1;
+		}
+	}
+	if (load_config(&d, argc, argv)) {
+		ctrl_config_free(d.cfg);
+		return 2;
+	}
+	if (check_only) {
+		printf("configuration OK\n");
+		ctrl_config_free(d.cfg);
+		return 0;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	rc = open_model(&d);
+	if (!rc)
+		rc = build_pipelines(&d);
+	if (!rc)
+		rc = start_front(&d);
+	if (rc) {
+		ctrl_http_stop(d.http);
+		teardown(&d);
+		return 1;
+	}
+	logmsg("serving %s (%s, %d layers in %d stage(s) x %d replica(s), context %d) on http://%s:%u, admin %s",
+	       d.model_name, kn_arch_name(kn_model_config(d.model)->arch), kn_model_config(d.model)->n_layers,
+	       d.n_stages, d.n_rep, d.max_context, d.set->listen_address, ctrl_http_port(d.http),
+	       d.set->admin_socket);
+	sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s:%u", d.model_name, d.set->listen_address,
+		   ctrl_http_port(d.http));
+	serve(&d);
+	teardown(&d);
+	logmsg("stopped");
+	return 0;
+}
