@@ -187,10 +187,13 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	snprintf(path, sizeof(path), "%s/config.json", dir);
 	root = json_load_file(path, 0, &je);
 	if (!root) {
-		int e = access(path, R_OK) ? errno : EINVAL;
-		seterr(err, errlen, "json_load_file(%s) failed: %s (line %d); a model directory needs a Hugging Face config.json",
-		       path, je.text, je.line);
-		return -e;
+		if (access(path, R_OK)) {
+			int e = errno;
+			seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
+			return -e;
+		}
+		seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
+		return -EINVAL;
 	}
 	/* Multimodal wrappers nest the text model; plain decoders do not. */
 	v = json_object_get(root, "text_config");
