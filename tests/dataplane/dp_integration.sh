@@ -31,7 +31,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-common=(--idle-mode sleep --mbufs 4095 --region-size 320)
+# DP_IDLE=poll DP_FIXED=BYTES DP_IMPAIR=... turn a run into a benchmark (scripts/dp-bench)
+common=(--idle-mode "${DP_IDLE:-sleep}" --mbufs 4095 --region-size 320)
+fixed=() verify=()
+[ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
   memif|memif-impair|restart)
@@ -47,13 +50,14 @@ case $mode in
     nsA=(ip netns exec kvfA$tag) nsB=(ip netns exec kvfB$tag)
     portA="net_af_packet0,iface=vA$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=1"
     portB="net_af_packet0,iface=vB$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=1"
-    # jumbo frames whose tpacket slot is a power of two: 9000 B in 9472 B slots
-    # never left the kernel TX ring on this machine (DPDK 22.11, kernel 6.x)
+    # tpacket slots must be a power of two here: 9000 B frames in 9472 B
+    # slots never left the kernel TX ring on this machine (DPDK 22.11)
     frame=${AFP_FRAME:-8000} ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 imp=()
 [ "$mode" = memif-impair ] && imp=(--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=7)
+[ -n "${DP_IMPAIR:-}" ] && imp=(--impair "$DP_IMPAIR")
 
 startB() { # $1: extra args
   "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
@@ -100,16 +104,16 @@ if [ "$mode" = restart ]; then
 fi
 
 "$cli" --region "$rb" --recv --peer 1 --streams 4 --count "$N" --seed 42 --timeout 60 \
-  >"$tmp/recv.log" 2>&1 &
+  "${fixed[@]}" "${verify[@]}" >"$tmp/recv.log" 2>&1 &
 pr=$!; pids+=($pr)
 "$cli" --region "$ra" --send --peer 2 --streams 4 --count "$N" --seed 42 --inflight 128 --timeout 60 \
-  >"$tmp/send.log" 2>&1
+  "${fixed[@]}" "${verify[@]}" >"$tmp/send.log" 2>&1
 rs=$?
 wait $pr; rr=$?
 kill -TERM $pidA $pidB; wait $pidA $pidB 2>/dev/null
 cat "$tmp/send.log" "$tmp/recv.log" "$tmp/A.log" "$tmp/B.log" | grep -v '^EAL\|^TELEMETRY'
 [ $rs = 0 ] && [ $rr = 0 ] || fail "send rc $rs, recv rc $rr"
-if [ "$mode" = memif-impair ]; then
+if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
   # the impairment must really have happened, on both directions
   grep -q "impair=[1-9]" "$tmp/B.log" && grep -q "impair=[1-9]" "$tmp/A.log" || fail "no impairment drops counted"
   grep -q "retransmits [1-9]" "$tmp/A.log" || fail "no retransmissions: the lossy path was not exercised"
