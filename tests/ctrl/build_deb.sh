@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the .deb with scripts/build-deb and checks what it would install,
+# without installing it: dpkg-deb -I/-c, then dpkg-deb -x into a temp dir
+# where the packaged daemon must accept the packaged config file.
+#   build_deb.sh SOURCE_ROOT BUILD_DIR
+set -uo pipefail
+root=$1 build=$2
+command -v dpkg-deb >/dev/null || { echo "dpkg-deb not found: skipping"; exit 77; }
+tmp=$(mktemp -d /tmp/kvf-deb-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+deb=$("$root/scripts/build-deb" "$build" "$tmp" 2>/dev/null | tail -1)
+[ -f "$deb" ] || fail "scripts/build-deb produced no .deb"
+info=$(dpkg-deb -I "$deb")
+echo "$info" | grep -q "^ Package: kvferry$" || fail "control has no Package: kvferry"
+echo "$info" | grep -q "^ Version: " || fail "control has no Version"
+[ "$(dpkg-deb -f "$deb" Package)" = kvferry ] || fail "dpkg-deb -f Package"
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/kvferry/kvferry.conf \
+  || fail "/etc/kvferry/kvferry.conf is not a conffile"
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -q "adduser --system" \
+  || fail "postinst does not create the kvferry system user"
+list=$(dpkg-deb -c "$deb")
+for p in ./usr/bin/kvferry-ctrld ./usr/bin/ctrlctl ./etc/kvferry/kvferry.conf \
+         ./lib/systemd/system/kvferry-ctrld.service ./lib/systemd/system/kvferry-dataplane.service \
+         ./lib/systemd/system/kvferry-worker@.service ./usr/lib/tmpfiles.d/kvferry.conf; do
+  echo "$list" | grep -q " $p\$" || fail "$p is not in the package"
+done
+echo "$list" | awk '$1 ~ /^d/ && $1 != "drwxr-xr-x" { bad = 1; print "bad mode:", $0 } END { exit bad }' \
+  || fail "a directory is not 0755"
+echo "ok    the package holds the binaries, units, tmpfiles.d and a conffile"
+
+dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x"
+grep -q "^Type=notify" "$tmp/root/lib/systemd/system/kvferry-ctrld.service" || fail "kvferry-ctrld.service is not Type=notify"
+grep -q "^d /run/kvferry 0750 kvferry kvferry" "$tmp/root/usr/lib/tmpfiles.d/kvferry.conf" || fail "tmpfiles.d does not create /run/kvferry"
+conf=$tmp/root/etc/kvferry/kvferry.conf
+# Every key is there, commented, with its default: uncommented it must still parse.
+for k in listen_address port model_dir served_model_name stages backend threads kv_blocks kv_memory \
+         max_slots mb_k groups max_tokens_default max_context request_body_limit admin_socket \
+         spec_depth spec_c_full spec_c_half replicas node_id peers drain_timeout; do
+  grep -q "^#$k = " "$conf" || fail "key $k is missing from the packaged kvferry.conf"
+done
+"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" >/dev/null || fail "the packaged daemon rejects the packaged config"
+sed 's/^#\([a-z_]* = \)/\1/' "$conf" > "$tmp/uncommented.conf"
+"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" >/dev/null \
+  || fail "the packaged config with every default uncommented is rejected"
+echo "ok    the packaged config lists every key and the packaged daemon accepts it"
