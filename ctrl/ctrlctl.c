@@ -198,10 +198,12 @@ int main(int argc, char **argv)
 			sock = argv[i] + 9;
 		else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			usage(stdout);
+			json_decref(params);
 			return 0;
 		} else if (argv[i][0] == '-') {
 			fprintf(stderr, "ctrlctl: unknown option '%s'\n", argv[i]);
 			usage(stderr);
+			json_decref(params);
 			return 2;
 		} else if (!cmd)
 			cmd = argv[i];
@@ -209,6 +211,7 @@ int main(int argc, char **argv)
 			char *eq = strchr(argv[i], '=');
 			if (!eq) {
 				fprintf(stderr, "ctrlctl: argument '%s' is not key=value\n", argv[i]);
+				json_decref(params);
 				return 2;
 			}
 			*eq = 0;
@@ -217,6 +220,7 @@ int main(int argc, char **argv)
 	}
 	if (!cmd) {
 		usage(stderr);
+		json_decref(params);
 		return 2;
 	}
 	if (!sock)

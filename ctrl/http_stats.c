@@ -62,9 +62,13 @@ static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const ch
 	char line[128];
 	int counter = strlen(name) > 6 && !strcmp(name + strlen(name) - 6, "_total");
 	char key[512];
-
 	/* One TYPE line per metric name, before its first sample. */
-	snprintf(key, sizeof(key), "\n%s\n", name);
+	size_t nl = strlen(name) < sizeof(key) - 3 ? strlen(name) : sizeof(key) - 3;
+
+	key[0] = '\n';
+	memcpy(key + 1, name, nl);
+	key[nl + 1] = '\n';
+	key[nl + 2] = 0;
 	if (!seen->p || !strstr(seen->p, key)) {
 		sbuf_add(seen, key, strlen(key));
 		sbuf_add(out, "# TYPE ", 7);
@@ -90,6 +94,8 @@ static void walk(const json_t *j, const char *prefix, const char *labels, struct
 	json_object_foreach((json_t *)j, key, v) {
 		struct sbuf name = {0};
 		metric_name(&name, prefix, key);
+		if (!name.p)
+			continue; /* out of memory: leave the sample out */
 		if (json_is_number(v))
 			emit(out, seen, name.p, labels, json_number_value(v));
 		else if (json_is_boolean(v))
