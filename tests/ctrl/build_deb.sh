@@ -13,18 +13,18 @@ fail() { echo "FAIL: $*"; exit 1; }
 deb=$("$root/scripts/build-deb" "$build" "$tmp" 2>/dev/null | tail -1)
 [ -f "$deb" ] || fail "scripts/build-deb produced no .deb"
 info=$(dpkg-deb -I "$deb")
-echo "$info" | grep -q "^ Package: kvferry$" || fail "control has no Package: kvferry"
-echo "$info" | grep -q "^ Version: " || fail "control has no Version"
+grep -q "^ Package: kvferry$" <<<"$info" || fail "control has no Package: kvferry"
+grep -q "^ Version: " <<<"$info" || fail "control has no Version"
 [ "$(dpkg-deb -f "$deb" Package)" = kvferry ] || fail "dpkg-deb -f Package"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/kvferry/kvferry.conf \
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -x /etc/kvferry/kvferry.conf >/dev/null \
   || fail "/etc/kvferry/kvferry.conf is not a conffile"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep -q "adduser --system" \
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep "adduser --system" >/dev/null \
   || fail "postinst does not create the kvferry system user"
 list=$(dpkg-deb -c "$deb")
 for p in ./usr/bin/kvferry-ctrld ./usr/bin/ctrlctl ./etc/kvferry/kvferry.conf \
          ./lib/systemd/system/kvferry-ctrld.service ./lib/systemd/system/kvferry-dataplane.service \
          ./lib/systemd/system/kvferry-worker@.service ./usr/lib/tmpfiles.d/kvferry.conf; do
-  echo "$list" | grep -q " $p\$" || fail "$p is not in the package"
+  grep -q " $p\$" <<<"$list" || fail "$p is not in the package"
 done
 echo "$list" | awk '$1 ~ /^d/ && $1 != "drwxr-xr-x" { bad = 1; print "bad mode:", $0 } END { exit bad }' \
   || fail "a directory is not 0755"

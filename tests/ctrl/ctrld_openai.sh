@@ -4,7 +4,7 @@
 # request in flight before the daemon exits.
 #   ctrld_openai.sh KVFERRY_CTRLD KVFERRY_MKMODEL CTRLCTL SOURCE_ROOT
 # Exits 77 (skip) when node or the npm references are missing.
-set -uo pipefail
+set -u  # no pipefail: `producer | grep -q` may SIGPIPE the producer
 ctrld=$1 mkmodel=$2 ctrlctl=$3 root=$4
 ref=$root/tests/reference
 
