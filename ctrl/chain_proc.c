@@ -1,0 +1,914 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The stage chain to kvferry-worker processes (see ctrl_proc_chain.h).
+ *
+ * Invariants:
+ *  - Epochs: every message carries the chain's epoch; a stage death bumps
+ *    it, so whatever the old epoch left in rings (data for groups already
+ *    failed, results that come back late) is dropped by workers and here.
+ *  - One message per group in flight, in buffer g of ctrld's output area:
+ *    group g's buffer is rewritten only after its result came back (or, after
+ *    a death, after the re-formed chain answered a JOIN, which every stage
+ *    reads after everything queued ahead of it).
+ *  - The KV block count is fixed at the first setup: a re-formed chain must
+ *    hold exactly that many blocks on every stage, since the scheduler has
+ *    handed out ids up to it.
+ *  - Slots whose KV may be missing on some stage (touched before a death)
+ *    are tainted; a group carrying a tainted slot's column travels as
+ *    OPS_ONLY with an error, so its ops still reach every stage (block tables
+ *    stay identical) while its requests end. ZERO_SLOT, delivered, cures.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctrl_proc_chain.h"
+#include "dataplane/include/dp_ipc.h"
+#include "shm_live.h"
+#include "shm_mb.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
+static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
+
+#define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
+#define PC_LIVE_EVERY_NS 50000000ull
+#define PC_REJOIN_NS 3000000000ull
+
+enum pc_state {
+	PC_UP = 0,
+	PC_JOINING = 1, /* JOIN sent, waiting for it to come back */
+	PC_POOLING = 2, /* POOL sent */
+};
+
+struct pc_grp {
+	int busy, done;
+	uint64_t seq, t_submit;
+	int32_t n_cols;
+	int status;
+	int32_t *tokens;
+	float *lps;
+	char err[CTRL_CHAIN_ERRLEN];
+};
+
+struct proc_chain {
+	struct ctrl_chain base;
+	struct ctrl_proc_chain_opts o;
+	FILE *log;
+	const struct kn_model *m;
+	uint64_t fp;
+	int32_t n_layers;
+	struct shm_region *reg;
+	int created;
+	struct shm_ring *first, *ret, *ev;
+	struct shm_pool *rx_small, *rx_large;
+	uint64_t out_off;
+	size_t buf_bytes;
+	int32_t n_bufs, max_cols, max_ops, setup_flip;
+	struct ctrl_chain_info info;
+	int32_t ends[CTRL_CHAIN_MAX_STAGES];
+	struct shm_mb_stage st[SHM_MB_MAX_STAGES];
+	int stage_up[SHM_MB_MAX_STAGES];
+	enum pc_state state;
+	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
+	int setup_ok;        /* the synchronous setup finished */
+	int32_t n_blocks;    /* fixed at the first setup */
+	uint8_t *touched, *tainted;
+	struct pc_grp *g;
+	uint32_t *done;
+	int32_t done_head, done_n;
+	uint64_t t_first, t_last;
+	struct ctrl_chain_stage_stats sst[CTRL_CHAIN_MAX_STAGES];
+	char down_why[CTRL_CHAIN_ERRLEN];
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_us(long us)
+{
+	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
+
+	nanosleep(&ts, NULL);
+}
+
+__attribute__((format(printf, 3, 4))) static void fmt(char *b, size_t n, const char *f, ...)
+{
+	va_list ap;
+
+	va_start(ap, f);
+	vsnprintf(b, n, f, ap); /* cut to the fixed error field on purpose */
+	va_end(ap);
+}
+
+void ctrl_proc_chain_opts_init(struct ctrl_proc_chain_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->first_ring = "serve.s0.in";
+	o->return_ring = "serve.ret";
+	o->n_stages = 2;
+	kn_stage_opts_init(&o->stage);
+	o->max_groups = 32;
+	o->join_timeout_ms = 60000;
+	o->group_timeout_ms = 30000;
+	o->stale_ms = 2000;
+}
+
+int ctrl_proc_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, size_t errlen)
+{
+	if (n < 1 || n > CTRL_CHAIN_MAX_STAGES || n > n_layers) {
+		snprintf(err, errlen, "%d stages for a %d-layer model: use 1..%d", n, n_layers,
+			 n_layers < CTRL_CHAIN_MAX_STAGES ? n_layers : CTRL_CHAIN_MAX_STAGES);
+		return -EINVAL;
+	}
+	if (ends[0] == 0) {
+		for (int32_t k = 0; k < n; k++)
+			ends[k] = (int32_t)((int64_t)n_layers * (k + 1) / n);
+		return 0;
+	}
+	for (int32_t k = 0; k < n; k++) {
+		int32_t start = k == 0 ? 0 : ends[k - 1];
+
+		if (ends[k] <= start) {
+			snprintf(err, errlen, "stage %d ends at layer %d, not after its start %d: ranges must "
+				 "be consecutive and non-empty", k, ends[k], start);
+			return -EINVAL;
+		}
+	}
+	if (ends[n - 1] != n_layers) {
+		snprintf(err, errlen, "the stages cover layers 0..%d but the model has %d layers: the last "
+			 "range must end at %d", ends[n - 1], n_layers, n_layers);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static struct shm_ring *ring_open(struct shm_region *r, const char *name)
+{
+	for (int tries = 0; tries < 2000; tries++) {
+		struct shm_ring *q = shm_ring_lookup(r, name);
+
+		if (q != NULL)
+			return q;
+		if (errno == ENOENT) {
+			q = shm_ring_create(r, name, PC_RING_COUNT, sizeof(struct shm_desc), 0);
+			if (q != NULL || errno != EEXIST)
+				return q;
+		} else if (errno != EPROTO) {
+			return NULL;
+		}
+		sleep_us(1000);
+	}
+	return NULL;
+}
+
+static struct shm_mb_hdr *buf_at(struct proc_chain *c, int32_t i)
+{
+	return shm_ptr(c->reg, c->out_off + (uint64_t)i * c->buf_bytes);
+}
+
+static void push_done(struct proc_chain *c, uint32_t gi)
+{
+	c->done[(c->done_head + c->done_n) % c->o.max_groups] = gi;
+	c->done_n++;
+	c->g[gi].done = 1;
+	c->t_last = mono_ns();
+}
+
+/* ---- setup ---- */
+
+static int send_setup(struct proc_chain *c, enum shm_mb_kind kind)
+{
+	struct shm_mb_hdr *h;
+	struct shm_mb_setup *s;
+	struct shm_desc d;
+
+	c->setup_flip ^= 1;
+	h = buf_at(c, c->o.max_groups + c->setup_flip);
+	memset(h, 0, shm_mb_size(SHM_MB_JOIN, 0, 0, 0));
+	h->magic = SHM_MB_MAGIC;
+	h->version = SHM_MB_VERSION;
+	h->kind = (uint16_t)kind;
+	h->epoch = c->epoch;
+	h->seq = ++c->seq;
+	h->n_stages = c->o.n_stages;
+	h->total_len = (uint32_t)shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
+	s = shm_mb_payload(h);
+	s->proto = SHM_MB_PROTO;
+	s->n_stages = c->o.n_stages;
+	s->fingerprint = c->fp;
+	s->n_slots = c->o.stage.n_slots;
+	s->max_blocks_per_slot = c->o.stage.max_blocks_per_slot;
+	s->n_blocks = kind == SHM_MB_POOL ? c->n_blocks : (c->n_blocks > 0 ? -1 : c->o.stage.n_blocks);
+	s->max_groups = c->o.max_groups;
+	s->max_cols = c->max_cols;
+	s->max_ops = c->max_ops;
+	for (int32_t p = 0; p < c->o.stage.n_plans && p < SHM_MB_MAX_PLANS; p++)
+		s->plan_widths[p] = c->o.stage.plan_widths[p];
+	s->n_plans = c->o.stage.n_plans;
+	s->n_threads = c->o.stage.n_threads;
+	s->kv_budget_bytes = c->o.stage.kv_budget_bytes;
+	s->kv_mem_fraction = c->o.stage.kv_mem_fraction;
+	for (int32_t k = 0; k < c->o.n_stages; k++) {
+		if (kind == SHM_MB_POOL)
+			s->stage[k] = c->st[k]; /* the joined reports; each stage updates its own */
+		s->stage[k].status = 0;
+		s->stage[k].err[0] = '\0';
+		s->stage[k].layer_start = k == 0 ? 0 : c->ends[k - 1];
+		s->stage[k].layer_end = c->ends[k];
+		if (kind == SHM_MB_JOIN) {
+			s->stage[k].node = -1;
+			s->stage[k].live_slot = -1;
+		}
+	}
+	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = h->kind,
+			       .seq = h->seq };
+	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1)
+		return -EBUSY;
+	c->setup_sent_ns = mono_ns();
+	return 0;
+}
+
+static void print_table(struct proc_chain *c, const char *what)
+{
+	const struct kn_model_config *cfg = kn_model_config(c->m);
+
+	fprintf(c->log, "chain: %s: %d stages of %s (%s, %d layers, fingerprint %016" PRIx64 "), epoch %llu\n",
+		what, c->o.n_stages, kn_model_dir(c->m), kn_arch_name(cfg->arch), cfg->n_layers, c->fp,
+		(unsigned long long)c->epoch);
+	fprintf(c->log, "  %-5s %-10s %-4s %-8s %-9s %-7s %-11s %-10s %-9s %s\n", "stage", "role", "node",
+		"pid", "layers", "backend", "weights", "KV blocks", "load", "status");
+	for (int32_t k = 0; k < c->o.n_stages; k++) {
+		const struct shm_mb_stage *s = &c->st[k];
+		char node[8], layers[24];
+
+		snprintf(node, sizeof(node), s->node < 0 ? "-" : "%d", s->node);
+		snprintf(layers, sizeof(layers), "%d..%d", s->layer_start, s->layer_end);
+		fprintf(c->log, "  %-5d %-10s %-4s %-8d %-9s %-7s %7.1f MiB %-10d %6.0f ms %s\n", k,
+			s->role[0] ? s->role : "?", node, s->pid, layers, s->backend[0] ? s->backend : "?",
+			s->weight_bytes / 1048576.0, s->n_blocks, s->load_ns / 1e6,
+			s->pid == 0 ? "no answer" : s->status == 0 ? "ok" : s->err);
+	}
+	fflush(c->log);
+}
+
+/* A setup message came back. @return 1 done (ok), 0 ignored, -errno refused. */
+static int setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, size_t errlen)
+{
+	struct shm_mb_setup *s = shm_mb_payload(h);
+	int32_t least = -1;
+
+	if (h->epoch != c->epoch || h->stage != c->o.n_stages)
+		return 0;
+	if ((c->state == PC_JOINING && h->kind != SHM_MB_JOIN)
+	    || (c->state == PC_POOLING && h->kind != SHM_MB_POOL))
+		return 0;
+	memcpy(c->st, s->stage, sizeof(c->st));
+	for (int32_t k = 0; k < c->o.n_stages; k++) {
+		const struct shm_mb_stage *e = &s->stage[k];
+
+		if (e->pid != 0 && e->fingerprint != c->fp) {
+			fmt(err, errlen, "stage %d (%s, pid %d) refused the join: it %s; ctrld serves %s "
+			    "(fingerprint %016" PRIx64 "): give every worker the same model directory", k, e->role,
+			    e->pid, e->err[0] ? e->err : "holds another model", kn_model_dir(c->m), c->fp);
+			return -EPROTO;
+		}
+		if (e->status < 0) {
+			fmt(err, errlen, "stage %d (%s, pid %d) refused the %s: %s", k, e->role, e->pid,
+			    h->kind == SHM_MB_JOIN ? "join" : "pool", e->err);
+			return e->status;
+		}
+		if (e->proto != SHM_MB_PROTO || e->mb_version != SHM_MB_VERSION) {
+			fmt(err, errlen, "stage %d (%s, pid %d) speaks chain protocol %u / message version %u, "
+			    "ctrld %u / %u: run the same kvferry version on every node", k, e->role, e->pid,
+			    e->proto, e->mb_version, SHM_MB_PROTO, SHM_MB_VERSION);
+			return -EPROTO;
+		}
+		if (e->fingerprint != c->fp) {
+			fmt(err, errlen, "stage %d (%s, pid %d) holds model fingerprint %016" PRIx64 ", ctrld "
+			    "serves %s (fingerprint %016" PRIx64 "): give every worker the same model directory",
+			    k, e->role, e->pid, e->fingerprint, kn_model_dir(c->m), c->fp);
+			return -EPROTO;
+		}
+		if (least < 0 || e->n_blocks < least)
+			least = e->n_blocks;
+	}
+	if (h->status < 0) {
+		fmt(err, errlen, "%s", h->err);
+		return h->status;
+	}
+	if (h->kind == SHM_MB_JOIN) {
+		if (c->n_blocks > 0 && least < c->n_blocks) {
+			fmt(err, errlen, "a re-joined stage holds only %d KV blocks, the chain runs with %d: give "
+			    "it the same KV budget as before", least, c->n_blocks);
+			return -ENOSPC;
+		}
+		if (c->n_blocks <= 0)
+			c->n_blocks = least;
+		if (c->n_blocks < 1) {
+			fmt(err, errlen, "the stages hold no KV block: raise kv_memory (CPU) or kv_mem_fraction");
+			return -ENOSPC;
+		}
+		return 1;
+	}
+	for (int32_t k = 0; k < c->o.n_stages; k++)
+		if (s->stage[k].n_blocks != c->n_blocks) {
+			fmt(err, errlen, "stage %d (%s) holds %d KV blocks after the pool message, not %d", k,
+			    s->stage[k].role, s->stage[k].n_blocks, c->n_blocks);
+			return -EPROTO;
+		}
+	return 1;
+}
+
+/* ---- receiving ---- */
+
+static int recv_desc(struct proc_chain *c, struct shm_desc *d)
+{
+	return shm_ring_dequeue_burst(c->ret, d, 1) == 1;
+}
+
+static void release_desc(struct proc_chain *c, const struct shm_desc *d)
+{
+	struct shm_pool *p;
+	int64_t idx;
+
+	if (c->rx_small == NULL)
+		return;
+	p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(c->rx_small)) ? c->rx_small : c->rx_large;
+	idx = shm_pool_idx_of(p, d->off);
+	if (idx >= 0)
+		shm_pool_put(p, (uint32_t)idx);
+}
+
+static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
+{
+	struct pc_grp *g;
+
+	if (h->epoch != c->epoch || h->group >= (uint32_t)c->o.max_groups)
+		return;
+	g = &c->g[h->group];
+	if (!g->busy || g->done || g->seq != h->seq)
+		return; /* a result for a group already failed */
+	if (shm_mb_check(h, len, c->max_cols, c->max_ops) < 0 || h->n_cols != g->n_cols) {
+		g->status = -EPROTO;
+		fmt(g->err, sizeof(g->err), "a malformed result came back for group %u (%d columns, %zu bytes)",
+		    h->group, h->n_cols, len);
+	} else {
+		const int32_t *t = shm_mb_payload(h);
+
+		g->status = h->status;
+		memcpy(g->err, h->err, sizeof(g->err) < sizeof(h->err) ? sizeof(g->err) : sizeof(h->err));
+		g->err[sizeof(g->err) - 1] = '\0';
+		memcpy(g->tokens, t, sizeof(int32_t) * (size_t)h->n_cols);
+		memcpy(g->lps, t + h->n_cols, sizeof(float) * (size_t)h->n_cols);
+		for (int32_t k = 0; k < c->o.n_stages; k++) {
+			c->sst[k].steps++;
+			c->sst[k].cols += (uint64_t)h->n_cols;
+			c->sst[k].busy_ns += (uint64_t)h->busy_us[k] * 1000u;
+		}
+	}
+	push_done(c, h->group);
+}
+
+/* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */
+static int drain(struct proc_chain *c, char *err, size_t errlen)
+{
+	struct shm_desc d;
+	int setup = 0;
+
+	while (recv_desc(c, &d)) {
+		struct shm_mb_hdr *h = shm_ptr(c->reg, d.off);
+
+		if (d.off + d.len > shm_region_size(c->reg) || d.len < sizeof(*h) || h->magic != SHM_MB_MAGIC
+		    || h->version != SHM_MB_VERSION || h->total_len > d.len) {
+			fprintf(c->log, "chain: dropping a message of %u bytes (magic %08x, version %u; ctrld "
+				"speaks version %u)\n", d.len, d.len >= 8 ? h->magic : 0,
+				d.len >= 8 ? h->version : 0, SHM_MB_VERSION);
+		} else if (h->kind == SHM_MB_RESULT) {
+			on_result(c, h, d.len);
+		} else if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
+			int rc = setup_reply(c, h, err, errlen);
+
+			if (rc != 0)
+				setup = rc;
+		}
+		release_desc(c, &d);
+		if (setup != 0)
+			break;
+	}
+	return setup;
+}
+
+/* ---- failure ---- */
+
+static void go_down(struct proc_chain *c, const char *why)
+{
+	fmt(c->down_why, sizeof(c->down_why), "%s", why);
+	fprintf(c->log, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
+		"answers again\n", why);
+	fflush(c->log);
+	for (int32_t i = 0; i < c->o.max_groups; i++) {
+		struct pc_grp *g = &c->g[i];
+
+		if (g->busy && !g->done) {
+			g->status = -EPIPE;
+			fmt(g->err, sizeof(g->err), "%s", why);
+			push_done(c, (uint32_t)i);
+		}
+	}
+	c->epoch++;
+	c->state = PC_JOINING;
+	c->setup_sent_ns = 0;
+	send_setup(c, SHM_MB_JOIN);
+}
+
+static void check_live(struct proc_chain *c, uint64_t now)
+{
+	struct shm_desc ev;
+
+	if (now - c->last_live_ns < PC_LIVE_EVERY_NS)
+		return;
+	c->last_live_ns = now;
+	for (int32_t k = 0; k < c->o.n_stages && c->state == PC_UP; k++) {
+		const struct shm_mb_stage *s = &c->st[k];
+		struct shm_live_info li;
+		int rc;
+
+		if (s->live_slot < 0)
+			continue;
+		rc = shm_live_check(c->reg, s->live_slot, c->o.stale_ms * 1000000ull, &li);
+		/* A slot of this region with the stage's role: the stage is on this node. */
+		if (strncmp(li.role, s->role, sizeof(li.role)) != 0)
+			continue;
+		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->pid)) {
+			char why[CTRL_CHAIN_ERRLEN];
+
+			fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) died", k, s->role, s->pid,
+			    s->layer_start, s->layer_end);
+			c->stage_up[k] = 0;
+			go_down(c, why);
+		}
+	}
+	while (c->ev != NULL && shm_ring_dequeue_burst(c->ev, &ev, 1) == 1) {
+		uint16_t peer = DP_AUX_PEER(ev.aux);
+
+		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART)
+			continue;
+		for (int32_t k = 0; k < c->o.n_stages; k++)
+			if (c->st[k].node == (int32_t)peer && c->state == PC_UP) {
+				char why[CTRL_CHAIN_ERRLEN];
+
+				fmt(why, sizeof(why), "the dataplane reports node %u %s: stage %d (%s, layers %d..%d) "
+				    "lost", peer, ev.type == DP_EV_PEER_DEAD ? "dead" : "restarted", k, c->st[k].role,
+				    c->st[k].layer_start, c->st[k].layer_end);
+				c->stage_up[k] = 0;
+				go_down(c, why);
+			}
+	}
+	if (c->state == PC_UP && c->o.group_timeout_ms > 0)
+		for (int32_t i = 0; i < c->o.max_groups; i++) {
+			struct pc_grp *g = &c->g[i];
+
+			if (g->busy && !g->done && now - g->t_submit > c->o.group_timeout_ms * 1000000ull) {
+				char why[CTRL_CHAIN_ERRLEN];
+
+				fmt(why, sizeof(why), "group %d got no result within group_timeout %llu ms: a stage "
+				    "is dead or wedged", i, (unsigned long long)c->o.group_timeout_ms);
+				go_down(c, why);
+				break;
+			}
+		}
+}
+
+/* Re-forming after a death: resend JOIN when it got lost, then POOL. */
+static void rejoin_step(struct proc_chain *c, uint64_t now)
+{
+	char err[CTRL_CHAIN_ERRLEN];
+	int rc = drain(c, err, sizeof(err));
+
+	if (rc < 0) {
+		fprintf(c->log, "chain: re-forming refused: %s (retrying)\n", err);
+		c->state = PC_JOINING;
+		c->setup_sent_ns = now; /* retry after the interval */
+		return;
+	}
+	if (rc > 0) {
+		if (c->state == PC_JOINING) {
+			c->state = PC_POOLING;
+			send_setup(c, SHM_MB_POOL);
+			return;
+		}
+		/* Every stage cleared its tables: every slot used before is tainted. */
+		for (int32_t i = 0; i < c->info.n_slots; i++) {
+			c->tainted[i] |= c->touched[i];
+			c->touched[i] = 0;
+		}
+		for (int32_t k = 0; k < c->o.n_stages; k++)
+			c->stage_up[k] = 1;
+		c->state = PC_UP;
+		print_table(c, "re-formed");
+		return;
+	}
+	if (c->setup_sent_ns == 0 || (now - c->setup_sent_ns > PC_REJOIN_NS && shm_ring_count(c->first) == 0)) {
+		if (c->state == PC_POOLING)
+			c->state = PC_JOINING;
+		if (send_setup(c, SHM_MB_JOIN) < 0)
+			c->setup_sent_ns = now;
+	}
+}
+
+/* ---- the vtable ---- */
+
+static int pc_info(struct ctrl_chain *cc, struct ctrl_chain_info *info)
+{
+	*info = ((struct proc_chain *)cc)->info;
+	return 0;
+}
+
+static void fail_local(struct proc_chain *c, uint32_t gi, const char *why)
+{
+	struct pc_grp *g = &c->g[gi];
+
+	g->status = -EPIPE;
+	fmt(g->err, sizeof(g->err), "%s", why);
+	for (int32_t i = 0; i < g->n_cols; i++)
+		g->tokens[i] = -1;
+	push_done(c, gi);
+}
+
+static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_column *cols, int32_t n_cols,
+		     const struct kn_op *ops, int32_t n_ops)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	struct pc_grp *g;
+	struct shm_mb_hdr *h;
+	struct shm_desc d;
+	int32_t bad_slot = -1;
+
+	if (group >= (uint32_t)c->o.max_groups || c->g[group].busy || n_cols < 1 || n_cols > c->max_cols
+	    || n_ops < 0 || n_ops > c->max_ops)
+		return -EINVAL;
+	for (int32_t i = 0; i < n_cols; i++)
+		if (cols[i].slot < 0 || cols[i].slot >= c->info.n_slots)
+			return -EINVAL;
+	for (int32_t i = 0; i < n_ops; i++)
+		if (ops[i].slot < 0 || ops[i].slot >= c->info.n_slots)
+			return -EINVAL;
+	if (c->state == PC_UP && shm_ring_free_count(c->first) == 0)
+		return -EBUSY;
+	g = &c->g[group];
+	g->busy = 1;
+	g->done = 0;
+	g->n_cols = n_cols;
+	g->seq = ++c->seq;
+	g->t_submit = mono_ns();
+	g->status = 0;
+	g->err[0] = '\0';
+	if (c->t_first == 0)
+		c->t_first = g->t_submit;
+	for (int32_t i = 0; i < n_ops; i++)
+		c->touched[ops[i].slot] = 1;
+	for (int32_t i = 0; i < n_cols; i++)
+		c->touched[cols[i].slot] = 1;
+	if (c->state != PC_UP) {
+		char why[CTRL_CHAIN_ERRLEN];
+
+		fmt(why, sizeof(why), "the stage chain is re-forming after: %s", c->down_why);
+		fail_local(c, group, why);
+		return 0;
+	}
+	for (int32_t i = 0; i < n_ops; i++)
+		if (ops[i].type == KN_OP_ZERO_SLOT)
+			c->tainted[ops[i].slot] = 0;
+	for (int32_t i = 0; i < n_cols && bad_slot < 0; i++)
+		if (c->tainted[cols[i].slot])
+			bad_slot = cols[i].slot;
+	h = buf_at(c, (int32_t)group);
+	memset(h, 0, sizeof(*h));
+	h->magic = SHM_MB_MAGIC;
+	h->version = SHM_MB_VERSION;
+	h->kind = SHM_MB_TOKENS;
+	h->epoch = c->epoch;
+	h->seq = g->seq;
+	h->group = group;
+	h->stage = 0;
+	h->n_stages = c->o.n_stages;
+	h->n_cols = n_cols;
+	h->n_ops = n_ops;
+	if (bad_slot >= 0) {
+		h->flags = SHM_MB_F_OPS_ONLY;
+		h->status = -EPIPE;
+		fmt(h->err, sizeof(h->err), "slot %d lost its KV cache when the chain re-formed after: %s",
+		    bad_slot, c->down_why);
+	}
+	memcpy(shm_mb_cols(h), cols, sizeof(*cols) * (size_t)n_cols);
+	if (n_ops > 0)
+		memcpy(shm_mb_ops(h), ops, sizeof(*ops) * (size_t)n_ops);
+	h->total_len = (uint32_t)shm_mb_size(SHM_MB_TOKENS, n_cols, n_ops, 0);
+	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = SHM_MB_TOKENS,
+			       .seq = h->seq, .aux = group };
+	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1) {
+		g->busy = 0; /* checked free above: only a foreign producer could fill it */
+		return -EBUSY;
+	}
+	return 0;
+}
+
+static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	uint64_t now = mono_ns();
+	int n = 0;
+
+	if (c->state == PC_UP) {
+		char err[CTRL_CHAIN_ERRLEN];
+
+		drain(c, err, sizeof(err));
+	} else {
+		rejoin_step(c, now);
+	}
+	check_live(c, now);
+	while (n < max && c->done_n > 0) {
+		uint32_t gi = c->done[c->done_head];
+		struct pc_grp *g = &c->g[gi];
+		struct ctrl_chain_result *r = &out[n++];
+
+		c->done_head = (c->done_head + 1) % c->o.max_groups;
+		c->done_n--;
+		g->busy = 0;
+		g->done = 0;
+		r->group = gi;
+		r->status = g->status;
+		r->n_cols = g->n_cols;
+		r->tokens = g->tokens;
+		r->logprobs = g->lps;
+		memcpy(r->err, g->err, sizeof(r->err));
+	}
+	return n;
+}
+
+static int pc_stats(struct ctrl_chain *cc, struct ctrl_chain_stats *st)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+
+	memset(st, 0, sizeof(*st));
+	st->n_stages = c->o.n_stages;
+	st->elapsed_ns = c->t_first != 0 && c->t_last > c->t_first ? c->t_last - c->t_first : 0;
+	for (int32_t k = 0; k < c->o.n_stages; k++)
+		st->stage[k] = c->sst[k];
+	return 0;
+}
+
+static void pc_destroy(struct ctrl_chain *cc)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+
+	if (c->g != NULL)
+		for (int32_t i = 0; i < c->o.max_groups; i++) {
+			free(c->g[i].tokens);
+			free(c->g[i].lps);
+		}
+	free(c->g);
+	free(c->done);
+	free(c->touched);
+	free(c->tainted);
+	shm_ring_close(c->first);
+	shm_ring_close(c->ret);
+	shm_ring_close(c->ev);
+	shm_pool_close(c->rx_small);
+	shm_pool_close(c->rx_large);
+	if (c->reg != NULL) {
+		if (c->created)
+			shm_region_unlink(c->o.region);
+		shm_region_detach(c->reg);
+	}
+	free(c);
+}
+
+static const struct ctrl_chain_vtbl proc_chain_vtbl = {
+	.name = "worker-processes",
+	.info = pc_info,
+	.submit = pc_submit,
+	.poll = pc_poll,
+	.stats = pc_stats,
+	.destroy = pc_destroy,
+};
+
+int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_stage *out)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	const struct shm_mb_stage *s;
+
+	if (cc == NULL || cc->vt != &proc_chain_vtbl || i < 0 || i >= c->o.n_stages)
+		return -EINVAL;
+	s = &c->st[i];
+	memset(out, 0, sizeof(*out));
+	out->layer_start = s->layer_start;
+	out->layer_end = s->layer_end;
+	out->pid = s->pid;
+	out->node = s->node;
+	out->n_blocks = s->n_blocks;
+	snprintf(out->role, sizeof(out->role), "%s", s->role);
+	snprintf(out->backend, sizeof(out->backend), "%s", s->backend);
+	out->up = c->state == PC_UP && c->stage_up[i];
+	out->weight_bytes = s->weight_bytes;
+	out->kv_bytes = s->kv_bytes;
+	out->load_ns = s->load_ns;
+	return 0;
+}
+
+/* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
+static int setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen)
+{
+	uint64_t t0 = mono_ns(), deadline = t0 + c->o.join_timeout_ms * 1000000ull;
+	int rc;
+
+	c->state = kind == SHM_MB_JOIN ? PC_JOINING : PC_POOLING;
+	while ((rc = send_setup(c, kind)) == -EBUSY && mono_ns() < deadline)
+		sleep_us(1000);
+	if (rc < 0) {
+		fmt(err, errlen, "ring %s stays full: is stage 0's worker running on region %s?",
+		    c->o.first_ring, c->o.region);
+		return -ETIMEDOUT;
+	}
+	while (mono_ns() < deadline) {
+		rc = drain(c, err, errlen);
+		if (rc != 0)
+			return rc < 0 ? rc : 0;
+		/* Idle wait: the ring's futex when we own the return ring. */
+		shm_ring_wait(c->ret, 50 * 1000000ll);
+	}
+	print_table(c, "no answer");
+	fmt(err, errlen, "no %s answer from the chain within %llu ms: start a kvferry-worker for each of "
+	    "the %d stages (stage 0 reads ring %s of region %s), or raise join_timeout",
+	    kind == SHM_MB_JOIN ? "join" : "pool", (unsigned long long)c->o.join_timeout_ms, c->o.n_stages,
+	    c->o.first_ring, c->o.region);
+	return -ETIMEDOUT;
+}
+
+struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct ctrl_proc_chain_opts *o,
+					  char *err, size_t errlen)
+{
+	const struct kn_model_config *cfg;
+	struct proc_chain *c;
+	char name[SHM_NAME_MAX + 16];
+	int e = ENOMEM, rc;
+	size_t bytes;
+
+	if (m == NULL || o == NULL || o->region == NULL || o->first_ring == NULL || o->max_groups < 1
+	    || o->stage.n_plans < 1 || o->stage.n_plans > SHM_MB_MAX_PLANS || o->stage.n_slots < 1) {
+		snprintf(err, errlen, "ctrl_proc_chain_create: a model, a region, a first ring, max_groups >= 1, "
+			 "n_slots >= 1 and 1..%d plans are required", SHM_MB_MAX_PLANS);
+		errno = EINVAL;
+		return NULL;
+	}
+	cfg = kn_model_config(m);
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		snprintf(err, errlen, "ctrl_proc_chain_create: out of memory");
+		errno = ENOMEM;
+		return NULL;
+	}
+	c->base.vt = &proc_chain_vtbl;
+	c->o = *o;
+	c->log = o->log != NULL ? o->log : stderr;
+	c->m = m;
+	c->fp = kn_model_fingerprint(m);
+	c->n_layers = cfg->n_layers;
+	/* Unique per chain: a stale message of an earlier ctrld is never ours. */
+	c->epoch = mono_ns() | 1u;
+	memcpy(c->ends, o->layer_ends, sizeof(c->ends));
+	rc = ctrl_proc_chain_layers(cfg->n_layers, o->n_stages, c->ends, err, errlen);
+	if (rc < 0) {
+		e = -rc;
+		goto fail;
+	}
+	fprintf(c->log, "chain: layer ranges (%s):", o->layer_ends[0] ? "explicit" : "even split");
+	for (int32_t k = 0; k < o->n_stages; k++)
+		fprintf(c->log, " stage %d = %d..%d", k, k == 0 ? 0 : c->ends[k - 1], c->ends[k]);
+	fprintf(c->log, "\n");
+	for (int32_t p = 0; p < o->stage.n_plans; p++)
+		if (o->stage.plan_widths[p] > c->max_cols)
+			c->max_cols = o->stage.plan_widths[p];
+	c->max_ops = 4 * c->max_cols + 16; /* the scheduler's bound per micro-batch */
+	if (o->region_bytes > 0) {
+		struct shm_region_opts ro;
+
+		shm_region_opts_init(&ro);
+		ro.name = o->region;
+		ro.size = o->region_bytes;
+		c->reg = shm_region_create(&ro, err, errlen);
+		c->created = c->reg != NULL;
+	} else {
+		c->reg = shm_region_attach(o->region, err, errlen);
+	}
+	if (c->reg == NULL) {
+		e = errno;
+		goto fail;
+	}
+	c->first = ring_open(c->reg, o->first_ring);
+	if (o->return_ring != NULL) {
+		c->ret = ring_open(c->reg, o->return_ring);
+	} else {
+		c->ret = shm_ring_lookup(c->reg, DP_RING_RX);
+		c->rx_small = shm_pool_lookup(c->reg, DP_POOL_RX_SMALL);
+		c->rx_large = shm_pool_lookup(c->reg, DP_POOL_RX_LARGE);
+		if (c->rx_small == NULL || c->rx_large == NULL) {
+			snprintf(err, errlen, "ctrl_proc_chain_create: no dataplane pools %s/%s in region %s: start "
+				 "kvferry-dataplane on it first", DP_POOL_RX_SMALL, DP_POOL_RX_LARGE, o->region);
+			e = ENOENT;
+			goto fail;
+		}
+	}
+	if (c->first == NULL || c->ret == NULL) {
+		snprintf(err, errlen, "ctrl_proc_chain_create: rings %s / %s in region %s: %s", o->first_ring,
+			 o->return_ring != NULL ? o->return_ring : DP_RING_RX, o->region, strerror(errno));
+		e = errno != 0 ? errno : ENOENT;
+		goto fail;
+	}
+	c->ev = shm_ring_lookup(c->reg, DP_RING_EV); /* only where a dataplane runs */
+	bytes = shm_mb_size(SHM_MB_TOKENS, c->max_cols, c->max_ops, 0);
+	if (bytes < shm_mb_size(SHM_MB_JOIN, 0, 0, 0))
+		bytes = shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
+	c->buf_bytes = shm_mb_align(bytes);
+	c->n_bufs = o->max_groups + 2;
+	snprintf(name, sizeof(name), "serve.ctrl.out");
+	rc = shm_region_add_area(c->reg, name, c->buf_bytes * (size_t)c->n_bufs, 64, SHM_AREA_RAW, &c->out_off);
+	if (rc == -EEXIST) {
+		size_t have = 0;
+
+		shm_region_find_area(c->reg, name, &c->out_off, &have);
+		rc = have >= c->buf_bytes * (size_t)c->n_bufs ? 0 : -ENOSPC;
+	}
+	if (rc < 0) {
+		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) in region %s failed: %s: make the "
+			 "region larger", name, c->buf_bytes * (size_t)c->n_bufs, o->region, strerror(-rc));
+		e = -rc;
+		goto fail;
+	}
+	c->info.n_stages = o->n_stages;
+	c->info.n_slots = o->stage.n_slots;
+	c->info.max_blocks_per_slot = o->stage.max_blocks_per_slot;
+	c->info.max_cols = c->max_cols;
+	c->info.max_groups = o->max_groups;
+	c->info.max_position = cfg->max_position;
+	c->info.vocab_size = cfg->vocab_size;
+	c->g = calloc((size_t)o->max_groups, sizeof(*c->g));
+	c->done = calloc((size_t)o->max_groups, sizeof(*c->done));
+	c->touched = calloc((size_t)o->stage.n_slots, 1);
+	c->tainted = calloc((size_t)o->stage.n_slots, 1);
+	if (c->g == NULL || c->done == NULL || c->touched == NULL || c->tainted == NULL)
+		goto fail_nomem;
+	for (int32_t i = 0; i < o->max_groups; i++) {
+		c->g[i].tokens = calloc((size_t)c->max_cols, sizeof(int32_t));
+		c->g[i].lps = calloc((size_t)c->max_cols, sizeof(float));
+		if (c->g[i].tokens == NULL || c->g[i].lps == NULL)
+			goto fail_nomem;
+	}
+	/* Drop whatever a previous ctrld left in the return ring: we own it. */
+	{
+		struct shm_desc d;
+
+		while (recv_desc(c, &d))
+			release_desc(c, &d);
+	}
+	rc = setup_sync(c, SHM_MB_JOIN, err, errlen);
+	if (rc == 0) {
+		print_table(c, "joined");
+		fprintf(c->log, "chain: KV pool %d blocks of %d positions on every stage (the least any stage "
+			"holds)\n", c->n_blocks, KN_PAGE_BLK);
+		rc = setup_sync(c, SHM_MB_POOL, err, errlen);
+	}
+	if (rc < 0) {
+		if (rc != -ETIMEDOUT)
+			print_table(c, "refused");
+		e = -rc;
+		goto fail;
+	}
+	c->info.n_blocks = c->n_blocks;
+	for (int32_t k = 0; k < o->n_stages; k++)
+		c->stage_up[k] = 1;
+	c->state = PC_UP;
+	c->setup_ok = 1;
+	fflush(c->log);
+	return &c->base;
+
+fail_nomem:
+	snprintf(err, errlen, "ctrl_proc_chain_create: out of memory for %d groups", o->max_groups);
+	e = ENOMEM;
+fail:
+	pc_destroy(&c->base);
+	errno = e;
+	return NULL;
+}

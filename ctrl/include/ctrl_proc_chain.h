@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_proc_chain.h
+ * The stage chain to kvferry-worker processes: micro-batch messages
+ * (shm_mb.h) go from ctrld to stage 0 through a shm ring of this node, from
+ * stage to stage through the next stage's ring (same node) or the dataplane
+ * (another node), and the last stage's results come back to ctrld through a
+ * return ring (same node) or the dataplane's receive ring.
+ *
+ * Setting up (in ctrl_proc_chain_create(), before any token flows):
+ *  - layer ranges: even split by layers or given explicitly; validated to
+ *    tile the model exactly, and printed;
+ *  - JOIN travels the chain: every worker checks the chain protocol and the
+ *    model fingerprint (a mismatch is refused with a message naming both
+ *    sides), loads its range and reports how many KV blocks it can hold;
+ *  - POOL travels the chain with the least of those counts: every stage
+ *    holds the same block count, since ctrld hands out block ids that every
+ *    stage indexes.
+ *
+ * Failure: a stage that dies (its liveness slot says DEAD, the dataplane
+ * reports its node dead or restarted, or a group overstays the group
+ * timeout) fails every group in flight with status < 0 and a message naming
+ * the stage. The chain then re-forms by itself (JOIN + POOL again, as soon
+ * as a restarted worker answers); until it has, submitted groups fail at
+ * once. Sequences that had KV on the lost stage fail when next submitted
+ * (their KV is gone); a slot is whole again once the scheduler zeroes it for
+ * a new sequence.
+ *
+ * Threading: as every chain, one thread calls every function.
+ */
+#ifndef CTRL_PROC_CHAIN_H
+#define CTRL_PROC_CHAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ctrl_chain.h"
+#include "kn_model.h"
+#include "kn_stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Options of the worker-process chain. */
+struct ctrl_proc_chain_opts {
+	const char *region;           /**< this node's region (required) */
+	size_t region_bytes;          /**< > 0: create the region (no dataplane on this
+	                                   node creates it); 0: attach */
+	const char *first_ring;       /**< ring of stage 0 on this node ("serve.s0.in") */
+	const char *return_ring;      /**< results ring on this node ("serve.ret"), or
+	                                   NULL: results come through the dataplane (dp.rx) */
+	int32_t n_stages;             /**< 1 .. CTRL_CHAIN_MAX_STAGES */
+	int32_t layer_ends[CTRL_CHAIN_MAX_STAGES]; /**< all > 0: explicit ranges
+	                                   [end(i-1), end(i)); all 0: even split */
+	struct kn_stage_opts stage;   /**< n_slots, max_blocks_per_slot, plans, n_threads,
+	                                   n_blocks (-1: negotiate from what workers hold),
+	                                   kv_budget_bytes, kv_mem_fraction */
+	int32_t max_groups;
+	uint64_t join_timeout_ms;     /**< how long create() waits for every worker */
+	uint64_t group_timeout_ms;    /**< a group in flight longer than this fails the chain */
+	uint64_t stale_ms;            /**< liveness: a heartbeat older than this is SLOW (not dead) */
+	FILE *log;                    /**< the stage table and chain events (NULL: stderr) */
+};
+
+/** Defaults: 2 stages, even split, "serve.s0.in" → "serve.ret", 32 groups, 60 s join, 30 s groups. */
+void ctrl_proc_chain_opts_init(struct ctrl_proc_chain_opts *o);
+
+/**
+ * Compute layer ranges: explicit @p ends (validated to tile [0, n_layers)
+ * exactly) or, when ends[0] == 0, an even split of @p n_layers in @p n.
+ * @param ends    in: explicit ends or zeros; out: the ends used
+ * @return 0, or -EINVAL with @p err naming the gap, overlap or overrun.
+ */
+int ctrl_proc_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, size_t errlen);
+
+/**
+ * Attach to the workers of a chain and set it up (see the file comment).
+ * Blocks until every worker joined or join_timeout_ms passed. @p m (the
+ * model ctrld serves) gives the fingerprint workers must match; it must
+ * outlive the chain.
+ * @return the chain, or NULL with errno set (EINVAL bad options or layer
+ *         ranges, ENOENT no such region, EPROTO a worker refused: protocol,
+ *         ABI or model mismatch, ETIMEDOUT a worker did not answer, ENOMEM)
+ *         and @p err filled.
+ */
+struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct ctrl_proc_chain_opts *o,
+					  char *err, size_t errlen);
+
+/** One stage as the chain sees it (for `ctrlctl stages`). */
+struct ctrl_proc_stage {
+	int32_t layer_start, layer_end;
+	int32_t pid, node, n_blocks;
+	char role[24];
+	char backend[8];
+	int up;                       /**< 1 while the stage answers */
+	uint64_t weight_bytes, kv_bytes, load_ns;
+};
+
+/**
+ * Describe stage @p i of a chain made by ctrl_proc_chain_create().
+ * @return 0, -EINVAL (not a worker-process chain, or i out of range).
+ */
+int ctrl_proc_chain_stage(struct ctrl_chain *c, int32_t i, struct ctrl_proc_stage *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_PROC_CHAIN_H */

@@ -1,0 +1,701 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-worker: one pipeline stage in its own process. It maps the node's
+ * region, opens the model, and turns each micro-batch message (shm_mb.h)
+ * from its input hop into one stage step whose output goes to its output
+ * hop, forwarding the in-band ops with it so the next stage applies the same
+ * ops in the same order.
+ *
+ * Life of a worker:
+ *  1. attach the region (a region of another ABI version is refused, naming
+ *     both), claim a liveness slot (role = --role), open the model;
+ *  2. JOIN (from ctrld, through every stage before it): check the chain
+ *     protocol and the model fingerprint, load the assigned layer range
+ *     (progress in the log), report what the KV pool can hold;
+ *  3. POOL: size the KV pool to the negotiated block count;
+ *  4. micro-batches of the joined epoch: apply ops, step, forward.
+ *
+ * Invariants:
+ *  - Ops are applied for every message of the joined epoch, even when an
+ *    earlier stage failed its step: every stage validates ops identically, so
+ *    block tables stay the same on every stage whatever failed.
+ *  - Messages of another epoch are dropped unread: after a restart, or while
+ *    the chain re-forms, what sat in the rings belongs to groups ctrld has
+ *    already failed.
+ *  - Output for group g goes to buffer g of this worker's output area; ctrld
+ *    keeps one micro-batch per group in flight, so buffer g is free again
+ *    when group g comes back (over the dataplane, once its send completed).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kn_model.h"
+#include "kn_stage.h"
+#include "shm_live.h"
+#include "shm_mb.h"
+#include "shm_region.h"
+#include "worker_hop.h"
+
+static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
+static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
+
+static volatile sig_atomic_t g_stop;
+
+struct wk_opts {
+	const char *region, *model, *in, *out, *role;
+	enum kn_backend backend;
+	int32_t node, threads, device, wait_s;
+	size_t kv_bytes;
+};
+
+struct worker {
+	struct wk_opts o;
+	struct shm_region *reg;
+	int live;
+	struct kn_model *m;
+	uint64_t fp;
+	struct kn_stage *st;
+	struct kn_stage_info info;
+	int32_t capacity;          /* KV blocks the budget holds (info.n_blocks follows set_pool) */
+	struct shm_mb_setup cur;   /* the setup the stage was built from */
+	int32_t idx, n_stages;
+	uint64_t epoch;
+	int joined;
+	/* output area: buffers [0, max_groups) for groups, two for setup messages */
+	uint64_t out_off;
+	size_t buf_bytes;
+	int32_t n_bufs, max_groups, max_cols, max_ops, setup_flip;
+	struct wk_in *in;
+	struct wk_out *out;
+	uint64_t steps, cols, busy_ns, dropped;
+	ino_t region_ino;
+	uint64_t last_stat_ns;
+};
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	g_stop = 1;
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Messages are cut to their buffer on purpose (the wire's error field is
+ * fixed): vsnprintf keeps that intent out of -Wformat-truncation. */
+__attribute__((format(printf, 3, 4))) static void fmt(char *b, size_t n, const char *f, ...)
+{
+	va_list ap;
+
+	va_start(ap, f);
+	vsnprintf(b, n, f, ap);
+	va_end(ap);
+}
+
+#define LOG(w, ...)                                                                        \
+	do {                                                                               \
+		fprintf(stderr, "kvferry-worker[%s]: ", (w)->o.role);                     \
+		fprintf(stderr, __VA_ARGS__);                                              \
+		fputc('\n', stderr);                                                       \
+	} while (0)
+
+/* Count the tensors (and their stored bytes) that layers [ls, le) need, so
+ * the log can show what a load moves before it starts. */
+static void range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int first, int last,
+			  int *n, size_t *bytes)
+{
+	static const char *const per_layer[] = {
+		"input_layernorm.weight", "post_attention_layernorm.weight",
+		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+		"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+		"self_attn.v_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+	};
+	char name[128];
+	const struct kn_tensor *t;
+
+	*n = 0;
+	*bytes = 0;
+	for (int32_t l = ls; l < le; l++)
+		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
+			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
+			t = kn_model_tensor(m, name);
+			if (t != NULL) {
+				(*n)++;
+				*bytes += t->nbytes;
+			}
+		}
+	if (first && (t = kn_model_tensor(m, "model.embed_tokens.weight")) != NULL) {
+		(*n)++;
+		*bytes += t->nbytes;
+	}
+	if (last) {
+		if ((t = kn_model_tensor(m, "model.norm.weight")) != NULL) {
+			(*n)++;
+			*bytes += t->nbytes;
+		}
+		if ((t = kn_model_tensor(m, "lm_head.weight")) != NULL) {
+			(*n)++;
+			*bytes += t->nbytes;
+		} else if (!first && (t = kn_model_tensor(m, "model.embed_tokens.weight")) != NULL) {
+			(*n)++; /* tied head: the last stage reads the embedding too */
+			*bytes += t->nbytes;
+		}
+	}
+}
+
+static int same_shape(const struct shm_mb_setup *a, const struct shm_mb_setup *b, int32_t idx)
+{
+	return a->stage[idx].layer_start == b->stage[idx].layer_start
+	       && a->stage[idx].layer_end == b->stage[idx].layer_end && a->n_slots == b->n_slots
+	       && a->max_blocks_per_slot == b->max_blocks_per_slot && a->n_plans == b->n_plans
+	       && memcmp(a->plan_widths, b->plan_widths, sizeof(a->plan_widths)) == 0
+	       && a->n_threads == b->n_threads && a->n_blocks == b->n_blocks
+	       && a->kv_budget_bytes == b->kv_budget_bytes;
+}
+
+/* Build (or keep) the stage for assignment @p s. @return 0 or -errno with @p err. */
+static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t idx, char *err,
+		      size_t errlen)
+{
+	const struct shm_mb_stage *a = &s->stage[idx];
+	const struct kn_model_config *cfg = kn_model_config(w->m);
+	struct kn_stage_opts so;
+	int n_t;
+	size_t t_bytes;
+	uint64_t t0;
+
+	if (w->st != NULL && w->idx == idx && same_shape(&w->cur, s, idx))
+		return 0; /* a re-join after another stage restarted: keep the weights */
+	kn_stage_destroy(w->st);
+	w->st = NULL;
+	if (a->layer_start < 0 || a->layer_end > cfg->n_layers || a->layer_start >= a->layer_end) {
+		snprintf(err, errlen, "layers %d..%d do not fit this worker's %d-layer model %s",
+			 a->layer_start, a->layer_end, cfg->n_layers, w->o.model);
+		return -EINVAL;
+	}
+	kn_stage_opts_init(&so);
+	so.layer_start = a->layer_start;
+	so.layer_end = a->layer_end;
+	so.n_blocks = s->n_blocks > 0 ? s->n_blocks : -1;
+	so.kv_budget_bytes = w->o.kv_bytes > 0 ? w->o.kv_bytes : (size_t)s->kv_budget_bytes;
+	if (s->kv_mem_fraction > 0.0f)
+		so.kv_mem_fraction = s->kv_mem_fraction;
+	so.n_slots = s->n_slots;
+	so.max_blocks_per_slot = s->max_blocks_per_slot;
+	so.n_plans = s->n_plans;
+	for (int32_t p = 0; p < s->n_plans && p < KN_MAX_PLANS; p++)
+		so.plan_widths[p] = s->plan_widths[p];
+	so.n_threads = w->o.threads > 0 ? w->o.threads : s->n_threads;
+	so.device = w->o.device;
+	range_tensors(w->m, a->layer_start, a->layer_end, a->layer_start == 0,
+		      a->layer_end == cfg->n_layers, &n_t, &t_bytes);
+	LOG(w, "loading stage %d: layers %d..%d of %d%s%s: %d tensors, %.1f MiB from %s (%s backend)",
+	    idx, a->layer_start, a->layer_end, cfg->n_layers, a->layer_start == 0 ? " + embedding" : "",
+	    a->layer_end == cfg->n_layers ? " + norm and LM head" : "", n_t, t_bytes / 1048576.0,
+	    w->o.model, w->o.backend == KN_BACKEND_CUDA ? "cuda" : "cpu");
+	t0 = mono_ns();
+	w->st = kn_stage_create(w->m, w->o.backend, &so, err, errlen);
+	if (w->st == NULL)
+		return -errno;
+	kn_stage_info(w->st, &w->info);
+	w->capacity = w->info.n_blocks;
+	{
+		double ms = (double)(mono_ns() - t0) / 1e6;
+
+		LOG(w, "loaded stage %d in %.0f ms (%.0f MiB/s): resident weights %.1f MiB, KV pool %d blocks "
+		    "(%.1f MiB), workspace %.1f MiB", idx, ms, ms > 0 ? t_bytes / 1048576.0 / (ms / 1e3) : 0.0,
+		    w->info.weight_bytes / 1048576.0, w->info.n_blocks, w->info.kv_bytes / 1048576.0,
+		    w->info.workspace_bytes / 1048576.0);
+	}
+	w->cur = *s;
+	w->idx = idx;
+	return 0;
+}
+
+/* Make sure the output area holds max_groups + 2 buffers of the largest message. */
+static int ensure_out_area(struct worker *w, const struct shm_mb_setup *s, char *err, size_t errlen)
+{
+	int32_t hidden = kn_model_config(w->m)->hidden_size;
+	size_t need = shm_mb_size(SHM_MB_HIDDEN, s->max_cols, s->max_ops, hidden);
+	size_t setup = shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
+	size_t res = shm_mb_size(SHM_MB_RESULT, s->max_cols, s->max_ops, 0);
+	char name[SHM_NAME_MAX + 16];
+	uint64_t off;
+	size_t have;
+	int32_t n = s->max_groups + 2;
+	int rc;
+
+	need = need > setup ? need : setup;
+	need = shm_mb_align(need > res ? need : res);
+	if (w->out_off != 0 && w->buf_bytes >= need && w->n_bufs >= n)
+		return 0;
+	snprintf(name, sizeof(name), "serve.%s.out", w->o.role);
+	rc = shm_region_add_area(w->reg, name, need * (size_t)n, 64, SHM_AREA_RAW, &off);
+	if (rc == -EEXIST) {
+		/* A restarted worker (or a re-join) finds its predecessor's area. */
+		if (shm_region_find_area(w->reg, name, &off, &have) < 0 || have < need * (size_t)n) {
+			fmt(err, errlen, "area %s exists with %zu bytes, %zu needed (%d buffers of %zu): "
+				 "recreate the region (restart the node's dataplane or ctrld) or use another --role",
+				 name, have, need * (size_t)n, n, need);
+			return -ENOSPC;
+		}
+	} else if (rc < 0) {
+		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) failed: %s: make the region larger",
+			 name, need * (size_t)n, strerror(-rc));
+		return rc;
+	}
+	w->out_off = off;
+	w->buf_bytes = need;
+	w->n_bufs = n;
+	w->max_groups = s->max_groups;
+	return 0;
+}
+
+static struct shm_mb_hdr *out_buf(struct worker *w, int32_t i)
+{
+	return shm_ptr(w->reg, w->out_off + (uint64_t)i * w->buf_bytes);
+}
+
+static void send_msg(struct worker *w, struct shm_mb_hdr *oh)
+{
+	if (wk_out_send(w->out, shm_off(w->reg, oh), oh->total_len, oh->kind, oh->seq, &g_stop) < 0)
+		LOG(w, "stopping with message %llu of group %u unsent", (unsigned long long)oh->seq, oh->group);
+}
+
+static void report_fail(struct shm_mb_hdr *h, int rc, const char *fmt, const char *what)
+{
+	if (h->status == 0) {
+		h->status = rc;
+		snprintf(h->err, sizeof(h->err), fmt, what);
+	}
+}
+
+/* JOIN and POOL: fill our entry of the stage table and forward. */
+static void handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
+{
+	struct shm_mb_setup *s;
+	struct shm_mb_stage *me;
+	struct shm_mb_hdr *oh;
+	int32_t idx = h->stage;
+	char err[SHM_MB_ERRLEN] = "";
+	int rc = 0;
+
+	if (len < shm_mb_size(SHM_MB_JOIN, 0, 0, 0) || h->n_cols != 0 || h->n_ops != 0) {
+		LOG(w, "dropping a malformed setup message (%zu bytes)", len);
+		return;
+	}
+	s = shm_mb_payload(h);
+	if (idx < 0 || idx >= s->n_stages || s->n_stages > SHM_MB_MAX_STAGES || s->max_groups < 1
+	    || s->max_cols < 1 || s->max_ops < 0) {
+		LOG(w, "dropping a setup message for stage %d of %d", idx, s->n_stages);
+		return;
+	}
+	me = &s->stage[idx];
+	if (h->kind == SHM_MB_JOIN) {
+		me->proto = SHM_MB_PROTO;
+		me->mb_version = SHM_MB_VERSION;
+		me->pid = (int32_t)getpid();
+		me->node = w->o.node;
+		me->live_slot = w->live;
+		me->fingerprint = w->fp;
+		snprintf(me->role, sizeof(me->role), "%s", w->o.role);
+		snprintf(me->backend, sizeof(me->backend), "%s",
+			 w->o.backend == KN_BACKEND_CUDA ? "cuda" : "cpu");
+		if (s->proto != SHM_MB_PROTO) {
+			snprintf(err, sizeof(err), "ctrld speaks chain protocol %u, worker %s speaks %u: run the "
+				 "same kvferry version on every node", s->proto, w->o.role, SHM_MB_PROTO);
+			rc = -EPROTO;
+		} else if (s->fingerprint != w->fp) {
+			fmt(err, sizeof(err), "holds %s (fingerprint %016" PRIx64 "), not fingerprint %016" PRIx64,
+			    w->o.model, w->fp, s->fingerprint);
+			rc = -EPROTO;
+		} else {
+			uint64_t t0 = mono_ns();
+
+			rc = load_stage(w, s, idx, err, sizeof(err));
+			if (rc == 0)
+				rc = ensure_out_area(w, s, err, sizeof(err));
+			me->load_ns = mono_ns() - t0;
+		}
+		if (rc == 0) {
+			me->n_blocks = w->capacity;
+			me->hidden = w->info.hidden_size;
+			me->weight_bytes = w->info.weight_bytes;
+			me->kv_bytes = w->info.kv_bytes;
+			w->idx = idx;
+			w->n_stages = s->n_stages;
+			w->max_cols = s->max_cols;
+			w->max_ops = s->max_ops;
+			w->epoch = h->epoch;
+			w->joined = 1;
+			LOG(w, "joined as stage %d of %d (epoch %llu): layers %d..%d, can hold %d KV blocks",
+			    idx, s->n_stages, (unsigned long long)h->epoch, me->layer_start, me->layer_end,
+			    me->n_blocks);
+		}
+	} else if (!w->joined || h->epoch != w->epoch || w->st == NULL) {
+		snprintf(err, sizeof(err), "worker %s got a pool message of epoch %llu before joining it",
+			 w->o.role, (unsigned long long)h->epoch);
+		rc = -EPROTO;
+	} else {
+		rc = kn_stage_set_pool(w->st, s->n_blocks);
+		if (rc < 0)
+			snprintf(err, sizeof(err), "kn_stage_set_pool(%d blocks) on %s failed: %s", s->n_blocks,
+				 w->o.role, strerror(-rc));
+		kn_stage_info(w->st, &w->info);
+		me->n_blocks = w->info.n_blocks;
+		me->kv_bytes = w->info.kv_bytes;
+		if (rc == 0)
+			LOG(w, "KV pool set to %d blocks (%.1f MiB), as every stage", w->info.n_blocks,
+			    w->info.kv_bytes / 1048576.0);
+	}
+	me->status = rc;
+	snprintf(me->err, sizeof(me->err), "%s", err);
+	if (rc < 0) {
+		LOG(w, "refused %s: %s", h->kind == SHM_MB_JOIN ? "join" : "pool", err);
+		report_fail(h, rc, "%s", err);
+	}
+	if (w->out_off == 0) {
+		/* Refused before having an area: the full-size one, so a later
+		 * join of this role finds it big enough. */
+		if (ensure_out_area(w, s, err, sizeof(err)) < 0) {
+			LOG(w, "cannot answer the setup message: %s", err);
+			return;
+		}
+	}
+	w->setup_flip ^= 1;
+	oh = out_buf(w, w->n_bufs - 2 + w->setup_flip);
+	memcpy(oh, h, h->total_len);
+	oh->stage = idx + 1;
+	send_msg(w, oh);
+}
+
+/* A micro-batch: apply ops, step, forward (see the file comment). */
+static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
+{
+	int last = w->idx == w->n_stages - 1;
+	int32_t hidden = w->info.hidden_size, nc = h->n_cols, no = h->n_ops;
+	struct shm_mb_hdr *oh;
+	enum shm_mb_kind okind = last ? SHM_MB_RESULT : SHM_MB_HIDDEN;
+	uint64_t t0 = mono_ns();
+	int rc;
+	char what[128];
+
+	if (!w->joined || h->epoch != w->epoch) {
+		w->dropped++;
+		return; /* a group ctrld already failed (see invariants) */
+	}
+	if (shm_mb_check(h, len, w->max_cols, w->max_ops) < 0 || h->group >= (uint32_t)w->max_groups
+	    || h->stage != w->idx || nc < 1) {
+		LOG(w, "dropping a malformed micro-batch (group %u, stage %d, %d columns, %d ops, %zu bytes): "
+		    "ctrld fails the group at its deadline", h->group, h->stage, nc, no, len);
+		return;
+	}
+	oh = out_buf(w, (int32_t)h->group);
+	wk_out_quiesce(w->out, shm_off(w->reg, oh), &g_stop);
+	memcpy(oh, h, sizeof(*oh));
+	oh->kind = (uint16_t)okind;
+	oh->stage = w->idx + 1;
+	oh->hidden = last ? 0 : hidden;
+	memcpy(shm_mb_cols(oh), shm_mb_cols(h), (size_t)nc * SHM_MB_COL_BYTES);
+	memcpy(shm_mb_ops(oh), shm_mb_ops(h), (size_t)no * SHM_MB_OP_BYTES);
+	snprintf(what, sizeof(what), "stage %d (%s, layers %d..%d, pid %d)", w->idx, w->o.role,
+		 w->info.layer_start, w->info.layer_end, (int)getpid());
+	rc = kn_stage_apply_ops(w->st, shm_mb_ops(h), (size_t)no);
+	if (rc < 0 && oh->status == 0) {
+		oh->status = rc;
+		snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_apply_ops: %s", what, kn_stage_error(w->st));
+	}
+	if (oh->status == 0 && !(h->flags & SHM_MB_F_OPS_ONLY)) {
+		int32_t *toks = shm_mb_payload(oh);
+		struct kn_step st = {
+			.n_cols = nc,
+			.cols = shm_mb_cols(h),
+			.hidden_in = w->info.first ? NULL : shm_mb_payload(h),
+			.hidden_out = last ? NULL : shm_mb_payload(oh),
+			.tokens_out = last ? toks : NULL,
+			.token_logprob_out = last ? (float *)(toks + nc) : NULL,
+		};
+
+		if ((!w->info.first && (h->kind != SHM_MB_HIDDEN || h->hidden != hidden))
+		    || (w->info.first && h->kind != SHM_MB_TOKENS)) {
+			oh->status = -EPROTO;
+			fmt(oh->err, sizeof(oh->err), "%s: got a %s message of %d floats per row, expected %s",
+				 what, h->kind == SHM_MB_HIDDEN ? "hidden" : "token", h->hidden,
+				 w->info.first ? "token ids" : "hidden rows");
+		} else {
+			rc = kn_stage_step(w->st, &st);
+			if (rc < 0) {
+				oh->status = rc;
+				snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", what,
+					 kn_stage_error(w->st));
+			}
+		}
+	}
+	if (oh->status != 0) {
+		oh->hidden = 0; /* no rows: later stages skip the step */
+		if (last) {
+			int32_t *toks = shm_mb_payload(oh);
+
+			for (int32_t i = 0; i < nc; i++) {
+				toks[i] = -1;
+				((float *)(toks + nc))[i] = 0.0f;
+			}
+		}
+	}
+	oh->total_len = (uint32_t)shm_mb_size(okind, nc, no, oh->hidden);
+	{
+		uint64_t dt = mono_ns() - t0;
+
+		if (w->idx < SHM_MB_MAX_STAGES)
+			oh->busy_us[w->idx] += (uint32_t)(dt / 1000);
+		w->steps++;
+		w->cols += (uint64_t)nc;
+		w->busy_ns += dt;
+	}
+	send_msg(w, oh);
+}
+
+static void handle(struct worker *w, const struct shm_desc *d)
+{
+	struct shm_mb_hdr *h;
+
+	if (d->off + d->len > shm_region_size(w->reg) || d->len < sizeof(struct shm_mb_hdr)) {
+		LOG(w, "dropping a descriptor outside the region (offset %llu, %u bytes)",
+		    (unsigned long long)d->off, d->len);
+		return;
+	}
+	h = shm_ptr(w->reg, d->off);
+	if (h->magic != SHM_MB_MAGIC || h->version != SHM_MB_VERSION) {
+		/* magic, version, status and err sit at frozen offsets: say so in
+		 * the message itself when it can still travel on. */
+		LOG(w, "refusing a micro-batch message of version %u (magic %08x): this worker speaks "
+		    "version %u: run the same kvferry version on every node", h->version, h->magic,
+		    SHM_MB_VERSION);
+		return;
+	}
+	if (h->total_len > d->len) {
+		LOG(w, "dropping a truncated message (%u of %u bytes)", d->len, h->total_len);
+		return;
+	}
+	switch (h->kind) {
+	case SHM_MB_JOIN:
+	case SHM_MB_POOL:
+		handle_setup(w, h, d->len);
+		break;
+	case SHM_MB_TOKENS:
+	case SHM_MB_HIDDEN:
+		handle_batch(w, h, d->len);
+		break;
+	default:
+		LOG(w, "dropping a message of kind %u", h->kind);
+	}
+}
+
+/* The region file now on disk is not the one we mapped: its owner
+ * re-created it, and nothing will ever arrive on our old mapping. */
+static int region_replaced(struct worker *w)
+{
+	struct stat now;
+	uint64_t t = mono_ns();
+
+	if (t - w->last_stat_ns < 1000000000ull)
+		return 0;
+	w->last_stat_ns = t;
+	if (stat(shm_region_path(w->reg), &now) != 0)
+		return 0; /* unlinked while its owner shuts down: SIGTERM follows */
+	return now.st_ino != w->region_ino;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP [options]\n"
+		"  --region NAME      the node's shm region (created by kvferry-dataplane or ctrld)\n"
+		"  --model DIR        the model directory (the same model as ctrld's: checked at join)\n"
+		"  --in HOP           ring:NAME (a ring on this node) or dp (the dataplane's receive ring)\n"
+		"  --out HOP          ring:NAME, or peer:NODE[/STREAM] (the dataplane toward another node)\n"
+		"  --role NAME        liveness role and area prefix (default stage0)\n"
+		"  --backend cpu|cuda stage engine (default cpu)\n"
+		"  --node N           this node's dataplane id, for reports (default -1: none)\n"
+		"  --threads N        CPU engine threads (default: what ctrld asks, 0 = online cores)\n"
+		"  --kv-mib N         CPU KV pool budget in MiB (default: what ctrld asks)\n"
+		"  --device N         CUDA device ordinal (default 0)\n"
+		"  --wait S           wait up to S seconds for the region to appear (default 60)\n");
+}
+
+static int parse_opts(int argc, char **argv, struct wk_opts *o)
+{
+	static const struct option lo[] = {
+		{ "region", required_argument, 0, 'r' }, { "model", required_argument, 0, 'm' },
+		{ "in", required_argument, 0, 'i' },     { "out", required_argument, 0, 'o' },
+		{ "role", required_argument, 0, 'R' },   { "backend", required_argument, 0, 'b' },
+		{ "node", required_argument, 0, 'n' },   { "threads", required_argument, 0, 't' },
+		{ "kv-mib", required_argument, 0, 'k' }, { "device", required_argument, 0, 'd' },
+		{ "wait", required_argument, 0, 'w' },   { "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 } };
+	int c;
+
+	memset(o, 0, sizeof(*o));
+	o->role = "stage0";
+	o->node = -1;
+	o->wait_s = 60;
+	o->backend = KN_BACKEND_CPU;
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'r': o->region = optarg; break;
+		case 'm': o->model = optarg; break;
+		case 'i': o->in = optarg; break;
+		case 'o': o->out = optarg; break;
+		case 'R': o->role = optarg; break;
+		case 'b':
+			if (strcmp(optarg, "cpu") == 0)
+				o->backend = KN_BACKEND_CPU;
+			else if (strcmp(optarg, "cuda") == 0)
+				o->backend = KN_BACKEND_CUDA;
+			else
+				return -1;
+			break;
+		case 'n': o->node = atoi(optarg); break;
+		case 't': o->threads = atoi(optarg); break;
+		case 'k': o->kv_bytes = (size_t)strtoull(optarg, NULL, 0) << 20; break;
+		case 'd': o->device = atoi(optarg); break;
+		case 'w': o->wait_s = atoi(optarg); break;
+		case 'h': usage(stdout); exit(0);
+		default: return -1;
+		}
+	}
+	if (o->region == NULL || o->model == NULL || o->in == NULL || o->out == NULL
+	    || strlen(o->role) >= SHM_ROLE_MAX)
+		return -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct worker w;
+	struct sigaction sa;
+	char err[512];
+	const struct kn_model_config *cfg;
+	uint64_t t0;
+	int rc = 1, reexec = 0;
+
+	memset(&w, 0, sizeof(w));
+	w.idx = -1;
+	if (parse_opts(argc, argv, &w.o) < 0) {
+		usage(stderr);
+		return 2;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	/* Whoever creates the region (the dataplane, or ctrld on a node without
+	 * one) may start after us: wait for it rather than fail. */
+	t0 = mono_ns();
+	while ((w.reg = shm_region_attach(w.o.region, err, sizeof(err))) == NULL && errno == ENOENT
+	       && !g_stop && mono_ns() - t0 < (uint64_t)w.o.wait_s * 1000000000ull) {
+		struct timespec ts = { 0, 100000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	if (w.reg == NULL) {
+		fprintf(stderr, "kvferry-worker[%s]: shm_region_attach(%s) failed: %s\n", w.o.role, w.o.region, err);
+		return 1;
+	}
+	{
+		struct stat sb;
+
+		if (stat(shm_region_path(w.reg), &sb) == 0)
+			w.region_ino = sb.st_ino;
+	}
+	w.live = shm_live_register(w.reg, w.o.role);
+	if (w.live < 0) {
+		LOG(&w, "shm_live_register(%s, %s) failed: %s: too many processes on this region",
+		    w.o.region, w.o.role, strerror(-w.live));
+		goto out_region;
+	}
+	if (w.o.backend == KN_BACKEND_CUDA)
+		/* cudaHostRegister of the region belongs behind a kn_ call the CUDA
+		 * engine does not offer yet: until then transfers stage through
+		 * pageable copies. */
+		LOG(&w, "region %s not pinned for CUDA (no kn_ host-register call yet)", w.o.region);
+	t0 = mono_ns();
+	w.m = kn_model_open(w.o.model, err, sizeof(err));
+	if (w.m == NULL) {
+		LOG(&w, "kn_model_open(%s) failed: %s", w.o.model, err);
+		goto out_live;
+	}
+	cfg = kn_model_config(w.m);
+	w.fp = kn_model_fingerprint(w.m);
+	LOG(&w, "model %s: %s, %d layers, hidden %d, vocab %d, fingerprint %016" PRIx64 ", opened in %.0f ms",
+	    w.o.model, kn_arch_name(cfg->arch), cfg->n_layers, cfg->hidden_size, cfg->vocab_size, w.fp,
+	    (double)(mono_ns() - t0) / 1e6);
+	w.in = wk_in_open(w.reg, w.o.in, err, sizeof(err));
+	if (w.in == NULL) {
+		LOG(&w, "input hop %s: %s", w.o.in, err);
+		goto out_model;
+	}
+	w.out = wk_out_open(w.reg, w.o.out, err, sizeof(err));
+	if (w.out == NULL) {
+		LOG(&w, "output hop %s: %s", w.o.out, err);
+		goto out_in;
+	}
+	LOG(&w, "ready: region %s (%s), in %s, out %s, pid %d, waiting for ctrld's join", w.o.region,
+	    shm_region_is_huge(w.reg) ? "hugepages" : "not hugepages", w.o.in, w.o.out, (int)getpid());
+	while (!g_stop) {
+		struct shm_desc d;
+		int got;
+
+		shm_live_beat(w.reg, w.live);
+		wk_out_poll(w.out);
+		/* Sleep in the ring's futex when idle: no spinning on a small machine;
+		 * the 200 ms bound keeps the heartbeat fresh and SIGTERM prompt. */
+		got = wk_in_get(w.in, &d, 200 * 1000000ll);
+		if (got <= 0) {
+			if (region_replaced(&w)) {
+				LOG(&w, "region %s was re-created (its owner restarted): restarting to attach the "
+				    "new one", w.o.region);
+				reexec = 1;
+				break;
+			}
+			continue;
+		}
+		handle(&w, &d);
+		wk_in_done(w.in, &d);
+	}
+	LOG(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %llu stale messages dropped",
+	    (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
+	    (unsigned long long)w.dropped);
+	rc = 0;
+	wk_out_close(w.out);
+out_in:
+	wk_in_close(w.in);
+out_model:
+	kn_stage_destroy(w.st);
+	kn_model_close(w.m);
+out_live:
+	shm_live_release(w.reg, w.live);
+out_region:
+	shm_region_detach(w.reg);
+	if (reexec) {
+		execv("/proc/self/exe", argv);
+		fprintf(stderr, "kvferry-worker[%s]: execv(/proc/self/exe) failed: %s\n", w.o.role, strerror(errno));
+		return 1;
+	}
+	return rc;
+}

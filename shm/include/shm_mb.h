@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file shm_mb.h
+ * The micro-batch message: what travels between kvferry-ctrld and the
+ * kvferry-worker stages, through shm rings on one node and through the
+ * dataplane between nodes (the same bytes either way). A shared-memory and
+ * wire ABI: fixed-width little-endian fields, offsets not pointers, a
+ * static_assert on every offset; any layout change bumps SHM_MB_VERSION.
+ *
+ * Layout of one message (every part starts 64-byte aligned):
+ *
+ *   struct shm_mb_hdr                     384 bytes
+ *   column records [n_cols]               SHM_MB_COL_BYTES each (struct kn_column)
+ *   op records [n_ops]                    SHM_MB_OP_BYTES each (struct kn_op)
+ *   payload, by kind:
+ *     SHM_MB_TOKENS  nothing (the token ids ride in the columns)
+ *     SHM_MB_HIDDEN  f32 rows [n_cols][hidden]
+ *     SHM_MB_RESULT  int32 tokens [n_cols], then f32 logprobs [n_cols]
+ *     SHM_MB_JOIN, SHM_MB_POOL  struct shm_mb_setup
+ *
+ * Frozen across versions: magic, version, kind, status and err sit at the
+ * same offsets in every version, so a process of another version can still
+ * refuse a message with a readable error that names both versions.
+ *
+ * Error pass-through: a stage that fails a step sets status (-errno) and err,
+ * still applies the ops (every stage validates ops identically, so block
+ * tables stay the same on every stage) and forwards the message; later
+ * stages apply the ops, skip the step and forward; the last stage turns it
+ * into a RESULT carrying the first failure.
+ *
+ * shm/ knows nothing of the model: the column and op records are opaque
+ * here; kernels/ and ctrl/ static_assert that their structs have these sizes.
+ */
+#ifndef SHM_MB_H
+#define SHM_MB_H
+
+#include <assert.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SHM_MB_MAGIC 0x424d464bu /* "KFMB" little-endian */
+#define SHM_MB_VERSION 1u
+/** Bytes of one column record (struct kn_column). */
+#define SHM_MB_COL_BYTES 32u
+/** Bytes of one op record (struct kn_op). */
+#define SHM_MB_OP_BYTES 16u
+/** Length of the error text, NUL included. */
+#define SHM_MB_ERRLEN 160u
+/** Most stages a setup message describes. */
+#define SHM_MB_MAX_STAGES 16
+/** Most plan widths a setup message carries. */
+#define SHM_MB_MAX_PLANS 4
+
+/** What a message carries (shm_mb_hdr.kind; also shm_desc.type). */
+enum shm_mb_kind {
+	SHM_MB_TOKENS = 1, /**< to the first stage: columns (token ids) + ops */
+	SHM_MB_HIDDEN = 2, /**< between stages: columns + ops + hidden rows */
+	SHM_MB_RESULT = 3, /**< last stage to ctrld: tokens + logprobs */
+	SHM_MB_JOIN = 4,   /**< setup: assignment down, each stage's report back */
+	SHM_MB_POOL = 5,   /**< setup: the negotiated KV block count for every stage */
+};
+
+/** shm_mb_hdr.flags */
+#define SHM_MB_F_OPS_ONLY 0x1u /**< apply the ops, run no step (status says why) */
+
+/** The fixed header (384 bytes). */
+struct shm_mb_hdr {
+	uint32_t magic;      /**< SHM_MB_MAGIC (frozen offset 0) */
+	uint16_t version;    /**< SHM_MB_VERSION (frozen offset 4) */
+	uint16_t kind;       /**< enum shm_mb_kind (frozen offset 6) */
+	int32_t status;      /**< 0, or -errno of the first failure (frozen offset 8) */
+	uint32_t flags;      /**< SHM_MB_F_* */
+	uint64_t epoch;      /**< the chain's setup generation: stages drop other epochs */
+	uint64_t seq;        /**< the chain's submission number (stale results are dropped) */
+	uint32_t group;      /**< micro-batch group id */
+	int32_t stage;       /**< index of the stage that receives it next */
+	int32_t n_stages;
+	int32_t n_cols;
+	int32_t n_ops;
+	int32_t hidden;      /**< floats per hidden row (HIDDEN), else 0 */
+	uint32_t total_len;  /**< bytes of the whole message */
+	uint32_t reserved0;
+	uint8_t reserved[32];
+	char err[SHM_MB_ERRLEN]; /**< with status < 0: what failed, where (frozen offset 96) */
+	uint32_t busy_us[SHM_MB_MAX_STAGES]; /**< each stage adds its step time (stage table) */
+	uint8_t reserved2[64];
+};
+static_assert(offsetof(struct shm_mb_hdr, magic) == 0, "magic at 0");
+static_assert(offsetof(struct shm_mb_hdr, version) == 4, "version at 4");
+static_assert(offsetof(struct shm_mb_hdr, kind) == 6, "kind at 6");
+static_assert(offsetof(struct shm_mb_hdr, status) == 8, "status at 8");
+static_assert(offsetof(struct shm_mb_hdr, flags) == 12, "flags at 12");
+static_assert(offsetof(struct shm_mb_hdr, epoch) == 16, "epoch at 16");
+static_assert(offsetof(struct shm_mb_hdr, seq) == 24, "seq at 24");
+static_assert(offsetof(struct shm_mb_hdr, group) == 32, "group at 32");
+static_assert(offsetof(struct shm_mb_hdr, stage) == 36, "stage at 36");
+static_assert(offsetof(struct shm_mb_hdr, n_stages) == 40, "n_stages at 40");
+static_assert(offsetof(struct shm_mb_hdr, n_cols) == 44, "n_cols at 44");
+static_assert(offsetof(struct shm_mb_hdr, n_ops) == 48, "n_ops at 48");
+static_assert(offsetof(struct shm_mb_hdr, hidden) == 52, "hidden at 52");
+static_assert(offsetof(struct shm_mb_hdr, total_len) == 56, "total_len at 56");
+static_assert(offsetof(struct shm_mb_hdr, err) == 96, "err at 96");
+static_assert(offsetof(struct shm_mb_hdr, busy_us) == 256, "busy_us at 256");
+static_assert(sizeof(struct shm_mb_hdr) == 384, "header is 384 bytes");
+
+/** The wire protocol of the stage chain (join refuses another). */
+#define SHM_MB_PROTO 1u
+
+/** What ctrld assigns to stage i, and what stage i reports back (JOIN, POOL). */
+struct shm_mb_stage {
+	/* assignment (ctrld) */
+	int32_t layer_start;
+	int32_t layer_end;
+	/* report (the stage) */
+	int32_t status;          /**< 0, or -errno: the stage refused or failed */
+	uint32_t proto;          /**< the stage's SHM_MB_PROTO */
+	uint32_t mb_version;     /**< the stage's SHM_MB_VERSION */
+	int32_t pid;
+	int32_t node;            /**< dataplane node id, -1 without a dataplane */
+	int32_t live_slot;       /**< its shm_live slot in its node's region */
+	uint64_t fingerprint;    /**< kn_model_fingerprint of what it loaded */
+	int32_t n_blocks;        /**< JOIN: blocks it can hold; POOL: blocks it now holds */
+	int32_t hidden;
+	uint64_t weight_bytes;
+	uint64_t kv_bytes;
+	uint64_t load_ns;        /**< time to load its layers */
+	char role[24];           /**< its liveness role ("stage1") */
+	char backend[8];         /**< "cpu", "cuda" */
+	char err[SHM_MB_ERRLEN];
+};
+static_assert(offsetof(struct shm_mb_stage, status) == 8, "status at 8");
+static_assert(offsetof(struct shm_mb_stage, fingerprint) == 32, "fingerprint at 32");
+static_assert(offsetof(struct shm_mb_stage, n_blocks) == 40, "n_blocks at 40");
+static_assert(offsetof(struct shm_mb_stage, weight_bytes) == 48, "weight_bytes at 48");
+static_assert(offsetof(struct shm_mb_stage, load_ns) == 64, "load_ns at 64");
+static_assert(offsetof(struct shm_mb_stage, role) == 72, "role at 72");
+static_assert(offsetof(struct shm_mb_stage, backend) == 96, "backend at 96");
+static_assert(offsetof(struct shm_mb_stage, err) == 104, "err at 104");
+static_assert(sizeof(struct shm_mb_stage) == 264, "stage entry is 264 bytes");
+
+/** Payload of JOIN and POOL. */
+struct shm_mb_setup {
+	uint32_t proto;          /**< ctrld's SHM_MB_PROTO */
+	int32_t n_stages;
+	uint64_t fingerprint;    /**< ctrld's kn_model_fingerprint */
+	int32_t n_slots;
+	int32_t max_blocks_per_slot;
+	int32_t n_blocks;        /**< JOIN: a fixed count, or -1 (each stage reports what
+	                              its budget holds); POOL: the negotiated count */
+	int32_t max_groups;      /**< group ids 0 .. max_groups-1 */
+	int32_t max_cols;
+	int32_t max_ops;
+	int32_t plan_widths[SHM_MB_MAX_PLANS];
+	int32_t n_plans;
+	int32_t n_threads;       /**< CPU engine threads per stage (0 = online cores) */
+	uint64_t kv_budget_bytes;
+	float kv_mem_fraction;
+	int32_t reserved0;
+	uint8_t reserved[16];
+	struct shm_mb_stage stage[SHM_MB_MAX_STAGES];
+};
+static_assert(offsetof(struct shm_mb_setup, fingerprint) == 8, "fingerprint at 8");
+static_assert(offsetof(struct shm_mb_setup, n_blocks) == 24, "n_blocks at 24");
+static_assert(offsetof(struct shm_mb_setup, plan_widths) == 40, "plan_widths at 40");
+static_assert(offsetof(struct shm_mb_setup, kv_budget_bytes) == 64, "kv_budget at 64");
+static_assert(offsetof(struct shm_mb_setup, stage) == 96, "stage table at 96");
+static_assert(sizeof(struct shm_mb_setup) == 96 + 264 * SHM_MB_MAX_STAGES, "setup size");
+
+/** @return @p x rounded up to 64. */
+static inline size_t shm_mb_align(size_t x)
+{
+	return (x + 63u) & ~(size_t)63u;
+}
+
+/** @return offset of the column records. */
+static inline size_t shm_mb_cols_off(void)
+{
+	return sizeof(struct shm_mb_hdr);
+}
+
+/** @return offset of the op records for @p n_cols columns. */
+static inline size_t shm_mb_ops_off(int32_t n_cols)
+{
+	return shm_mb_align(shm_mb_cols_off() + (size_t)n_cols * SHM_MB_COL_BYTES);
+}
+
+/** @return offset of the payload for @p n_cols columns and @p n_ops ops. */
+static inline size_t shm_mb_payload_off(int32_t n_cols, int32_t n_ops)
+{
+	return shm_mb_align(shm_mb_ops_off(n_cols) + (size_t)n_ops * SHM_MB_OP_BYTES);
+}
+
+/**
+ * @return the bytes of a message of @p kind with @p n_cols columns, @p n_ops
+ *         ops and hidden rows of @p hidden floats (HIDDEN only).
+ */
+static inline size_t shm_mb_size(enum shm_mb_kind kind, int32_t n_cols, int32_t n_ops, int32_t hidden)
+{
+	size_t p = shm_mb_payload_off(n_cols, n_ops);
+
+	switch (kind) {
+	case SHM_MB_HIDDEN:
+		return p + (size_t)n_cols * (size_t)hidden * sizeof(float);
+	case SHM_MB_RESULT:
+		return p + (size_t)n_cols * (sizeof(int32_t) + sizeof(float));
+	case SHM_MB_JOIN:
+	case SHM_MB_POOL:
+		return p + sizeof(struct shm_mb_setup);
+	default:
+		return p;
+	}
+}
+
+/**
+ * Check that a received message of @p len bytes is whole and self-consistent
+ * before anything in it is read past the header.
+ * @return 0, -EPROTO (magic or version differ: the caller names both),
+ *         -EINVAL (counts out of range or @p len too short).
+ */
+static inline int shm_mb_check(const struct shm_mb_hdr *h, size_t len, int32_t max_cols,
+			       int32_t max_ops)
+{
+	if (len < sizeof(*h) || h->magic != SHM_MB_MAGIC || h->version != SHM_MB_VERSION)
+		return -EPROTO;
+	if (h->n_cols < 0 || h->n_cols > max_cols || h->n_ops < 0 || h->n_ops > max_ops
+	    || h->hidden < 0 || h->hidden > (1 << 20) || h->total_len > len
+	    || shm_mb_size((enum shm_mb_kind)h->kind, h->n_cols, h->n_ops, h->hidden) > h->total_len)
+		return -EINVAL;
+	return 0;
+}
+
+/** @return the column records of @p h. */
+static inline void *shm_mb_cols(struct shm_mb_hdr *h)
+{
+	return (char *)h + shm_mb_cols_off();
+}
+
+/** @return the op records of @p h. */
+static inline void *shm_mb_ops(struct shm_mb_hdr *h)
+{
+	return (char *)h + shm_mb_ops_off(h->n_cols);
+}
+
+/** @return the payload of @p h. */
+static inline void *shm_mb_payload(struct shm_mb_hdr *h)
+{
+	return (char *)h + shm_mb_payload_off(h->n_cols, h->n_ops);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHM_MB_H */

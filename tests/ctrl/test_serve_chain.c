@@ -1,0 +1,474 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The stage chain to kvferry-worker processes over shm rings on one node,
+ * on the tiny generated model: the scheduler's output through 2 and 3
+ * worker processes equals each request's solo run token for token; the KV
+ * pool is negotiated to one count on every stage; a worker holding another
+ * model is refused at join naming both; a worker killed mid-request ends its
+ * requests with an error within a bound, and the chain serves again once the
+ * worker is restarted.
+ * Usage: test_serve_chain PATH-TO-kvferry-worker PATH-TO-kvferry-mkmodel
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctrl_proc_chain.h"
+#include "kn_model.h"
+#include "kn_stage.h"
+#include "sched_harness.h"
+#include "shm_region.h"
+
+enum { N = 10, MAXW = 4 };
+
+static const char *g_worker, *g_mkmodel;
+static char g_dir[] = "/tmp/kvferry-serve-XXXXXX";
+static char g_model[300], g_other[300], g_region[32];
+static struct kn_model *g_m;
+static struct shm_region *g_reg;
+static int32_t g_prompt[N][40], g_len[N], g_max[N];
+static float g_temp[N];
+static struct rec g_ref[N];
+static pid_t g_pids[MAXW];
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The solo run: one whole-model stage, one slot, prompt then one token per step. */
+static void solo(int i)
+{
+	struct kn_stage_opts so;
+	struct kn_stage *st;
+	struct kn_op ops[4];
+	struct kn_column cols[48];
+	int32_t toks[48], pos = 0, last = -1;
+	char err[256];
+
+	kn_stage_opts_init(&so);
+	so.n_slots = 1;
+	so.n_blocks = 4;
+	so.max_blocks_per_slot = 4;
+	so.n_threads = 1;
+	st = kn_stage_create(g_m, KN_BACKEND_CPU, &so, err, sizeof(err));
+	if (st == NULL)
+		fail_msg("kn_stage_create: %s", err);
+	for (int b = 0; b < 4; b++)
+		ops[b] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 0, .idx = b, .val = b };
+	assert_int_equal(kn_stage_apply_ops(st, ops, 4), 0);
+	memset(&g_ref[i], 0, sizeof(g_ref[i]));
+	while (g_ref[i].n < g_max[i]) {
+		struct kn_step step = { 0 };
+		int32_t k = 0;
+
+		do {
+			cols[k] = (struct kn_column){ .token = pos < g_len[i] ? g_prompt[i][pos] : last, .pos = pos,
+						      .temperature = g_temp[i], .top_p = 1.0f, .seed = (uint32_t)i };
+			k++;
+			pos++;
+		} while (pos < g_len[i]);
+		cols[k - 1].flags = KN_COL_NEED_LOGIT;
+		step.n_cols = k;
+		step.cols = cols;
+		step.tokens_out = toks;
+		if (kn_stage_step(st, &step) != 0)
+			fail_msg("kn_stage_step: %s", kn_stage_error(st));
+		last = toks[k - 1];
+		g_ref[i].toks[g_ref[i].n++] = last;
+	}
+	kn_stage_destroy(st);
+}
+
+static int setup(void **state)
+{
+	char cmd[1024], err[256];
+	struct shm_region_opts ro;
+
+	(void)state;
+	if (access(g_worker, X_OK) != 0 || access(g_mkmodel, X_OK) != 0 || mkdtemp(g_dir) == NULL)
+		return -1;
+	snprintf(g_model, sizeof(g_model), "%s/tiny", g_dir);
+	snprintf(g_other, sizeof(g_other), "%s/other", g_dir);
+	snprintf(cmd, sizeof(cmd), "%s --out %s --preset tiny >/dev/null && %s --out %s --preset tiny --seed 7 "
+		 ">/dev/null", g_mkmodel, g_model, g_mkmodel, g_other);
+	if (system(cmd) != 0)
+		return -1;
+	g_m = kn_model_open(g_model, err, sizeof(err));
+	if (g_m == NULL) {
+		fprintf(stderr, "kn_model_open(%s): %s\n", g_model, err);
+		return -1;
+	}
+	for (int i = 0; i < N; i++) {
+		uint32_t x = 101u + (uint32_t)i * 7919u;
+
+		g_len[i] = 2 + (i * 11) % 36;
+		g_max[i] = 6 + (i * 7) % 24;
+		g_temp[i] = i % 4 == 3 ? 0.8f : 0.0f;
+		for (int32_t p = 0; p < g_len[i]; p++) {
+			x = x * 1103515245u + 12345u;
+			g_prompt[i][p] = (int32_t)((x >> 16) % (uint32_t)kn_model_config(g_m)->vocab_size);
+		}
+		solo(i);
+	}
+	snprintf(g_region, sizeof(g_region), "kvfserve%d", (int)getpid());
+	shm_region_opts_init(&ro);
+	ro.name = g_region;
+	ro.size = 48u << 20;
+	ro.quiet = 1;
+	g_reg = shm_region_create(&ro, err, sizeof(err));
+	if (g_reg == NULL) {
+		fprintf(stderr, "shm_region_create(%s): %s\n", g_region, err);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	char cmd[512];
+
+	(void)state;
+	kn_model_close(g_m);
+	shm_region_detach(g_reg);
+	shm_region_unlink(g_region);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Start the worker of stage k of n (rings serve.s<k>.in → next / serve.ret). */
+static pid_t start_worker(int k, int n, const char *model, const char *kv_mib)
+{
+	char in[64], out[64], role[32];
+	pid_t pid;
+
+	snprintf(in, sizeof(in), "ring:serve.s%d.in", k);
+	if (k == n - 1)
+		snprintf(out, sizeof(out), "ring:serve.ret");
+	else
+		snprintf(out, sizeof(out), "ring:serve.s%d.in", k + 1);
+	snprintf(role, sizeof(role), "stage%d", k);
+	pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test leaves no worker behind */
+		execl(g_worker, g_worker, "--region", g_region, "--model", model, "--in", in, "--out", out,
+		      "--role", role, "--threads", "1", "--kv-mib", kv_mib, "--wait", "10", (char *)NULL);
+		_exit(127);
+	}
+	assert_true(pid > 0);
+	return pid;
+}
+
+/* SIGTERM a worker; @return its exit status (0: it shut down cleanly). */
+static int stop_worker(pid_t pid)
+{
+	int st = 0;
+
+	kill(pid, SIGTERM);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	for (int k = 0; k < MAXW; k++)
+		if (g_pids[k] == pid)
+			g_pids[k] = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* After each test, pass or fail: no worker of it outlives it. */
+static int reap_workers(void **state)
+{
+	(void)state;
+	for (int k = 0; k < MAXW; k++)
+		if (g_pids[k] > 0) {
+			kill(g_pids[k], SIGKILL);
+			waitpid(g_pids[k], NULL, 0);
+			g_pids[k] = 0;
+		}
+	return 0;
+}
+
+static struct ctrl_chain *chain(int n, const int32_t *ends, char *err, size_t errlen)
+{
+	struct ctrl_proc_chain_opts o;
+
+	ctrl_proc_chain_opts_init(&o);
+	o.region = g_region;
+	o.n_stages = n;
+	if (ends != NULL)
+		memcpy(o.layer_ends, ends, sizeof(int32_t) * (size_t)n);
+	o.stage.n_slots = 8;
+	o.stage.n_blocks = -1;
+	o.stage.max_blocks_per_slot = 4;
+	o.stage.plan_widths[0] = 8;
+	o.stage.plan_widths[1] = 48;
+	o.stage.n_plans = 2;
+	o.stage.n_threads = 1;
+	o.max_groups = 8;
+	o.join_timeout_ms = 15000;
+	o.group_timeout_ms = 5000;
+	o.stale_ms = 1000;
+	return ctrl_proc_chain_create(g_m, &o, err, errlen);
+}
+
+static struct ctrl_sched *sched(struct ctrl_chain *c)
+{
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	char err[256];
+
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 8;
+	s = ctrl_sched_create(c, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	return s;
+}
+
+/* Poll until drained or @p bound_ms; sleeps a little so workers get the CPU. */
+static int drain(struct ctrl_sched *s, uint64_t bound_ms)
+{
+	uint64_t t0 = now_ns();
+	struct timespec ts = { 0, 50000 };
+
+	while (!ctrl_sched_drained(s)) {
+		assert_true(ctrl_sched_poll(s) >= 0);
+		if (now_ns() - t0 > bound_ms * 1000000ull)
+			return -1;
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
+static void submit_all(struct ctrl_sched *s, struct rec *got)
+{
+	memset(got, 0, sizeof(*got) * N);
+	for (int i = 0; i < N; i++)
+		assert_true(submit_rec(s, &got[i], g_prompt[i], g_len[i], g_max[i], g_temp[i], (uint32_t)i) > 0);
+}
+
+static void check_all(const struct rec *got)
+{
+	for (int i = 0; i < N; i++) {
+		if (got[i].finish != CTRL_FINISH_LENGTH)
+			fail_msg("request %d ended %s: %s", i, ctrl_finish_name(got[i].finish), got[i].msg);
+		assert_int_equal(got[i].n, g_ref[i].n);
+		assert_memory_equal(got[i].toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	}
+}
+
+static void run_equal(int n, const int32_t *ends)
+{
+	static struct rec got[N];
+	struct ctrl_chain *c;
+	struct ctrl_sched *s;
+	char err[512];
+
+	for (int k = 0; k < n; k++)
+		g_pids[k] = start_worker(k, n, g_model, "4");
+	c = chain(n, ends, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	s = sched(c);
+	submit_all(s, got);
+	assert_int_equal(drain(s, 60000), 0);
+	check_all(got);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < n; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
+static void every_request_equals_its_solo_run_through_two_worker_processes(void **state)
+{
+	(void)state;
+	run_equal(2, NULL);
+}
+
+static void every_request_equals_its_solo_run_through_three_workers_with_explicit_ranges(void **state)
+{
+	static const int32_t ends[3] = { 1, 2, 3 };
+
+	(void)state;
+	run_equal(3, ends);
+}
+
+static void layer_ranges_that_do_not_tile_the_model_are_refused_before_any_worker_is_asked(void **state)
+{
+	int32_t gap[2] = { 1, 2 }, back[2] = { 2, 1 }, even[3] = { 0, 0, 0 };
+	char err[256];
+
+	(void)state;
+	assert_int_equal(ctrl_proc_chain_layers(3, 2, gap, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "must end at 3"));
+	assert_int_equal(ctrl_proc_chain_layers(3, 2, back, err, sizeof(err)), -EINVAL);
+	assert_int_equal(ctrl_proc_chain_layers(3, 4, even, err, sizeof(err)), -EINVAL);
+	assert_int_equal(ctrl_proc_chain_layers(16, 3, even, err, sizeof(err)), 0);
+	assert_int_equal(even[0], 5);
+	assert_int_equal(even[1], 10);
+	assert_int_equal(even[2], 16);
+}
+
+static void every_stage_holds_the_least_block_count_any_worker_can_hold(void **state)
+{
+	struct ctrl_chain *c;
+	struct ctrl_chain_info ci;
+	struct ctrl_proc_stage ps[2];
+	int32_t small, big;
+	char err[512];
+
+	(void)state;
+	/* Stage 1 gets a quarter of stage 0's budget: the chain must use its count. */
+	g_pids[0] = start_worker(0, 2, g_model, "4");
+	g_pids[1] = start_worker(1, 2, g_model, "1");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	ctrl_chain_info(c, &ci);
+	assert_int_equal(ctrl_proc_chain_stage(c, 0, &ps[0]), 0);
+	assert_int_equal(ctrl_proc_chain_stage(c, 1, &ps[1]), 0);
+	assert_int_equal(ps[0].n_blocks, ci.n_blocks);
+	assert_int_equal(ps[1].n_blocks, ci.n_blocks);
+	small = ci.n_blocks;
+	ctrl_chain_destroy(c);
+	assert_int_equal(stop_worker(g_pids[1]), 0);
+	g_pids[1] = start_worker(1, 2, g_model, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	ctrl_chain_info(c, &ci);
+	big = ci.n_blocks;
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+	printf("negotiated %d blocks with a 1 MiB stage, %d with 4 MiB stages\n", small, big);
+	assert_true(small > 0);
+	assert_true(small < big);
+}
+
+static void a_worker_holding_another_model_is_refused_at_join_naming_both(void **state)
+{
+	struct ctrl_chain *c;
+	char err[512], fp[32];
+
+	(void)state;
+	g_pids[0] = start_worker(0, 2, g_model, "4");
+	g_pids[1] = start_worker(1, 2, g_other, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	assert_null(c);
+	assert_int_equal(errno, EPROTO);
+	printf("refused: %s\n", err);
+	snprintf(fp, sizeof(fp), "%016llx", (unsigned long long)kn_model_fingerprint(g_m));
+	assert_non_null(strstr(err, "stage1"));
+	assert_non_null(strstr(err, fp));
+	assert_non_null(strstr(err, g_other));
+	assert_non_null(strstr(err, g_model)); /* ctrld's side too */
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
+static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart(void **state)
+{
+	static struct rec got[N];
+	struct ctrl_chain *c;
+	struct ctrl_sched *s;
+	struct ctrl_proc_stage ps;
+	char err[512];
+	uint64_t t_kill, t_end;
+	int errors = 0, st;
+	long tokens;
+
+	(void)state;
+	for (int k = 0; k < 2; k++)
+		g_pids[k] = start_worker(k, 2, g_model, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	s = sched(c);
+	submit_all(s, got);
+	/* Let some tokens flow, then kill stage 1 mid-request. */
+	do {
+		struct timespec ts = { 0, 50000 };
+
+		tokens = 0;
+		assert_true(ctrl_sched_poll(s) >= 0);
+		for (int i = 0; i < N; i++)
+			tokens += got[i].n;
+		nanosleep(&ts, NULL);
+	} while (tokens < 12);
+	kill(g_pids[1], SIGKILL);
+	waitpid(g_pids[1], &st, 0);
+	g_pids[1] = 0;
+	t_kill = now_ns();
+	assert_int_equal(drain(s, 10000), 0);
+	t_end = now_ns();
+	for (int i = 0; i < N; i++) {
+		if (got[i].finish == CTRL_FINISH_ERROR) {
+			errors++;
+			assert_non_null(strstr(got[i].msg, "stage 1"));
+		} else {
+			/* finished before the kill: must still be the right tokens */
+			assert_int_equal(got[i].finish, CTRL_FINISH_LENGTH);
+			assert_memory_equal(got[i].toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+		}
+	}
+	printf("killed stage 1 after %ld tokens: %d requests ended with an error %.0f ms later\n", tokens,
+	       errors, (double)(t_end - t_kill) / 1e6);
+	assert_true(errors > 0);
+	assert_true(t_end - t_kill < 3000000000ull);
+	/* Restart the worker: the chain re-forms by itself, then serves. */
+	g_pids[1] = start_worker(1, 2, g_model, "4");
+	t_kill = now_ns();
+	do {
+		struct timespec ts = { 0, 1000000 };
+
+		struct ctrl_chain_result res[8];
+
+		/* The scheduler polls its chain only with groups in flight; an idle
+		 * daemon ticks the chain itself so it re-forms before traffic. */
+		assert_true(ctrl_sched_poll(s) >= 0);
+		assert_int_equal(ctrl_chain_poll(c, res, 8), 0);
+		assert_int_equal(ctrl_proc_chain_stage(c, 1, &ps), 0);
+		nanosleep(&ts, NULL);
+		if (now_ns() - t_kill > 20000000000ull)
+			fail_msg("the chain did not re-form within 20 s of the restart");
+	} while (!ps.up);
+	assert_int_equal(ps.pid, g_pids[1]);
+	submit_all(s, got);
+	assert_int_equal(drain(s, 60000), 0);
+	check_all(got);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(layer_ranges_that_do_not_tile_the_model_are_refused_before_any_worker_is_asked, reap_workers),
+		cmocka_unit_test_teardown(every_request_equals_its_solo_run_through_two_worker_processes, reap_workers),
+		cmocka_unit_test_teardown(every_request_equals_its_solo_run_through_three_workers_with_explicit_ranges, reap_workers),
+		cmocka_unit_test_teardown(every_stage_holds_the_least_block_count_any_worker_can_hold, reap_workers),
+		cmocka_unit_test_teardown(a_worker_holding_another_model_is_refused_at_join_naming_both, reap_workers),
+		cmocka_unit_test_teardown(a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart, reap_workers),
+	};
+
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s PATH-TO-kvferry-worker PATH-TO-kvferry-mkmodel\n", argv[0]);
+		return 2;
+	}
+	g_worker = argv[1];
+	g_mkmodel = argv[2];
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
