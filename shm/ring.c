@@ -31,13 +31,6 @@
 #include "ring_abi.h"
 #include "shm_ring.h"
 
-struct shm_ring {
-	struct shm_ring_meta *meta;
-	struct rte_ring *r;
-	unsigned esize;
-	unsigned count;
-};
-
 /* Spin this many empty checks before sleeping: ~1-2 µs, shorter than a
  * futex round trip, so a consumer that is fed steadily never sleeps. */
 #define WAIT_SPINS 256
@@ -55,10 +48,14 @@ static struct shm_ring *wrap(void *area)
 		errno = ENOMEM;
 		return NULL;
 	}
-	q->meta = area;
+	struct shm_ring_meta *meta = area;
+
+	q->meta = meta;
 	q->r = (struct rte_ring *)((char *)area + SHM_RING_META_BYTES);
-	q->esize = q->meta->esize;
-	q->count = q->meta->count;
+	q->waiters = &meta->waiters;
+	q->wake_seq = &meta->wake_seq;
+	q->esize = meta->esize;
+	q->count = meta->count;
 	return q;
 }
 
@@ -136,28 +133,10 @@ void shm_ring_close(struct shm_ring *q)
 	free(q);
 }
 
-static inline void wake_if_sleeping(struct shm_ring *q)
+void shm_ring_wake_(struct shm_ring *q)
 {
-	/* F1: order the tail store (inside rte_ring) before reading waiters. */
-	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&q->meta->waiters, memory_order_relaxed) != 0) {
-		atomic_fetch_add_explicit(&q->meta->wake_seq, 1, memory_order_release);
-		futex(&q->meta->wake_seq, FUTEX_WAKE, INT_MAX, NULL);
-	}
-}
-
-unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *objs, unsigned n)
-{
-	unsigned done = rte_ring_enqueue_burst_elem(q->r, objs, q->esize, n, NULL);
-
-	if (done > 0)
-		wake_if_sleeping(q);
-	return done;
-}
-
-unsigned shm_ring_dequeue_burst(struct shm_ring *q, void *objs, unsigned n)
-{
-	return rte_ring_dequeue_burst_elem(q->r, objs, q->esize, n, NULL);
+	atomic_fetch_add_explicit(q->wake_seq, 1, memory_order_release);
+	futex(q->wake_seq, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 int shm_ring_wait(struct shm_ring *q, int64_t timeout_ns)
@@ -178,15 +157,15 @@ int shm_ring_wait(struct shm_ring *q, int64_t timeout_ns)
 		ts.tv_nsec = timeout_ns % 1000000000;
 		tsp = &ts;
 	}
-	seq = atomic_load_explicit(&q->meta->wake_seq, memory_order_acquire);
+	seq = atomic_load_explicit(q->wake_seq, memory_order_acquire);
 	/* W1 */
-	atomic_fetch_add_explicit(&q->meta->waiters, 1, memory_order_seq_cst);
+	atomic_fetch_add_explicit(q->waiters, 1, memory_order_seq_cst);
 	if (rte_ring_count(q->r) > 0) {
-		atomic_fetch_sub_explicit(&q->meta->waiters, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(q->waiters, 1, memory_order_relaxed);
 		return 0;
 	}
-	rc = futex(&q->meta->wake_seq, FUTEX_WAIT, seq, tsp);
-	atomic_fetch_sub_explicit(&q->meta->waiters, 1, memory_order_relaxed);
+	rc = futex(q->wake_seq, FUTEX_WAIT, seq, tsp);
+	atomic_fetch_sub_explicit(q->waiters, 1, memory_order_relaxed);
 	if (rte_ring_count(q->r) > 0)
 		return 0;
 	if (rc != 0 && errno == ETIMEDOUT)
@@ -222,7 +201,7 @@ unsigned shm_ring_reset(struct shm_ring *q)
 	unsigned n = rte_ring_count(q->r);
 
 	rte_ring_reset(q->r);
-	atomic_store_explicit(&q->meta->waiters, 0, memory_order_relaxed);
-	atomic_fetch_add_explicit(&q->meta->wake_seq, 1, memory_order_release);
+	atomic_store_explicit(q->waiters, 0, memory_order_relaxed);
+	atomic_fetch_add_explicit(q->wake_seq, 1, memory_order_release);
 	return n;
 }

@@ -62,14 +62,17 @@ struct shm_ring *shm_ring_lookup(struct shm_region *r, const char *name);
 /** Free the process-local handle (the ring stays in the region). */
 void shm_ring_close(struct shm_ring *q);
 
-/**
- * Enqueue up to @p n elements (objs holds n * esize bytes); wakes a sleeping
- * consumer. @return the number enqueued (0..n).
+/*
+ * The fast path is inline (shm_ring_pvt.h, included below; never include it
+ * directly):
+ *
+ * unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *objs, unsigned n);
+ *   Enqueue up to @p n elements (objs holds n * esize bytes); wakes a
+ *   sleeping consumer. @return the number enqueued (0..n).
+ *
+ * unsigned shm_ring_dequeue_burst(struct shm_ring *q, void *objs, unsigned n);
+ *   Dequeue up to @p n elements into @p objs. @return the number dequeued.
  */
-unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *objs, unsigned n);
-
-/** Dequeue up to @p n elements into @p objs. @return the number dequeued. */
-unsigned shm_ring_dequeue_burst(struct shm_ring *q, void *objs, unsigned n);
 
 /**
  * Sleep until the ring is non-empty or @p timeout_ns passes (< 0: forever).
@@ -95,7 +98,13 @@ unsigned shm_ring_esize(const struct shm_ring *q);
  */
 unsigned shm_ring_reset(struct shm_ring *q);
 
+/** Wake sleeping consumers (the slow half of the producer's wake check). */
+void shm_ring_wake_(struct shm_ring *q);
+
 #ifdef __cplusplus
 }
 #endif
+
+#include "shm_ring_pvt.h"
+
 #endif /* SHM_RING_H */
