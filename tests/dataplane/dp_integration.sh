@@ -73,6 +73,16 @@ if [ -n "${portA##net_af_packet*}" ]; then
   for _ in $(seq 100); do [ -S "$tmp/memif.sock" ] && break; sleep 0.1; done
 fi
 startB
+# Wait until A has heard B; a memif client that raced the server's listen()
+# exits at once, so start it again.
+for i in $(seq 100); do
+  grep -q "peer 2 up" "$tmp/A.log" && break
+  if ! kill -0 $pidB 2>/dev/null; then
+    startB
+  fi
+  sleep 0.1
+done
+grep -q "peer 2 up" "$tmp/A.log" || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
 
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
 
