@@ -21,7 +21,7 @@ struct kn_cu_attn_args {
 	const kn_bf16 *v_cache;
 	const int32_t *table;    /**< [n_slots][max_bps] */
 	const struct kn_column *cols; /**< [n]; a column attends to 0..pos of its slot */
-	kn_bf16 *out;            /**< [n][n_heads*head_dim] bf16 */
+	float *out;              /**< [n][n_heads*head_dim] f32 */
 	float *part;             /**< workspace, kn_cuda_attn_workspace() bytes */
 	int n, n_heads, n_kv_heads, head_dim, max_bps;
 	int max_ctx;             /**< largest pos + 1 any column may have */

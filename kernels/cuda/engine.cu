@@ -32,6 +32,7 @@
 #include "embed.cuh"
 #include "fill.cuh"
 #include "gemm.cuh"
+#include "gemv.cuh"
 #include "kn_cuda.h"
 #include "kn_stage_impl.h"
 #include "qkv_rope.cuh"
@@ -81,7 +82,9 @@ struct cu_stage {
 	float *h_row;                      /* [vocab] pinned, sampled rows */
 	void *scratch;                     /* kn_sample_column() scratch */
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
-	kn_bf16 *x, *att, *act;
+	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
+	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
+	int wide_split;        /* KVFERRY_CUDA_WIDE_X=split: wide plans add X's rounding remainder */
 	struct plan plans[KN_MAX_PLANS];
 	int n_plans;
 	/* allocations to free, in order of acquisition */
@@ -356,6 +359,8 @@ static int alloc_pool(struct cu_stage *s, int32_t n_blocks)
 static int alloc_workspace(struct cu_stage *s)
 {
 	const size_t W = (size_t)s->wmax, H = (size_t)s->hidden;
+	const size_t xin = H > (size_t)s->q_dim ? (H > (size_t)s->inter ? H : (size_t)s->inter)
+						  : ((size_t)s->q_dim > (size_t)s->inter ? (size_t)s->q_dim : (size_t)s->inter);
 	int rc;
 	const size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx);
 	struct {
@@ -367,9 +372,10 @@ static int alloc_workspace(struct cu_stage *s)
 		{ (void **)&s->delta, W * H * 4, "delta" },
 		{ (void **)&s->qkv, W * s->qkv_dim * 4, "qkv" },
 		{ (void **)&s->gu, W * 2 * s->inter * 4, "gate_up" },
-		{ (void **)&s->x, W * H * 2, "normed" },
-		{ (void **)&s->att, W * s->q_dim * 2, "attention out" },
-		{ (void **)&s->act, W * s->inter * 2, "swiglu out" },
+		{ (void **)&s->x, W * H * 4, "normed" },
+		{ (void **)&s->att, W * s->q_dim * 4, "attention out" },
+		{ (void **)&s->act, W * s->inter * 4, "swiglu out" },
+		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
 		{ (void **)&s->attn_ws, aws, "attention partials" },
 		{ (void **)&s->d_cols, W * sizeof(struct kn_column), "columns" },
 		{ (void **)&s->d_tok, W * 4, "tokens" },
@@ -411,11 +417,11 @@ static int alloc_workspace(struct cu_stage *s)
 		}                                                                             \
 	} while (0)
 
-static int linear(struct cu_stage *s, const kn_bf16 *w, const kn_bf16 *x, float *y, int n, int in,
+static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y, int n, int in,
 		  int out)
 {
 	char e[256];
-	if (kn_cuda_linear(s->blas, w, x, y, n, in, out, s->st, e, sizeof(e))) {
+	if (kn_cuda_linear(s->blas, w, x, s->xb, y, n, in, out, s->wide_split, s->st, e, sizeof(e))) {
 		seterr(s, "%s", e);
 		return -EIO;
 	}
@@ -747,6 +753,13 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 	if (c->max_position > 0 && c->max_position < s->max_ctx)
 		s->max_ctx = c->max_position;
 	s->wmax = s->base.max_plan;
+	{
+		/* Wide plans round X to bf16 by default (as transformers does);
+		 * "split" adds the remainder's product: f32-grade X at twice the
+		 * tensor work (for validation against f32 references). */
+		const char *wx = getenv("KVFERRY_CUDA_WIDE_X");
+		s->wide_split = wx && !strcmp(wx, "split");
+	}
 	s->n_plans = op->n_plans;
 	for (int i = 0; i < s->n_plans; i++)
 		s->plans[i].width = op->plan_widths[i];

@@ -5,8 +5,26 @@
 
 #include "gemv.cuh"
 
-int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *x, float *y, int n,
-		   int in, int out, cudaStream_t st, char *err, size_t errlen)
+/* grid-stride over [n*in / 4]: hi = bf16(x); lo = bf16(x - hi) when lo != NULL. */
+static __global__ void split_kernel(const float4 *__restrict__ x, __nv_bfloat162 *__restrict__ hi,
+				    __nv_bfloat162 *__restrict__ lo, size_t n4)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const float4 v = x[i];
+		const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+		hi[2 * i] = a;
+		hi[2 * i + 1] = b;
+		if (lo) {
+			const float2 af = __bfloat1622float2(a), bf = __bfloat1622float2(b);
+			lo[2 * i] = __floats2bfloat162_rn(v.x - af.x, v.y - af.y);
+			lo[2 * i + 1] = __floats2bfloat162_rn(v.z - bf.x, v.w - bf.y);
+		}
+	}
+}
+
+int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
+		   int n, int in, int out, int split, cudaStream_t st, char *err, size_t errlen)
 {
 	if (n <= KN_CU_GEMV_MAX_N) {
 		cudaError_t e = kn_cuda_gemv(w, x, y, n, in, out, st);
@@ -17,16 +35,30 @@ int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *x, floa
 		}
 		return 0;
 	}
+	const size_t n4 = (size_t)n * in / 4;
+	kn_bf16 *lo = split ? xb + (size_t)n * in : NULL;
+	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
+	split_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const float4 *>(x),
+					     reinterpret_cast<__nv_bfloat162 *>(xb),
+					     reinterpret_cast<__nv_bfloat162 *>(lo), n4);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess) {
+		snprintf(err, errlen, "split_kernel(n=%d, in=%d): %s", n, in, cudaGetErrorString(e));
+		return -1;
+	}
 	/* Column-major view: C[out][n] = op(W)[out][in] * X[in][n], with W seen
 	 * as [in][out] (lda = in) transposed and X as [in][n] (ldb = in). */
 	const float one = 1.f, zero = 0.f;
-	cublasStatus_t s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w,
-					CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out,
-					CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-	if (s != CUBLAS_STATUS_SUCCESS) {
-		snprintf(err, errlen, "cublasGemmEx(m=%d, n=%d, k=%d, bf16->f32): %s", out, n, in,
-			 cublasGetStatusString(s));
-		return -1;
+	for (int part = 0; part < (split ? 2 : 1); part++) {
+		cublasStatus_t s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w,
+						CUDA_R_16BF, in, part ? lo : xb, CUDA_R_16BF, in,
+						part ? &one : &zero, y, CUDA_R_32F, out,
+						CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+		if (s != CUBLAS_STATUS_SUCCESS) {
+			snprintf(err, errlen, "cublasGemmEx(m=%d, n=%d, k=%d, bf16->f32%s): %s", out, n, in,
+				 part ? ", remainder" : "", cublasGetStatusString(s));
+			return -1;
+		}
 	}
 	return 0;
 }

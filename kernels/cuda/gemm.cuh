@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file gemm.cuh
- * A linear layer Y = X W^T for a whole plan: the skinny kernel (gemv.cuh)
- * for plans of at most KN_CU_GEMV_MAX_N columns, cuBLAS (bf16 in, f32 out,
- * f32 accumulate) above. cuBLAS is bitwise reproducible for a fixed shape on
- * one GPU model (its documented guarantee, atomics off by default), and the
- * plan width fixes the shape, so batch composition cannot change the bits.
+ * A linear layer Y = X W^T for a whole plan, X in f32: the skinny kernels
+ * (gemv.cuh) for plans of at most KN_CU_GEMV_MAX_N columns; above, X is
+ * rounded to bf16 (or split into bf16 hi + lo, two products) and cuBLAS runs
+ * bf16 in, f32 out, f32 accumulate. cuBLAS is bitwise reproducible for a
+ * fixed shape on one GPU model (its documented guarantee, atomics off by
+ * default), and the plan width fixes the shape, so batch composition cannot
+ * change the bits.
  */
 #ifndef KN_CU_GEMM_CUH
 #define KN_CU_GEMM_CUH
@@ -16,13 +18,18 @@
 
 /**
  * Y[c][o] = sum_k X[c][k] W[o][k], c < n.
- * @param blas  handle bound to the stream that runs the step
- * @param w     [out][in] bf16
- * @param x     [n][in] bf16
- * @param y     [n][out] f32
- * @param err   receives the failing call on error
+ * @param blas   handle bound to the stream that runs the step
+ * @param w      [out][in] bf16
+ * @param x      [n][in] f32
+ * @param xb     bf16 scratch for plans wider than KN_CU_GEMV_MAX_N:
+ *               n*in elements, 2*n*in with @p split
+ * @param y      [n][out] f32
+ * @param split  wide plans: 0 rounds X to bf16 (one product); 1 adds the
+ *               product of the rounding remainder (twice the tensor work,
+ *               f32-grade X)
+ * @param err    receives the failing call on error
  * @return 0, or -1 with @p err naming the failing call and its status.
  */
-int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *x, float *y, int n,
-		   int in, int out, cudaStream_t st, char *err, size_t errlen);
+int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
+		   int n, int in, int out, int split, cudaStream_t st, char *err, size_t errlen);
 #endif

@@ -136,7 +136,8 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	const int bps = (ctx + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
 	const int nb = n_cols * bps;
 	const size_t kv_e = (size_t)nb * n_kv_heads * KN_PAGE_BLK * head_dim;
-	kn_bf16 *kc = NULL, *vc = NULL, *out = NULL;
+	kn_bf16 *kc = NULL, *vc = NULL;
+	float *out = NULL;
 	float *q = NULL, *part = NULL;
 	int32_t *table = NULL, *h_table = NULL;
 	struct kn_column *cols = NULL, *h_cols = NULL;
@@ -169,7 +170,7 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	PCK(cudaMalloc((void **)&kc, kv_e * 2));
 	PCK(cudaMalloc((void **)&vc, kv_e * 2));
 	PCK(cudaMalloc((void **)&q, (size_t)n_cols * n_heads * head_dim * 4));
-	PCK(cudaMalloc((void **)&out, (size_t)n_cols * n_heads * head_dim * 2));
+	PCK(cudaMalloc((void **)&out, (size_t)n_cols * n_heads * head_dim * 4));
 	PCK(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx)));
 	PCK(cudaMalloc((void **)&table, (size_t)nb * 4));
 	PCK(cudaMalloc((void **)&cols, (size_t)n_cols * sizeof(*cols)));

@@ -7,7 +7,7 @@
  * in registers between the add and the scale (hidden <= 8192 * 4 = 32768). */
 static __global__ void __launch_bounds__(RMS_THREADS)
 add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, int hidden,
-		   kn_bf16 *out)
+		   float *out)
 {
 	__shared__ float red[RMS_THREADS / 32];
 	const size_t base = (size_t)blockIdx.x * hidden;
@@ -36,16 +36,15 @@ add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, 
 		tot += red[i];
 	const float inv = rsqrtf(tot / (float)hidden + eps);
 	const float4 *w4 = reinterpret_cast<const float4 *>(w);
-	__nv_bfloat162 *o2 = reinterpret_cast<__nv_bfloat162 *>(out + base);
+	float4 *o4 = reinterpret_cast<float4 *>(out + base);
 	for (int i = threadIdx.x; i < n4; i += RMS_THREADS) {
 		float4 v = r4[i], g = w4[i];
-		o2[2 * i] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
-		o2[2 * i + 1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+		o4[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
 	}
 }
 
 cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
-				int n, int hidden, kn_bf16 *out, cudaStream_t st)
+				int n, int hidden, float *out, cudaStream_t st)
 {
 	if (hidden % 4)
 		return cudaErrorInvalidValue;

@@ -6,15 +6,16 @@
 
 /**
  * For each row r < n: resid[r] += delta[r] (if delta); then, if out is not
- * NULL, out[r] = bf16(w * resid[r] / sqrt(mean(resid[r]^2) + eps)).
+ * NULL, out[r] = w * resid[r] / sqrt(mean(resid[r]^2) + eps), in f32
+ * (the next linear layer's input; gemm.cuh decides its rounding).
  * The sum of squares is reduced in a fixed order (one block per row), so a
  * row's bits never depend on the other rows.
  * @param resid  [n][hidden] f32, updated in place
  * @param delta  [n][hidden] f32 or NULL
  * @param w      [hidden] f32 norm weight (ignored when out is NULL)
- * @param out    [n][hidden] bf16 or NULL (add only)
+ * @param out    [n][hidden] f32 or NULL (add only)
  * @return the launch's cudaError_t.
  */
 cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
-				int n, int hidden, kn_bf16 *out, cudaStream_t st);
+				int n, int hidden, float *out, cudaStream_t st);
 #endif

@@ -5,10 +5,10 @@
 #include "cu_common.cuh"
 
 /**
- * out[r][i] = bf16(silu(gu[r][i]) * gu[r][inter + i]) for r < n, i < inter.
+ * out[r][i] = silu(gu[r][i]) * gu[r][inter + i] in f32 for r < n, i < inter.
  * @param gu   [n][2*inter] f32 (gate rows first, then up: the fused projection)
- * @param out  [n][inter] bf16
+ * @param out  [n][inter] f32
  * @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, kn_bf16 *out, cudaStream_t st);
+cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaStream_t st);
 #endif

@@ -8,7 +8,10 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick]   (--quick: 1B shape and 512 context only)
+ * usage: bench_cuda [--quick | --narrow]
+ *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
+ *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
+ *   KVFERRY_CUDA_GEMV=ffma to compare the two skinny kernels.
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -200,6 +203,7 @@ static void bench_prefill(const char *name, int len, double peak)
 int main(int argc, char **argv)
 {
 	int quick = argc > 1 && !strcmp(argv[1], "--quick");
+	int narrow = argc > 1 && !strcmp(argv[1], "--narrow");
 	char err[512];
 	double bw = 0, peak = 0;
 	if (kn_cuda_probe_copy_bw(0, (size_t)2 << 30, 20, &bw, err, sizeof(err))) {
@@ -221,9 +225,14 @@ int main(int argc, char **argv)
 			       sec * 1e6, abw / 1e12, abw / bw);
 	}
 	fflush(stdout);
-	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 };
+	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 }, skinny[] = { 1, 8, 16 };
 	const char *models[] = { "llama3-1b", "llama3-8b" };
 	const size_t budget = (size_t)96 << 30;
+	if (narrow) {
+		for (int mi = 0; mi < 2; mi++)
+			bench_decode(models[mi], 512, skinny, 3, bw, budget);
+		return 0;
+	}
 	for (int mi = 0; mi < (quick ? 1 : 2); mi++)
 		for (int ci = 0; ci < (quick ? 1 : 2); ci++) {
 			int ctx = ci ? 4096 : 512;

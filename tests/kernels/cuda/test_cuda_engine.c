@@ -151,21 +151,37 @@ static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_m
 	if (!(worst <= 2e-2))
 		g_fail++;
 	int32_t ng = tg[PROMPT - 1], nc = tc[PROMPT - 1];
+	const float *rgpu = lg + (size_t)(PROMPT - 1) * V, *rcpu = lc + (size_t)(PROMPT - 1) * V;
 	int same = 0;
 	for (int i = 0; i < 64; i++) {
 		if (ng != nc)
 			break;
 		same++;
 		struct kn_column c = { .token = ng, .pos = PROMPT + i, .slot = 0, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
-		if (chain_step(&g, &c, 1, tg, NULL) || chain_step(&cpu, &c, 1, tc, NULL)) {
+		if (chain_step(&g, &c, 1, tg, lg) || chain_step(&cpu, &c, 1, tc, lc)) {
 			FAIL("decode step");
 			goto out;
 		}
 		ng = tg[0];
 		nc = tc[0];
+		rgpu = lg;
+		rcpu = lc;
 	}
 	printf("%s greedy_tokens_match_the_cpu_engine_over_64_steps: %d of 64 identical\n",
 	       same == 64 ? "ok  " : "FAIL", same);
+	if (same < 64) {
+		/* How near a tie the flip was: the CPU's margin between its choice
+		 * and ours, in units of the CPU logits' standard deviation. */
+		double m = 0, v = 0;
+		for (int k = 0; k < V; k++)
+			m += rcpu[k];
+		m /= V;
+		for (int k = 0; k < V; k++)
+			v += (rcpu[k] - m) * (rcpu[k] - m);
+		const double sd = sqrt(v / V);
+		printf("info   first flip at step %d: cpu picks %d, cuda %d; cpu margin %.4f (%.4f std), cuda margin %.4f, logits rel err %.3g\n",
+		       same, nc, ng, rcpu[nc] - rcpu[ng], (rcpu[nc] - rcpu[ng]) / sd, rgpu[ng] - rgpu[nc], rel_err(rgpu, rcpu, V));
+	}
 	if (same != 64)
 		g_fail++;
 out:
