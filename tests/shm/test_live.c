@@ -22,7 +22,7 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	struct shm_live_info info;
 	struct shm_region *r;
 	char err[256];
-	int fds[2], slot, st;
+	int up[2], down[2], slot, st;
 	pid_t pid;
 	char c;
 
@@ -33,7 +33,9 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	o.force_fallback = 1;
 	r = shm_region_create(&o, err, sizeof(err));
 	assert_non_null(r);
-	assert_int_equal(pipe(fds), 0);
+	/* one pipe each way: a single pipe lets the child read its own byte */
+	assert_int_equal(pipe(up), 0);
+	assert_int_equal(pipe(down), 0);
 	pid = fork();
 	if (pid == 0) {
 		struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
@@ -41,14 +43,14 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 
 		for (int i = 0; i < 5; i++)
 			shm_live_beat(a, s);
-		if (write(fds[1], "x", 1) != 1)
+		if (write(up[1], "x", 1) != 1)
 			_exit(1);
 		/* then stop beating, and exit when told */
-		if (read(fds[0], &c, 1) != 1)
+		if (read(down[0], &c, 1) != 1)
 			_exit(1);
 		_exit(0);
 	}
-	assert_int_equal(read(fds[0], &c, 1), 1);
+	assert_int_equal(read(up[0], &c, 1), 1);
 	slot = shm_live_find(r, "worker0");
 	assert_true(slot >= 0);
 	assert_int_equal(shm_live_check(r, slot, 10000000000ull, &info), SHM_LIVE_ALIVE);
@@ -57,7 +59,7 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	assert_string_equal(info.role, "worker0");
 	usleep(30000);
 	assert_int_equal(shm_live_check(r, slot, 10000000ull, NULL), SHM_LIVE_SLOW);
-	assert_int_equal(write(fds[1], "x", 1), 1);
+	assert_int_equal(write(down[1], "x", 1), 1);
 	waitpid(pid, &st, 0);
 	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_DEAD);
 	/* a dead owner's slot is reclaimed by the next process */
@@ -66,8 +68,10 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	shm_live_release(r, slot);
 	assert_int_equal(shm_live_check(r, slot, 1, NULL), SHM_LIVE_EMPTY);
 	assert_int_equal(shm_live_check(r, -1, 1, NULL), -EINVAL);
-	close(fds[0]);
-	close(fds[1]);
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
 	shm_region_detach(r);
 	shm_region_unlink(g_name);
 }
