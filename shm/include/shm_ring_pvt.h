@@ -33,6 +33,11 @@ struct shm_ring {
 	unsigned count;
 };
 
+/* 1 when this process is registered for membarrier(GLOBAL_EXPEDITED): a
+ * sleeping consumer then forces the barrier onto producers, and the
+ * producer's F1 is a compiler barrier only (see shm/ring.c). */
+extern int shm_ring_asym_;
+
 static inline unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *objs, unsigned n)
 {
 	unsigned done = rte_ring_enqueue_burst_elem(q->r, objs, q->esize, n, NULL);
@@ -40,7 +45,10 @@ static inline unsigned shm_ring_enqueue_burst(struct shm_ring *q, const void *ob
 	if (done > 0) {
 		/* F1: order the tail store (release, inside rte_ring) before
 		 * reading waiters; pairs with W1 in shm_ring_wait(). */
-		atomic_thread_fence(memory_order_seq_cst);
+		if (shm_ring_asym_)
+			atomic_signal_fence(memory_order_seq_cst);
+		else
+			atomic_thread_fence(memory_order_seq_cst);
 		if (atomic_load_explicit(q->waiters, memory_order_relaxed) != 0)
 			shm_ring_wake_(q);
 	}
