@@ -4,6 +4,8 @@
  * (on hugepages when they can be reserved), every descriptor checked:
  *  - SPSC: 10^7 descriptors in random bursts, each arriving exactly once and
  *    in order with its payload fields intact;
+ *  - sleep/wake: a consumer that always sleeps when the ring is empty never
+ *    strands a descriptor (no lost wake-up);
  *  - MPMC: 2 producers x 2 consumers sharing one ring, 10^7 descriptors,
  *    each seen exactly once (a shared bitmap catches duplicates and gaps).
  */
@@ -163,6 +165,58 @@ static int mpmc_consumer(_Atomic uint64_t *bitmap, _Atomic uint64_t *seen, uint6
 	return 0;
 }
 
+/* Sleep/wake: the consumer sleeps with no timeout whenever the ring is
+ * empty; the producer sends small bursts with pauses of random length, so
+ * many enqueues race the consumer falling asleep. A lost wake-up leaves the
+ * consumer asleep forever: alarm() turns that into a failure, not a hang. */
+#define WAKE_N 300000ull
+
+static int wake_producer(void)
+{
+	struct shm_ring *q = shm_ring_lookup(attach(), "wake");
+	uint64_t next = 0, rnd = 7;
+
+	while (next < WAKE_N) {
+		struct shm_desc d = {.seq = next};
+
+		if (shm_ring_enqueue_burst(q, &d, 1) == 1)
+			next++;
+		switch (mix(rnd++) % 8) {
+		case 0:
+			usleep(1 + (unsigned)(mix(rnd) % 50));
+			break;
+		case 1:
+			sched_yield();
+			break;
+		default:
+			break;
+		}
+	}
+	return 0;
+}
+
+static int wake_consumer(void)
+{
+	struct shm_ring *q = shm_ring_lookup(attach(), "wake");
+	uint64_t expect = 0;
+
+	alarm(120);
+	while (expect < WAKE_N) {
+		struct shm_desc d;
+
+		if (shm_ring_dequeue_burst(q, &d, 1) == 0) {
+			shm_ring_wait(q, -1);
+			continue;
+		}
+		if (d.seq != expect++) {
+			fprintf(stderr, "wake: got %llu, expected %llu\n", (unsigned long long)d.seq,
+				(unsigned long long)(expect - 1));
+			return 1;
+		}
+	}
+	return 0;
+}
+
 static int wait_all(pid_t *pids, int n)
 {
 	int bad = 0;
@@ -205,6 +259,7 @@ int main(int argc, char **argv)
 	printf("region on %s\n", shm_region_is_huge(r) ? "2 MiB hugepages" : "ordinary shared memory (no hugepages here)");
 	if (!shm_ring_create(r, "spsc", 4096, sizeof(struct shm_desc), 0) ||
 	    !shm_ring_create(r, "mpmc", 4096, sizeof(struct shm_desc), SHM_RING_MP | SHM_RING_MC) ||
+	    !shm_ring_create(r, "wake", 64, sizeof(struct shm_desc), 0) ||
 	    shm_region_add_area(r, "bitmap", total / 8 + 64, 64, SHM_AREA_RAW, &off) != 0)
 		return 1;
 	bitmap = shm_ptr(r, off);
@@ -235,6 +290,15 @@ int main(int argc, char **argv)
 		}
 	printf("mpmc: %llu descriptors from 2 producers to 2 consumers, each exactly once: %s (%.2f s)\n",
 	       (unsigned long long)total, bad ? "FAILED" : "ok", now_s() - t0);
+	t0 = now_s();
+	if ((pids[0] = fork()) == 0)
+		_exit(wake_consumer());
+	if ((pids[1] = fork()) == 0)
+		_exit(wake_producer());
+	bad += wait_all(pids, 2);
+	printf("sleep/wake: %llu descriptors to a consumer that sleeps with no timeout, none "
+	       "stranded: %s (%.2f s)\n", (unsigned long long)WAKE_N, bad ? "FAILED" : "ok",
+	       now_s() - t0);
 	shm_region_detach(r);
 	shm_region_unlink(g_name);
 	return bad ? 1 : 0;
