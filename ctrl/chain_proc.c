@@ -40,6 +40,7 @@ static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
 #define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
 #define PC_LIVE_EVERY_NS 50000000ull
 #define PC_REJOIN_NS 3000000000ull
+#define PC_RESEND_NS 5000000000ull
 
 enum pc_state {
 	PC_UP = 0,
@@ -746,6 +747,11 @@ static int setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, si
 		rc = drain(c, err, errlen);
 		if (rc != 0)
 			return rc < 0 ? rc : 0;
+		/* A message the dataplane took before its peer was up can be lost
+		 * with no completion we see here: ask again (stages answer a
+		 * repeated setup message the same way; extra answers are ignored). */
+		if (mono_ns() - c->setup_sent_ns > PC_RESEND_NS && shm_ring_count(c->first) == 0)
+			send_setup(c, kind);
 		/* Idle wait: the ring's futex when we own the return ring. */
 		shm_ring_wait(c->ret, 50 * 1000000ll);
 	}
@@ -794,7 +800,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		e = -rc;
 		goto fail;
 	}
-	fprintf(c->log, "chain: layer ranges (%s):", o->layer_ends[0] ? "explicit" : "even split");
+	fprintf(c->log, "chain: layer ranges%s:", o->layer_ends[0] ? "" : " (even split)");
 	for (int32_t k = 0; k < o->n_stages; k++)
 		fprintf(c->log, " stage %d = %d..%d", k, k == 0 ? 0 : c->ends[k - 1], c->ends[k]);
 	fprintf(c->log, "\n");

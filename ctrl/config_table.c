@@ -17,6 +17,7 @@ static int check_stages(const char *value, char *err, size_t errlen)
 }
 
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
+static const char *const worker_return_names[] = {"ring", "dataplane", NULL};
 
 #define OFF(f) offsetof(struct ctrl_settings, f)
 #define KIB 1024.0
@@ -115,6 +116,26 @@ const struct cfg_key g_cfg_keys[] = {
 	{"peers", "dataplane", CFG_STRING, OFF(peers), "", 0, 0,
 	 "KVFERRY_PEERS", "--peers", NULL, NULL,
 	 "other nodes, comma-separated name=address pairs"},
+	/* [engine] stages in kvferry-worker processes (ctrl_proc_chain.h) */
+	{"worker_region", "engine", CFG_STRING, OFF(worker_region), "", 0, 0,
+	 "KVFERRY_WORKER_REGION", "--worker-region", NULL, NULL,
+	 "shm region of this node through which the stages' kvferry-worker processes are reached; "
+	 "empty: stages run inside ctrld"},
+	{"worker_region_size", "engine", CFG_SIZE, OFF(worker_region_size), "0", 0, 64.0 * GIB,
+	 "KVFERRY_WORKER_REGION_SIZE", "--worker-region-size", NULL, NULL,
+	 "create worker_region with this size (a node without kvferry-dataplane); 0: attach to the "
+	 "region the dataplane created"},
+	{"worker_return", "engine", CFG_ENUM, OFF(worker_return), "ring", 0, 1,
+	 "KVFERRY_WORKER_RETURN", "--worker-return", worker_return_names, NULL,
+	 "how results come back: ring (the last stage's worker runs on this node) or dataplane "
+	 "(it runs on another node)"},
+	{"worker_join_timeout", "engine", CFG_INT, OFF(worker_join_timeout), "60", 1, 3600,
+	 "KVFERRY_WORKER_JOIN_TIMEOUT", "--worker-join-timeout", NULL, NULL,
+	 "seconds ctrld waits at start for every stage's worker to join"},
+	{"worker_group_timeout", "engine", CFG_INT, OFF(worker_group_timeout), "30", 1, 3600,
+	 "KVFERRY_WORKER_GROUP_TIMEOUT", "--worker-group-timeout", NULL, NULL,
+	 "a micro-batch without a result for this many seconds fails its requests (a stage on "
+	 "another node died)"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

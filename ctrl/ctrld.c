@@ -44,6 +44,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "ctrl_chain.h"
 #include "ctrl_config.h"
 #include "ctrl_http.h"
+#include "ctrl_proc_chain.h"
 #include "ctrl_sched.h"
 #include "kn_model.h"
 #include "kn_tok.h"
@@ -146,10 +147,18 @@ static int cmd_stages(void *arg, const char *cmd, json_t *params, json_t **data,
 		for (int s = 0; s < st.n_stages; s++) {
 			char layers[32];
 			snprintf(layers, sizeof(layers), "%d-%d", s ? d->ends[s - 1] : 0, d->ends[s]);
-			json_array_append_new(stages, json_pack("{s:i, s:i, s:s, s:I, s:I, s:f, s:f}", "replica", r,
+			json_t *js = json_pack("{s:i, s:i, s:s, s:I, s:I, s:f, s:f}", "replica", r,
 				"stage", s, "layers", layers, "steps", (json_int_t)st.stage[s].steps,
 				"cols", (json_int_t)st.stage[s].cols, "mean_step_us", st.stage[s].mean_step_us,
-				"busy_frac", st.stage[s].busy_frac));
+				"busy_frac", st.stage[s].busy_frac);
+			struct ctrl_proc_stage ps;
+
+			/* Stages in worker processes: which process, where, and whether it answers. */
+			if (ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0)
+				json_object_update_new(js, json_pack("{s:s, s:i, s:i, s:s, s:b, s:i}", "worker", ps.role,
+					"pid", ps.pid, "node", ps.node, "backend", ps.backend, "up", ps.up,
+					"kv_blocks", ps.n_blocks));
+			json_array_append_new(stages, js);
 		}
 	}
 	*data = json_pack("{s:o, s:o}", "pipelines", reps, "stages", stages);
@@ -331,7 +340,7 @@ static int open_model(struct daemon *d)
 	 * accepted when they are that split. */
 	snprintf(err, sizeof(err), "%d", d->n_stages);
 	ctrl_config_stages(err, mc->n_layers, even, &n_even, err, sizeof(err));
-	if (memcmp(even, d->ends, (size_t)d->n_stages * sizeof(int32_t))) {
+	if (!d->set->worker_region[0] && memcmp(even, d->ends, (size_t)d->n_stages * sizeof(int32_t))) {
 		logmsg("stages = %s: the in-process chain splits %d layers evenly (%d stages end at layers %d, %d, ...); "
 		       "write stages = %d or the even ranges",
 		       d->set->stages, mc->n_layers, d->n_stages, even[0], n_even > 1 ? even[1] : even[0], d->n_stages);
@@ -350,6 +359,32 @@ static int open_model(struct daemon *d)
 	snprintf(d->model_name, sizeof(d->model_name), "%s",
 		 d->set->served_model_name[0] ? d->set->served_model_name : basename(dirbuf));
 	return 0;
+}
+
+/* Stages in kvferry-worker processes (worker_region set): the same stage
+ * template, reached through this node's shm region. */
+static struct ctrl_chain *worker_chain(struct daemon *d, const struct ctrl_kn_chain_opts *ko, char *err,
+				       size_t errlen)
+{
+	struct ctrl_proc_chain_opts po;
+
+	if (d->n_rep > 1) {
+		snprintf(err, errlen, "replicas = %d with worker_region: one pipeline of workers per ctrld; "
+			 "set replicas = 1", d->n_rep);
+		errno = EINVAL;
+		return NULL;
+	}
+	ctrl_proc_chain_opts_init(&po);
+	po.region = d->set->worker_region;
+	po.region_bytes = (size_t)d->set->worker_region_size;
+	po.return_ring = d->set->worker_return == 0 ? "serve.ret" : NULL;
+	po.n_stages = d->n_stages;
+	memcpy(po.layer_ends, d->ends, sizeof(int32_t) * (size_t)d->n_stages);
+	po.stage = ko->stage;
+	po.max_groups = ko->max_groups;
+	po.join_timeout_ms = (uint64_t)d->set->worker_join_timeout * 1000u;
+	po.group_timeout_ms = (uint64_t)d->set->worker_group_timeout * 1000u;
+	return ctrl_proc_chain_create(d->model, &po, err, errlen);
 }
 
 static int build_pipelines(struct daemon *d)
@@ -374,7 +409,8 @@ static int build_pipelines(struct daemon *d)
 		ko.stage.device = (int32_t)d->set->device;
 		if (d->set->groups + 1 > ko.max_groups)
 			ko.max_groups = (int32_t)d->set->groups + 1;
-		d->chains[r] = ctrl_kn_chain_create(d->model, &ko, err, sizeof(err));
+		d->chains[r] = d->set->worker_region[0] ? worker_chain(d, &ko, err, sizeof(err))
+							 : ctrl_kn_chain_create(d->model, &ko, err, sizeof(err));
 		if (!d->chains[r]) {
 			logmsg("replica %d: ctrl_kn_chain_create(%d stages, %s) failed: %s", r, d->n_stages,
 			       ko.backend == KN_BACKEND_CUDA ? "cuda" : "cpu", err);
@@ -473,6 +509,11 @@ static void poll_once(struct daemon *d)
 		logmsg("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
 	if (rc == CTRL_SCHED_IDLE) {
 		struct timespec ts = {0, IDLE_SLEEP_NS};
+
+		/* An idle scheduler does not poll its chain: a worker chain still
+		 * watches its stages and re-forms (results stay queued). */
+		for (int r = 0; d->set->worker_region[0] && r < d->n_rep; r++)
+			ctrl_chain_poll(d->chains[r], NULL, 0);
 		nanosleep(&ts, NULL);
 	}
 }

@@ -90,6 +90,12 @@ struct ctrl_settings {
 	/* [dataplane] */
 	char node_id[CTRL_CFG_STRLEN];
 	char peers[CTRL_CFG_STRLEN];
+	/* [engine] stages in kvferry-worker processes */
+	char worker_region[CTRL_CFG_STRLEN]; /**< "" = stages run inside ctrld */
+	int64_t worker_region_size;   /**< bytes; > 0: ctrld creates the region */
+	int64_t worker_return;        /**< 0: ring on this node, 1: through the dataplane */
+	int64_t worker_join_timeout;  /**< seconds */
+	int64_t worker_group_timeout; /**< seconds */
 };
 
 struct ctrl_config;

@@ -1,0 +1,142 @@
+# Sourced by scripts/run, scripts/serve-bench and the serving tests: start
+# and stop a kvferry serving topology on this one machine.
+#
+#   kvf_up TOPOLOGY STAGES     TOPOLOGY: dataplane (two nodes, two
+#                              kvferry-dataplane processes joined by net_memif)
+#                              or shm (one node, worker processes over shm rings)
+#   kvf_down                   SIGTERM everything started, in reverse order
+#
+# Inputs (variables): KVF_BIN (build dir), KVF_MODEL, KVF_BACKEND (cpu|cuda),
+# KVF_RUN (run dir for logs and sockets), KVF_THREADS (CPU threads per
+# worker). Outputs: KVF_URL, KVF_SOCK, KVF_TOPOLOGY (what actually runs),
+# KVF_PIDS, KVF_WPIDS (worker pids by stage), KVF_WCMD (worker command lines).
+#
+# Node ids 1 and 2 talk over 10.9.0.0/24 addresses inside the memif link
+# (the dataplane frames UDP/IPv4 itself; no kernel interface is involved).
+
+KVF_PIDS=()
+KVF_WPIDS=()
+KVF_WCMD=()
+
+kvf_log() { echo "[run] $*"; }
+
+# Reserve @1 free 2 MiB hugepages if we may; return 1 if they are not there.
+kvf_hugepages() {
+  local need=$1 free total
+  free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  total=$(awk '/HugePages_Total/{print $2}' /proc/meminfo)
+  if [ "${free:-0}" -lt "$need" ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+    echo $(( total + need - free )) > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+    free=$(awk '/HugePages_Free/{print $2}' /proc/meminfo)
+  fi
+  if ! mountpoint -q /dev/hugepages 2>/dev/null; then
+    { mkdir -p /dev/hugepages && mount -t hugetlbfs none /dev/hugepages; } 2>/dev/null || return 1
+  fi
+  [ "${free:-0}" -ge "$need" ]
+}
+
+# Wait until @1 (a log file) contains @2, or @3 seconds pass.
+kvf_wait_log() {
+  local f=$1 pat=$2 t=${3:-60} i=0
+  while [ $i -lt $((t * 10)) ]; do
+    grep -q -- "$pat" "$f" 2>/dev/null && return 0
+    sleep 0.1; i=$((i + 1))
+  done
+  return 1
+}
+
+kvf_start_worker() { # stage region in out node
+  local k=$1
+  local cmd=("$KVF_BIN/kernels/kvferry-worker" --region "$2" --model "$KVF_MODEL" --in "$3" --out "$4"
+             --role "stage$k" --node "$5" --backend "$KVF_BACKEND" --threads "$KVF_THREADS")
+  KVF_WCMD[$k]="${cmd[*]}"
+  "${cmd[@]}" >>"$KVF_RUN/worker$k.log" 2>&1 &
+  KVF_WPIDS[$k]=$!
+  KVF_PIDS+=($!)
+}
+
+kvf_up() {
+  local topo=$1 stages=$2 tag=$$ m k
+  KVF_TOPOLOGY=$topo
+  KVF_SOCK=$KVF_RUN/ctrl.sock
+  KVF_RA=kvfA$tag KVF_RB=kvfB$tag
+  local ctrld_args=(--model-dir "$KVF_MODEL" --stages "$stages" --backend "$KVF_BACKEND" --port 0
+                    --admin-socket "$KVF_SOCK" --threads "$KVF_THREADS" --kv-memory "${KVF_KV_MEMORY:-64M}" --worker-region "$KVF_RA"
+                    --worker-join-timeout ${KVF_JOIN_TIMEOUT:-120} --worker-group-timeout "${KVF_GROUP_TIMEOUT:-30}")
+  if [ "$topo" = dataplane ]; then
+    if [ "$(id -u)" != 0 ] || ! kvf_hugepages 160; then
+      kvf_log "WARNING: no root or no 160 free 2 MiB hugepages for two dataplanes: falling back to" \
+              "worker processes over shm rings on one node (reserve hugepages: echo 512 >" \
+              "/proc/sys/vm/nr_hugepages)"
+      topo=shm KVF_TOPOLOGY=shm
+    fi
+  fi
+  if [ "$topo" = dataplane ] && [ "$stages" -lt 2 ]; then
+    kvf_log "1 stage: nothing crosses nodes, so it runs on one node over shm rings"
+    topo=shm KVF_TOPOLOGY=shm
+  fi
+  if [ "$topo" = dataplane ]; then
+    local dpc=(--idle-mode sleep --mbufs 4095 --region-size 96 --frame-size 9000
+               --rx-small 128:65536 --rx-large 16:1048576)
+    "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
+      --port "net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216" --eal "-l 0" "${dpc[@]}" \
+      >"$KVF_RUN/dataplane1.log" 2>&1 &
+    KVF_PIDS+=($!)
+    # The memif client connects to the server's socket: start it once that exists.
+    kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
+    "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
+      --port "net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216" --eal "-l 1" "${dpc[@]}" \
+      >"$KVF_RUN/dataplane2.log" 2>&1 &
+    KVF_PIDS+=($!)
+    for f in dataplane1 dataplane2; do
+      kvf_wait_log "$KVF_RUN/$f.log" "memory:" 30 || { kvf_log "kvferry-dataplane ($f) did not start:"; cat "$KVF_RUN/$f.log"; return 1; }
+    done
+    # Stages 0..m-1 on node 1, m..n-1 on node 2; ctrld on node 1.
+    m=$(( (stages + 1) / 2 ))
+    for ((k = 0; k < stages; k++)); do
+      local in out
+      if [ $k -lt $m ]; then
+        in="ring:serve.s$k.in"
+        if [ $k -eq $((m - 1)) ]; then out="peer:2"; else out="ring:serve.s$((k + 1)).in"; fi
+        kvf_start_worker $k "$KVF_RA" "$in" "$out" 1
+      else
+        if [ $k -eq $m ]; then in=dp; else in="ring:serve.s$k.in"; fi
+        if [ $k -eq $((stages - 1)) ]; then out="peer:1"; else out="ring:serve.s$((k + 1)).in"; fi
+        kvf_start_worker $k "$KVF_RB" "$in" "$out" 2
+      fi
+    done
+    ctrld_args+=(--worker-return dataplane)
+  else
+    rm -f /dev/hugepages/*"$KVF_RA"* /dev/shm/*"$KVF_RA"* 2>/dev/null
+    for ((k = 0; k < stages; k++)); do
+      local out="ring:serve.s$((k + 1)).in"
+      [ $k -eq $((stages - 1)) ] && out="ring:serve.ret"
+      kvf_start_worker $k "$KVF_RA" "ring:serve.s$k.in" "$out" -1
+    done
+    ctrld_args+=(--worker-return ring --worker-region-size 64M)
+  fi
+  "$KVF_BIN/kvferry-ctrld" "${ctrld_args[@]}" >"$KVF_RUN/ctrld.log" 2>&1 &
+  KVF_CTRLD=$!
+  KVF_PIDS+=($!)
+  if ! kvf_wait_log "$KVF_RUN/ctrld.log" "serving " 150; then
+    kvf_log "kvferry-ctrld did not start serving:"; cat "$KVF_RUN/ctrld.log"
+    for ((k = 0; k < stages; k++)); do echo "--- worker$k.log"; cat "$KVF_RUN/worker$k.log"; done
+    return 1
+  fi
+  KVF_URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
+  KVF_MODEL_NAME=$(sed -n 's/.*serving \([^ ]*\) (.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
+  return 0
+}
+
+kvf_down() {
+  local i
+  for ((i = ${#KVF_PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${KVF_PIDS[$i]}" 2>/dev/null
+    # ctrld first, so it drains before its workers go
+    [ "${KVF_PIDS[$i]}" = "${KVF_CTRLD:-}" ] && wait "${KVF_PIDS[$i]}" 2>/dev/null
+  done
+  wait 2>/dev/null
+  rm -f /dev/hugepages/*"${KVF_RA:-none}"* /dev/hugepages/*"${KVF_RB:-none}"* \
+        /dev/shm/*"${KVF_RA:-none}"* /dev/shm/*"${KVF_RB:-none}"* 2>/dev/null
+  KVF_PIDS=()
+}
