@@ -129,13 +129,15 @@ kvf_up() {
 }
 
 kvf_down() {
+  # Callers may run under `set -e`: a process that already exited must not
+  # stop the others from being signalled.
   local i
   for ((i = ${#KVF_PIDS[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${KVF_PIDS[$i]}" 2>/dev/null
+    kill -TERM "${KVF_PIDS[$i]}" 2>/dev/null || true
     # ctrld first, so it drains before its workers go
-    [ "${KVF_PIDS[$i]}" = "${KVF_CTRLD:-}" ] && wait "${KVF_PIDS[$i]}" 2>/dev/null
+    if [ "${KVF_PIDS[$i]}" = "${KVF_CTRLD:-}" ]; then wait "${KVF_PIDS[$i]}" 2>/dev/null || true; fi
   done
-  wait 2>/dev/null
+  wait 2>/dev/null || true
   rm -f /dev/hugepages/*"${KVF_RA:-none}"* /dev/hugepages/*"${KVF_RB:-none}"* \
         /dev/shm/*"${KVF_RA:-none}"* /dev/shm/*"${KVF_RB:-none}"* 2>/dev/null
   KVF_PIDS=()
