@@ -40,10 +40,14 @@
 
 #include "kn_model.h"
 #include "kn_stage.h"
+#include "kvf_config.h"
 #include "shm_live.h"
 #include "shm_mb.h"
 #include "shm_region.h"
 #include "worker_hop.h"
+#if KVF_HAVE_CUDA
+#include "cuda/kn_cuda.h"
+#endif
 
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
 static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
@@ -79,6 +83,7 @@ struct worker {
 	uint64_t steps, cols, busy_ns, dropped;
 	ino_t region_ino;
 	uint64_t last_stat_ns;
+	int pinned;                /* the region is cudaHostRegister'ed */
 };
 
 static void on_signal(int sig)
@@ -521,6 +526,46 @@ static int region_replaced(struct worker *w)
 	return now.st_ino != w->region_ino;
 }
 
+/* --backend cuda: pin the whole region (cudaHostRegister) so hidden rows
+ * move by copy-engine DMA straight from the hugepages the rings point into,
+ * instead of through the engine's pinned bounce buffer (one extra host copy
+ * of every row each step; kernels/cuda/NOTES.md). Registering costs once at
+ * start, proportional to the region (page-table walk). @return 0 or -errno. */
+static int pin_region(struct worker *w)
+{
+#if KVF_HAVE_CUDA
+	char err[256];
+	uint64_t t0 = mono_ns();
+	int rc = kn_cuda_host_register(shm_region_base(w->reg), shm_region_size(w->reg), err, sizeof(err));
+
+	if (rc < 0) {
+		LOG(w, "kn_cuda_host_register(region %s, %zu bytes) failed: %s: check the CUDA driver "
+		    "(nvidia-smi) and that the region fits the pinned-memory limit (ulimit -l)", w->o.region,
+		    shm_region_size(w->reg), err);
+		return rc;
+	}
+	w->pinned = 1;
+	LOG(w, "pinned region %s for CUDA DMA: %.1f MiB (%s) in %.1f ms", w->o.region,
+	    shm_region_size(w->reg) / 1048576.0, shm_region_is_huge(w->reg) ? "hugepages" : "4 KiB pages",
+	    (double)(mono_ns() - t0) / 1e6);
+	return 0;
+#else
+	/* kn_stage_create() refuses the cuda backend on this build with the
+	 * rebuild hint; nothing to pin. */
+	LOG(w, "region %s not pinned: this build has no CUDA engine (KVF_HAVE_CUDA=0)", w->o.region);
+	return 0;
+#endif
+}
+
+static void unpin_region(struct worker *w)
+{
+#if KVF_HAVE_CUDA
+	if (w->pinned)
+		kn_cuda_host_unregister(shm_region_base(w->reg));
+#endif
+	w->pinned = 0;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -629,11 +674,8 @@ int main(int argc, char **argv)
 		    w.o.region, w.o.role, strerror(-w.live));
 		goto out_region;
 	}
-	if (w.o.backend == KN_BACKEND_CUDA)
-		/* cudaHostRegister of the region belongs behind a kn_ call the CUDA
-		 * engine does not offer yet: until then transfers stage through
-		 * pageable copies. */
-		LOG(&w, "region %s not pinned for CUDA (no kn_ host-register call yet)", w.o.region);
+	if (w.o.backend == KN_BACKEND_CUDA && pin_region(&w) < 0)
+		goto out_live;
 	t0 = mono_ns();
 	w.m = kn_model_open(w.o.model, err, sizeof(err));
 	if (w.m == NULL) {
@@ -688,6 +730,7 @@ out_in:
 out_model:
 	kn_stage_destroy(w.st);
 	kn_model_close(w.m);
+	unpin_region(&w);
 out_live:
 	shm_live_release(w.reg, w.live);
 out_region:

@@ -47,7 +47,7 @@ kvf_wait_log() {
 
 kvf_start_worker() { # stage region in out node
   local k=$1
-  local cmd=("$KVF_BIN/kernels/kvferry-worker" --region "$2" --model "$KVF_MODEL" --in "$3" --out "$4"
+  local cmd=("$KVF_BIN/kvferry-worker" --region "$2" --model "$KVF_MODEL" --in "$3" --out "$4"
              --role "stage$k" --node "$5" --backend "$KVF_BACKEND" --threads "$KVF_THREADS")
   KVF_WCMD[$k]="${cmd[*]}"
   "${cmd[@]}" >>"$KVF_RUN/worker$k.log" 2>&1 &
