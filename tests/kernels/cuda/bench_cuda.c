@@ -8,10 +8,13 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick | --narrow]
+ * usage: bench_cuda [--quick | --narrow | --wide | --attention]
  *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
  *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
- *   KVFERRY_CUDA_GEMV=ffma to compare the two skinny kernels.
+ *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
+ *   8B decode at batch 64 and 256 (context 512) and both prefills, to price
+ *   KVFERRY_CUDA_WIDE_X=split; --attention: the attention probes, then 8B
+ *   decode at context 4096, batch 1 and 32 (for attention kernel variants).
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -204,6 +207,8 @@ int main(int argc, char **argv)
 {
 	int quick = argc > 1 && !strcmp(argv[1], "--quick");
 	int narrow = argc > 1 && !strcmp(argv[1], "--narrow");
+	int wide = argc > 1 && !strcmp(argv[1], "--wide");
+	int attn_only = argc > 1 && !strcmp(argv[1], "--attention");
 	char err[512];
 	double bw = 0, peak = 0;
 	if (kn_cuda_probe_copy_bw(0, (size_t)2 << 30, 20, &bw, err, sizeof(err))) {
@@ -231,6 +236,19 @@ int main(int argc, char **argv)
 	if (narrow) {
 		for (int mi = 0; mi < 2; mi++)
 			bench_decode(models[mi], 512, skinny, 3, bw, budget);
+		return 0;
+	}
+	if (attn_only) {
+		const int b1[] = { 1, 32 };
+		bench_decode("llama3-8b", 4096, b1, 2, bw, budget);
+		return 0;
+	}
+	if (wide) {
+		bench_decode("llama3-8b", 512, large + 1, 1, bw, budget);
+		const int b64[] = { 64 };
+		bench_decode("llama3-8b", 512, b64, 1, bw, budget);
+		for (int mi = 0; mi < 2; mi++)
+			bench_prefill(models[mi], 2048, peak);
 		return 0;
 	}
 	for (int mi = 0; mi < (quick ? 1 : 2); mi++)

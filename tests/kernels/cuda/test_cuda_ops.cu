@@ -123,8 +123,8 @@ static void skinny_and_wide_products_match_a_double_reference(cublasHandle_t h)
 						s += (double)bf2f(w[(size_t)o * in + k]) * x[(size_t)c * in + k];
 					ref[(size_t)c * out + o] = s;
 				}
+			const bool narrow = n <= KN_CU_GEMV_MAX_N;
 			for (int v = 0; v < 2; v++) {
-				const bool narrow = n <= KN_CU_GEMV_MAX_N;
 				char err[256] = "", what[128];
 				CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)96 * out * 4));
 				if (narrow) {
