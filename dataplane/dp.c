@@ -18,10 +18,12 @@
  *    use, at most DP_MAX_PEERS x DP_MAX_STREAMS), rings.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +50,8 @@ struct stream {
 	struct dp_rel_tx *tx;
 	struct dp_rel_rx *rx;
 	uint32_t partial;         /* rx messages holding a buffer, not yet delivered */
+	uint8_t rx_seen;          /* a message arrived on this stream */
+	uint8_t rx_small;         /* the last one fitted the small pool */
 	uint16_t id;
 };
 
@@ -78,6 +82,8 @@ struct dp {
 	int have_held;
 	uint64_t tsc_hz;
 	uint64_t rng;
+	int in_flight;            /* last poll saw a message in flight either way */
+	unsigned rx_streams;      /* streams that received a message (credit split) */
 	struct rte_mbuf *hold[HOLD_MAX];
 	unsigned n_hold;
 	/* context for reliab callbacks */
@@ -228,10 +234,16 @@ static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 	if (len > shm_pool_bufsize(d->p_large))
 		return -ENOBUFS;
 	uint32_t idx;
+	struct stream *s = d->cur_stream;
+	if (!s->rx_seen) {
+		s->rx_seen = 1;
+		d->rx_streams++;
+	}
+	s->rx_small = pool == d->p_small;
 	if (shm_pool_get(pool, &idx))
 		return -ENOBUFS;
 	*off = shm_pool_buf_off(pool, idx);
-	d->cur_stream->partial++;
+	s->partial++;
 	return 0;
 }
 
@@ -343,10 +355,22 @@ static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
 
 static uint32_t credit_of(struct dp *d, struct stream *s)
 {
-	/* Messages this stream may still start: free buffers of the scarcer
-	 * pool plus buffers its partial messages already hold. */
-	uint32_t a = shm_pool_available(d->p_small), b = shm_pool_available(d->p_large);
-	return (a < b ? a : b) + s->partial;
+	/* Messages this stream may still start: its share of the free buffers
+	 * of the pool its last message came from, plus the buffers its partial
+	 * messages already hold. Every stream used to be offered the whole
+	 * scarcer pool: four streams of 2 MiB pages then started four times
+	 * the 32 large buffers, and the receiver dropped ~0.6% of frames for
+	 * want of a buffer (each a retransmission and a stalled message). A
+	 * stream that changes sizes may still overdraw the other pool once;
+	 * the frame is dropped as NOBUF and resent, never lost. */
+	uint32_t avail = shm_pool_available(s->rx_small ? d->p_small : d->p_large);
+	if (!s->rx_seen) {
+		uint32_t a = shm_pool_available(d->p_small), b = shm_pool_available(d->p_large);
+		avail = a < b ? a : b;
+	}
+	unsigned share = d->rx_streams > 1 ? d->rx_streams : 1;
+	uint32_t c = avail / share;
+	return (c ? c : (avail ? 1 : 0)) + s->partial;
 }
 
 static void send_ack(struct dp *d, struct peer *p, struct stream *s)
@@ -683,6 +707,7 @@ static unsigned poll_once(struct dp *d, uint64_t now)
 {
 	unsigned work = poll_rx(d);
 	work += poll_requests(d);
+	int in_flight = d->have_held;
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
 		struct peer *p = &d->peers[i];
 		if (!p->configured)
@@ -699,8 +724,10 @@ static unsigned poll_once(struct dp *d, uint64_t now)
 			}
 			if (p->remote_epoch)
 				work += stream_tx(d, p, s, now);
+			in_flight |= s->partial || !dp_rel_tx_idle(s->tx);
 		}
 	}
+	d->in_flight = in_flight;
 	return work;
 }
 
@@ -893,6 +920,11 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t next_tick = 0, next_winupd = 0;
 	unsigned idle_spins = 0;
 	uint64_t sleep_ns = 1000;
+	/* The default 50 µs timer slack turned every 1 µs back-off sleep into
+	 * ~60 µs, which the peer saw as RTT. */
+	if (eff.idle == DP_IDLE_SLEEP && prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0))
+		fprintf(stderr, "dataplane: prctl(PR_SET_TIMERSLACK, 1000) failed: %s (sleeps "
+			"will overshoot)\n", strerror(errno));
 	while (!*stop) {
 		uint64_t now = now_ns(d);
 		unsigned work = poll_once(d, now);
@@ -905,11 +937,20 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 				idle_spins = 0;
 				sleep_ns = 1000;
 			} else if (++idle_spins > 64) {
-				/* Adaptive back-off: 1 µs doubling to 200 µs, reset on work. */
-				struct timespec t = {0, (long)sleep_ns};
-				nanosleep(&t, NULL);
-				if (sleep_ns < 200000)
-					sleep_ns *= 2;
+				if (d->in_flight) {
+					/* Traffic flows (an ACK or the next frames are
+					 * due): stay hot, but let the peer or a client
+					 * sharing this core run. Sleeping here made the
+					 * back-off part of every RTT. */
+					sched_yield();
+				} else {
+					/* Adaptive back-off: 1 µs doubling to 200 µs,
+					 * reset on work. */
+					struct timespec t = {0, (long)sleep_ns};
+					nanosleep(&t, NULL);
+					if (sleep_ns < 200000)
+						sleep_ns *= 2;
+				}
 			}
 		}
 	}

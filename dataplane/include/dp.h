@@ -24,7 +24,8 @@ extern "C" {
 /** How the poll loop waits when there is nothing to do. */
 enum dp_idle_mode {
 	DP_IDLE_POLL = 0,  /**< busy-poll a dedicated core (production) */
-	DP_IDLE_SLEEP = 1, /**< adaptive back-off sleep (1 µs doubling to 200 µs): shares cores */
+	DP_IDLE_SLEEP = 1, /**< shares cores: yields while a message is in flight, else
+			      adaptive back-off sleep (1 µs doubling to 200 µs) */
 };
 
 /** Test-only receive impairment (probabilities 0..1). */

@@ -11,9 +11,10 @@
  * opts.frame_payload bytes; each frame gets the next 32-bit sequence number
  * of the stream. A frame stays in the window until a cumulative ACK passes
  * it; SACKed frames are not resent; a hole with >= dupthresh SACKed frames
- * above it is resent at once (fast retransmit), everything else on the
- * retransmission timeout (RFC 6298 estimator on ACK-echoed timestamps,
- * exponential back-off). A message completes when the cumulative ACK passes
+ * above it is resent at once (fast retransmit); the retransmission timeout
+ * (RFC 6298 estimator on ACK-echoed timestamps, exponential back-off)
+ * resends the oldest unacknowledged frame, whose ACK then drives fast
+ * retransmit of the rest. A message completes when the cumulative ACK passes
  * its last frame; completions are reported in submission order.
  *
  * Receive side: a bitmap over [rcv_nxt, rcv_nxt + window) suppresses
@@ -57,8 +58,8 @@ struct dp_rel_opts {
 
 /**
  * Defaults: window 4096, max_msgs 64, frame_payload 8912 (a 9000-byte
- * frame), init_credit 8, dupthresh 3, max_timeouts 12, RTO 5 ms initial,
- * 1 ms floor, 200 ms ceiling.
+ * frame), init_credit 8, dupthresh 3, max_timeouts 16, RTO 5 ms initial,
+ * 200 µs floor, 200 ms ceiling.
  */
 void dp_rel_opts_init(struct dp_rel_opts *o);
 

@@ -33,6 +33,8 @@ struct link {
 	uint64_t delay_ns;
 	double loss, dup, reorder, corrupt;
 	uint64_t rng;
+	uint64_t puts;           /* frames offered so far */
+	uint64_t drop_nth;       /* > 0: lose exactly the drop_nth frame offered */
 };
 
 static uint64_t rnd(uint64_t *s)
@@ -52,6 +54,8 @@ static double urand(uint64_t *s)
 static void link_put(struct link *l, const uint8_t *b, uint32_t len, uint64_t now)
 {
 	unsigned copies = 1;
+	if (++l->puts == l->drop_nth)
+		return;
 	if (urand(&l->rng) < l->loss)
 		return;
 	if (urand(&l->rng) < l->dup)
@@ -341,6 +345,24 @@ static void loss_duplication_reordering_and_corruption_still_deliver_exactly_onc
 	sim_fini(&s);
 }
 
+static void a_lost_frame_is_resent_on_the_sack_without_waiting_for_the_timeout(void **state)
+{
+	(void)state;
+	struct sim s;
+	sim_init(&s, 400, 40000, 11);
+	s.fwd.drop_nth = 20; /* one data frame, mid-stream */
+	sim_start(&s);
+	sim_run(&s, 200000);
+	assert_int_equal(s.delivered, 400);
+	struct dp_rel_tx_stats st;
+	dp_rel_tx_get_stats(s.tx, &st);
+	/* resent once, driven by the SACKs of the frames behind it: the
+	 * retransmission timer never fired */
+	assert_true(st.retransmits == 1);
+	assert_true(st.timeouts == 0);
+	sim_fini(&s);
+}
+
 static void a_slow_consumer_pushes_back_through_credit_without_drops(void **state)
 {
 	(void)state;
@@ -481,6 +503,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(messages_arrive_once_in_order_and_intact_over_a_clean_link),
 		cmocka_unit_test(loss_duplication_reordering_and_corruption_still_deliver_exactly_once),
+		cmocka_unit_test(a_lost_frame_is_resent_on_the_sack_without_waiting_for_the_timeout),
 		cmocka_unit_test(a_slow_consumer_pushes_back_through_credit_without_drops),
 		cmocka_unit_test(lost_window_updates_are_repaired_by_the_periodic_ack),
 		cmocka_unit_test(a_peer_that_stops_acking_times_out_and_memory_stays_bounded),
