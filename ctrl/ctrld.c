@@ -165,6 +165,29 @@ static int cmd_stages(void *arg, const char *cmd, json_t *params, json_t **data,
 	return 0;
 }
 
+/* Worker-process chains: what sits in ctrld's region's rings and pools, so
+ * an operator (and the leak test) sees every slot and buffer come back. */
+static void pool_shm(struct ctrl_chain *c, json_t *row)
+{
+	struct ctrl_proc_shm sh;
+	json_t *rings, *pools;
+
+	if (ctrl_proc_chain_shm(c, &sh) < 0)
+		return;
+	rings = json_array();
+	pools = json_array();
+	for (int i = 0; i < sh.n_rings; i++)
+		json_array_append_new(rings, json_pack("{s:s, s:i, s:i}", "name", sh.ring[i].name, "queued",
+						       (int)sh.ring[i].used, "capacity", (int)sh.ring[i].capacity));
+	for (int i = 0; i < sh.n_pools; i++)
+		json_array_append_new(pools, json_pack("{s:s, s:i, s:i}", "name", sh.pool[i].name, "available",
+						       (int)(sh.pool[i].capacity - sh.pool[i].used), "count",
+						       (int)sh.pool[i].capacity));
+	json_object_update_new(row, json_pack("{s:i, s:i, s:i, s:i, s:i, s:o, s:o}", "ring_entries",
+		(int)sh.ring_entries, "shm_bufs", (int)sh.pool_buffers, "shm_bufs_free", (int)sh.pool_available,
+		"groups_busy", sh.groups_busy, "tainted_slots", sh.tainted_slots, "rings", rings, "pools", pools));
+}
+
 static int cmd_pool(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
@@ -181,6 +204,7 @@ static int cmd_pool(void *arg, const char *cmd, json_t *params, json_t **data, c
 			"blocks_total", st.blocks_total, "blocks_in_use", st.blocks_in_use,
 			"blocks_reserved", st.blocks_reserved, "live", st.live, "queued", st.queued,
 			"live_bytes", (json_int_t)st.live_bytes, "queued_bytes", (json_int_t)st.queued_bytes));
+		pool_shm(d->chains[r], json_array_get(rows, json_array_size(rows) - 1));
 	}
 	*data = rows;
 	return 0;

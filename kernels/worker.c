@@ -52,7 +52,7 @@
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
 static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_stop, g_report;
 
 struct wk_opts {
 	const char *region, *model, *in, *out, *role;
@@ -88,9 +88,12 @@ struct worker {
 
 static void on_signal(int sig)
 {
-	(void)sig;
-	g_stop = 1;
+	if (sig == SIGUSR1)
+		g_report = 1;
+	else
+		g_stop = 1;
 }
+
 
 static uint64_t mono_ns(void)
 {
@@ -526,6 +529,24 @@ static int region_replaced(struct worker *w)
 	return now.st_ino != w->region_ino;
 }
 
+/* What the worker holds now (SIGUSR1, and at exit): memory and queues, so a
+ * test or an operator can tell a leak from a working set. */
+static void report(struct worker *w, const char *when)
+{
+	char hops[160], line[256];
+	long rss_kb = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	if (f != NULL) {
+		while (fgets(line, sizeof(line), f) != NULL)
+			if (sscanf(line, "VmRSS: %ld", &rss_kb) == 1)
+				break;
+		fclose(f);
+	}
+	wk_hop_report(w->in, w->out, hops, sizeof(hops));
+	LOG(w, "report (%s): steps=%llu vmrss_kb=%ld %s", when, (unsigned long long)w->steps, rss_kb, hops);
+}
+
 /* --backend cuda: pin the whole region (cudaHostRegister) so hidden rows
  * move by copy-engine DMA straight from the hugepages the rings point into,
  * instead of through the engine's pinned bounce buffer (one extra host copy
@@ -649,6 +670,7 @@ int main(int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
 	/* Whoever creates the region (the dataplane, or ctrld on a node without
 	 * one) may start after us: wait for it rather than fail. */
 	t0 = mono_ns();
@@ -705,6 +727,10 @@ int main(int argc, char **argv)
 
 		shm_live_beat(w.reg, w.live);
 		wk_out_poll(w.out);
+		if (g_report) {
+			g_report = 0;
+			report(&w, "SIGUSR1");
+		}
 		/* Sleep in the ring's futex when idle: no spinning on a small machine;
 		 * the 200 ms bound keeps the heartbeat fresh and SIGTERM prompt. */
 		got = wk_in_get(w.in, &d, 200 * 1000000ll);
@@ -720,6 +746,7 @@ int main(int argc, char **argv)
 		handle(&w, &d);
 		wk_in_done(w.in, &d);
 	}
+	report(&w, "stopping");
 	LOG(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %llu stale messages dropped",
 	    (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
 	    (unsigned long long)w.dropped);

@@ -266,3 +266,15 @@ void wk_out_close(struct wk_out *o)
 	shm_ring_close(o->txc);
 	free(o);
 }
+
+void wk_hop_report(const struct wk_in *in, const struct wk_out *o, char *buf, size_t n)
+{
+	uint32_t bufs = 0, avail = 0;
+
+	if (in->dp) {
+		bufs = shm_pool_count(in->small) + shm_pool_count(in->large);
+		avail = shm_pool_available(in->small) + shm_pool_available(in->large);
+	}
+	snprintf(buf, n, "in_queued=%u out_queued=%u pending_sends=%u rx_bufs=%u rx_free=%u",
+		 shm_ring_count(in->q), shm_ring_count(o->q), o->n_pending, bufs, avail);
+}

@@ -78,4 +78,12 @@ int wk_out_is_dp(const struct wk_out *o);
 /** Close; NULL is a no-op. */
 void wk_out_close(struct wk_out *o);
 
+/**
+ * Describe what the two hops hold now, as key=value words a script can
+ * check: "in_queued=N out_queued=N pending_sends=N rx_bufs=N rx_free=N"
+ * (rx_* count the dataplane's receive pools on a dp input, else 0). At rest
+ * every queue is 0 and rx_free == rx_bufs.
+ */
+void wk_hop_report(const struct wk_in *in, const struct wk_out *o, char *buf, size_t n);
+
 #endif /* KN_WORKER_HOP_H */

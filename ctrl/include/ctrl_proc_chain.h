@@ -104,6 +104,40 @@ struct ctrl_proc_stage {
  */
 int ctrl_proc_chain_stage(struct ctrl_chain *c, int32_t i, struct ctrl_proc_stage *out);
 
+/** Most rings and pools ctrl_proc_chain_shm() reports. */
+#define CTRL_PROC_SHM_MAX 24
+
+/** One ring or buffer pool of ctrld's region. */
+struct ctrl_proc_shm_obj {
+	char name[32];
+	uint32_t used;     /**< ring: entries queued; pool: buffers handed out */
+	uint32_t capacity; /**< ring: usable slots; pool: buffers */
+};
+
+/** What ctrld's region holds now: every serving ring and dataplane pool in it. */
+struct ctrl_proc_shm {
+	int32_t n_rings, n_pools;
+	struct ctrl_proc_shm_obj ring[CTRL_PROC_SHM_MAX];
+	struct ctrl_proc_shm_obj pool[CTRL_PROC_SHM_MAX];
+	uint32_t ring_entries;   /**< sum of ring[].used */
+	uint32_t pool_buffers;   /**< sum of pool[].capacity */
+	uint32_t pool_available; /**< sum of pool[].capacity - pool[].used */
+	int32_t groups_busy;     /**< groups submitted whose result was not yet polled */
+	int32_t tainted_slots;   /**< slots that lost their KV when the chain re-formed */
+};
+
+/**
+ * Count what sits in the rings and pools of ctrld's region: the stage input
+ * rings ("serve.sK.in"), the return ring, and where a dataplane runs on the
+ * region its rings (dp.tx, dp.txc, dp.rx, dp.ev) and receive pools. At rest
+ * (no request in flight) every ring is empty and every pool buffer is back:
+ * a leak test asserts exactly that. Rings and pools are read through the
+ * region (lock-free counters), so any thread may call it; the group and slot
+ * counts are a snapshot racing the polling thread by at most one poll.
+ * @return 0, -EINVAL (not a worker-process chain).
+ */
+int ctrl_proc_chain_shm(struct ctrl_chain *c, struct ctrl_proc_shm *out);
+
 #ifdef __cplusplus
 }
 #endif
