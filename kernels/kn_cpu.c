@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kn_err.h"
 #include "kn_cpu_mm.h"
 #include "kn_pool.h"
 #include "kn_stage_impl.h"
@@ -421,16 +422,6 @@ static const struct kn_tensor *lt(const struct kn_model *m, int32_t l, const cha
 	return t;
 }
 
-static void fill_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fill_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static float *ws(struct cpu_stage *c, size_t n, int *fail)
 {
@@ -447,7 +438,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 	struct cpu_stage *c = calloc(1, sizeof(*c));
 	int fail = 0, rc;
 	if (!c) {
-		fill_err(err, errlen, "kn_stage_create(cpu): out of memory");
+		kn_seterr(err, errlen, "kn_stage_create(cpu): out of memory");
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -541,7 +532,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 		size_t b = s->opts.kv_budget_bytes / per_block;
 		nb = b > INT32_MAX ? INT32_MAX : (int32_t)b;
 		if (nb < 1) {
-			fill_err(err, errlen, "kn_stage_create(cpu): kv_budget_bytes %zu holds no block (%zu bytes each for layers [%d, %d)); raise the budget",
+			kn_seterr(err, errlen, "kn_stage_create(cpu): kv_budget_bytes %zu holds no block (%zu bytes each for layers [%d, %d)); raise the budget",
 				 s->opts.kv_budget_bytes, per_block, s->opts.layer_start, s->opts.layer_end);
 			cpu_destroy(s);
 			errno = EINVAL;
@@ -555,7 +546,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 		goto nomem;
 	return s;
 nomem:
-	fill_err(err, errlen, "kn_stage_create(cpu): out of memory for layers [%d, %d) (workspace %zu bytes, %d KV blocks)",
+	kn_seterr(err, errlen, "kn_stage_create(cpu): out of memory for layers [%d, %d) (workspace %zu bytes, %d KV blocks)",
 		 s->opts.layer_start, s->opts.layer_end, c->ws_bytes, s->opts.n_blocks);
 	cpu_destroy(s);
 	errno = ENOMEM;

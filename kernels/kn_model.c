@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kn_err.h"
 #include "kn_model.h"
 
 struct kn_mapping {
@@ -39,17 +40,6 @@ struct kn_model {
 	uint64_t fingerprint;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 const char *kn_arch_name(enum kn_arch a)
 {
@@ -83,13 +73,13 @@ static int get_int(json_t *o, const char *key, int32_t *out, int required,
 	double d;
 	if (!json_num(o, key, &d)) {
 		if (required) {
-			seterr(err, errlen, "config.json: required integer key \"%s\" is missing or not a number", key);
+			kn_seterr(err, errlen, "config.json: required integer key \"%s\" is missing or not a number", key);
 			return -EINVAL;
 		}
 		return 0;
 	}
 	if (d < 0 || d > 1e9 || d != (double)(int64_t)d) {
-		seterr(err, errlen, "config.json: \"%s\" = %g is not a sane non-negative integer", key, d);
+		kn_seterr(err, errlen, "config.json: \"%s\" = %g is not a sane non-negative integer", key, d);
 		return -EINVAL;
 	}
 	*out = (int32_t)d;
@@ -140,7 +130,7 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 	if (!sc || json_is_null(sc))
 		return 0;
 	if (!json_is_object(sc)) {
-		seterr(err, errlen, "config.json: rope_scaling/rope_parameters is not an object");
+		kn_seterr(err, errlen, "config.json: rope_scaling/rope_parameters is not an object");
 		return -EINVAL;
 	}
 	if (json_num(sc, "rope_theta", &d))
@@ -152,7 +142,7 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 	if (!strcmp(type, "default"))
 		return 0;
 	if (strcmp(type, "llama3") != 0) {
-		seterr(err, errlen, "config.json: rope type \"%s\" is not supported (supported: default, llama3)", type);
+		kn_seterr(err, errlen, "config.json: rope type \"%s\" is not supported (supported: default, llama3)", type);
 		return -EINVAL;
 	}
 	c->rope_factor = 8.0f;
@@ -169,7 +159,7 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 		c->rope_orig_max_position = (int32_t)d;
 	if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
 	    || c->rope_orig_max_position <= 0) {
-		seterr(err, errlen, "config.json: llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
+		kn_seterr(err, errlen, "config.json: llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
 		return -EINVAL;
 	}
 	return 0;
@@ -189,10 +179,10 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	if (!root) {
 		if (access(path, R_OK)) {
 			int e = errno;
-			seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
+			kn_seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
 			return -e;
 		}
-		seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
+		kn_seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
 		return -EINVAL;
 	}
 	/* Multimodal wrappers nest the text model; plain decoders do not. */
@@ -217,7 +207,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	else if (!archname && mtype && !strcmp(mtype, "qwen3"))
 		c->arch = KN_ARCH_QWEN3;
 	else {
-		seterr(err, errlen, "%s: unknown architecture \"%s\" (model_type \"%s\"); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+		kn_seterr(err, errlen, "%s: unknown architecture \"%s\" (model_type \"%s\"); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
 		       path, archname ? archname : "(none)", mtype ? mtype : "(none)");
 		goto out;
 	}
@@ -235,7 +225,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 		goto out;
 	if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->hidden_size <= 0
 	    || c->vocab_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0) {
-		seterr(err, errlen, "%s: inconsistent shape: hidden_size %d, vocab_size %d, layers %d, heads %d, kv heads %d (heads must be a multiple of kv heads; all > 0)",
+		kn_seterr(err, errlen, "%s: inconsistent shape: hidden_size %d, vocab_size %d, layers %d, heads %d, kv heads %d (heads must be a multiple of kv heads; all > 0)",
 		       path, c->hidden_size, c->vocab_size, c->n_layers, c->n_heads, c->n_kv_heads);
 		goto out;
 	}
@@ -243,7 +233,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	if (get_int(cfg, "head_dim", &c->head_dim, 0, err, errlen) < 0)
 		goto out;
 	if (c->head_dim <= 0 || c->head_dim % 2) {
-		seterr(err, errlen, "%s: head_dim %d must be even and > 0", path, c->head_dim);
+		kn_seterr(err, errlen, "%s: head_dim %d must be even and > 0", path, c->head_dim);
 		goto out;
 	}
 	c->max_position = 8192;
@@ -260,7 +250,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	c->tie_embeddings = json_is_true(v);
 	if (c->arch == KN_ARCH_LLAMA && (json_is_true(json_object_get(cfg, "attention_bias"))
 					 || json_is_true(json_object_get(cfg, "mlp_bias")))) {
-		seterr(err, errlen, "%s: attention_bias/mlp_bias true is not supported for llama models", path);
+		kn_seterr(err, errlen, "%s: attention_bias/mlp_bias true is not supported for llama models", path);
 		goto out;
 	}
 	c->dtype = KN_DT_BF16;
@@ -270,7 +260,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	if (!json_is_string(v))
 		v = json_object_get(root, "torch_dtype");
 	if (json_is_string(v) && parse_dtype_name(json_string_value(v), &c->dtype) < 0) {
-		seterr(err, errlen, "%s: dtype \"%s\" is not supported (bfloat16, float16, float32)", path, json_string_value(v));
+		kn_seterr(err, errlen, "%s: dtype \"%s\" is not supported (bfloat16, float16, float32)", path, json_string_value(v));
 		goto out;
 	}
 	c->bos_token_id = -1;
@@ -332,18 +322,18 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		rc = -errno;
-		seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
+		kn_seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
 		return rc;
 	}
 	if (fstat(fd, &st) < 0) {
 		rc = -errno;
-		seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
+		kn_seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
 		close(fd);
 		return rc;
 	}
 	size_t size = (size_t)st.st_size;
 	if (size < 8) {
-		seterr(err, errlen, "%s: truncated safetensors file (%zu bytes; needs an 8-byte header length)", path, size);
+		kn_seterr(err, errlen, "%s: truncated safetensors file (%zu bytes; needs an 8-byte header length)", path, size);
 		close(fd);
 		return -EINVAL;
 	}
@@ -351,13 +341,13 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 	close(fd);
 	if (base == MAP_FAILED) {
 		rc = -errno;
-		seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
+		kn_seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
 		return rc;
 	}
 	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
 	if (!maps) {
 		munmap(base, size);
-		seterr(err, errlen, "out of memory mapping %s", path);
+		kn_seterr(err, errlen, "out of memory mapping %s", path);
 		return -ENOMEM;
 	}
 	m->maps = maps;
@@ -371,13 +361,13 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 	uint64_t hlen;
 	memcpy(&hlen, base, 8); /* little-endian on every host we build for */
 	if (hlen > size - 8 || hlen > (100u << 20)) {
-		seterr(err, errlen, "%s: header length %llu exceeds the file (%zu bytes): truncated or corrupt safetensors",
+		kn_seterr(err, errlen, "%s: header length %llu exceeds the file (%zu bytes): truncated or corrupt safetensors",
 		       path, (unsigned long long)hlen, size);
 		return -EINVAL;
 	}
 	hdr = json_loadb((const char *)base + 8, hlen, 0, &je);
 	if (!hdr || !json_is_object(hdr)) {
-		seterr(err, errlen, "%s: safetensors header is not a JSON object: %s", path, hdr ? "wrong type" : je.text);
+		kn_seterr(err, errlen, "%s: safetensors header is not a JSON object: %s", path, hdr ? "wrong type" : je.text);
 		goto out;
 	}
 	const uint8_t *data = (const uint8_t *)base + 8 + hlen;
@@ -390,7 +380,7 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 		       *off = json_object_get(v, "data_offsets");
 		if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) || json_array_size(off) != 2
 		    || !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1))) {
-			seterr(err, errlen, "%s: tensor %s: header entry lacks dtype/shape/data_offsets", path, key);
+			kn_seterr(err, errlen, "%s: tensor %s: header entry lacks dtype/shape/data_offsets", path, key);
 			goto out;
 		}
 		const char *dts = json_string_value(dt);
@@ -401,11 +391,11 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 		else if (!strcmp(dts, "BF16"))
 			t.dtype = KN_DT_BF16;
 		else {
-			seterr(err, errlen, "%s: tensor %s has dtype %s; supported: F32, F16, BF16", path, key, dts);
+			kn_seterr(err, errlen, "%s: tensor %s has dtype %s; supported: F32, F16, BF16", path, key, dts);
 			goto out;
 		}
 		if (json_array_size(sh) > 4) {
-			seterr(err, errlen, "%s: tensor %s has %zu dims (at most 4 supported)", path, key, json_array_size(sh));
+			kn_seterr(err, errlen, "%s: tensor %s has %zu dims (at most 4 supported)", path, key, json_array_size(sh));
 			goto out;
 		}
 		t.n_dims = (int32_t)json_array_size(sh);
@@ -413,13 +403,13 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 		for (int i = 0; i < t.n_dims; i++) {
 			json_t *e = json_array_get(sh, (size_t)i);
 			if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > (1ll << 40)) {
-				seterr(err, errlen, "%s: tensor %s: bad shape entry %d", path, key, i);
+				kn_seterr(err, errlen, "%s: tensor %s: bad shape entry %d", path, key, i);
 				goto out;
 			}
 			t.shape[i] = json_integer_value(e);
 			n *= (uint64_t)t.shape[i];
 			if (n > (1ull << 40)) {
-				seterr(err, errlen, "%s: tensor %s: shape too large", path, key);
+				kn_seterr(err, errlen, "%s: tensor %s: shape too large", path, key);
 				goto out;
 			}
 		}
@@ -427,7 +417,7 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 		json_int_t e = json_integer_value(json_array_get(off, 1));
 		uint64_t need = n * dtype_size(t.dtype);
 		if (b < 0 || e < b || (uint64_t)e > dlen || (uint64_t)(e - b) != need) {
-			seterr(err, errlen, "%s: tensor %s: data_offsets [%lld, %lld] do not hold %llu bytes inside the %zu-byte data section (truncated file or lying header)",
+			kn_seterr(err, errlen, "%s: tensor %s: data_offsets [%lld, %lld] do not hold %llu bytes inside the %zu-byte data section (truncated file or lying header)",
 			       path, key, (long long)b, (long long)e, (unsigned long long)need, dlen);
 			goto out;
 		}
@@ -437,7 +427,7 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 		if (!t.name || add_tensor(m, &t) < 0) {
 			free((void *)t.name);
 			rc = -ENOMEM;
-			seterr(err, errlen, "out of memory reading %s", path);
+			kn_seterr(err, errlen, "out of memory reading %s", path);
 			goto out;
 		}
 	}
@@ -468,7 +458,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 		json_t *wm = json_object_get(idx, "weight_map"), *v;
 		const char *key;
 		if (!json_is_object(wm)) {
-			seterr(err, errlen, "%s: no weight_map object", path);
+			kn_seterr(err, errlen, "%s: no weight_map object", path);
 			json_decref(idx);
 			return -EINVAL;
 		}
@@ -479,7 +469,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 		}
 		json_object_foreach(wm, key, v) {
 			if (!json_is_string(v) || strchr(json_string_value(v), '/')) {
-				seterr(err, errlen, "%s: weight_map[%s] is not a plain file name", path, key);
+				kn_seterr(err, errlen, "%s: weight_map[%s] is not a plain file name", path, key);
 				rc = -EINVAL;
 				break;
 			}
@@ -499,7 +489,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 		struct dirent *de;
 		if (!d) {
 			rc = -errno;
-			seterr(err, errlen, "opendir(%s) failed: %s", m->dir, strerror(errno));
+			kn_seterr(err, errlen, "opendir(%s) failed: %s", m->dir, strerror(errno));
 			return rc;
 		}
 		size_t cap = 0;
@@ -523,7 +513,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 		}
 		closedir(d);
 		if (!rc && n == 0) {
-			seterr(err, errlen, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors file", m->dir);
+			kn_seterr(err, errlen, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors file", m->dir);
 			rc = -ENOENT;
 		}
 	}
@@ -541,7 +531,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
 	for (i = 1; i < m->n_tensors; i++)
 		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
-			seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
+			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
 			return -EINVAL;
 		}
 	return 0;
@@ -555,10 +545,10 @@ static int expect(struct kn_model *m, const char *name, int nd, int64_t d0, int6
 	const struct kn_tensor *t = kn_model_tensor(m, name);
 	if (!t) {
 		if (nd > 1)
-			seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld, %lld])", m->dir, name,
+			kn_seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld, %lld])", m->dir, name,
 			       (long long)d0, (long long)d1);
 		else
-			seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld])", m->dir, name, (long long)d0);
+			kn_seterr(err, errlen, "%s: missing tensor %s (expected shape [%lld])", m->dir, name, (long long)d0);
 		return -EINVAL;
 	}
 	if (t->n_dims != nd || t->shape[0] != d0 || (nd > 1 && t->shape[1] != d1)) {
@@ -568,10 +558,10 @@ static int expect(struct kn_model *m, const char *name, int nd, int64_t d0, int6
 			o += snprintf(found + o, sizeof(found) - (size_t)o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
 		snprintf(found + o, sizeof(found) - (size_t)o, "]");
 		if (nd > 1)
-			seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld, %lld]", m->dir, name, found,
+			kn_seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld, %lld]", m->dir, name, found,
 			       (long long)d0, (long long)d1);
 		else
-			seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld]", m->dir, name, found, (long long)d0);
+			kn_seterr(err, errlen, "%s: tensor %s has shape %s, expected [%lld]", m->dir, name, found, (long long)d0);
 		return -EINVAL;
 	}
 	return 0;
@@ -643,14 +633,14 @@ struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
 	int rc;
 
 	if (!dir) {
-		seterr(err, errlen, "kn_model_open: no directory given");
+		kn_seterr(err, errlen, "kn_model_open: no directory given");
 		errno = EINVAL;
 		return NULL;
 	}
 	m = calloc(1, sizeof(*m));
 	if (!m || !(m->dir = strdup(dir))) {
 		free(m);
-		seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
+		kn_seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -661,7 +651,7 @@ struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
 		rc = validate(m, err, errlen);
 	if (rc) {
 		if (rc == -ENOMEM)
-			seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
+			kn_seterr(err, errlen, "kn_model_open(%s): out of memory", dir);
 		kn_model_close(m);
 		errno = -rc;
 		return NULL;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kn_err.h"
 #include "kvf_config.h"
 #include "kn_stage_impl.h"
 
@@ -39,16 +40,6 @@ void kn_stage_seterr(struct kn_stage *s, const char *fmt, ...)
 	va_end(ap);
 }
 
-static void fill(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fill(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 int kn_stage_base_init(struct kn_stage *s, const struct kn_stage_vtbl *vt,
 		       const struct kn_model *m, const struct kn_stage_opts *o,
@@ -66,7 +57,7 @@ int kn_stage_base_init(struct kn_stage *s, const struct kn_stage_vtbl *vt,
 	size_t n = (size_t)o->n_slots * (size_t)o->max_blocks_per_slot;
 	s->table = malloc(n * sizeof(*s->table));
 	if (!s->table) {
-		fill(err, errlen, "kn_stage_create: out of memory for a %d x %d block table",
+		kn_seterr(err, errlen, "kn_stage_create: out of memory for a %d x %d block table",
 		     o->n_slots, o->max_blocks_per_slot);
 		return -ENOMEM;
 	}
@@ -89,28 +80,28 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 		o = &d;
 	}
 	if (!m) {
-		fill(err, errlen, "kn_stage_create: no model");
+		kn_seterr(err, errlen, "kn_stage_create: no model");
 		errno = EINVAL;
 		return NULL;
 	}
 	const struct kn_model_config *c = kn_model_config(m);
 	int32_t end = o->layer_end < 0 ? c->n_layers : o->layer_end;
 	if (o->layer_start < 0 || o->layer_start >= end || end > c->n_layers) {
-		fill(err, errlen, "kn_stage_create: layer range [%d, %d) is not inside the model's %d layers",
+		kn_seterr(err, errlen, "kn_stage_create: layer range [%d, %d) is not inside the model's %d layers",
 		     o->layer_start, end, c->n_layers);
 		errno = EINVAL;
 		return NULL;
 	}
 	if (o->n_slots < 1 || o->max_blocks_per_slot < 1 || o->n_plans < 1 || o->n_plans > KN_MAX_PLANS
 	    || (o->n_blocks < 1 && o->n_blocks != -1)) {
-		fill(err, errlen, "kn_stage_create: need n_slots >= 1 (got %d), max_blocks_per_slot >= 1 (got %d), 1..%d plans (got %d), n_blocks >= 1 or -1 (got %d)",
+		kn_seterr(err, errlen, "kn_stage_create: need n_slots >= 1 (got %d), max_blocks_per_slot >= 1 (got %d), 1..%d plans (got %d), n_blocks >= 1 or -1 (got %d)",
 		     o->n_slots, o->max_blocks_per_slot, KN_MAX_PLANS, o->n_plans, o->n_blocks);
 		errno = EINVAL;
 		return NULL;
 	}
 	for (int i = 0; i < o->n_plans; i++)
 		if (o->plan_widths[i] < 1 || (i && o->plan_widths[i] <= o->plan_widths[i - 1])) {
-			fill(err, errlen, "kn_stage_create: plan widths must be >= 1 and strictly ascending (plan %d is %d)",
+			kn_seterr(err, errlen, "kn_stage_create: plan widths must be >= 1 and strictly ascending (plan %d is %d)",
 			     i, o->plan_widths[i]);
 			errno = EINVAL;
 			return NULL;
@@ -122,12 +113,12 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 #if KVF_HAVE_CUDA
 		return kn_cuda_stage_create(m, o, err, errlen);
 #else
-		fill(err, errlen, "kn_stage_create: this build has no CUDA engine (rebuild with -Dcuda=enabled and /usr/local/cuda present, or use the cpu backend)");
+		kn_seterr(err, errlen, "kn_stage_create: this build has no CUDA engine (rebuild with -Dcuda=enabled and /usr/local/cuda present, or use the cpu backend)");
 		errno = ENODEV;
 		return NULL;
 #endif
 	}
-	fill(err, errlen, "kn_stage_create: unknown backend %d", (int)be);
+	kn_seterr(err, errlen, "kn_stage_create: unknown backend %d", (int)be);
 	errno = EINVAL;
 	return NULL;
 }

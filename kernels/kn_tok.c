@@ -28,23 +28,11 @@
 #include <unistr.h>
 #include <uninorm.h>
 
+#include "kn_err.h"
 #include "kn_tok_int.h"
 
 #define EMPTY_KEY UINT64_MAX
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 int kn_tok_buf_add(struct kn_tok_buf *b, const void *s, size_t n)
 {
@@ -265,11 +253,11 @@ static json_t *load_json(const char *path, int *eno, char *err, size_t errlen)
 	if (!j) {
 		if (je.position == 0 && je.line == -1) {
 			*eno = ENOENT;
-			seterr(err, errlen, "json_load_file(%s) failed: %s; check the path "
+			kn_seterr(err, errlen, "json_load_file(%s) failed: %s; check the path "
 			       "(a model directory needs tokenizer.json)", path, je.text);
 		} else {
 			*eno = EINVAL;
-			seterr(err, errlen, "json_load_file(%s) failed at line %d column %d: %s; "
+			kn_seterr(err, errlen, "json_load_file(%s) failed at line %d column %d: %s; "
 			       "the file is not valid JSON", path, je.line, je.column, je.text);
 		}
 	}
@@ -315,7 +303,7 @@ static int compile_re(const char *pat, size_t n, uint32_t extra, pcre2_code **re
 		PCRE2_UCHAR msg[160];
 
 		pcre2_get_error_message(ec, msg, sizeof(msg));
-		seterr(err, errlen, "pcre2_compile(\"%.*s\") failed at offset %zu: %s; "
+		kn_seterr(err, errlen, "pcre2_compile(\"%.*s\") failed at offset %zu: %s; "
 		       "the pre-tokenizer regex uses syntax PCRE2 does not accept",
 		       (int)n, pat, (size_t)eo, (char *)msg);
 		return -EINVAL;
@@ -336,7 +324,7 @@ static int add_pretok(struct kn_tok *t, const json_t *pt, int first, char *err, 
 	struct kn_tok_pretok *p;
 
 	if (!type) {
-		seterr(err, errlen, "tokenizer.json: a pre_tokenizer has no \"type\"");
+		kn_seterr(err, errlen, "tokenizer.json: a pre_tokenizer has no \"type\"");
 		return -EINVAL;
 	}
 	if (strcmp(type, "Sequence") == 0) {
@@ -361,7 +349,7 @@ static int add_pretok(struct kn_tok *t, const json_t *pt, int first, char *err, 
 	if (strcmp(type, "ByteLevel") == 0) {
 		if (json_is_true(json_object_get(pt, "add_prefix_space"))) {
 			if (!first) {
-				seterr(err, errlen, "tokenizer.json: ByteLevel with add_prefix_space "
+				kn_seterr(err, errlen, "tokenizer.json: ByteLevel with add_prefix_space "
 				       "is supported only as the first pre-tokenizer");
 				return -EINVAL;
 			}
@@ -390,7 +378,7 @@ static int add_pretok(struct kn_tok *t, const json_t *pt, int first, char *err, 
 			if (strcmp(beh, names[k]) == 0)
 				break;
 		if (!beh || k == 5) {
-			seterr(err, errlen, "tokenizer.json: Split behavior \"%s\" is unknown; "
+			kn_seterr(err, errlen, "tokenizer.json: Split behavior \"%s\" is unknown; "
 			       "expected Isolated, Removed, MergedWithPrevious, MergedWithNext "
 			       "or Contiguous", beh ? beh : "(missing)");
 			return -EINVAL;
@@ -406,14 +394,14 @@ static int add_pretok(struct kn_tok *t, const json_t *pt, int first, char *err, 
 				       PCRE2_LITERAL, &p->re, err, errlen))
 				return -EINVAL;
 		} else {
-			seterr(err, errlen, "tokenizer.json: Split pattern is neither "
+			kn_seterr(err, errlen, "tokenizer.json: Split pattern is neither "
 			       "{\"Regex\": ...} nor {\"String\": ...}");
 			return -EINVAL;
 		}
 		t->n_pretok++;
 		return 0;
 	}
-	seterr(err, errlen, "tokenizer.json: pre_tokenizer type \"%s\" is not supported "
+	kn_seterr(err, errlen, "tokenizer.json: pre_tokenizer type \"%s\" is not supported "
 	       "(supported: Sequence, Split, ByteLevel)", type);
 	return -EINVAL;
 }
@@ -442,7 +430,7 @@ static int load_normalizer(struct kn_tok *t, const json_t *n, char *err, size_t 
 		}
 		return 0;
 	}
-	seterr(err, errlen, "tokenizer.json: normalizer type \"%s\" is not supported "
+	kn_seterr(err, errlen, "tokenizer.json: normalizer type \"%s\" is not supported "
 	       "(supported: null, NFC)", type ? type : "(missing)");
 	return -EINVAL;
 }
@@ -551,7 +539,7 @@ static int load_merges(struct kn_tok *t, const json_t *merges, const int16_t byt
 		b = bytes_lookup(t, buf + lb, rb);
 		m = bytes_lookup(t, buf, lb + rb);
 		if (a < 0 || b < 0 || m < 0) {
-			seterr(err, errlen, "tokenizer.json: merge %zu (\"%.*s\" + \"%.*s\") "
+			kn_seterr(err, errlen, "tokenizer.json: merge %zu (\"%.*s\" + \"%.*s\") "
 			       "names a token missing from model.vocab; the file is damaged",
 			       i, (int)ll, l, (int)rl, r);
 			rc = -EINVAL;
@@ -561,7 +549,7 @@ static int load_merges(struct kn_tok *t, const json_t *merges, const int16_t byt
 	}
 	goto out;
 bad:
-	seterr(err, errlen, "tokenizer.json: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", i);
+	kn_seterr(err, errlen, "tokenizer.json: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", i);
 	rc = -EINVAL;
 out:
 	free(buf);
@@ -691,7 +679,7 @@ static int load_added(struct kn_tok *t, const json_t *arr, char *err, size_t err
 
 		if (!json_is_string(c) || !json_is_integer(json_object_get(v, "id")) ||
 		    id < 0 || id > INT32_MAX - 1) {
-			seterr(err, errlen, "tokenizer.json: added_tokens[%zu] lacks a string "
+			kn_seterr(err, errlen, "tokenizer.json: added_tokens[%zu] lacks a string "
 			       "\"content\" or a valid \"id\"", i);
 			return -EINVAL;
 		}
@@ -748,9 +736,9 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 	size_t tmpcap = 0;
 	int eno = EINVAL, rc;
 
-	seterr(err, errlen, "no error");
+	kn_seterr(err, errlen, "no error");
 	if (!json_path) {
-		seterr(err, errlen, "kn_tok_open_file(NULL) : a path is required");
+		kn_seterr(err, errlen, "kn_tok_open_file(NULL) : a path is required");
 		errno = EINVAL;
 		return NULL;
 	}
@@ -767,17 +755,17 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 	type = json_string_value(json_object_get(model, "type"));
 	vocab = json_object_get(model, "vocab");
 	if (!json_is_object(model)) {
-		seterr(err, errlen, "%s: no \"model\" object; is this a tokenizers "
+		kn_seterr(err, errlen, "%s: no \"model\" object; is this a tokenizers "
 		       "tokenizer.json?", json_path);
 		goto fail;
 	}
 	if (type && strcmp(type, "BPE") != 0) {
-		seterr(err, errlen, "%s: model type \"%s\" is not supported; only byte-level "
+		kn_seterr(err, errlen, "%s: model type \"%s\" is not supported; only byte-level "
 		       "\"BPE\" tokenizers are", json_path, type);
 		goto fail;
 	}
 	if (!json_is_object(vocab) || !json_is_array(json_object_get(model, "merges"))) {
-		seterr(err, errlen, "%s: model has no \"vocab\" object or no \"merges\" "
+		kn_seterr(err, errlen, "%s: model has no \"vocab\" object or no \"merges\" "
 		       "array; is this a BPE tokenizer.json?", json_path);
 		goto fail;
 	}
@@ -787,7 +775,7 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 
 		if ((json_is_string(c) && json_string_length(c)) ||
 		    (json_is_string(s) && json_string_length(s))) {
-			seterr(err, errlen, "%s: continuing_subword_prefix / end_of_word_suffix "
+			kn_seterr(err, errlen, "%s: continuing_subword_prefix / end_of_word_suffix "
 			       "are not supported (byte-level BPE does not use them)", json_path);
 			goto fail;
 		}
@@ -815,7 +803,7 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 		json_int_t id = json_integer_value(val);
 
 		if (!json_is_integer(val) || id < 0 || id > INT32_MAX - 1) {
-			seterr(err, errlen, "%s: vocab entry \"%s\" has no valid id", json_path, key);
+			kn_seterr(err, errlen, "%s: vocab entry \"%s\" has no valid id", json_path, key);
 			goto fail;
 		}
 		vocab_ids[i++] = (int32_t)id;
@@ -902,7 +890,7 @@ fail_rc:
 	goto fail;
 nomem:
 	eno = ENOMEM;
-	seterr(err, errlen, "out of memory loading %s", json_path);
+	kn_seterr(err, errlen, "out of memory loading %s", json_path);
 fail:
 	free(tmp);
 	free(vocab_ids);
@@ -921,7 +909,7 @@ struct kn_tok *kn_tok_open(const char *model_dir, char *err, size_t errlen)
 	int eno;
 
 	if (!model_dir) {
-		seterr(err, errlen, "kn_tok_open(NULL): a model directory is required");
+		kn_seterr(err, errlen, "kn_tok_open(NULL): a model directory is required");
 		errno = EINVAL;
 		return NULL;
 	}
