@@ -2,8 +2,11 @@
 # and stop a kvferry serving topology on this one machine.
 #
 #   kvf_up TOPOLOGY STAGES     TOPOLOGY: dataplane (two nodes, two
-#                              kvferry-dataplane processes joined by net_memif)
-#                              or shm (one node, worker processes over shm rings)
+#                              kvferry-dataplane processes joined by net_memif),
+#                              netns (the same two nodes, each dataplane in its
+#                              own network namespace, net_af_packet on a veth
+#                              pair between them; root only) or shm (one node,
+#                              worker processes over shm rings)
 #   kvf_down                   SIGTERM everything started, in reverse order
 #
 # Inputs (variables): KVF_BIN (build dir), KVF_MODEL, KVF_BACKEND (cpu|cuda),
@@ -63,7 +66,7 @@ kvf_up() {
   local ctrld_args=(--model-dir "$KVF_MODEL" --stages "$stages" --backend "$KVF_BACKEND" --port 0
                     --admin-socket "$KVF_SOCK" --threads "$KVF_THREADS" --kv-memory "${KVF_KV_MEMORY:-64M}" --worker-region "$KVF_RA"
                     --worker-join-timeout ${KVF_JOIN_TIMEOUT:-120} --worker-group-timeout "${KVF_GROUP_TIMEOUT:-30}")
-  if [ "$topo" = dataplane ]; then
+  if [ "$topo" = dataplane ] || [ "$topo" = netns ]; then
     if [ "$(id -u)" != 0 ] || ! kvf_hugepages 160; then
       kvf_log "WARNING: no root or no 160 free 2 MiB hugepages for two dataplanes: falling back to" \
               "worker processes over shm rings on one node (reserve hugepages: echo 512 >" \
@@ -71,22 +74,38 @@ kvf_up() {
       topo=shm KVF_TOPOLOGY=shm
     fi
   fi
-  if [ "$topo" = dataplane ] && [ "$stages" -lt 2 ]; then
+  if [ "$topo" = netns ] && ! kvf_netns "$tag"; then
+    kvf_log "WARNING: cannot create two network namespaces joined by a veth pair: using net_memif"
+    topo=dataplane KVF_TOPOLOGY=dataplane
+  fi
+  if [ "$topo" != shm ] && [ "$stages" -lt 2 ]; then
     kvf_log "1 stage: nothing crosses nodes, so it runs on one node over shm rings"
     topo=shm KVF_TOPOLOGY=shm
   fi
-  if [ "$topo" = dataplane ]; then
-    local dpc=(--idle-mode sleep --mbufs 4095 --region-size 96 --frame-size 9000
-               --rx-small 128:65536 --rx-large 16:1048576)
-    "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
-      --port "net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216" --eal "-l 0" "${dpc[@]}" \
-      >"$KVF_RUN/dataplane1.log" 2>&1 &
+  if [ "$topo" != shm ]; then
+    local dpc=(--idle-mode sleep --mbufs 4095 --region-size 96 --rx-small 128:65536 --rx-large 16:1048576)
+    local portA portB nsA=() nsB=()
+    if [ "$topo" = netns ]; then
+      # Only the dataplanes live in the namespaces: the regions are files under
+      # /dev/hugepages, which namespaces of the network do not separate, so the
+      # workers and ctrld of each node share its region as on one host.
+      nsA=(ip netns exec "$KVF_NSA") nsB=(ip netns exec "$KVF_NSB")
+      portA="net_af_packet0,iface=$KVF_VA,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
+      portB="net_af_packet0,iface=$KVF_VB,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
+      # af_packet: frames fit the 8192 B tpacket slots (tests/dataplane's setting)
+      dpc+=(--frame-size 8000)
+    else
+      portA="net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216"
+      portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216"
+      dpc+=(--frame-size 9000)
+    fi
+    "${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
+      --port "$portA" --eal "-l 0" "${dpc[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
     KVF_PIDS+=($!)
     # The memif client connects to the server's socket: start it once that exists.
     kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
-    "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
-      --port "net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216" --eal "-l 1" "${dpc[@]}" \
-      >"$KVF_RUN/dataplane2.log" 2>&1 &
+    "${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
+      --port "$portB" --eal "-l 1" "${dpc[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
     KVF_PIDS+=($!)
     for f in dataplane1 dataplane2; do
       kvf_wait_log "$KVF_RUN/$f.log" "memory:" 30 || { kvf_log "kvferry-dataplane ($f) did not start:"; cat "$KVF_RUN/$f.log"; return 1; }
@@ -128,6 +147,21 @@ kvf_up() {
   return 0
 }
 
+# Two network namespaces joined by a veth pair (9000 B MTU) for the netns
+# topology; sets KVF_NSA/KVF_NSB and KVF_VA/KVF_VB. Return 1 if we may not.
+kvf_netns() {
+  local tag=$1
+  KVF_NSA=kvfnsA$tag KVF_NSB=kvfnsB$tag KVF_VA=kvfvA$tag KVF_VB=kvfvB$tag
+  command -v ip >/dev/null || return 1
+  ip netns add "$KVF_NSA" 2>/dev/null || return 1
+  ip netns add "$KVF_NSB" 2>/dev/null || { ip netns del "$KVF_NSA"; return 1; }
+  if ! ip link add "$KVF_VA" type veth peer name "$KVF_VB" 2>/dev/null; then
+    ip netns del "$KVF_NSA"; ip netns del "$KVF_NSB"; return 1
+  fi
+  ip link set "$KVF_VA" netns "$KVF_NSA" && ip link set "$KVF_VB" netns "$KVF_NSB" \
+    && ip -n "$KVF_NSA" link set "$KVF_VA" mtu 9000 up && ip -n "$KVF_NSB" link set "$KVF_VB" mtu 9000 up
+}
+
 kvf_down() {
   # Callers may run under `set -e`: a process that already exited must not
   # stop the others from being signalled.
@@ -140,5 +174,8 @@ kvf_down() {
   wait 2>/dev/null || true
   rm -f /dev/hugepages/*"${KVF_RA:-none}"* /dev/hugepages/*"${KVF_RB:-none}"* \
         /dev/shm/*"${KVF_RA:-none}"* /dev/shm/*"${KVF_RB:-none}"* 2>/dev/null
+  # deleting a namespace deletes the veth end inside it, and with it the pair
+  [ -n "${KVF_NSA:-}" ] && { ip netns del "$KVF_NSA" 2>/dev/null; ip netns del "$KVF_NSB" 2>/dev/null; }
+  KVF_NSA= KVF_NSB=
   KVF_PIDS=()
 }

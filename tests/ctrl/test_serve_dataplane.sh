@@ -7,10 +7,13 @@
 #  2. a worker killed mid-request ends its clients' requests with an error
 #     within a bound, and after the worker restarts the daemon serves again
 #     with the same output.
-#   test_serve_dataplane.sh BUILD_DIR SOURCE_ROOT
+#   test_serve_dataplane.sh BUILD_DIR SOURCE_ROOT [dataplane|netns]
+# netns: the same two nodes with each dataplane in its own network namespace,
+# joined by a veth pair through net_af_packet (only the dataplane hop crosses
+# the namespaces; each node's processes share its region as before).
 # Needs root and 2 MiB hugepages (exits 77 otherwise).
 set -u
-B=$(cd "$1" && pwd) S=$(cd "$2" && pwd)
+B=$(cd "$1" && pwd) S=$(cd "$2" && pwd) topo=${3:-dataplane}
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (hugepages for two dataplanes)"
 command -v python3 >/dev/null || skip "python3 missing"
@@ -54,11 +57,11 @@ complete "$ref_url" tiny "$KVF_RUN/ref.txt" || fail "reference completions"
 kill "$ref_pid"; wait "$ref_pid" 2>/dev/null; ref_pid=
 
 # 1b. the same requests through two nodes
-KVF_KV_MEMORY=16M kvf_up dataplane 2 || fail "topology did not come up"
-[ "$KVF_TOPOLOGY" = dataplane ] || skip "the dataplane topology fell back to shm"
+KVF_KV_MEMORY=16M kvf_up "$topo" 2 || fail "topology did not come up"
+[ "$KVF_TOPOLOGY" = "$topo" ] || skip "the $topo topology fell back to $KVF_TOPOLOGY"
 complete "$KVF_URL" tiny "$KVF_RUN/out.txt" || fail "completions through the pipeline"
 cmp -s "$KVF_RUN/ref.txt" "$KVF_RUN/out.txt" || { diff "$KVF_RUN/ref.txt" "$KVF_RUN/out.txt"; fail "output differs from the solo run"; }
-echo "PASS: $(wc -l <"$KVF_RUN/ref.txt") greedy completions over two nodes equal the solo run"
+echo "PASS: $(wc -l <"$KVF_RUN/ref.txt") greedy completions over two nodes ($topo) equal the solo run"
 
 # 2. kill the node-2 worker mid-request
 python3 "$S/scripts/serve-client" "$KVF_URL" tiny --max-tokens 1500 --concurrency 4 --requests 4 --json \

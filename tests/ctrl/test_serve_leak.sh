@@ -25,7 +25,7 @@ KVF_BIN=$B KVF_BACKEND=cpu KVF_THREADS=1 KVF_KV_MEMORY=16M
 KVF_RUN=$(mktemp -d /tmp/kvferry-leak.XXXXXX)
 KVF_MODEL=$KVF_RUN/tiny
 . "$S/scripts/serve-lib.sh"
-cleanup() { kvf_down; rm -rf "$KVF_RUN"; }
+cleanup() { kvf_down; [ -n "${KEEP:-}" ] || rm -rf "$KVF_RUN"; }
 trap cleanup EXIT
 fail() {
   echo "FAIL: $*"
