@@ -87,6 +87,7 @@ struct proc_chain {
 	uint64_t t_first, t_last;
 	struct ctrl_chain_stage_stats sst[CTRL_CHAIN_MAX_STAGES];
 	char down_why[CTRL_CHAIN_ERRLEN];
+	uint64_t down_ns;    /* when the chain last went down */
 };
 
 static uint64_t mono_ns(void)
@@ -416,6 +417,7 @@ static int drain(struct proc_chain *c, char *err, size_t errlen)
 static void go_down(struct proc_chain *c, const char *why)
 {
 	fmt(c->down_why, sizeof(c->down_why), "%s", why);
+	c->down_ns = mono_ns();
 	fprintf(c->log, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
 		"answers again\n", why);
 	fflush(c->log);
@@ -706,6 +708,50 @@ static const struct ctrl_chain_vtbl proc_chain_vtbl = {
 	.destroy = pc_destroy,
 };
 
+/* The tensors layers [ls, le) read from the model files: the same set
+ * kvferry-worker counts when it loads a range (kernels/worker.c), by the
+ * Hugging Face Llama-family names; both sides hold the same model (the join
+ * checks the fingerprint), so ctrld can show a stage's load without asking. */
+static void range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t n_layers, int32_t *n,
+			  uint64_t *bytes)
+{
+	static const char *const per_layer[] = {
+		"input_layernorm.weight", "post_attention_layernorm.weight",
+		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+		"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+		"self_attn.v_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+	};
+	const struct kn_tensor *t;
+	char name[128];
+	const char *extra[3];
+	int n_extra = 0;
+
+	*n = 0;
+	*bytes = 0;
+	for (int32_t l = ls; l < le; l++)
+		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
+			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
+			if ((t = kn_model_tensor(m, name)) != NULL) {
+				(*n)++;
+				*bytes += t->nbytes;
+			}
+		}
+	if (ls == 0)
+		extra[n_extra++] = "model.embed_tokens.weight";
+	if (le == n_layers) {
+		extra[n_extra++] = "model.norm.weight";
+		/* a tied head reads the embedding on the last stage too */
+		extra[n_extra++] = kn_model_tensor(m, "lm_head.weight") != NULL ? "lm_head.weight"
+				   : ls != 0 ? "model.embed_tokens.weight" : NULL;
+	}
+	for (int i = 0; i < n_extra; i++)
+		if (extra[i] != NULL && (t = kn_model_tensor(m, extra[i])) != NULL) {
+			(*n)++;
+			*bytes += t->nbytes;
+		}
+}
+
 int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_stage *out)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
@@ -726,6 +772,17 @@ int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_sta
 	out->weight_bytes = s->weight_bytes;
 	out->kv_bytes = s->kv_bytes;
 	out->load_ns = s->load_ns;
+	range_tensors(c->m, i == 0 ? 0 : c->ends[i - 1], c->ends[i], c->n_layers, &out->n_tensors,
+		      &out->tensor_bytes);
+	if (c->state == PC_UP) {
+		out->state = "ready";
+	} else {
+		/* Re-forming: a lost stage is down until every stage answered the
+		 * join (its restarted worker loads its range first); the others
+		 * kept their weights and wait in the join. */
+		out->state = !c->stage_up[i] ? "down" : c->state == PC_JOINING ? "rejoining" : "pooling";
+		out->state_ms = c->down_ns != 0 ? (mono_ns() - c->down_ns) / 1000000u : 0;
+	}
 	return 0;
 }
 

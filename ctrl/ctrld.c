@@ -106,6 +106,34 @@ static void logmsg(const char *fmt, ...)
 
 /* ---- admin commands ---- */
 
+/* Stages in worker processes: what each loaded (tensors and bytes of its
+ * range, resident bytes, load time and rate) and where it stands, so an
+ * operator sees a slow or stuck load without reading worker logs. */
+static void status_workers(struct daemon *d, json_t *data)
+{
+	json_t *ws = json_array();
+	struct ctrl_proc_stage ps;
+
+	for (int r = 0; r < d->n_rep; r++)
+		for (int s = 0; ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0; s++) {
+			char layers[32];
+			double ms = (double)ps.load_ns / 1e6;
+
+			snprintf(layers, sizeof(layers), "%d-%d", ps.layer_start, ps.layer_end);
+			json_array_append_new(ws, json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:s, s:I, s:i, s:f, s:f, "
+				"s:f, s:f, s:I}", "stage", s, "worker", ps.role, "pid", ps.pid, "node", ps.node, "layers",
+				layers, "backend", ps.backend, "state", ps.state, "state_ms", (json_int_t)ps.state_ms,
+				"tensors", ps.n_tensors, "tensor_mib", (double)ps.tensor_bytes / 1048576.0,
+				"resident_mib", (double)ps.weight_bytes / 1048576.0, "load_ms", ms, "load_mib_s",
+				ms > 0 ? (double)ps.tensor_bytes / 1048576.0 / (ms / 1e3) : 0.0,
+				"kv_blocks", (json_int_t)ps.n_blocks));
+		}
+	if (json_array_size(ws) > 0)
+		json_object_set_new(data, "workers", ws);
+	else
+		json_decref(ws);
+}
+
 static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
@@ -125,6 +153,7 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 			  "active_requests", ctrl_http_active(d->http),
 			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
 	json_decref(st);
+	status_workers(d, *data);
 	return 0;
 }
 

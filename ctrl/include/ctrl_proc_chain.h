@@ -96,6 +96,15 @@ struct ctrl_proc_stage {
 	char backend[8];
 	int up;                       /**< 1 while the stage answers */
 	uint64_t weight_bytes, kv_bytes, load_ns;
+	/* Loading, for `ctrlctl status`: what the range reads from the model
+	 * files (the tensors kvferry-worker loads for it), and where it stands. */
+	int32_t n_tensors;            /**< tensors of its layer range (+ embedding, norm, head) */
+	uint64_t tensor_bytes;        /**< their bytes in the model files */
+	const char *state;            /**< "ready"; while the chain re-forms: "down" (its worker
+	                                   died: a restarted one loads the range, then answers),
+	                                   "rejoining" (kept its weights, waits in the join),
+	                                   "pooling" (every stage joined, the pool is being set) */
+	uint64_t state_ms;            /**< time since the chain went down (0 when ready) */
 };
 
 /**

@@ -64,10 +64,19 @@ cmp -s "$KVF_RUN/ref.txt" "$KVF_RUN/out.txt" || { diff "$KVF_RUN/ref.txt" "$KVF_
 echo "PASS: $(wc -l <"$KVF_RUN/ref.txt") greedy completions over two nodes ($topo) equal the solo run"
 
 # 2. kill the node-2 worker mid-request
-python3 "$S/scripts/serve-client" "$KVF_URL" tiny --max-tokens 1500 --concurrency 4 --requests 4 --json \
+# Enough requests that some are mid-stream whenever the kill lands (the tiny
+# model often ends a completion in under a second at EOS): kill once ctrld
+# reports requests in flight.
+python3 "$S/scripts/serve-client" "$KVF_URL" tiny --max-tokens 1500 --concurrency 4 --requests 64 --json \
   >"$KVF_RUN/killed.json" 2>&1 &
 cli=$!
-sleep 1.5
+for _ in $(seq 100); do
+  act=$("$B/ctrlctl" --socket "$KVF_SOCK" --json status 2>/dev/null \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["active_requests"])' 2>/dev/null)
+  [ "${act:-0}" -ge 2 ] && break
+  sleep 0.05
+done
+sleep 0.3
 kill -9 "${KVF_WPIDS[1]}"
 t0=$(date +%s.%N)
 wait $cli
@@ -77,6 +86,16 @@ errs=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().sp
 [ "${errs:-0}" -ge 1 ] || fail "no request ended with an error after the worker was killed"
 python3 -c "import sys; d=float(sys.argv[2])-float(sys.argv[1]); print('clients ended %.1f s after the kill' % d); sys.exit(0 if d < 15 else 1)" "$t0" "$t1" \
   || fail "clients waited too long after the worker died"
+# `ctrlctl status` shows the stage not ready while the chain waits for it
+# ("down" when ctrld saw which stage died, "rejoining" after a group timeout
+# that names none)
+stage_state() {
+  "$B/ctrlctl" --socket "$KVF_SOCK" --json status \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"]["workers"][int(sys.argv[1])]["state"])' "$1"
+}
+st=$(stage_state 1)
+case $st in down|rejoining) echo "ctrlctl status: stage 1 $st while the chain re-forms" ;;
+  *) fail "ctrlctl status shows the killed stage as '$st', not down or rejoining" ;; esac
 # restart it with the same command: the chain re-forms by itself
 ${KVF_WCMD[1]} >>"$KVF_RUN/worker1.log" 2>&1 &
 KVF_PIDS+=($!)
@@ -85,6 +104,8 @@ for i in $(seq 1 60); do
   sleep 0.5
 done
 grep -q "chain: re-formed" "$KVF_RUN/ctrld.log" || fail "the chain did not re-form after the restart"
+st=$(stage_state 1)
+[ "$st" = ready ] || fail "ctrlctl status shows the restarted stage as '$st', not ready"
 complete "$KVF_URL" tiny "$KVF_RUN/after.txt" || fail "completions after the restart"
 cmp -s "$KVF_RUN/ref.txt" "$KVF_RUN/after.txt" || fail "output after the restart differs from the solo run"
 "$B/ctrlctl" --socket "$KVF_SOCK" stages

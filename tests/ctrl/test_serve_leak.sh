@@ -9,6 +9,8 @@
 #    receive buffer is back in its pool (`ctrlctl pool --json`);
 #  - every worker reports its input and output queues empty, no send pending
 #    and its receive buffers back (SIGUSR1 report in its log).
+# Before the load, `ctrlctl status` must show each worker's load (tensors,
+# bytes) as the worker logged it.
 #   test_serve_leak.sh BUILD_DIR SOURCE_ROOT shm|dataplane|netns [N]
 # shm needs nothing special; dataplane and netns need root and hugepages
 # (exit 77 otherwise). N (default 2000) is the number of requests.
@@ -36,6 +38,20 @@ fail() {
 kvf_up "$topo" 2 || fail "the $topo topology did not come up"
 [ "$KVF_TOPOLOGY" = "$topo" ] || skip "the $topo topology fell back to $KVF_TOPOLOGY"
 echo "topology $KVF_TOPOLOGY: ctrld $KVF_CTRLD, workers ${KVF_WPIDS[*]}"
+
+# `ctrlctl status` shows each worker's load: the tensors and bytes ctrld
+# counts for its range are what the worker itself logged loading.
+"$B/ctrlctl" --socket "$KVF_SOCK" status | sed -n '/^workers:/,$p'
+"$B/ctrlctl" --socket "$KVF_SOCK" --json status >"$KVF_RUN/status.json" || fail "ctrlctl status"
+for k in "${!KVF_WPIDS[@]}"; do
+  logged=$(sed -n 's/.*loading stage [0-9]*: .*: \([0-9]*\) tensors, \([0-9.]*\) MiB from.*/\1 \2/p' "$KVF_RUN/worker$k.log" | head -n1)
+  python3 - "$KVF_RUN/status.json" "$k" $logged <<'EOF' || fail "ctrlctl status does not show stage $k's load as its worker logged it ($logged)"
+import json, sys
+w = [x for x in json.load(open(sys.argv[1]))["data"]["workers"] if x["stage"] == int(sys.argv[2])][0]
+sys.exit(0 if w["state"] == "ready" and w["tensors"] == int(sys.argv[3])
+         and abs(w["tensor_mib"] - float(sys.argv[4])) < 0.06 and w["load_ms"] >= 0 and w["resident_mib"] > 0 else 1)
+EOF
+done
 
 # Send requests FROM..TO-1: 8 clients; every 5th request streams and hangs up
 # after its first token, every 3rd does not stream; prompts and lengths vary.
