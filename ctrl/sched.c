@@ -748,6 +748,11 @@ int ctrl_sched_poll(struct ctrl_sched *s)
 		for (int k = 0; k < n; k++)
 			apply_result(s, &s->res[k]);
 		busy |= n > 0;
+	} else {
+		/* Nothing in flight: still tick the chain (no result wanted), so a
+		 * chain that watches its stages (worker processes) notices a death
+		 * and re-forms while the scheduler idles, not at the next request. */
+		ctrl_chain_poll(s->chain, s->res, 0);
 	}
 	busy |= admit(s);
 	for (int32_t k = 0; k < s->n_groups; k++) {
