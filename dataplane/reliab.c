@@ -31,6 +31,7 @@
 #define F_SACKED 0x2u /* receiver has it beyond a hole */
 #define F_INQ 0x4u    /* on the resend deque */
 #define F_RESENT 0x8u /* sent more than once */
+#define RACK_SCAN 1024u /* frames one ACK's loss detection looks at */
 
 static inline int seq_lt(uint32_t a, uint32_t b)
 {
@@ -336,9 +337,14 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
 	if (seq_lt(tx->snd_nxt, cum))
 		return -EINVAL;
 	int progress = 0, credit_only = 0;
+	uint64_t rack_ts = 0; /* newest send time among frames this ACK newly covers */
 	if (seq_lt(tx->snd_una, cum)) {
-		for (uint32_t s = tx->snd_una; s != cum; s++)
-			fr(tx, s)->flags = 0; /* a deque entry for s is now stale: burst skips it */
+		for (uint32_t s = tx->snd_una; s != cum; s++) {
+			struct tx_frame *t = fr(tx, s);
+			if ((t->flags & (F_SENT | F_SACKED)) == F_SENT && t->sent_ns > rack_ts)
+				rack_ts = t->sent_ns;
+			t->flags = 0; /* a deque entry for s is now stale: burst skips it */
+		}
 		tx->snd_una = cum;
 		progress = 1;
 	}
@@ -358,6 +364,8 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
 			if (!(t->flags & F_SACKED)) {
 				t->flags |= F_SACKED;
 				progress = 1;
+				if (t->sent_ns > rack_ts)
+					rack_ts = t->sent_ns;
 			}
 			high = s;
 			have_high = 1;
@@ -371,19 +379,35 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
 		tx->stalls = 0;
 	if (progress && ack->ts_echo && ack->ts_echo <= now)
 		rtt_sample(tx, now - ack->ts_echo);
-	if (have_high) {
-		/* Fast retransmit: a hole with dupthresh SACKed frames above it is
-		 * lost and resent at once. A frame already resent goes again only
-		 * once its resend is a smoothed RTT old (its SACK could not have
-		 * come back sooner). Gating the first resend by max(srtt, RTO
-		 * floor) as well left every hole waiting ~1 ms, i.e. for the RTO. */
+	if (have_high || rack_ts) {
+		/* Loss detection, two rules:
+		 *  - fast retransmit: a hole with dupthresh SACKed frames above it;
+		 *  - time order (RACK, RFC 8985, simplified): a frame sent more
+		 *    than a quarter RTT before one this ACK newly covers. This
+		 *    catches runs of lost frames with nothing SACKed above them
+		 *    (a message refused whole for want of a reassembly buffer):
+		 *    once the RTO's single resend is acknowledged, the rest of
+		 *    the run goes at once instead of one frame per RTO.
+		 * A lost frame is resent at once; one already resent goes again
+		 * only once its resend is a smoothed RTT old (its SACK could not
+		 * have come back sooner). Gating the first resend by max(srtt,
+		 * RTO floor) as well left every hole waiting ~1 ms, i.e. for the
+		 * RTO. The scan stops at RACK_SCAN frames to bound the work per ACK. */
 		uint64_t gap = tx->srtt ? tx->srtt : tx->o.rto_min_ns;
-		for (uint32_t s = tx->snd_una; seq_lt(s, high); s++) {
+		uint64_t reo = tx->srtt / 4;
+		uint32_t scanned = 0;
+		for (uint32_t s = tx->snd_una; seq_lt(s, tx->snd_nxt) && scanned < RACK_SCAN;
+		     s++, scanned++) {
 			struct tx_frame *t = fr(tx, s);
+			int by_sack = have_high && seq_lt(s, high) && high - s >= tx->o.dupthresh;
+			int by_time = (t->flags & F_SENT) && t->sent_ns + reo < rack_ts;
+			if (!by_sack && !by_time) {
+				if (!seq_lt(s, high) || !have_high)
+					break; /* later frames were sent later still */
+				continue;
+			}
 			if (t->flags & (F_SACKED | F_INQ))
 				continue;
-			if (high - s < tx->o.dupthresh)
-				break;
 			if ((t->flags & F_RESENT) && now - t->sent_ns < gap)
 				continue;
 			rq_push_back(tx, s);
@@ -408,11 +432,11 @@ int dp_rel_tx_timer(struct dp_rel_tx *tx, uint64_t now)
 	if (oldest == UINT64_MAX || now - oldest < tx->rto)
 		return 0;
 	tx->st.timeouts++;
-	/* Resend only the oldest frame: its ACK carries SACKs that let fast
-	 * retransmit find the other holes. Resending every expired frame
-	 * (go-back-N) tripled the frames resent under 1% loss on the shared CI
-	 * machine, where a descheduled receiver makes RTOs fire with thousands
-	 * of frames still queued in the memif ring. */
+	/* Resend only the oldest frame: its ACK carries the SACKs and the send
+	 * times that let dp_rel_tx_on_ack() find the other losses. Resending
+	 * every expired frame (go-back-N) tripled the frames resent under 1%
+	 * loss on the shared CI machine, where a descheduled receiver makes
+	 * RTOs fire with thousands of frames still queued in the memif ring. */
 	for (uint32_t s = tx->snd_una; s != tx->snd_nxt; s++) {
 		struct tx_frame *t = fr(tx, s);
 		if ((t->flags & F_SENT) && !(t->flags & (F_SACKED | F_INQ))) {
