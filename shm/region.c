@@ -92,7 +92,9 @@ static uint64_t new_epoch(void)
 	       ((uint64_t)getpid() << 40);
 }
 
-/* Map @path with @size bytes, creating it. Returns the mapping or MAP_FAILED with errno. */
+/* Map a new file of @size bytes at @path. Returns the mapping or MAP_FAILED
+ * with errno. The caller creates it under a temporary name and renames it
+ * into place once the header is published (see shm_region_create()). */
 static void *map_new(const char *path, size_t size, int huge, char *err, size_t errlen)
 {
 	void *p;
@@ -138,6 +140,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	const char *dir = NULL;
 	size_t page, size;
 	void *p = MAP_FAILED;
+	char tmp[300];
 
 	if (o == NULL || !name_ok(o->name) || o->size == 0) {
 		seterr(err, errlen, "shm_region_create: bad name '%s' or size %zu (names are 1-%d "
@@ -159,7 +162,8 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	if (dir != NULL) {
 		size = (o->size + SHM_HDR_BYTES + page - 1) / page * page;
 		snprintf(r->path, sizeof(r->path), "%s/kvferry-%s", dir, o->name);
-		p = map_new(r->path, size, 1, err, errlen);
+		snprintf(tmp, sizeof(tmp), "%s.new-%d", r->path, (int)getpid());
+		p = map_new(tmp, size, 1, err, errlen);
 		if (p != MAP_FAILED) {
 			r->huge = 1;
 			r->page_size = page;
@@ -187,7 +191,8 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 		page = FALLBACK_PAGE;
 		size = (o->size + SHM_HDR_BYTES + page - 1) / page * page;
 		snprintf(r->path, sizeof(r->path), "%s/kvferry-%s", fallback_dir(), o->name);
-		p = map_new(r->path, size, 0, err, errlen);
+		snprintf(tmp, sizeof(tmp), "%s.new-%d", r->path, (int)getpid());
+		p = map_new(tmp, size, 0, err, errlen);
 		if (p == MAP_FAILED) {
 			int e = errno;
 
@@ -213,6 +218,19 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	atomic_store_explicit(&r->hdr->lock, 0, memory_order_relaxed);
 	/* R0: publish the header; pairs with A0 in shm_region_attach(). */
 	__atomic_store_n(&r->hdr->magic, SHM_REGION_MAGIC, __ATOMIC_RELEASE);
+	/* Only now does the region appear under its name, replacing any stale
+	 * one in one step: an attacher never opens a half-written header (one
+	 * did, in the serving tests: magic 0 while the creator was mid-way). */
+	if (rename(tmp, r->path) != 0) {
+		int e = errno;
+
+		seterr(err, errlen, "rename(%s, %s) failed: %s", tmp, r->path, strerror(e));
+		munmap(p, size);
+		unlink(tmp);
+		free(r);
+		errno = e;
+		return NULL;
+	}
 	if (err && errlen)
 		err[0] = '\0';
 	return r;

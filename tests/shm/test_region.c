@@ -128,6 +128,40 @@ static void areas_are_unique_aligned_and_bounded(void **state)
 	shm_region_unlink(g_name);
 }
 
+/* A process attaching while the region is being (re)created sees the old
+ * region, the new one, or none — never a half-written header. */
+static void an_attacher_never_sees_a_region_half_created(void **state)
+{
+	pid_t pid;
+	int st;
+
+	(void)state;
+	pid = fork();
+	if (pid == 0) {
+		for (int i = 0; i < 20000; i++) {
+			char err[512];
+			struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
+
+			if (a != NULL)
+				shm_region_detach(a);
+			else if (errno != ENOENT) {
+				fprintf(stderr, "attach %d: %s\n", i, err);
+				_exit(1);
+			}
+		}
+		_exit(0);
+	}
+	for (int i = 0; i < 300; i++) {
+		struct shm_region *r = fallback_region(1 << 20);
+
+		assert_non_null(r);
+		shm_region_detach(r);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	shm_region_unlink(g_name);
+}
+
 static void a_region_refuses_a_bad_name_or_zero_size(void **state)
 {
 	struct shm_region_opts o;
@@ -153,6 +187,7 @@ int main(void)
 		cmocka_unit_test(attaching_a_region_of_another_abi_version_names_both_versions),
 		cmocka_unit_test(attaching_a_missing_region_says_which_and_what_to_do),
 		cmocka_unit_test(areas_are_unique_aligned_and_bounded),
+		cmocka_unit_test(an_attacher_never_sees_a_region_half_created),
 		cmocka_unit_test(a_region_refuses_a_bad_name_or_zero_size),
 	};
 
