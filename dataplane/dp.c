@@ -334,16 +334,18 @@ static struct rte_mbuf *ctl_frame(struct dp *d, struct peer *p, uint8_t type, ui
 	return m;
 }
 
-static void tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
+/* @return 1 if the frame went out. */
+static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 {
 	if (!m)
-		return;
+		return 0;
 	if (rte_eth_tx_burst(d->port.port, 0, &m, 1) != 1) {
 		rte_pktmbuf_free(m);
 		drop(d, p, DP_DROP_TXFULL);
-		return;
+		return 0;
 	}
 	cnt_add(&p->stats->tx_frames, 1);
+	return 1;
 }
 
 static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
@@ -377,7 +379,11 @@ static void send_ack(struct dp *d, struct peer *p, struct stream *s)
 {
 	struct dp_wire_ack ack;
 	dp_rel_rx_make_ack(s->rx, credit_of(d, s), &ack);
-	tx_ctl(d, p, ctl_frame(d, p, DP_MT_ACK, s->id, 0, &ack, sizeof(ack)));
+	if (!tx_ctl(d, p, ctl_frame(d, p, DP_MT_ACK, s->id, 0, &ack, sizeof(ack))))
+		/* Still owed, with its echo: dropping it left the sender to find
+		 * out by its RTO, and under a full TX ring (txfull) that was
+		 * every ACK, each costing a timeout and a resend. */
+		dp_rel_rx_note(s->rx, ack.ts_echo);
 }
 
 static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *s,
@@ -637,6 +643,13 @@ static unsigned poll_rx(struct dp *d)
 {
 	struct rte_mbuf *m[BURST];
 	uint16_t n = rte_eth_rx_burst(d->port.port, 0, m, BURST);
+	if (d->o->outage && *d->o->outage) {
+		for (uint16_t i = 0; i < n; i++) {
+			drop(d, NULL, DP_DROP_IMPAIR);
+			rte_pktmbuf_free(m[i]);
+		}
+		return n;
+	}
 	int imp = d->o->impair.loss > 0 || d->o->impair.dup > 0 || d->o->impair.reorder > 0 ||
 		  d->o->impair.corrupt > 0;
 	for (uint16_t i = 0; i < n; i++) {
@@ -917,7 +930,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		shm_region_is_huge(d->reg) ? "hugepages" : "NOT hugepages", pools / 1048576.0,
 		windows / 1048576.0);
 
-	uint64_t next_tick = 0, next_winupd = 0;
+	uint64_t next_tick = 0, next_winupd = 0, next_link = 0;
 	unsigned idle_spins = 0;
 	uint64_t sleep_ns = 1000;
 	/* The default 50 µs timer slack turned every 1 µs back-off sleep into
@@ -931,6 +944,10 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		if (now >= next_tick) {
 			timers(d, now, &next_winupd);
 			next_tick = now + TICK_NS;
+		}
+		if (now >= next_link) {
+			dp_port_watch(&d->port, now);
+			next_link = now + 100000000ull;
 		}
 		if (eff.idle == DP_IDLE_SLEEP) {
 			if (work) {

@@ -9,12 +9,18 @@
 
 #include "dp.h"
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_stop, g_outage;
 
 static void on_signal(int sig)
 {
 	(void)sig;
 	g_stop = 1;
+}
+
+/* Test-only (with --impair): SIGUSR1 starts an outage, SIGUSR2 ends it. */
+static void on_outage(int sig)
+{
+	g_outage = sig == SIGUSR1;
 }
 
 static void usage(FILE *f)
@@ -31,7 +37,8 @@ static void usage(FILE *f)
 		"  --region-size MIB      create the region (replacing a stale one) with this size\n"
 		"  --frame-size B         largest frame (default 9000; <= 65535)\n"
 		"  --idle-mode poll|sleep busy-poll (default) or adaptive back-off sleep\n"
-		"  --impair loss=P,dup=P,reorder=P,corrupt=P[,seed=N]   test-only receive impairment\n"
+		"  --impair loss=P,dup=P,reorder=P,corrupt=P[,seed=N]   test-only receive impairment;\n"
+		"                         with it, SIGUSR1 drops every received frame until SIGUSR2\n"
 		"  --rx-small N:BYTES     reassembly pool for small messages (default 256:65536)\n"
 		"  --rx-large N:BYTES     reassembly pool for large messages (default 32:4194304)\n"
 		"  --max-msgs N           messages in flight per stream (power of two, default 64)\n"
@@ -54,7 +61,12 @@ static int parse_pool(const char *s, uint32_t *n, uint32_t *size)
 int main(int argc, char **argv)
 {
 	struct dp_opts o;
+	/* Logs go to files under the serving scripts: line-buffer them so
+	 * "peer up" shows when it happens, not at exit. DPDK logs to stdout. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	setvbuf(stderr, NULL, _IOLBF, 0);
 	dp_opts_init(&o);
+	int impair_given = 0;
 	static const struct option lo[] = {
 		{"node-id", required_argument, 0, 'n'}, {"port", required_argument, 0, 'p'},
 		{"peer", required_argument, 0, 'P'},    {"ip", required_argument, 0, 'i'},
@@ -95,7 +107,10 @@ int main(int argc, char **argv)
 			else
 				bad = 1;
 			break;
-		case 'x': bad = dp_impair_parse(optarg, &o.impair) != 0; break;
+		case 'x':
+			bad = dp_impair_parse(optarg, &o.impair) != 0;
+			impair_given = 1;
+			break;
 		case 's': bad = parse_pool(optarg, &o.rx_small_n, &o.rx_small_size) != 0; break;
 		case 'l': bad = parse_pool(optarg, &o.rx_large_n, &o.rx_large_size) != 0; break;
 		case 'm': o.rel.max_msgs = (uint32_t)strtoul(optarg, NULL, 0); break;
@@ -122,6 +137,12 @@ int main(int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	if (impair_given) {
+		sa.sa_handler = on_outage;
+		sigaction(SIGUSR1, &sa, NULL);
+		sigaction(SIGUSR2, &sa, NULL);
+		o.outage = &g_outage;
+	}
 	int r = dp_run(&o, &g_stop);
 	return r ? 1 : 0;
 }

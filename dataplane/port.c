@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <rte_bus.h>
 #include <rte_eal.h>
@@ -34,6 +35,26 @@ static void ext_free_noop(void *addr, void *opaque)
 	/* Region memory outlives every mbuf: nothing to free. */
 	(void)addr;
 	(void)opaque;
+}
+
+/* net_af_packet frames pass the kernel interface: its MTU, not the PMD's
+ * (which reports 1518 and has no setter), bounds them. */
+static void check_iface_mtu(const char *spec, uint32_t frame_size)
+{
+	const char *i = strstr(spec, "iface=");
+	char ifname[64], path[128];
+	if (!i || sscanf(i + 6, "%63[^,]", ifname) != 1)
+		return;
+	snprintf(path, sizeof(path), "/sys/class/net/%s/mtu", ifname);
+	FILE *f = fopen(path, "r");
+	unsigned mtu = 0;
+	if (!f)
+		return;
+	if (fscanf(f, "%u", &mtu) == 1 && mtu + RTE_ETHER_HDR_LEN < frame_size)
+		fprintf(stderr, "dataplane: %s has MTU %u, below the %u-byte frames (--frame-size): "
+			"frames will be dropped; raise it (ip link set %s mtu %u)\n", ifname, mtu,
+			frame_size, ifname, frame_size - RTE_ETHER_HDR_LEN);
+	fclose(f);
 }
 
 int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
@@ -126,13 +147,23 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
 	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER)
 		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
+	/* The MTU the frames need, within what the device says it takes:
+	 * net_memif and net_af_packet report a 1518-byte max_rx_pktlen yet pass
+	 * jumbo frames (memif chains buffers; af_packet is bounded by its
+	 * tpacket slots and the kernel interface's MTU), and asking for more
+	 * made rte_eth_dev_configure() log "Frame size (9004) > device max
+	 * frame size (1518)" and fail once. */
 	uint32_t mtu = frame_size - RTE_ETHER_HDR_LEN;
+	uint32_t overhead = RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
 	if (info.max_mtu && mtu > info.max_mtu)
 		mtu = info.max_mtu;
+	if (info.max_rx_pktlen > overhead && mtu + overhead > info.max_rx_pktlen)
+		mtu = info.max_rx_pktlen - overhead;
+	if (mtu < RTE_ETHER_MIN_MTU)
+		mtu = RTE_ETHER_MIN_MTU;
 	conf.rxmode.mtu = mtu;
 	r = rte_eth_dev_configure(pid, 1, 1, &conf);
 	if (r) {
-		/* Some vdevs refuse an MTU they cannot change; frames still pass. */
 		conf.rxmode.mtu = 0;
 		r = rte_eth_dev_configure(pid, 1, 1, &conf);
 	}
@@ -150,12 +181,25 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 			nrx, ntx, rte_strerror(-r));
 		return r;
 	}
-	r = rte_eth_dev_start(pid);
+	p->reconnects = strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "role=client") != NULL;
+	/* A memif client fails to start while its server is not listening yet
+	 * (both started together): retry for up to 30 s instead of exiting. */
+	for (int tries = 0;; tries++) {
+		r = rte_eth_dev_start(pid);
+		if (!r || !p->reconnects || tries >= 300)
+			break;
+		if (tries == 0)
+			fprintf(stderr, "rte_eth_dev_start(port %u, %s) failed: %s: waiting up to 30 s "
+				"for the memif server\n", pid, spec, rte_strerror(-r));
+		usleep(100000);
+	}
 	if (r) {
 		fprintf(stderr, "rte_eth_dev_start(port %u) failed: %s\n", pid, rte_strerror(-r));
 		return r;
 	}
 	p->started = 1;
+	if (strncmp(spec, "net_af_packet", 13) == 0)
+		check_iface_mtu(spec, frame_size);
 	rte_eth_promiscuous_enable(pid); /* peers may address us before they learn our MAC */
 	struct rte_ether_addr mac;
 	rte_eth_macaddr_get(pid, &mac);
@@ -204,6 +248,31 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
 			p->dma_mapped = i + 1;
 		}
 	}
+	return 0;
+}
+
+int dp_port_watch(struct dp_port *p, uint64_t now_ns)
+{
+	struct rte_eth_link link;
+	if (!p->started && !p->reconnects)
+		return 0;
+	if (p->started && rte_eth_link_get_nowait(p->port, &link) == 0 &&
+	    link.link_status == RTE_ETH_LINK_UP) {
+		p->down_since = 0;
+		return 1;
+	}
+	if (!p->down_since) {
+		p->down_since = now_ns;
+		return 0;
+	}
+	if (!p->reconnects || now_ns - p->down_since < 1000000000ull)
+		return 0;
+	fprintf(stderr, "dataplane: memif link down for %.1f s: reconnecting (stop and start port %u)\n",
+		(now_ns - p->down_since) / 1e9, p->port);
+	if (p->started)
+		rte_eth_dev_stop(p->port);
+	p->started = rte_eth_dev_start(p->port) == 0;
+	p->down_since = now_ns;
 	return 0;
 }
 

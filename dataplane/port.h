@@ -13,6 +13,8 @@ struct dp_port {
 	uint8_t mac[6];
 	int eal_up, started;
 	int multiseg;                 /* PMD takes header + ext-buffer chains */
+	int reconnects;               /* net_memif client: the PMD never reconnects by itself */
+	uint64_t down_since;          /* ns (caller's clock) the link was first seen down; 0: up */
 	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
 	struct rte_mempool *hdr_pool; /* TX headers */
 	struct rte_mempool *ext_pool; /* data-less mbufs for region payload */
@@ -29,6 +31,17 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 
 /** Register the region as external memory (and DMA-map it for a real device). @return 0 or -errno. */
 int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t page);
+
+/**
+ * Watch the link (call every ~100 ms): a net_memif client whose link has been
+ * down for a second is stopped and started again, which reconnects it. The
+ * PMD connects once, at start: a server that was not listening yet, a
+ * handshake that failed, or a server that restarted left the link down for
+ * good.
+ * @param now_ns a monotonic clock in ns
+ * @return 1 if the link is up.
+ */
+int dp_port_watch(struct dp_port *p, uint64_t now_ns);
 
 /** Stop the port, unregister memory, clean up the EAL. */
 void dp_port_fini(struct dp_port *p);

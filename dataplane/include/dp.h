@@ -58,6 +58,9 @@ struct dp_opts {
 	struct dp_peer_cfg peers[64];
 	unsigned n_peers;
 	const char *eal_args;       /**< extra EAL arguments, space-separated (may be NULL) */
+	/** Test-only: while *outage is non-zero every received frame is dropped
+	 *  (a link outage). NULL: never. */
+	volatile sig_atomic_t *outage;
 };
 
 /** Defaults: frame 9000, idle poll, rx pools 256 x 64 KiB and 32 x 4 MiB, 8192 mbufs. */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two kvferry-dataplane processes and two dp_client processes.
-#   dp_integration.sh memif|memif-impair|restart|afpacket DATAPLANE CLIENT
+#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket DATAPLANE CLIENT
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
 set -u
@@ -37,11 +37,11 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart)
+  memif|memif-impair|restart|outage)
     portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
     portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
     frame=9000 ;;
-  afpacket)
+  afpacket|outage-afpacket)
     command -v ip >/dev/null || skip "iproute2 missing"
     ip netns add kvfA$tag && ip netns add kvfB$tag || skip "cannot create network namespaces"
     ip link add vA$tag type veth peer name vB$tag || skip "cannot create a veth pair"
@@ -58,6 +58,8 @@ esac
 imp=()
 [ "$mode" = memif-impair ] && imp=(--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=7)
 [ -n "${DP_IMPAIR:-}" ] && imp=(--impair "$DP_IMPAIR")
+# --impair arms the test-only outage signals (SIGUSR1 drops all input until SIGUSR2)
+[ -z "${mode##outage*}" ] && imp=(--impair loss=0)
 
 startB() { # $1: extra args
   "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
@@ -110,6 +112,47 @@ if [ "$mode" = restart ]; then
   ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
   [ "$ok_end" -gt "$ok_at" ] || fail "no message completed after the restart ($ok_at then $ok_end)"
   echo "PASS: restart detected, $failed in-flight reported failed, $((ok_end - ok_at)) completed after"
+  exit 0
+fi
+
+if [ -z "${mode##outage*}" ]; then
+  "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  "$cli" --region "$ra" --send --peer 2 --streams 2 --until-stop --inflight 64 --timeout 60 \
+    >"$tmp/send.log" 2>&1 &
+  ps_=$!; pids+=($ps_)
+  # traffic both ways, as between two pipeline stages: both ends time out
+  "$cli" --region "$ra" --recv --peer 2 --until-stop --no-verify --timeout 120 >"$tmp/recv2.log" 2>&1 &
+  pids+=($!)
+  "$cli" --region "$rb" --send --peer 1 --streams 1 --until-stop --inflight 8 --timeout 60 \
+    >"$tmp/send2.log" 2>&1 &
+  ps2=$!; pids+=($ps2)
+  sleep 2
+  # 100% loss both ways for longer than the ~1.4 s of timeouts that declare
+  # the peer unreachable
+  kill -USR1 $pidA $pidB
+  echo "$(date +%T.%N) outage: both dataplanes drop every frame"
+  # A fixed span, not a polling loop: under heavy load each grep of the log
+  # took a second, and the outage grew from 4 s to a minute.
+  sleep 5
+  kill -USR2 $pidA $pidB
+  echo "$(date +%T.%N) outage over"
+  ok_at=$(grep "^event type 3 peer 2" "$tmp/send.log" | tail -1 | sed 's/.*ok_so_far \([0-9]*\).*/\1/')
+  ok2_at=$(grep "^event type [23] peer 1" "$tmp/send2.log" | tail -1 | sed 's/.*ok_so_far \([0-9]*\).*/\1/')
+  sleep 5
+  kill -TERM $ps_ $ps2; wait $ps_; rc=$?; wait $ps2; rc2=$?
+  echo "$(date +%T.%N) senders stopped"
+  cat "$tmp/send.log" "$tmp/send2.log"
+  grep -v '^EAL\|^TELEMETRY' "$tmp/A.log" "$tmp/B.log"
+  [ $rc = 0 ] && [ $rc2 = 0 ] || fail "a sender saw out-of-order completions or unreported failures"
+  ok2_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send2.log")
+  [ "$ok2_end" -gt "${ok2_at:-0}" ] || fail "traffic from node 2 did not resume (${ok2_at:-0} then $ok2_end)"
+  [ -n "$ok_at" ] || fail "node 1 never declared peer 2 unreachable during the outage"
+  failed=$(sed -n 's/^send: [0-9]* ok, \([0-9]*\) failed.*/\1/p' "$tmp/send.log")
+  [ "${failed:-0}" -ge 1 ] || fail "no in-flight message was reported failed"
+  ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
+  [ "$ok_end" -gt $((ok_at + 100)) ] || fail "traffic did not resume after the outage ($ok_at then $ok_end)"
+  echo "PASS: peer declared unreachable, $failed in-flight reported failed, $((ok_end - ok_at)) completed after ($mode)"
   exit 0
 fi
 
