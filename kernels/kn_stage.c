@@ -30,6 +30,9 @@ void kn_stage_opts_init(struct kn_stage_opts *o)
 	o->n_plans = 2;
 	o->n_threads = 0;
 	o->device = 0;
+	o->cuda_gemv = 0;
+	o->cuda_wide_x = 0;
+	o->cuda_attn = 0;
 }
 
 void kn_stage_seterr(struct kn_stage *s, const char *fmt, ...)

@@ -145,9 +145,10 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	}
 }
 
-/* grid (n, n_heads), block HD: merge the column's splits in order 0..k-1. */
+/* grid (n, n_heads), block HD: merge the column's splits (of `split`
+ * positions) in order 0..k-1. */
 template <int HD, int GM>
-static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits)
+static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split)
 {
 	const int c = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
 	const struct kn_column col = a.cols[c];
@@ -157,7 +158,7 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 		return;
 	}
 	const int G = a.n_heads / a.n_kv_heads, kh = h / G, g = h % G;
-	const int k = (col.pos + KN_CU_ATTN_SPLIT) / KN_CU_ATTN_SPLIT;
+	const int k = (col.pos + split) / split;
 	const float *part = a.part + ((size_t)c * a.n_kv_heads + kh) * splits * GM * part_stride(HD) +
 			    g * part_stride(HD);
 	const size_t ss = GM * part_stride(HD);
@@ -173,28 +174,402 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	*o = A / L;
 }
 
-static int splits_of(int max_ctx)
+static int splits_of(int max_ctx, int split)
 {
-	return (max_ctx + KN_CU_ATTN_SPLIT - 1) / KN_CU_ATTN_SPLIT;
+	return (max_ctx + split - 1) / split;
 }
 
-size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx)
+size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+			      int split)
 {
 	const int gm = gmax_of(n_heads / n_kv_heads);
-	return (size_t)n * n_kv_heads * splits_of(max_ctx) * gm * part_stride(head_dim) * sizeof(float);
+	return (size_t)n * n_kv_heads * splits_of(max_ctx, split) * gm * part_stride(head_dim) *
+	       sizeof(float);
+}
+
+int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads)
+{
+	/* Measured (8B, H200): plans of 32 decode columns at ctx 512 with 256-position
+	 * splits ran 128 warps of 64 serial pages and lost to the column kernel
+	 * (7.5 vs 6.4 ms a step); aim at ~4096 warps over the longest context, in
+	 * splits of 64..256 positions (256 for prefill-wide plans: 1B 2,048-token
+	 * prefill 15.2 ms). */
+	const int cpw = 16 / gmax_of(n_heads / n_kv_heads);
+	const long wps = (long)((n + cpw - 1) / cpw) * n_kv_heads;
+	if (n > 256)
+		return 256;
+	if (n <= 16) /* narrow: ~64 pieces at the longest context (4k: 15% -> 32k: 45% of copy bw alone) */
+		return max_ctx / 64 < 64 ? 64 : (max_ctx / 64 + 15) / 16 * 16;
+	const long pieces = (4096 + wps - 1) / wps;
+	int s = (int)((max_ctx / pieces + 15) / 16 * 16);
+	return s < 64 ? 64 : s > 256 ? 256 : s;
+}
+
+int kn_cuda_attn_tile_ok(int head_dim)
+{
+	return head_dim >= 16 && head_dim <= 128;
+}
+
+/* ---- tensor-core tile kernel ---- */
+
+static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const void *p)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *g)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g));
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;");
+}
+
+template <int N> static __device__ __forceinline__ void cp_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+/* (a, b) -> bf16 pair hi; lo = bf16 pair of the remainders. */
+static __device__ __forceinline__ void split_pair(float a, float b, uint32_t &hi, uint32_t &lo)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+	const float2 hf = __bfloat1622float2(h);
+	const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+	hi = *reinterpret_cast<const uint32_t *>(&h);
+	lo = *reinterpret_cast<const uint32_t *>(&l);
+}
+
+/* Warps per block: 2 stages x (K + V page) = 128 * HD bytes of shared memory
+ * per warp; 32 KB per block keeps it under the static limit at HD 128. */
+template <int HD> struct tile_cfg {
+	static constexpr int WPB = HD >= 128 ? 2 : 4;
+};
+
+/*
+ * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits), block WPB warps, each warp
+ * independent (no block barrier). Warp rows r = ci * GM + gi: column c0 + ci,
+ * head kh * G + gi (gi >= G: idle row). Lane (g = lane / 4, t = lane % 4)
+ * holds rows g and g + 8 in the mma fragment layouts. Per slot group: pages
+ * [split start, min(split end, last position of the group + 1)) in 16-key
+ * pages; S = Q K^T (K via ldmatrix), online softmax per row (base-2, the
+ * scale folded into q), O += P V (V via ldmatrix.trans); the partial (O, m,
+ * l) of each row goes to the same workspace layout as the column kernel's.
+ */
+template <int HD, int GM, bool EXACT>
+static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
+attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
+{
+	constexpr int WPB = tile_cfg<HD>::WPB, CPW = 16 / GM, U = HD / 8;
+	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
+	__shared__ uint4 sm[WPB][2][2][KN_PAGE_BLK * U];
+
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
+	const int TS = a.split, kstart = s * TS;
+	const int G = a.n_heads / a.n_kv_heads;
+	int cslot[CPW], cpos[CPW];
+#pragma unroll
+	for (int ci = 0; ci < CPW; ci++) {
+		const int c = c0 + ci;
+		cslot[ci] = KN_CU_PAD_SLOT;
+		cpos[ci] = -1;
+		if (c < a.n) {
+			const struct kn_column col = a.cols[c];
+			if (col.slot != KN_CU_PAD_SLOT && col.pos >= kstart) {
+				cslot[ci] = col.slot;
+				cpos[ci] = col.pos;
+			}
+		}
+	}
+	const int r0 = g, r1 = g + 8;
+	const int ci0 = r0 / GM, gi0 = r0 % GM, ci1 = r1 / GM, gi1 = r1 % GM;
+	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
+	const size_t head_off = (size_t)kh * KN_PAGE_BLK * HD;
+	const float qs = a.scale * LOG2E;
+	uint32_t done = 0;
+
+	for (;;) {
+		/* the next slot group: the first column not yet served, and every
+		 * column of the same slot (uniform across the warp) */
+		int slot = KN_CU_PAD_SLOT, hi = -1;
+		uint32_t gm = 0;
+#pragma unroll
+		for (int ci = 0; ci < CPW; ci++) {
+			if (cslot[ci] == KN_CU_PAD_SLOT || (done >> ci & 1u))
+				continue;
+			if (slot == KN_CU_PAD_SLOT)
+				slot = cslot[ci];
+			if (cslot[ci] == slot) {
+				gm |= 1u << ci;
+				hi = max(hi, cpos[ci]);
+			}
+		}
+		if (slot == KN_CU_PAD_SLOT)
+			break;
+		done |= gm;
+		bool on0 = false, on1 = false;
+		int pos0 = -1, pos1 = -1, cc0 = 0, cc1 = 0;
+#pragma unroll
+		for (int ci = 0; ci < CPW; ci++) {
+			if (ci == ci0) {
+				on0 = (gm >> ci & 1u) && gi0 < G;
+				pos0 = cpos[ci];
+			}
+			if (ci == ci1) {
+				on1 = (gm >> ci & 1u) && gi1 < G;
+				pos1 = cpos[ci];
+			}
+		}
+		cc0 = c0 + ci0;
+		cc1 = c0 + ci1;
+		/* q fragments: a0 (row g, k 2t..), a1 (row g+8), a2 (row g, k 2t+8..), a3 (row g+8) */
+		uint32_t qa[KS][QF][4];
+		{
+			const float *q0 = a.q + (size_t)cc0 * a.q_stride + (size_t)(kh * G + gi0) * HD;
+			const float *q1 = a.q + (size_t)cc1 * a.q_stride + (size_t)(kh * G + gi1) * HD;
+#pragma unroll
+			for (int j = 0; j < KS; j++) {
+#pragma unroll
+				for (int h = 0; h < 2; h++) {
+					const int d = j * 16 + 2 * t + 8 * h;
+					float2 v0 = on0 ? *reinterpret_cast<const float2 *>(q0 + d) : make_float2(0.f, 0.f);
+					float2 v1 = on1 ? *reinterpret_cast<const float2 *>(q1 + d) : make_float2(0.f, 0.f);
+					uint32_t h0, l0, h1, l1;
+					split_pair(v0.x * qs, v0.y * qs, h0, l0);
+					split_pair(v1.x * qs, v1.y * qs, h1, l1);
+					qa[j][0][2 * h] = h0;
+					qa[j][0][2 * h + 1] = h1;
+					if (EXACT) {
+						qa[j][QF - 1][2 * h] = l0;
+						qa[j][QF - 1][2 * h + 1] = l1;
+					}
+				}
+			}
+		}
+		float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+		float acc[NT][4];
+#pragma unroll
+		for (int i = 0; i < NT; i++)
+			acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+		const int32_t *trow = a.table + (size_t)slot * a.max_bps;
+		const int kend = min(kstart + TS, hi + 1);
+		const int nch = (kend - kstart + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+		auto issue = [&](int ch) {
+			const int kp = kstart + ch * KN_PAGE_BLK;
+			const int32_t blk = trow[kp / KN_PAGE_BLK];
+			uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+			const uint4 *kg = reinterpret_cast<const uint4 *>(a.k_cache + blk * blk_stride + head_off);
+			const uint4 *vg = reinterpret_cast<const uint4 *>(a.v_cache + blk * blk_stride + head_off);
+#pragma unroll
+			for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
+				const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
+				if (blk >= 0) {
+					cp_async16(&ks[so], kg + i);
+					cp_async16(&vs[so], vg + i);
+				} else {
+					ks[so] = make_uint4(0, 0, 0, 0);
+					vs[so] = make_uint4(0, 0, 0, 0);
+				}
+			}
+			cp_commit();
+		};
+		issue(0);
+		for (int ch = 0; ch < nch; ch++) {
+			if (ch + 1 < nch) {
+				issue(ch + 1);
+				cp_wait<1>();
+			} else {
+				cp_wait<0>();
+			}
+			__syncwarp();
+			const int kp0 = kstart + ch * KN_PAGE_BLK;
+			if (kend - kp0 < KN_PAGE_BLK) {
+				/* V rows past the group's last position may never have been
+				 * written (NaN bits): P is 0 there, but 0 x NaN is NaN. */
+				uint4 *vw = sm[warp][ch & 1][1];
+				const int valid = kend - kp0;
+				for (int i = lane; i < (KN_PAGE_BLK - valid) * U; i += 32) {
+					const int r = valid + i / U, u = i % U;
+					vw[r * U + (u ^ (r & SWM))] = make_uint4(0, 0, 0, 0);
+				}
+				__syncwarp();
+			}
+			const uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+			float sc[2][4];
+#pragma unroll
+			for (int i = 0; i < 2; i++)
+				sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+			{
+				/* lane's ldmatrix row: matrix mi = lane / 8 -> keys (mi / 2) * 8.., hd half mi % 2 */
+				const int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+				for (int j = 0; j < KS; j++) {
+					uint32_t b[4];
+					const int u = 2 * j + (mi & 1);
+					ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+					for (int f = 0; f < QF; f++) {
+						mma16816(sc[0], qa[j][f], b[0], b[1]);
+						mma16816(sc[1], qa[j][f], b[2], b[3]);
+					}
+				}
+			}
+			/* mask: row position, row activity */
+#pragma unroll
+			for (int i = 0; i < 2; i++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int key = kp0 + i * 8 + 2 * t + (e & 1);
+					const bool ok = e < 2 ? (on0 && key <= pos0) : (on1 && key <= pos1);
+					if (!ok)
+						sc[i][e] = -INFINITY;
+				}
+			float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+			float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+			m0 = mn0;
+			m1 = mn1;
+			float p[2][4];
+#pragma unroll
+			for (int i = 0; i < 2; i++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const float mn = e < 2 ? mn0 : mn1;
+					p[i][e] = mn == -INFINITY ? 0.f : exp2f(sc[i][e] - mn);
+				}
+			l0 = l0 * cr0 + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+			l1 = l1 * cr1 + ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3]));
+#pragma unroll
+			for (int i = 0; i < NT; i++) {
+				acc[i][0] *= cr0;
+				acc[i][1] *= cr0;
+				acc[i][2] *= cr1;
+				acc[i][3] *= cr1;
+			}
+			/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
+			uint32_t pa[QF][4];
+			{
+				uint32_t h[4], lo[4];
+				split_pair(p[0][0], p[0][1], h[0], lo[0]);
+				split_pair(p[0][2], p[0][3], h[1], lo[1]);
+				split_pair(p[1][0], p[1][1], h[2], lo[2]);
+				split_pair(p[1][2], p[1][3], h[3], lo[3]);
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					pa[0][e] = h[e];
+					pa[QF - 1][e] = EXACT ? lo[e] : h[e];
+				}
+			}
+			{
+				/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
+				const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+				for (int i = 0; i < HD / 16; i++) {
+					uint32_t b[4];
+					const int u = 2 * i + (mi >> 1);
+					ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+					for (int f = 0; f < QF; f++) {
+						mma16816(acc[2 * i], pa[f], b[0], b[1]);
+						mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
+					}
+				}
+			}
+			__syncwarp();
+		}
+		l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+		l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+		l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+		l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+		float *pbase = a.part + (size_t)s * GM * part_stride(HD);
+		const size_t cstride = (size_t)splits * GM * part_stride(HD);
+		if (on0) {
+			float *pg = pbase + ((size_t)cc0 * a.n_kv_heads + kh) * cstride + gi0 * part_stride(HD);
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+				*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][0], acc[i][1]);
+			if (t == 0) {
+				pg[HD] = m0;
+				pg[HD + 1] = l0;
+			}
+		}
+		if (on1) {
+			float *pg = pbase + ((size_t)cc1 * a.n_kv_heads + kh) * cstride + gi1 * part_stride(HD);
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+				*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][2], acc[i][3]);
+			if (t == 0) {
+				pg[HD] = m1;
+				pg[HD + 1] = l1;
+			}
+		}
+	}
+}
+
+/* Launch the tile kernel; @return false when HD has no tile instance. */
+template <int HD, int GM>
+static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_t st)
+{
+	if constexpr (HD <= 128) {
+		constexpr int per_block = tile_cfg<HD>::WPB * (16 / GM);
+		dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits);
+		if (a->exact)
+			attn_tile_kernel<HD, GM, true><<<g1, tile_cfg<HD>::WPB * 32, 0, st>>>(*a, splits);
+		else
+			attn_tile_kernel<HD, GM, false><<<g1, tile_cfg<HD>::WPB * 32, 0, st>>>(*a, splits);
+		return true;
+	}
+	return false;
 }
 
 template <int HD, int GM>
 static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
-	const int splits = splits_of(a->max_ctx);
-	dim3 g1(splits, a->n_kv_heads, a->n);
-	attn_split_kernel<HD, GM><<<g1, ATTN_WARPS * 32, 0, st>>>(*a, splits);
+	const bool tile = a->kernel == KN_CU_ATTN_TILE;
+	if (tile && (a->split <= 0 || a->split % KN_PAGE_BLK))
+		return cudaErrorInvalidValue;
+	const int split = tile ? a->split : KN_CU_ATTN_SPLIT;
+	const int splits = splits_of(a->max_ctx, split);
+	if (tile) {
+		if (!launch_tile<HD, GM>(a, splits, st))
+			return cudaErrorInvalidValue;
+	} else {
+		dim3 g1(splits, a->n_kv_heads, a->n);
+		attn_split_kernel<HD, GM><<<g1, ATTN_WARPS * 32, 0, st>>>(*a, splits);
+	}
 	cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return e;
 	dim3 g2(a->n, a->n_heads);
-	attn_merge_kernel<HD, GM><<<g2, HD, 0, st>>>(*a, splits);
+	attn_merge_kernel<HD, GM><<<g2, HD, 0, st>>>(*a, splits, split);
 	return cudaGetLastError();
 }
 
@@ -213,12 +588,14 @@ cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > 8)
 		return cudaErrorInvalidValue;
+	if (a->kernel == KN_CU_ATTN_TILE && !kn_cuda_attn_tile_ok(a->head_dim))
+		return cudaErrorInvalidValue;
 	switch (a->head_dim) {
 	case 16: return launch_hd<16>(a, st);
 	case 32: return launch_hd<32>(a, st);
 	case 64: return launch_hd<64>(a, st);
 	case 128: return launch_hd<128>(a, st);
-	case 256: return launch_hd<256>(a, st);
+	case 256: return a->kernel == KN_CU_ATTN_TILE ? cudaErrorInvalidValue : launch_hd<256>(a, st);
 	default: return cudaErrorInvalidValue;
 	}
 }

@@ -1,18 +1,35 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file attention.cuh
- * Paged attention, one query column at a time, with GQA: the heads sharing a
- * KV head are served by one pass over its K/V. Long contexts are split into
- * KN_CU_ATTN_SPLIT-position pieces processed by separate blocks (split-K,
- * "flash-decoding"), then merged; the number of pieces depends only on the
- * column's own position, so a column's bits never depend on its batch.
+ * Paged attention with GQA (the heads sharing a KV head are served by one
+ * pass over its K/V). Long contexts are split into fixed pieces processed by
+ * separate blocks (split-K, "flash-decoding"), then merged in order; the
+ * number of pieces depends only on the column's own position and the split
+ * size, so a column's bits never depend on its batch. Two kernels:
+ *  - column (KN_CU_ATTN_COLUMN): one column at a time on CUDA cores, f32 q,
+ *    KN_CU_ATTN_SPLIT-position pieces;
+ *  - tile (KN_CU_ATTN_TILE): tensor cores (mma.sync m16n8k16). A warp owns
+ *    16 rows = 16 / GM consecutive columns x GM heads of one KV head; the
+ *    columns of one slot among them (a prompt's consecutive columns in a
+ *    prefill) share each K/V page, loaded once per warp (cp.async, two
+ *    stages, swizzled shared memory, ldmatrix), so a 2,048-column prefill
+ *    reads K/V 2,048 / (16 / GM) times instead of 2,048 times and does its
+ *    QK^T and PV on tensor cores. Columns of other slots are served one slot
+ *    after another. Each row's scores, softmax update and P V products never
+ *    meet another row's and run over the same 16-key pages in the same
+ *    order whoever shares the warp (a page past a row's own position is an
+ *    exact no-op: scale 1, P 0), so the bits are batch-invariant here too.
+ *    q and P enter the tensor cores as bf16 (exact = 0) or as bf16 hi + lo,
+ *    two products each (exact = 1, f32-grade, ~1e-6 of a double reference).
  */
 #ifndef KN_CU_ATTENTION_CUH
 #define KN_CU_ATTENTION_CUH
 #include "cu_common.cuh"
 
-/** Positions per split. 128: a 4k-context column gives 32 x n_kv_heads blocks. */
+/** Positions per split of the column kernel. 128: a 4k-context column gives 32 x n_kv_heads blocks. */
 #define KN_CU_ATTN_SPLIT 128
+
+enum { KN_CU_ATTN_COLUMN = 0, KN_CU_ATTN_TILE = 1 };
 
 struct kn_cu_attn_args {
 	const float *q;          /**< [n][q_stride] f32, head h at h*head_dim, rotated */
@@ -26,15 +43,32 @@ struct kn_cu_attn_args {
 	int n, n_heads, n_kv_heads, head_dim, max_bps;
 	int max_ctx;             /**< largest pos + 1 any column may have */
 	float scale;             /**< 1/sqrt(head_dim) */
+	int kernel;              /**< KN_CU_ATTN_COLUMN or KN_CU_ATTN_TILE */
+	int exact;               /**< tile kernel: q and P as bf16 hi + lo */
+	int split;               /**< tile kernel: positions per split, a multiple of 16
+	                              (kn_cuda_attn_tile_split()) */
 };
 
-/** @return workspace bytes for @p n columns (partials of every split). */
-size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx);
+/** @return workspace bytes for @p n columns (partials of every split of
+ *  @p split positions: KN_CU_ATTN_SPLIT for the column kernel). */
+size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
+			      int split);
+
+/** @return the tile kernel's split for a plan of @p n columns and contexts up
+ *  to @p max_ctx: narrow plans (<= 16 columns) ~64 pieces at the longest
+ *  context; 17..256 columns about 4,096 warps, 64..256 positions; wider
+ *  plans (prefill) 256, fewer partials. Always >= 64 positions. */
+int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads);
+
+/** @return whether the tile kernel serves @p head_dim (16..128; 256 has too
+ *  many accumulators per lane and runs the column kernel). */
+int kn_cuda_attn_tile_ok(int head_dim);
 
 /**
  * Attend every column of @p a. Padding columns (slot -1) produce zeros.
  * @return the launch's cudaError_t; cudaErrorInvalidValue for a head_dim
- *         outside {16, 32, 64, 128, 256} or more than 8 heads per KV head.
+ *         outside {16, 32, 64, 128, 256} (tile: 16..128), more than 8 heads
+ *         per KV head, or a tile split that is not a positive multiple of 16.
  */
 cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st);
 #endif

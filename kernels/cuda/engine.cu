@@ -84,7 +84,9 @@ struct cu_stage {
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
 	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
-	int wide_split;        /* KVFERRY_CUDA_WIDE_X=split: wide plans add X's rounding remainder */
+	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
+	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
+	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
 	struct plan plans[KN_MAX_PLANS];
 	int n_plans;
 	/* allocations to free, in order of acquisition */
@@ -362,7 +364,15 @@ static int alloc_workspace(struct cu_stage *s)
 	const size_t xin = H > (size_t)s->q_dim ? (H > (size_t)s->inter ? H : (size_t)s->inter)
 						  : ((size_t)s->q_dim > (size_t)s->inter ? (size_t)s->q_dim : (size_t)s->inter);
 	int rc;
-	const size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx);
+	/* partials for the widest plan, by the split each plan width uses */
+	size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx, KN_CU_ATTN_SPLIT);
+	if (s->attn_tile != 1)
+		for (int i = 0; i < s->n_plans; i++) {
+			const int pw = s->plans[i].width;
+			const size_t b = kn_cuda_attn_workspace(pw, s->nh, s->nkv, s->hd, s->max_ctx,
+								kn_cuda_attn_tile_split(pw, s->max_ctx, s->nh, s->nkv));
+			aws = b > aws ? b : aws;
+		}
 	struct {
 		void **p;
 		size_t b;
@@ -421,7 +431,8 @@ static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y
 		  int out)
 {
 	char e[256];
-	if (kn_cuda_linear(s->blas, w, x, s->xb, y, n, in, out, s->wide_split, s->st, e, sizeof(e))) {
+	if (kn_cuda_linear(s->blas, w, x, s->xb, y, n, in, out, s->wide_split, s->gemv_kind, s->st, e,
+			   sizeof(e))) {
 		seterr(s, "%s", e);
 		return -EIO;
 	}
@@ -479,6 +490,17 @@ static int enqueue(struct cu_stage *s, int W)
 		aa.max_bps = s->base.opts.max_blocks_per_slot;
 		aa.max_ctx = s->max_ctx;
 		aa.scale = 1.0f / sqrtf((float)s->hd);
+		/* Tile kernel: exact (q, P as hi + lo) on narrow plans, so the decode
+		 * path stays f32-grade; wide plans follow the X choice (bf16 q and P,
+		 * as transformers' bf16 attention, unless cuda_wide_x asks f32-grade). */
+		/* auto: tile on wide plans only. At <= 16 decode columns the column
+		 * kernel measured equal or faster (8B batch 8, ctx 512: 6.7 vs 7.5 ms;
+		 * batch 1, ctx 4096: 4.91 vs 4.97 ms): each warp serves its 16 / GM
+		 * columns' slots one after another with one page in flight. */
+		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
+											  : KN_CU_ATTN_COLUMN;
+		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split;
+		aa.split = kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
 		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)))
 			return rc;
@@ -758,7 +780,15 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * "split" adds the remainder's product: f32-grade X at twice the
 		 * tensor work (for validation against f32 references). */
 		const char *wx = getenv("KVFERRY_CUDA_WIDE_X");
-		s->wide_split = wx && !strcmp(wx, "split");
+		s->wide_split = wx ? !strcmp(wx, "split") : op->cuda_wide_x == 1;
+		const char *gk = getenv("KVFERRY_CUDA_GEMV");
+		s->gemv_kind = op->cuda_gemv == 1 ? KN_CU_GEMV_FFMA : op->cuda_gemv == 2 ? KN_CU_GEMV_MMA : -1;
+		if (gk)
+			s->gemv_kind = !strcmp(gk, "ffma") ? KN_CU_GEMV_FFMA : !strcmp(gk, "mma") ? KN_CU_GEMV_MMA : -1;
+		const char *at = getenv("KVFERRY_CUDA_ATTN");
+		s->attn_tile = at ? (!strcmp(at, "tile") ? 2 : !strcmp(at, "column") ? 1 : 0) : op->cuda_attn;
+		if (!kn_cuda_attn_tile_ok(c->head_dim))
+			s->attn_tile = 1;
 	}
 	s->n_plans = op->n_plans;
 	for (int i = 0; i < s->n_plans; i++)

@@ -24,10 +24,13 @@ static __global__ void split_kernel(const float4 *__restrict__ x, __nv_bfloat162
 }
 
 int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
-		   int n, int in, int out, int split, cudaStream_t st, char *err, size_t errlen)
+		   int n, int in, int out, int split, int gemv, cudaStream_t st, char *err,
+		   size_t errlen)
 {
 	if (n <= KN_CU_GEMV_MAX_N) {
-		cudaError_t e = kn_cuda_gemv(w, x, y, n, in, out, st);
+		const int kind = gemv >= 0 ? gemv : kn_cuda_gemv_kind(n);
+		cudaError_t e = kind == KN_CU_GEMV_FFMA ? kn_cuda_gemv_ffma(w, x, y, n, in, out, st)
+							: kn_cuda_gemv_mma(w, x, y, n, in, out, st);
 		if (e != cudaSuccess) {
 			snprintf(err, errlen, "kn_cuda_gemv(n=%d, in=%d, out=%d): %s", n, in, out,
 				 cudaGetErrorString(e));

@@ -27,9 +27,12 @@
  * @param split  wide plans: 0 rounds X to bf16 (one product); 1 adds the
  *               product of the rounding remainder (twice the tensor work,
  *               f32-grade X)
+ * @param gemv   narrow plans: KN_CU_GEMV_MMA / KN_CU_GEMV_FFMA forces that
+ *               skinny kernel; -1 takes kn_cuda_gemv_kind(n)
  * @param err    receives the failing call on error
  * @return 0, or -1 with @p err naming the failing call and its status.
  */
 int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
-		   int n, int in, int out, int split, cudaStream_t st, char *err, size_t errlen);
+		   int n, int in, int out, int split, int gemv, cudaStream_t st, char *err,
+		   size_t errlen);
 #endif

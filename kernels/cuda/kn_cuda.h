@@ -64,11 +64,14 @@ int kn_cuda_probe_gemm(int device, int m, int n, int k, int iters, double *flop_
 /**
  * Paged attention alone: @p n_cols columns at position @p ctx - 1 with
  * random K/V over a shuffled block table. Reports K/V bytes read per second.
+ * @param tile  0: the column kernel (CUDA cores); 1: the tensor-core tile
+ *              kernel with the engine's choices for a plan of @p n_cols
+ *              columns (split, q and P exact when n_cols <= 16)
  * @return 0 or -EIO / -ENOMEM with @p err filled.
  */
 int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_heads, int n_kv_heads,
-			    int head_dim, int iters, double *bytes_per_s, double *sec_per_call,
-			    char *err, size_t errlen);
+			    int head_dim, int tile, int iters, double *bytes_per_s,
+			    double *sec_per_call, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -129,7 +129,7 @@ out:
 }
 
 extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_heads,
-				       int n_kv_heads, int head_dim, int iters,
+				       int n_kv_heads, int head_dim, int tile, int iters,
 				       double *bytes_per_s, double *sec_per_call, char *err,
 				       size_t errlen)
 {
@@ -171,7 +171,9 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	PCK(cudaMalloc((void **)&vc, kv_e * 2));
 	PCK(cudaMalloc((void **)&q, (size_t)n_cols * n_heads * head_dim * 4));
 	PCK(cudaMalloc((void **)&out, (size_t)n_cols * n_heads * head_dim * 4));
-	PCK(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx)));
+	PCK(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx,
+								 tile ? kn_cuda_attn_tile_split(n_cols, ctx, n_heads, n_kv_heads)
+								      : KN_CU_ATTN_SPLIT)));
 	PCK(cudaMalloc((void **)&table, (size_t)nb * 4));
 	PCK(cudaMalloc((void **)&cols, (size_t)n_cols * sizeof(*cols)));
 	PCK(kn_cuda_fill_bf16(kc, kv_e, 11, 1.f, 0));
@@ -194,6 +196,9 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	a.max_bps = bps;
 	a.max_ctx = ctx;
 	a.scale = 1.f / sqrtf((float)head_dim);
+	a.kernel = tile ? KN_CU_ATTN_TILE : KN_CU_ATTN_COLUMN;
+	a.exact = n_cols <= 16;
+	a.split = kn_cuda_attn_tile_split(n_cols, ctx, n_heads, n_kv_heads);
 	PCK(cudaEventCreate(&e0));
 	PCK(cudaEventCreate(&e1));
 	for (int i = -3; i < iters; i++) {

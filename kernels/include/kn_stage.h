@@ -70,6 +70,13 @@ static_assert(sizeof(struct kn_op) == 16, "kn_op is a 16-byte wire record");
 
 /** Column flags. */
 #define KN_COL_NEED_LOGIT 0x1u /**< last stage: produce a token for this column */
+/** Bits 8..15 of flags: top logprobs the column's request wants (0..255).
+ *  Engines ignore them (kn_step.n_logprobs is per step); a stage chain sets
+ *  a step's n_logprobs to the most any of its columns asks for. */
+#define KN_COL_TOPK_SHIFT 8
+#define KN_COL_TOPK_MASK 0xff00u
+/** @return the top-logprob count a column's flags ask for. */
+#define KN_COL_TOPK(flags) ((int32_t)(((flags) & KN_COL_TOPK_MASK) >> KN_COL_TOPK_SHIFT))
 
 struct kn_column {
 	int32_t token;       /**< first stage: token id (< vocab); ignored elsewhere */
@@ -97,6 +104,20 @@ struct kn_stage_opts {
 	int32_t n_plans;
 	int32_t n_threads;            /**< CPU engine threads (0 = online cores) */
 	int32_t device;               /**< CUDA device ordinal */
+	/* CUDA engine kernel choices (ignored by the CPU engine). Each has an
+	 * environment override read at kn_stage_create(), for measurement. */
+	int32_t cuda_gemv;            /**< skinny GEMM (plans <= 16 columns): 0 = FFMA at 1 column,
+	                                   tensor cores at 2..16; 1 = FFMA always; 2 = tensor cores
+	                                   always (pins one kernel family across widths 1..16).
+	                                   KVFERRY_CUDA_GEMV=ffma|mma overrides */
+	int32_t cuda_wide_x;          /**< plans > 16 columns: 0 = X rounded to bf16 for cuBLAS;
+	                                   1 = X as bf16 hi + lo (f32-grade, twice the tensor work).
+	                                   KVFERRY_CUDA_WIDE_X=split overrides */
+	int32_t cuda_attn;            /**< attention: 0 = tensor-core tile kernel on plans > 16
+	                                   columns, column kernel (CUDA cores) on narrower ones;
+	                                   1 = column kernel everywhere; 2 = tile kernel everywhere
+	                                   (head_dim 256 always runs the column kernel).
+	                                   KVFERRY_CUDA_ATTN=column|tile overrides */
 };
 
 /** Fill @p o with defaults: whole model, 64 slots, 256 blocks/slot, plans {8, 64}, auto pool. */

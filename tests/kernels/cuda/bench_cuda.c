@@ -218,17 +218,19 @@ int main(int argc, char **argv)
 	printf("RESULT kind=ceiling copy_bw_tb_s=%.3f\n", bw / 1e12);
 	if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) == 0)
 		printf("RESULT kind=ceiling gemm_tflops=%.1f\n", peak / 1e12);
-	const int ctxs[] = { 4096, 32768 };
-	for (int i = 0; i < 2; i++) {
-		double abw, sec;
-		int ncol = ctxs[i] == 4096 ? 16 : 2;
-		if (kn_cuda_probe_attention(0, ncol, ctxs[i], 32, 8, 128, 20, &abw, &sec, err, sizeof(err)) == 0)
-			printf("RESULT kind=attention ctx=%d cols=%d us=%.1f tb_s=%.3f frac=%.3f\n", ctxs[i], ncol,
-			       sec * 1e6, abw / 1e12, abw / bw);
-		if (kn_cuda_probe_attention(0, 1, ctxs[i], 32, 8, 128, 20, &abw, &sec, err, sizeof(err)) == 0)
-			printf("RESULT kind=attention ctx=%d cols=1 us=%.1f tb_s=%.3f frac=%.3f\n", ctxs[i],
-			       sec * 1e6, abw / 1e12, abw / bw);
-	}
+	/* each probe with both kernels: tile (the default) and column */
+	const int probes[][2] = { { 4096, 16 }, { 4096, 1 }, { 4096, 64 }, { 32768, 2 }, { 32768, 1 } };
+	for (int i = 0; i < 5; i++)
+		for (int tile = 1; tile >= 0; tile--) {
+			double abw, sec;
+			const int ctx = probes[i][0], ncol = probes[i][1];
+			if (kn_cuda_probe_attention(0, ncol, ctx, 32, 8, 128, tile, 20, &abw, &sec, err, sizeof(err)) == 0)
+				printf("RESULT kind=attention kernel=%s ctx=%d cols=%d us=%.1f tb_s=%.3f frac=%.3f\n",
+				       tile ? "tile" : "column", ctx, ncol, sec * 1e6, abw / 1e12, abw / bw);
+			else
+				printf("RESULT kind=attention kernel=%s ctx=%d cols=%d error=\"%s\"\n",
+				       tile ? "tile" : "column", ctx, ncol, err);
+		}
 	fflush(stdout);
 	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 }, skinny[] = { 1, 8, 16 };
 	const char *models[] = { "llama3-1b", "llama3-8b" };
