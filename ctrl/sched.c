@@ -177,7 +177,7 @@ static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp)
 int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 {
 	struct sched_req *r;
-	uint64_t seq;
+	uint64_t seq, id;
 
 	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 1
 	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL))
@@ -212,6 +212,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->id = (seq << 8) | s->o.id_tag;
 	atomic_fetch_add_explicit(&s->load, r->need, memory_order_relaxed);
 
+	id = r->id; /* once r is in the inbox the scheduler thread may free it */
 	pthread_mutex_lock(&s->lock);
 	if (s->in_tail != NULL)
 		s->in_tail->next = r;
@@ -219,7 +220,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 		s->in_head = r;
 	s->in_tail = r;
 	pthread_mutex_unlock(&s->lock);
-	return (int64_t)r->id;
+	return (int64_t)id;
 
 fail_req:
 	free(r);
