@@ -5,6 +5,8 @@
  * which chain it drives.
  */
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "ctrl_chain.h"
 
@@ -21,6 +23,8 @@ int ctrl_chain_submit(struct ctrl_chain *c, uint32_t group, const struct kn_colu
 
 int ctrl_chain_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int max)
 {
+	if (max > 0)
+		memset(out, 0, sizeof(*out) * (size_t)max);
 	return c->vt->poll(c, out, max);
 }
 
@@ -35,4 +39,33 @@ void ctrl_chain_destroy(struct ctrl_chain *c)
 {
 	if (c != NULL)
 		c->vt->destroy(c);
+}
+
+int ctrl_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, size_t errlen)
+{
+	if (n < 1 || n > CTRL_CHAIN_MAX_STAGES || n > n_layers) {
+		snprintf(err, errlen, "%d stages for a %d-layer model: use 1..%d", n, n_layers,
+			 n_layers < CTRL_CHAIN_MAX_STAGES ? n_layers : CTRL_CHAIN_MAX_STAGES);
+		return -EINVAL;
+	}
+	if (ends[0] == 0) {
+		for (int32_t k = 0; k < n; k++)
+			ends[k] = (int32_t)((int64_t)n_layers * (k + 1) / n);
+		return 0;
+	}
+	for (int32_t k = 0; k < n; k++) {
+		int32_t start = k == 0 ? 0 : ends[k - 1];
+
+		if (ends[k] <= start) {
+			snprintf(err, errlen, "stage %d ends at layer %d, not after its start %d: ranges must "
+				 "be consecutive and non-empty", k, ends[k], start);
+			return -EINVAL;
+		}
+	}
+	if (ends[n - 1] != n_layers) {
+		snprintf(err, errlen, "the stages cover layers 0..%d but the model has %d layers: the last "
+			 "range must end at %d", ends[n - 1], n_layers, n_layers);
+		return -EINVAL;
+	}
+	return 0;
 }

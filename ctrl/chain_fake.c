@@ -21,6 +21,11 @@
  * owner means the scheduler freed a live block); a slot's columns write
  * exactly its next position (pos == n_valid); a slot is in at most one group
  * in flight.
+ *
+ * Lost slots (lose_at, lose_slots): what a stage restart does to the slots
+ * whose KV it held. From that submission on, each column of a lost slot
+ * fails alone (col_status -EPIPE, no K/V written, token -1) while the other
+ * columns of its micro-batch are computed; a ZERO_SLOT of the slot cures it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +40,7 @@ struct fake_group {
 	int busy;
 	uint64_t t_done;
 	int32_t n_cols;
+	int32_t n_failed;
 	int status;
 	char err[CTRL_CHAIN_ERRLEN];
 };
@@ -53,11 +59,13 @@ struct fake_chain {
 	int32_t *owner;            /* [n_blocks] slot whose row set it last, -1 */
 	int32_t *n_valid;          /* [n_slots] */
 	int32_t *slot_group;       /* [n_slots] group in flight, -1 */
+	uint8_t *lost;             /* [n_slots] KV lost: columns fail until ZERO_SLOT */
 	uint64_t *hash;            /* [n_slots][ctx] */
 	struct fake_group *g;      /* [max_groups] */
 	int32_t *g_slots;          /* [max_groups][max_cols] */
 	int32_t *tokens;           /* [max_groups][max_cols] */
 	float *lps;                /* [max_groups][max_cols] */
+	int32_t *cst;              /* [max_groups][max_cols] column status */
 };
 
 static uint64_t mix64(uint64_t x)
@@ -91,6 +99,7 @@ void ctrl_fake_chain_opts_init(struct ctrl_fake_chain_opts *o)
 	o->max_groups = 32;
 	o->vocab_size = 64;
 	o->fail_submit = -1;
+	o->lose_at = -1;
 }
 
 static int fake_info(struct ctrl_chain *c, struct ctrl_chain_info *info)
@@ -130,6 +139,7 @@ static int fake_apply_ops(struct fake_chain *f, const struct kn_op *ops, int32_t
 			for (int32_t j = 0; j < mb; j++)
 				f->table[(size_t)op->slot * (size_t)mb + (size_t)j] = -1;
 			f->n_valid[op->slot] = 0;
+			f->lost[op->slot] = 0;
 			break;
 		case KN_OP_ROLLBACK:
 			if (op->val < 0)
@@ -149,17 +159,30 @@ bad:
 	return 0;
 }
 
-/* Step the stand-in model over the columns; fills tokens/logprobs. */
+/* Step the stand-in model over the columns; fills tokens/logprobs and the
+ * column status (columns of lost slots fail alone). */
 static int fake_step(struct fake_chain *f, uint32_t group, const struct kn_column *cols,
-		     int32_t n, int32_t *tok, float *lp, char *err)
+		     int32_t n, int32_t *tok, float *lp, int32_t *cst, int32_t *n_failed, char *err)
 {
 	int32_t mb = f->o.max_blocks_per_slot;
 
+	*n_failed = 0;
 	for (int32_t i = 0; i < n; i++) {
 		const struct kn_column *c = &cols[i];
 		int32_t blk;
 		uint64_t h;
 
+		cst[i] = 0;
+		if (c->slot >= 0 && c->slot < f->o.n_slots && f->lost[c->slot]) {
+			cst[i] = -EPIPE;
+			f->g_slots[(size_t)group * (size_t)f->o.max_cols + (size_t)i] = -1;
+			tok[i] = -1;
+			lp[i] = 0.0f;
+			if ((*n_failed)++ == 0)
+				snprintf(err, CTRL_CHAIN_ERRLEN, "fake chain: slot %d lost its KV cache (stage "
+					 "restart injected at submission %" PRId64 ")", c->slot, f->o.lose_at);
+			continue;
+		}
 		if (c->slot < 0 || c->slot >= f->o.n_slots || c->pos < 0 || c->pos >= f->ctx
 		    || c->token < 0 || c->token >= f->o.vocab_size) {
 			snprintf(err, CTRL_CHAIN_ERRLEN, "fake chain: column %d (slot %d pos %d token %d) out of range",
@@ -222,11 +245,17 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 	g->busy = 1;
 	g->n_cols = n_cols;
 	g->err[0] = '\0';
+	g->n_failed = 0;
+	if (idx == f->o.lose_at)
+		for (int32_t k = 0; k < f->o.n_lose_slots && k < 8; k++)
+			if (f->o.lose_slots[k] >= 0 && f->o.lose_slots[k] < f->o.n_slots)
+				f->lost[f->o.lose_slots[k]] = 1;
 	g->status = fake_apply_ops(f, ops, n_ops, g->err);
 	if (g->status == 0)
 		g->status = fake_step(f, group, cols, n_cols,
 				      &f->tokens[(size_t)group * (size_t)f->o.max_cols],
-				      &f->lps[(size_t)group * (size_t)f->o.max_cols], g->err);
+				      &f->lps[(size_t)group * (size_t)f->o.max_cols],
+				      &f->cst[(size_t)group * (size_t)f->o.max_cols], &g->n_failed, g->err);
 	if (g->status == 0 && idx == f->o.fail_submit) {
 		g->status = -EPIPE;
 		snprintf(g->err, sizeof(g->err), "fake chain: stage %d died (injected at submission %" PRId64 ")",
@@ -298,10 +327,17 @@ static int fake_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int ma
 		r->n_cols = g->n_cols;
 		r->tokens = &f->tokens[(size_t)best * (size_t)f->o.max_cols];
 		r->logprobs = &f->lps[(size_t)best * (size_t)f->o.max_cols];
+		r->col_status = g->status == 0 && g->n_failed > 0
+				? &f->cst[(size_t)best * (size_t)f->o.max_cols] : NULL;
+		r->n_failed_cols = g->status == 0 ? g->n_failed : 0;
 		memcpy(r->err, g->err, sizeof(r->err));
 		if (g->status == 0)
-			for (int32_t i = 0; i < g->n_cols; i++)
-				f->slot_group[f->g_slots[(size_t)best * (size_t)f->o.max_cols + (size_t)i]] = -1;
+			for (int32_t i = 0; i < g->n_cols; i++) {
+				int32_t sl = f->g_slots[(size_t)best * (size_t)f->o.max_cols + (size_t)i];
+
+				if (sl >= 0) /* -1: a lost slot's column, never marked */
+					f->slot_group[sl] = -1;
+			}
 	}
 	return n;
 }
@@ -321,6 +357,8 @@ static void fake_destroy(struct ctrl_chain *c)
 {
 	struct fake_chain *f = (struct fake_chain *)c;
 
+	free(f->cst);
+	free(f->lost);
 	free(f->lps);
 	free(f->tokens);
 	free(f->g_slots);
@@ -371,9 +409,11 @@ struct ctrl_chain *ctrl_fake_chain_create(const struct ctrl_fake_chain_opts *o)
 	f->g_slots = calloc(mg * mc, sizeof(*f->g_slots));
 	f->tokens = calloc(mg * mc, sizeof(*f->tokens));
 	f->lps = calloc(mg * mc, sizeof(*f->lps));
+	f->cst = calloc(mg * mc, sizeof(*f->cst));
+	f->lost = calloc(ns, sizeof(*f->lost));
 	if (f->table == NULL || f->owner == NULL || f->n_valid == NULL || f->slot_group == NULL
 	    || f->hash == NULL || f->g == NULL || f->g_slots == NULL || f->tokens == NULL
-	    || f->lps == NULL)
+	    || f->lps == NULL || f->cst == NULL || f->lost == NULL)
 		goto fail_arrays;
 	memset(f->table, 0xff, sizeof(*f->table) * ns * (size_t)o->max_blocks_per_slot);
 	memset(f->owner, 0xff, sizeof(*f->owner) * (size_t)o->n_blocks);

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The in-process stage chain: n kn_ stage engines over consecutive layer
- * ranges of one model, in this process. Threaded, each stage has its own
+ * ranges of one model (an even split, or any tiling the caller gives), in
+ * this process. Threaded, each stage has its own
  * thread and a FIFO of group ids, so p stages work on p different
  * micro-batches at once; otherwise submit() runs every stage inline.
  *
  * Per-group buffers: columns, ops, two hidden-state buffers (stage i reads
- * hid[i % 2] and writes hid[(i + 1) % 2]), tokens and logprobs. A group is
+ * hid[i % 2] and writes hid[(i + 1) % 2]), tokens and logprobs, and the
+ * top logprobs ([n_cols][k], k the most any column's KN_COL_TOPK asks for). A group is
  * at one stage at a time (one micro-batch per group in flight), so stages
  * never share a buffer at the same moment; the queue mutexes order the
  * hand-offs.
@@ -33,6 +35,9 @@ struct kn_grp {
 	float *hid[2];
 	int32_t *tokens;
 	float *lps;
+	int32_t n_top;             /* k of the last step */
+	int32_t *top_ids;          /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
+	float *top_lps;
 	int status;
 	char err[CTRL_CHAIN_ERRLEN];
 };
@@ -101,6 +106,15 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 			 s->info.layer_start, s->info.layer_end, kn_stage_error(s->st));
 	}
 	if (g->status == 0) {
+		int32_t k_top = 0;
+
+		for (int32_t i = 0; s->info.last && i < g->n_cols; i++)
+			if ((g->cols[i].flags & KN_COL_NEED_LOGIT) && KN_COL_TOPK(g->cols[i].flags) > k_top)
+				k_top = KN_COL_TOPK(g->cols[i].flags);
+		if (k_top > CTRL_CHAIN_MAX_LOGPROBS)
+			k_top = CTRL_CHAIN_MAX_LOGPROBS;
+		g->n_top = k_top;
+
 		struct kn_step st = {
 			.n_cols = g->n_cols,
 			.cols = g->cols,
@@ -108,6 +122,9 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 			.hidden_out = s->info.last ? NULL : g->hid[(k + 1) % 2],
 			.tokens_out = s->info.last ? g->tokens : NULL,
 			.token_logprob_out = s->info.last ? g->lps : NULL,
+			.n_logprobs = k_top,
+			.top_ids_out = k_top > 0 ? g->top_ids : NULL,
+			.top_logprobs_out = k_top > 0 ? g->top_lps : NULL,
 		};
 
 		rc = kn_stage_step(s->st, &st);
@@ -202,6 +219,7 @@ static int kc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	g->n_cols = n_cols;
 	g->n_ops = n_ops;
 	g->status = 0;
+	g->n_top = 0;
 	g->err[0] = '\0';
 	g->busy = 1;
 	if (!c->started) {
@@ -239,6 +257,9 @@ static int kc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 		r->n_cols = g->n_cols;
 		r->tokens = g->tokens;
 		r->logprobs = g->lps;
+		r->n_logprobs = g->status == 0 ? g->n_top : 0;
+		r->top_ids = g->top_ids;
+		r->top_logprobs = g->top_lps;
 		memcpy(r->err, g->err, sizeof(r->err));
 	}
 	pthread_mutex_unlock(&c->done_mu);
@@ -297,6 +318,8 @@ static void kc_destroy(struct ctrl_chain *cc)
 			free(g->hid[1]);
 			free(g->tokens);
 			free(g->lps);
+			free(g->top_ids);
+			free(g->top_lps);
 		}
 	pthread_mutex_destroy(&c->done_mu);
 	free(c->done);
@@ -319,7 +342,8 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 {
 	const struct kn_model_config *cfg;
 	struct kn_chain *c;
-	int32_t n_layers;
+	int32_t n_layers, ends[CTRL_CHAIN_MAX_STAGES];
+	char msg[192];
 	int e = ENOMEM;
 
 	if (m == NULL || o == NULL || o->max_groups < 1) {
@@ -329,9 +353,9 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 	}
 	cfg = kn_model_config(m);
 	n_layers = cfg->n_layers;
-	if (o->n_stages < 1 || o->n_stages > CTRL_CHAIN_MAX_STAGES || o->n_stages > n_layers) {
-		snprintf(err, errlen, "ctrl_kn_chain_create: %d stages for a %d-layer model: use 1..%d",
-			 o->n_stages, n_layers, n_layers < CTRL_CHAIN_MAX_STAGES ? n_layers : CTRL_CHAIN_MAX_STAGES);
+	memcpy(ends, o->layer_ends, sizeof(ends));
+	if (ctrl_chain_layers(n_layers, o->n_stages, ends, msg, sizeof(msg)) < 0) {
+		snprintf(err, errlen, "ctrl_kn_chain_create: %s", msg);
 		errno = EINVAL;
 		return NULL;
 	}
@@ -358,8 +382,8 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 
 		s->c = c;
 		s->idx = k;
-		so.layer_start = (int32_t)((int64_t)n_layers * k / c->n_stages);
-		so.layer_end = (int32_t)((int64_t)n_layers * (k + 1) / c->n_stages);
+		so.layer_start = k == 0 ? 0 : ends[k - 1];
+		so.layer_end = ends[k];
 		pthread_mutex_init(&s->mu, NULL);
 		pthread_cond_init(&s->cv, NULL);
 		s->q = calloc((size_t)o->max_groups, sizeof(*s->q));
@@ -399,8 +423,10 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		g->hid[1] = malloc(hb);
 		g->tokens = malloc(sizeof(int32_t) * (size_t)c->max_cols);
 		g->lps = malloc(sizeof(float) * (size_t)c->max_cols);
+		g->top_ids = malloc(sizeof(int32_t) * (size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS);
+		g->top_lps = malloc(sizeof(float) * (size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS);
 		if (g->cols == NULL || g->ops == NULL || g->hid[0] == NULL || g->hid[1] == NULL
-		    || g->tokens == NULL || g->lps == NULL)
+		    || g->tokens == NULL || g->lps == NULL || g->top_ids == NULL || g->top_lps == NULL)
 			goto fail_chain_nomem;
 	}
 	if (o->threaded) {

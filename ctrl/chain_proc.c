@@ -14,9 +14,12 @@
  *    hold exactly that many blocks on every stage, since the scheduler has
  *    handed out ids up to it.
  *  - Slots whose KV may be missing on some stage (touched before a death)
- *    are tainted; a group carrying a tainted slot's column travels as
- *    OPS_ONLY with an error, so its ops still reach every stage (block tables
- *    stay identical) while its requests end. ZERO_SLOT, delivered, cures.
+ *    are tainted. A tainted slot's columns are left out of the message and
+ *    reported as failed columns (col_status -EPIPE), so the healthy columns
+ *    sharing the micro-batch are computed and their requests go on; all ops
+ *    still travel (block tables stay identical on every stage). A group
+ *    whose every column is tainted travels as OPS_ONLY with an error.
+ *    ZERO_SLOT, delivered, cures.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -52,9 +55,16 @@ struct pc_grp {
 	int busy, done;
 	uint64_t seq, t_submit;
 	int32_t n_cols;
+	int32_t n_sent;      /* columns in the message (tainted ones left out) */
+	int32_t n_failed;    /* columns failed alone: cst[i] < 0 */
 	int status;
 	int32_t *tokens;
 	float *lps;
+	int32_t *cst;        /* [max_cols] per-column status */
+	int32_t n_top;       /* top logprobs per column in the result */
+	int32_t *top_ids;    /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
+	float *top_lps;
+	int32_t *sent;       /* [max_cols] original index of each sent column */
 	char err[CTRL_CHAIN_ERRLEN];
 };
 
@@ -77,6 +87,7 @@ struct proc_chain {
 	struct shm_mb_stage st[SHM_MB_MAX_STAGES];
 	int stage_up[SHM_MB_MAX_STAGES];
 	enum pc_state state;
+	uint16_t wire_version; /* micro-batches go out in the oldest version a stage speaks */
 	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
 	int setup_ok;        /* the synchronous setup finished */
 	int32_t n_blocks;    /* fixed at the first setup */
@@ -129,31 +140,7 @@ void ctrl_proc_chain_opts_init(struct ctrl_proc_chain_opts *o)
 
 int ctrl_proc_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, size_t errlen)
 {
-	if (n < 1 || n > CTRL_CHAIN_MAX_STAGES || n > n_layers) {
-		snprintf(err, errlen, "%d stages for a %d-layer model: use 1..%d", n, n_layers,
-			 n_layers < CTRL_CHAIN_MAX_STAGES ? n_layers : CTRL_CHAIN_MAX_STAGES);
-		return -EINVAL;
-	}
-	if (ends[0] == 0) {
-		for (int32_t k = 0; k < n; k++)
-			ends[k] = (int32_t)((int64_t)n_layers * (k + 1) / n);
-		return 0;
-	}
-	for (int32_t k = 0; k < n; k++) {
-		int32_t start = k == 0 ? 0 : ends[k - 1];
-
-		if (ends[k] <= start) {
-			snprintf(err, errlen, "stage %d ends at layer %d, not after its start %d: ranges must "
-				 "be consecutive and non-empty", k, ends[k], start);
-			return -EINVAL;
-		}
-	}
-	if (ends[n - 1] != n_layers) {
-		snprintf(err, errlen, "the stages cover layers 0..%d but the model has %d layers: the last "
-			 "range must end at %d", ends[n - 1], n_layers, n_layers);
-		return -EINVAL;
-	}
-	return 0;
+	return ctrl_chain_layers(n_layers, n, ends, err, errlen);
 }
 
 static struct shm_ring *ring_open(struct shm_region *r, const char *name)
@@ -200,7 +187,9 @@ static int send_setup(struct proc_chain *c, enum shm_mb_kind kind)
 	h = buf_at(c, c->o.max_groups + c->setup_flip);
 	memset(h, 0, shm_mb_size(SHM_MB_JOIN, 0, 0, 0));
 	h->magic = SHM_MB_MAGIC;
-	h->version = SHM_MB_VERSION;
+	/* The setup layout is the same in every version: the oldest one lets
+	 * a stage of any version we read answer the join with its version. */
+	h->version = SHM_MB_VERSION_MIN;
 	h->kind = (uint16_t)kind;
 	h->epoch = c->epoch;
 	h->seq = ++c->seq;
@@ -270,6 +259,7 @@ static int setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, si
 {
 	struct shm_mb_setup *s = shm_mb_payload(h);
 	int32_t least = -1;
+	uint32_t wire = SHM_MB_VERSION;
 
 	if (h->epoch != c->epoch || h->stage != c->o.n_stages)
 		return 0;
@@ -291,12 +281,14 @@ static int setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, si
 			    h->kind == SHM_MB_JOIN ? "join" : "pool", e->err);
 			return e->status;
 		}
-		if (e->proto != SHM_MB_PROTO || e->mb_version != SHM_MB_VERSION) {
+		if (e->proto != SHM_MB_PROTO || !shm_mb_version_ok(e->mb_version)) {
 			fmt(err, errlen, "stage %d (%s, pid %d) speaks chain protocol %u / message version %u, "
-			    "ctrld %u / %u: run the same kvferry version on every node", k, e->role, e->pid,
-			    e->proto, e->mb_version, SHM_MB_PROTO, SHM_MB_VERSION);
+			    "ctrld %u / %u..%u: run the same kvferry version on every node", k, e->role, e->pid,
+			    e->proto, e->mb_version, SHM_MB_PROTO, SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 			return -EPROTO;
 		}
+		if (e->mb_version < wire)
+			wire = e->mb_version;
 		if (e->fingerprint != c->fp) {
 			fmt(err, errlen, "stage %d (%s, pid %d) holds model fingerprint %016" PRIx64 ", ctrld "
 			    "serves %s (fingerprint %016" PRIx64 "): give every worker the same model directory",
@@ -311,6 +303,11 @@ static int setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, si
 		return h->status;
 	}
 	if (h->kind == SHM_MB_JOIN) {
+		if (wire < SHM_MB_VERSION && c->wire_version != wire)
+			fprintf(c->log, "chain: a stage speaks message version %u: micro-batches go out in "
+				"version %u, without top logprobs, until every worker runs version %u\n", wire,
+				wire, SHM_MB_VERSION);
+		c->wire_version = (uint16_t)wire;
 		if (c->n_blocks > 0 && least < c->n_blocks) {
 			fmt(err, errlen, "a re-joined stage holds only %d KV blocks, the chain runs with %d: give "
 			    "it the same KV budget as before", least, c->n_blocks);
@@ -362,18 +359,38 @@ static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
 	g = &c->g[h->group];
 	if (!g->busy || g->done || g->seq != h->seq)
 		return; /* a result for a group already failed */
-	if (shm_mb_check(h, len, c->max_cols, c->max_ops) < 0 || h->n_cols != g->n_cols) {
+	if (shm_mb_check(h, len, c->max_cols, c->max_ops) < 0 || h->n_cols != g->n_sent) {
 		g->status = -EPROTO;
 		fmt(g->err, sizeof(g->err), "a malformed result came back for group %u (%d columns, %zu bytes)",
 		    h->group, h->n_cols, len);
 	} else {
 		const int32_t *t = shm_mb_payload(h);
+		const float *lp = (const float *)(t + h->n_cols);
 
 		g->status = h->status;
-		memcpy(g->err, h->err, sizeof(g->err) < sizeof(h->err) ? sizeof(g->err) : sizeof(h->err));
-		g->err[sizeof(g->err) - 1] = '\0';
-		memcpy(g->tokens, t, sizeof(int32_t) * (size_t)h->n_cols);
-		memcpy(g->lps, t + h->n_cols, sizeof(float) * (size_t)h->n_cols);
+		if (h->status < 0 || g->n_failed == 0) {
+			memcpy(g->err, h->err, sizeof(g->err) < sizeof(h->err) ? sizeof(g->err) : sizeof(h->err));
+			g->err[sizeof(g->err) - 1] = '\0';
+		}
+		int32_t k = h->version >= 2 && h->status == 0 ? h->n_logprobs : 0;
+
+		/* Back to the submitted order; left-out columns keep -1. */
+		for (int32_t j = 0; j < h->n_cols; j++) {
+			g->tokens[g->sent[j]] = t[j];
+			g->lps[g->sent[j]] = lp[j];
+		}
+		g->n_top = k;
+		if (k > 0) {
+			const int32_t *ti = shm_mb_top_ids(h);
+			const float *tl = shm_mb_top_logprobs(h);
+
+			for (int32_t j = 0; j < h->n_cols; j++) {
+				memcpy(g->top_ids + (size_t)g->sent[j] * (size_t)k, ti + (size_t)j * (size_t)k,
+				       sizeof(int32_t) * (size_t)k);
+				memcpy(g->top_lps + (size_t)g->sent[j] * (size_t)k, tl + (size_t)j * (size_t)k,
+				       sizeof(float) * (size_t)k);
+			}
+		}
 		for (int32_t k = 0; k < c->o.n_stages; k++) {
 			c->sst[k].steps++;
 			c->sst[k].cols += (uint64_t)h->n_cols;
@@ -393,10 +410,10 @@ static int drain(struct proc_chain *c, char *err, size_t errlen)
 		struct shm_mb_hdr *h = shm_ptr(c->reg, d.off);
 
 		if (d.off + d.len > shm_region_size(c->reg) || d.len < sizeof(*h) || h->magic != SHM_MB_MAGIC
-		    || h->version != SHM_MB_VERSION || h->total_len > d.len) {
+		    || !shm_mb_version_ok(h->version) || h->total_len > d.len) {
 			fprintf(c->log, "chain: dropping a message of %u bytes (magic %08x, version %u; ctrld "
-				"speaks version %u)\n", d.len, d.len >= 8 ? h->magic : 0,
-				d.len >= 8 ? h->version : 0, SHM_MB_VERSION);
+				"speaks versions %u..%u)\n", d.len, d.len >= 8 ? h->magic : 0,
+				d.len >= 8 ? h->version : 0, SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 		} else if (h->kind == SHM_MB_RESULT) {
 			on_result(c, h, d.len);
 		} else if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
@@ -557,7 +574,7 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	struct pc_grp *g;
 	struct shm_mb_hdr *h;
 	struct shm_desc d;
-	int32_t bad_slot = -1;
+	int32_t bad_slot = -1, n_sent = 0;
 
 	if (group >= (uint32_t)c->o.max_groups || c->g[group].busy || n_cols < 1 || n_cols > c->max_cols
 	    || n_ops < 0 || n_ops > c->max_ops)
@@ -574,6 +591,9 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	g->busy = 1;
 	g->done = 0;
 	g->n_cols = n_cols;
+	g->n_sent = n_cols;
+	g->n_failed = 0;
+	g->n_top = 0;
 	g->seq = ++c->seq;
 	g->t_submit = mono_ns();
 	g->status = 0;
@@ -594,31 +614,50 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	for (int32_t i = 0; i < n_ops; i++)
 		if (ops[i].type == KN_OP_ZERO_SLOT)
 			c->tainted[ops[i].slot] = 0;
-	for (int32_t i = 0; i < n_cols && bad_slot < 0; i++)
-		if (c->tainted[cols[i].slot])
-			bad_slot = cols[i].slot;
 	h = buf_at(c, (int32_t)group);
+	for (int32_t i = 0; i < n_cols; i++) {
+		g->tokens[i] = -1;
+		g->lps[i] = 0.0f;
+		g->cst[i] = 0;
+		if (!c->tainted[cols[i].slot]) {
+			g->sent[n_sent] = i;
+			memcpy((struct kn_column *)shm_mb_cols(h) + n_sent++, &cols[i], sizeof(*cols));
+			continue;
+		}
+		g->cst[i] = -EPIPE;
+		if (g->n_failed++ == 0) {
+			bad_slot = cols[i].slot;
+			fmt(g->err, sizeof(g->err), "slot %d lost its KV cache when the chain re-formed after: %s",
+			    bad_slot, c->down_why);
+		}
+	}
 	memset(h, 0, sizeof(*h));
 	h->magic = SHM_MB_MAGIC;
-	h->version = SHM_MB_VERSION;
+	h->version = c->wire_version;
 	h->kind = SHM_MB_TOKENS;
 	h->epoch = c->epoch;
 	h->seq = g->seq;
 	h->group = group;
 	h->stage = 0;
 	h->n_stages = c->o.n_stages;
-	h->n_cols = n_cols;
-	h->n_ops = n_ops;
-	if (bad_slot >= 0) {
+	if (n_sent == 0) {
+		/* Every column is tainted: the ops alone travel, the group fails. */
+		memcpy(shm_mb_cols(h), cols, sizeof(*cols) * (size_t)n_cols);
+		for (int32_t i = 0; i < n_cols; i++)
+			g->sent[i] = i;
+		n_sent = n_cols;
+		g->n_failed = 0;
 		h->flags = SHM_MB_F_OPS_ONLY;
 		h->status = -EPIPE;
 		fmt(h->err, sizeof(h->err), "slot %d lost its KV cache when the chain re-formed after: %s",
 		    bad_slot, c->down_why);
 	}
-	memcpy(shm_mb_cols(h), cols, sizeof(*cols) * (size_t)n_cols);
+	g->n_sent = n_sent;
+	h->n_cols = n_sent;
+	h->n_ops = n_ops;
 	if (n_ops > 0)
 		memcpy(shm_mb_ops(h), ops, sizeof(*ops) * (size_t)n_ops);
-	h->total_len = (uint32_t)shm_mb_size(SHM_MB_TOKENS, n_cols, n_ops, 0);
+	h->total_len = (uint32_t)shm_mb_size(SHM_MB_TOKENS, n_sent, n_ops, 0);
 	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = SHM_MB_TOKENS,
 			       .seq = h->seq, .aux = group };
 	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1) {
@@ -656,6 +695,11 @@ static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 		r->n_cols = g->n_cols;
 		r->tokens = g->tokens;
 		r->logprobs = g->lps;
+		r->col_status = g->status == 0 && g->n_failed > 0 ? g->cst : NULL;
+		r->n_logprobs = g->status == 0 ? g->n_top : 0;
+		r->top_ids = g->top_ids;
+		r->top_logprobs = g->top_lps;
+		r->n_failed_cols = g->status == 0 ? g->n_failed : 0;
 		memcpy(r->err, g->err, sizeof(r->err));
 	}
 	return n;
@@ -681,6 +725,10 @@ static void pc_destroy(struct ctrl_chain *cc)
 		for (int32_t i = 0; i < c->o.max_groups; i++) {
 			free(c->g[i].tokens);
 			free(c->g[i].lps);
+			free(c->g[i].cst);
+			free(c->g[i].sent);
+			free(c->g[i].top_ids);
+			free(c->g[i].top_lps);
 		}
 	free(c->g);
 	free(c->done);
@@ -997,7 +1045,12 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	for (int32_t i = 0; i < o->max_groups; i++) {
 		c->g[i].tokens = calloc((size_t)c->max_cols, sizeof(int32_t));
 		c->g[i].lps = calloc((size_t)c->max_cols, sizeof(float));
-		if (c->g[i].tokens == NULL || c->g[i].lps == NULL)
+		c->g[i].cst = calloc((size_t)c->max_cols, sizeof(int32_t));
+		c->g[i].sent = calloc((size_t)c->max_cols, sizeof(int32_t));
+		c->g[i].top_ids = calloc((size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS, sizeof(int32_t));
+		c->g[i].top_lps = calloc((size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS, sizeof(float));
+		if (c->g[i].tokens == NULL || c->g[i].lps == NULL || c->g[i].cst == NULL
+		    || c->g[i].sent == NULL || c->g[i].top_ids == NULL || c->g[i].top_lps == NULL)
 			goto fail_nomem;
 	}
 	/* Drop whatever a previous ctrld left in the return ring: we own it. */

@@ -369,7 +369,6 @@ static int open_model(struct daemon *d)
 {
 	const struct kn_model_config *mc;
 	char err[1024], dirbuf[CTRL_CFG_STRLEN];
-	int32_t even[CTRL_CFG_MAX_STAGES], n_even;
 
 	d->model = kn_model_open(d->set->model_dir, err, sizeof(err));
 	if (!d->model) {
@@ -387,16 +386,6 @@ static int open_model(struct daemon *d)
 		const char *origin;
 		ctrl_config_source(d->cfg, "stages", &origin);
 		logmsg("stages = %s (from %s): %s", d->set->stages, origin, err);
-		return -EINVAL;
-	}
-	/* The in-process chain splits layers evenly; explicit ranges are
-	 * accepted when they are that split. */
-	snprintf(err, sizeof(err), "%d", d->n_stages);
-	ctrl_config_stages(err, mc->n_layers, even, &n_even, err, sizeof(err));
-	if (!d->set->worker_region[0] && memcmp(even, d->ends, (size_t)d->n_stages * sizeof(int32_t))) {
-		logmsg("stages = %s: the in-process chain splits %d layers evenly (%d stages end at layers %d, %d, ...); "
-		       "write stages = %d or the even ranges",
-		       d->set->stages, mc->n_layers, d->n_stages, even[0], n_even > 1 ? even[1] : even[0], d->n_stages);
 		return -EINVAL;
 	}
 	d->max_context = mc->max_position;
@@ -451,6 +440,7 @@ static int build_pipelines(struct daemon *d)
 
 		ctrl_kn_chain_opts_init(&ko);
 		ko.n_stages = d->n_stages;
+		memcpy(ko.layer_ends, d->ends, sizeof(int32_t) * (size_t)d->n_stages);
 		ko.backend = d->set->backend == CTRL_CFG_BACKEND_CUDA ? KN_BACKEND_CUDA : KN_BACKEND_CPU;
 		ko.threaded = d->n_stages > 1;
 		ko.stage.n_slots = (int32_t)d->set->max_slots;

@@ -23,11 +23,27 @@ struct sbuf {
 int sbuf_add(struct sbuf *b, const void *data, size_t n);
 void sbuf_free(struct sbuf *b);
 
+/* Most top logprobs a request may ask for (OpenAI's limit, the chain's). */
+#define HTTP_MAX_LOGPROBS CTRL_CHAIN_MAX_LOGPROBS
+
 struct http_ev {
 	int32_t token;
 	float logprob;
 	int32_t n_generated;
 	int32_t finish; /* enum ctrl_finish */
+	int32_t n_top;
+	int32_t top_ids[HTTP_MAX_LOGPROBS];
+	float top_lps[HTTP_MAX_LOGPROBS];
+};
+
+/* One generated token's logprobs, and where its text starts in the output. */
+struct lp_ent {
+	int32_t token;
+	float logprob;
+	size_t off;                  /* bytes of output text before this token's */
+	int32_t n_top;
+	int32_t top_ids[HTTP_MAX_LOGPROBS];
+	float top_lps[HTTP_MAX_LOGPROBS];
 };
 
 enum gen_kind { GEN_COMPLETION, GEN_CHAT };
@@ -68,6 +84,11 @@ struct gen {
 	const char *finish;          /* "stop", "length", "abort" */
 	int failed;                  /* the backend ended it with an error */
 	char *fail_msg;              /* why (malloc'd), when failed */
+	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true */
+	int32_t lp_top;              /* alternatives per token */
+	struct lp_ent *lp;           /* one per generated token */
+	size_t lp_n, lp_cap, lp_sent;
+	int cut;                     /* a stop string cut the text: tokens past it are not reported */
 	struct sbuf out;             /* SSE bytes waiting to be read by MHD */
 	size_t out_off;
 	int role_sent, final_sent;

@@ -13,6 +13,12 @@
  * backend request is cancelled. While streaming, a tail of the text that
  * could still grow into a stop string (it equals a stop string's prefix) is
  * held back, so no part of a stop string is ever sent.
+ *
+ * Logprobs: each token event carries the chosen token's logprob and the
+ * request's top alternatives (the scheduler asks the chain for them per
+ * column). They are kept per token with the byte offset where the token's
+ * text starts, so a streamed chunk carries exactly the tokens whose text
+ * starts in it, and tokens past a stop-string cut are not reported.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -44,6 +50,7 @@ static void gen_free(struct gen *g)
 		free(g->stops[i]);
 	free(g->stops);
 	free(g->q);
+	free(g->lp);
 	free(g->backend_err);
 	free(g->fail_msg);
 	kn_tok_stream_free(g->ds);
@@ -64,7 +71,14 @@ void gen_unref(struct gen *g)
 static void on_event(void *arg, const struct ctrl_event *ev)
 {
 	struct gen *g = arg;
-	struct http_ev e = {ev->token, ev->logprob, ev->n_generated, (int32_t)ev->finish};
+	struct http_ev e = {.token = ev->token, .logprob = ev->logprob, .n_generated = ev->n_generated,
+			    .finish = (int32_t)ev->finish};
+
+	if (ev->finish == CTRL_FINISH_NONE && ev->n_top > 0 && ev->top_ids && ev->top_logprobs) {
+		e.n_top = ev->n_top < HTTP_MAX_LOGPROBS ? ev->n_top : HTTP_MAX_LOGPROBS;
+		memcpy(e.top_ids, ev->top_ids, sizeof(int32_t) * (size_t)e.n_top);
+		memcpy(e.top_lps, ev->top_logprobs, sizeof(float) * (size_t)e.n_top);
+	}
 
 	pthread_mutex_lock(&g->mu);
 	if (g->qn == g->qcap) {
@@ -145,6 +159,7 @@ static int match_stop(struct gen *g, size_t from)
 		return 0;
 	g->text.len = best;
 	g->text.p[best] = 0;
+	g->cut = 1;
 	return 1;
 }
 
@@ -163,6 +178,29 @@ static void append_text(struct gen *g, const char *s, size_t n)
 		g->finish = "stop";
 		gen_cancel(g);
 	}
+}
+
+/* Keep a token's logprobs; its text starts at the current end of the output. */
+static void lp_add(struct gen *g, const struct http_ev *e)
+{
+	struct lp_ent *x;
+
+	if (g->lp_n == g->lp_cap) {
+		size_t cap = g->lp_cap ? g->lp_cap * 2 : 16;
+		struct lp_ent *p = realloc(g->lp, cap * sizeof(*p));
+
+		if (!p)
+			return; /* out of memory: the token goes unreported, the text does not */
+		g->lp = p;
+		g->lp_cap = cap;
+	}
+	x = &g->lp[g->lp_n++];
+	x->token = e->token;
+	x->logprob = e->logprob;
+	x->off = g->text.len;
+	x->n_top = e->n_top < g->lp_top ? e->n_top : g->lp_top;
+	memcpy(x->top_ids, e->top_ids, sizeof(int32_t) * (size_t)x->n_top);
+	memcpy(x->top_lps, e->top_lps, sizeof(float) * (size_t)x->n_top);
 }
 
 /* Connection thread: take queued events, decode them, apply stop strings. */
@@ -187,6 +225,8 @@ static void gen_pump(struct gen *g)
 
 		if (e->finish == CTRL_FINISH_NONE) {
 			g->n_gen++;
+			if (g->lp_on)
+				lp_add(g, e);
 			w = kn_tok_stream_push(g->ds, e->token, buf, sizeof(buf));
 			if (w > 0)
 				append_text(g, buf, (size_t)w);
@@ -255,15 +295,105 @@ static int peer_closed(struct MHD_Connection *c)
 
 /* ---- response bodies ---- */
 
+/* A token as text: its bytes when they are whole UTF-8, else "bytes:\\xNN..."
+ * (a token may hold part of a character), as OpenAI writes them. */
+static json_t *tok_str(const struct gen *g, int32_t id)
+{
+	size_t len = 0;
+	const char *b = kn_tok_token_bytes(g->h->tok, id, &len);
+	json_t *j;
+	char esc[6 * 64 + 8];
+	size_t n;
+
+	if (!b)
+		return json_string("");
+	if ((j = json_stringn(b, len)))
+		return j;
+	n = (size_t)snprintf(esc, sizeof(esc), "bytes:");
+	for (size_t i = 0; i < len && n + 5 < sizeof(esc); i++)
+		n += (size_t)snprintf(esc + n, sizeof(esc) - n, "\\x%02x", (unsigned char)b[i]);
+	return json_string(esc);
+}
+
+static json_t *tok_bytes(const struct gen *g, int32_t id)
+{
+	size_t len = 0;
+	const char *b = kn_tok_token_bytes(g->h->tok, id, &len);
+	json_t *a = json_array();
+
+	for (size_t i = 0; b && i < len; i++)
+		json_array_append_new(a, json_integer((unsigned char)b[i]));
+	return a;
+}
+
+/* Entries that may be reported: all of them, less those past a stop-string cut. */
+static size_t lp_valid(const struct gen *g)
+{
+	size_t n = g->lp_n;
+
+	if (g->cut)
+		while (n > 0 && g->lp[n - 1].off >= g->text.len)
+			n--;
+	return n;
+}
+
+/* The logprobs object of entries [a, b), in the endpoint's format. */
+static json_t *logprobs_json(const struct gen *g, size_t a, size_t b)
+{
+	if (g->kind == GEN_CHAT) {
+		json_t *content = json_array();
+
+		for (size_t i = a; i < b; i++) {
+			const struct lp_ent *x = &g->lp[i];
+			json_t *top = json_array();
+
+			for (int32_t t = 0; t < x->n_top; t++)
+				json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token",
+					tok_str(g, x->top_ids[t]), "logprob", (double)x->top_lps[t], "bytes",
+					tok_bytes(g, x->top_ids[t])));
+			json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token",
+				tok_str(g, x->token), "logprob", (double)x->logprob, "bytes", tok_bytes(g, x->token),
+				"top_logprobs", top));
+		}
+		return json_pack("{s:o}", "content", content);
+	} else {
+		json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+
+		for (size_t i = a; i < b; i++) {
+			const struct lp_ent *x = &g->lp[i];
+			json_t *top = json_object();
+
+			json_array_append_new(tokens, tok_str(g, x->token));
+			json_array_append_new(lps, json_real((double)x->logprob));
+			for (int32_t t = 0; t < x->n_top; t++) {
+				json_t *k = tok_str(g, x->top_ids[t]);
+
+				/* two tokens of the same text: the likelier one stays */
+				if (!json_object_get(top, json_string_value(k)))
+					json_object_set_new(top, json_string_value(k), json_real((double)x->top_lps[t]));
+				json_decref(k);
+			}
+			json_array_append_new(tops, top);
+			json_array_append_new(offs, json_integer((json_int_t)x->off));
+		}
+		return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+				 "top_logprobs", tops, "text_offset", offs);
+	}
+}
+
 static json_t *usage_json(const struct gen *g)
 {
 	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->n_prompt, "completion_tokens", g->n_gen,
 			 "total_tokens", g->n_prompt + g->n_gen);
 }
 
-static json_t *chunk_json(struct gen *g, const char *text, size_t len, const char *finish, int role)
+static json_t *chunk_json(struct gen *g, const char *text, size_t len, const char *finish, int role,
+			  json_t *lp)
 {
 	json_t *choice;
+
+	if (!lp)
+		lp = json_null();
 
 	if (g->kind == GEN_CHAT) {
 		json_t *delta = json_object();
@@ -271,11 +401,11 @@ static json_t *chunk_json(struct gen *g, const char *text, size_t len, const cha
 			json_object_set_new(delta, "role", json_string("assistant"));
 		if (text)
 			json_object_set_new(delta, "content", json_stringn(text, len));
-		choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+		choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", lp,
 				   "finish_reason", finish ? json_string(finish) : json_null());
 	} else {
-		choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", text ? text : "",
-				   text ? len : 0, "logprobs", "finish_reason",
+		choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", 0, "text", text ? text : "",
+				   text ? len : 0, "logprobs", lp, "finish_reason",
 				   finish ? json_string(finish) : json_null());
 	}
 	return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->rid, "object",
@@ -323,16 +453,26 @@ static void note_done(struct gen *g)
 /* Append to g->out the SSE events that are now due. */
 static void stream_build(struct gen *g)
 {
-	size_t upto;
+	size_t upto, lp_upto = g->lp_sent;
 
 	if (g->kind == GEN_CHAT && !g->role_sent) {
-		sse(g, chunk_json(g, "", 0, NULL, 1));
+		sse(g, chunk_json(g, "", 0, NULL, 1, NULL));
 		g->role_sent = 1;
 	}
 	upto = g->done ? g->text.len : g->text.len - held_back(g);
+	/* A chunk carries the tokens whose text starts in it (all that are left
+	 * once the answer is complete). */
+	if (g->lp_on) {
+		size_t valid = lp_valid(g);
+
+		while (lp_upto < valid && (g->done || g->lp[lp_upto].off < upto))
+			lp_upto++;
+	}
 	if (!g->failed && upto > g->emitted) {
-		sse(g, chunk_json(g, g->text.p + g->emitted, upto - g->emitted, NULL, 0));
+		sse(g, chunk_json(g, g->text.p + g->emitted, upto - g->emitted, NULL, 0,
+				  g->lp_on ? logprobs_json(g, g->lp_sent, lp_upto) : NULL));
 		g->emitted = upto;
+		g->lp_sent = lp_upto;
 	}
 	if (!g->done || g->final_sent)
 		return;
@@ -341,7 +481,10 @@ static void stream_build(struct gen *g)
 				 g->fail_msg ? g->fail_msg : "generation failed", "type", "server_error",
 				 "param", "code", "generation_failed"));
 	} else {
-		sse(g, chunk_json(g, NULL, 0, g->finish, 0));
+		/* tokens with no text of their own left: on the last chunk */
+		sse(g, chunk_json(g, NULL, 0, g->finish, 0,
+				  g->lp_on && lp_upto > g->lp_sent ? logprobs_json(g, g->lp_sent, lp_upto) : NULL));
+		g->lp_sent = lp_upto;
 		if (g->include_usage) {
 			json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", g->rid, "object",
 					      g->kind == GEN_CHAT ? "chat.completion.chunk" : "text_completion",
@@ -389,19 +532,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static enum MHD_Result respond_final(struct ctrl_http *h, struct MHD_Connection *c, struct gen *g)
 {
-	json_t *choice, *j;
+	json_t *choice, *j, *lp;
 
 	if (g->failed)
 		return http_error(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL,
 				  "generation_failed", "%s", g->fail_msg ? g->fail_msg : "generation failed");
 	note_done(g);
+	lp = g->lp_on ? logprobs_json(g, 0, lp_valid(g)) : json_null();
 	if (g->kind == GEN_CHAT)
-		choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
+		choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", 0, "message", "role",
 				   "assistant", "content", g->text.p ? g->text.p : "", g->text.len,
-				   "logprobs", "finish_reason", g->finish);
+				   "logprobs", lp, "finish_reason", g->finish);
 	else
-		choice = json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text",
-				   g->text.p ? g->text.p : "", g->text.len, "logprobs", "finish_reason",
+		choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text",
+				   g->text.p ? g->text.p : "", g->text.len, "logprobs", lp, "finish_reason",
 				   g->finish);
 	j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->rid, "object",
 		      g->kind == GEN_CHAT ? "chat.completion" : "text_completion", "created",
@@ -750,9 +894,29 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	else if (json_is_integer(json_object_get(req, "seed")))
 		seed = (uint64_t)iv;
 	lp = json_object_get(req, "logprobs");
-	if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && !json_integer_value(lp))) {
-		bad(&e, 400, "logprobs", "unsupported_value", "logprobs are not supported by this server yet; omit 'logprobs'");
-		goto reject;
+	if (kind == GEN_COMPLETION) {
+		/* legacy: logprobs N = the chosen token's logprob and N alternatives */
+		if (!json_is_false(lp) && opt_int(req, "logprobs", 0, HTTP_MAX_LOGPROBS, &iv, &e) < 0)
+			goto reject;
+		if (lp && json_is_integer(lp)) {
+			g->lp_on = 1;
+			g->lp_top = (int32_t)iv;
+		}
+	} else {
+		int on = 0;
+
+		if (opt_bool(req, "logprobs", &on, &e) < 0)
+			goto reject;
+		iv = 0;
+		if (opt_int(req, "top_logprobs", 0, HTTP_MAX_LOGPROBS, &iv, &e) < 0)
+			goto reject;
+		if (!on && json_is_integer(json_object_get(req, "top_logprobs"))) {
+			bad(&e, 400, "top_logprobs", "invalid_value",
+			    "'top_logprobs' needs \"logprobs\": true");
+			goto reject;
+		}
+		g->lp_on = on;
+		g->lp_top = on ? (int32_t)iv : 0;
 	}
 	if (read_stops(req, g, &e))
 		goto reject;
@@ -801,6 +965,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.top_p = (float)top_p;
 	r.top_k = top_k < 0 ? 0 : (int32_t)top_k;
 	r.seed = (uint32_t)(seed ^ (seed >> 32));
+	r.n_logprobs = g->lp_top;
 	r.cb = on_event;
 	r.cb_arg = g;
 	/* The backend's reference exists before it can call back. */

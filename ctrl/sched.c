@@ -144,8 +144,27 @@ static void slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, i
 	req_finish(s, r, why, token, msg);
 }
 
+/* Top logprobs of one column of a result, as a token event carries them. */
+struct col_top {
+	int32_t n;
+	const int32_t *ids;
+	const float *lps;
+};
+
+static struct col_top col_top(const struct ctrl_chain_result *res, const struct sched_req *r, int32_t col)
+{
+	struct col_top t = { 0, NULL, NULL };
+
+	if (res->n_logprobs > 0 && r->n_logprobs > 0 && res->top_ids != NULL && res->top_logprobs != NULL) {
+		t.n = r->n_logprobs < res->n_logprobs ? r->n_logprobs : res->n_logprobs;
+		t.ids = res->top_ids + (size_t)col * (size_t)res->n_logprobs;
+		t.lps = res->top_logprobs + (size_t)col * (size_t)res->n_logprobs;
+	}
+	return t;
+}
+
 /* Append a generated token; @return 1 if the sequence ended. */
-static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp)
+static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
@@ -163,6 +182,7 @@ static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp)
 	ev = (struct ctrl_event){
 		.id = r->id, .finish = CTRL_FINISH_NONE, .token = tok, .logprob = lp,
 		.n_generated = r->n_gen, .message = NULL,
+		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
 	};
 	r->cb(r->cb_arg, &ev);
 	if (r->n_gen >= r->max_tokens) {
@@ -180,7 +200,8 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	uint64_t seq, id;
 
 	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 1
-	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL))
+	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL)
+	    || rq->n_logprobs < 0 || rq->n_logprobs > CTRL_CHAIN_MAX_LOGPROBS)
 		return -EINVAL;
 	if (atomic_fetch_add_explicit(&s->pending, 1, memory_order_relaxed) >= s->o.max_queue) {
 		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
@@ -205,6 +226,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->top_p = rq->top_p;
 	r->top_k = rq->top_k;
 	r->seed = rq->seed;
+	r->n_logprobs = rq->n_logprobs;
 	r->cb = rq->cb;
 	r->cb_arg = rq->cb_arg;
 	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
@@ -450,6 +472,8 @@ static void fill_col(struct kn_column *c, const struct sched_req *r, int32_t slo
 	c->pos = pos;
 	c->slot = slot;
 	c->flags = flags;
+	if (flags & KN_COL_NEED_LOGIT)
+		c->flags |= ((uint32_t)r->n_logprobs << KN_COL_TOPK_SHIFT) & KN_COL_TOPK_MASK;
 	c->temperature = r->temperature;
 	c->top_p = r->top_p;
 	c->top_k = r->top_k;
@@ -618,6 +642,15 @@ static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
 
 /* ---- results ---- */
 
+/* Did any column of @p en fail alone? */
+static int ent_failed(const int32_t *col_status, const struct sched_ent *en)
+{
+	for (int32_t j = 0; j < en->n; j++)
+		if (col_status[en->col + j] < 0)
+			return 1;
+	return 0;
+}
+
 static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *res)
 {
 	struct sched_group *g;
@@ -645,13 +678,24 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
 			continue;
 		}
+		if (res->col_status != NULL && ent_failed(res->col_status, en)) {
+			char msg[320];
+
+			/* Its KV is gone on some stage: no later round could be
+			 * right. The slot's next owner starts with ZERO_SLOT. */
+			snprintf(msg, sizeof(msg), "the stage chain lost this request's KV cache (group %d): %s",
+				 (int)(g - s->groups), res->err);
+			slot_finish(s, en->slot, CTRL_FINISH_ERROR, -1, msg);
+			continue;
+		}
 		switch (en->kind) {
 		case ENT_PREFILL:
 			sl->n_fed += en->n;
 			break;
 		case ENT_PREFILL_LAST:
 			sl->n_fed += en->n;
-			slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f);
+			slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
+				  col_top(res, sl->r, en->col + en->n - 1));
 			break;
 		case ENT_DECODE:
 			while (a < en->draft && out[a] == g->cols[en->col + 1 + a].token)
@@ -660,7 +704,8 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			sl->n_fed = old + 1 + a;
 			s->st.spec_accepted += (uint64_t)a;
 			for (int32_t j = 0; j <= a; j++)
-				if (slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f))
+				if (slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f,
+					      col_top(res, sl->r, en->col + j)))
 					goto next;
 			if (a < en->draft)
 				sl->rollback_to = old + 1 + a;

@@ -27,6 +27,7 @@ struct sched_req {
 	float top_p;
 	int32_t top_k;
 	uint32_t seed;
+	int32_t n_logprobs;
 	ctrl_token_cb cb;
 	void *cb_arg;
 	int32_t *toks;            /* prompt, then generated tokens */

@@ -241,7 +241,7 @@ static int ensure_out_area(struct worker *w, const struct shm_mb_setup *s, char 
 	int32_t hidden = kn_model_config(w->m)->hidden_size;
 	size_t need = shm_mb_size(SHM_MB_HIDDEN, s->max_cols, s->max_ops, hidden);
 	size_t setup = shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
-	size_t res = shm_mb_size(SHM_MB_RESULT, s->max_cols, s->max_ops, 0);
+	size_t res = shm_mb_result_size(s->max_cols, s->max_ops, SHM_MB_MAX_LOGPROBS);
 	char name[SHM_NAME_MAX + 16];
 	uint64_t off;
 	size_t have;
@@ -419,6 +419,17 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 	oh->kind = (uint16_t)okind;
 	oh->stage = w->idx + 1;
 	oh->hidden = last ? 0 : hidden;
+	oh->n_logprobs = 0;
+	/* Top logprobs: as many as the most demanding column asks for, only in
+	 * a version that has room for them (a reply keeps the sender's version). */
+	for (int32_t i = 0; last && h->version >= 2 && i < nc; i++) {
+		const struct kn_column *col = (const struct kn_column *)shm_mb_cols(h) + i;
+
+		if ((col->flags & KN_COL_NEED_LOGIT) && KN_COL_TOPK(col->flags) > oh->n_logprobs)
+			oh->n_logprobs = KN_COL_TOPK(col->flags);
+	}
+	if (oh->n_logprobs > SHM_MB_MAX_LOGPROBS)
+		oh->n_logprobs = SHM_MB_MAX_LOGPROBS;
 	memcpy(shm_mb_cols(oh), shm_mb_cols(h), (size_t)nc * SHM_MB_COL_BYTES);
 	memcpy(shm_mb_ops(oh), shm_mb_ops(h), (size_t)no * SHM_MB_OP_BYTES);
 	snprintf(what, sizeof(what), "stage %d (%s, layers %d..%d, pid %d)", w->idx, w->o.role,
@@ -437,6 +448,9 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 			.hidden_out = last ? NULL : shm_mb_payload(oh),
 			.tokens_out = last ? toks : NULL,
 			.token_logprob_out = last ? (float *)(toks + nc) : NULL,
+			.n_logprobs = oh->n_logprobs,
+			.top_ids_out = oh->n_logprobs > 0 ? shm_mb_top_ids(oh) : NULL,
+			.top_logprobs_out = oh->n_logprobs > 0 ? shm_mb_top_logprobs(oh) : NULL,
 		};
 
 		if ((!w->info.first && (h->kind != SHM_MB_HIDDEN || h->hidden != hidden))
@@ -456,6 +470,7 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 	}
 	if (oh->status != 0) {
 		oh->hidden = 0; /* no rows: later stages skip the step */
+		oh->n_logprobs = 0;
 		if (last) {
 			int32_t *toks = shm_mb_payload(oh);
 
@@ -465,7 +480,8 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 			}
 		}
 	}
-	oh->total_len = (uint32_t)shm_mb_size(okind, nc, no, oh->hidden);
+	oh->total_len = (uint32_t)(last ? shm_mb_result_size(nc, no, oh->n_logprobs)
+					: shm_mb_size(okind, nc, no, oh->hidden));
 	{
 		uint64_t dt = mono_ns() - t0;
 
@@ -488,12 +504,12 @@ static void handle(struct worker *w, const struct shm_desc *d)
 		return;
 	}
 	h = shm_ptr(w->reg, d->off);
-	if (h->magic != SHM_MB_MAGIC || h->version != SHM_MB_VERSION) {
+	if (h->magic != SHM_MB_MAGIC || !shm_mb_version_ok(h->version)) {
 		/* magic, version, status and err sit at frozen offsets: say so in
 		 * the message itself when it can still travel on. */
 		LOG(w, "refusing a micro-batch message of version %u (magic %08x): this worker speaks "
-		    "version %u: run the same kvferry version on every node", h->version, h->magic,
-		    SHM_MB_VERSION);
+		    "versions %u..%u: run the same kvferry version on every node", h->version, h->magic,
+		    SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 		return;
 	}
 	if (h->total_len > d->len) {

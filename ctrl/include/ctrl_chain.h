@@ -5,7 +5,9 @@
  * for group g (its columns and the in-band ops that must be applied before
  * them) and, later, hands back group g's result: one token per column that
  * asked for a logit, or an error for the whole group (a dead worker, a
- * refused step). How the micro-batch reaches the stages is the
+ * refused step), or an error for some columns only (their slot's KV cache
+ * was lost on a stage that restarted: the other columns of the micro-batch
+ * are computed as usual). How the micro-batch reaches the stages is the
  * implementation's business: an in-process chain of kn_ stage engines, a
  * fake chain with programmable latency for tests, and (with the serving
  * slice) the shm/dataplane chain to worker processes.
@@ -18,6 +20,10 @@
  *  - submit() never blocks on stage work; poll() never blocks at all.
  *  - A result's tokens/logprobs stay valid until the group is submitted
  *    again or the chain is destroyed.
+ *  - A column that fails alone (col_status < 0) writes nothing a later
+ *    column of another slot reads; its slot must get ZERO_SLOT before it is
+ *    used again (the scheduler ends the sequence, and a reused slot always
+ *    starts with ZERO_SLOT).
  *
  * The vtable is public so that other modules' chains (the shm chain) can
  * implement it: embed `struct ctrl_chain` as the first member and point
@@ -39,6 +45,8 @@ extern "C" {
 
 /** Most stages a chain reports on. */
 #define CTRL_CHAIN_MAX_STAGES 16
+/** Most top logprobs a column may ask for (KN_COL_TOPK); OpenAI's limit. */
+#define CTRL_CHAIN_MAX_LOGPROBS 20
 /** Length of a result's error message buffer. */
 #define CTRL_CHAIN_ERRLEN 192
 
@@ -61,7 +69,16 @@ struct ctrl_chain_result {
 	int32_t n_cols;              /**< as submitted */
 	const int32_t *tokens;       /**< [n_cols], -1 where no logit was asked */
 	const float *logprobs;       /**< [n_cols] logprob of each token, or NULL */
-	char err[CTRL_CHAIN_ERRLEN]; /**< with status < 0: what failed and where */
+	char err[CTRL_CHAIN_ERRLEN]; /**< with status < 0, or a column failed: what failed and where */
+	const int32_t *col_status;   /**< with status 0: [n_cols] 0, or -errno where that column
+	                                  alone failed (its token is -1); NULL: every column ok */
+	int32_t n_failed_cols;       /**< columns with col_status < 0 */
+	int32_t n_logprobs;          /**< top logprobs per column (the most any column's
+	                                  KN_COL_TOPK asked for), 0: none */
+	const int32_t *top_ids;      /**< [n_cols][n_logprobs] best first (logprob descending,
+	                                  then id ascending); rows of columns without a logit
+	                                  are undefined */
+	const float *top_logprobs;   /**< [n_cols][n_logprobs] log-softmax of the model's logits */
 };
 
 /** Counters of one stage, cumulative since the chain was created. */
@@ -115,7 +132,8 @@ int ctrl_chain_submit(struct ctrl_chain *c, uint32_t group, const struct kn_colu
 		      int32_t n_cols, const struct kn_op *ops, int32_t n_ops);
 
 /**
- * Collect completed groups without blocking.
+ * Collect completed groups without blocking. @p out[0 .. max) is zeroed
+ * first, so a field an implementation does not know stays 0 / NULL.
  * @param out receives up to @p max results
  * @return the number of results (0 if none is ready), or -errno.
  */
@@ -126,6 +144,15 @@ int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st);
 
 /** Destroy a chain (any implementation); NULL is a no-op. */
 void ctrl_chain_destroy(struct ctrl_chain *c);
+
+/**
+ * Layer ranges of a chain's stages: explicit @p ends (validated to tile
+ * [0, n_layers) exactly: stage k holds [ends[k-1], ends[k]), stage 0 from 0)
+ * or, when ends[0] == 0, an even split of @p n_layers in @p n.
+ * @param ends    in: explicit ends or zeros; out: the ends used
+ * @return 0, or -EINVAL with @p err naming the gap, overlap or overrun.
+ */
+int ctrl_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, size_t errlen);
 
 /* ---- the fake chain (tests, simulation) ---- */
 
@@ -148,6 +175,13 @@ struct ctrl_fake_chain_opts {
 	int32_t vocab_size;
 	int64_t fail_submit;         /**< 0-based index of a submission whose group
 	                                  fails as if a stage died (-1 = never) */
+	int64_t lose_at;             /**< 0-based index of the submission from which
+	                                  lose_slots have lost their KV cache, as after a
+	                                  stage restart (-1 = never): each of their columns
+	                                  fails alone (col_status -EPIPE) until a ZERO_SLOT
+	                                  of the slot arrives */
+	int32_t lose_slots[8];
+	int32_t n_lose_slots;
 };
 
 /** Defaults: 2 stages of 100 µs, virtual time, 64 slots, 1024 blocks, 64 per slot, 64 cols, 32 groups, vocab 64. */
@@ -174,20 +208,24 @@ struct ctrl_chain *ctrl_fake_chain_create(const struct ctrl_fake_chain_opts *o);
 
 /** Options of the in-process kn chain. */
 struct ctrl_kn_chain_opts {
-	int32_t n_stages;            /**< the model's layers split evenly in this many ranges */
+	int32_t n_stages;            /**< stages: the model's layers split in this many ranges */
+	int32_t layer_ends[CTRL_CHAIN_MAX_STAGES]; /**< all 0: an even split; else stage k holds
+	                                  layers [layer_ends[k-1], layer_ends[k]) (stage 0 from 0),
+	                                  ranges that must tile the model (ctrl_chain_layers()) */
 	struct kn_stage_opts stage;  /**< template for every stage (layer range is overwritten) */
 	enum kn_backend backend;
 	int threaded;                /**< 1: one thread per stage so stages overlap; 0: submit steps inline */
 	int32_t max_groups;
 };
 
-/** Defaults: 1 stage, kn_stage_opts_init() template, CPU backend, threaded, 32 groups. */
+/** Defaults: 1 stage, even split, kn_stage_opts_init() template, CPU backend, threaded, 32 groups. */
 void ctrl_kn_chain_opts_init(struct ctrl_kn_chain_opts *o);
 
 /**
  * Create a chain of @p o->n_stages kn_ stage engines over @p m in this process.
  * The model must outlive the chain.
- * @return the chain, or NULL with errno set (EINVAL bad options, ENOMEM, or
+ * @return the chain, or NULL with errno set (EINVAL bad options or layer
+ *         ranges that do not tile the model, ENOMEM, or
  *         the errno of kn_stage_create()) and @p err filled.
  */
 struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct ctrl_kn_chain_opts *o,

@@ -68,6 +68,10 @@ struct ctrl_event {
 	float logprob;             /**< logprob of token (0 where unknown) */
 	int32_t n_generated;       /**< tokens emitted so far, this one included */
 	const char *message;       /**< ERROR: why; else NULL */
+	int32_t n_top;             /**< NONE: entries in top_ids / top_logprobs (the request's
+	                                n_logprobs, fewer only if the chain gave fewer) */
+	const int32_t *top_ids;    /**< [n_top] most likely tokens, best first; valid during the callback */
+	const float *top_logprobs; /**< [n_top] their logprobs */
 };
 
 /**
@@ -90,6 +94,7 @@ struct ctrl_request {
 	uint32_t seed;
 	ctrl_token_cb cb;          /**< required */
 	void *cb_arg;
+	int32_t n_logprobs;        /**< top logprobs per generated token, 0 .. CTRL_CHAIN_MAX_LOGPROBS */
 };
 
 /** Fill @p r with defaults: greedy, top_p 1, no stops, max_tokens 16. */
@@ -189,7 +194,7 @@ void ctrl_sched_destroy(struct ctrl_sched *s);
  * never fit (more blocks than the pool, longer than a slot's context) ends on
  * the next poll with CTRL_FINISH_ERROR and a message naming the pool.
  * @return the request id (> 0), or -EINVAL (no prompt, max_tokens < 1, no
- *         callback), -EAGAIN (max_queue requests already waiting), -ENOMEM.
+ *         callback, n_logprobs out of range), -EAGAIN (max_queue requests already waiting), -ENOMEM.
  */
 int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *r);
 

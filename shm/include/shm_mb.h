@@ -15,12 +15,21 @@
  *   payload, by kind:
  *     SHM_MB_TOKENS  nothing (the token ids ride in the columns)
  *     SHM_MB_HIDDEN  f32 rows [n_cols][hidden]
- *     SHM_MB_RESULT  int32 tokens [n_cols], then f32 logprobs [n_cols]
+ *     SHM_MB_RESULT  int32 tokens [n_cols], then f32 logprobs [n_cols], then
+ *                    (n_logprobs > 0, version 2) int32 top ids [n_cols][n_logprobs]
+ *                    and f32 top logprobs [n_cols][n_logprobs]
  *     SHM_MB_JOIN, SHM_MB_POOL  struct shm_mb_setup
  *
  * Frozen across versions: magic, version, kind, status and err sit at the
  * same offsets in every version, so a process of another version can still
  * refuse a message with a readable error that names both versions.
+ *
+ * Versions: 2 added n_logprobs (the header's former reserved0, zero in
+ * every version-1 message) and the top-logprob arrays after a RESULT's
+ * logprobs. A version-1 message reads as a version-2 one with n_logprobs 0,
+ * byte for byte, so readers accept SHM_MB_VERSION_MIN .. SHM_MB_VERSION; a
+ * stage answers in the version it was sent, and ctrld sends the oldest
+ * version its stages speak.
  *
  * Error pass-through: a stage that fails a step sets status (-errno) and err,
  * still applies the ops (every stage validates ops identically, so block
@@ -44,7 +53,11 @@ extern "C" {
 #endif
 
 #define SHM_MB_MAGIC 0x424d464bu /* "KFMB" little-endian */
-#define SHM_MB_VERSION 1u
+#define SHM_MB_VERSION 2u
+/** Oldest version a reader still accepts (see "Versions"). */
+#define SHM_MB_VERSION_MIN 1u
+/** Most top logprobs per column a RESULT carries. */
+#define SHM_MB_MAX_LOGPROBS 20
 /** Bytes of one column record (struct kn_column). */
 #define SHM_MB_COL_BYTES 32u
 /** Bytes of one op record (struct kn_op). */
@@ -84,7 +97,7 @@ struct shm_mb_hdr {
 	int32_t n_ops;
 	int32_t hidden;      /**< floats per hidden row (HIDDEN), else 0 */
 	uint32_t total_len;  /**< bytes of the whole message */
-	uint32_t reserved0;
+	int32_t n_logprobs;  /**< RESULT, version 2: top logprobs per column (0 .. SHM_MB_MAX_LOGPROBS) */
 	uint8_t reserved[32];
 	char err[SHM_MB_ERRLEN]; /**< with status < 0: what failed, where (frozen offset 96) */
 	uint32_t busy_us[SHM_MB_MAX_STAGES]; /**< each stage adds its step time (stage table) */
@@ -104,6 +117,7 @@ static_assert(offsetof(struct shm_mb_hdr, n_cols) == 44, "n_cols at 44");
 static_assert(offsetof(struct shm_mb_hdr, n_ops) == 48, "n_ops at 48");
 static_assert(offsetof(struct shm_mb_hdr, hidden) == 52, "hidden at 52");
 static_assert(offsetof(struct shm_mb_hdr, total_len) == 56, "total_len at 56");
+static_assert(offsetof(struct shm_mb_hdr, n_logprobs) == 60, "n_logprobs at 60");
 static_assert(offsetof(struct shm_mb_hdr, err) == 96, "err at 96");
 static_assert(offsetof(struct shm_mb_hdr, busy_us) == 256, "busy_us at 256");
 static_assert(sizeof(struct shm_mb_hdr) == 384, "header is 384 bytes");
@@ -217,6 +231,22 @@ static inline size_t shm_mb_size(enum shm_mb_kind kind, int32_t n_cols, int32_t 
 }
 
 /**
+ * @return the bytes of a RESULT with @p n_cols columns, @p n_ops ops and
+ *         @p n_logprobs top logprobs per column.
+ */
+static inline size_t shm_mb_result_size(int32_t n_cols, int32_t n_ops, int32_t n_logprobs)
+{
+	return shm_mb_size(SHM_MB_RESULT, n_cols, n_ops, 0)
+	       + (size_t)n_cols * (size_t)n_logprobs * (sizeof(int32_t) + sizeof(float));
+}
+
+/** @return 1 when this build reads messages of version @p v. */
+static inline int shm_mb_version_ok(uint32_t v)
+{
+	return v >= SHM_MB_VERSION_MIN && v <= SHM_MB_VERSION;
+}
+
+/**
  * Check that a received message of @p len bytes is whole and self-consistent
  * before anything in it is read past the header.
  * @return 0, -EPROTO (magic or version differ: the caller names both),
@@ -225,11 +255,16 @@ static inline size_t shm_mb_size(enum shm_mb_kind kind, int32_t n_cols, int32_t 
 static inline int shm_mb_check(const struct shm_mb_hdr *h, size_t len, int32_t max_cols,
 			       int32_t max_ops)
 {
-	if (len < sizeof(*h) || h->magic != SHM_MB_MAGIC || h->version != SHM_MB_VERSION)
+	int32_t k;
+
+	if (len < sizeof(*h) || h->magic != SHM_MB_MAGIC || !shm_mb_version_ok(h->version))
 		return -EPROTO;
+	k = h->version >= 2 && h->kind == SHM_MB_RESULT ? h->n_logprobs : 0;
 	if (h->n_cols < 0 || h->n_cols > max_cols || h->n_ops < 0 || h->n_ops > max_ops
 	    || h->hidden < 0 || h->hidden > (1 << 20) || h->total_len > len
-	    || shm_mb_size((enum shm_mb_kind)h->kind, h->n_cols, h->n_ops, h->hidden) > h->total_len)
+	    || k < 0 || k > SHM_MB_MAX_LOGPROBS
+	    || shm_mb_size((enum shm_mb_kind)h->kind, h->n_cols, h->n_ops, h->hidden) > h->total_len
+	    || (k > 0 && shm_mb_result_size(h->n_cols, h->n_ops, k) > h->total_len))
 		return -EINVAL;
 	return 0;
 }
@@ -250,6 +285,19 @@ static inline void *shm_mb_ops(struct shm_mb_hdr *h)
 static inline void *shm_mb_payload(struct shm_mb_hdr *h)
 {
 	return (char *)h + shm_mb_payload_off(h->n_cols, h->n_ops);
+}
+
+/** @return a RESULT's top ids [n_cols][n_logprobs] (after tokens and logprobs). */
+static inline int32_t *shm_mb_top_ids(struct shm_mb_hdr *h)
+{
+	return (int32_t *)((char *)shm_mb_payload(h)
+			   + (size_t)h->n_cols * (sizeof(int32_t) + sizeof(float)));
+}
+
+/** @return a RESULT's top logprobs [n_cols][n_logprobs]. */
+static inline float *shm_mb_top_logprobs(struct shm_mb_hdr *h)
+{
+	return (float *)(shm_mb_top_ids(h) + (size_t)h->n_cols * (size_t)h->n_logprobs);
 }
 
 #ifdef __cplusplus

@@ -34,7 +34,8 @@ done
 [ -n "$port" ] || fail "no listening line in the log"
 base=http://127.0.0.1:$port
 
-node "$root/tests/ctrl/openai_client.mjs" "$base" tiny "$ref" || fail "openai client checks"
+node "$root/tests/ctrl/openai_client.mjs" "$base" tiny "$ref" "$(dirname "$ctrld")/kvferry-generate" "$tmp/model" \
+  || fail "openai client checks"
 
 # ctrlctl sees the daemon and says where the configuration came from.
 "$ctrlctl" --socket "$sock" status | grep -q "model  *tiny" || fail "ctrlctl status"

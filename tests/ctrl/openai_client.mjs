@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The official `openai` npm client against a running kvferry-ctrld.
-//   node openai_client.mjs BASE_URL MODEL REFERENCE_DIR
-// Exits 0 when every check passes; prints what differed otherwise.
+//   node openai_client.mjs BASE_URL MODEL REFERENCE_DIR [KVFERRY_GENERATE MODEL_DIR]
+// Exits 0 when every check passes; prints what differed otherwise. With
+// kvferry-generate and the model directory, logprobs are checked against the
+// engine's own logits.
 import { createRequire } from 'node:module';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import assert from 'node:assert/strict';
 
-const [base, model, refdir] = process.argv.slice(2);
+const [base, model, refdir, generate, modelDir] = process.argv.slice(2);
 const require = createRequire(refdir + '/package.json');
 const OpenAI = require('openai');
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'unused', maxRetries: 0 });
@@ -99,6 +105,120 @@ check('bad requests get the right 4xx through the client', async () => {
   const bad = await fetch(base + '/v1/completions', { method: 'POST', body: '{"model":', headers: { 'content-type': 'application/json' } });
   assert.equal(bad.status, 400);
   assert.equal((await bad.json()).error.code, 'invalid_json');
+});
+
+// The engine's log-softmax rows for a greedy run of `ids`: kvferry-generate
+// gives the greedy continuation, then the logits of every position of
+// prompt + continuation; row len(prompt) - 1 + j produced token j.
+function engineRows(ids, n) {
+  const run = (args) => execFileSync(generate, ['--model', modelDir, '--threads', '1', '--ignore-eos', ...args],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  const gen = run(['--ids', ids.join(','), '--max-tokens', String(n)]).match(/^ids: (.*)$/m)[1]
+    .split(',').map(Number);
+  const dir = mkdtempSync(join(tmpdir(), 'kvf-lp-'));
+  try {
+    run(['--ids', ids.concat(gen.slice(0, n - 1)).join(','), '--max-tokens', '0', '--logits', join(dir, 'l.f32')]);
+    const buf = readFileSync(join(dir, 'l.f32'));
+    const f = new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4);
+    const vocab = f.length / (ids.length + n - 1);
+    const rows = [];
+    for (let j = 0; j < n; j++) {
+      const row = Array.from(f.subarray((ids.length - 1 + j) * vocab, (ids.length + j) * vocab));
+      const mx = Math.max(...row);
+      const lse = mx + Math.log(row.reduce((a, x) => a + Math.exp(x - mx), 0));
+      rows.push(row.map((x) => x - lse));
+    }
+    return { gen, rows };
+  } finally { rmSync(dir, { recursive: true, force: true }); }
+}
+
+function sortedDesc(xs) { for (let i = 1; i < xs.length; i++) if (xs[i] > xs[i - 1]) return false; return true; }
+
+check('completions logprobs: each greedy token\'s logprob is the engine\'s log-softmax, top_logprobs sorted, k respected', async () => {
+  const ids = (await post('/tokenize', { model, prompt: 'Logprobs, please' })).json.tokens;
+  const n = 10;
+  const r = await client.completions.create({ model, prompt: ids, max_tokens: n, temperature: 0, logprobs: 5 });
+  const lp = r.choices[0].logprobs;
+  const m = lp.token_logprobs.length;
+  assert.ok(m === r.usage.completion_tokens || (r.choices[0].finish_reason === 'stop' && m === r.usage.completion_tokens - 1),
+    `${m} logprobs for ${r.usage.completion_tokens} tokens`);
+  assert.equal(lp.tokens.length, m);
+  assert.equal(lp.top_logprobs.length, m);
+  assert.equal(lp.text_offset.length, m);
+  // Whole-character tokens spell the text (a token holding part of a
+  // character is written "bytes:\\xNN" instead).
+  if (!lp.tokens.some((t) => t.startsWith('bytes:'))) assert.equal(lp.tokens.join(''), r.choices[0].text);
+  for (let j = 0; j < m; j++) {
+    const vals = Object.values(lp.top_logprobs[j]);
+    assert.ok(vals.length >= 1 && vals.length <= 5, `${vals.length} alternatives`);
+    assert.ok(sortedDesc(vals), 'top_logprobs best first');
+    assert.ok(Math.abs(vals[0] - lp.token_logprobs[j]) < 1e-6, 'greedy: the token is the most likely one');
+    if (j > 0) assert.ok(lp.text_offset[j] >= lp.text_offset[j - 1]);
+  }
+  if (generate && modelDir) {
+    const { rows } = engineRows(ids, m);
+    let worst = 0;
+    for (let j = 0; j < m; j++) {
+      const best = [...rows[j]].sort((a, b) => b - a).slice(0, 5);
+      worst = Math.max(worst, Math.abs(lp.token_logprobs[j] - best[0]));
+      assert.ok(Math.abs(lp.token_logprobs[j] - best[0]) < 1e-4, `token ${j}: ${lp.token_logprobs[j]} vs engine ${best[0]}`);
+      const vals = Object.values(lp.top_logprobs[j]);
+      for (let t = 0; t < vals.length; t++)
+        assert.ok(Math.abs(vals[t] - best[t]) < 1e-4, `token ${j} alternative ${t}: ${vals[t]} vs engine ${best[t]}`);
+    }
+    console.log(`      ${m} tokens against kvferry-generate's logits: worst |logprob difference| ${worst.toExponential(2)}`);
+  }
+  const none = await client.completions.create({ model, prompt: ids, max_tokens: 3, temperature: 0 });
+  assert.equal(none.choices[0].logprobs, null);
+  await assert.rejects(client.completions.create({ model, prompt: 'x', logprobs: 21 }),
+    (e) => e.status === 400 && e.param === 'logprobs');
+});
+
+check('chat logprobs: streamed and not, the same tokens and logprobs, top_logprobs honoured', async () => {
+  const body = { model, messages, max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 };
+  const r = await client.chat.completions.create(body);
+  const content = r.choices[0].logprobs.content;
+  assert.ok(content.length >= 1);
+  assert.equal(Buffer.concat(content.map((x) => Buffer.from(x.bytes))).toString('utf8'), r.choices[0].message.content);
+  for (const x of content) {
+    assert.equal(x.top_logprobs.length, 3);
+    assert.ok(sortedDesc(x.top_logprobs.map((t) => t.logprob)));
+    assert.equal(x.top_logprobs[0].token, x.token);
+    assert.ok(Math.abs(x.top_logprobs[0].logprob - x.logprob) < 1e-6);
+    assert.ok(x.logprob <= 0);
+  }
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  const streamed = [];
+  let text = '';
+  for await (const ch of stream) {
+    const c = ch.choices[0];
+    if (!c) continue;
+    if (c.delta && c.delta.content) text += c.delta.content;
+    if (c.logprobs && c.logprobs.content) streamed.push(...c.logprobs.content);
+  }
+  assert.equal(text, r.choices[0].message.content);
+  assert.deepEqual(streamed, content);
+  const plain = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, logprobs: true });
+  for (const x of plain.choices[0].logprobs.content) assert.equal(x.top_logprobs.length, 0);
+  await assert.rejects(client.chat.completions.create({ model, messages, top_logprobs: 2 }),
+    (e) => e.status === 400 && e.param === 'top_logprobs');
+});
+
+check('streamed completions logprobs add up to the unstreamed ones', async () => {
+  const body = { model, prompt: 'Stream me', max_tokens: 10, temperature: 0, logprobs: 2 };
+  const r = await client.completions.create(body);
+  const stream = await client.completions.create({ ...body, stream: true });
+  const toks = [], lps = [], offs = [];
+  let text = '';
+  for await (const ch of stream) {
+    const c = ch.choices[0];
+    text += c.text;
+    if (c.logprobs) { toks.push(...c.logprobs.tokens); lps.push(...c.logprobs.token_logprobs); offs.push(...c.logprobs.text_offset); }
+  }
+  assert.equal(text, r.choices[0].text);
+  assert.deepEqual(toks, r.choices[0].logprobs.tokens);
+  assert.deepEqual(lps, r.choices[0].logprobs.token_logprobs);
+  assert.deepEqual(offs, r.choices[0].logprobs.text_offset);
 });
 
 let failed = 0;

@@ -116,7 +116,7 @@ static void *fake_thread(void *arg)
 		pthread_mutex_unlock(&f->mu);
 		for (int i = 0; i < n; i++) {
 			struct fake_req *q = snap[i];
-			struct ctrl_event ev = {q->id, CTRL_FINISH_NONE, -1, 0, q->emitted, NULL};
+			struct ctrl_event ev = {.id = q->id, .finish = CTRL_FINISH_NONE, .token = -1, .n_generated = q->emitted};
 
 			if (atomic_load(&q->cancel)) {
 				ev.finish = CTRL_FINISH_CANCELLED;
@@ -134,7 +134,7 @@ static void *fake_thread(void *arg)
 			}
 			q->cb(q->arg, &ev);
 			if (ev.finish == CTRL_FINISH_NONE && q->emitted == q->max_tokens) {
-				struct ctrl_event end = {q->id, CTRL_FINISH_LENGTH, -1, 0, q->emitted, NULL};
+				struct ctrl_event end = {.id = q->id, .finish = CTRL_FINISH_LENGTH, .token = -1, .n_generated = q->emitted};
 				q->cb(q->arg, &end);
 				ev.finish = CTRL_FINISH_LENGTH;
 			}

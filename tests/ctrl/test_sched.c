@@ -369,6 +369,78 @@ static void a_dead_stage_fails_exactly_the_requests_in_its_micro_batch(void **st
 	ctrl_chain_destroy(&rc->base);
 }
 
+static void a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go_on(void **state)
+{
+	static const int32_t lost[] = { 3, 10 };
+	struct ctrl_fake_chain_opts fo;
+	struct rec_chain *rc;
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	static struct rec r[32], ref[32];
+	int32_t prompt[64];
+	int shared = 0;
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	for (int i = 0; i < 32; i++) {
+		make_prompt(prompt, 12 + i, (uint32_t)(70 + i), 64);
+		solo(&ref[i], 2, prompt, 12 + i, 30, 0.0f, 0);
+	}
+	ctrl_fake_chain_opts_init(&fo);
+	fo.n_stages = 2;
+	fo.n_slots = 16;
+	fo.lose_at = 12;
+	fo.n_lose_slots = 2;
+	memcpy(fo.lose_slots, lost, sizeof(lost));
+	rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
+	rc->watch_slot = -1;
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 8;
+	s = sched(&rc->base, &o);
+	memset(r, 0, sizeof(r));
+	/* Request i lands in slot i: the scheduler hands out free slots from 0. */
+	for (int i = 0; i < 16; i++) {
+		make_prompt(prompt, 12 + i, (uint32_t)(70 + i), 64);
+		assert_true(submit_rec(s, &r[i], prompt, 12 + i, 30, 0.0f, 0) > 0);
+	}
+	assert_true(drive(s, 100000) > 0);
+	for (int i = 0; i < 16; i++) {
+		assert_int_equal(r[i].done, 1);
+		if (i == lost[0] || i == lost[1]) {
+			assert_int_equal(r[i].finish, CTRL_FINISH_ERROR);
+			assert_non_null(strstr(r[i].msg, "lost"));
+			assert_non_null(strstr(r[i].msg, "slot"));
+			assert_true(r[i].n < 30);
+			continue;
+		}
+		assert_int_equal(r[i].finish, CTRL_FINISH_LENGTH);
+		assert_memory_equal(r[i].toks, ref[i].toks, sizeof(int32_t) * 30);
+	}
+	/* The failure happened inside micro-batches that carried other slots. */
+	for (int32_t k = (int32_t)fo.lose_at; k < rc->n_log; k++)
+		for (int32_t j = 0; j < rc->log[k].n_slots; j++)
+			if ((rc->log[k].slots[j] == lost[0] || rc->log[k].slots[j] == lost[1])
+			    && rc->log[k].n_slots > 1)
+				shared++;
+	assert_true(shared >= 1);
+	ctrl_sched_stats(s, &st);
+	assert_int_equal(st.errors, 2);
+	assert_int_equal(st.blocks_in_use, 0);
+	/* The lost slots serve again (16 requests fill every slot): a reused
+	 * slot starts with ZERO_SLOT. */
+	for (int i = 16; i < 32; i++) {
+		make_prompt(prompt, 12 + i, (uint32_t)(70 + i), 64);
+		assert_true(submit_rec(s, &r[i], prompt, 12 + i, 30, 0.0f, 0) > 0);
+	}
+	assert_true(drive(s, 100000) > 0);
+	for (int i = 16; i < 32; i++) {
+		assert_int_equal(r[i].finish, CTRL_FINISH_LENGTH);
+		assert_memory_equal(r[i].toks, ref[i].toks, sizeof(int32_t) * 30);
+	}
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(&rc->base);
+}
+
 static void decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_batch(void **state)
 {
 	struct ctrl_fake_chain_opts fo;
@@ -590,6 +662,7 @@ int main(void)
 		cmocka_unit_test(a_stop_token_ends_the_request_and_is_reported_not_streamed),
 		cmocka_unit_test(cancelling_mid_prefill_mid_decode_and_while_queued_frees_everything),
 		cmocka_unit_test(a_dead_stage_fails_exactly_the_requests_in_its_micro_batch),
+		cmocka_unit_test(a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go_on),
 		cmocka_unit_test(decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_batch),
 		cmocka_unit_test(replicas_share_the_load_and_each_output_matches_its_solo_run),
 		cmocka_unit_test(submit_and_cancel_from_four_threads_while_the_scheduler_runs),

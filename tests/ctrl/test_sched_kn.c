@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -28,6 +29,9 @@ static struct kn_model *g_model;
 static int32_t g_prompt[N][48], g_len[N], g_max[N];
 static float g_temp[N];
 static struct rec g_ref[N];
+/* The solo run's logits of every generated token: the logprob reference. */
+enum { MAXGEN = 40, MAXV = 512 };
+static float g_lg[N][MAXGEN][MAXV];
 
 static int32_t vocab(void)
 {
@@ -43,6 +47,7 @@ static void solo_run(int i)
 	struct kn_op ops[8];
 	struct kn_column cols[64];
 	int32_t toks[64];
+	static float lg[64 * MAXV];
 	int32_t n = g_len[i], pos = 0, last = -1;
 	struct rec *r = &g_ref[i];
 
@@ -76,9 +81,11 @@ static void solo_run(int i)
 		step.n_cols = k;
 		step.cols = cols;
 		step.tokens_out = toks;
+		step.logits_out = lg;
 		if (kn_stage_step(st, &step) != 0)
 			fail_msg("kn_stage_step: %s", kn_stage_error(st));
 		last = toks[k - 1];
+		memcpy(g_lg[i][r->n], lg + (size_t)(k - 1) * (size_t)vocab(), sizeof(float) * (size_t)vocab());
 		r->toks[r->n++] = last;
 	}
 	r->finish = CTRL_FINISH_LENGTH;
@@ -100,6 +107,8 @@ static int setup(void **state)
 		fprintf(stderr, "kn_model_open(%s): %s\n", g_dir, err);
 		return -1;
 	}
+	if (vocab() > MAXV)
+		return -1;
 	for (int i = 0; i < N; i++) {
 		uint32_t x = 77u + (uint32_t)i * 7919u;
 
@@ -124,6 +133,27 @@ static int teardown(void **state)
 	kn_model_close(g_model);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
 	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A chain of @p stages; @p ends NULL: an even split, else those layer ends. */
+static struct ctrl_chain *kn_chain_ends(int32_t stages, int threaded, const int32_t *ends, char *err,
+					size_t errlen)
+{
+	struct ctrl_kn_chain_opts ko;
+
+	ctrl_kn_chain_opts_init(&ko);
+	ko.n_stages = stages;
+	if (ends != NULL)
+		memcpy(ko.layer_ends, ends, sizeof(int32_t) * (size_t)stages);
+	ko.threaded = threaded;
+	ko.stage.n_slots = 8;
+	ko.stage.n_blocks = 24;
+	ko.stage.max_blocks_per_slot = 8;
+	ko.stage.plan_widths[0] = 8;
+	ko.stage.plan_widths[1] = 32;
+	ko.stage.n_plans = 2;
+	ko.stage.n_threads = 1;
+	return ctrl_kn_chain_create(g_model, &ko, err, errlen);
 }
 
 static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
@@ -252,11 +282,171 @@ static void two_replicas_of_different_depth_give_every_request_its_solo_tokens(v
 	}
 }
 
+/* What one request's token events carried, logprobs included. */
+struct lprec {
+	int32_t n, k, done;
+	enum ctrl_finish finish;
+	int32_t toks[MAXGEN];
+	float lp[MAXGEN];
+	int32_t n_top[MAXGEN];
+	int32_t top[MAXGEN][CTRL_CHAIN_MAX_LOGPROBS];
+	float top_lp[MAXGEN][CTRL_CHAIN_MAX_LOGPROBS];
+};
+
+static void lprec_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct lprec *r = arg;
+
+	if (ev->finish != CTRL_FINISH_NONE) {
+		r->done++;
+		r->finish = ev->finish;
+		return;
+	}
+	if (r->n >= MAXGEN)
+		return;
+	r->toks[r->n] = ev->token;
+	r->lp[r->n] = ev->logprob;
+	r->n_top[r->n] = ev->n_top;
+	for (int32_t t = 0; t < ev->n_top && t < CTRL_CHAIN_MAX_LOGPROBS; t++) {
+		r->top[r->n][t] = ev->top_ids[t];
+		r->top_lp[r->n][t] = ev->top_logprobs[t];
+	}
+	r->n++;
+}
+
+static void top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k(void **state)
+{
+	static const int32_t ks[4] = { 0, 1, 5, CTRL_CHAIN_MAX_LOGPROBS };
+	static struct lprec got[N];
+	struct ctrl_chain *c = kn_chain(2, 1);
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	char err[256];
+	double worst = 0.0;
+	int32_t v = vocab();
+
+	(void)state;
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 8;
+	o.spec_c_full = 64;
+	o.spec_ngram_min = 1;
+	s = ctrl_sched_create(c, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	memset(got, 0, sizeof(got));
+	for (int i = 0; i < N; i++) {
+		struct ctrl_request rq;
+
+		ctrl_request_init(&rq);
+		rq.prompt = g_prompt[i];
+		rq.n_prompt = g_len[i];
+		rq.max_tokens = g_max[i];
+		rq.temperature = g_temp[i];
+		rq.seed = (uint32_t)i;
+		rq.n_logprobs = ks[i % 4];
+		rq.cb = lprec_cb;
+		rq.cb_arg = &got[i];
+		got[i].k = rq.n_logprobs;
+		assert_true(ctrl_sched_submit(s, &rq) > 0);
+	}
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_true(ctrl_sched_drained(s));
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(got[i].finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(got[i].n, g_ref[i].n);
+		for (int32_t j = 0; j < got[i].n; j++) {
+			const float *lg = g_lg[i][j];
+			double mx = lg[0], sum = 0.0, lse;
+			uint8_t taken[MAXV] = { 0 };
+
+			assert_int_equal(got[i].toks[j], g_ref[i].toks[j]);
+			for (int32_t t = 1; t < v; t++)
+				mx = lg[t] > mx ? lg[t] : mx;
+			for (int32_t t = 0; t < v; t++)
+				sum += exp((double)lg[t] - mx);
+			lse = mx + log(sum);
+			if (fabs(got[i].lp[j] - ((double)lg[got[i].toks[j]] - lse)) > worst)
+				worst = fabs(got[i].lp[j] - ((double)lg[got[i].toks[j]] - lse));
+			assert_int_equal(got[i].n_top[j], got[i].k);
+			for (int32_t t = 0; t < got[i].n_top[j]; t++) {
+				int32_t best = -1;
+
+				/* the reference rank t: highest logit not yet taken, lowest id on ties */
+				for (int32_t u = 0; u < v; u++)
+					if (!taken[u] && (best < 0 || lg[u] > lg[best]))
+						best = u;
+				taken[best] = 1;
+				assert_int_equal(got[i].top[j][t], best);
+				if (fabs(got[i].top_lp[j][t] - ((double)lg[best] - lse)) > worst)
+					worst = fabs(got[i].top_lp[j][t] - ((double)lg[best] - lse));
+				if (t > 0)
+					assert_true(got[i].top_lp[j][t] <= got[i].top_lp[j][t - 1]);
+			}
+			/* greedy: the chosen token is the most likely one */
+			if (g_temp[i] == 0.0f && got[i].n_top[j] > 0)
+				assert_int_equal(got[i].top[j][0], got[i].toks[j]);
+		}
+	}
+	printf("worst |logprob - log_softmax(solo logits)| = %.3g\n", worst);
+	assert_true(worst < 1e-4);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+}
+
+static void uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused(void **state)
+{
+	/* the tiny model has 3 layers: 0-2,2-3 is not the even split of 2 stages (0-1,1-3 is) */
+	static const int32_t tilings[3][3] = { { 2, 3 }, { 1, 3 }, { 1, 2, 3 } };
+	static const int32_t n_st[3] = { 2, 2, 3 };
+	static const int32_t short_of[2] = { 1, 2 }, empty[2] = { 2, 2 };
+	static struct rec got[N];
+	struct ctrl_chain *c;
+	char err[256];
+
+	(void)state;
+	assert_int_equal(kn_model_config(g_model)->n_layers, 3);
+	for (int t = 0; t < 3; t++) {
+		struct ctrl_sched_opts o;
+		struct ctrl_sched *s;
+		struct ctrl_chain_stats cs;
+
+		c = kn_chain_ends(n_st[t], 1, tilings[t], err, sizeof(err));
+		if (c == NULL)
+			fail_msg("ctrl_kn_chain_create: %s", err);
+		ctrl_sched_opts_init(&o);
+		o.mb_cols = 8;
+		s = ctrl_sched_create(c, &o, err, sizeof(err));
+		if (s == NULL)
+			fail_msg("ctrl_sched_create: %s", err);
+		memset(got, 0, sizeof(got));
+		for (int i = 0; i < N; i++)
+			assert_true(submit_rec(s, &got[i], g_prompt[i], g_len[i], g_max[i], g_temp[i], (uint32_t)i) > 0);
+		for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+			assert_true(ctrl_sched_poll(s) >= 0);
+		check_all(got);
+		assert_int_equal(ctrl_chain_stats(c, &cs), 0);
+		assert_int_equal(cs.n_stages, n_st[t]);
+		ctrl_sched_destroy(s);
+		ctrl_chain_destroy(c);
+	}
+	c = kn_chain_ends(2, 1, short_of, err, sizeof(err));
+	assert_null(c);
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "must end at 3"));
+	c = kn_chain_ends(2, 1, empty, err, sizeof(err));
+	assert_null(c);
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "not after its start"));
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
+		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
+		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 	};
 
 	if (argc < 2) {

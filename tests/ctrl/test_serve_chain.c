@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -450,6 +451,100 @@ static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serv
 		assert_int_equal(stop_worker(g_pids[k]), 0);
 }
 
+/* Poll @p c until group @p g comes back (bounded). */
+static void chain_wait(struct ctrl_chain *c, uint32_t g, struct ctrl_chain_result *r)
+{
+	uint64_t t0 = now_ns();
+
+	for (;;) {
+		struct timespec ts = { 0, 100000 };
+
+		if (ctrl_chain_poll(c, r, 1) == 1) {
+			assert_int_equal(r->group, g);
+			return;
+		}
+		if (now_ns() - t0 > 10000000000ull)
+			fail_msg("group %u did not come back within 10 s", g);
+		nanosleep(&ts, NULL);
+	}
+}
+
+static void after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbour_is_computed(void **state)
+{
+	struct ctrl_chain *c;
+	struct ctrl_chain_result r;
+	struct ctrl_proc_stage ps;
+	struct kn_column cols[48];
+	struct kn_op ops[4];
+	char err[512];
+	int32_t n;
+	uint64_t t0;
+	int st;
+
+	(void)state;
+	for (int k = 0; k < 2; k++)
+		g_pids[k] = start_worker(k, 2, g_model, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	/* Slot 0 holds request 0's prompt before the restart. */
+	ops[0] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = 0 };
+	ops[1] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 0, .idx = 0, .val = 0 };
+	for (n = 0; n < g_len[0]; n++)
+		cols[n] = (struct kn_column){ .token = g_prompt[0][n], .pos = n, .slot = 0, .top_p = 1.0f };
+	cols[n - 1].flags = KN_COL_NEED_LOGIT;
+	assert_int_equal(ctrl_chain_submit(c, 0, cols, n, ops, 2), 0);
+	chain_wait(c, 0, &r);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.tokens[n - 1], g_ref[0].toks[0]);
+	kill(g_pids[1], SIGKILL);
+	waitpid(g_pids[1], &st, 0);
+	g_pids[1] = start_worker(1, 2, g_model, "4");
+	t0 = now_ns();
+	do {
+		struct timespec ts = { 0, 1000000 };
+
+		assert_true(ctrl_chain_poll(c, &r, 0) >= 0);
+		assert_int_equal(ctrl_proc_chain_stage(c, 1, &ps), 0);
+		nanosleep(&ts, NULL);
+		if (now_ns() - t0 > 20000000000ull)
+			fail_msg("the chain did not re-form within 20 s of the restart");
+	} while (!ps.up || ps.pid != g_pids[1]);
+	/* One micro-batch: slot 0's next token (its KV is gone with stage 1)
+	 * and a fresh slot 1 with request 1's whole prompt. */
+	cols[0] = (struct kn_column){ .token = g_ref[0].toks[0], .pos = g_len[0], .slot = 0,
+				      .flags = KN_COL_NEED_LOGIT, .top_p = 1.0f };
+	ops[0] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = 1 };
+	ops[1] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 1, .idx = 0, .val = 2 };
+	for (n = 0; n < g_len[1]; n++)
+		cols[1 + n] = (struct kn_column){ .token = g_prompt[1][n], .pos = n, .slot = 1, .top_p = 1.0f,
+						  .seed = 1 };
+	/* ... asking for 5 top logprobs, which the last worker adds to the result */
+	cols[n].flags = KN_COL_NEED_LOGIT | (5u << KN_COL_TOPK_SHIFT);
+	assert_int_equal(ctrl_chain_submit(c, 1, cols, 1 + n, ops, 2), 0);
+	chain_wait(c, 1, &r);
+	printf("mixed micro-batch after the restart: status %d, %d failed column(s): %s\n", r.status,
+	       r.n_failed_cols, r.err);
+	assert_int_equal(r.status, 0);
+	assert_int_equal(r.n_cols, 1 + n);
+	assert_non_null(r.col_status);
+	assert_int_equal(r.n_failed_cols, 1);
+	assert_int_equal(r.col_status[0], -EPIPE);
+	assert_int_equal(r.tokens[0], -1);
+	assert_non_null(strstr(r.err, "slot 0"));
+	for (int32_t i = 1; i <= n; i++)
+		assert_int_equal(r.col_status[i], 0);
+	assert_int_equal(r.tokens[n], g_ref[1].toks[0]);
+	assert_int_equal(r.n_logprobs, 5);
+	assert_int_equal(r.top_ids[(size_t)n * 5], r.tokens[n]); /* greedy: the best is the token */
+	assert_true(fabsf(r.top_logprobs[(size_t)n * 5] - r.logprobs[n]) < 1e-6f);
+	for (int t = 1; t < 5; t++)
+		assert_true(r.top_logprobs[(size_t)n * 5 + (size_t)t] <= r.top_logprobs[(size_t)n * 5 + (size_t)t - 1]);
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -459,6 +554,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(every_stage_holds_the_least_block_count_any_worker_can_hold, reap_workers),
 		cmocka_unit_test_teardown(a_worker_holding_another_model_is_refused_at_join_naming_both, reap_workers),
 		cmocka_unit_test_teardown(a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart, reap_workers),
+		cmocka_unit_test_teardown(after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbour_is_computed, reap_workers),
 	};
 
 	if (argc < 3) {
