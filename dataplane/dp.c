@@ -44,7 +44,8 @@
 #define TICK_NS 100000ull     /* timer work every 100 µs */
 #define HELLO_UP_NS 100000000ull   /* keepalive to a known peer */
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
-#define WINUPD_NS 1000000ull  /* periodic ACK (window update) per active stream */
+#define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
+#define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
 
 struct stream {
 	struct dp_rel_tx *tx;
@@ -53,6 +54,8 @@ struct stream {
 	uint8_t rx_seen;          /* a message arrived on this stream */
 	uint8_t rx_small;         /* the last one fitted the small pool */
 	uint16_t id;
+	uint64_t adv_limit;       /* highest msg_limit that went out */
+	uint64_t adv_ns;          /* when the last ACK went out */
 };
 
 struct peer {
@@ -379,11 +382,30 @@ static void send_ack(struct dp *d, struct peer *p, struct stream *s)
 {
 	struct dp_wire_ack ack;
 	dp_rel_rx_make_ack(s->rx, credit_of(d, s), &ack);
-	if (!tx_ctl(d, p, ctl_frame(d, p, DP_MT_ACK, s->id, 0, &ack, sizeof(ack))))
+	if (!tx_ctl(d, p, ctl_frame(d, p, DP_MT_ACK, s->id, 0, &ack, sizeof(ack)))) {
 		/* Still owed, with its echo: dropping it left the sender to find
 		 * out by its RTO, and under a full TX ring (txfull) that was
 		 * every ACK, each costing a timeout and a resend. */
 		dp_rel_rx_note(s->rx, ack.ts_echo);
+		return;
+	}
+	s->adv_limit = ack.msg_limit;
+	s->adv_ns = now_ns(d);
+}
+
+/* A window update is due when the credit changed since the last ACK (the
+ * consumer gave buffers back), else every ACK_KEEP_NS in case that ACK was
+ * lost. An ACK every 1 ms per stream, changed or not, filled the 1024-slot
+ * memif ring of a peer that a loaded machine descheduled: data and resends
+ * then queued behind a second of stale ACKs (RTT 780 ms, txfull=41295). */
+static int winupd_due(struct dp *d, struct stream *s, uint64_t now)
+{
+	if (dp_rel_rx_next_msg(s->rx) <= 1)
+		return 0;
+	uint32_t c = credit_of(d, s);
+	if (c > d->o->rel.max_msgs)
+		c = d->o->rel.max_msgs;
+	return dp_rel_rx_next_msg(s->rx) + c != s->adv_limit || now - s->adv_ns >= ACK_KEEP_NS;
 }
 
 static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *s,
@@ -765,7 +787,7 @@ static void timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 			if (!s)
 				continue;
 			d->cur_stream = s;
-			if (winupd && dp_rel_rx_next_msg(s->rx) > 1)
+			if (winupd && winupd_due(d, s, now))
 				send_ack(d, p, s);
 			struct dp_rel_tx_stats st;
 			dp_rel_tx_get_stats(s->tx, &st);

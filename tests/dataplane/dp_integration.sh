@@ -40,6 +40,12 @@ case $mode in
   memif|memif-impair|restart|outage)
     portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
     portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
+    if [ "${DP_ZC:-0}" = 1 ]; then
+      # zero-copy client: the server's PMD copies straight into B's mbufs; the
+      # mbuf memory must be one file per segment list, and B copies what it
+      # sends (region memory is not in the segments memif exports)
+      portB="$portB,zero-copy=yes" ealB="-l 1 --single-file-segments" extraB=(--tx-copy)
+    fi
     frame=9000 ;;
   afpacket|outage-afpacket)
     command -v ip >/dev/null || skip "iproute2 missing"
@@ -61,9 +67,10 @@ imp=()
 # --impair arms the test-only outage signals (SIGUSR1 drops all input until SIGUSR2)
 [ -z "${mode##outage*}" ] && imp=(--impair loss=0)
 
+ealB=${ealB:-"-l 1"} extraB=(${extraB[@]+"${extraB[@]}"})
 startB() { # $1: extra args
   "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
-    --frame-size $frame --eal "-l 1" "${common[@]}" "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
+    --frame-size $frame --eal "$ealB" "${common[@]}" ${extraB[@]+"${extraB[@]}"} "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
   pidB=$!; pids+=($pidB)
 }
 "${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
@@ -163,8 +170,14 @@ pr=$!; pids+=($pr)
   "${fixed[@]}" "${verify[@]}" >"$tmp/send.log" 2>&1
 rs=$?
 wait $pr; rr=$?
-kill -TERM $pidA $pidB; wait $pidA $pidB 2>/dev/null
+kill -TERM $pidA $pidB
+# a dataplane that ignores SIGTERM is a failure with its logs, not a hung test
+for _ in $(seq 150); do kill -0 $pidA 2>/dev/null || kill -0 $pidB 2>/dev/null || break; sleep 0.1; done
+hung=""
+for p in $pidA $pidB; do kill -0 $p 2>/dev/null && { hung="$hung $p"; kill -9 $p; }; done
+wait $pidA $pidB 2>/dev/null
 cat "$tmp/send.log" "$tmp/recv.log" "$tmp/A.log" "$tmp/B.log" | grep -v '^EAL\|^TELEMETRY'
+[ -z "$hung" ] || fail "dataplane(s)$hung still ran 15 s after SIGTERM"
 [ $rs = 0 ] && [ $rr = 0 ] || fail "send rc $rs, recv rc $rr"
 if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
   # the impairment must really have happened, on both directions
