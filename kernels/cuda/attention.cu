@@ -31,6 +31,8 @@ template <int HD, int GM>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	constexpr int LP = HD / 8, PPW = 32 / LP, NGRP = ATTN_WARPS * PPW;
 	__shared__ float sm_acc[NGRP][GM][HD];
 	__shared__ float sm_m[NGRP][GM], sm_l[NGRP][GM];
@@ -150,6 +152,8 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 template <int HD, int GM>
 static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	const int c = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
 	const struct kn_column col = a.cols[c];
 	float *o = a.out + (size_t)c * a.n_heads * HD + (size_t)h * HD + d;
@@ -280,6 +284,8 @@ template <int HD, int GM, bool EXACT>
 static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
 attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	constexpr int WPB = tile_cfg<HD>::WPB, CPW = 16 / GM, U = HD / 8;
 	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
 	__shared__ uint4 sm[WPB][2][2][KN_PAGE_BLK * U];
@@ -536,15 +542,14 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 
 /* Launch the tile kernel; @return false when HD has no tile instance. */
 template <int HD, int GM>
-static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_t st)
+static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_t st, cudaError_t *e)
 {
 	if constexpr (HD <= 128) {
 		constexpr int per_block = tile_cfg<HD>::WPB * (16 / GM);
 		dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits);
-		if (a->exact)
-			attn_tile_kernel<HD, GM, true><<<g1, tile_cfg<HD>::WPB * 32, 0, st>>>(*a, splits);
-		else
-			attn_tile_kernel<HD, GM, false><<<g1, tile_cfg<HD>::WPB * 32, 0, st>>>(*a, splits);
+		const dim3 b1(tile_cfg<HD>::WPB * 32);
+		*e = a->exact ? kn_launch(attn_tile_kernel<HD, GM, true>, g1, b1, 0, st, *a, splits)
+			      : kn_launch(attn_tile_kernel<HD, GM, false>, g1, b1, 0, st, *a, splits);
 		return true;
 	}
 	return false;
@@ -558,19 +563,18 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 		return cudaErrorInvalidValue;
 	const int split = tile ? a->split : KN_CU_ATTN_SPLIT;
 	const int splits = splits_of(a->max_ctx, split);
+	cudaError_t e = cudaSuccess;
 	if (tile) {
-		if (!launch_tile<HD, GM>(a, splits, st))
+		if (!launch_tile<HD, GM>(a, splits, st, &e))
 			return cudaErrorInvalidValue;
 	} else {
 		dim3 g1(splits, a->n_kv_heads, a->n);
-		attn_split_kernel<HD, GM><<<g1, ATTN_WARPS * 32, 0, st>>>(*a, splits);
+		e = kn_launch(attn_split_kernel<HD, GM>, g1, dim3(ATTN_WARPS * 32), 0, st, *a, splits);
 	}
-	cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return e;
 	dim3 g2(a->n, a->n_heads);
-	attn_merge_kernel<HD, GM><<<g2, HD, 0, st>>>(*a, splits, split);
-	return cudaGetLastError();
+	return kn_launch(attn_merge_kernel<HD, GM>, g2, dim3(HD), 0, st, *a, splits, split);
 }
 
 template <int HD>

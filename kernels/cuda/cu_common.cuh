@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
 #include "kn_stage.h"
 
 typedef __nv_bfloat16 kn_bf16;
@@ -57,6 +59,80 @@ static __device__ __forceinline__ uint4 kn_ld_stream(const void *p)
 	uint4 r;
 	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
 		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+	return r;
+}
+
+/*
+ * Programmatic dependent launch (sm_90). The decode step is a chain of
+ * small kernels; with the launch attribute set, the next kernel of the
+ * stream is launched once every block of the current one has called
+ * kn_pdl_trigger(), so its launch and its independent prologue (the skinny
+ * GEMM's first weight loads) overlap the current kernel. Rules for every
+ * kernel launched through kn_launch(): every thread calls kn_pdl_wait()
+ * before it reads anything an earlier kernel wrote, writes anything, or
+ * returns (the wait returns once the previous grid has completed and its
+ * writes are visible, so by induction every earlier kernel has too); and
+ * kn_pdl_trigger() comes only after that wait, so at most two grids
+ * overlap (a grid then never runs beside one two launches back, whose
+ * reads it could race). The skinny path once read stale X under this scheme
+ * (HF check rel err 0.9): X came through __ldg, which the compiler may hoist
+ * above the wait; kn_ld_f4() below fixed it. Triggering at each kernel's
+ * top (deeper chains) was only tried while that bug was present. Both
+ * instructions are no-ops without the attribute.
+ */
+static __device__ __forceinline__ void kn_pdl_wait(void)
+{
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+static __device__ __forceinline__ void kn_pdl_trigger(void)
+{
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/**
+ * Whether kn_launch() sets the attribute: 1 unless KVFERRY_CUDA_PDL=0 (read
+ * once) or kn_cuda_pdl_suspend(1) is in force on this thread.
+ */
+int kn_cuda_pdl(void);
+
+/** @param off 1: launches from this thread go without the attribute; 0: back to kn_cuda_pdl()'s default. */
+void kn_cuda_pdl_suspend(int off);
+
+/**
+ * Launch @p k on @p st with the programmatic-serialization attribute (when
+ * kn_cuda_pdl()); the kernel must follow the kn_pdl_wait() rule above.
+ * @return the launch's error, else cudaGetLastError().
+ */
+template <typename... P, typename... A>
+static inline cudaError_t kn_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+				    cudaStream_t st, A &&...args)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = kn_cuda_pdl() ? 1 : 0;
+	const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+	return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/**
+ * 16-byte load of data an earlier kernel wrote (a linear layer's X), kept
+ * after kn_pdl_wait(): __ldg and const __restrict__ loads are non-coherent
+ * loads the compiler treats as invariant and may hoist above the wait (the
+ * skinny path read X before its producer finished: HF check rel err 0.9).
+ */
+static __device__ __forceinline__ float4 kn_ld_f4(const float *p)
+{
+	float4 r;
+	asm volatile("ld.global.v4.f32 {%0,%1,%2,%3}, [%4];"
+		     : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p) : "memory");
 	return r;
 }
 

@@ -5,6 +5,8 @@
 static __global__ void embed_kernel(const kn_bf16 *table, const struct kn_column *cols,
 				    int hidden, float *out)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	const int c = blockIdx.x;
 	const int tok = cols[c].slot == KN_CU_PAD_SLOT ? 0 : cols[c].token;
 	const kn_bf16 *row = table + (size_t)tok * hidden;
@@ -22,6 +24,5 @@ cudaError_t kn_cuda_embed(const kn_bf16 *table, const struct kn_column *cols, in
 {
 	if (hidden % 8)
 		return cudaErrorInvalidValue;
-	embed_kernel<<<n, 256, 0, st>>>(table, cols, hidden, out);
-	return cudaGetLastError();
+	return kn_launch(embed_kernel, dim3(n), dim3(256), 0, st, table, cols, hidden, out);
 }

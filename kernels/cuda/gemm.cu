@@ -6,9 +6,11 @@
 #include "gemv.cuh"
 
 /* grid-stride over [n*in / 4]: hi = bf16(x); lo = bf16(x - hi) when lo != NULL. */
-static __global__ void split_kernel(const float4 *__restrict__ x, __nv_bfloat162 *__restrict__ hi,
+static __global__ void split_kernel(const float4 *x, __nv_bfloat162 *__restrict__ hi,
 				    __nv_bfloat162 *__restrict__ lo, size_t n4)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		const float4 v = x[i];
@@ -21,6 +23,21 @@ static __global__ void split_kernel(const float4 *__restrict__ x, __nv_bfloat162
 			lo[2 * i + 1] = __floats2bfloat162_rn(v.z - bf.x, v.w - bf.y);
 		}
 	}
+}
+
+int kn_cuda_linear_bf16(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *xb, float *y, int n,
+			int in, int out, char *err, size_t errlen)
+{
+	const float one = 1.f, zero = 0.f;
+	cublasStatus_t s = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, CUDA_R_16BF,
+					in, xb, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out,
+					CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		snprintf(err, errlen, "cublasGemmEx(m=%d, n=%d, k=%d, bf16 X->f32): %s", out, n, in,
+			 cublasGetStatusString(s));
+		return -1;
+	}
+	return 0;
 }
 
 int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
@@ -41,10 +58,9 @@ int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf1
 	const size_t n4 = (size_t)n * in / 4;
 	kn_bf16 *lo = split ? xb + (size_t)n * in : NULL;
 	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
-	split_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const float4 *>(x),
-					     reinterpret_cast<__nv_bfloat162 *>(xb),
-					     reinterpret_cast<__nv_bfloat162 *>(lo), n4);
-	cudaError_t e = cudaGetLastError();
+	cudaError_t e = kn_launch(split_kernel, dim3(blocks), dim3(256), 0, st,
+				  reinterpret_cast<const float4 *>(x), reinterpret_cast<__nv_bfloat162 *>(xb),
+				  reinterpret_cast<__nv_bfloat162 *>(lo), n4);
 	if (e != cudaSuccess) {
 		snprintf(err, errlen, "split_kernel(n=%d, in=%d): %s", n, in, cudaGetErrorString(e));
 		return -1;

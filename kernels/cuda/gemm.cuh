@@ -35,4 +35,17 @@
 int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y,
 		   int n, int in, int out, int split, int gemv, cudaStream_t st, char *err,
 		   size_t errlen);
+
+/**
+ * Y[c][o] = sum_k XB[c][k] W[o][k] by cuBLAS, X already in bf16 (produced
+ * by kn_cuda_add_rmsnorm_bf16() or kn_cuda_swiglu_bf16()): the same product
+ * as kn_cuda_linear() with split = 0 on a plan wider than
+ * KN_CU_GEMV_MAX_N, less its rounding pass.
+ * @param xb   [n][in] bf16
+ * @param y    [n][out] f32
+ * @param err  receives the failing call on error
+ * @return 0, or -1 with @p err naming the failing call and its status.
+ */
+int kn_cuda_linear_bf16(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *xb, float *y, int n,
+			int in, int out, char *err, size_t errlen);
 #endif

@@ -45,7 +45,7 @@ static __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, ui
  */
 template <int NT>
 static __global__ void __launch_bounds__(MMA_WARPS * 32)
-gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y,
+gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y,
 		int n, int in, int out)
 {
 	__shared__ float red[MMA_WARPS][MMA_ROWS][8 * NT + 1];
@@ -64,6 +64,7 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, floa
 #pragma unroll
 	for (int j = 0; j < NT; j++)
 		acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+	bool waited = false;
 
 	for (int kb = warp * MMA_U * 32; kb < in; kb += MMA_WARPS * MMA_U * 32) {
 		uint4 wa[MMA_U], wb[MMA_U];
@@ -74,6 +75,13 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, floa
 			wa[u] = ok ? kn_ld_stream(w0 + k) : make_uint4(0, 0, 0, 0);
 			wb[u] = ok ? kn_ld_stream(w1 + k) : make_uint4(0, 0, 0, 0);
 		}
+		/* The weights never change: the first chunk's loads are issued
+		 * before waiting for the kernel that writes X. */
+		if (!waited) {
+			kn_pdl_wait();
+			kn_pdl_trigger();
+			waited = true;
+		}
 		float4 xv[MMA_U][NT][2];
 #pragma unroll
 		for (int u = 0; u < MMA_U; u++) {
@@ -81,8 +89,8 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, floa
 #pragma unroll
 			for (int j = 0; j < NT; j++) {
 				if (xon[j] && k < in) {
-					xv[u][j][0] = __ldg(reinterpret_cast<const float4 *>(xc[j] + k));
-					xv[u][j][1] = __ldg(reinterpret_cast<const float4 *>(xc[j] + k + 4));
+					xv[u][j][0] = kn_ld_f4(xc[j] + k);
+					xv[u][j][1] = kn_ld_f4(xc[j] + k + 4);
 				} else {
 					xv[u][j][0] = xv[u][j][1] = make_float4(0.f, 0.f, 0.f, 0.f);
 				}
@@ -103,6 +111,10 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, floa
 				mma_bf16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, l2, l3);
 			}
 		}
+	}
+	if (!waited) {
+		kn_pdl_wait();
+		kn_pdl_trigger();
 	}
 	/* C fragment: acc[j][0..1] = rows g, cols j*8 + 2t, +1; [2..3] = row g+8. */
 #pragma unroll
@@ -138,7 +150,7 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, floa
  */
 template <int NC, int U>
 static __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y,
+gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y,
 		 int n, int in, int out)
 {
 	__shared__ float red[GEMV_WARPS][GEMV_R][NC];
@@ -154,6 +166,7 @@ gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, flo
 #pragma unroll
 		for (int c = 0; c < NC; c++)
 			acc[r][c] = 0.f;
+	bool waited = false;
 
 	for (int k0 = t * 8; k0 < in; k0 += GEMV_THREADS * 8 * U) {
 		uint4 wv[U][GEMV_R];
@@ -163,6 +176,12 @@ gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, flo
 #pragma unroll
 			for (int r = 0; r < GEMV_R; r++)
 				wv[u][r] = k < in ? kn_ld_stream(wr[r] + k) : make_uint4(0, 0, 0, 0);
+		}
+		/* first weight loads in flight before waiting for X's producer */
+		if (!waited) {
+			kn_pdl_wait();
+			kn_pdl_trigger();
+			waited = true;
 		}
 #pragma unroll
 		for (int u = 0; u < U; u++) {
@@ -177,8 +196,8 @@ gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, flo
 			for (int c = 0; c < NC; c++) {
 				if (c >= n)
 					break;
-				const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)c * in + k);
-				const float4 xa = __ldg(xp), xb = __ldg(xp + 1);
+				const float *xp = x + (size_t)c * in + k;
+				const float4 xa = kn_ld_f4(xp), xb = kn_ld_f4(xp + 4);
 				const float xf[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
 #pragma unroll
 				for (int r = 0; r < GEMV_R; r++) {
@@ -190,6 +209,10 @@ gemv_ffma_kernel(const kn_bf16 *__restrict__ w, const float *__restrict__ x, flo
 				}
 			}
 		}
+	}
+	if (!waited) {
+		kn_pdl_wait();
+		kn_pdl_trigger();
 	}
 #pragma unroll
 	for (int r = 0; r < GEMV_R; r++)
@@ -216,8 +239,8 @@ template <int NC, int U>
 static cudaError_t launch_ffma(const kn_bf16 *w, const float *x, float *y, int n, int in, int out,
 			       cudaStream_t st)
 {
-	gemv_ffma_kernel<NC, U><<<(out + GEMV_R - 1) / GEMV_R, GEMV_THREADS, 0, st>>>(w, x, y, n, in, out);
-	return cudaGetLastError();
+	return kn_launch(gemv_ffma_kernel<NC, U>, dim3((out + GEMV_R - 1) / GEMV_R), dim3(GEMV_THREADS), 0,
+			 st, w, x, y, n, in, out);
 }
 
 cudaError_t kn_cuda_gemv_ffma(const kn_bf16 *w, const float *x, float *y, int n, int in, int out,
@@ -243,10 +266,27 @@ cudaError_t kn_cuda_gemv_mma(const kn_bf16 *w, const float *x, float *y, int n, 
 		return cudaErrorInvalidValue;
 	const int blocks = (out + MMA_ROWS - 1) / MMA_ROWS;
 	if (n <= 8)
-		gemv_mma_kernel<1><<<blocks, MMA_WARPS * 32, 0, st>>>(w, x, y, n, in, out);
-	else
-		gemv_mma_kernel<2><<<blocks, MMA_WARPS * 32, 0, st>>>(w, x, y, n, in, out);
-	return cudaGetLastError();
+		return kn_launch(gemv_mma_kernel<1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, w, x, y, n,
+				 in, out);
+	return kn_launch(gemv_mma_kernel<2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, w, x, y, n, in,
+			 out);
+}
+
+static thread_local int pdl_suspended;
+
+void kn_cuda_pdl_suspend(int off)
+{
+	pdl_suspended = off;
+}
+
+int kn_cuda_pdl(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *e = getenv("KVFERRY_CUDA_PDL");
+		on = !(e && !strcmp(e, "0"));
+	}
+	return on && !pdl_suspended;
 }
 
 int kn_cuda_gemv_kind(int n)

@@ -5,6 +5,8 @@
  * warp): thread t owns the rotate-half pair (t, t + head_dim/2). */
 static __global__ void qkv_rope_kernel(const struct kn_cu_qkv_args a)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	__shared__ float red[16];
 	const int c = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
 	const int hd = a.head_dim, half = hd / 2;
@@ -71,6 +73,5 @@ cudaError_t kn_cuda_qkv_rope(const struct kn_cu_qkv_args *a, cudaStream_t st)
 		return cudaErrorInvalidValue;
 	const int threads = ((a->head_dim / 2 + 31) / 32) * 32;
 	dim3 grid(a->n, a->n_heads + 2 * a->n_kv_heads);
-	qkv_rope_kernel<<<grid, threads, 0, st>>>(*a);
-	return cudaGetLastError();
+	return kn_launch(qkv_rope_kernel, grid, dim3(threads), 0, st, *a);
 }

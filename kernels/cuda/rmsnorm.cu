@@ -3,12 +3,29 @@
 
 #define RMS_THREADS 256
 
+static __device__ __forceinline__ void store4(float *o, int i, float4 v)
+{
+	reinterpret_cast<float4 *>(o)[i] = v;
+}
+
+/* bf16 output: the rounding gemm.cuh's split pass applied to the f32 value,
+ * element by element, so the bits are the same as norm-then-split. */
+static __device__ __forceinline__ void store4(kn_bf16 *o, int i, float4 v)
+{
+	__nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(o) + 2 * i;
+	p[0] = __floats2bfloat162_rn(v.x, v.y);
+	p[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+
 /* grid (n), block RMS_THREADS; each thread keeps its strided share of the row
  * in registers between the add and the scale (hidden <= 8192 * 4 = 32768). */
+template <typename T>
 static __global__ void __launch_bounds__(RMS_THREADS)
 add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, int hidden,
-		   float *out)
+		   T *out)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	__shared__ float red[RMS_THREADS / 32];
 	const size_t base = (size_t)blockIdx.x * hidden;
 	float4 *r4 = reinterpret_cast<float4 *>(resid + base);
@@ -36,10 +53,10 @@ add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, 
 		tot += red[i];
 	const float inv = rsqrtf(tot / (float)hidden + eps);
 	const float4 *w4 = reinterpret_cast<const float4 *>(w);
-	float4 *o4 = reinterpret_cast<float4 *>(out + base);
+	T *o = out + base;
 	for (int i = threadIdx.x; i < n4; i += RMS_THREADS) {
 		float4 v = r4[i], g = w4[i];
-		o4[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+		store4(o, i, make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w));
 	}
 }
 
@@ -48,6 +65,15 @@ cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w
 {
 	if (hidden % 4)
 		return cudaErrorInvalidValue;
-	add_rmsnorm_kernel<<<n, RMS_THREADS, 0, st>>>(resid, delta, w, eps, hidden, out);
-	return cudaGetLastError();
+	return kn_launch(add_rmsnorm_kernel<float>, dim3(n), dim3(RMS_THREADS), 0, st, resid, delta, w,
+			 eps, hidden, out);
+}
+
+cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, const float *w, float eps,
+				     int n, int hidden, kn_bf16 *out, cudaStream_t st)
+{
+	if (hidden % 4 || !out)
+		return cudaErrorInvalidValue;
+	return kn_launch(add_rmsnorm_kernel<kn_bf16>, dim3(n), dim3(RMS_THREADS), 0, st, resid, delta,
+			 w, eps, hidden, out);
 }

@@ -18,4 +18,14 @@
  */
 cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
 				int n, int hidden, float *out, cudaStream_t st);
+
+/**
+ * kn_cuda_add_rmsnorm() with the normed rows rounded to bf16 (round to
+ * nearest, each element as gemm.cuh rounds an f32 X for cuBLAS, so the bits
+ * equal norm-then-round): wide plans feed cuBLAS from it with no extra pass.
+ * @param out  [n][hidden] bf16, not NULL
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, const float *w, float eps,
+				     int n, int hidden, kn_bf16 *out, cudaStream_t st);
 #endif

@@ -18,6 +18,8 @@ static __device__ __forceinline__ void better(float &bv, int &bi, float ov, int 
 static __global__ void __launch_bounds__(AM_THREADS)
 argmax_kernel(const float *logits, int vocab, const struct kn_column *cols, int32_t *tokens)
 {
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	__shared__ float shv[AM_WARPS];
 	__shared__ int shi[AM_WARPS];
 	const int c = blockIdx.x, t = threadIdx.x;
@@ -63,6 +65,5 @@ argmax_kernel(const float *logits, int vocab, const struct kn_column *cols, int3
 cudaError_t kn_cuda_argmax(const float *logits, int vocab, const struct kn_column *cols, int n,
 			   int32_t *tokens, cudaStream_t st)
 {
-	argmax_kernel<<<n, AM_THREADS, 0, st>>>(logits, vocab, cols, tokens);
-	return cudaGetLastError();
+	return kn_launch(argmax_kernel, dim3(n), dim3(AM_THREADS), 0, st, logits, vocab, cols, tokens);
 }

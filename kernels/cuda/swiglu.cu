@@ -1,9 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "swiglu.cuh"
 
-/* grid (ceil(inter/2/256), n), block 256: two elements per thread. */
-static __global__ void swiglu_kernel(const float *gu, int inter, float *out)
+static __device__ __forceinline__ void store2(float *o, float a, float b)
 {
+	*reinterpret_cast<float2 *>(o) = make_float2(a, b);
+}
+
+static __device__ __forceinline__ void store2(kn_bf16 *o, float a, float b)
+{
+	*reinterpret_cast<__nv_bfloat162 *>(o) = __floats2bfloat162_rn(a, b);
+}
+
+/* grid (ceil(inter/2/256), n), block 256: two elements per thread. */
+template <typename T>
+static __global__ void swiglu_kernel(const float *gu, int inter, T *out)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
 	const int r = blockIdx.y;
 	const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
 	if (i >= inter)
@@ -12,7 +25,7 @@ static __global__ void swiglu_kernel(const float *gu, int inter, float *out)
 	const float2 u = *reinterpret_cast<const float2 *>(gu + (size_t)r * 2 * inter + inter + i);
 	const float a = g.x / (1.f + expf(-g.x)) * u.x;
 	const float b = g.y / (1.f + expf(-g.y)) * u.y;
-	*reinterpret_cast<float2 *>(out + (size_t)r * inter + i) = make_float2(a, b);
+	store2(out + (size_t)r * inter + i, a, b);
 }
 
 cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaStream_t st)
@@ -20,6 +33,13 @@ cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaSt
 	if (inter % 2)
 		return cudaErrorInvalidValue;
 	dim3 grid((inter / 2 + 255) / 256, n);
-	swiglu_kernel<<<grid, 256, 0, st>>>(gu, inter, out);
-	return cudaGetLastError();
+	return kn_launch(swiglu_kernel<float>, grid, dim3(256), 0, st, gu, inter, out);
+}
+
+cudaError_t kn_cuda_swiglu_bf16(const float *gu, int n, int inter, kn_bf16 *out, cudaStream_t st)
+{
+	if (inter % 2)
+		return cudaErrorInvalidValue;
+	dim3 grid((inter / 2 + 255) / 256, n);
+	return kn_launch(swiglu_kernel<kn_bf16>, grid, dim3(256), 0, st, gu, inter, out);
 }

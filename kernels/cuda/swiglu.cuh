@@ -11,4 +11,13 @@
  * @return the launch's cudaError_t.
  */
 cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaStream_t st);
+
+/**
+ * kn_cuda_swiglu() with the result rounded to bf16 (round to nearest per
+ * element: the same bits as the f32 result rounded by gemm.cuh), for wide
+ * plans' down projection through kn_cuda_linear_bf16().
+ * @param out  [n][inter] bf16
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_swiglu_bf16(const float *gu, int n, int inter, kn_bf16 *out, cudaStream_t st);
 #endif

@@ -221,6 +221,49 @@ static void swiglu_matches_reference(void)
 	cudaFree(dg); cudaFree(dout);
 }
 
+/* Wide plans take the norm's and SwiGLU's output in bf16 straight into
+ * cuBLAS: those bits must be the f32 outputs rounded to nearest, so the
+ * fused producers change nothing but the traffic. */
+static void bf16_producers_equal_their_f32_outputs_rounded(void)
+{
+	const int n = 7, hidden = 2048, inter = 1408;
+	std::vector<float> r((size_t)n * hidden), d((size_t)n * hidden), w(hidden);
+	for (auto &v : r) v = frand() * 3;
+	for (auto &v : d) v = frand();
+	for (auto &v : w) v = 1 + frand() * .2f;
+	float *dr1 = dev(r), *dr2 = dev(r), *dd = dev(d), *dw = dev(w), *of;
+	uint16_t *ob;
+	CHECK_CUDA(cudaMalloc((void **)&of, (size_t)n * inter * 2 * 4));
+	CHECK_CUDA(cudaMalloc((void **)&ob, (size_t)n * inter * 2 * 2));
+	CHECK_CUDA(cudaMemset(ob, 0xff, (size_t)n * inter * 2 * 2));
+	CHECK_CUDA(kn_cuda_add_rmsnorm(dr1, dd, dw, 1e-5f, n, hidden, of, 0));
+	CHECK_CUDA(kn_cuda_add_rmsnorm_bf16(dr2, dd, dw, 1e-5f, n, hidden, (kn_bf16 *)ob, 0));
+	std::vector<float> f = host(of, (size_t)n * hidden);
+	std::vector<uint16_t> b = host(ob, (size_t)n * hidden);
+	std::vector<float> r1 = host(dr1, (size_t)n * hidden), r2 = host(dr2, (size_t)n * hidden);
+	size_t bad = 0;
+	for (size_t i = 0; i < f.size(); i++)
+		bad += b[i] != f2bf(f[i]) || memcmp(&r1[i], &r2[i], 4) != 0;
+	printf("%s add_rmsnorm_bf16 = add_rmsnorm rounded: %zu of %zu differ\n", bad ? "FAIL" : "ok  ", bad,
+	       f.size());
+	g_fail += bad != 0;
+
+	std::vector<float> gu((size_t)n * 2 * inter);
+	for (auto &v : gu) v = frand() * 4;
+	float *dg = dev(gu);
+	CHECK_CUDA(cudaMemset(ob, 0xff, (size_t)n * inter * 2));
+	CHECK_CUDA(kn_cuda_swiglu(dg, n, inter, of, 0));
+	CHECK_CUDA(kn_cuda_swiglu_bf16(dg, n, inter, (kn_bf16 *)ob, 0));
+	f = host(of, (size_t)n * inter);
+	b = host(ob, (size_t)n * inter);
+	bad = 0;
+	for (size_t i = 0; i < f.size(); i++)
+		bad += b[i] != f2bf(f[i]);
+	printf("%s swiglu_bf16 = swiglu rounded: %zu of %zu differ\n", bad ? "FAIL" : "ok  ", bad, f.size());
+	g_fail += bad != 0;
+	cudaFree(dr1); cudaFree(dr2); cudaFree(dd); cudaFree(dw); cudaFree(of); cudaFree(ob); cudaFree(dg);
+}
+
 /*
  * qkv_rope then attention over a prefilled paged cache, vs a double
  * reference of RoPE + causal softmax attention, for several head shapes and
@@ -449,6 +492,7 @@ extern "C" int kn_cuda_test_ops_main(void)
 	skinny_and_wide_products_match_a_double_reference(h);
 	add_rmsnorm_matches_reference();
 	swiglu_matches_reference();
+	bf16_producers_equal_their_f32_outputs_rounded();
 	paged_attention_matches_reference();
 	argmax_picks_the_lowest_id_among_ties();
 	cublasDestroy(h);
