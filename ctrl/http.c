@@ -262,7 +262,23 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	*con_cls = NULL;
 }
 
-/* Resume every suspended connection so it can look at its socket. */
+/* Resume every suspended connection that still has a client, so each one
+ * runs its handler again (to send queued tokens or notice a closed socket). */
+static void resume_all(struct ctrl_http *h)
+{
+	pthread_mutex_lock(&h->mu);
+	for (struct gen *g = h->gens; g; g = g->next) {
+		pthread_mutex_lock(&g->mu);
+		if (g->suspended && !g->conn_gone) {
+			g->suspended = 0;
+			MHD_resume_connection(g->conn);
+		}
+		pthread_mutex_unlock(&g->mu);
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* Every HTTP_TICK_MS, resume suspended connections so each looks at its socket. */
 static void *ticker(void *arg)
 {
 	struct ctrl_http *h = arg;
@@ -277,16 +293,7 @@ static void *ticker(void *arg)
 			ts.tv_nsec -= 1000000000L;
 		}
 		pthread_cond_timedwait(&h->tick_cv, &h->tick_mu, &ts);
-		pthread_mutex_lock(&h->mu);
-		for (struct gen *g = h->gens; g; g = g->next) {
-			pthread_mutex_lock(&g->mu);
-			if (g->suspended && !g->conn_gone) {
-				g->suspended = 0;
-				MHD_resume_connection(g->conn);
-			}
-			pthread_mutex_unlock(&g->mu);
-		}
-		pthread_mutex_unlock(&h->mu);
+		resume_all(h);
 	}
 	pthread_mutex_unlock(&h->tick_mu);
 	return NULL;
@@ -428,16 +435,7 @@ void ctrl_http_stop(struct ctrl_http *h)
 	if (h->ticker_started)
 		pthread_join(h->ticker, NULL);
 	ctrl_http_cancel_all(h);
-	pthread_mutex_lock(&h->mu);
-	for (struct gen *g = h->gens; g; g = g->next) {
-		pthread_mutex_lock(&g->mu);
-		if (g->suspended && !g->conn_gone) {
-			g->suspended = 0;
-			MHD_resume_connection(g->conn);
-		}
-		pthread_mutex_unlock(&g->mu);
-	}
-	pthread_mutex_unlock(&h->mu);
+	resume_all(h);
 	MHD_stop_daemon(h->d);
 	/* Requests whose backend side is still open keep h alive through
 	 * their reference; the caller stops the backend only after this, so
