@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "fallback_region.h"
 #include "shm_live.h"
 #include "shm_region.h"
 
@@ -18,7 +19,6 @@ static char g_name[SHM_NAME_MAX];
 
 static void another_process_tells_alive_slow_and_dead_apart(void **state)
 {
-	struct shm_region_opts o;
 	struct shm_live_info info;
 	struct shm_region *r;
 	char err[256];
@@ -27,11 +27,7 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	char c;
 
 	(void)state;
-	shm_region_opts_init(&o);
-	o.name = g_name;
-	o.size = 1 << 20;
-	o.force_fallback = 1;
-	r = shm_region_create(&o, err, sizeof(err));
+	r = test_fallback_region(g_name, 1 << 20);
 	assert_non_null(r);
 	/* one pipe each way: a single pipe lets the child read its own byte */
 	assert_int_equal(pipe(up), 0);

@@ -12,20 +12,14 @@
 #include <cmocka.h>
 
 #include "../../shm/region_abi.h"
+#include "fallback_region.h"
 #include "shm_region.h"
 
 static char g_name[SHM_NAME_MAX];
 
 static struct shm_region *fallback_region(size_t size)
 {
-	struct shm_region_opts o;
-	char err[256];
-
-	shm_region_opts_init(&o);
-	o.name = g_name;
-	o.size = size;
-	o.force_fallback = 1;
-	return shm_region_create(&o, err, sizeof(err));
+	return test_fallback_region(g_name, size);
 }
 
 static void a_fallback_region_is_found_by_name_from_another_process(void **state)

@@ -17,6 +17,7 @@
 
 #include "../../shm/ring_abi.h"
 #include "shm_live.h"
+#include "fallback_region.h"
 #include "shm_region.h"
 #include "shm_ring.h"
 
@@ -24,14 +25,7 @@ static char g_name[SHM_NAME_MAX];
 
 static int setup(void **state)
 {
-	struct shm_region_opts o;
-	char err[256];
-
-	shm_region_opts_init(&o);
-	o.name = g_name;
-	o.size = 8u << 20;
-	o.force_fallback = 1;
-	*state = shm_region_create(&o, err, sizeof(err));
+	*state = test_fallback_region(g_name, 8u << 20);
 	return *state ? 0 : -1;
 }
 
