@@ -14,7 +14,9 @@
  *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
  *   8B decode at batch 64 and 256 (context 512) and both prefills, to price
  *   KVFERRY_CUDA_WIDE_X=split; --attention: the attention probes, then 8B
- *   decode at context 4096, batch 1 and 32 (for attention kernel variants).
+ *   decode at context 4096, batch 1 and 32 (for attention kernel variants);
+ *   --one MODEL CTX BATCH: that decode step alone, no probes (for a profiler:
+ *   ncu --graph-profiling node sees only the engine's kernels).
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -211,6 +213,14 @@ int main(int argc, char **argv)
 	int attn_only = argc > 1 && !strcmp(argv[1], "--attention");
 	char err[512];
 	double bw = 0, peak = 0;
+	if (argc == 5 && !strcmp(argv[1], "--one")) {
+		const int b = atoi(argv[4]);
+		if (kn_cuda_device_count() < 1)
+			return 77;
+		/* copy bandwidth unmeasured: the fraction printed assumes 4.2 TB/s */
+		bench_decode(argv[2], atoi(argv[3]), &b, 1, 4.2e12, (size_t)96 << 30);
+		return 0;
+	}
 	if (kn_cuda_probe_copy_bw(0, (size_t)2 << 30, 20, &bw, err, sizeof(err))) {
 		printf("no CUDA device or copy probe failed: %s\n", err);
 		return 77;

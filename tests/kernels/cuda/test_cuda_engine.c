@@ -1,14 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The CUDA stage engine end to end through the public kn_stage API, on a
- * model directory made by kvferry-mkmodel (argv[1]):
+ * model directory made by kvferry-mkmodel (random weights) or given with
+ * --model (weights trained on text by train_small.py, prompt from --ids):
  *  - logits match the CPU engine within 2e-2 relative error per position;
- *  - greedy tokens match the CPU engine over 64 steps;
+ *  - greedy tokens match the CPU engine over 64 steps (asserted with --model;
+ *    on random weights the logits are so flat that a near-tie flips within
+ *    64 steps at bf16 K/V rounding, so there the step and margin print as
+ *    info);
  *  - a column's logits bits are the same solo or batched (any neighbour,
  *    any place in the batch), for a narrow and a wide plan;
  *  - the model split into two stages gives the bits of one stage.
  * Exits 77 without a CUDA device.
  * usage: test_cuda_engine MKMODEL [PRESET [ARCH]]   (MKMODEL: kvferry-mkmodel)
+ *        test_cuda_engine --model DIR [--ids FILE]   (FILE: comma-separated prompt ids)
  */
 #include <errno.h>
 #include <math.h>
@@ -23,6 +28,9 @@
 #include "kn_stage.h"
 
 static int g_fail;
+static int g_greedy_asserted;      /* trained weights: no excuse for a flip */
+static int32_t g_prompt[64];       /* from --ids; else pseudo-random ids */
+static int g_n_prompt;
 
 #define FAIL(...)                                                                            \
 	do {                                                                                 \
@@ -117,6 +125,26 @@ static double rel_err(const float *a, const float *b, int n)
 
 #define PROMPT 40
 
+/* The first PROMPT ids of a comma-separated file. */
+static int read_ids(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "%s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	int v;
+	while (g_n_prompt < PROMPT && fscanf(f, "%d,", &v) == 1)
+		g_prompt[g_n_prompt++] = v;
+	fclose(f);
+	if (g_n_prompt < PROMPT) {
+		fprintf(stderr, "%s: %d ids, the prompt needs %d (comma-separated integers)\n", path, g_n_prompt,
+			PROMPT);
+		return -1;
+	}
+	return 0;
+}
+
 static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_model *m)
 {
 	struct chain g, cpu;
@@ -134,8 +162,8 @@ static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_m
 	uint32_t r = 12345;
 	for (int i = 0; i < PROMPT; i++) {
 		r = r * 1103515245u + 12345u;
-		cols[i] = (struct kn_column){ .token = (int32_t)((r >> 8) % (uint32_t)V), .pos = i, .slot = 0,
-					      .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		const int32_t t = i < g_n_prompt ? g_prompt[i] : (int32_t)((r >> 8) % (uint32_t)V);
+		cols[i] = (struct kn_column){ .token = t, .pos = i, .slot = 0, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
 	}
 	if (chain_step(&g, cols, PROMPT, tg, lg) || chain_step(&cpu, cols, PROMPT, tc, lc)) {
 		FAIL("prefill step");
@@ -167,8 +195,9 @@ static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_m
 		rgpu = lg;
 		rcpu = lc;
 	}
-	printf("%s greedy_tokens_match_the_cpu_engine_over_64_steps: %d of 64 identical\n",
-	       same == 64 ? "ok  " : "FAIL", same);
+	printf("%s greedy_tokens_match_the_cpu_engine_over_64_steps (%s): %d of 64 identical\n",
+	       same == 64 ? "ok  " : g_greedy_asserted ? "FAIL" : "info",
+	       g_greedy_asserted ? "trained weights, text prompt" : "random weights: not asserted", same);
 	if (same < 64) {
 		/* How near a tie the flip was: the CPU's margin between its choice
 		 * and ours, in units of the CPU logits' standard deviation. */
@@ -182,7 +211,7 @@ static void cuda_logits_and_greedy_tokens_match_the_cpu_engine(const struct kn_m
 		printf("info   first flip at step %d: cpu picks %d, cuda %d; cpu margin %.4f (%.4f std), cuda margin %.4f, logits rel err %.3g\n",
 		       same, nc, ng, rcpu[nc] - rcpu[ng], (rcpu[nc] - rcpu[ng]) / sd, rgpu[ng] - rgpu[nc], rel_err(rgpu, rcpu, V));
 	}
-	if (same != 64)
+	if (same != 64 && g_greedy_asserted)
 		g_fail++;
 out:
 	free(lg);
@@ -244,8 +273,10 @@ static void a_column_has_the_same_bits_solo_batched_and_split(const struct kn_mo
 int main(int argc, char **argv)
 {
 	char err[512], dir[] = "/tmp/kvferry-cuda-test-XXXXXX", cmd[1024];
-	if (argc < 2) {
-		fprintf(stderr, "usage: %s MKMODEL [PRESET [ARCH]]\n", argv[0]);
+	const int given = argc > 2 && !strcmp(argv[1], "--model");
+	if (argc < 2 || (given && argc != 3 && !(argc == 5 && !strcmp(argv[3], "--ids")))) {
+		fprintf(stderr, "usage: %s MKMODEL [PRESET [ARCH]]\n       %s --model DIR [--ids FILE]\n", argv[0],
+			argv[0]);
 		return 2;
 	}
 	if (kn_cuda_device_count() < 1) {
@@ -253,27 +284,33 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	const char *preset = argc > 2 ? argv[2] : "small", *arch = argc > 3 ? argv[3] : "llama";
-	if (!mkdtemp(dir)) {
+	if (given && argc == 5 && read_ids(argv[4]))
+		return 1;
+	g_greedy_asserted = given;
+	if (!given && !mkdtemp(dir)) {
 		perror("mkdtemp");
 		return 1;
 	}
 	snprintf(cmd, sizeof(cmd), "%s --out %s --preset %s --arch %s >/dev/null", argv[1], dir, preset, arch);
-	if (system(cmd) != 0) {
+	if (!given && system(cmd) != 0) {
 		fprintf(stderr, "%s failed\n", cmd);
 		return 1;
 	}
-	struct kn_model *m = kn_model_open(dir, err, sizeof(err));
+	struct kn_model *m = kn_model_open(given ? argv[2] : dir, err, sizeof(err));
 	if (!m) {
-		fprintf(stderr, "kn_model_open(%s): %s\n", dir, err);
+		fprintf(stderr, "kn_model_open(%s): %s\n", given ? argv[2] : dir, err);
 		return 1;
 	}
-	printf("model: preset %s, arch %s\n", preset, arch);
+	if (given)
+		printf("model: %s, prompt: %s\n", argv[2], g_n_prompt ? argv[4] : "pseudo-random ids");
+	else
+		printf("model: preset %s, arch %s (random weights)\n", preset, arch);
 	cuda_logits_and_greedy_tokens_match_the_cpu_engine(m);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	kn_model_close(m);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	if (system(cmd) != 0)
+	if (!given && system(cmd) != 0)
 		fprintf(stderr, "%s failed\n", cmd);
 	printf("%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
 	return g_fail ? 1 : 0;
