@@ -20,12 +20,85 @@ static __host__ __device__ size_t part_stride(int hd)
 	return (size_t)hd + 2;
 }
 
+/* Partials of one (column, KV head): splits x GM x {acc[HD], m, l}. Merge the
+ * first k into out (heads kh*G .. kh*G+G-1) in split order 0..k-1: one
+ * formula for the merge kernel and the column kernel's last block. Loads go
+ * out MERGE_U splits at a time (a split per load round trip made the last
+ * block's merge of 16 splits cost ~10 us). */
+#define MERGE_U 16
+template <int HD, int GM>
+static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args &a, const float *part,
+						    int c, int kh, int k, int e0, int estep)
+{
+	const int G = a.n_heads / a.n_kv_heads;
+	const size_t ss = GM * part_stride(HD);
+	for (int e = e0; e < G * HD; e += estep) {
+		const int g = e / HD, d = e % HD;
+		const float *pg = part + g * part_stride(HD);
+		float M = -INFINITY;
+		for (int s0 = 0; s0 < k; s0 += MERGE_U) {
+			float m[MERGE_U];
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++)
+				m[u] = s0 + u < k ? kn_ld_cg(pg + (s0 + u) * ss + HD) : -INFINITY;
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++)
+				M = fmaxf(M, m[u]);
+		}
+		float L = 0.f, A = 0.f;
+		for (int s0 = 0; s0 < k; s0 += MERGE_U) {
+			float m[MERGE_U], l[MERGE_U], v[MERGE_U];
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++) {
+				const bool on = s0 + u < k;
+				m[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + HD) : M;
+				l[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + HD + 1) : 0.f;
+				v[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + d) : 0.f;
+			}
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++) {
+				if (s0 + u >= k)
+					break;
+				const float w = exp2f(m[u] - M);
+				L += l[u] * w;
+				A += v[u] * w;
+			}
+		}
+		a.out[(size_t)c * a.n_heads * HD + (size_t)(kh * G + g) * HD + d] = A / L;
+	}
+}
+
+/* Column kernel split for a column of len positions: ~16 pieces of 32 or 64
+ * positions up to 1,024 positions, KN_CU_ATTN_SPLIT above (8B, ctx 512,
+ * batch 1: 4 blocks of 128 positions per KV head took 16.5 us a layer,
+ * latency-bound). A function of the column's own length: batch-invariant. */
+static __host__ __device__ __forceinline__ int col_split(int len)
+{
+	return len <= 16 * 32 ? 32 : len <= 16 * 64 ? 64 : KN_CU_ATTN_SPLIT;
+}
+
+static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
+{
+	const int k = (max_ctx + KN_CU_ATTN_SPLIT - 1) / KN_CU_ATTN_SPLIT;
+	return k > 16 ? k : 16;
+}
+
+/* The column kernel's split counters follow the partials of its grid. */
+static __device__ __forceinline__ unsigned *attn_counters(const struct kn_cu_attn_args &a, int splits)
+{
+	return reinterpret_cast<unsigned *>(a.part + (size_t)a.n * a.n_kv_heads * splits *
+							  gmax_of(a.n_heads / a.n_kv_heads) *
+							  part_stride(a.head_dim));
+}
+
 /*
- * grid (splits, n_kv_heads, n), block 128. A group of LP = HD/8 lanes owns one
- * position at a time (16 bytes of K and of V per lane); a warp covers PPW
- * positions per step, ATTN_U steps' loads are issued before use. Each group
- * keeps an online softmax per head; the block merges its groups in a fixed
- * order at the end.
+ * grid (col_splits_max, n_kv_heads, n), block 128. A group of LP = HD/8 lanes
+ * owns one position at a time (16 bytes of K and of V per lane); a warp
+ * covers PPW positions per step, ATTN_U steps' loads are issued before use.
+ * Each group keeps an online softmax per head; the block merges its groups
+ * in a fixed order and writes its partial; the last of the column's splits
+ * to finish (a counter per column and KV head, left at zero) merges them
+ * all in split order, so there is no second kernel.
  */
 template <int HD, int GM>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
@@ -36,16 +109,21 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	constexpr int LP = HD / 8, PPW = 32 / LP, NGRP = ATTN_WARPS * PPW;
 	__shared__ float sm_acc[NGRP][GM][HD];
 	__shared__ float sm_m[NGRP][GM], sm_l[NGRP][GM];
+	__shared__ bool last;
 
 	const int s = blockIdx.x, kh = blockIdx.y, c = blockIdx.z;
 	const struct kn_column col = a.cols[c];
-	if (col.slot == KN_CU_PAD_SLOT)
+	const int G = a.n_heads / a.n_kv_heads;
+	if (col.slot == KN_CU_PAD_SLOT) {
+		if (s == 0)
+			for (int e = threadIdx.x; e < G * HD; e += ATTN_WARPS * 32)
+				a.out[(size_t)c * a.n_heads * HD + (size_t)kh * G * HD + e] = 0.f;
 		return;
-	const int len = col.pos + 1, start = s * KN_CU_ATTN_SPLIT;
+	}
+	const int len = col.pos + 1, split = col_split(len), start = s * split;
 	if (start >= len)
 		return;
-	const int end = min(start + KN_CU_ATTN_SPLIT, len);
-	const int G = a.n_heads / a.n_kv_heads;
+	const int end = min(start + split, len);
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int grp = lane / LP, sub = lane % LP;
 	const int gg = warp * PPW + grp;
@@ -145,37 +223,46 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			pg[HD + 1] = L;
 		}
 	}
+	const float *part0 = part - (size_t)s * GM * part_stride(HD);
+	const int k = (len + split - 1) / split;
+	if (k == 1) {
+		__syncthreads();
+		merge_splits<HD, GM>(a, part0, c, kh, 1, threadIdx.x, ATTN_WARPS * 32);
+		return;
+	}
+	__threadfence();
+	__syncthreads();
+	unsigned *cnt = attn_counters(a, splits) + (size_t)c * a.n_kv_heads + kh;
+	if (threadIdx.x == 0)
+		last = atomicAdd(cnt, 1u) == (unsigned)k - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	merge_splits<HD, GM>(a, part0, c, kh, k, threadIdx.x, ATTN_WARPS * 32);
+	if (threadIdx.x == 0)
+		*cnt = 0;
 }
 
-/* grid (n, n_heads), block HD: merge the column's splits (of `split`
- * positions) in order 0..k-1. */
+/* grid (n, n_kv_heads, ceil(GM * HD / 128)), block 128, one output element
+ * per thread: the tile kernel's second pass, merging a column's splits (of
+ * `split` positions) in order 0..k-1. */
 template <int HD, int GM>
 static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
-	const int c = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+	const int c = blockIdx.x, kh = blockIdx.y;
 	const struct kn_column col = a.cols[c];
-	float *o = a.out + (size_t)c * a.n_heads * HD + (size_t)h * HD + d;
+	const int G = a.n_heads / a.n_kv_heads;
+	const int e = blockIdx.z * blockDim.x + threadIdx.x;
 	if (col.slot == KN_CU_PAD_SLOT) {
-		*o = 0.f;
+		if (e < G * HD)
+			a.out[(size_t)c * a.n_heads * HD + (size_t)kh * G * HD + e] = 0.f;
 		return;
 	}
-	const int G = a.n_heads / a.n_kv_heads, kh = h / G, g = h % G;
-	const int k = (col.pos + split) / split;
-	const float *part = a.part + ((size_t)c * a.n_kv_heads + kh) * splits * GM * part_stride(HD) +
-			    g * part_stride(HD);
-	const size_t ss = GM * part_stride(HD);
-	float M = -INFINITY;
-	for (int s = 0; s < k; s++)
-		M = fmaxf(M, part[s * ss + HD]);
-	float L = 0.f, A = 0.f;
-	for (int s = 0; s < k; s++) {
-		const float w = exp2f(part[s * ss + HD] - M);
-		L += part[s * ss + HD + 1] * w;
-		A += part[s * ss + d] * w;
-	}
-	*o = A / L;
+	const float *part = a.part + ((size_t)c * a.n_kv_heads + kh) * splits * GM * part_stride(HD);
+	merge_splits<HD, GM>(a, part, c, kh, (col.pos + split) / split, e, GM * HD);
 }
 
 static int splits_of(int max_ctx, int split)
@@ -183,12 +270,19 @@ static int splits_of(int max_ctx, int split)
 	return (max_ctx + split - 1) / split;
 }
 
+static size_t part_bytes(int n, int n_heads, int n_kv_heads, int head_dim, int splits)
+{
+	const int gm = gmax_of(n_heads / n_kv_heads);
+	return (size_t)n * n_kv_heads * splits * gm * part_stride(head_dim) * sizeof(float);
+}
+
 size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
 			      int split)
 {
-	const int gm = gmax_of(n_heads / n_kv_heads);
-	return (size_t)n * n_kv_heads * splits_of(max_ctx, split) * gm * part_stride(head_dim) *
-	       sizeof(float);
+	const size_t tile = split > 0 ? part_bytes(n, n_heads, n_kv_heads, head_dim, splits_of(max_ctx, split)) : 0;
+	const size_t col = part_bytes(n, n_heads, n_kv_heads, head_dim, col_splits_max(max_ctx)) +
+			   (size_t)n * n_kv_heads * sizeof(unsigned);
+	return tile > col ? tile : col;
 }
 
 int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads)
@@ -561,20 +655,19 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const bool tile = a->kernel == KN_CU_ATTN_TILE;
 	if (tile && (a->split <= 0 || a->split % KN_PAGE_BLK))
 		return cudaErrorInvalidValue;
-	const int split = tile ? a->split : KN_CU_ATTN_SPLIT;
-	const int splits = splits_of(a->max_ctx, split);
-	cudaError_t e = cudaSuccess;
-	if (tile) {
-		if (!launch_tile<HD, GM>(a, splits, st, &e))
-			return cudaErrorInvalidValue;
-	} else {
+	if (!tile) {
+		const int splits = col_splits_max(a->max_ctx);
 		dim3 g1(splits, a->n_kv_heads, a->n);
-		e = kn_launch(attn_split_kernel<HD, GM>, g1, dim3(ATTN_WARPS * 32), 0, st, *a, splits);
+		return kn_launch(attn_split_kernel<HD, GM>, g1, dim3(ATTN_WARPS * 32), 0, st, *a, splits);
 	}
+	const int splits = splits_of(a->max_ctx, a->split);
+	cudaError_t e = cudaSuccess;
+	if (!launch_tile<HD, GM>(a, splits, st, &e))
+		return cudaErrorInvalidValue;
 	if (e != cudaSuccess)
 		return e;
-	dim3 g2(a->n, a->n_heads);
-	return kn_launch(attn_merge_kernel<HD, GM>, g2, dim3(HD), 0, st, *a, splits, split);
+	return kn_launch(attn_merge_kernel<HD, GM>, dim3(a->n, a->n_kv_heads, (GM * HD + 127) / 128), dim3(128), 0,
+			 st, *a, splits, a->split);
 }
 
 template <int HD>

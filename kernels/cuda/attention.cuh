@@ -7,7 +7,9 @@
  * number of pieces depends only on the column's own position and the split
  * size, so a column's bits never depend on its batch. Two kernels:
  *  - column (KN_CU_ATTN_COLUMN): one column at a time on CUDA cores, f32 q,
- *    KN_CU_ATTN_SPLIT-position pieces;
+ *    pieces of 32 / 64 / KN_CU_ATTN_SPLIT positions by the column's length
+ *    (about 16 pieces up to 1,024 positions); the last piece to finish
+ *    merges them (no second kernel);
  *  - tile (KN_CU_ATTN_TILE): tensor cores (mma.sync m16n8k16). A warp owns
  *    16 rows = 16 / GM consecutive columns x GM heads of one KV head; the
  *    columns of one slot among them (a prompt's consecutive columns in a
@@ -26,7 +28,7 @@
 #define KN_CU_ATTENTION_CUH
 #include "cu_common.cuh"
 
-/** Positions per split of the column kernel. 128: a 4k-context column gives 32 x n_kv_heads blocks. */
+/** Positions per split of the column kernel above 1,024 positions: a 4k-context column gives 32 x n_kv_heads blocks. */
 #define KN_CU_ATTN_SPLIT 128
 
 enum { KN_CU_ATTN_COLUMN = 0, KN_CU_ATTN_TILE = 1 };
@@ -39,7 +41,9 @@ struct kn_cu_attn_args {
 	const int32_t *table;    /**< [n_slots][max_bps] */
 	const struct kn_column *cols; /**< [n]; a column attends to 0..pos of its slot */
 	float *out;              /**< [n][n_heads*head_dim] f32 */
-	float *part;             /**< workspace, kn_cuda_attn_workspace() bytes */
+	float *part;             /**< workspace, kn_cuda_attn_workspace() bytes, zeroed once
+	                              before first use (the column kernel's split counters;
+	                              every launch leaves them zero) */
 	int n, n_heads, n_kv_heads, head_dim, max_bps;
 	int max_ctx;             /**< largest pos + 1 any column may have */
 	float scale;             /**< 1/sqrt(head_dim) */
@@ -49,8 +53,9 @@ struct kn_cu_attn_args {
 	                              (kn_cuda_attn_tile_split()) */
 };
 
-/** @return workspace bytes for @p n columns (partials of every split of
- *  @p split positions: KN_CU_ATTN_SPLIT for the column kernel). */
+/** @return workspace bytes for @p n columns: enough for the column kernel
+ *  (partials and split counters) and for the tile kernel at @p split
+ *  positions per piece (0: column kernel only). */
 size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
 			      int split);
 

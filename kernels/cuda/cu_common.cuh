@@ -136,4 +136,13 @@ static __device__ __forceinline__ float4 kn_ld_f4(const float *p)
 	return r;
 }
 
+/** A load of data another block of the same kernel wrote (after a fence and
+ *  a counter): served from L2, never a stale L1 line. */
+static __device__ __forceinline__ float kn_ld_cg(const float *p)
+{
+	float r;
+	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
+	return r;
+}
+
 #endif /* KN_CU_COMMON_CUH */

@@ -367,7 +367,7 @@ static int alloc_workspace(struct cu_stage *s)
 						  : ((size_t)s->q_dim > (size_t)s->inter ? (size_t)s->q_dim : (size_t)s->inter);
 	int rc;
 	/* partials for the widest plan, by the split each plan width uses */
-	size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx, KN_CU_ATTN_SPLIT);
+	size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx, 0);
 	if (s->attn_tile != 1)
 		for (int i = 0; i < s->n_plans; i++) {
 			const int pw = s->plans[i].width;
@@ -399,6 +399,9 @@ static int alloc_workspace(struct cu_stage *s)
 			return rc;
 		s->ws_bytes += a[i].b;
 	}
+	/* the attention column kernel's split counters start at zero; every
+	 * launch leaves them so */
+	CK(cudaMemset(s->attn_ws, 0, aws));
 	if (s->base.last) {
 		if ((rc = dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;

@@ -173,7 +173,9 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	PCK(cudaMalloc((void **)&out, (size_t)n_cols * n_heads * head_dim * 4));
 	PCK(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx,
 								 tile ? kn_cuda_attn_tile_split(n_cols, ctx, n_heads, n_kv_heads)
-								      : KN_CU_ATTN_SPLIT)));
+								      : 0)));
+	/* the column kernel's split counters start at zero */
+	PCK(cudaMemset(part, 0, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx, 0)));
 	PCK(cudaMalloc((void **)&table, (size_t)nb * 4));
 	PCK(cudaMalloc((void **)&cols, (size_t)n_cols * sizeof(*cols)));
 	PCK(kn_cuda_fill_bf16(kc, kv_e, 11, 1.f, 0));

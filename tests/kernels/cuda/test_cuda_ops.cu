@@ -319,6 +319,7 @@ static void paged_attention_matches_reference(void)
 		CHECK_CUDA(cudaMemset(out, 0xff, (size_t)n * nh * hd * 4));
 		/* the tile kernel at the smallest split it is given here (64) needs the most */
 		CHECK_CUDA(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n, nh, nkv, hd, ctx, 64)));
+		CHECK_CUDA(cudaMemset(part, 0, kn_cuda_attn_workspace(n, nh, nkv, hd, ctx, 64)));
 		struct kn_cu_qkv_args qa = {};
 		qa.qkv = dqkv;
 		qa.bias = cs.bias ? dbias : NULL;
