@@ -68,27 +68,23 @@ static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args
 	}
 }
 
-/* Column kernel split for a column of len positions: ~16 pieces of 32 or 64
- * positions up to 1,024 positions, KN_CU_ATTN_SPLIT above (8B, ctx 512,
- * batch 1: 4 blocks of 128 positions per KV head took 16.5 us a layer,
- * latency-bound). A function of the column's own length: batch-invariant. */
-static __host__ __device__ __forceinline__ int col_split(int len)
+/* Column kernel split for a column of len positions in a plan of n columns.
+ * Plans of 1-2 columns: ~16 pieces of 32 or 64 positions up to 1,024
+ * positions (8B, ctx 512, batch 1: 4 pieces of 128 per KV head took 16.5
+ * us a layer, latency-bound), KN_CU_ATTN_SPLIT above; wider plans fill the
+ * GPU with their columns and keep KN_CU_ATTN_SPLIT (smaller pieces made
+ * batch 8-16 slower). A function of the column's own length and the plan
+ * width: batch-invariant within a plan. */
+static __host__ __device__ __forceinline__ int col_split(int len, int n)
 {
-	return len <= 16 * 32 ? 32 : len <= 16 * 64 ? 64 : KN_CU_ATTN_SPLIT;
+	return n > 2 ? KN_CU_ATTN_SPLIT : len <= 16 * 32 ? 32 : len <= 16 * 64 ? 64 : KN_CU_ATTN_SPLIT;
 }
 
+/* Splits of the longest column (the grid's x), for any plan width. */
 static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 {
 	const int k = (max_ctx + KN_CU_ATTN_SPLIT - 1) / KN_CU_ATTN_SPLIT;
 	return k > 16 ? k : 16;
-}
-
-/* The column kernel's split counters follow the partials of its grid. */
-static __device__ __forceinline__ unsigned *attn_counters(const struct kn_cu_attn_args &a, int splits)
-{
-	return reinterpret_cast<unsigned *>(a.part + (size_t)a.n * a.n_kv_heads * splits *
-							  gmax_of(a.n_heads / a.n_kv_heads) *
-							  part_stride(a.head_dim));
 }
 
 /*
@@ -96,9 +92,10 @@ static __device__ __forceinline__ unsigned *attn_counters(const struct kn_cu_att
  * owns one position at a time (16 bytes of K and of V per lane); a warp
  * covers PPW positions per step, ATTN_U steps' loads are issued before use.
  * Each group keeps an online softmax per head; the block merges its groups
- * in a fixed order and writes its partial; the last of the column's splits
- * to finish (a counter per column and KV head, left at zero) merges them
- * all in split order, so there is no second kernel.
+ * in a fixed order and writes its partial. In plans of 1-2 columns the last
+ * of the column's splits to finish (a.counters: one per column and KV head,
+ * left at zero) merges them all in split order, with no second kernel;
+ * wider plans run attn_merge_kernel.
  */
 template <int HD, int GM>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
@@ -120,7 +117,7 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 				a.out[(size_t)c * a.n_heads * HD + (size_t)kh * G * HD + e] = 0.f;
 		return;
 	}
-	const int len = col.pos + 1, split = col_split(len), start = s * split;
+	const int len = col.pos + 1, split = col_split(len, a.n), start = s * split;
 	if (start >= len)
 		return;
 	const int end = min(start + split, len);
@@ -223,6 +220,10 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			pg[HD + 1] = L;
 		}
 	}
+	/* wider plans: attn_merge_kernel (measured faster there: 8B batch 16,
+	 * ctx 512, 8.09 ms with the last block merging) */
+	if (a.n > 2)
+		return;
 	const float *part0 = part - (size_t)s * GM * part_stride(HD);
 	const int k = (len + split - 1) / split;
 	if (k == 1) {
@@ -232,7 +233,7 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	}
 	__threadfence();
 	__syncthreads();
-	unsigned *cnt = attn_counters(a, splits) + (size_t)c * a.n_kv_heads + kh;
+	unsigned *cnt = a.counters + (size_t)c * a.n_kv_heads + kh;
 	if (threadIdx.x == 0)
 		last = atomicAdd(cnt, 1u) == (unsigned)k - 1;
 	__syncthreads();
@@ -280,8 +281,7 @@ size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, 
 			      int split)
 {
 	const size_t tile = split > 0 ? part_bytes(n, n_heads, n_kv_heads, head_dim, splits_of(max_ctx, split)) : 0;
-	const size_t col = part_bytes(n, n_heads, n_kv_heads, head_dim, col_splits_max(max_ctx)) +
-			   (size_t)n * n_kv_heads * sizeof(unsigned);
+	const size_t col = part_bytes(n, n_heads, n_kv_heads, head_dim, col_splits_max(max_ctx));
 	return tile > col ? tile : col;
 }
 
@@ -655,19 +655,17 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const bool tile = a->kernel == KN_CU_ATTN_TILE;
 	if (tile && (a->split <= 0 || a->split % KN_PAGE_BLK))
 		return cudaErrorInvalidValue;
-	if (!tile) {
-		const int splits = col_splits_max(a->max_ctx);
-		dim3 g1(splits, a->n_kv_heads, a->n);
-		return kn_launch(attn_split_kernel<HD, GM>, g1, dim3(ATTN_WARPS * 32), 0, st, *a, splits);
-	}
-	const int splits = splits_of(a->max_ctx, a->split);
+	const int splits = tile ? splits_of(a->max_ctx, a->split) : col_splits_max(a->max_ctx);
 	cudaError_t e = cudaSuccess;
-	if (!launch_tile<HD, GM>(a, splits, st, &e))
+	if (!tile)
+		e = kn_launch(attn_split_kernel<HD, GM>, dim3(splits, a->n_kv_heads, a->n), dim3(ATTN_WARPS * 32), 0,
+			      st, *a, splits);
+	else if (!launch_tile<HD, GM>(a, splits, st, &e))
 		return cudaErrorInvalidValue;
-	if (e != cudaSuccess)
+	if (e != cudaSuccess || (!tile && a->n <= 2))
 		return e;
 	return kn_launch(attn_merge_kernel<HD, GM>, dim3(a->n, a->n_kv_heads, (GM * HD + 127) / 128), dim3(128), 0,
-			 st, *a, splits, a->split);
+			 st, *a, splits, tile ? a->split : KN_CU_ATTN_SPLIT);
 }
 
 template <int HD>

@@ -7,9 +7,9 @@
  * number of pieces depends only on the column's own position and the split
  * size, so a column's bits never depend on its batch. Two kernels:
  *  - column (KN_CU_ATTN_COLUMN): one column at a time on CUDA cores, f32 q,
- *    pieces of 32 / 64 / KN_CU_ATTN_SPLIT positions by the column's length
- *    (about 16 pieces up to 1,024 positions); the last piece to finish
- *    merges them (no second kernel);
+ *    KN_CU_ATTN_SPLIT-position pieces (plans of 1-2 columns: 32 or 64 up
+ *    to 1,024 positions, about 16 pieces, the last piece to finish merging
+ *    them: no second kernel);
  *  - tile (KN_CU_ATTN_TILE): tensor cores (mma.sync m16n8k16). A warp owns
  *    16 rows = 16 / GM consecutive columns x GM heads of one KV head; the
  *    columns of one slot among them (a prompt's consecutive columns in a
@@ -41,9 +41,10 @@ struct kn_cu_attn_args {
 	const int32_t *table;    /**< [n_slots][max_bps] */
 	const struct kn_column *cols; /**< [n]; a column attends to 0..pos of its slot */
 	float *out;              /**< [n][n_heads*head_dim] f32 */
-	float *part;             /**< workspace, kn_cuda_attn_workspace() bytes, zeroed once
-	                              before first use (the column kernel's split counters;
-	                              every launch leaves them zero) */
+	float *part;             /**< workspace, kn_cuda_attn_workspace() bytes */
+	unsigned *counters;      /**< column kernel: [n][n_kv_heads], zero before the first
+	                              launch; every launch leaves them zero. Its own buffer,
+	                              not in part: plans of other widths overwrite part */
 	int n, n_heads, n_kv_heads, head_dim, max_bps;
 	int max_ctx;             /**< largest pos + 1 any column may have */
 	float scale;             /**< 1/sqrt(head_dim) */
@@ -53,9 +54,9 @@ struct kn_cu_attn_args {
 	                              (kn_cuda_attn_tile_split()) */
 };
 
-/** @return workspace bytes for @p n columns: enough for the column kernel
- *  (partials and split counters) and for the tile kernel at @p split
- *  positions per piece (0: column kernel only). */
+/** @return workspace bytes for @p n columns: enough for the column kernel's
+ *  partials and for the tile kernel's at @p split positions per piece (0:
+ *  column kernel only). */
 size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
 			      int split);
 

@@ -84,6 +84,7 @@ struct cu_stage {
 	float *h_row;                      /* [vocab] pinned, sampled rows */
 	void *scratch;                     /* kn_sample_column() scratch */
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
+	unsigned *attn_cnt;    /* [wmax][n_kv_heads] attention split counters, kept at zero */
 	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
 	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
@@ -389,6 +390,7 @@ static int alloc_workspace(struct cu_stage *s)
 		{ (void **)&s->act, W * s->inter * 4, "swiglu out" },
 		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
 		{ (void **)&s->attn_ws, aws, "attention partials" },
+		{ (void **)&s->attn_cnt, W * s->nkv * sizeof(unsigned), "attention split counters" },
 		{ (void **)&s->d_cols, W * sizeof(struct kn_column), "columns" },
 		{ (void **)&s->d_tok, W * 4, "tokens" },
 		{ (void **)&s->d_table, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4, "block table" },
@@ -401,7 +403,7 @@ static int alloc_workspace(struct cu_stage *s)
 	}
 	/* the attention column kernel's split counters start at zero; every
 	 * launch leaves them so */
-	CK(cudaMemset(s->attn_ws, 0, aws));
+	CK(cudaMemset(s->attn_cnt, 0, W * s->nkv * sizeof(unsigned)));
 	if (s->base.last) {
 		if ((rc = dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;
@@ -514,6 +516,7 @@ static int enqueue(struct cu_stage *s, int W)
 		aa.cols = s->d_cols;
 		aa.out = s->att;
 		aa.part = s->attn_ws;
+		aa.counters = s->attn_cnt;
 		aa.n = W;
 		aa.n_heads = s->nh;
 		aa.n_kv_heads = s->nkv;

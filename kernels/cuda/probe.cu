@@ -139,6 +139,7 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	kn_bf16 *kc = NULL, *vc = NULL;
 	float *out = NULL;
 	float *q = NULL, *part = NULL;
+	unsigned *cnt = NULL;
 	int32_t *table = NULL, *h_table = NULL;
 	struct kn_column *cols = NULL, *h_cols = NULL;
 	cudaEvent_t e0 = NULL, e1 = NULL;
@@ -175,7 +176,8 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 								 tile ? kn_cuda_attn_tile_split(n_cols, ctx, n_heads, n_kv_heads)
 								      : 0)));
 	/* the column kernel's split counters start at zero */
-	PCK(cudaMemset(part, 0, kn_cuda_attn_workspace(n_cols, n_heads, n_kv_heads, head_dim, ctx, 0)));
+	PCK(cudaMalloc((void **)&cnt, (size_t)n_cols * n_kv_heads * sizeof(unsigned)));
+	PCK(cudaMemset(cnt, 0, (size_t)n_cols * n_kv_heads * sizeof(unsigned)));
 	PCK(cudaMalloc((void **)&table, (size_t)nb * 4));
 	PCK(cudaMalloc((void **)&cols, (size_t)n_cols * sizeof(*cols)));
 	PCK(kn_cuda_fill_bf16(kc, kv_e, 11, 1.f, 0));
@@ -191,6 +193,7 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	a.cols = cols;
 	a.out = out;
 	a.part = part;
+	a.counters = cnt;
 	a.n = n_cols;
 	a.n_heads = n_heads;
 	a.n_kv_heads = n_kv_heads;
@@ -221,6 +224,7 @@ out:
 	cudaFree(q);
 	cudaFree(out);
 	cudaFree(part);
+	cudaFree(cnt);
 	cudaFree(table);
 	cudaFree(cols);
 	free(h_table);

@@ -10,7 +10,8 @@
  *    info);
  *  - a column's logits bits are the same solo or batched (any neighbour,
  *    any place in the batch), for a narrow and a wide plan;
- *  - the model split into two stages gives the bits of one stage.
+ *  - the model split into two stages gives the bits of one stage;
+ *  - a narrow plan's bits do not depend on the wide steps run in between.
  * Exits 77 without a CUDA device.
  * usage: test_cuda_engine MKMODEL [PRESET [ARCH]]   (MKMODEL: kvferry-mkmodel)
  *        test_cuda_engine --model DIR [--ids FILE]   (FILE: comma-separated prompt ids)
@@ -270,6 +271,49 @@ static void a_column_has_the_same_bits_solo_batched_and_split(const struct kn_mo
 	chain_close(&split);
 }
 
+/*
+ * One stage serving a narrow plan (8) and a wide one (48) shares its
+ * workspaces between them: a narrow step's bits must not depend on the
+ * wide steps run in between (other slots, long contexts, so the wide
+ * plan's attention partials reach far into the shared buffers).
+ */
+static void a_narrow_plan_keeps_its_bits_between_wide_steps(const struct kn_model *m)
+{
+	struct chain mix, pure;
+	const int bps = 16, slots = 48, nn = 5, nw = 37;
+	if (chain_open(&mix, m, KN_BACKEND_CUDA, 1, 48, slots, bps, 1) ||
+	    chain_open(&pure, m, KN_BACKEND_CUDA, 1, 48, slots, bps, 1)) {
+		FAIL("opening the engines");
+		return;
+	}
+	const int V = mix.vocab;
+	struct kn_column cw[37], cn[5];
+	float *lm = malloc((size_t)48 * V * 4), *lp = malloc((size_t)48 * V * 4), *lw = malloc((size_t)48 * V * 4);
+	int32_t tm[48], tp[48], tw[48];
+	int diff = 0, steps = 0;
+	for (int step = 0; step < 12; step++) {
+		for (int j = 0; j < nw; j++)
+			cw[j] = (struct kn_column){ .token = (int32_t)((5 * j + step) % V), .pos = 180 + step + j,
+						    .slot = nn + j, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		for (int j = 0; j < nn; j++)
+			cn[j] = (struct kn_column){ .token = (int32_t)((3 * j + 7 * step) % V), .pos = step + 20 * j,
+						    .slot = j, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		if (chain_step(&mix, cw, nw, tw, lw) || chain_step(&mix, cn, nn, tm, lm) ||
+		    chain_step(&pure, cn, nn, tp, lp)) {
+			FAIL("step");
+			break;
+		}
+		steps++;
+		diff += memcmp(lm, lp, (size_t)nn * V * 4) != 0 || memcmp(tm, tp, (size_t)nn * 4) != 0;
+	}
+	printf("%s a_narrow_plan_keeps_its_bits_between_wide_steps: %d of %d steps differ\n", diff ? "FAIL" : "ok  ",
+	       diff, steps);
+	g_fail += diff != 0 || steps != 12;
+	free(lm); free(lp); free(lw);
+	chain_close(&mix);
+	chain_close(&pure);
+}
+
 int main(int argc, char **argv)
 {
 	char err[512], dir[] = "/tmp/kvferry-cuda-test-XXXXXX", cmd[1024];
@@ -308,6 +352,7 @@ int main(int argc, char **argv)
 	cuda_logits_and_greedy_tokens_match_the_cpu_engine(m);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
+	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
 	kn_model_close(m);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (!given && system(cmd) != 0)

@@ -319,7 +319,9 @@ static void paged_attention_matches_reference(void)
 		CHECK_CUDA(cudaMemset(out, 0xff, (size_t)n * nh * hd * 4));
 		/* the tile kernel at the smallest split it is given here (64) needs the most */
 		CHECK_CUDA(cudaMalloc((void **)&part, kn_cuda_attn_workspace(n, nh, nkv, hd, ctx, 64)));
-		CHECK_CUDA(cudaMemset(part, 0, kn_cuda_attn_workspace(n, nh, nkv, hd, ctx, 64)));
+		unsigned *cnt;
+		CHECK_CUDA(cudaMalloc((void **)&cnt, (size_t)n * nkv * sizeof(unsigned)));
+		CHECK_CUDA(cudaMemset(cnt, 0, (size_t)n * nkv * sizeof(unsigned)));
 		struct kn_cu_qkv_args qa = {};
 		qa.qkv = dqkv;
 		qa.bias = cs.bias ? dbias : NULL;
@@ -348,6 +350,7 @@ static void paged_attention_matches_reference(void)
 			aa.cols = dcols + (sub >= 0 ? sub : 0);
 			aa.out = out;
 			aa.part = part;
+			aa.counters = cnt;
 			aa.n = sub >= 0 ? 1 : n;
 			aa.n_heads = nh;
 			aa.n_kv_heads = nkv;
@@ -431,6 +434,19 @@ static void paged_attention_matches_reference(void)
 			 nh, nkv, hd, ctx, cs.qk_norm, cs.bias);
 		/* f32 output; only K/V are rounded (as the reference does) */
 		expect_close(what, of.data(), ref.data(), of.size(), 1e-3);
+		{
+			/* the last column alone: a 1-column plan splits into 32/64-position
+			 * pieces merged by the last one to finish; twice (counters reset) */
+			char w2[160];
+			const size_t row = (size_t)(n - 1) * nh * hd;
+			std::vector<float> o1 = attend(0, n - 1), o2 = attend(0, n - 1);
+			snprintf(w2, sizeof(w2), "%s column kernel, 1-column plan", what);
+			expect_close(w2, o1.data(), &ref[row], o1.size(), 1e-3);
+			if (memcmp(o1.data(), o2.data(), o1.size() * 4)) {
+				printf("FAIL %s: a second launch gives other bits (split counters not left at zero)\n", w2);
+				g_fail++;
+			}
+		}
 		if (tile_ok) {
 			char w2[160];
 			/* exact: q and P carried as hi + lo, f32-grade (~1e-5 expected) */
@@ -444,7 +460,7 @@ static void paged_attention_matches_reference(void)
 			g_fail += solo_diff != 0;
 		}
 		cudaFree(dqkv); cudaFree(dbias); cudaFree(dqn); cudaFree(dkn); cudaFree(dinv);
-		cudaFree(dtab); cudaFree(dcols); cudaFree(kc); cudaFree(vc); cudaFree(out); cudaFree(part);
+		cudaFree(dtab); cudaFree(dcols); cudaFree(kc); cudaFree(vc); cudaFree(out); cudaFree(part); cudaFree(cnt);
 	}
 }
 
