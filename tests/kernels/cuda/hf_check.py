@@ -31,16 +31,12 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM
-except ImportError as e:
-    print(f"SKIP: {e}")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: no CUDA device for torch")
-    sys.exit(77)
+from gpu_python import require
+
+require("numpy", "torch", "transformers")
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
 
 d, gen, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 name = os.path.basename(d)

@@ -28,17 +28,13 @@ import sys
 import sysconfig
 import time
 
-try:
-    import torch
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
-except ImportError as e:
-    print(f"SKIP: {e}")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: no CUDA device for torch")
-    sys.exit(77)
+from gpu_python import require
+
+require("torch", "safetensors", "tokenizers", "transformers")
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 d, ids_out = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 600
