@@ -401,6 +401,45 @@ static void cpu_destroy(struct kn_stage *s)
 	free(c);
 }
 
+/* One page of one layer between the pool's [pos][head][d] rows and the
+ * kn_kv_format's [head][pos][d]: to `out` when set, else from `in`. */
+static void kv_page(const struct cpu_stage *c, float *pool, float *out, const float *in)
+{
+	for (int32_t h = 0; h < c->nkv; h++)
+		for (int32_t p = 0; p < KN_PAGE_BLK; p++) {
+			float *a = pool + (size_t)p * c->KVD + (size_t)h * c->hd;
+			const size_t o = ((size_t)h * KN_PAGE_BLK + p) * c->hd;
+			if (out)
+				memcpy(out + o, a, (size_t)c->hd * sizeof(float));
+			else
+				memcpy(a, in + o, (size_t)c->hd * sizeof(float));
+		}
+}
+
+static void kv_move(struct cpu_stage *c, const int32_t *blocks, int32_t n, float *out, const float *in)
+{
+	const size_t page = (size_t)KN_PAGE_BLK * c->KVD;
+	for (int32_t i = 0; i < n; i++)
+		for (int32_t l = 0; l < c->nl; l++) {
+			const size_t o = ((size_t)i * c->nl + l) * 2 * page;
+			kv_page(c, c->L[l].kc + (size_t)blocks[i] * page, out ? out + o : NULL, in ? in + o : NULL);
+			kv_page(c, c->L[l].vc + (size_t)blocks[i] * page, out ? out + o + page : NULL,
+				in ? in + o + page : NULL);
+		}
+}
+
+static int cpu_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst)
+{
+	kv_move((struct cpu_stage *)s, blocks, n, dst, NULL);
+	return 0;
+}
+
+static int cpu_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src)
+{
+	kv_move((struct cpu_stage *)s, blocks, n, NULL, src);
+	return 0;
+}
+
 static const struct kn_stage_vtbl cpu_vtbl = {
 	.name = "cpu",
 	.create = kn_cpu_stage_create,
@@ -410,6 +449,9 @@ static const struct kn_stage_vtbl cpu_vtbl = {
 	.apply_ops = NULL,
 	.step = cpu_step,
 	.error = NULL,
+	.kv_dtype = KN_DT_F32,
+	.kv_export = cpu_kv_export,
+	.kv_import = cpu_kv_import,
 };
 
 static const struct kn_tensor *lt(const struct kn_model *m, int32_t l, const char *suffix, size_t *bytes)

@@ -254,6 +254,87 @@ int kn_stage_step(struct kn_stage *s, struct kn_step *st)
 	return s->vt->step(s, st);
 }
 
+int kn_stage_kv_format(const struct kn_stage *s, struct kn_kv_format *f)
+{
+	memset(f, 0, sizeof(*f));
+	f->dtype = s->vt->kv_dtype;
+	f->layer_start = s->opts.layer_start;
+	f->layer_end = s->opts.layer_end;
+	f->n_kv_heads = s->cfg->n_kv_heads;
+	f->head_dim = s->cfg->head_dim;
+	f->block_bytes = (size_t)(f->layer_end - f->layer_start) * 2 * (size_t)f->n_kv_heads * KN_PAGE_BLK *
+			 (size_t)f->head_dim * (f->dtype == KN_DT_F32 ? 4 : 2);
+	return 0;
+}
+
+/* Block ids in the pool and a buffer long enough for n blocks of @p bytes. */
+static int kv_check(struct kn_stage *s, const char *what, const int32_t *blocks, int32_t n, size_t len,
+		    size_t bytes)
+{
+	if (n < 0 || (n > 0 && !blocks)) {
+		kn_stage_seterr(s, "%s: %d blocks: need n >= 0 and a block list", what, n);
+		return -EINVAL;
+	}
+	for (int32_t i = 0; i < n; i++)
+		if (blocks[i] < 0 || blocks[i] >= s->n_blocks) {
+			kn_stage_seterr(s, "%s: block %d (entry %d) is outside the pool 0..%d", what, blocks[i], i,
+					s->n_blocks - 1);
+			return -EINVAL;
+		}
+	if (len < (size_t)n * bytes) {
+		kn_stage_seterr(s, "%s: buffer of %zu bytes is short of %d blocks x %zu bytes", what, len, n, bytes);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int kn_stage_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst, size_t len)
+{
+	struct kn_kv_format f;
+	kn_stage_kv_format(s, &f);
+	int rc = kv_check(s, "kn_stage_kv_export", blocks, n, len, f.block_bytes);
+	return rc ? rc : n ? s->vt->kv_export(s, blocks, n, dst) : 0;
+}
+
+int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src, size_t len,
+		       const struct kn_kv_format *f)
+{
+	struct kn_kv_format me;
+	kn_stage_kv_format(s, &me);
+	if (!f || (f->dtype != KN_DT_F32 && f->dtype != KN_DT_BF16) || f->layer_start != me.layer_start ||
+	    f->layer_end != me.layer_end || f->n_kv_heads != me.n_kv_heads || f->head_dim != me.head_dim) {
+		kn_stage_seterr(s,
+				"kn_stage_kv_import: pages of layers [%d,%d), %d KV heads x head_dim %d, dtype %d do not fit this stage (layers [%d,%d), %d x %d, f32 or bf16); import into the stage that holds the same layers of the same model",
+				f ? f->layer_start : -1, f ? f->layer_end : -1, f ? f->n_kv_heads : -1,
+				f ? f->head_dim : -1, f ? f->dtype : -1, me.layer_start, me.layer_end, me.n_kv_heads,
+				me.head_dim);
+		return -EINVAL;
+	}
+	const size_t esz = f->dtype == KN_DT_F32 ? 4 : 2;
+	const size_t in_bytes = me.block_bytes / (me.dtype == KN_DT_F32 ? 4 : 2) * esz;
+	int rc = kv_check(s, "kn_stage_kv_import", blocks, n, len, in_bytes);
+	if (rc || n == 0)
+		return rc;
+	if (f->dtype == me.dtype)
+		return s->vt->kv_import(s, blocks, n, src);
+	/* convert to the pool's type first */
+	const size_t elems = (size_t)n * in_bytes / esz;
+	void *tmp = malloc(elems * (me.dtype == KN_DT_F32 ? 4 : 2));
+	if (!tmp) {
+		kn_stage_seterr(s, "kn_stage_kv_import: out of memory converting %d blocks", n);
+		return -ENOMEM;
+	}
+	if (me.dtype == KN_DT_F32)
+		for (size_t i = 0; i < elems; i++)
+			((float *)tmp)[i] = kn_bf16_to_f32(((const uint16_t *)src)[i]);
+	else
+		for (size_t i = 0; i < elems; i++)
+			((uint16_t *)tmp)[i] = kn_f32_to_bf16(((const float *)src)[i]);
+	rc = s->vt->kv_import(s, blocks, n, tmp);
+	free(tmp);
+	return rc;
+}
+
 const char *kn_stage_error(const struct kn_stage *s)
 {
 	if (s->vt && s->vt->error)

@@ -66,6 +66,12 @@ struct kn_stage_vtbl {
 	int (*step)(struct kn_stage *s, struct kn_step *st);
 	/** Last error message; NULL means base.err is used. */
 	const char *(*error)(const struct kn_stage *s);
+	/** The pool's element type: KN_DT_F32 or KN_DT_BF16. */
+	int32_t kv_dtype;
+	/** Validated blocks out to @p dst in the kn_kv_format layout. @return 0 or -errno. */
+	int (*kv_export)(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst);
+	/** Validated blocks in from @p src, already in this pool's type. @return 0 or -errno. */
+	int (*kv_import)(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src);
 };
 
 /** State every backend shares; embed as the first member. */

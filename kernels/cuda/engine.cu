@@ -754,8 +754,55 @@ static int cu_apply_ops(struct kn_stage *b, const struct kn_op *ops, size_t n)
 	return 0;
 }
 
+/* KV pages to or from the host (kn_kv_format: per block, per layer, K then V
+ * pages of [nkv][KN_PAGE_BLK][hd] bf16, which is how the pool stores a
+ * block): one 2-D copy per block and K/V, the layers as its rows. Pageable
+ * host memory, one call per block: fine for moving a prompt's pages, not
+ * tuned (a gather kernel into a pinned buffer would be one copy). */
+static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void *out, const void *in)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
+	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
+	for (int32_t i = 0; i < n; i++)
+		for (int kv = 0; kv < 2; kv++) {
+			char *dev = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)blocks[i] * page;
+			const size_t host = ((size_t)i * s->nl * 2 + kv) * page;
+			/* pitches past 2^31 (pools over 2 GB a layer) go layer by layer */
+			const int rows = lay < ((size_t)1 << 31) ? s->nl : 1;
+			cudaError_t e = cudaSuccess;
+			for (int l = 0; l < s->nl && e == cudaSuccess; l += rows) {
+				char *d = dev + (size_t)l * lay;
+				const size_t h = host + (size_t)l * 2 * page;
+				e = out ? cudaMemcpy2DAsync((char *)out + h, 2 * page, d, lay, page, (size_t)rows,
+							    cudaMemcpyDeviceToHost, s->st)
+					: cudaMemcpy2DAsync(d, lay, (const char *)in + h, 2 * page, page, (size_t)rows,
+							    cudaMemcpyHostToDevice, s->st);
+			}
+			if (e != cudaSuccess) {
+				cudaGetLastError();
+				seterr(s, "cudaMemcpy2DAsync(KV block %d %s) failed: %s", blocks[i], out ? "out" : "in",
+				       cudaGetErrorString(e));
+				return -EIO;
+			}
+		}
+	CK(cudaStreamSynchronize(s->st));
+	return 0;
+}
+
+static int cu_kv_export(struct kn_stage *b, const int32_t *blocks, int32_t n, void *dst)
+{
+	return cu_kv_move(b, blocks, n, dst, NULL);
+}
+
+static int cu_kv_import(struct kn_stage *b, const int32_t *blocks, int32_t n, const void *src)
+{
+	return cu_kv_move(b, blocks, n, NULL, src);
+}
+
 static const struct kn_stage_vtbl cu_vtbl = {
 	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, cu_step, NULL,
+	KN_DT_BF16, cu_kv_export, cu_kv_import,
 };
 
 static void errfill(char *err, size_t errlen, const char *msg)

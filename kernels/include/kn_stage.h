@@ -191,6 +191,46 @@ struct kn_step {
  */
 int kn_stage_step(struct kn_stage *s, struct kn_step *st);
 
+/* ---- KV pages out and in (moving a sequence's cache between stages) ---- */
+
+/**
+ * How a stage's KV pages travel: per block, for each of the stage's layers in
+ * order, K then V, each [n_kv_heads][KN_PAGE_BLK][head_dim] elements of the
+ * pool's own type (f32 on the CPU engine, bf16 on the CUDA engine). A
+ * prefill node exports the blocks of a sequence; the decode node imports
+ * them into blocks it chose, sets its table, and decodes as if it had run
+ * the prefill itself.
+ */
+struct kn_kv_format {
+	int32_t dtype;           /**< KN_DT_F32 or KN_DT_BF16 */
+	int32_t layer_start, layer_end;
+	int32_t n_kv_heads, head_dim;
+	size_t block_bytes;      /**< one block, every layer, K and V */
+};
+
+/** Fill @p f with this stage's format. @return 0. */
+int kn_stage_kv_format(const struct kn_stage *s, struct kn_kv_format *f);
+
+/**
+ * Copy blocks @p blocks[0..n) of the pool to @p dst, back to back in the
+ * stage's format (n * block_bytes bytes).
+ * @return 0, or -EINVAL (a block outside the pool, n < 0, @p len short;
+ *         kn_stage_error() says which), -EIO (device error).
+ */
+int kn_stage_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst, size_t len);
+
+/**
+ * Write n blocks in format @p f from @p src into blocks @p blocks[0..n) of the
+ * pool. f32 and bf16 convert (bf16 to f32 exactly; f32 to bf16 rounded to
+ * nearest even, as the CUDA engine stores its own K/V). The layer range, KV
+ * heads and head_dim must be this stage's. Slot tables are untouched
+ * (kn_stage_apply_ops() points a slot at the blocks).
+ * @return 0, or -EINVAL (format mismatch, a block outside the pool, @p len
+ *         short; kn_stage_error() names both sides), -ENOMEM, -EIO.
+ */
+int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src, size_t len,
+		       const struct kn_kv_format *f);
+
 /** @return the last error message of this stage ("" if none). */
 const char *kn_stage_error(const struct kn_stage *s);
 

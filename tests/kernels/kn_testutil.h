@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kn_model.h"
+
 static int kt_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 {
 	(void)sb;
@@ -71,6 +73,47 @@ static inline int kt_write(const char *path, const void *p, size_t len)
 		return -1;
 	size_t w = fwrite(p, 1, len, f);
 	return (fclose(f) == 0 && w == len) ? 0 : -1;
+}
+
+/** A generated model, opened, for a test group's fixture. */
+struct kt_model {
+	char dir[128];
+	struct kn_model *m;
+	int32_t vocab, hidden, layers;
+};
+
+/**
+ * Generate a model with kvferry-mkmodel @p flags into a scratch directory and
+ * open it. @return 0, or -1 (reason printed; nothing left behind).
+ */
+static inline int kt_model_open(struct kt_model *t, const char *flags)
+{
+	char err[512];
+	if (kt_tmpdir(t->dir, sizeof(t->dir)))
+		return -1;
+	if (kt_mkmodel(t->dir, flags)) {
+		fprintf(stderr, "kvferry-mkmodel %s failed (KVF_MKMODEL=%s)\n", flags,
+			getenv("KVF_MKMODEL") ? getenv("KVF_MKMODEL") : "unset");
+		kt_rmtree(t->dir);
+		return -1;
+	}
+	t->m = kn_model_open(t->dir, err, sizeof(err));
+	if (!t->m) {
+		fprintf(stderr, "kn_model_open(%s): %s\n", t->dir, err);
+		kt_rmtree(t->dir);
+		return -1;
+	}
+	const struct kn_model_config *c = kn_model_config(t->m);
+	t->vocab = c->vocab_size;
+	t->hidden = c->hidden_size;
+	t->layers = c->n_layers;
+	return 0;
+}
+
+static inline void kt_model_close(struct kt_model *t)
+{
+	kn_model_close(t->m);
+	kt_rmtree(t->dir);
 }
 
 #endif

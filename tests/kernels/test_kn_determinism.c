@@ -32,9 +32,7 @@ struct seq {
 };
 
 struct fixture {
-	char dir[128];
-	struct kn_model *m;
-	int32_t vocab, hidden, layers;
+	struct kt_model t;
 	struct seq solo[NSEQ];
 };
 
@@ -64,24 +62,10 @@ static void seq_init(struct seq *s, int i, int32_t vocab)
 static int setup(void **state)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
-	char err[512];
-	if (kt_tmpdir(f->dir, sizeof(f->dir)))
-		return -1;
-	int rc = kt_mkmodel(f->dir, "--preset tiny --arch qwen2 --no-tie --layers 4 --seed 11");
-	if (rc == 77) {
-		kt_rmtree(f->dir);
+	if (!f || kt_model_open(&f->t, "--preset tiny --arch qwen2 --no-tie --layers 4 --seed 11")) {
 		free(f);
-		return -1; /* reported by the test as a skip */
-	}
-	f->m = kn_model_open(f->dir, err, sizeof(err));
-	if (!f->m) {
-		print_error("kn_model_open: %s\n", err);
 		return -1;
 	}
-	const struct kn_model_config *c = kn_model_config(f->m);
-	f->vocab = c->vocab_size;
-	f->hidden = c->hidden_size;
-	f->layers = c->n_layers;
 	*state = f;
 	return 0;
 }
@@ -91,8 +75,7 @@ static int teardown(void **state)
 	struct fixture *f = *state;
 	for (int i = 0; i < NSEQ; i++)
 		free(f->solo[i].logits);
-	kn_model_close(f->m);
-	kt_rmtree(f->dir);
+	kt_model_close(&f->t);
 	free(f);
 	return 0;
 }
@@ -103,13 +86,13 @@ static void make_chain(struct fixture *f, int n_stages, struct kn_stage **st)
 	for (int s = 0; s < n_stages; s++) {
 		struct kn_stage_opts o;
 		kn_stage_opts_init(&o);
-		o.layer_start = f->layers * s / n_stages;
-		o.layer_end = f->layers * (s + 1) / n_stages;
+		o.layer_start = f->t.layers * s / n_stages;
+		o.layer_end = f->t.layers * (s + 1) / n_stages;
 		o.n_blocks = NSEQ * BPS;
 		o.n_slots = NSEQ;
 		o.max_blocks_per_slot = BPS;
 		o.n_threads = 2;
-		st[s] = kn_stage_create(f->m, KN_BACKEND_CPU, &o, err, sizeof(err));
+		st[s] = kn_stage_create(f->t.m, KN_BACKEND_CPU, &o, err, sizeof(err));
 		assert_non_null(st[s]);
 	}
 }
@@ -118,9 +101,9 @@ static void make_chain(struct fixture *f, int n_stages, struct kn_stage **st)
 static void run_batch(struct fixture *f, struct kn_stage **st, int n_stages, struct kn_column *cols,
 		      struct seq **owner, int32_t n)
 {
-	float *h0 = calloc((size_t)n * (size_t)f->hidden, sizeof(float));
-	float *h1 = calloc((size_t)n * (size_t)f->hidden, sizeof(float));
-	float *lg = calloc((size_t)n * (size_t)f->vocab, sizeof(float));
+	float *h0 = calloc((size_t)n * (size_t)f->t.hidden, sizeof(float));
+	float *h1 = calloc((size_t)n * (size_t)f->t.hidden, sizeof(float));
+	float *lg = calloc((size_t)n * (size_t)f->t.vocab, sizeof(float));
 	int32_t toks[64];
 	float *h[2] = { h0, h1 };
 	for (int s = 0; s < n_stages; s++) {
@@ -134,8 +117,8 @@ static void run_batch(struct fixture *f, struct kn_stage **st, int n_stages, str
 	for (int32_t j = 0; j < n; j++) {
 		struct seq *q = owner[j];
 		int32_t p = cols[j].pos;
-		memcpy(q->logits + (size_t)p * (size_t)f->vocab, lg + (size_t)j * (size_t)f->vocab,
-		       (size_t)f->vocab * sizeof(float));
+		memcpy(q->logits + (size_t)p * (size_t)f->t.vocab, lg + (size_t)j * (size_t)f->t.vocab,
+		       (size_t)f->t.vocab * sizeof(float));
 		if (p >= q->plen - 1 && p + 1 < MAXL && q->ngen < NGEN && p + 1 == q->plen + q->ngen) {
 			q->tok[p + 1] = toks[j];
 			q->ngen++;
@@ -186,7 +169,7 @@ static void run_solo(struct fixture *f)
 		struct kn_column cols[64];
 		struct seq *owner[64];
 		static const int32_t blocks[BPS] = { 0, 1 };
-		seq_init(q, i, f->vocab);
+		seq_init(q, i, f->t.vocab);
 		make_chain(f, 1, st);
 		set_blocks(st, 1, 0, blocks);
 		int32_t n;
@@ -208,7 +191,7 @@ static void run_mixed(struct fixture *f, int n_stages, uint64_t seed)
 	rng_state = seed;
 	make_chain(f, n_stages, st);
 	for (int i = 0; i < NSEQ; i++) {
-		seq_init(&mix[i], i, f->vocab);
+		seq_init(&mix[i], i, f->t.vocab);
 		/* Blocks placed differently from the solo runs (reversed, spread). */
 		int32_t blocks[BPS] = { NSEQ * BPS - 1 - 2 * i, NSEQ * BPS - 2 - 2 * i };
 		set_blocks(st, n_stages, i, blocks);
@@ -249,7 +232,7 @@ static void run_mixed(struct fixture *f, int n_stages, uint64_t seed)
 		int32_t L = a->plen + NGEN - 1;
 		assert_int_equal(b->ngen, NGEN);
 		assert_memory_equal(a->tok, b->tok, (size_t)(a->plen + NGEN) * sizeof(int32_t));
-		if (memcmp(a->logits, b->logits, (size_t)L * (size_t)f->vocab * sizeof(float)))
+		if (memcmp(a->logits, b->logits, (size_t)L * (size_t)f->t.vocab * sizeof(float)))
 			fail_msg("sequence %d: logits differ from its solo run (%d stages, schedule seed %llu)", i,
 				 n_stages, (unsigned long long)seed);
 		free(b->logits);
@@ -279,8 +262,8 @@ static void a_sampled_sequence_draws_the_same_tokens_for_the_same_seed(void **st
 	static const int32_t blocks[BPS] = { 0, 1 };
 	int differs = 0;
 	for (uint32_t seed = 1; seed <= 8 && !differs; seed++) {
-		seq_init(&a, NSEQ - 1, f->vocab);
-		seq_init(&b, NSEQ - 1, f->vocab);
+		seq_init(&a, NSEQ - 1, f->t.vocab);
+		seq_init(&b, NSEQ - 1, f->t.vocab);
 		a.tmpl.temperature = b.tmpl.temperature = 5.0f;
 		a.tmpl.seed = 1000;
 		b.tmpl.seed = 1000 + seed;
@@ -296,7 +279,7 @@ static void a_sampled_sequence_draws_the_same_tokens_for_the_same_seed(void **st
 		differs = memcmp(a.tok, b.tok, sizeof(a.tok)) != 0;
 		/* Same seed again gives a's tokens. */
 		struct seq c;
-		seq_init(&c, NSEQ - 1, f->vocab);
+		seq_init(&c, NSEQ - 1, f->t.vocab);
 		c.tmpl.temperature = 5.0f;
 		c.tmpl.seed = 1000;
 		make_chain(f, 1, st);
@@ -325,18 +308,18 @@ static void logprobs_rank_the_logits_and_the_greedy_token_is_the_best(void **sta
 	for (int j = 0; j < 3; j++)
 		cols[j] = (struct kn_column){ .token = 10 + j, .pos = j, .slot = 0, .top_p = 1,
 					      .flags = j == 1 ? 0 : KN_COL_NEED_LOGIT };
-	float *lg = calloc(3 * (size_t)f->vocab, sizeof(float)), lp[3], tlp[3 * K];
+	float *lg = calloc(3 * (size_t)f->t.vocab, sizeof(float)), lp[3], tlp[3 * K];
 	int32_t toks[3], tid[3 * K];
 	struct kn_step step = { .n_cols = 3, .cols = cols, .tokens_out = toks, .logits_out = lg, .n_logprobs = K,
 				.token_logprob_out = lp, .top_ids_out = tid, .top_logprobs_out = tlp };
 	assert_int_equal(kn_stage_step(st[0], &step), 0);
 	assert_int_equal(toks[1], -1); /* no logit asked */
 	for (int j = 0; j < 3; j += 2) {
-		const float *row = lg + (size_t)j * (size_t)f->vocab;
+		const float *row = lg + (size_t)j * (size_t)f->t.vocab;
 		double mx = row[0], sum = 0;
-		for (int32_t i = 0; i < f->vocab; i++)
+		for (int32_t i = 0; i < f->t.vocab; i++)
 			mx = row[i] > mx ? row[i] : mx;
-		for (int32_t i = 0; i < f->vocab; i++)
+		for (int32_t i = 0; i < f->t.vocab; i++)
 			sum += exp(row[i] - mx);
 		assert_int_equal(toks[j], tid[j * K]);
 		assert_float_equal(lp[j], tlp[j * K], 0);
@@ -346,7 +329,7 @@ static void logprobs_rank_the_logits_and_the_greedy_token_is_the_best(void **sta
 			if (k)
 				assert_true(row[id] <= row[tid[j * K + k - 1]]);
 			int above = 0; /* exactly k logits rank above the k-th */
-			for (int32_t i = 0; i < f->vocab; i++)
+			for (int32_t i = 0; i < f->t.vocab; i++)
 				above += row[i] > row[id];
 			assert_true(above <= k);
 		}

@@ -314,6 +314,100 @@ static void a_narrow_plan_keeps_its_bits_between_wide_steps(const struct kn_mode
 	chain_close(&pure);
 }
 
+/* Copy the first n blocks of slot `from` in chain a (one stage) into the
+ * blocks of slot `to` in chain b, through the host. */
+static int move_pages(struct chain *a, int from, struct chain *b, int to, int n, int bps)
+{
+	struct kn_kv_format f;
+	kn_stage_kv_format(a->st[0], &f);
+	int32_t src[8], dst[8];
+	for (int i = 0; i < n; i++) {
+		src[i] = from * bps + i;
+		dst[i] = to * bps + i;
+	}
+	void *buf = malloc((size_t)n * f.block_bytes);
+	int rc = kn_stage_kv_export(a->st[0], src, n, buf, (size_t)n * f.block_bytes);
+	if (rc)
+		printf("kv_export: %s\n", kn_stage_error(a->st[0]));
+	else if ((rc = kn_stage_kv_import(b->st[0], dst, n, buf, (size_t)n * f.block_bytes, &f)))
+		printf("kv_import: %s\n", kn_stage_error(b->st[0]));
+	free(buf);
+	return rc;
+}
+
+/*
+ * KV pages moving (prefill/decode disaggregation's data path): CUDA to CUDA
+ * at other blocks, the decode steps keep their bits; CUDA (bf16) to the CPU
+ * engine and CPU (f32, rounded on import) to CUDA, the next step's logits
+ * stay within the cross-engine bound of the engine that prefilled.
+ */
+static void kv_pages_move_between_stages_and_engines(const struct kn_model *m)
+{
+	struct chain a, b, c;
+	const int bps = 4, used = (PROMPT + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+	if (chain_open(&a, m, KN_BACKEND_CUDA, 1, 48, 2, bps, 1) || chain_open(&b, m, KN_BACKEND_CUDA, 1, 48, 2, bps, 1) ||
+	    chain_open(&c, m, KN_BACKEND_CPU, 1, 48, 2, bps, 1)) {
+		FAIL("opening the engines");
+		return;
+	}
+	const int V = a.vocab;
+	struct kn_column cols[PROMPT];
+	float *la = malloc((size_t)48 * V * 4), *lb = malloc((size_t)48 * V * 4), *lc = malloc((size_t)48 * V * 4);
+	int32_t ta[48], tb[48], tc[48];
+	for (int i = 0; i < PROMPT; i++)
+		cols[i] = (struct kn_column){ .token = (int32_t)((i * 53 + 7) % V), .pos = i, .slot = 0,
+					      .flags = i == PROMPT - 1 ? KN_COL_NEED_LOGIT : 0, .top_p = 1 };
+	int diff = 0, steps = 0;
+	double worst = 0;
+	if (chain_step(&a, cols, PROMPT, ta, la) || chain_step(&c, cols, PROMPT, tc, lc) ||
+	    move_pages(&a, 0, &b, 1, used, bps)) {
+		FAIL("prefill or page move");
+		goto out;
+	}
+	/* CUDA -> CUDA: 12 decode steps, slot 0 in a, slot 1 in b */
+	int32_t t = ta[PROMPT - 1];
+	for (int i = 0; i < 12; i++, steps++) {
+		struct kn_column ca = { .token = t, .pos = PROMPT + i, .slot = 0, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		struct kn_column cb = ca;
+		cb.slot = 1;
+		if (chain_step(&a, &ca, 1, ta, la) || chain_step(&b, &cb, 1, tb, lb)) {
+			FAIL("decode step");
+			goto out;
+		}
+		diff += memcmp(la, lb, (size_t)V * 4) != 0 || ta[0] != tb[0];
+		t = ta[0];
+	}
+	printf("%s kv_pages_moved_between_cuda_stages_keep_the_decode_bits: %d of %d steps differ\n",
+	       diff ? "FAIL" : "ok  ", diff, steps);
+	g_fail += diff != 0;
+	/* One step at position PROMPT, slot 1, on pages from the other engine,
+	 * against the engine whose pages they are: a's prefill moved into c
+	 * (CPU) vs b (which holds a copy of them in slot 1), then c's own
+	 * prefill moved into b (rounded to bf16) vs c on it (slot 0). */
+	struct kn_column x = { .token = 5, .pos = PROMPT, .slot = 1, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+	struct kn_column y = x;
+	y.slot = 0;
+	if (move_pages(&a, 0, &c, 1, used, bps) || chain_step(&c, &x, 1, tc, lc) || chain_step(&b, &x, 1, tb, lb)) {
+		FAIL("cuda -> cpu page move or step");
+		goto out;
+	}
+	worst = rel_err(lc, lb, V);
+	if (move_pages(&c, 0, &b, 1, used, bps) || chain_step(&b, &x, 1, tb, lb) || chain_step(&c, &y, 1, tc, lc)) {
+		FAIL("cpu -> cuda page move or step");
+		goto out;
+	}
+	const double e2 = rel_err(lb, lc, V);
+	worst = e2 > worst ? e2 : worst;
+	printf("%s kv_pages_moved_between_the_cpu_and_cuda_engines_decode_within_2e-2: worst rel err %.3g\n",
+	       worst <= 2e-2 ? "ok  " : "FAIL", worst);
+	g_fail += !(worst <= 2e-2);
+out:
+	free(la); free(lb); free(lc);
+	chain_close(&a);
+	chain_close(&b);
+	chain_close(&c);
+}
+
 int main(int argc, char **argv)
 {
 	char err[512], dir[] = "/tmp/kvferry-cuda-test-XXXXXX", cmd[1024];
@@ -353,6 +447,7 @@ int main(int argc, char **argv)
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
+	kv_pages_move_between_stages_and_engines(m);
 	kn_model_close(m);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (!given && system(cmd) != 0)
