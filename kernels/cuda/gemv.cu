@@ -33,8 +33,8 @@ static __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, ui
 }
 
 /*
- * grid (ceil(out / 16)), block 256 (8 warps). Lane (g = lane / 4, t = lane % 4)
- * loads 8 consecutive k of W rows g and g+8 (16 B each) and the same 8 k of
+ * grid (ceil(out / (16 MT))), block 256 (8 warps). Lane (g = lane / 4, t = lane % 4)
+ * loads 8 consecutive k of W rows g and g+8 of each of the MT m16 tiles (16 B each) and the same 8 k of
  * X column g (+8 per n-tile). The k order inside an mma is free as long as A
  * and B agree, so those 8 k feed two m16n8k16 steps: elements 0-3 as the
  * fragment's k {2t, 2t+1, 2t+8, 2t+9}, elements 4-7 as the next step's.
@@ -43,16 +43,21 @@ static __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, ui
  * `in` alone and a column's products never meet another column's, so a
  * column's bits are the same at every n <= 16.
  */
-template <int NT>
+template <int NT, int MT>
 static __global__ void __launch_bounds__(MMA_WARPS * 32)
 gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y,
 		int n, int in, int out)
 {
-	__shared__ float red[MMA_WARPS][MMA_ROWS][8 * NT + 1];
+	constexpr int ROWS = MMA_ROWS * MT;
+	__shared__ float red[MMA_WARPS][ROWS][8 * NT + 1];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-	const int row0 = blockIdx.x * MMA_ROWS;
-	const kn_bf16 *w0 = w + (size_t)min(row0 + g, out - 1) * in;
-	const kn_bf16 *w1 = w + (size_t)min(row0 + g + 8, out - 1) * in;
+	const int row0 = blockIdx.x * ROWS;
+	const kn_bf16 *w0[MT], *w1[MT];
+#pragma unroll
+	for (int m = 0; m < MT; m++) {
+		w0[m] = w + (size_t)min(row0 + m * MMA_ROWS + g, out - 1) * in;
+		w1[m] = w + (size_t)min(row0 + m * MMA_ROWS + g + 8, out - 1) * in;
+	}
 	const float *xc[NT];
 	bool xon[NT];
 #pragma unroll
@@ -60,20 +65,25 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 		xon[j] = j * 8 + g < n;
 		xc[j] = x + (size_t)(xon[j] ? j * 8 + g : 0) * in;
 	}
-	float acc[NT][4];
+	float acc[MT][NT][4];
 #pragma unroll
-	for (int j = 0; j < NT; j++)
-		acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+	for (int m = 0; m < MT; m++)
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+			acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 	bool waited = false;
 
 	for (int kb = warp * MMA_U * 32; kb < in; kb += MMA_WARPS * MMA_U * 32) {
-		uint4 wa[MMA_U], wb[MMA_U];
+		uint4 wa[MMA_U][MT], wb[MMA_U][MT];
 #pragma unroll
 		for (int u = 0; u < MMA_U; u++) {
 			const int k = kb + u * 32 + t * 8;
 			const bool ok = k < in;
-			wa[u] = ok ? kn_ld_stream(w0 + k) : make_uint4(0, 0, 0, 0);
-			wb[u] = ok ? kn_ld_stream(w1 + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+			for (int m = 0; m < MT; m++) {
+				wa[u][m] = ok ? kn_ld_stream(w0[m] + k) : make_uint4(0, 0, 0, 0);
+				wb[u][m] = ok ? kn_ld_stream(w1[m] + k) : make_uint4(0, 0, 0, 0);
+			}
 		}
 		/* The weights never change: the first chunk's loads are issued
 		 * before waiting for the kernel that writes X. */
@@ -105,10 +115,14 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 				split2(xv[u][j][0].z, xv[u][j][0].w, h1, l1);
 				split2(xv[u][j][1].x, xv[u][j][1].y, h2, l2);
 				split2(xv[u][j][1].z, xv[u][j][1].w, h3, l3);
-				mma_bf16(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, h0, h1);
-				mma_bf16(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, l0, l1);
-				mma_bf16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, h2, h3);
-				mma_bf16(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, l2, l3);
+#pragma unroll
+				for (int m = 0; m < MT; m++) {
+					const uint4 A = wa[u][m], B = wb[u][m];
+					mma_bf16(acc[m][j], A.x, B.x, A.y, B.y, h0, h1);
+					mma_bf16(acc[m][j], A.x, B.x, A.y, B.y, l0, l1);
+					mma_bf16(acc[m][j], A.z, B.z, A.w, B.w, h2, h3);
+					mma_bf16(acc[m][j], A.z, B.z, A.w, B.w, l2, l3);
+				}
 			}
 		}
 	}
@@ -118,15 +132,18 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 	}
 	/* C fragment: acc[j][0..1] = rows g, cols j*8 + 2t, +1; [2..3] = row g+8. */
 #pragma unroll
-	for (int j = 0; j < NT; j++) {
-		red[warp][g][j * 8 + 2 * t] = acc[j][0];
-		red[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
-		red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
-		red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
-	}
+	for (int m = 0; m < MT; m++)
+#pragma unroll
+		for (int j = 0; j < NT; j++) {
+			const int r = m * MMA_ROWS + g;
+			red[warp][r][j * 8 + 2 * t] = acc[m][j][0];
+			red[warp][r][j * 8 + 2 * t + 1] = acc[m][j][1];
+			red[warp][r + 8][j * 8 + 2 * t] = acc[m][j][2];
+			red[warp][r + 8][j * 8 + 2 * t + 1] = acc[m][j][3];
+		}
 	__syncthreads();
-	for (int e = threadIdx.x; e < MMA_ROWS * 8 * NT; e += MMA_WARPS * 32) {
-		const int r = e % MMA_ROWS, c = e / MMA_ROWS;
+	for (int e = threadIdx.x; e < ROWS * 8 * NT; e += MMA_WARPS * 32) {
+		const int r = e % ROWS, c = e / ROWS;
 		if (c >= n || row0 + r >= out)
 			continue;
 		float v = 0.f;
@@ -266,11 +283,17 @@ cudaError_t kn_cuda_gemv_mma(const kn_bf16 *w, const float *x, float *y, int n, 
 {
 	if (n < 1 || n > KN_CU_GEMV_MAX_N || in % 8 || out < 1)
 		return cudaErrorInvalidValue;
-	const int blocks = (out + MMA_ROWS - 1) / MMA_ROWS;
-	if (n <= 8)
-		return kn_launch(gemv_mma_kernel<1>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, w, x, y, n,
+	/* Above 4 columns a block takes 32 rows (two m16 tiles sharing each X
+	 * fragment): every block reads all of X (n * in * 4 bytes), at n = 16
+	 * twice the bytes of its 16 weight rows. Same sums, same bits. */
+	const int blocks16 = (out + MMA_ROWS - 1) / MMA_ROWS, blocks32 = (out + 2 * MMA_ROWS - 1) / (2 * MMA_ROWS);
+	if (n <= 4)
+		return kn_launch(gemv_mma_kernel<1, 1>, dim3(blocks16), dim3(MMA_WARPS * 32), 0, st, w, x, y, n,
 				 in, out);
-	return kn_launch(gemv_mma_kernel<2>, dim3(blocks), dim3(MMA_WARPS * 32), 0, st, w, x, y, n, in,
+	if (n <= 8)
+		return kn_launch(gemv_mma_kernel<1, 2>, dim3(blocks32), dim3(MMA_WARPS * 32), 0, st, w, x, y, n,
+				 in, out);
+	return kn_launch(gemv_mma_kernel<2, 2>, dim3(blocks32), dim3(MMA_WARPS * 32), 0, st, w, x, y, n, in,
 			 out);
 }
 
