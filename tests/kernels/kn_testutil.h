@@ -116,4 +116,30 @@ static inline void kt_model_close(struct kt_model *t)
 	kt_rmtree(t->dir);
 }
 
+/**
+ * A cmocka group setup's body: a zeroed fixture of @p size bytes whose first
+ * member is a struct kt_model, opened on the model of @p flags.
+ * @return 0 (*state set) or -1.
+ */
+static inline int kt_fixture_setup(void **state, size_t size, const char *flags)
+{
+	struct kt_model *t = calloc(1, size);
+	if (!t || kt_model_open(t, flags)) {
+		free(t);
+		return -1;
+	}
+	*state = t;
+	return 0;
+}
+
+/** @return 0 when $KVF_MKMODEL names an executable, else 77 (skip) after saying so. */
+static inline int kt_need_mkmodel(void)
+{
+	const char *mk = getenv("KVF_MKMODEL");
+	if (mk && !access(mk, X_OK))
+		return 0;
+	printf("SKIP: KVF_MKMODEL does not name kvferry-mkmodel\n");
+	return 77;
+}
+
 #endif

@@ -375,11 +375,8 @@ static void bad_stage_options_are_refused(void **state)
 
 int main(void)
 {
-	const char *mk = getenv("KVF_MKMODEL");
-	if (!mk || access(mk, X_OK)) {
-		printf("SKIP: KVF_MKMODEL does not name kvferry-mkmodel\n");
+	if (kt_need_mkmodel())
 		return 77;
-	}
 #define T(fn) cmocka_unit_test_setup_teardown(fn, per_test_setup, per_test_teardown)
 	const struct CMUnitTest tests[] = {
 		T(a_truncated_safetensors_file_is_refused_naming_the_tensor),

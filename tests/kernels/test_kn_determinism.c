@@ -61,13 +61,7 @@ static void seq_init(struct seq *s, int i, int32_t vocab)
 
 static int setup(void **state)
 {
-	struct fixture *f = calloc(1, sizeof(*f));
-	if (!f || kt_model_open(&f->t, "--preset tiny --arch qwen2 --no-tie --layers 4 --seed 11")) {
-		free(f);
-		return -1;
-	}
-	*state = f;
-	return 0;
+	return kt_fixture_setup(state, sizeof(struct fixture), "--preset tiny --arch qwen2 --no-tie --layers 4 --seed 11");
 }
 
 static int teardown(void **state)
@@ -340,11 +334,8 @@ static void logprobs_rank_the_logits_and_the_greedy_token_is_the_best(void **sta
 
 int main(void)
 {
-	const char *mk = getenv("KVF_MKMODEL");
-	if (!mk || access(mk, X_OK)) {
-		printf("SKIP: KVF_MKMODEL does not name kvferry-mkmodel\n");
+	if (kt_need_mkmodel())
 		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(batched_and_split_runs_match_each_sequence_alone_bit_for_bit),
 		cmocka_unit_test(a_sampled_sequence_draws_the_same_tokens_for_the_same_seed),

@@ -28,13 +28,7 @@ struct fixture {
 
 static int setup(void **state)
 {
-	struct fixture *f = calloc(1, sizeof(*f));
-	if (!f || kt_model_open(&f->t, "--preset tiny --arch qwen3 --layers 4 --seed 5")) {
-		free(f);
-		return -1;
-	}
-	*state = f;
-	return 0;
+	return kt_fixture_setup(state, sizeof(struct fixture), "--preset tiny --arch qwen3 --layers 4 --seed 5");
 }
 
 static int teardown(void **state)
@@ -218,11 +212,8 @@ static void bad_moves_are_refused_with_the_reason(void **state)
 
 int main(void)
 {
-	const char *mk = getenv("KVF_MKMODEL");
-	if (!mk || access(mk, X_OK)) {
-		printf("SKIP: KVF_MKMODEL does not name kvferry-mkmodel\n");
+	if (kt_need_mkmodel())
 		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(a_sequence_decodes_the_same_bits_after_its_pages_move),
 		cmocka_unit_test(a_split_model_moves_its_pages_stage_by_stage),
