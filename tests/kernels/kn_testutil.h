@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kn_model.h"
+#include "kn_stage.h"
 
 static int kt_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 {
@@ -129,6 +130,34 @@ static inline int kt_fixture_setup(void **state, size_t size, const char *flags)
 		return -1;
 	}
 	*state = t;
+	return 0;
+}
+
+/**
+ * @p n_stages CPU stages over @p t's layers, split evenly, each with
+ * @p n_blocks KV blocks, @p n_slots slots of @p bps blocks, 2 threads.
+ * @return 0, or -1 (the failing stage's message printed; stages made so far
+ *         left in st[] for the caller's teardown).
+ */
+static inline int kt_cpu_chain(const struct kt_model *t, int n_stages, int32_t n_blocks, int32_t n_slots,
+			       int32_t bps, struct kn_stage **st)
+{
+	char err[512];
+	for (int s = 0; s < n_stages; s++) {
+		struct kn_stage_opts o;
+		kn_stage_opts_init(&o);
+		o.layer_start = t->layers * s / n_stages;
+		o.layer_end = t->layers * (s + 1) / n_stages;
+		o.n_blocks = n_blocks;
+		o.n_slots = n_slots;
+		o.max_blocks_per_slot = bps;
+		o.n_threads = 2;
+		st[s] = kn_stage_create(t->m, KN_BACKEND_CPU, &o, err, sizeof(err));
+		if (!st[s]) {
+			fprintf(stderr, "kn_stage_create(stage %d of %d): %s\n", s, n_stages, err);
+			return -1;
+		}
+	}
 	return 0;
 }
 

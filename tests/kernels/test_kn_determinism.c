@@ -76,19 +76,7 @@ static int teardown(void **state)
 
 static void make_chain(struct fixture *f, int n_stages, struct kn_stage **st)
 {
-	char err[512];
-	for (int s = 0; s < n_stages; s++) {
-		struct kn_stage_opts o;
-		kn_stage_opts_init(&o);
-		o.layer_start = f->t.layers * s / n_stages;
-		o.layer_end = f->t.layers * (s + 1) / n_stages;
-		o.n_blocks = NSEQ * BPS;
-		o.n_slots = NSEQ;
-		o.max_blocks_per_slot = BPS;
-		o.n_threads = 2;
-		st[s] = kn_stage_create(f->t.m, KN_BACKEND_CPU, &o, err, sizeof(err));
-		assert_non_null(st[s]);
-	}
+	assert_int_equal(kt_cpu_chain(&f->t, n_stages, NSEQ * BPS, NSEQ, BPS, st), 0);
 }
 
 /* Run one micro-batch through the chain; scatter logits and tokens. */

@@ -42,21 +42,7 @@ static int teardown(void **state)
 /* n_stages CPU stages over the model, 12 blocks, 2 slots. */
 static void make_chain(struct fixture *f, int n_stages, struct kn_stage **st)
 {
-	char err[512];
-	for (int s = 0; s < n_stages; s++) {
-		struct kn_stage_opts o;
-		kn_stage_opts_init(&o);
-		o.layer_start = f->t.layers * s / n_stages;
-		o.layer_end = f->t.layers * (s + 1) / n_stages;
-		o.n_blocks = 12;
-		o.n_slots = 2;
-		o.max_blocks_per_slot = BPS;
-		o.n_threads = 2;
-		st[s] = kn_stage_create(f->t.m, KN_BACKEND_CPU, &o, err, sizeof(err));
-		if (!st[s])
-			print_error("kn_stage_create: %s\n", err);
-		assert_non_null(st[s]);
-	}
+	assert_int_equal(kt_cpu_chain(&f->t, n_stages, 12, 2, BPS, st), 0);
 }
 
 static void point_slot(struct kn_stage **st, int n_stages, int32_t slot, const int32_t *blocks)
