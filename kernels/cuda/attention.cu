@@ -220,8 +220,8 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			pg[HD + 1] = L;
 		}
 	}
-	/* wider plans: attn_merge_kernel (measured faster there: 8B batch 16,
-	 * ctx 512, 8.09 ms with the last block merging) */
+	/* wider plans: attn_merge_kernel (faster there: 16 columns at ctx 4k,
+	 * 156.6 us against 166.6 with the last block merging) */
 	if (a.n > 2)
 		return;
 	const float *part0 = part - (size_t)s * GM * part_stride(HD);
@@ -682,6 +682,8 @@ static cudaError_t launch_hd(const struct kn_cu_attn_args *a, cudaStream_t st)
 cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > 8)
+		return cudaErrorInvalidValue;
+	if (a->kernel == KN_CU_ATTN_COLUMN && a->n <= 2 && !a->counters)
 		return cudaErrorInvalidValue;
 	if (a->kernel == KN_CU_ATTN_TILE && !kn_cuda_attn_tile_ok(a->head_dim))
 		return cudaErrorInvalidValue;

@@ -74,7 +74,8 @@ int kn_cuda_attn_tile_ok(int head_dim);
  * Attend every column of @p a. Padding columns (slot -1) produce zeros.
  * @return the launch's cudaError_t; cudaErrorInvalidValue for a head_dim
  *         outside {16, 32, 64, 128, 256} (tile: 16..128), more than 8 heads
- *         per KV head, or a tile split that is not a positive multiple of 16.
+ *         per KV head, a tile split that is not a positive multiple of 16, or
+ *         no counters for the column kernel in a plan of 1-2 columns.
  */
 cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st);
 #endif
