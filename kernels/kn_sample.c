@@ -3,14 +3,16 @@
  * Shared numerics every backend must agree on bit for bit: token choice from
  * a logit row, RoPE frequencies, f16 decoding.
  *
- * Sampling draws one uniform number from splitmix64(seed, pos): a column's
- * token depends only on its own logits, seed and position, never on which
- * other columns share the micro-batch.
+ * Sampling follows kn_sample_core.h (integer weights, one draw keyed by
+ * (seed, pos)): a column's token depends only on its own logits, seed and
+ * position, never on which other columns share the micro-batch, and the
+ * CUDA engine's device sampler draws the same token.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kn_sample_core.h"
 #include "kn_stage_impl.h"
 
 float kn_f16_to_f32(uint16_t h)
@@ -51,77 +53,63 @@ void kn_rope_inv_freq(const struct kn_model_config *cfg, float *inv_freq)
 	}
 }
 
-static uint64_t splitmix64(uint64_t x)
+/* Descending key: the sampling order of kn_sample_core.h. */
+static int key_cmp(const void *a, const void *b)
 {
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
-struct cand {
-	float l;
-	int32_t id;
-};
-
-/* Descending logit, then ascending id: a total order, so qsort's result is
- * unique whatever its algorithm. */
-static int cand_cmp(const void *a, const void *b)
-{
-	const struct cand *x = a, *y = b;
-	if (x->l != y->l)
-		return x->l > y->l ? -1 : 1;
-	return (x->id > y->id) - (x->id < y->id);
+	return (x < y) - (x > y);
 }
 
 int32_t kn_sample_column(const float *logits, int32_t vocab, const struct kn_column *c,
 			 int32_t n_logprobs, float *tok_lp, int32_t *top_ids, float *top_lps,
 			 void *scratch)
 {
-	struct cand *cd = scratch;
+	uint64_t *cd = scratch, best_k = kn_sc_key(logits[0], 0);
 	int32_t best = 0;
-	float mx = logits[0];
-	for (int32_t i = 1; i < vocab; i++)
-		if (logits[i] > mx) {
-			mx = logits[i];
+
+	for (int32_t i = 1; i < vocab; i++) {
+		uint64_t k = kn_sc_key(logits[i], i);
+		if (k > best_k) {
+			best_k = k;
 			best = i;
 		}
+	}
+	float mx = logits[best];
 	int32_t tok = best;
 
 	if (c->temperature > 0) {
 		float t = c->temperature;
-		/* Tokens more than 40 nats (scaled) below the best have probability
-		 * < 4e-18 and cannot change a draw; dropping them keeps the sort short. */
+		/* Only tokens of non-zero weight can be drawn, and they are a prefix
+		 * of the order (the weight grows with the logit): sort just them. */
 		int32_t n = 0;
 		for (int32_t i = 0; i < vocab; i++)
-			if ((logits[i] - mx) / t > -40.0f)
-				cd[n++] = (struct cand){ logits[i], i };
-		qsort(cd, (size_t)n, sizeof(*cd), cand_cmp);
+			if (kn_sc_weight(logits[i], mx, t) > 0)
+				cd[n++] = kn_sc_key(logits[i], i);
+		qsort(cd, (size_t)n, sizeof(*cd), key_cmp);
 		if (c->top_k > 0 && c->top_k < n)
 			n = c->top_k;
-		double sum = 0;
+		uint64_t sum = 0, acc = 0;
 		for (int32_t i = 0; i < n; i++)
-			sum += exp((double)(cd[i].l - mx) / t);
+			sum += kn_sc_weight(logits[kn_sc_key_id(cd[i])], mx, t);
 		if (c->top_p > 0 && c->top_p < 1) {
-			double acc = 0;
-			int32_t k;
-			for (k = 0; k < n; k++) {
-				acc += exp((double)(cd[k].l - mx) / t) / sum;
-				if (acc >= c->top_p)
+			uint64_t need = kn_sc_top_p_mass(c->top_p, sum);
+			for (int32_t i = 0; i < n; i++) {
+				acc += kn_sc_weight(logits[kn_sc_key_id(cd[i])], mx, t);
+				if (acc >= need) {
+					n = i + 1;
+					sum = acc;
 					break;
+				}
 			}
-			n = k < n ? k + 1 : n;
-			sum = 0;
-			for (int32_t i = 0; i < n; i++)
-				sum += exp((double)(cd[i].l - mx) / t);
 		}
-		uint64_t r = splitmix64(((uint64_t)c->seed << 32) ^ (uint32_t)c->pos);
-		double u = (double)(r >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
-		tok = cd[n - 1].id;
+		uint64_t target = kn_sc_target(c->seed, c->pos, sum);
+		acc = 0;
+		tok = kn_sc_key_id(cd[n - 1]);
 		for (int32_t i = 0; i < n; i++) {
-			acc += exp((double)(cd[i].l - mx) / t);
-			if (u < acc) {
-				tok = cd[i].id;
+			acc += kn_sc_weight(logits[kn_sc_key_id(cd[i])], mx, t);
+			if (acc > target) {
+				tok = kn_sc_key_id(cd[i]);
 				break;
 			}
 		}
@@ -136,22 +124,23 @@ int32_t kn_sample_column(const float *logits, int32_t vocab, const struct kn_col
 		if (tok_lp)
 			*tok_lp = (float)((double)logits[tok] - lse);
 		if (n_logprobs > 0) {
-			/* Keep the n best in a small sorted array: n is tiny (<= 20). */
+			/* Keep the n best keys in a small sorted array: n is tiny (<= 20). */
 			int32_t k = n_logprobs < vocab ? n_logprobs : vocab, have = 0;
 			for (int32_t i = 0; i < vocab; i++) {
-				struct cand x = { logits[i], i };
-				if (have == k && cand_cmp(&x, &cd[k - 1]) >= 0)
+				uint64_t x = kn_sc_key(logits[i], i);
+				if (have == k && x <= cd[k - 1])
 					continue;
 				int32_t p = have < k ? have++ : k - 1;
-				while (p > 0 && cand_cmp(&x, &cd[p - 1]) < 0) {
+				while (p > 0 && x > cd[p - 1]) {
 					cd[p] = cd[p - 1];
 					p--;
 				}
 				cd[p] = x;
 			}
 			for (int32_t i = 0; i < n_logprobs; i++) {
-				top_ids[i] = i < k ? cd[i].id : -1;
-				top_lps[i] = i < k ? (float)((double)cd[i].l - lse) : -INFINITY;
+				int32_t id = i < k ? kn_sc_key_id(cd[i]) : -1;
+				top_ids[i] = id;
+				top_lps[i] = i < k ? (float)((double)logits[id] - lse) : -INFINITY;
 			}
 		}
 	}

@@ -62,8 +62,15 @@ struct kn_stage_vtbl {
 	int (*set_pool)(struct kn_stage *s, int32_t n_blocks);
 	/** Mirror ops already applied to base.table (may be NULL). @return 0 or -errno. */
 	int (*apply_ops)(struct kn_stage *s, const struct kn_op *ops, size_t n);
-	/** Run a validated step. @return 0 or -errno with kn_stage_seterr(). */
+	/** Run a validated step to completion (NULL when submit is set). @return 0 or -errno with kn_stage_seterr(). */
 	int (*step)(struct kn_stage *s, struct kn_step *st);
+	/** Asynchronous backends: start a validated step (at most KN_STEP_DEPTH in flight,
+	 *  kn_stage.c counts); @return 0 (queued) or -errno (nothing queued). */
+	int (*submit)(struct kn_stage *s, struct kn_step *st);
+	/** Finish the oldest submitted step; @return its result. */
+	int (*wait)(struct kn_stage *s);
+	/** @return 1 if the oldest submitted step has finished (wait will not block). */
+	int (*ready)(struct kn_stage *s);
 	/** Last error message; NULL means base.err is used. */
 	const char *(*error)(const struct kn_stage *s);
 	/** The pool's element type: KN_DT_F32 or KN_DT_BF16. */
@@ -84,6 +91,9 @@ struct kn_stage {
 	int32_t n_blocks;            /**< current KV pool size */
 	int32_t max_plan;            /**< widest plan */
 	int32_t *table;              /**< [n_slots][max_blocks_per_slot], -1 = unset */
+	int32_t n_inflight;          /**< submitted steps not yet waited for */
+	int32_t q_head;              /**< synchronous backends: results of steps run at submit */
+	int q_rc[KN_STEP_DEPTH];
 	char err[512];
 };
 
@@ -120,9 +130,10 @@ struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_
 /**
  * Choose the token for one column from its f32 logit row and fill the
  * requested logprobs. Greedy when c->temperature <= 0 (argmax, lowest id on
- * ties); otherwise softmax(logits / T), top-k then top-p filtered, one draw
- * from a counter-based RNG keyed by (c->seed, c->pos) — independent of what
- * else was in the batch.
+ * ties); otherwise softmax(logits / T) in the integer weights of
+ * kn_sample_core.h, top-k then top-p filtered, one draw from a counter-based
+ * RNG keyed by (c->seed, c->pos) — independent of what else was in the
+ * batch, and the same token the CUDA engine's device sampler draws.
  * @param logits     [vocab] f32 row (not modified)
  * @param vocab      row length
  * @param c          the column (sampling parameters)
@@ -130,7 +141,7 @@ struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_
  * @param tok_lp     out, may be NULL: logprob of the chosen token
  * @param top_ids    out [n_logprobs], may be NULL when n_logprobs is 0
  * @param top_lps    out [n_logprobs]
- * @param scratch    caller scratch of at least 2 * vocab floats (f32 + index)
+ * @param scratch    caller scratch of at least 8 * vocab bytes, 8-byte aligned
  * @return the token id.
  */
 int32_t kn_sample_column(const float *logits, int32_t vocab, const struct kn_column *c,

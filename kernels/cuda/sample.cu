@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "kn_sample_core.h"
+
 #define AM_THREADS 1024
 #define AM_WARPS (AM_THREADS / 32)
 
@@ -66,4 +68,255 @@ cudaError_t kn_cuda_argmax(const float *logits, int vocab, const struct kn_colum
 			   int32_t *tokens, cudaStream_t st)
 {
 	return kn_launch(argmax_kernel, dim3(n), dim3(AM_THREADS), 0, st, logits, vocab, cols, tokens);
+}
+
+/* ---- the full sampler: kn_sample_core.h's rule, one block per column ---- */
+
+#define SM_T 1024
+#define SM_W (SM_T / 32)
+
+struct sm_shared {
+	unsigned long long w[256]; /* a digit's weight (count or mass) */
+	unsigned c[256];           /* a digit's element count */
+	unsigned long long red[SM_W];
+	double redd[SM_W];
+	unsigned long long bc[3];
+	uint64_t top[KN_CU_MAX_TOP];
+	unsigned n_top;
+};
+
+template <bool MAX> static __device__ __forceinline__ unsigned long long warp_red_u64(unsigned long long v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		const unsigned long long u = __shfl_xor_sync(0xffffffffu, v, o);
+		v = MAX ? (u > v ? u : v) : v + u;
+	}
+	return v;
+}
+
+/* Block-wide max (MAX) or sum of a u64; every thread gets the result. */
+template <bool MAX> static __device__ unsigned long long block_red_u64(struct sm_shared *sh, unsigned long long v)
+{
+	const int t = threadIdx.x;
+	v = warp_red_u64<MAX>(v);
+	if ((t & 31) == 0)
+		sh->red[t >> 5] = v;
+	__syncthreads();
+	if (t < 32) {
+		v = warp_red_u64<MAX>(sh->red[t]);
+		if (t == 0)
+			sh->bc[0] = v;
+	}
+	__syncthreads();
+	v = sh->bc[0];
+	__syncthreads();
+	return v;
+}
+
+static __device__ double block_sum_f64(struct sm_shared *sh, double v)
+{
+	const int t = threadIdx.x;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if ((t & 31) == 0)
+		sh->redd[t >> 5] = v;
+	__syncthreads();
+	if (t < 32) {
+		v = sh->redd[t];
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (t == 0)
+			sh->redd[0] = v;
+	}
+	__syncthreads();
+	v = sh->redd[0];
+	__syncthreads();
+	return v;
+}
+
+/*
+ * The element e of largest key (among keys >= klo) whose inclusive prefix
+ * weight, in key order, reaches @p need; weight = 1 per element (mass 0:
+ * the top-k cut) or kn_sc_weight (mass 1). Radix select over the 64-bit key,
+ * a byte a pass from the top, stopping once the chosen digit holds one
+ * element. Lanes with the same digit add their weight once (warp-aggregated)
+ * so a crowded digit does not serialise on one shared-memory atomic.
+ * @return e's key (0 if none: need exceeds the total); *cum = its prefix weight.
+ */
+static __device__ uint64_t block_select(struct sm_shared *sh, const float *row, int vocab, int mass,
+					float mx, float temp, uint64_t need, uint64_t klo,
+					uint64_t *cum)
+{
+	const int t = threadIdx.x, lane = t & 31;
+	uint64_t prefix = 0, mask = 0, above = 0;
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		for (int i = t; i < 256; i += SM_T) {
+			sh->w[i] = 0;
+			sh->c[i] = 0;
+		}
+		__syncthreads();
+		for (int base = 0; base < vocab; base += SM_T) {
+			const int i = base + t;
+			float l = 0.f;
+			uint64_t k = 0;
+			bool in = false;
+			if (i < vocab) {
+				l = row[i];
+				k = kn_sc_key(l, i);
+				in = k >= klo && (k & mask) == prefix;
+			}
+			const unsigned d = (unsigned)(k >> shift) & 255u;
+			const unsigned long long w = in ? (mass ? kn_sc_weight(l, mx, temp) : 1ull) : 0ull;
+			unsigned act = __ballot_sync(0xffffffffu, in);
+			while (act) {
+				const int leader = __ffs(act) - 1;
+				const unsigned dl = __shfl_sync(0xffffffffu, d, leader);
+				const bool mine = in && d == dl;
+				const unsigned peers = __ballot_sync(0xffffffffu, mine);
+				const unsigned long long ws = warp_red_u64<false>(mine ? w : 0ull);
+				if (lane == leader) {
+					atomicAdd(&sh->w[dl], ws);
+					atomicAdd(&sh->c[dl], (unsigned)__popc(peers));
+				}
+				act &= ~peers;
+			}
+		}
+		__syncthreads();
+		if (t == 0) {
+			int d = 255;
+			for (; d > 0; d--) {
+				if (above + sh->w[d] >= need)
+					break;
+				above += sh->w[d];
+			}
+			sh->bc[0] = (unsigned long long)d;
+			sh->bc[1] = above;
+			sh->bc[2] = sh->c[d];
+		}
+		__syncthreads();
+		const uint64_t d = sh->bc[0];
+		above = sh->bc[1];
+		const unsigned long long cnt = sh->bc[2];
+		__syncthreads();
+		prefix |= d << shift;
+		mask |= 255ull << shift;
+		if (cnt <= 1)
+			break;
+	}
+	uint64_t best = 0;
+	for (int i = t; i < vocab; i += SM_T) {
+		const uint64_t k = kn_sc_key(row[i], i);
+		if (k >= klo && (k & mask) == prefix && k > best)
+			best = k;
+	}
+	best = block_red_u64<true>(sh, best);
+	if (best) {
+		const float l = row[kn_sc_key_id(best)];
+		*cum = above + (mass ? kn_sc_weight(l, mx, temp) : 1ull);
+	} else {
+		*cum = above;
+	}
+	return best;
+}
+
+/* grid (n), block SM_T: one column each; padding and columns without
+ * NEED_LOGIT write token -1 and stop. */
+static __global__ void __launch_bounds__(SM_T) sample_kernel(struct kn_cu_sample_args a)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	__shared__ struct sm_shared sh;
+	const int c = blockIdx.x, t = threadIdx.x, vocab = a.vocab;
+	const struct kn_column col = a.cols[c];
+	if (col.slot == KN_CU_PAD_SLOT || !(col.flags & KN_COL_NEED_LOGIT)) {
+		if (t == 0) {
+			a.tokens[c] = -1;
+			a.tok_lp[c] = 0.f;
+		}
+		return;
+	}
+	const float *row = a.logits + (size_t)c * vocab;
+	uint64_t kb = 0;
+	for (int i = t; i < vocab; i += SM_T) {
+		const uint64_t k = kn_sc_key(row[i], i);
+		kb = k > kb ? k : kb;
+	}
+	kb = block_red_u64<true>(&sh, kb);
+	const int best = kn_sc_key_id(kb);
+	const float mx = row[best];
+	int tok = best;
+	if (col.temperature > 0.f) {
+		const float temp = col.temperature;
+		uint64_t klo = 0, cum, s = 0;
+		if (col.top_k > 0 && col.top_k < vocab)
+			klo = block_select(&sh, row, vocab, 0, mx, temp, (uint64_t)col.top_k, 0, &cum);
+		for (int i = t; i < vocab; i += SM_T) {
+			const float l = row[i];
+			if (kn_sc_key(l, i) >= klo)
+				s += kn_sc_weight(l, mx, temp);
+		}
+		s = block_red_u64<false>(&sh, s);
+		if (col.top_p > 0.f && col.top_p < 1.f) {
+			klo = block_select(&sh, row, vocab, 1, mx, temp, kn_sc_top_p_mass(col.top_p, s), klo, &cum);
+			s = cum;
+		}
+		const uint64_t kt = block_select(&sh, row, vocab, 1, mx, temp,
+						 kn_sc_target(col.seed, col.pos, s) + 1, klo, &cum);
+		if (kt)
+			tok = kn_sc_key_id(kt);
+	}
+	/* logprobs of the model's distribution (temperature 1), sum in double
+	 * as the host does (the order differs: within 1e-7 of the host's) */
+	double sum = 0;
+	for (int i = t; i < vocab; i += SM_T)
+		sum += exp((double)(row[i] - mx));
+	sum = block_sum_f64(&sh, sum);
+	const double lse = (double)mx + log(sum);
+	if (t == 0) {
+		a.tokens[c] = tok;
+		a.tok_lp[c] = (float)((double)row[tok] - lse);
+	}
+	int nt = *a.n_top;
+	nt = nt < KN_CU_MAX_TOP ? nt : KN_CU_MAX_TOP;
+	nt = nt < vocab ? nt : vocab;
+	if (nt <= 0)
+		return;
+	uint64_t cum;
+	const uint64_t kn = block_select(&sh, row, vocab, 0, mx, 1.f, (uint64_t)nt, 0, &cum);
+	if (t == 0)
+		sh.n_top = 0;
+	__syncthreads();
+	for (int i = t; i < vocab; i += SM_T) {
+		const uint64_t k = kn_sc_key(row[i], i);
+		if (k >= kn) {
+			const unsigned j = atomicAdd(&sh.n_top, 1u);
+			if (j < KN_CU_MAX_TOP)
+				sh.top[j] = k;
+		}
+	}
+	__syncthreads();
+	if (t == 0) {
+		const int m = sh.n_top < (unsigned)nt ? (int)sh.n_top : nt;
+		for (int i = 1; i < m; i++) /* insertion sort, descending: m <= 20 */
+			for (int j = i; j > 0 && sh.top[j] > sh.top[j - 1]; j--) {
+				const uint64_t x = sh.top[j];
+				sh.top[j] = sh.top[j - 1];
+				sh.top[j - 1] = x;
+			}
+		int32_t *ids = a.top_ids + (size_t)c * KN_CU_MAX_TOP;
+		float *lps = a.top_lps + (size_t)c * KN_CU_MAX_TOP;
+		for (int i = 0; i < KN_CU_MAX_TOP; i++) {
+			const int id = i < m ? kn_sc_key_id(sh.top[i]) : -1;
+			ids[i] = id;
+			lps[i] = i < m ? (float)((double)row[id] - lse) : -INFINITY;
+		}
+	}
+}
+
+cudaError_t kn_cuda_sample(const struct kn_cu_sample_args *a, cudaStream_t st)
+{
+	return kn_launch(sample_kernel, dim3(a->n), dim3(SM_T), 0, st, *a);
 }

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file sample.cuh
- * Greedy token choice on the device: argmax of each column's f32 logit row,
- * lowest id on ties, the same rule as kn_sample_column() on the host.
- *
- * Columns with temperature > 0 are sampled on the host by the shared
- * kn_sample_column() from their copied logit row, so top-k, top-p and the
- * (seed, pos)-keyed draw are the same bits on the CPU and CUDA engines; the
- * kernel still writes their argmax, which the engine overwrites.
+ * Token choice on the device, so nothing vocab-sized leaves it per step:
+ * greedy argmax (lowest id on ties), temperature / top-k / top-p draws keyed
+ * by (seed, pos), the chosen token's logprob and the top-N logprobs. The
+ * rule and its arithmetic are kernels/kn_sample_core.h, shared with the
+ * host's kn_sample_column(): the same logits give the same token on the CPU
+ * and CUDA engines; logprobs agree to ~1e-7 (double sums, another order).
  */
 #ifndef KN_CU_SAMPLE_CUH
 #define KN_CU_SAMPLE_CUH
@@ -21,4 +20,27 @@
  */
 cudaError_t kn_cuda_argmax(const float *logits, int vocab, const struct kn_column *cols, int n,
 			   int32_t *tokens, cudaStream_t st);
+
+/** Most top logprobs per column the device sampler computes (the API's limit). */
+#define KN_CU_MAX_TOP 20
+
+struct kn_cu_sample_args {
+	const float *logits;            /**< [n][vocab] f32 */
+	int vocab;
+	const struct kn_column *cols;   /**< [n] */
+	int n;
+	const int32_t *n_top;           /**< device scalar: top logprobs wanted (0..KN_CU_MAX_TOP) */
+	int32_t *tokens;                /**< [n] out; -1 for padding and columns without NEED_LOGIT */
+	float *tok_lp;                  /**< [n] out: logprob of the chosen token */
+	int32_t *top_ids;               /**< [n][KN_CU_MAX_TOP] out (first *n_top valid, -1 beyond vocab) */
+	float *top_lps;                 /**< [n][KN_CU_MAX_TOP] out */
+};
+
+/**
+ * The full sampler, one 1,024-thread block per column (kn_sample_core.h).
+ * Cost: a few passes over each NEED_LOGIT column's row (greedy: two; a
+ * top-p draw: about ten), nothing for the others.
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_sample(const struct kn_cu_sample_args *a, cudaStream_t st);
 #endif

@@ -21,6 +21,7 @@
 #include "rmsnorm.cuh"
 #include "sample.cuh"
 #include "swiglu.cuh"
+#include "kn_stage_impl.h"
 
 static int g_fail;
 static uint64_t g_rng = 0x1234567ull;
@@ -494,6 +495,124 @@ static void argmax_picks_the_lowest_id_among_ties(void)
 	cudaFree(dl); cudaFree(dc); cudaFree(dt);
 }
 
+
+/* One launch of the device sampler against kn_sample_column() on the same
+ * rows: tokens and top ids identical, logprobs within 1e-5. */
+static int sampler_round(const std::vector<float> &l, int vocab, std::vector<struct kn_column> &cols, int n_top,
+			 const char *what)
+{
+	const int n = (int)cols.size();
+	float *dl = dev(l);
+	struct kn_column *dc = dev(cols);
+	std::vector<int32_t> nt(1, n_top);
+	int32_t *dnt = dev(nt), *dt, *dids;
+	float *dlp, *dlps;
+	CHECK_CUDA(cudaMalloc((void **)&dt, n * 4));
+	CHECK_CUDA(cudaMalloc((void **)&dlp, n * 4));
+	CHECK_CUDA(cudaMalloc((void **)&dids, (size_t)n * KN_CU_MAX_TOP * 4));
+	CHECK_CUDA(cudaMalloc((void **)&dlps, (size_t)n * KN_CU_MAX_TOP * 4));
+	struct kn_cu_sample_args a = {};
+	a.logits = dl;
+	a.vocab = vocab;
+	a.cols = dc;
+	a.n = n;
+	a.n_top = dnt;
+	a.tokens = dt;
+	a.tok_lp = dlp;
+	a.top_ids = dids;
+	a.top_lps = dlps;
+	CHECK_CUDA(kn_cuda_sample(&a, 0));
+	CHECK_CUDA(cudaDeviceSynchronize());
+	std::vector<int32_t> t = host(dt, n), ids = host(dids, (size_t)n * KN_CU_MAX_TOP);
+	std::vector<float> lp = host(dlp, n), lps = host(dlps, (size_t)n * KN_CU_MAX_TOP);
+	std::vector<uint64_t> scratch((size_t)vocab + 8);
+	std::vector<int32_t> hid(n_top > 0 ? n_top : 1);
+	std::vector<float> hlps(n_top > 0 ? n_top : 1);
+	int bad = 0, drawn = 0;
+	double lp_err = 0;
+	for (int c = 0; c < n; c++) {
+		if (!(cols[c].flags & KN_COL_NEED_LOGIT)) {
+			if (t[c] != -1) {
+				printf("FAIL sampler (%s) column %d without NEED_LOGIT: token %d, want -1\n", what, c, t[c]);
+				bad++;
+			}
+			continue;
+		}
+		float hlp = 0;
+		int32_t ht = kn_sample_column(&l[(size_t)c * vocab], vocab, &cols[c], n_top, &hlp, hid.data(),
+					      hlps.data(), scratch.data());
+		drawn += cols[c].temperature > 0;
+		double e = fabs((double)hlp - lp[c]) / (1.0 > fabs(hlp) ? 1.0 : fabs(hlp));
+		lp_err = e > lp_err ? e : lp_err;
+		if (ht != t[c] || !(e <= 1e-5)) {
+			if (bad < 5)
+				printf("FAIL sampler (%s) column %d (T %g, top_k %d, top_p %g, seed %u): device token %d "
+				       "logprob %g, host %d %g\n", what, c, (double)cols[c].temperature, cols[c].top_k,
+				       (double)cols[c].top_p, cols[c].seed, t[c], (double)lp[c], ht, (double)hlp);
+			bad++;
+			continue;
+		}
+		for (int i = 0; i < n_top; i++) {
+			const float dv = lps[(size_t)c * KN_CU_MAX_TOP + i];
+			const double te = hlps[i] == dv ? 0.0 /* equal, -inf included */
+					  : fabs((double)hlps[i] - dv) / (1.0 > fabs(hlps[i]) ? 1.0 : fabs(hlps[i]));
+			if (hid[i] != ids[(size_t)c * KN_CU_MAX_TOP + i] || (hid[i] >= 0 && !(te <= 1e-5))) {
+				if (bad < 5)
+					printf("FAIL sampler (%s) column %d top %d: device id %d lp %g, host %d %g\n", what, c,
+					       i, ids[(size_t)c * KN_CU_MAX_TOP + i], (double)dv, hid[i], (double)hlps[i]);
+				bad++;
+				break;
+			}
+		}
+	}
+	printf("%s  sampler %-28s vocab %6d, %3d columns (%3d drawn), top %2d: %d mismatches, logprob err %.1e\n",
+	       bad ? "FAIL" : "ok  ", what, vocab, n, drawn, n_top, bad, lp_err);
+	cudaFree(dl); cudaFree(dc); cudaFree(dnt); cudaFree(dt); cudaFree(dlp); cudaFree(dids); cudaFree(dlps);
+	return bad;
+}
+
+static void device_sampler_draws_the_host_samplers_tokens(void)
+{
+	static const float temps[] = { 0.f, 0.3f, 0.7f, 1.f, 1.5f };
+	static const int topks[] = { 0, 1, 2, 5, 50, 1000 };
+	static const float topps[] = { 1.f, 0.95f, 0.9f, 0.5f, 0.1f };
+	for (int vocab : { 5003, 128256 }) {
+		for (int kind = 0; kind < 5; kind++) {
+			const int n = kind == 0 ? 150 : 40;
+			std::vector<float> l((size_t)n * vocab);
+			const char *what = "";
+			for (int c = 0; c < n; c++) {
+				float *r = &l[(size_t)c * vocab];
+				const float scale = 1.f + (float)(c % 7) * 2.f;
+				for (int i = 0; i < vocab; i++) {
+					float v = frand() * scale;
+					switch (kind) {
+					case 0: what = "random"; break;
+					case 1: what = "ties (few values)"; v = (float)((int)(frand() * 4.f)); break;
+					case 2: what = "all equal"; v = 0.25f; break;
+					case 3: what = "-inf and huge"; v = (i % 3 == 0) ? -INFINITY : v * 1e37f; break;
+					default: what = "one peak, rest -inf"; v = i == (c * 977) % vocab ? 3.f : -INFINITY;
+					}
+					r[i] = v;
+				}
+			}
+			std::vector<struct kn_column> cols(n);
+			for (int c = 0; c < n; c++) {
+				memset(&cols[c], 0, sizeof(cols[c]));
+				cols[c].flags = c % 17 == 16 ? 0 : KN_COL_NEED_LOGIT;
+				cols[c].slot = c;
+				cols[c].pos = 3 * c + kind;
+				cols[c].temperature = temps[c % 5];
+				cols[c].top_k = topks[(c / 5) % 6];
+				cols[c].top_p = topps[(c / 3) % 5];
+				cols[c].seed = 1000u + 7u * (unsigned)c;
+			}
+			for (int n_top : { 0, 5, 20 })
+				g_fail += sampler_round(l, vocab, cols, n_top, what) != 0;
+		}
+	}
+}
+
 extern "C" int kn_cuda_test_ops_main(void)
 {
 	int ndev = 0;
@@ -512,6 +631,7 @@ extern "C" int kn_cuda_test_ops_main(void)
 	bf16_producers_equal_their_f32_outputs_rounded();
 	paged_attention_matches_reference();
 	argmax_picks_the_lowest_id_among_ties();
+	device_sampler_draws_the_host_samplers_tokens();
 	cublasDestroy(h);
 	CHECK_CUDA(cudaDeviceSynchronize());
 	printf("%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
