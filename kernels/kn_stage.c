@@ -153,6 +153,11 @@ int kn_stage_set_pool(struct kn_stage *s, int32_t n_blocks)
 		kn_stage_seterr(s, "kn_stage_set_pool(%d): the pool needs at least one block", n_blocks);
 		return -EINVAL;
 	}
+	if (s->n_inflight > 0) {
+		kn_stage_seterr(s, "kn_stage_set_pool(%d): %d steps in flight: wait for them first", n_blocks,
+				s->n_inflight);
+		return -EBUSY;
+	}
 	int rc = s->vt->set_pool(s, n_blocks);
 	if (rc)
 		return rc;
@@ -212,7 +217,7 @@ int kn_stage_apply_ops(struct kn_stage *s, const struct kn_op *ops, size_t n)
 	return rc;
 }
 
-int kn_stage_step(struct kn_stage *s, struct kn_step *st)
+static int check_step(struct kn_stage *s, struct kn_step *st)
 {
 	const struct kn_model_config *c = s->cfg;
 	int32_t ctx = s->opts.max_blocks_per_slot * KN_PAGE_BLK;
@@ -251,7 +256,74 @@ int kn_stage_step(struct kn_stage *s, struct kn_step *st)
 				return -EINVAL;
 			}
 	}
-	return s->vt->step(s, st);
+	return 0;
+}
+
+int kn_stage_step_submit(struct kn_stage *s, struct kn_step *st)
+{
+	int rc;
+
+	if (s->n_inflight >= KN_STEP_DEPTH) {
+		kn_stage_seterr(s, "kn_stage_step_submit: %d steps already in flight (KN_STEP_DEPTH): wait for one first",
+				s->n_inflight);
+		return -EBUSY;
+	}
+	if ((rc = check_step(s, st)) < 0)
+		return rc;
+	if (s->vt->submit) {
+		if ((rc = s->vt->submit(s, st)) < 0)
+			return rc;
+	} else {
+		if ((rc = s->vt->step(s, st)) < 0)
+			return rc;
+		s->q_rc[(s->q_head + s->n_inflight) % KN_STEP_DEPTH] = 0;
+	}
+	s->n_inflight++;
+	return 0;
+}
+
+int kn_stage_step_wait(struct kn_stage *s)
+{
+	int rc;
+
+	if (s->n_inflight < 1) {
+		kn_stage_seterr(s, "kn_stage_step_wait: no step in flight");
+		return -EINVAL;
+	}
+	if (s->vt->wait) {
+		rc = s->vt->wait(s);
+	} else {
+		rc = s->q_rc[s->q_head];
+		s->q_head = (s->q_head + 1) % KN_STEP_DEPTH;
+	}
+	s->n_inflight--;
+	return rc;
+}
+
+int kn_stage_step_ready(struct kn_stage *s)
+{
+	if (s->n_inflight < 1)
+		return 0;
+	return s->vt->ready ? s->vt->ready(s) : 1;
+}
+
+int kn_stage_step_inflight(const struct kn_stage *s)
+{
+	return s->n_inflight;
+}
+
+int kn_stage_step(struct kn_stage *s, struct kn_step *st)
+{
+	int rc;
+
+	if (s->n_inflight > 0) {
+		kn_stage_seterr(s, "kn_stage_step: %d submitted steps not waited for: call kn_stage_step_wait() first",
+				s->n_inflight);
+		return -EBUSY;
+	}
+	if ((rc = kn_stage_step_submit(s, st)) < 0)
+		return rc;
+	return kn_stage_step_wait(s);
 }
 
 int kn_stage_kv_format(const struct kn_stage *s, struct kn_kv_format *f)

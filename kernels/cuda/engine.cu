@@ -9,13 +9,23 @@
  *    order fixed by the shapes, so a column's bits never depend on its batch
  *    (kn_stage.h bitwise determinism). Changing a kernel so that a column's
  *    reduction depends on n or on its index breaks the batched-vs-solo test.
- *  - A plan's whole step (columns upload, all layers, argmax, tokens
- *    download) is one CUDA graph, captured at the plan's first step and
- *    replayed; everything it touches lives at fixed device/pinned addresses.
- *    Re-sizing the pool moves the pool, so set_pool drops every graph.
- *  - The device block table mirrors base.table; vt->apply_ops marks it dirty
- *    and the next step uploads it before the graph runs (same stream, so the
- *    ops are ordered ahead of the step that needs them).
+ *  - A plan's whole step (all layers, the sampler) is one CUDA graph,
+ *    captured at the plan's first step and replayed; everything it touches
+ *    lives at fixed device addresses. Re-sizing the pool moves the pool, so
+ *    set_pool drops every graph.
+ *  - Steps are submitted without waiting (kn_stage_step_submit): each in-
+ *    flight step owns one ring slot of pinned host buffers (its columns in,
+ *    its tokens out) and an event; everything else a step touches on the
+ *    device is reused by the next step only after it in stream order. A
+ *    step whose host buffers are pageable, or that needs logit rows on the
+ *    host, completes inside submit (the shared bounce buffers and logits
+ *    would otherwise be overwritten by the next step).
+ *  - The device block table mirrors base.table by replaying the applied ops
+ *    (table.cuh) on the stream ahead of the next step, so a step in flight
+ *    never sees a later step's table and no step uploads the whole table.
+ *  - Nothing vocab-sized crosses PCIe: the sampler (sample.cuh) leaves the
+ *    token, its logprob and the top logprobs on the device, and one copy of
+ *    8 to 168 bytes per column brings them back.
  *  - Device memory = weights + KV pool + workspace (reported by info); the
  *    host keeps no copy of the weights (they are uploaded from the loader's
  *    mapping, through a bounded staging buffer when they need conversion).
@@ -39,6 +49,7 @@
 #include "rmsnorm.cuh"
 #include "sample.cuh"
 #include "swiglu.cuh"
+#include "table.cuh"
 
 /* Widest plan whose graph uses programmatic dependent launch (capture()). */
 #define KN_CU_PDL_MAX_W 256
@@ -62,6 +73,17 @@ struct plan {
 	cudaGraphExec_t exec; /* NULL until the plan's first step */
 };
 
+/* One in-flight step's host side (pinned) and its completion event. */
+struct cu_slot {
+	struct kn_column *h_in;   /* [1 + wmax]: [0] = params (n_top), then the columns */
+	int32_t *h_out;           /* the sampler's outputs for plan width W (out_layout) */
+	struct kn_op *h_ops;      /* ops replayed ahead of this step */
+	int h_ops_cap;
+	cudaEvent_t ev;
+	struct kn_step st;        /* the caller's step: its buffers stay valid until the wait */
+	int W, n_top, host_rows, bounce_out, done, rc;
+};
+
 struct cu_stage {
 	struct kn_stage base; /* first member: kn_stage_impl.h */
 	struct kn_model_config cfg_copy;
@@ -77,11 +99,16 @@ struct cu_stage {
 	size_t weight_bytes, ws_bytes, kv_bytes, blk_bytes;
 	kn_bf16 *kv;          /* [nl][2][n_blocks][nkv][KN_PAGE_BLK][hd] */
 	int32_t *d_table;     /* [n_slots][max_bps] */
-	int table_dirty;
-	struct kn_column *h_cols, *d_cols; /* [wmax], pinned / device */
-	int32_t *h_tok, *d_tok;            /* [wmax] */
+	struct kn_column *d_in, *d_cols;   /* [1 + wmax] step params + columns; d_cols = d_in + 1 */
+	int32_t *d_out;                    /* sampler outputs, out_layout() of the plan width */
+	struct kn_op *d_ops;               /* ops replayed by table.cuh, [d_ops_cap] */
+	int d_ops_cap;
+	struct kn_op *p_ops;               /* applied since the last submit, [p_ops_n] */
+	int p_ops_n, p_ops_cap;
+	struct cu_slot ring[KN_STEP_DEPTH];
+	int r_head, r_n;
 	float *h_hidden;                   /* [wmax][hidden] pinned staging */
-	float *h_row;                      /* [vocab] pinned, sampled rows */
+	float *h_row;                      /* [vocab] pinned, rows sampled on the host */
 	void *scratch;                     /* kn_sample_column() scratch */
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
 	unsigned *attn_cnt;    /* [wmax][n_kv_heads] attention split counters, kept at zero */
@@ -391,8 +418,8 @@ static int alloc_workspace(struct cu_stage *s)
 		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
 		{ (void **)&s->attn_ws, aws, "attention partials" },
 		{ (void **)&s->attn_cnt, W * s->nkv * sizeof(unsigned), "attention split counters" },
-		{ (void **)&s->d_cols, W * sizeof(struct kn_column), "columns" },
-		{ (void **)&s->d_tok, W * 4, "tokens" },
+		{ (void **)&s->d_in, (W + 1) * sizeof(struct kn_column), "columns" },
+		{ (void **)&s->d_out, W * (2 + 2 * KN_CU_MAX_TOP) * 4, "sampler outputs" },
 		{ (void **)&s->d_table, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4, "block table" },
 		{ &s->blas_ws, BLAS_WS_BYTES, "cuBLAS workspace" },
 	};
@@ -410,8 +437,13 @@ static int alloc_workspace(struct cu_stage *s)
 		s->ws_bytes += W * s->vocab * 4;
 	}
 	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
-	CK(cudaHostAlloc((void **)&s->h_cols, W * sizeof(struct kn_column), cudaHostAllocDefault));
-	CK(cudaHostAlloc((void **)&s->h_tok, W * 4, cudaHostAllocDefault));
+	s->d_cols = s->d_in + 1;
+	for (int i = 0; i < KN_STEP_DEPTH; i++) {
+		struct cu_slot *sl = &s->ring[i];
+		CK(cudaHostAlloc((void **)&sl->h_in, (W + 1) * sizeof(struct kn_column), cudaHostAllocDefault));
+		CK(cudaHostAlloc((void **)&sl->h_out, W * (2 + 2 * KN_CU_MAX_TOP) * 4, cudaHostAllocDefault));
+		CK(cudaEventCreateWithFlags(&sl->ev, cudaEventDisableTiming));
+	}
 	CK(cudaHostAlloc((void **)&s->h_hidden, W * H * 4, cudaHostAllocDefault));
 	CK(cudaHostAlloc((void **)&s->h_row, (size_t)s->vocab * 4, cudaHostAllocDefault));
 	s->scratch = malloc((size_t)s->vocab * 8 + 64);
@@ -473,14 +505,37 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 	return linear(s, w, s->x, y, W, H, out);
 }
 
+/* The sampler's outputs for a plan of width W, back to back so one copy
+ * brings them home: tokens [W], logprobs [W], top ids [W][KN_CU_MAX_TOP],
+ * top logprobs [W][KN_CU_MAX_TOP]. */
+struct out_layout {
+	int32_t *tok;
+	float *lp;
+	int32_t *ids;
+	float *lps;
+};
+
+static struct out_layout out_layout(int32_t *base, int W)
+{
+	struct out_layout o;
+	o.tok = base;
+	o.lp = (float *)(base + W);
+	o.ids = base + 2 * W;
+	o.lps = (float *)(base + 2 * W + W * KN_CU_MAX_TOP);
+	return o;
+}
+
+static size_t out_bytes(int W, int n_top)
+{
+	return (size_t)W * (n_top > 0 ? 2 + 2 * KN_CU_MAX_TOP : 2) * 4;
+}
+
 static int enqueue(struct cu_stage *s, int W)
 {
 	const struct kn_model_config *c = s->base.cfg;
 	const int H = s->hidden;
 	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd;
 	int l = -1, rc;
-	CKL(cudaMemcpyAsync(s->d_cols, s->h_cols, (size_t)W * sizeof(struct kn_column),
-			    cudaMemcpyHostToDevice, s->st), "cudaMemcpyAsync(columns)");
 	if (s->base.first)
 		CKL(kn_cuda_embed(s->embed, s->d_cols, W, H, s->resid, s->st), "kn_cuda_embed");
 	const float *pending = NULL;
@@ -554,9 +609,18 @@ static int enqueue(struct cu_stage *s, int W)
 	if (s->base.last) {
 		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
 			return rc;
-		CKL(kn_cuda_argmax(s->logits, s->vocab, s->d_cols, W, s->d_tok, s->st), "kn_cuda_argmax");
-		CKL(cudaMemcpyAsync(s->h_tok, s->d_tok, (size_t)W * 4, cudaMemcpyDeviceToHost, s->st),
-		    "cudaMemcpyAsync(tokens)");
+		struct kn_cu_sample_args sa = {};
+		struct out_layout o = out_layout(s->d_out, W);
+		sa.logits = s->logits;
+		sa.vocab = s->vocab;
+		sa.cols = s->d_cols;
+		sa.n = W;
+		sa.n_top = (const int32_t *)s->d_in;
+		sa.tokens = o.tok;
+		sa.tok_lp = o.lp;
+		sa.top_ids = o.ids;
+		sa.top_lps = o.lps;
+		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
 	} else if (pending) {
 		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");
 	}
@@ -604,29 +668,86 @@ static int capture(struct cu_stage *s, struct plan *p)
 	return 0;
 }
 
-static int hidden_copy(struct cu_stage *s, void *dst, const void *src, size_t bytes, int h2d)
+static int is_pinned(const void *p)
 {
 	cudaPointerAttributes pa;
-	const void *host = h2d ? src : dst;
-	int pinned = cudaPointerGetAttributes(&pa, host) == cudaSuccess && pa.type == cudaMemoryTypeHost;
+	int pinned = cudaPointerGetAttributes(&pa, p) == cudaSuccess && pa.type == cudaMemoryTypeHost;
 	cudaGetLastError();
-	if (pinned) {
-		CK(cudaMemcpyAsync(dst, src, bytes, h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s->st));
+	return pinned;
+}
+
+/* A step's host side once its event fired: tokens, logprobs, hidden rows
+ * out of the slot (and, for host_rows, the logit rows and the host sampler
+ * for more than KN_CU_MAX_TOP logprobs). */
+static int finish(struct cu_stage *s, struct cu_slot *sl)
+{
+	struct kn_step *stp = &sl->st;
+	const int n = stp->n_cols;
+	CK(cudaEventSynchronize(sl->ev));
+	if (!s->base.last) {
+		if (sl->bounce_out)
+			memcpy(stp->hidden_out, s->h_hidden, (size_t)n * s->hidden * 4);
 		return 0;
 	}
-	/* Pageable caller buffer: bounce through our pinned staging. */
-	if (h2d) {
-		memcpy(s->h_hidden, src, bytes);
-		CK(cudaMemcpyAsync(dst, s->h_hidden, bytes, cudaMemcpyHostToDevice, s->st));
-	} else {
-		CK(cudaMemcpyAsync(s->h_hidden, src, bytes, cudaMemcpyDeviceToHost, s->st));
-		CK(cudaStreamSynchronize(s->st));
-		memcpy(dst, s->h_hidden, bytes);
+	struct out_layout o = out_layout(sl->h_out, sl->W);
+	const int nt = stp->n_logprobs;
+	for (int j = 0; j < n; j++) {
+		stp->tokens_out[j] = o.tok[j];
+		if (stp->token_logprob_out)
+			stp->token_logprob_out[j] = o.lp[j];
+		if (nt > 0 && nt <= KN_CU_MAX_TOP)
+			for (int i = 0; i < nt; i++) {
+				stp->top_ids_out[(size_t)j * nt + i] = o.ids[(size_t)j * KN_CU_MAX_TOP + i];
+				stp->top_logprobs_out[(size_t)j * nt + i] = o.lps[(size_t)j * KN_CU_MAX_TOP + i];
+			}
+	}
+	if (!sl->host_rows)
+		return 0;
+	for (int j = 0; j < n; j++) {
+		const struct kn_column *c = &stp->cols[j];
+		if (!(c->flags & KN_COL_NEED_LOGIT))
+			continue;
+		float *row = stp->logits_out ? stp->logits_out + (size_t)j * s->vocab : s->h_row;
+		CK(cudaMemcpy(row, s->logits + (size_t)j * s->vocab, (size_t)s->vocab * 4, cudaMemcpyDeviceToHost));
+		if (nt > KN_CU_MAX_TOP)
+			kn_sample_column(row, s->vocab, c, nt, NULL, stp->top_ids_out + (size_t)j * nt,
+					 stp->top_logprobs_out + (size_t)j * nt, s->scratch);
 	}
 	return 0;
 }
 
-static int cu_step(struct kn_stage *b, struct kn_step *stp)
+/* Replay the ops applied since the last submit on the stream (table.cuh). */
+static int push_ops(struct cu_stage *s, struct cu_slot *sl)
+{
+	const int n = s->p_ops_n;
+	if (n == 0)
+		return 0;
+	if (sl->h_ops_cap < n) {
+		cudaFreeHost(sl->h_ops);
+		sl->h_ops = NULL;
+		sl->h_ops_cap = 0;
+		CK(cudaHostAlloc((void **)&sl->h_ops, (size_t)n * sizeof(struct kn_op), cudaHostAllocDefault));
+		sl->h_ops_cap = n;
+	}
+	if (s->d_ops_cap < n) {
+		/* steps in flight may still read the old buffer */
+		CK(cudaStreamSynchronize(s->st));
+		dfree(s, s->d_ops);
+		s->d_ops = NULL;
+		s->d_ops_cap = 0;
+		int cap = n < 1024 ? 1024 : n, rc;
+		if ((rc = dalloc(s, (void **)&s->d_ops, (size_t)cap * sizeof(struct kn_op), "ops")))
+			return rc;
+		s->d_ops_cap = cap;
+	}
+	memcpy(sl->h_ops, s->p_ops, (size_t)n * sizeof(struct kn_op));
+	CK(cudaMemcpyAsync(s->d_ops, sl->h_ops, (size_t)n * sizeof(struct kn_op), cudaMemcpyHostToDevice, s->st));
+	CK(kn_cuda_apply_ops(s->d_table, s->base.opts.max_blocks_per_slot, s->d_ops, n, s->st));
+	s->p_ops_n = 0;
+	return 0;
+}
+
+static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 {
 	struct cu_stage *s = (struct cu_stage *)b;
 	const int n = stp->n_cols, H = s->hidden;
@@ -636,56 +757,77 @@ static int cu_step(struct kn_stage *b, struct kn_step *stp)
 		pi++;
 	struct plan *p = &s->plans[pi];
 	const int W = p->width;
-	memcpy(s->h_cols, stp->cols, (size_t)n * sizeof(struct kn_column));
+	struct cu_slot *sl = &s->ring[(s->r_head + s->r_n) % KN_STEP_DEPTH];
+	const int host_rows = s->base.last && (stp->logits_out || stp->n_logprobs > KN_CU_MAX_TOP);
+	const int n_top = host_rows ? 0 : stp->n_logprobs;
+	const int pin_in = s->base.first || is_pinned(stp->hidden_in);
+	const int pin_out = s->base.last || is_pinned(stp->hidden_out);
+	memset(&sl->h_in[0], 0, sizeof(sl->h_in[0]));
+	*(int32_t *)&sl->h_in[0] = n_top;
+	memcpy(sl->h_in + 1, stp->cols, (size_t)n * sizeof(struct kn_column));
 	for (int j = n; j < W; j++) {
-		memset(&s->h_cols[j], 0, sizeof(s->h_cols[j]));
-		s->h_cols[j].slot = KN_CU_PAD_SLOT;
+		memset(&sl->h_in[1 + j], 0, sizeof(sl->h_in[0]));
+		sl->h_in[1 + j].slot = KN_CU_PAD_SLOT;
 	}
-	if (s->table_dirty) {
-		CK(cudaMemcpyAsync(s->d_table, s->base.table,
-				   (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4,
-				   cudaMemcpyHostToDevice, s->st));
-		/* base.table is pageable: the copy is staged before returning, so a
-		 * later op cannot race with it. */
-		s->table_dirty = 0;
-	}
-	if (!s->base.first && (rc = hidden_copy(s, s->resid, stp->hidden_in, (size_t)n * H * 4, 1)))
+	if ((rc = push_ops(s, sl)))
 		return rc;
+	CK(cudaMemcpyAsync(s->d_in, sl->h_in, (size_t)(W + 1) * sizeof(struct kn_column), cudaMemcpyHostToDevice,
+			   s->st));
+	if (!s->base.first) {
+		if (pin_in) {
+			CK(cudaMemcpyAsync(s->resid, stp->hidden_in, (size_t)n * H * 4, cudaMemcpyHostToDevice, s->st));
+		} else {
+			/* pageable rows go through the shared bounce buffer: no overlap */
+			CK(cudaStreamSynchronize(s->st));
+			memcpy(s->h_hidden, stp->hidden_in, (size_t)n * H * 4);
+			CK(cudaMemcpyAsync(s->resid, s->h_hidden, (size_t)n * H * 4, cudaMemcpyHostToDevice, s->st));
+		}
+	}
 	if (!p->exec && (rc = capture(s, p)))
 		return rc;
 	CK(cudaGraphLaunch(p->exec, s->st));
-	if (!s->base.last) {
-		if ((rc = hidden_copy(s, stp->hidden_out, s->resid, (size_t)n * H * 4, 0)))
-			return rc;
-		CK(cudaStreamSynchronize(s->st));
-		return 0;
-	}
-	CK(cudaStreamSynchronize(s->st));
-	for (int j = 0; j < n; j++) {
-		const struct kn_column *c = &stp->cols[j];
-		stp->tokens_out[j] = s->h_tok[j];
-		if (!(c->flags & KN_COL_NEED_LOGIT))
-			continue;
-		const int want_row = stp->logits_out || c->temperature > 0 || stp->n_logprobs > 0 ||
-				     stp->token_logprob_out;
-		if (!want_row)
-			continue;
-		float *row = stp->logits_out ? stp->logits_out + (size_t)j * s->vocab : s->h_row;
-		CK(cudaMemcpy(row, s->logits + (size_t)j * s->vocab, (size_t)s->vocab * 4, cudaMemcpyDeviceToHost));
-		if (c->temperature > 0 || stp->n_logprobs > 0 || stp->token_logprob_out) {
-			float lp = 0.f;
-			int32_t t = kn_sample_column(row, s->vocab, c, stp->n_logprobs,
-						     stp->token_logprob_out ? &lp : NULL,
-						     stp->n_logprobs ? stp->top_ids_out + (size_t)j * stp->n_logprobs : NULL,
-						     stp->n_logprobs ? stp->top_logprobs_out + (size_t)j * stp->n_logprobs : NULL,
-						     s->scratch);
-			if (c->temperature > 0)
-				stp->tokens_out[j] = t;
-			if (stp->token_logprob_out)
-				stp->token_logprob_out[j] = lp;
-		}
+	if (s->base.last)
+		CK(cudaMemcpyAsync(sl->h_out, s->d_out, out_bytes(W, n_top), cudaMemcpyDeviceToHost, s->st));
+	else
+		CK(cudaMemcpyAsync(pin_out ? (void *)stp->hidden_out : (void *)s->h_hidden, s->resid, (size_t)n * H * 4,
+				   cudaMemcpyDeviceToHost, s->st));
+	CK(cudaEventRecord(sl->ev, s->st));
+	sl->st = *stp;
+	sl->W = W;
+	sl->n_top = n_top;
+	sl->host_rows = host_rows;
+	sl->bounce_out = !pin_out;
+	sl->done = 0;
+	s->r_n++;
+	if (host_rows || !pin_in || !pin_out) {
+		sl->rc = finish(s, sl);
+		sl->done = 1;
 	}
 	return 0;
+}
+
+static int cu_wait(struct kn_stage *b)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	struct cu_slot *sl = &s->ring[s->r_head];
+	int rc = sl->done ? sl->rc : finish(s, sl);
+	s->r_head = (s->r_head + 1) % KN_STEP_DEPTH;
+	s->r_n--;
+	return rc;
+}
+
+static int cu_ready(struct kn_stage *b)
+{
+	struct cu_stage *s = (struct cu_stage *)b;
+	struct cu_slot *sl = &s->ring[s->r_head];
+	if (sl->done)
+		return 1;
+	cudaError_t e = cudaEventQuery(sl->ev);
+	if (e == cudaErrorNotReady)
+		return 0;
+	if (e != cudaSuccess)
+		cudaGetLastError(); /* the wait reports it */
+	return 1;
 }
 
 /* ---- vtable ---- */
@@ -703,8 +845,14 @@ static void cu_destroy(struct kn_stage *b)
 		cublasDestroy(s->blas);
 	if (s->st)
 		cudaStreamDestroy(s->st);
-	cudaFreeHost(s->h_cols);
-	cudaFreeHost(s->h_tok);
+	for (int i = 0; i < KN_STEP_DEPTH; i++) {
+		cudaFreeHost(s->ring[i].h_in);
+		cudaFreeHost(s->ring[i].h_out);
+		cudaFreeHost(s->ring[i].h_ops);
+		if (s->ring[i].ev)
+			cudaEventDestroy(s->ring[i].ev);
+	}
+	free(s->p_ops);
 	cudaFreeHost(s->h_hidden);
 	cudaFreeHost(s->h_row);
 	free(s->scratch);
@@ -742,15 +890,27 @@ static int cu_set_pool(struct kn_stage *b, int32_t n_blocks)
 		return -ENOMEM;
 	}
 	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
-	s->table_dirty = 1;
+	s->p_ops_n = 0; /* ops of the old pool: the table starts empty */
 	return 0;
 }
 
+/* Keep the applied ops for the next submit, which replays them on the
+ * device ahead of its step (table.cuh). */
 static int cu_apply_ops(struct kn_stage *b, const struct kn_op *ops, size_t n)
 {
-	(void)ops;
-	(void)n;
-	((struct cu_stage *)b)->table_dirty = 1;
+	struct cu_stage *s = (struct cu_stage *)b;
+	if (s->p_ops_n + n > (size_t)s->p_ops_cap) {
+		size_t cap = (size_t)s->p_ops_cap * 2 > s->p_ops_n + n ? (size_t)s->p_ops_cap * 2 : s->p_ops_n + n + 256;
+		struct kn_op *np = (struct kn_op *)realloc(s->p_ops, cap * sizeof(*np));
+		if (!np) {
+			seterr(s, "cu_apply_ops: out of memory for %zu pending ops", cap);
+			return -ENOMEM;
+		}
+		s->p_ops = np;
+		s->p_ops_cap = (int)cap;
+	}
+	memcpy(s->p_ops + s->p_ops_n, ops, n * sizeof(*ops));
+	s->p_ops_n += (int)n;
 	return 0;
 }
 
@@ -801,8 +961,8 @@ static int cu_kv_import(struct kn_stage *b, const int32_t *blocks, int32_t n, co
 }
 
 static const struct kn_stage_vtbl cu_vtbl = {
-	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, cu_step, NULL,
-	KN_DT_BF16, cu_kv_export, cu_kv_import,
+	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, NULL, cu_submit, cu_wait,
+	cu_ready, NULL, KN_DT_BF16, cu_kv_export, cu_kv_import,
 };
 
 static void errfill(char *err, size_t errlen, const char *msg)

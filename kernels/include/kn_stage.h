@@ -21,7 +21,8 @@
  *  - Block tables change only through kn_stage_apply_ops(), in the order the
  *    scheduler sent the ops, so every stage's layout is identical.
  *
- * Threading: one thread drives a stage (create, apply_ops, step, destroy);
+ * Threading: one thread drives a stage (create, apply_ops, step, submit,
+ * wait, destroy);
  * the engine may use its own worker threads inside a step. Different stages
  * may be driven from different threads.
  */
@@ -41,7 +42,9 @@ extern "C" {
 /** Positions per KV block. */
 #define KN_PAGE_BLK 16
 /** Most plans a stage may carry. */
-#define KN_MAX_PLANS 4
+#define KN_MAX_PLANS 8
+/** Most steps in flight between kn_stage_step_submit() and kn_stage_step_wait(). */
+#define KN_STEP_DEPTH 4
 
 enum kn_backend {
 	KN_BACKEND_CPU = 0,
@@ -156,7 +159,7 @@ int kn_stage_info(const struct kn_stage *s, struct kn_stage_info *info);
 
 /**
  * Re-size the KV pool to @p n_blocks (the negotiated count). Clears all slots.
- * @return 0, -EINVAL (n_blocks < 1), -ENOMEM.
+ * @return 0, -EINVAL (n_blocks < 1), -EBUSY (steps in flight), -ENOMEM.
  */
 int kn_stage_set_pool(struct kn_stage *s, int32_t n_blocks);
 
@@ -183,13 +186,42 @@ struct kn_step {
 };
 
 /**
- * Run one stage step over st->n_cols columns (1 <= n_cols <= widest plan).
+ * Run one stage step over st->n_cols columns (1 <= n_cols <= widest plan)
+ * and wait for it: kn_stage_step_submit() then kn_stage_step_wait().
  * @return 0, or -EINVAL (token >= vocab, position beyond the slot's table or
  *         the model's context, unset block, bad slot, n_cols out of range),
- *         -EIO (device error); kn_stage_error() names the column and value.
+ *         -EBUSY (steps submitted and not waited for), -EIO (device error);
+ *         kn_stage_error() names the column and value.
  *         A failed step writes no K/V.
  */
 int kn_stage_step(struct kn_stage *s, struct kn_step *st);
+
+/**
+ * Start one step without waiting for it, so the host can prepare the next
+ * while the device runs this one. Steps run in submission order, after the
+ * ops applied before each was submitted (kn_stage_apply_ops() between two
+ * submits is ordered between them). The caller keeps @p st and every buffer
+ * it points to (columns, hidden rows, outputs) untouched until the matching
+ * kn_stage_step_wait() returns. The CUDA engine overlaps steps when the
+ * hidden buffers are pinned (kn_cuda_host_register()) and the step needs no
+ * logits_out and at most 20 logprobs; otherwise, and on the CPU engine, the
+ * step completes here and the wait only returns its result.
+ * @return 0 (submitted), -EBUSY (KN_STEP_DEPTH steps in flight), or the
+ *         errors of kn_stage_step() (nothing was submitted).
+ */
+int kn_stage_step_submit(struct kn_stage *s, struct kn_step *st);
+
+/**
+ * Wait for the oldest submitted step; its outputs are then in its buffers.
+ * @return its result: 0, -EIO (device error), -EINVAL (no step in flight).
+ */
+int kn_stage_step_wait(struct kn_stage *s);
+
+/** @return 1 if the oldest submitted step has finished (the wait will not block), else 0. */
+int kn_stage_step_ready(struct kn_stage *s);
+
+/** @return steps submitted and not yet waited for. */
+int kn_stage_step_inflight(const struct kn_stage *s);
 
 /* ---- KV pages out and in (moving a sequence's cache between stages) ---- */
 
