@@ -206,7 +206,7 @@ static int send_setup(struct proc_chain *c, enum shm_mb_kind kind)
 	s->max_cols = c->max_cols;
 	s->max_ops = c->max_ops;
 	for (int32_t p = 0; p < c->o.stage.n_plans && p < SHM_MB_MAX_PLANS; p++)
-		s->plan_widths[p] = c->o.stage.plan_widths[p];
+		shm_mb_setup_set_plan(s, p, c->o.stage.plan_widths[p]);
 	s->n_plans = c->o.stage.n_plans;
 	s->n_threads = c->o.stage.n_threads;
 	s->kv_budget_bytes = c->o.stage.kv_budget_bytes;

@@ -25,6 +25,12 @@
  *  - Output for group g goes to buffer g of this worker's output area; ctrld
  *    keeps one micro-batch per group in flight, so buffer g is free again
  *    when group g comes back (over the dataplane, once its send completed).
+ *  - Up to `depth` micro-batches are in flight at once (the CUDA engine runs
+ *    step k+1 queued behind step k, so the GPU never idles while the host
+ *    forwards k); they are forwarded strictly in arrival order, ops-only
+ *    messages included, so the next stage applies the ops in the order this
+ *    one did. An input buffer is released only after its step read it.
+ *    Setup messages wait until every micro-batch before them is out.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -34,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,8 +64,22 @@ static volatile sig_atomic_t g_stop, g_report;
 struct wk_opts {
 	const char *region, *model, *in, *out, *role;
 	enum kn_backend backend;
-	int32_t node, threads, device, wait_s;
+	int32_t node, threads, device, wait_s, depth, spin_us;
 	size_t kv_bytes;
+};
+
+/* Most micro-batches a worker holds between submit and send. */
+#define WK_MAX_DEPTH KN_STEP_DEPTH
+
+/* A micro-batch between its submit and its send. */
+struct wk_job {
+	struct shm_desc d;         /* its input, released once the step has read it */
+	struct shm_mb_hdr *oh;     /* its output buffer */
+	struct kn_step st;
+	int stepped;               /* a step was submitted for it */
+	int32_t nc;
+	uint64_t t0;
+	char what[128];
 };
 
 struct worker {
@@ -81,6 +102,11 @@ struct worker {
 	struct wk_in *in;
 	struct wk_out *out;
 	uint64_t steps, cols, busy_ns, dropped;
+	uint64_t host_ns;          /* CPU time spent preparing and finishing steps (not waiting,
+	                              and on the cpu backend not computing) */
+	uint64_t last_done_ns;     /* when the previous step finished: busy time excludes queueing */
+	struct wk_job jobs[WK_MAX_DEPTH];
+	int32_t j_head, j_n, depth;
 	ino_t region_ino;
 	uint64_t last_stat_ns;
 	int pinned;                /* the region is cudaHostRegister'ed */
@@ -172,6 +198,7 @@ static int same_shape(const struct shm_mb_setup *a, const struct shm_mb_setup *b
 	       && a->stage[idx].layer_end == b->stage[idx].layer_end && a->n_slots == b->n_slots
 	       && a->max_blocks_per_slot == b->max_blocks_per_slot && a->n_plans == b->n_plans
 	       && memcmp(a->plan_widths, b->plan_widths, sizeof(a->plan_widths)) == 0
+	       && memcmp(a->plan_widths_hi, b->plan_widths_hi, sizeof(a->plan_widths_hi)) == 0
 	       && a->n_threads == b->n_threads && a->n_blocks == b->n_blocks
 	       && a->kv_budget_bytes == b->kv_budget_bytes;
 }
@@ -206,8 +233,8 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	so.n_slots = s->n_slots;
 	so.max_blocks_per_slot = s->max_blocks_per_slot;
 	so.n_plans = s->n_plans;
-	for (int32_t p = 0; p < s->n_plans && p < KN_MAX_PLANS; p++)
-		so.plan_widths[p] = s->plan_widths[p];
+	for (int32_t p = 0; p < s->n_plans && p < KN_MAX_PLANS && p < SHM_MB_MAX_PLANS; p++)
+		so.plan_widths[p] = shm_mb_setup_plan(s, p);
 	so.n_threads = w->o.threads > 0 ? w->o.threads : s->n_threads;
 	so.device = w->o.device;
 	range_tensors(w->m, a->layer_start, a->layer_end, a->layer_start == 0,
@@ -392,28 +419,102 @@ static void handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
 	send_msg(w, oh);
 }
 
-/* A micro-batch: apply ops, step, forward (see the file comment). */
-static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
+/* Send the oldest micro-batch once its step (if any) is done: the wait
+ * blocks only when the caller found the FIFO full. */
+static void finish_head(struct worker *w)
+{
+	struct wk_job *j = &w->jobs[w->j_head];
+	struct shm_mb_hdr *oh = j->oh;
+	int last = w->idx == w->n_stages - 1, rc;
+	int32_t nc = j->nc;
+	uint64_t t1, t2;
+
+	if (j->stepped) {
+		rc = kn_stage_step_wait(w->st);
+		if (rc < 0 && oh->status == 0) {
+			oh->status = rc;
+			snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", j->what, kn_stage_error(w->st));
+		}
+	}
+	t1 = mono_ns();
+	if (oh->status != 0) {
+		oh->hidden = 0; /* no rows: later stages skip the step */
+		oh->n_logprobs = 0;
+		if (last) {
+			int32_t *toks = shm_mb_payload(oh);
+
+			for (int32_t i = 0; i < nc; i++) {
+				toks[i] = -1;
+				((float *)(toks + nc))[i] = 0.0f;
+			}
+		}
+	}
+	oh->total_len = (uint32_t)(last ? shm_mb_result_size(nc, oh->n_ops, oh->n_logprobs)
+					: shm_mb_size((enum shm_mb_kind)oh->kind, nc, oh->n_ops, oh->hidden));
+	{
+		/* busy: from when the device could start this step (its submit, or
+		 * the previous step's end if it queued behind one) to its end */
+		uint64_t from = j->t0 > w->last_done_ns ? j->t0 : w->last_done_ns, dt = t1 - from;
+
+		if (w->idx < SHM_MB_MAX_STAGES)
+			oh->busy_us[w->idx] += (uint32_t)(dt / 1000);
+		w->steps++;
+		w->cols += (uint64_t)nc;
+		w->busy_ns += dt;
+		w->last_done_ns = t1;
+	}
+	wk_in_done(w->in, &j->d);
+	send_msg(w, oh);
+	w->j_head = (w->j_head + 1) % WK_MAX_DEPTH;
+	w->j_n--;
+	t2 = mono_ns();
+	w->host_ns += t2 - t1;
+}
+
+static void drain(struct worker *w)
+{
+	while (w->j_n > 0)
+		finish_head(w);
+}
+
+/* @return 1 if the oldest micro-batch can be sent without waiting. */
+static int head_ready(struct worker *w)
+{
+	const struct wk_job *j = &w->jobs[w->j_head];
+
+	return w->j_n > 0 && (!j->stepped || kn_stage_step_ready(w->st));
+}
+
+/* A micro-batch: apply ops, submit its step, queue it for forwarding (see
+ * the file comment). @return 1 if queued (the job now owns @p d), 0 if
+ * dropped (the caller releases @p d). */
+static int handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const struct shm_desc *d)
 {
 	int last = w->idx == w->n_stages - 1;
 	int32_t hidden = w->info.hidden_size, nc = h->n_cols, no = h->n_ops;
 	struct shm_mb_hdr *oh;
+	struct wk_job *j;
 	enum shm_mb_kind okind = last ? SHM_MB_RESULT : SHM_MB_HIDDEN;
 	uint64_t t0 = mono_ns();
 	int rc;
-	char what[128];
 
 	if (!w->joined || h->epoch != w->epoch) {
 		w->dropped++;
-		return; /* a group ctrld already failed (see invariants) */
+		return 0; /* a group ctrld already failed (see invariants) */
 	}
 	if (shm_mb_check(h, len, w->max_cols, w->max_ops) < 0 || h->group >= (uint32_t)w->max_groups
 	    || h->stage != w->idx || nc < 1) {
 		LOG(w, "dropping a malformed micro-batch (group %u, stage %d, %d columns, %d ops, %zu bytes): "
 		    "ctrld fails the group at its deadline", h->group, h->stage, nc, no, len);
-		return;
+		return 0;
 	}
+	j = &w->jobs[(w->j_head + w->j_n) % WK_MAX_DEPTH];
+	memset(j, 0, sizeof(*j));
+	j->d = *d;
+	j->nc = nc;
+	j->t0 = t0;
 	oh = out_buf(w, (int32_t)h->group);
+	j->oh = oh;
 	wk_out_quiesce(w->out, shm_off(w->reg, oh), &g_stop);
 	memcpy(oh, h, sizeof(*oh));
 	oh->kind = (uint16_t)okind;
@@ -432,18 +533,21 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		oh->n_logprobs = SHM_MB_MAX_LOGPROBS;
 	memcpy(shm_mb_cols(oh), shm_mb_cols(h), (size_t)nc * SHM_MB_COL_BYTES);
 	memcpy(shm_mb_ops(oh), shm_mb_ops(h), (size_t)no * SHM_MB_OP_BYTES);
-	snprintf(what, sizeof(what), "stage %d (%s, layers %d..%d, pid %d)", w->idx, w->o.role,
+	snprintf(j->what, sizeof(j->what), "stage %d (%s, layers %d..%d, pid %d)", w->idx, w->o.role,
 		 w->info.layer_start, w->info.layer_end, (int)getpid());
 	rc = kn_stage_apply_ops(w->st, shm_mb_ops(h), (size_t)no);
 	if (rc < 0 && oh->status == 0) {
 		oh->status = rc;
-		snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_apply_ops: %s", what, kn_stage_error(w->st));
+		snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_apply_ops: %s", j->what, kn_stage_error(w->st));
 	}
 	if (oh->status == 0 && !(h->flags & SHM_MB_F_OPS_ONLY)) {
 		int32_t *toks = shm_mb_payload(oh);
-		struct kn_step st = {
+
+		/* the output's columns are the input's: the step reads them from
+		 * the output buffer, which stays put until the send */
+		j->st = (struct kn_step){
 			.n_cols = nc,
-			.cols = shm_mb_cols(h),
+			.cols = shm_mb_cols(oh),
 			.hidden_in = w->info.first ? NULL : shm_mb_payload(h),
 			.hidden_out = last ? NULL : shm_mb_payload(oh),
 			.tokens_out = last ? toks : NULL,
@@ -457,51 +561,38 @@ static void handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		    || (w->info.first && h->kind != SHM_MB_TOKENS)) {
 			oh->status = -EPROTO;
 			fmt(oh->err, sizeof(oh->err), "%s: got a %s message of %d floats per row, expected %s",
-				 what, h->kind == SHM_MB_HIDDEN ? "hidden" : "token", h->hidden,
-				 w->info.first ? "token ids" : "hidden rows");
+			    j->what, h->kind == SHM_MB_HIDDEN ? "hidden" : "token", h->hidden,
+			    w->info.first ? "token ids" : "hidden rows");
 		} else {
-			rc = kn_stage_step(w->st, &st);
+			uint64_t ts = mono_ns();
+
+			rc = kn_stage_step_submit(w->st, &j->st);
+			/* a synchronous engine (cpu) computes inside submit: not host overhead */
+			if (w->o.backend != KN_BACKEND_CUDA)
+				t0 += mono_ns() - ts;
 			if (rc < 0) {
 				oh->status = rc;
-				snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", what,
+				snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", j->what,
 					 kn_stage_error(w->st));
+			} else {
+				j->stepped = 1;
 			}
 		}
 	}
-	if (oh->status != 0) {
-		oh->hidden = 0; /* no rows: later stages skip the step */
-		oh->n_logprobs = 0;
-		if (last) {
-			int32_t *toks = shm_mb_payload(oh);
-
-			for (int32_t i = 0; i < nc; i++) {
-				toks[i] = -1;
-				((float *)(toks + nc))[i] = 0.0f;
-			}
-		}
-	}
-	oh->total_len = (uint32_t)(last ? shm_mb_result_size(nc, no, oh->n_logprobs)
-					: shm_mb_size(okind, nc, no, oh->hidden));
-	{
-		uint64_t dt = mono_ns() - t0;
-
-		if (w->idx < SHM_MB_MAX_STAGES)
-			oh->busy_us[w->idx] += (uint32_t)(dt / 1000);
-		w->steps++;
-		w->cols += (uint64_t)nc;
-		w->busy_ns += dt;
-	}
-	send_msg(w, oh);
+	w->j_n++;
+	w->host_ns += mono_ns() - t0;
+	return 1;
 }
 
-static void handle(struct worker *w, const struct shm_desc *d)
+/* @return 1 if a queued micro-batch now owns @p d, else 0 (release it). */
+static int handle(struct worker *w, const struct shm_desc *d)
 {
 	struct shm_mb_hdr *h;
 
 	if (d->off + d->len > shm_region_size(w->reg) || d->len < sizeof(struct shm_mb_hdr)) {
 		LOG(w, "dropping a descriptor outside the region (offset %llu, %u bytes)",
 		    (unsigned long long)d->off, d->len);
-		return;
+		return 0;
 	}
 	h = shm_ptr(w->reg, d->off);
 	if (h->magic != SHM_MB_MAGIC || !shm_mb_version_ok(h->version)) {
@@ -510,23 +601,24 @@ static void handle(struct worker *w, const struct shm_desc *d)
 		LOG(w, "refusing a micro-batch message of version %u (magic %08x): this worker speaks "
 		    "versions %u..%u: run the same kvferry version on every node", h->version, h->magic,
 		    SHM_MB_VERSION_MIN, SHM_MB_VERSION);
-		return;
+		return 0;
 	}
 	if (h->total_len > d->len) {
 		LOG(w, "dropping a truncated message (%u of %u bytes)", d->len, h->total_len);
-		return;
+		return 0;
 	}
 	switch (h->kind) {
 	case SHM_MB_JOIN:
 	case SHM_MB_POOL:
+		drain(w); /* the pool may move: nothing may be in flight */
 		handle_setup(w, h, d->len);
-		break;
+		return 0;
 	case SHM_MB_TOKENS:
 	case SHM_MB_HIDDEN:
-		handle_batch(w, h, d->len);
-		break;
+		return handle_batch(w, h, d->len, d);
 	default:
 		LOG(w, "dropping a message of kind %u", h->kind);
+		return 0;
 	}
 }
 
@@ -560,7 +652,11 @@ static void report(struct worker *w, const char *when)
 		fclose(f);
 	}
 	wk_hop_report(w->in, w->out, hops, sizeof(hops));
-	LOG(w, "report (%s): steps=%llu vmrss_kb=%ld %s", when, (unsigned long long)w->steps, rss_kb, hops);
+	LOG(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu vmrss_kb=%ld host_us_per_step=%.1f "
+	    "busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps, (unsigned long long)w->cols,
+	    (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns, rss_kb,
+	    w->steps ? (double)w->host_ns / 1e3 / (double)w->steps : 0.0,
+	    w->steps ? (double)w->busy_ns / 1e3 / (double)w->steps : 0.0, hops);
 }
 
 /* --backend cuda: pin the whole region (cudaHostRegister) so hidden rows
@@ -617,7 +713,12 @@ static void usage(FILE *f)
 		"  --threads N        CPU engine threads (default: what ctrld asks, 0 = online cores)\n"
 		"  --kv-mib N         CPU KV pool budget in MiB (default: what ctrld asks)\n"
 		"  --device N         CUDA device ordinal (default 0)\n"
-		"  --wait S           wait up to S seconds for the region to appear (default 60)\n");
+		"  --wait S           wait up to S seconds for the region to appear (default 60)\n"
+		"  --depth N          micro-batches in flight on the engine, 1..%d (default: 2 on cuda, where\n"
+		"                     the next step queues behind the running one; 1 on cpu)\n"
+		"  --spin-us N        poll the input this long after the last message before sleeping in the\n"
+		"                     ring's futex (default 2000 on cuda: a futex wake-up costs tens of us a\n"
+		"                     step; 0 on cpu, which leaves the core to the engine)\n", WK_MAX_DEPTH);
 }
 
 static int parse_opts(int argc, char **argv, struct wk_opts *o)
@@ -628,12 +729,15 @@ static int parse_opts(int argc, char **argv, struct wk_opts *o)
 		{ "role", required_argument, 0, 'R' },   { "backend", required_argument, 0, 'b' },
 		{ "node", required_argument, 0, 'n' },   { "threads", required_argument, 0, 't' },
 		{ "kv-mib", required_argument, 0, 'k' }, { "device", required_argument, 0, 'd' },
-		{ "wait", required_argument, 0, 'w' },   { "help", no_argument, 0, 'h' },
+		{ "wait", required_argument, 0, 'w' },   { "depth", required_argument, 0, 'D' },
+		{ "spin-us", required_argument, 0, 'S' },
+		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 } };
 	int c;
 
 	memset(o, 0, sizeof(*o));
 	o->role = "stage0";
+	o->spin_us = -1;
 	o->node = -1;
 	o->wait_s = 60;
 	o->backend = KN_BACKEND_CPU;
@@ -657,10 +761,28 @@ static int parse_opts(int argc, char **argv, struct wk_opts *o)
 		case 'k': o->kv_bytes = (size_t)strtoull(optarg, NULL, 0) << 20; break;
 		case 'd': o->device = atoi(optarg); break;
 		case 'w': o->wait_s = atoi(optarg); break;
+		case 'S':
+			o->spin_us = atoi(optarg);
+			if (o->spin_us < 0 || o->spin_us > 1000000) {
+				fprintf(stderr, "kvferry-worker: --spin-us %s is outside 0..1000000\n", optarg);
+				return -1;
+			}
+			break;
+		case 'D':
+			o->depth = atoi(optarg);
+			if (o->depth < 1 || o->depth > WK_MAX_DEPTH) {
+				fprintf(stderr, "kvferry-worker: --depth %s is outside 1..%d\n", optarg, WK_MAX_DEPTH);
+				return -1;
+			}
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: return -1;
 		}
 	}
+	if (o->depth == 0)
+		o->depth = o->backend == KN_BACKEND_CUDA ? 2 : 1;
+	if (o->spin_us < 0)
+		o->spin_us = o->backend == KN_BACKEND_CUDA ? 2000 : 0;
 	if (o->region == NULL || o->model == NULL || o->in == NULL || o->out == NULL
 	    || strlen(o->role) >= SHM_ROLE_MAX)
 		return -1;
@@ -682,6 +804,9 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	w.depth = w.o.depth;
+	/* 1 us timer slack: the futex sleep's wake-up is otherwise late by up to 50 us */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
@@ -747,25 +872,44 @@ int main(int argc, char **argv)
 			g_report = 0;
 			report(&w, "SIGUSR1");
 		}
-		/* Sleep in the ring's futex when idle: no spinning on a small machine;
-		 * the 200 ms bound keeps the heartbeat fresh and SIGTERM prompt. */
-		got = wk_in_get(w.in, &d, 200 * 1000000ll);
-		if (got <= 0) {
-			if (region_replaced(&w)) {
-				LOG(&w, "region %s was re-created (its owner restarted): restarting to attach the "
-				    "new one", w.o.region);
-				reexec = 1;
-				break;
+		/* 1. forward every finished micro-batch, oldest first */
+		while (head_ready(&w))
+			finish_head(&w);
+		/* 2. take the next one while there is room: sleep in the ring's futex
+		 * only when nothing is in flight (no spinning on a small machine; the
+		 * 200 ms bound keeps the heartbeat fresh and SIGTERM prompt), else
+		 * poll, so a message that arrives while the device runs is queued
+		 * behind the running step at once */
+		if (w.j_n < w.depth) {
+			int spin = w.j_n > 0 || mono_ns() - w.last_done_ns < (uint64_t)w.o.spin_us * 1000u;
+
+			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll);
+			if (got > 0) {
+				if (!handle(&w, &d))
+					wk_in_done(w.in, &d);
+				continue;
 			}
-			continue;
+			if (w.j_n == 0) {
+				if (spin)
+					continue;
+				if (region_replaced(&w)) {
+					LOG(&w, "region %s was re-created (its owner restarted): restarting to "
+					    "attach the new one", w.o.region);
+					reexec = 1;
+					break;
+				}
+				continue;
+			}
 		}
-		handle(&w, &d);
-		wk_in_done(w.in, &d);
+		/* 3. full: wait for the oldest */
+		if (w.j_n >= w.depth)
+			finish_head(&w);
 	}
+	drain(&w);
 	report(&w, "stopping");
-	LOG(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %llu stale messages dropped",
-	    (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
-	    (unsigned long long)w.dropped);
+	LOG(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %.1f us host CPU per step, %llu stale "
+	    "messages dropped", (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
+	    w.steps ? (double)w.host_ns / 1e3 / (double)w.steps : 0.0, (unsigned long long)w.dropped);
 	rc = 0;
 	wk_out_close(w.out);
 out_in:

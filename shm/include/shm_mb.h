@@ -67,7 +67,8 @@ extern "C" {
 /** Most stages a setup message describes. */
 #define SHM_MB_MAX_STAGES 16
 /** Most plan widths a setup message carries. */
-#define SHM_MB_MAX_PLANS 4
+/** Plans a setup message carries: 4 in plan_widths, 4 more in plan_widths_hi (proto 2). */
+#define SHM_MB_MAX_PLANS 8
 
 /** What a message carries (shm_mb_hdr.kind; also shm_desc.type). */
 enum shm_mb_kind {
@@ -122,8 +123,8 @@ static_assert(offsetof(struct shm_mb_hdr, err) == 96, "err at 96");
 static_assert(offsetof(struct shm_mb_hdr, busy_us) == 256, "busy_us at 256");
 static_assert(sizeof(struct shm_mb_hdr) == 384, "header is 384 bytes");
 
-/** The wire protocol of the stage chain (join refuses another). */
-#define SHM_MB_PROTO 1u
+/** The wire protocol of the stage chain (join refuses another). 2: up to 8 plans. */
+#define SHM_MB_PROTO 2u
 
 /** What ctrld assigns to stage i, and what stage i reports back (JOIN, POOL). */
 struct shm_mb_stage {
@@ -169,20 +170,36 @@ struct shm_mb_setup {
 	int32_t max_groups;      /**< group ids 0 .. max_groups-1 */
 	int32_t max_cols;
 	int32_t max_ops;
-	int32_t plan_widths[SHM_MB_MAX_PLANS];
+	int32_t plan_widths[4];  /**< plans 0..3 (shm_mb_setup_plan() reads all of them) */
 	int32_t n_plans;
 	int32_t n_threads;       /**< CPU engine threads per stage (0 = online cores) */
 	uint64_t kv_budget_bytes;
 	float kv_mem_fraction;
 	int32_t reserved0;
-	uint8_t reserved[16];
+	int32_t plan_widths_hi[4]; /**< plans 4..7 */
 	struct shm_mb_stage stage[SHM_MB_MAX_STAGES];
 };
 static_assert(offsetof(struct shm_mb_setup, fingerprint) == 8, "fingerprint at 8");
 static_assert(offsetof(struct shm_mb_setup, n_blocks) == 24, "n_blocks at 24");
 static_assert(offsetof(struct shm_mb_setup, plan_widths) == 40, "plan_widths at 40");
 static_assert(offsetof(struct shm_mb_setup, kv_budget_bytes) == 64, "kv_budget at 64");
+static_assert(offsetof(struct shm_mb_setup, plan_widths_hi) == 80, "plan_widths_hi at 80");
 static_assert(offsetof(struct shm_mb_setup, stage) == 96, "stage table at 96");
+
+/** @return plan @p i (0 .. SHM_MB_MAX_PLANS-1) of @p s. */
+static inline int32_t shm_mb_setup_plan(const struct shm_mb_setup *s, int32_t i)
+{
+	return i < 4 ? s->plan_widths[i] : s->plan_widths_hi[i - 4];
+}
+
+/** Set plan @p i (0 .. SHM_MB_MAX_PLANS-1) of @p s. */
+static inline void shm_mb_setup_set_plan(struct shm_mb_setup *s, int32_t i, int32_t w)
+{
+	if (i < 4)
+		s->plan_widths[i] = w;
+	else
+		s->plan_widths_hi[i - 4] = w;
+}
 static_assert(sizeof(struct shm_mb_setup) == 96 + 264 * SHM_MB_MAX_STAGES, "setup size");
 
 /** @return @p x rounded up to 64. */
