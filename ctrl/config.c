@@ -474,6 +474,40 @@ int ctrl_config_load_args(struct ctrl_config *c, int argc, char *const *argv,
 	return 0;
 }
 
+int ctrl_config_plans(const char *plans, int32_t widths[8], int32_t *n, char *err, size_t errlen)
+{
+	const char *p = plans;
+
+	*n = 0;
+	if (strcmp(plans, "auto") == 0)
+		return 0;
+	while (*p) {
+		char *end;
+		long v;
+
+		errno = 0;
+		v = strtol(p, &end, 10);
+		if (end == p || errno || v < 1 || v > 4096 || (*end && *end != ',')) {
+			snprintf(err, errlen, "plans = \"%s\": \"%.*s\" is not a width in 1..4096; write up to 8 "
+				 "ascending widths like 8,32,64,256, or auto", plans, (int)strcspn(p, ","), p);
+			return -EINVAL;
+		}
+		if (*n == 8 || (*n > 0 && v <= widths[*n - 1])) {
+			snprintf(err, errlen, "plans = \"%s\": %s; write up to 8 ascending widths like 8,32,64,256, "
+				 "or auto", plans, *n == 8 ? "more than 8 widths" : "widths must ascend");
+			*n = 0;
+			return -EINVAL;
+		}
+		widths[(*n)++] = (int32_t)v;
+		p = *end ? end + 1 : end;
+	}
+	if (*n == 0) {
+		snprintf(err, errlen, "plans is empty: write up to 8 ascending widths like 8,32,64,256, or auto");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int ctrl_config_stages(const char *stages, int32_t n_layers, int32_t ends[CTRL_CFG_MAX_STAGES],
 		       int32_t *n_stages, char *err, size_t errlen)
 {

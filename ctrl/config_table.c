@@ -16,6 +16,13 @@ static int check_stages(const char *value, char *err, size_t errlen)
 	return ctrl_config_stages(value, 0, ends, &n, err, errlen);
 }
 
+static int check_plans(const char *value, char *err, size_t errlen)
+{
+	int32_t w[8], n;
+
+	return ctrl_config_plans(value, w, &n, err, errlen);
+}
+
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const worker_return_names[] = {"ring", "dataplane", NULL};
 
@@ -74,13 +81,20 @@ const struct cfg_key g_cfg_keys[] = {
 	{"device", "engine", CFG_INT, OFF(device), "0", 0, 63,
 	 "KVFERRY_DEVICE", "--device", NULL, NULL,
 	 "CUDA device ordinal of the first stage (stage i uses device + i)"},
+	{"plans", "engine", CFG_STRING, OFF(plans), "auto", 0, 0,
+	 "KVFERRY_PLANS", "--plans", NULL, check_plans,
+	 "step widths each stage compiles (a launch pads to the next one; prefill-only launches "
+	 "use the widest): up to 8 ascending, e.g. 8,32,64,256; auto = 8,64 on cpu (mb_k when "
+	 "wider), 1,8,16,32,64,128,256,512 on cuda (mb_k when wider), where a step's cost grows "
+	 "with its padded width"},
 	/* [sched] */
 	{"max_slots", "sched", CFG_INT, OFF(max_slots), "64", 1, 4096,
 	 "KVFERRY_MAX_SLOTS", "--max-slots", NULL, NULL,
 	 "sequences generating at once per replica"},
-	{"mb_k", "sched", CFG_INT, OFF(mb_k), "32", 1, 4096,
+	{"mb_k", "sched", CFG_INT, OFF(mb_k), "0", 0, 4096,
 	 "KVFERRY_MB_K", "--mb-k", NULL, NULL,
-	 "micro-batch width: columns of a launch that carries decode work"},
+	 "micro-batch width: columns of a launch that carries decode work (a quarter of them "
+	 "kept for prefill chunks while a prompt waits); 0 = 32 on cpu, 512 on cuda"},
 	{"groups", "sched", CFG_INT, OFF(groups), "0", 0, 256,
 	 "KVFERRY_GROUPS", "--groups", NULL, NULL,
 	 "micro-batch groups in flight; 0 = stages + 1, the least that keeps every stage busy"},
@@ -109,6 +123,11 @@ const struct cfg_key g_cfg_keys[] = {
 	{"drain_timeout", "ctrl", CFG_INT, OFF(drain_timeout), "30", 0, 86400,
 	 "KVFERRY_DRAIN_TIMEOUT", "--drain-timeout", NULL, NULL,
 	 "seconds SIGTERM waits for in-flight requests before cancelling them"},
+	{"poll_spin_us", "ctrl", CFG_INT, OFF(poll_spin_us), "-1", -1, 1000000,
+	 "KVFERRY_POLL_SPIN_US", "--poll-spin-us", NULL, NULL,
+	 "the scheduler keeps polling (one core busy) this long after its last work before it "
+	 "sleeps between polls; -1 = 2000 on cuda (a step returns within ms), 0 on cpu (leave the "
+	 "cores to the CPU engine)"},
 	/* [dataplane] */
 	{"node_id", "dataplane", CFG_STRING, OFF(node_id), "", 0, 0,
 	 "KVFERRY_NODE_ID", "--node-id", NULL, NULL,

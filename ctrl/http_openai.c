@@ -841,7 +841,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	int64_t top_k = 0, n = 1, max_tokens = 0;
 	uint64_t seed;
 	json_t *so, *lp;
-	int stream = 0;
+	int stream = 0, ignore_eos = 0;
 
 	memset(&e, 0, sizeof(e));
 	g = calloc(1, sizeof(*g));
@@ -875,6 +875,10 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			goto reject;
 		}
 	}
+	/* ignore_eos (as vLLM and SGLang accept it): generate max_tokens
+	 * whatever the model says, for benchmarks of a fixed output length */
+	if (opt_bool(req, "ignore_eos", &ignore_eos, &e) < 0)
+		goto reject;
 	if (opt_int(req, "max_tokens", 1, INT32_MAX, &max_tokens, &e) < 0)
 		goto reject;
 	if (kind == GEN_CHAT && !max_tokens &&
@@ -959,8 +963,8 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.prompt = ids;
 	r.n_prompt = (int32_t)n_ids;
 	r.max_tokens = (int32_t)max_tokens;
-	r.stop_ids = h->stop_ids;
-	r.n_stop = h->n_stop;
+	r.stop_ids = ignore_eos ? NULL : h->stop_ids;
+	r.n_stop = ignore_eos ? 0 : h->n_stop;
 	r.temperature = (float)temperature;
 	r.top_p = (float)top_p;
 	r.top_k = top_k < 0 ? 0 : (int32_t)top_k;

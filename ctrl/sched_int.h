@@ -84,6 +84,7 @@ struct ctrl_sched {
 	struct ctrl_chain_info ci;
 	struct ctrl_sched_opts o;
 	int32_t n_slots, n_blocks, n_groups, mb_cols, pf_cols, mbps, ctx;
+	int one_launch;               /* ctrl_sched_opts.one_launch_decode */
 	struct shm_blkpool *pool;
 	struct sched_slot *slots;
 	int32_t *blk_mem;

@@ -19,6 +19,8 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,38 +114,83 @@ static uint16_t f32_to_f16(float f)
 	return (uint16_t)(sign | ((uint32_t)ex << 10) | man);
 }
 
+/* Chunks of CH elements, each drawn from its own stream keyed by (tensor,
+ * chunk): the bytes do not depend on how many threads fill them. One batch
+ * of MK_BATCH chunks is filled by MK_THREADS threads, then written. Measured:
+ * llama3-1b 52 s single-threaded on the 2-vCPU build machine. */
+enum { CH = 1 << 16, MK_BATCH = 64, MK_THREADS = 16 };
+
+struct fill_job {
+	const struct tdesc *t;
+	enum kn_dtype dt;
+	uint64_t st;
+	int64_t n, first_chunk, n_chunks;
+	uint8_t *out;      /* [MK_BATCH][CH * 4] */
+	int next;          /* chunk index within the batch, claimed atomically */
+};
+
+static void fill_chunk(const struct fill_job *j, int64_t ci, uint8_t *out)
+{
+	uint64_t st = j->st ^ (0x9e3779b97f4a7c15ull * (uint64_t)(ci + 1));
+	int64_t base = ci * CH, c = j->n - base < CH ? j->n - base : CH;
+	for (int64_t i = 0; i < c; i += 2) {
+		double u1 = unif(&st), u2 = unif(&st), r = sqrt(-2.0 * log(u1));
+		float v[2] = { j->t->mean + j->t->std * (float)(r * cos(2 * M_PI * u2)),
+			       j->t->mean + j->t->std * (float)(r * sin(2 * M_PI * u2)) };
+		for (int k = 0; k < 2 && i + k < c; k++) {
+			if (j->dt == KN_DT_F32) {
+				memcpy(out + 4 * (i + k), &v[k], 4);
+			} else {
+				uint16_t h = j->dt == KN_DT_BF16 ? kn_f32_to_bf16(v[k]) : f32_to_f16(v[k]);
+				memcpy(out + 2 * (i + k), &h, 2);
+			}
+		}
+	}
+}
+
+static void *fill_thread(void *arg)
+{
+	struct fill_job *j = arg;
+	int k;
+	while ((k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->n_chunks)
+		fill_chunk(j, j->first_chunk + k, j->out + (size_t)k * CH * 4);
+	return NULL;
+}
+
 static int write_tensor(FILE *f, const struct tdesc *t, enum kn_dtype dt, uint64_t seed)
 {
-	enum { CH = 1 << 16 };
-	static float buf[CH];
-	static uint8_t out[CH * 4];
+	static uint8_t *out;
 	uint64_t h = 0xcbf29ce484222325ull;
 	for (const char *p = t->name; *p; p++)
 		h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-	uint64_t st = seed * 0x2545f4914f6cdd1dull ^ h;
-	int64_t n = t->shape[0] * (t->nd > 1 ? t->shape[1] : 1);
-	for (int64_t done = 0; done < n;) {
-		int64_t c = n - done < CH ? n - done : CH;
-		for (int64_t i = 0; i < c; i += 2) {
-			double u1 = unif(&st), u2 = unif(&st), r = sqrt(-2.0 * log(u1));
-			buf[i] = t->mean + t->std * (float)(r * cos(2 * M_PI * u2));
-			if (i + 1 < c)
-				buf[i + 1] = t->mean + t->std * (float)(r * sin(2 * M_PI * u2));
-		}
-		size_t nb;
-		if (dt == KN_DT_F32) {
-			memcpy(out, buf, (size_t)c * 4);
-			nb = (size_t)c * 4;
-		} else {
-			for (int64_t i = 0; i < c; i++) {
-				uint16_t v = dt == KN_DT_BF16 ? kn_f32_to_bf16(buf[i]) : f32_to_f16(buf[i]);
-				memcpy(out + 2 * i, &v, 2);
-			}
-			nb = (size_t)c * 2;
-		}
+	struct fill_job j = { .t = t, .dt = dt, .st = seed * 0x2545f4914f6cdd1dull ^ h,
+			      .n = t->shape[0] * (t->nd > 1 ? t->shape[1] : 1) };
+	const size_t esz = dt == KN_DT_F32 ? 4 : 2;
+	const int64_t chunks = (j.n + CH - 1) / CH;
+	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+	int nt = nproc < 1 ? 1 : nproc > MK_THREADS ? MK_THREADS : (int)nproc;
+	if (!out && !(out = malloc((size_t)MK_BATCH * CH * 4)))
+		return -ENOMEM;
+	j.out = out;
+	for (int64_t c0 = 0; c0 < chunks; c0 += MK_BATCH) {
+		pthread_t th[MK_THREADS];
+		int started = 0;
+		j.first_chunk = c0;
+		j.n_chunks = chunks - c0 < MK_BATCH ? chunks - c0 : MK_BATCH;
+		j.next = 0;
+		for (int i = 1; i < nt && i < j.n_chunks; i++)
+			if (pthread_create(&th[started], NULL, fill_thread, &j) == 0)
+				started++;
+		fill_thread(&j);
+		for (int i = 0; i < started; i++)
+			pthread_join(th[i], NULL);
+		int64_t last = c0 + j.n_chunks == chunks ? j.n - (chunks - 1) * CH : CH;
+		size_t nb = ((size_t)(j.n_chunks - 1) * CH + (size_t)last) * esz;
+		/* chunks sit CH * 4 bytes apart; pack them for the write */
+		for (int64_t k = 1; k < j.n_chunks && esz < 4; k++)
+			memmove(out + (size_t)k * CH * esz, out + (size_t)k * CH * 4, (size_t)CH * esz);
 		if (fwrite(out, 1, nb, f) != nb)
 			return -EIO;
-		done += c;
 	}
 	return 0;
 }

@@ -74,6 +74,7 @@ struct ctrl_settings {
 	int64_t kv_memory;            /**< bytes (CPU pool budget) */
 	double kv_mem_fraction;       /**< CUDA: share of free device memory */
 	int64_t device;               /**< CUDA device ordinal */
+	char plans[CTRL_CFG_STRLEN];  /**< "auto" or ascending plan widths "8,32,64,256" */
 	/* [sched] */
 	int64_t max_slots;
 	int64_t mb_k;
@@ -87,6 +88,7 @@ struct ctrl_settings {
 	/* [ctrl] */
 	char admin_socket[CTRL_CFG_STRLEN];
 	int64_t drain_timeout;        /**< seconds */
+	int64_t poll_spin_us;         /**< -1 = auto (cuda 2000, cpu 0) */
 	/* [dataplane] */
 	char node_id[CTRL_CFG_STRLEN];
 	char peers[CTRL_CFG_STRLEN];
@@ -181,6 +183,15 @@ int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen);
  * @param n_stages   receives the stage count
  * @return 0, or -EINVAL with @p err saying what is wrong.
  */
+/**
+ * Parse the plans key: "auto" or up to 8 ascending widths in 1..4096,
+ * comma-separated.
+ * @param widths   receives the widths (untouched for "auto")
+ * @param n        receives the count (0 for "auto")
+ * @return 0, or -EINVAL with @p err naming the bad part.
+ */
+int ctrl_config_plans(const char *plans, int32_t widths[8], int32_t *n, char *err, size_t errlen);
+
 int ctrl_config_stages(const char *stages, int32_t n_layers, int32_t ends[CTRL_CFG_MAX_STAGES],
 		       int32_t *n_stages, char *err, size_t errlen);
 

@@ -256,6 +256,33 @@ static void stage_lists_are_checked_against_the_model(void **state)
 	}
 }
 
+static void plan_lists_ascend_and_a_bad_one_names_the_key(void **state)
+{
+	int32_t w[8], n;
+	char err[256];
+
+	(void)state;
+	assert_int_equal(ctrl_config_plans("auto", w, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 0);
+	assert_int_equal(ctrl_config_plans("1,8,64,512", w, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 4);
+	assert_int_equal(w[3], 512);
+	assert_int_equal(ctrl_config_plans("8,4", w, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "ascend"));
+	assert_int_equal(ctrl_config_plans("1,2,3,4,5,6,7,8,9", w, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "more than 8"));
+	assert_int_equal(ctrl_config_plans("8,wide", w, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "\"wide\""));
+	assert_int_equal(ctrl_config_plans("0", w, &n, err, sizeof(err)), -EINVAL);
+	{
+		struct ctrl_config *c = ctrl_config_new();
+		char *env[] = {"KVFERRY_PLANS=64,8", NULL};
+		assert_int_equal(ctrl_config_load_env(c, env, err, sizeof(err)), -EINVAL);
+		assert_non_null(strstr(err, "KVFERRY_PLANS"));
+		ctrl_config_free(c);
+	}
+}
+
 static void the_json_view_says_where_each_value_came_from(void **state)
 {
 	struct ctrl_config *c = ctrl_config_new();
@@ -333,6 +360,7 @@ int main(void)
 		cmocka_unit_test(a_missing_default_file_is_fine_but_a_named_one_is_not),
 		cmocka_unit_test(values_parse_by_type),
 		cmocka_unit_test(stage_lists_are_checked_against_the_model),
+		cmocka_unit_test(plan_lists_ascend_and_a_bad_one_names_the_key),
 		cmocka_unit_test(the_json_view_says_where_each_value_came_from),
 		cmocka_unit_test(the_generated_default_file_reads_back_as_the_defaults),
 	};

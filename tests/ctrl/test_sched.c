@@ -493,6 +493,79 @@ static void decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_
 	ctrl_chain_destroy(&rc->base);
 }
 
+
+/* Launches carrying decode columns when 4 requests start, then 4 more a few
+ * polls later, on one stage: @p one_launch = ctrl_sched_opts.one_launch_decode. */
+static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_tokens, int32_t *full)
+{
+	struct ctrl_fake_chain_opts fo;
+	struct rec_chain *rc;
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	static struct rec r[8];
+	static int32_t prompt[64];
+	int32_t n = 0;
+
+	/* a step of 2 ms in real time: the late prompts arrive while the
+	 * first group is in flight, as they do on a served GPU */
+	ctrl_fake_chain_opts_init(&fo);
+	fo.n_stages = 1;
+	fo.n_slots = 32;
+	fo.n_blocks = 4096;
+	fo.stage_ns[0] = 2000000;
+	fo.col_ns = 1000;
+	fo.virtual_time = 0;
+	rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 64;
+	o.prefill_cols = 64;
+	o.spec = 0;
+	o.one_launch_decode = one_launch;
+	s = sched(&rc->base, &o);
+	memset(r, 0, sizeof(r));
+	make_prompt(prompt, 64, 5, 64);
+	for (int i = 0; i < 4; i++)
+		assert_true(submit_rec(s, &r[i], prompt + i, 6, max_tokens, 0.0f, 0) > 0);
+	for (int k = 0; k < 3; k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	for (int i = 4; i < 8; i++)
+		assert_true(submit_rec(s, &r[i], prompt + i, 6, max_tokens, 0.0f, 0) > 0);
+	for (long k = 0; !ctrl_sched_drained(s); k++) {
+		assert_true(ctrl_sched_poll(s) >= 0);
+		assert_true(k < 100000000L); /* a hang, not a slow machine */
+	}
+	*full = 0;
+	for (int32_t k = 0; k < rc->n_log; k++) {
+		const struct logged_mb *m = &rc->log[k];
+
+		if (m->n_logit == m->n_cols && m->n_cols > 0) {
+			n++; /* decode columns only */
+			*full += m->n_cols == 8;
+		}
+	}
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(r[i].n, max_tokens);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(&rc->base);
+	return n;
+}
+
+static void one_stage_decodes_ride_in_one_launch_when_asked(void **state)
+{
+	int32_t full_on, full_off;
+	int32_t on = decode_launches_with_late_arrivals(1, 40, &full_on);
+	int32_t off = decode_launches_with_late_arrivals(0, 40, &full_off);
+
+	(void)state;
+	printf("decode-only launches for 8 requests of 40 tokens: %d (%d with all 8) one launch, "
+	       "%d (%d with all 8) groups take what is ready\n", on, full_on, off, full_off);
+	/* the late four join the early four: about one launch per token */
+	assert_true(on <= 40 + 8);
+	assert_true(full_on >= 25);
+	/* without the rule the two arrival waves keep alternating groups */
+	assert_true(off > on + 20);
+}
+
 static void replicas_share_the_load_and_each_output_matches_its_solo_run(void **state)
 {
 	enum { N = 30, R = 3 };
@@ -664,6 +737,7 @@ int main(void)
 		cmocka_unit_test(a_dead_stage_fails_exactly_the_requests_in_its_micro_batch),
 		cmocka_unit_test(a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go_on),
 		cmocka_unit_test(decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_batch),
+		cmocka_unit_test(one_stage_decodes_ride_in_one_launch_when_asked),
 		cmocka_unit_test(replicas_share_the_load_and_each_output_matches_its_solo_run),
 		cmocka_unit_test(submit_and_cancel_from_four_threads_while_the_scheduler_runs),
 		cmocka_unit_test(bad_requests_are_refused_at_submit),
