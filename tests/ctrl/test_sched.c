@@ -561,9 +561,10 @@ static void one_stage_decodes_ride_in_one_launch_when_asked(void **state)
 	       "%d (%d with all 8) groups take what is ready\n", on, full_on, off, full_off);
 	/* the late four join the early four: about one launch per token */
 	assert_true(on <= 40 + 8);
-	assert_true(full_on >= 25);
-	/* without the rule the two arrival waves keep alternating groups */
-	assert_true(off > on + 20);
+	assert_true(full_on >= 34);
+	/* without the rule the two waves alternate groups: 78 launches of 4 on an
+	 * idle machine, fewer under load (the second wave may find the first
+	 * group back); printed as the reference, not asserted */
 }
 
 static void replicas_share_the_load_and_each_output_matches_its_solo_run(void **state)
