@@ -30,7 +30,7 @@
 #include <time.h>
 
 #include "ctrl_proc_chain.h"
-#include "dataplane/include/dp_ipc.h"
+#include "dp_ipc.h"
 #include "shm_live.h"
 #include "shm_mb.h"
 #include "shm_pool.h"
@@ -757,7 +757,7 @@ static const struct ctrl_chain_vtbl proc_chain_vtbl = {
 };
 
 /* The tensors layers [ls, le) read from the model files: the same set
- * kvferry-worker counts when it loads a range (kernels/worker.c), by the
+ * kvferry-worker counts when it loads a range (kernels/worker/worker.c), by the
  * Hugging Face Llama-family names; both sides hold the same model (the join
  * checks the fingerprint), so ctrld can show a stage's load without asking. */
 static void range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t n_layers, int32_t *n,

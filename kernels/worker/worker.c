@@ -53,7 +53,7 @@
 #include "shm_region.h"
 #include "worker_hop.h"
 #if KVF_HAVE_CUDA
-#include "cuda/kn_cuda.h"
+#include "kn_cuda.h"
 #endif
 
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");

@@ -2,7 +2,7 @@
 /*
  * kvferry-worker's hops (see worker_hop.h).
  *
- * The dataplane side follows dataplane/include/dp_ipc.h, a header-only
+ * The dataplane side follows dataplane/ipc/dp_ipc.h, a header-only
  * shared-memory ABI (ring names, descriptor conventions): the worker links
  * nothing of the dataplane. Invariants:
  *  - A buffer handed to dp.tx stays untouched until its completion comes back
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dataplane/include/dp_ipc.h"
+#include "dp_ipc.h"
 #include "shm_pool.h"
 #include "worker_hop.h"
 

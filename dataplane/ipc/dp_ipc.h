@@ -33,7 +33,37 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp_wire.h"
+/** Message types: the wire header's `type`, and what a client puts in a send
+ *  descriptor's type (dp_wire.h frames them). */
+enum dp_msg_type {
+	DP_MT_MBATCH = 1,  /**< micro-batch: column metadata + rows/token ids + in-band ops */
+	DP_MT_KVPAGE = 2,  /**< KV page write: room, destination block ids, layer range, data */
+	DP_MT_CONTROL = 3, /**< control message between ctrld instances */
+	DP_MT_ACK = 4,     /**< cumulative + selective ACK and credit; body dp_wire_ack */
+	DP_MT_HELLO = 5,   /**< hello / keepalive: announces node id, epoch, MAC, IP, port */
+	DP_MT_MAX_ = 6,
+};
+
+/** Why a frame was refused: also the drop-counter index (dp_stats). */
+enum dp_drop_reason {
+	DP_DROP_NONE = 0,
+	DP_DROP_SHORT,       /**< shorter than the headers it claims */
+	DP_DROP_NOT_IP4UDP,  /**< not IPv4/UDP, IP options, fragments, or lengths inconsistent */
+	DP_DROP_PORT,        /**< UDP destination port is not ours */
+	DP_DROP_MAGIC,       /**< magic or version differ */
+	DP_DROP_HDR_CSUM,    /**< header CRC mismatch */
+	DP_DROP_BAD_FIELD,   /**< type, fragment or length fields inconsistent */
+	DP_DROP_PAYLOAD_CSUM,/**< payload CRC mismatch */
+	DP_DROP_NOT_FOR_US,  /**< dst_node is another node */
+	DP_DROP_UNKNOWN_PEER,/**< src_node not in the peer table */
+	DP_DROP_STALE_EPOCH, /**< frame from a previous incarnation of either end */
+	DP_DROP_DUP,         /**< already received */
+	DP_DROP_WINDOW,      /**< beyond the receive window or the granted credit */
+	DP_DROP_NOBUF,       /**< no reassembly buffer free */
+	DP_DROP_IMPAIR,      /**< dropped by the test-only impairment option */
+	DP_DROP_TXFULL,      /**< our transmit queue refused the frame */
+	DP_DROP_MAX_,
+};
 
 #ifdef __cplusplus
 extern "C" {
