@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the HTTP layer: the server, a generation request, and the
- * helpers http.c, http_openai.c and http_stats.c share. */
+ * helpers http.c, http_openai.c and http_stats.c share (the byte buffer, the
+ * clock and the replies live in http_reply.c, below all three). */
 #ifndef CTRL_HTTP_INT_H
 #define CTRL_HTTP_INT_H
 

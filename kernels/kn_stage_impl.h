@@ -10,7 +10,8 @@
  *
  *  - kn_stage_create() checks the options (layer range, slots, plans) and
  *    calls the backend's create (kn_cpu_stage_create / kn_cuda_stage_create).
- *    The backend calls kn_stage_base_init() first, which copies the options,
+ *    The backend calls kn_stage_base_init() (kn_stage_base.c, below both the
+ *    dispatcher and the backends) first, which copies the options,
  *    sorts nothing (plans must already ascend) and allocates the host block
  *    table (every entry -1).
  *  - kn_stage_apply_ops() validates and applies each op to the host block
