@@ -105,6 +105,64 @@ static void req_free(struct sched_req *r)
 	free(r);
 }
 
+/*
+ * Hand an event to its request's callback, or, inside a poll, keep a copy for
+ * flush(), which runs once the poll's launches are out: measured on the H200
+ * (1B, 64 clients) the callbacks of one round (a mutex, a queue push and an
+ * MHD resume each) held the next launch back by ~0.3 ms, a fifth of a step.
+ * Events keep their order, one request's finish after its tokens.
+ */
+static void emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev)
+{
+	struct sched_pend *p;
+
+	if (!s->defer)
+		goto now;
+	if (s->n_pend == s->cap_pend) {
+		int32_t cap = s->cap_pend ? s->cap_pend * 2 : 64;
+		struct sched_pend *np = realloc(s->pend, sizeof(*np) * (size_t)cap);
+
+		if (np == NULL) {
+			/* out of memory: deliver what is held, then this one, in order */
+			for (int32_t i = 0; i < s->n_pend; i++)
+				s->pend[i].cb(s->pend[i].cb_arg, &s->pend[i].ev);
+			s->n_pend = 0;
+			goto now;
+		}
+		s->pend = np;
+		s->cap_pend = cap;
+	}
+	p = &s->pend[s->n_pend++];
+	p->cb = cb;
+	p->cb_arg = arg;
+	p->ev = *ev;
+	if (ev->n_top > 0 && ev->top_ids != NULL && ev->top_logprobs != NULL) {
+		int32_t n = ev->n_top < CTRL_CHAIN_MAX_LOGPROBS ? ev->n_top : CTRL_CHAIN_MAX_LOGPROBS;
+
+		memcpy(p->top_ids, ev->top_ids, sizeof(int32_t) * (size_t)n);
+		memcpy(p->top_lps, ev->top_logprobs, sizeof(float) * (size_t)n);
+		p->ev.n_top = n;
+	}
+	if (ev->message != NULL)
+		snprintf(p->msg, sizeof(p->msg), "%s", ev->message);
+	return;
+now:
+	cb(arg, ev);
+}
+
+static void flush(struct ctrl_sched *s)
+{
+	for (int32_t i = 0; i < s->n_pend; i++) {
+		struct sched_pend *p = &s->pend[i];
+
+		p->ev.top_ids = p->ev.n_top > 0 ? p->top_ids : NULL;
+		p->ev.top_logprobs = p->ev.n_top > 0 ? p->top_lps : NULL;
+		p->ev.message = p->ev.message != NULL ? p->msg : NULL;
+		p->cb(p->cb_arg, &p->ev);
+	}
+	s->n_pend = 0;
+}
+
 /* Tell the client and drop a request that is not in a slot. */
 static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why,
 		       int32_t token, const char *msg)
@@ -120,7 +178,7 @@ static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_fini
 	if (why == CTRL_FINISH_ERROR)
 		s->st.errors++;
 	atomic_fetch_sub_explicit(&s->load, r->need, memory_order_relaxed);
-	r->cb(r->cb_arg, &ev);
+	emit(s, r->cb, r->cb_arg, &ev);
 	req_free(r);
 }
 
@@ -184,7 +242,7 @@ static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, str
 		.n_generated = r->n_gen, .message = NULL,
 		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
 	};
-	r->cb(r->cb_arg, &ev);
+	emit(s, r->cb, r->cb_arg, &ev);
 	if (r->n_gen >= r->max_tokens) {
 		slot_finish(s, i, CTRL_FINISH_LENGTH, -1, NULL);
 		return 1;
@@ -790,7 +848,20 @@ double ctrl_sched_load(struct ctrl_sched *s)
 
 /* ---- the poll loop ---- */
 
+static int poll_body(struct ctrl_sched *s);
+
 int ctrl_sched_poll(struct ctrl_sched *s)
+{
+	int rc;
+
+	s->defer = 1;
+	rc = poll_body(s);
+	s->defer = 0;
+	flush(s);
+	return rc;
+}
+
+static int poll_body(struct ctrl_sched *s)
 {
 	int busy = 0, n, rc = 0;
 
@@ -992,6 +1063,7 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 		free(s->groups[k].ent);
 	}
 	free(s->cancels);
+	free(s->pend);
 	pthread_mutex_destroy(&s->st_lock);
 	pthread_mutex_destroy(&s->lock);
 	free(s->draft);

@@ -79,12 +79,27 @@ struct sched_group {
 	struct sched_ent *ent;    /* [width] */
 };
 
+/* An event held until the poll's launches are out (a copy: the result buffers
+ * it points into are reused by the next round). */
+struct sched_pend {
+	ctrl_token_cb cb;
+	void *cb_arg;
+	struct ctrl_event ev;
+	int32_t top_ids[CTRL_CHAIN_MAX_LOGPROBS];
+	float top_lps[CTRL_CHAIN_MAX_LOGPROBS];
+	char msg[320];
+};
+
 struct ctrl_sched {
 	struct ctrl_chain *chain;
 	struct ctrl_chain_info ci;
 	struct ctrl_sched_opts o;
 	int32_t n_slots, n_blocks, n_groups, mb_cols, pf_cols, mbps, ctx;
 	int one_launch;               /* ctrl_sched_opts.one_launch_decode */
+	/* Events of one poll, delivered after its launches (emit() / flush()) */
+	struct sched_pend *pend;
+	int32_t n_pend, cap_pend;
+	int defer;
 	struct shm_blkpool *pool;
 	struct sched_slot *slots;
 	int32_t *blk_mem;
