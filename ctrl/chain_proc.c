@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chain_proc_int.h"
 #include "ctrl_proc_chain.h"
 #include "dp_ipc.h"
 #include "shm_live.h"
@@ -39,75 +40,6 @@
 
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
 static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
-
-#define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
-#define PC_LIVE_EVERY_NS 50000000ull
-#define PC_REJOIN_NS 3000000000ull
-#define PC_RESEND_NS 5000000000ull
-
-enum pc_state {
-	PC_UP = 0,
-	PC_JOINING = 1, /* JOIN sent, waiting for it to come back */
-	PC_POOLING = 2, /* POOL sent */
-};
-
-struct pc_grp {
-	int busy, done;
-	uint64_t seq, t_submit;
-	int32_t n_cols;
-	int32_t n_sent;      /* columns in the message (tainted ones left out) */
-	int32_t n_failed;    /* columns failed alone: cst[i] < 0 */
-	int status;
-	int32_t *tokens;
-	float *lps;
-	int32_t *cst;        /* [max_cols] per-column status */
-	int32_t n_top;       /* top logprobs per column in the result */
-	int32_t *top_ids;    /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
-	float *top_lps;
-	int32_t *sent;       /* [max_cols] original index of each sent column */
-	char err[CTRL_CHAIN_ERRLEN];
-};
-
-struct proc_chain {
-	struct ctrl_chain base;
-	struct ctrl_proc_chain_opts o;
-	FILE *log;
-	const struct kn_model *m;
-	uint64_t fp;
-	int32_t n_layers;
-	struct shm_region *reg;
-	int created;
-	struct shm_ring *first, *ret, *ev;
-	struct shm_pool *rx_small, *rx_large;
-	uint64_t out_off;
-	size_t buf_bytes;
-	int32_t n_bufs, max_cols, max_ops, setup_flip;
-	struct ctrl_chain_info info;
-	int32_t ends[CTRL_CHAIN_MAX_STAGES];
-	struct shm_mb_stage st[SHM_MB_MAX_STAGES];
-	int stage_up[SHM_MB_MAX_STAGES];
-	enum pc_state state;
-	uint16_t wire_version; /* micro-batches go out in the oldest version a stage speaks */
-	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
-	int setup_ok;        /* the synchronous setup finished */
-	int32_t n_blocks;    /* fixed at the first setup */
-	uint8_t *touched, *tainted;
-	struct pc_grp *g;
-	uint32_t *done;
-	int32_t done_head, done_n;
-	uint64_t t_first, t_last;
-	struct ctrl_chain_stage_stats sst[CTRL_CHAIN_MAX_STAGES];
-	char down_why[CTRL_CHAIN_ERRLEN];
-	uint64_t down_ns;    /* when the chain last went down */
-};
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void sleep_us(long us)
 {
@@ -747,7 +679,7 @@ static void pc_destroy(struct ctrl_chain *cc)
 	free(c);
 }
 
-static const struct ctrl_chain_vtbl proc_chain_vtbl = {
+const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.name = "worker-processes",
 	.info = pc_info,
 	.submit = pc_submit,
@@ -755,145 +687,6 @@ static const struct ctrl_chain_vtbl proc_chain_vtbl = {
 	.stats = pc_stats,
 	.destroy = pc_destroy,
 };
-
-/* The tensors layers [ls, le) read from the model files: the same set
- * kvferry-worker counts when it loads a range (kernels/worker/worker.c), by the
- * Hugging Face Llama-family names; both sides hold the same model (the join
- * checks the fingerprint), so ctrld can show a stage's load without asking. */
-static void range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t n_layers, int32_t *n,
-			  uint64_t *bytes)
-{
-	static const char *const per_layer[] = {
-		"input_layernorm.weight", "post_attention_layernorm.weight",
-		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-		"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
-		"self_attn.v_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-	};
-	const struct kn_tensor *t;
-	char name[128];
-	const char *extra[3];
-	int n_extra = 0;
-
-	*n = 0;
-	*bytes = 0;
-	for (int32_t l = ls; l < le; l++)
-		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
-			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
-			if ((t = kn_model_tensor(m, name)) != NULL) {
-				(*n)++;
-				*bytes += t->nbytes;
-			}
-		}
-	if (ls == 0)
-		extra[n_extra++] = "model.embed_tokens.weight";
-	if (le == n_layers) {
-		extra[n_extra++] = "model.norm.weight";
-		/* a tied head reads the embedding on the last stage too */
-		extra[n_extra++] = kn_model_tensor(m, "lm_head.weight") != NULL ? "lm_head.weight"
-				   : ls != 0 ? "model.embed_tokens.weight" : NULL;
-	}
-	for (int i = 0; i < n_extra; i++)
-		if (extra[i] != NULL && (t = kn_model_tensor(m, extra[i])) != NULL) {
-			(*n)++;
-			*bytes += t->nbytes;
-		}
-}
-
-int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_stage *out)
-{
-	struct proc_chain *c = (struct proc_chain *)cc;
-	const struct shm_mb_stage *s;
-
-	if (cc == NULL || cc->vt != &proc_chain_vtbl || i < 0 || i >= c->o.n_stages)
-		return -EINVAL;
-	s = &c->st[i];
-	memset(out, 0, sizeof(*out));
-	out->layer_start = s->layer_start;
-	out->layer_end = s->layer_end;
-	out->pid = s->pid;
-	out->node = s->node;
-	out->n_blocks = s->n_blocks;
-	snprintf(out->role, sizeof(out->role), "%s", s->role);
-	snprintf(out->backend, sizeof(out->backend), "%s", s->backend);
-	out->up = c->state == PC_UP && c->stage_up[i];
-	out->weight_bytes = s->weight_bytes;
-	out->kv_bytes = s->kv_bytes;
-	out->load_ns = s->load_ns;
-	range_tensors(c->m, i == 0 ? 0 : c->ends[i - 1], c->ends[i], c->n_layers, &out->n_tensors,
-		      &out->tensor_bytes);
-	if (c->state == PC_UP) {
-		out->state = "ready";
-	} else {
-		/* Re-forming: a lost stage is down until every stage answered the
-		 * join (its restarted worker loads its range first); the others
-		 * kept their weights and wait in the join. */
-		out->state = !c->stage_up[i] ? "down" : c->state == PC_JOINING ? "rejoining" : "pooling";
-		out->state_ms = c->down_ns != 0 ? (mono_ns() - c->down_ns) / 1000000u : 0;
-	}
-	return 0;
-}
-
-static void shm_ring_obj(struct ctrl_proc_shm *out, struct shm_region *r, const char *name)
-{
-	struct shm_ring *q;
-	struct ctrl_proc_shm_obj *o;
-
-	if (out->n_rings >= CTRL_PROC_SHM_MAX || (q = shm_ring_lookup(r, name)) == NULL)
-		return;
-	o = &out->ring[out->n_rings++];
-	snprintf(o->name, sizeof(o->name), "%s", name);
-	o->used = shm_ring_count(q);
-	o->capacity = shm_ring_capacity(q);
-	out->ring_entries += o->used;
-	shm_ring_close(q);
-}
-
-static void shm_pool_obj(struct ctrl_proc_shm *out, struct shm_region *r, const char *name)
-{
-	struct shm_pool *p;
-	struct ctrl_proc_shm_obj *o;
-
-	if (out->n_pools >= CTRL_PROC_SHM_MAX || (p = shm_pool_lookup(r, name)) == NULL)
-		return;
-	o = &out->pool[out->n_pools++];
-	snprintf(o->name, sizeof(o->name), "%s", name);
-	o->capacity = shm_pool_count(p);
-	o->used = o->capacity - shm_pool_available(p);
-	out->pool_buffers += o->capacity;
-	out->pool_available += o->capacity - o->used;
-	shm_pool_close(p);
-}
-
-int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
-{
-	struct proc_chain *c = (struct proc_chain *)cc;
-	static const char *const dp_rings[] = { DP_RING_TX, DP_RING_TXC, DP_RING_RX, DP_RING_EV };
-	char name[SHM_NAME_MAX];
-
-	if (cc == NULL || cc->vt != &proc_chain_vtbl)
-		return -EINVAL;
-	memset(out, 0, sizeof(*out));
-	/* By name, not by the chain's handles: the stage rings between workers
-	 * of this node are not ctrld's, and a lookup opens its own handle. */
-	for (int32_t k = 0; k < c->o.n_stages; k++) {
-		snprintf(name, sizeof(name), "serve.s%d.in", k);
-		if (k > 0 || strcmp(name, c->o.first_ring) != 0)
-			shm_ring_obj(out, c->reg, name);
-	}
-	shm_ring_obj(out, c->reg, c->o.first_ring);
-	if (c->o.return_ring != NULL)
-		shm_ring_obj(out, c->reg, c->o.return_ring);
-	for (size_t i = 0; i < sizeof(dp_rings) / sizeof(dp_rings[0]); i++)
-		shm_ring_obj(out, c->reg, dp_rings[i]);
-	shm_pool_obj(out, c->reg, DP_POOL_RX_SMALL);
-	shm_pool_obj(out, c->reg, DP_POOL_RX_LARGE);
-	for (int32_t i = 0; i < c->o.max_groups; i++)
-		out->groups_busy += c->g[i].busy != 0;
-	for (int32_t i = 0; i < c->info.n_slots; i++)
-		out->tainted_slots += c->tainted[i] != 0;
-	return 0;
-}
 
 /* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
 static int setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen)
@@ -952,7 +745,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		errno = ENOMEM;
 		return NULL;
 	}
-	c->base.vt = &proc_chain_vtbl;
+	c->base.vt = &ctrl_proc_chain_vtbl;
 	c->o = *o;
 	c->log = o->log != NULL ? o->log : stderr;
 	c->m = m;

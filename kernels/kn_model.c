@@ -701,6 +701,45 @@ const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *na
 	return bsearch(&key, m->tensors, m->n_tensors, sizeof(key), tensor_cmp);
 }
 
+void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t *n, uint64_t *bytes)
+{
+	static const char *const per_layer[] = {
+		"input_layernorm.weight", "post_attention_layernorm.weight",
+		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+		"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+		"self_attn.v_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+	};
+	const struct kn_tensor *t;
+	char name[128];
+	const char *extra[3];
+	int n_extra = 0;
+
+	*n = 0;
+	*bytes = 0;
+	for (int32_t l = ls; l < le; l++)
+		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
+			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
+			if ((t = kn_model_tensor(m, name)) != NULL) {
+				(*n)++;
+				*bytes += t->nbytes;
+			}
+		}
+	if (ls == 0)
+		extra[n_extra++] = "model.embed_tokens.weight";
+	if (le == m->cfg.n_layers) {
+		extra[n_extra++] = "model.norm.weight";
+		/* a tied head reads the embedding on the last stage too */
+		extra[n_extra++] = kn_model_tensor(m, "lm_head.weight") != NULL ? "lm_head.weight"
+				   : ls != 0 ? "model.embed_tokens.weight" : NULL;
+	}
+	for (int i = 0; i < n_extra; i++)
+		if (extra[i] != NULL && (t = kn_model_tensor(m, extra[i])) != NULL) {
+			(*n)++;
+			*bytes += t->nbytes;
+		}
+}
+
 uint64_t kn_model_fingerprint(const struct kn_model *m)
 {
 	return m->fingerprint;

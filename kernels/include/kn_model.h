@@ -100,6 +100,18 @@ const char *kn_model_dir(const struct kn_model *m);
 const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *name);
 
 /**
+ * The tensors a stage holding layers [@p ls, @p le) reads from the model
+ * files (Hugging Face Llama-family names; the first stage adds the
+ * embedding, the last the final norm and the LM head, or the embedding again
+ * when the head is tied), so a loader can say what it moves before it starts
+ * and ctrld can show a stage's load without asking the worker.
+ * @param n      receives the tensor count
+ * @param bytes  receives their stored bytes
+ * Threading: read-only on @p m; any thread.
+ */
+void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t *n, uint64_t *bytes);
+
+/**
  * A stable 64-bit identity of the model (config + tensor names, shapes and a
  * sample of weight bytes): two processes holding different models disagree.
  */

@@ -147,51 +147,6 @@ __attribute__((format(printf, 3, 4))) static void fmt(char *b, size_t n, const c
 		fputc('\n', stderr);                                                       \
 	} while (0)
 
-/* Count the tensors (and their stored bytes) that layers [ls, le) need, so
- * the log can show what a load moves before it starts. */
-static void range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int first, int last,
-			  int *n, size_t *bytes)
-{
-	static const char *const per_layer[] = {
-		"input_layernorm.weight", "post_attention_layernorm.weight",
-		"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-		"self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-		"mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
-		"self_attn.v_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-	};
-	char name[128];
-	const struct kn_tensor *t;
-
-	*n = 0;
-	*bytes = 0;
-	for (int32_t l = ls; l < le; l++)
-		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
-			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
-			t = kn_model_tensor(m, name);
-			if (t != NULL) {
-				(*n)++;
-				*bytes += t->nbytes;
-			}
-		}
-	if (first && (t = kn_model_tensor(m, "model.embed_tokens.weight")) != NULL) {
-		(*n)++;
-		*bytes += t->nbytes;
-	}
-	if (last) {
-		if ((t = kn_model_tensor(m, "model.norm.weight")) != NULL) {
-			(*n)++;
-			*bytes += t->nbytes;
-		}
-		if ((t = kn_model_tensor(m, "lm_head.weight")) != NULL) {
-			(*n)++;
-			*bytes += t->nbytes;
-		} else if (!first && (t = kn_model_tensor(m, "model.embed_tokens.weight")) != NULL) {
-			(*n)++; /* tied head: the last stage reads the embedding too */
-			*bytes += t->nbytes;
-		}
-	}
-}
-
 static int same_shape(const struct shm_mb_setup *a, const struct shm_mb_setup *b, int32_t idx)
 {
 	return a->stage[idx].layer_start == b->stage[idx].layer_start
@@ -210,8 +165,8 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	const struct shm_mb_stage *a = &s->stage[idx];
 	const struct kn_model_config *cfg = kn_model_config(w->m);
 	struct kn_stage_opts so;
-	int n_t;
-	size_t t_bytes;
+	int32_t n_t;
+	uint64_t t_bytes;
 	uint64_t t0;
 
 	if (w->st != NULL && w->idx == idx && same_shape(&w->cur, s, idx))
@@ -237,8 +192,7 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 		so.plan_widths[p] = shm_mb_setup_plan(s, p);
 	so.n_threads = w->o.threads > 0 ? w->o.threads : s->n_threads;
 	so.device = w->o.device;
-	range_tensors(w->m, a->layer_start, a->layer_end, a->layer_start == 0,
-		      a->layer_end == cfg->n_layers, &n_t, &t_bytes);
+	kn_model_range_tensors(w->m, a->layer_start, a->layer_end, &n_t, &t_bytes);
 	LOG(w, "loading stage %d: layers %d..%d of %d%s%s: %d tensors, %.1f MiB from %s (%s backend)",
 	    idx, a->layer_start, a->layer_end, cfg->n_layers, a->layer_start == 0 ? " + embedding" : "",
 	    a->layer_end == cfg->n_layers ? " + norm and LM head" : "", n_t, t_bytes / 1048576.0,

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to the worker chain (chain_proc.c: protocol, liveness, the
+ * vtable; chain_proc_view.c: what ctrlctl shows of it). */
+#ifndef CTRL_CHAIN_PROC_INT_H
+#define CTRL_CHAIN_PROC_INT_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "ctrl_chain.h"
+#include "ctrl_proc_chain.h"
+#include "shm_mb.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+#define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
+#define PC_LIVE_EVERY_NS 50000000ull
+#define PC_REJOIN_NS 3000000000ull
+#define PC_RESEND_NS 5000000000ull
+
+enum pc_state {
+	PC_UP = 0,
+	PC_JOINING = 1, /* JOIN sent, waiting for it to come back */
+	PC_POOLING = 2, /* POOL sent */
+};
+
+struct pc_grp {
+	int busy, done;
+	uint64_t seq, t_submit;
+	int32_t n_cols;
+	int32_t n_sent;      /* columns in the message (tainted ones left out) */
+	int32_t n_failed;    /* columns failed alone: cst[i] < 0 */
+	int status;
+	int32_t *tokens;
+	float *lps;
+	int32_t *cst;        /* [max_cols] per-column status */
+	int32_t n_top;       /* top logprobs per column in the result */
+	int32_t *top_ids;    /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
+	float *top_lps;
+	int32_t *sent;       /* [max_cols] original index of each sent column */
+	char err[CTRL_CHAIN_ERRLEN];
+};
+
+struct proc_chain {
+	struct ctrl_chain base;
+	struct ctrl_proc_chain_opts o;
+	FILE *log;
+	const struct kn_model *m;
+	uint64_t fp;
+	int32_t n_layers;
+	struct shm_region *reg;
+	int created;
+	struct shm_ring *first, *ret, *ev;
+	struct shm_pool *rx_small, *rx_large;
+	uint64_t out_off;
+	size_t buf_bytes;
+	int32_t n_bufs, max_cols, max_ops, setup_flip;
+	struct ctrl_chain_info info;
+	int32_t ends[CTRL_CHAIN_MAX_STAGES];
+	struct shm_mb_stage st[SHM_MB_MAX_STAGES];
+	int stage_up[SHM_MB_MAX_STAGES];
+	enum pc_state state;
+	uint16_t wire_version; /* micro-batches go out in the oldest version a stage speaks */
+	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
+	int setup_ok;        /* the synchronous setup finished */
+	int32_t n_blocks;    /* fixed at the first setup */
+	uint8_t *touched, *tainted;
+	struct pc_grp *g;
+	uint32_t *done;
+	int32_t done_head, done_n;
+	uint64_t t_first, t_last;
+	struct ctrl_chain_stage_stats sst[CTRL_CHAIN_MAX_STAGES];
+	char down_why[CTRL_CHAIN_ERRLEN];
+	uint64_t down_ns;    /* when the chain last went down */
+};
+
+/* The chain's vtable: a ctrl_chain is a worker chain when it points here. */
+extern const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl;
+
+static inline uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#endif /* CTRL_CHAIN_PROC_INT_H */
