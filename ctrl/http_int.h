@@ -147,6 +147,13 @@ enum MHD_Result http_generate_resume(struct ctrl_http *h, struct MHD_Connection 
 enum MHD_Result http_tokenize(struct ctrl_http *h, struct MHD_Connection *c, json_t *req);
 enum MHD_Result http_detokenize(struct ctrl_http *h, struct MHD_Connection *c, json_t *req);
 void gen_unref(struct gen *g);
+/* http_gen.c: the request's life (see there). */
+void gen_on_event(void *arg, const struct ctrl_event *ev);
+void gen_pump(struct gen *g);
+int gen_suspend(struct gen *g);
+int http_peer_closed(struct MHD_Connection *c);
+/* http_body.c: MHD's reader of a streamed body. */
+ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
 void gen_connection_closed(struct gen *g);
 
 /* http_stats.c */

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A generation request between its connection and the backend: the request
+ * object and its reference count, the events the backend queues
+ * (gen_on_event, on the scheduler thread: queue only), and the pump that
+ * turns them into text, stop-string cuts and logprob entries on the
+ * connection's MHD thread (gen_pump), so a slow client or a long decode
+ * never holds up the scheduler.
+ *
+ * Stop strings: the text is cut where the first stop string starts and the
+ * backend request is cancelled. While streaming, a tail of the text that
+ * could still grow into a stop string (it equals a stop string's prefix) is
+ * held back (http_body.c), so no part of a stop string is ever sent.
+ *
+ * Logprobs: each token event carries the chosen token's logprob and the
+ * request's top alternatives. They are kept per token with the byte offset
+ * where the token's text starts, so a streamed chunk carries exactly the
+ * tokens whose text starts in it, and tokens past a stop-string cut are not
+ * reported.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "http_int.h"
+
+/* ---- the request object ---- */
+
+static void gen_free(struct gen *g)
+{
+	struct ctrl_http *h = g->h;
+
+	pthread_mutex_lock(&h->mu);
+	if (g->prev)
+		g->prev->next = g->next;
+	else if (h->gens == g)
+		h->gens = g->next;
+	if (g->next)
+		g->next->prev = g->prev;
+	pthread_mutex_unlock(&h->mu);
+	for (int i = 0; i < g->n_stops; i++)
+		free(g->stops[i]);
+	free(g->stops);
+	free(g->q);
+	free(g->lp);
+	free(g->backend_err);
+	free(g->fail_msg);
+	kn_tok_stream_free(g->ds);
+	sbuf_free(&g->text);
+	sbuf_free(&g->out);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+	atomic_fetch_sub(&h->active, 1);
+}
+
+void gen_unref(struct gen *g)
+{
+	if (atomic_fetch_sub(&g->refs, 1) == 1)
+		gen_free(g);
+}
+
+/* Backend thread: queue the event and wake the connection. */
+void gen_on_event(void *arg, const struct ctrl_event *ev)
+{
+	struct gen *g = arg;
+	struct http_ev e = {.token = ev->token, .logprob = ev->logprob, .n_generated = ev->n_generated,
+			    .finish = (int32_t)ev->finish};
+
+	if (ev->finish == CTRL_FINISH_NONE && ev->n_top > 0 && ev->top_ids && ev->top_logprobs) {
+		e.n_top = ev->n_top < HTTP_MAX_LOGPROBS ? ev->n_top : HTTP_MAX_LOGPROBS;
+		memcpy(e.top_ids, ev->top_ids, sizeof(int32_t) * (size_t)e.n_top);
+		memcpy(e.top_lps, ev->top_logprobs, sizeof(float) * (size_t)e.n_top);
+	}
+
+	pthread_mutex_lock(&g->mu);
+	if (g->qn == g->qcap) {
+		size_t cap = g->qcap ? g->qcap * 2 : 16;
+		struct http_ev *q = realloc(g->q, cap * sizeof(*q));
+		if (q) {
+			g->q = q;
+			g->qcap = cap;
+		}
+	}
+	if (g->qn < g->qcap) {
+		g->q[g->qn++] = e;
+	} else if (ev->finish == CTRL_FINISH_NONE) {
+		/* Out of memory: end the request rather than lose a token. */
+		g->cancel_sent = 1;
+		g->h->be.cancel(g->h->be.ctx, g->id);
+	}
+	if (ev->finish == CTRL_FINISH_NONE)
+		g->n_seen++;
+	if (ev->finish == CTRL_FINISH_ERROR && ev->message && !g->backend_err)
+		g->backend_err = strdup(ev->message);
+	if (ev->finish != CTRL_FINISH_NONE) {
+		g->backend_done = 1;
+		if (g->qn == g->qcap) {
+			/* Could not queue the finish: mark it so the connection ends. */
+			if (!g->backend_err)
+				g->backend_err = strdup("out of memory queueing the finish event");
+		}
+	}
+	if (g->suspended && !g->conn_gone) {
+		g->suspended = 0;
+		MHD_resume_connection(g->conn);
+	}
+	pthread_mutex_unlock(&g->mu);
+	if (ev->finish != CTRL_FINISH_NONE)
+		gen_unref(g);
+}
+
+static void gen_cancel(struct gen *g)
+{
+	int send;
+
+	pthread_mutex_lock(&g->mu);
+	send = !g->backend_done && !g->cancel_sent;
+	g->cancel_sent = 1;
+	pthread_mutex_unlock(&g->mu);
+	if (send)
+		g->h->be.cancel(g->h->be.ctx, g->id);
+}
+
+void gen_connection_closed(struct gen *g)
+{
+	int gone_early;
+
+	pthread_mutex_lock(&g->mu);
+	g->conn_gone = 1;
+	g->suspended = 0;
+	gone_early = !g->backend_done && !g->cancel_sent;
+	pthread_mutex_unlock(&g->mu);
+	if (gone_early) {
+		atomic_fetch_add(&g->h->client_cancels, 1);
+		gen_cancel(g);
+	}
+	gen_unref(g);
+}
+
+/* Cut the text at the first stop string that starts at or after @from. */
+static int match_stop(struct gen *g, size_t from)
+{
+	size_t best = SIZE_MAX;
+
+	for (int i = 0; i < g->n_stops; i++) {
+		const char *m = memmem(g->text.p + from, g->text.len - from, g->stops[i], strlen(g->stops[i]));
+		if (m && (size_t)(m - g->text.p) < best)
+			best = (size_t)(m - g->text.p);
+	}
+	if (best == SIZE_MAX)
+		return 0;
+	g->text.len = best;
+	g->text.p[best] = 0;
+	g->cut = 1;
+	return 1;
+}
+
+static void append_text(struct gen *g, const char *s, size_t n)
+{
+	size_t old = g->text.len, from;
+
+	if (!n)
+		return;
+	sbuf_add(&g->text, s, n);
+	if (!g->n_stops || g->done)
+		return;
+	from = old >= g->max_stop ? old - (g->max_stop - 1) : 0;
+	if (match_stop(g, from)) {
+		g->done = 1;
+		g->finish = "stop";
+		gen_cancel(g);
+	}
+}
+
+/* Keep a token's logprobs; its text starts at the current end of the output. */
+static void lp_add(struct gen *g, const struct http_ev *e)
+{
+	struct lp_ent *x;
+
+	if (g->lp_n == g->lp_cap) {
+		size_t cap = g->lp_cap ? g->lp_cap * 2 : 16;
+		struct lp_ent *p = realloc(g->lp, cap * sizeof(*p));
+
+		if (!p)
+			return; /* out of memory: the token goes unreported, the text does not */
+		g->lp = p;
+		g->lp_cap = cap;
+	}
+	x = &g->lp[g->lp_n++];
+	x->token = e->token;
+	x->logprob = e->logprob;
+	x->off = g->text.len;
+	x->n_top = e->n_top < g->lp_top ? e->n_top : g->lp_top;
+	memcpy(x->top_ids, e->top_ids, sizeof(int32_t) * (size_t)x->n_top);
+	memcpy(x->top_lps, e->top_lps, sizeof(float) * (size_t)x->n_top);
+}
+
+/* Connection thread: take queued events, decode them, apply stop strings. */
+void gen_pump(struct gen *g)
+{
+	struct http_ev *q;
+	size_t n;
+	char *berr;
+	char buf[512];
+
+	pthread_mutex_lock(&g->mu);
+	q = g->q;
+	n = g->qn;
+	g->q = NULL;
+	g->qn = g->qcap = 0;
+	berr = g->backend_err;
+	g->backend_err = NULL;
+	pthread_mutex_unlock(&g->mu);
+	for (size_t i = 0; i < n && !g->done; i++) {
+		const struct http_ev *e = &q[i];
+		ssize_t w;
+
+		if (e->finish == CTRL_FINISH_NONE) {
+			g->n_gen++;
+			if (g->lp_on)
+				lp_add(g, e);
+			w = kn_tok_stream_push(g->ds, e->token, buf, sizeof(buf));
+			if (w > 0)
+				append_text(g, buf, (size_t)w);
+			continue;
+		}
+		if (e->n_generated > g->n_gen)
+			g->n_gen = e->n_generated;
+		w = kn_tok_stream_flush(g->ds, buf, sizeof(buf));
+		if (w > 0)
+			append_text(g, buf, (size_t)w);
+		if (g->done)
+			break;
+		g->done = 1;
+		switch (e->finish) {
+		case CTRL_FINISH_LENGTH: g->finish = "length"; break;
+		case CTRL_FINISH_STOP: g->finish = "stop"; break;
+		case CTRL_FINISH_CANCELLED: g->finish = "abort"; break;
+		default:
+			g->failed = 1;
+			g->finish = "error";
+			break;
+		}
+	}
+	if (berr && !g->done) {
+		/* The finish event itself could not be queued. */
+		g->done = 1;
+		g->failed = 1;
+		g->finish = "error";
+	}
+	if (berr && !g->fail_msg)
+		g->fail_msg = berr;
+	else
+		free(berr);
+	free(q);
+}
+
+/* 0: suspended; 1: events arrived meanwhile (pump again); -1: shutting down. */
+int gen_suspend(struct gen *g)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&g->mu);
+	if (g->qn || g->backend_err)
+		rc = 1;
+	else if (atomic_load(&g->h->stopping))
+		rc = -1;
+	else {
+		g->suspended = 1;
+		MHD_suspend_connection(g->conn);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return rc;
+}
+
+int http_peer_closed(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	char b;
+	ssize_t n;
+
+	if (!ci)
+		return 0;
+	n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
