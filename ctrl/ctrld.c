@@ -66,7 +66,7 @@ static void on_signal(int sig)
 }
 
 struct daemon {
-	uint64_t spin_ns;             /* poll_spin_us, resolved for the backend */
+	double spin_s;                /* poll_spin_us, resolved for the backend */
 	struct ctrl_config *cfg;
 	const struct ctrl_settings *set;
 	struct kn_model *model;
@@ -578,14 +578,6 @@ static void teardown(struct daemon *d)
 	ctrl_config_free(d->cfg);
 }
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Poll the schedulers until @p done says stop; a poll failure is logged once.
  * Within poll_spin_us of the last poll that did something the loop polls
  * again at once: a GPU step returns in a millisecond or two, and a sleep
@@ -595,14 +587,14 @@ static uint64_t mono_ns(void)
 static void poll_once(struct daemon *d)
 {
 	static atomic_int reported;
-	static _Thread_local uint64_t last_busy;
+	static _Thread_local double last_busy;
 	int rc = ctrl_dispatch_poll(d->disp);
 
 	if (rc < 0 && !atomic_exchange(&reported, 1))
 		logmsg("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
 	if (rc != CTRL_SCHED_IDLE) {
-		last_busy = d->spin_ns ? mono_ns() : 0;
-	} else if (d->spin_ns && mono_ns() - last_busy < d->spin_ns) {
+		last_busy = d->spin_s > 0 ? now_s() : 0;
+	} else if (d->spin_s > 0 && now_s() - last_busy < d->spin_s) {
 		sched_yield();
 	} else {
 		struct timespec ts = {0, IDLE_SLEEP_NS};
@@ -713,8 +705,8 @@ int main(int argc, char **argv)
 	/* 1 us timer slack: the idle poll's 50 us sleep would otherwise last
 	 * up to 100 us (the default slack is 50 us) */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-	d.spin_ns = (uint64_t)(d.set->poll_spin_us >= 0 ? d.set->poll_spin_us
-				: d.set->backend == CTRL_CFG_BACKEND_CUDA ? 2000 : 0) * 1000u;
+	d.spin_s = (double)(d.set->poll_spin_us >= 0 ? d.set->poll_spin_us
+			    : d.set->backend == CTRL_CFG_BACKEND_CUDA ? 2000 : 0) * 1e-6;
 	rc = open_model(&d);
 	if (!rc)
 		rc = build_pipelines(&d);
