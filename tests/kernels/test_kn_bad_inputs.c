@@ -342,6 +342,51 @@ static void bad_columns_and_ops_are_refused_and_write_nothing(void **state)
 	kn_model_close(m);
 }
 
+static void steps_in_flight_are_bounded_and_misuse_is_refused_by_name(void **state)
+{
+	struct fixture *f = *state;
+	char err[512];
+	struct kn_model *m = kn_model_open(f->good, err, sizeof(err));
+	assert_non_null(m);
+	struct kn_stage *s = one_stage(m, 0, kn_model_config(m)->n_layers);
+	int32_t tok[KN_STEP_DEPTH + 1], solo;
+	struct kn_column col = { .token = 5, .pos = 0, .slot = 0, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+	struct kn_step step[KN_STEP_DEPTH + 1];
+	struct kn_op op = { KN_OP_SET_BLOCK, 0, 0, 1 };
+
+	assert_int_equal(kn_stage_apply_ops(s, &op, 1), 0);
+	assert_int_equal(kn_stage_step_wait(s), -EINVAL);
+	assert_non_null(strstr(kn_stage_error(s), "no step in flight"));
+	assert_int_equal(kn_stage_step_ready(s), 0);
+	for (int i = 0; i <= KN_STEP_DEPTH; i++)
+		step[i] = (struct kn_step){ .n_cols = 1, .cols = &col, .tokens_out = &tok[i] };
+	for (int i = 0; i < KN_STEP_DEPTH; i++)
+		assert_int_equal(kn_stage_step_submit(s, &step[i]), 0);
+	assert_int_equal(kn_stage_step_inflight(s), KN_STEP_DEPTH);
+	assert_int_equal(kn_stage_step_submit(s, &step[KN_STEP_DEPTH]), -EBUSY);
+	assert_non_null(strstr(kn_stage_error(s), "in flight"));
+	assert_int_equal(kn_stage_step(s, &step[KN_STEP_DEPTH]), -EBUSY);
+	assert_int_equal(kn_stage_set_pool(s, 8), -EBUSY);
+	assert_non_null(strstr(kn_stage_error(s), "wait for them first"));
+	/* a bad step is refused at submit and never counted */
+	col.token = kn_model_config(m)->vocab_size;
+	step[KN_STEP_DEPTH].cols = &col;
+	for (int i = 0; i < KN_STEP_DEPTH; i++) {
+		assert_int_equal(kn_stage_step_ready(s), 1);
+		assert_int_equal(kn_stage_step_wait(s), 0);
+	}
+	assert_int_equal(kn_stage_step_submit(s, &step[KN_STEP_DEPTH]), -EINVAL);
+	assert_int_equal(kn_stage_step_inflight(s), 0);
+	/* the submitted steps computed what one kn_stage_step computes */
+	col.token = 5;
+	step[KN_STEP_DEPTH].tokens_out = &solo;
+	assert_int_equal(kn_stage_step(s, &step[KN_STEP_DEPTH]), 0);
+	for (int i = 0; i < KN_STEP_DEPTH; i++)
+		assert_int_equal(tok[i], solo);
+	kn_stage_destroy(s);
+	kn_model_close(m);
+}
+
 static void bad_stage_options_are_refused(void **state)
 {
 	struct fixture *f = *state;
@@ -391,6 +436,7 @@ int main(void)
 		T(nan_weights_fail_the_step_naming_the_layer),
 		T(bad_columns_and_ops_are_refused_and_write_nothing),
 		T(bad_stage_options_are_refused),
+		T(steps_in_flight_are_bounded_and_misuse_is_refused_by_name),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
