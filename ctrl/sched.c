@@ -685,33 +685,44 @@ static int group_submit(struct ctrl_sched *s, struct sched_group *g)
 	return 1;
 }
 
-/* Pack group @p g from every ready sequence. @return columns packed. */
 /*
- * One stage: while a group is in flight, another carries only prefill, so
- * the sequences that decode all ride in one launch. With p stages the
- * groups fill the pipe; with one, two groups of decodes would each read
- * every weight for half the columns: the groups alternate and every
- * sequence advances every other step (H200, 1B, 8 clients: 2.5 ms per
- * token against a 1.26 ms step). A prefill group may still queue behind
- * the decodes, so a new prompt never waits for a host round trip.
+ * One stage (one_launch_decode): while a group with decodes is in flight or
+ * waiting for the transport, nothing else launches; prompt chunks ride in
+ * the decodes' launch (up to mb_cols), and a prefill-only group goes only
+ * when no sequence decodes. On a GPU any launch reads every weight, so a
+ * second launch costs about a whole step whatever it carries: two groups
+ * of decodes made every sequence advance every other step (H200, 1B, 8
+ * clients: 2.5 ms per token against a 1.26 ms step), and a prefill-only
+ * group queued between two decode launches added its own step to every
+ * sequence's time per token (1B, 256 clients: 4.4 ms against a 3.6 ms
+ * mixed step). The price is the host round trip between two launches.
  */
-static int one_stage_prefill_only(const struct ctrl_sched *s)
+static int one_stage_decodes_pending(const struct ctrl_sched *s)
 {
-	return s->one_launch && s->ci.n_stages == 1 && s->n_inflight > 0;
+	if (!s->one_launch || s->ci.n_stages != 1)
+		return 0;
+	for (int32_t k = 0; k < s->n_groups; k++) {
+		const struct sched_group *g = &s->groups[k];
+
+		if (g->has_decode && (g->state == GROUP_INFLIGHT || g->state == GROUP_PENDING))
+			return 1;
+	}
+	return 0;
 }
 
+/* Pack group @p g from every ready sequence. @return columns packed. */
 static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
 {
 	int32_t reserve = s->mb_cols / 4 > 1 ? s->mb_cols / 4 : 1;
-	int pf = prefill_ready(s);
+	int pf;
 
 	g->n_cols = g->n_ops = g->n_ent = 0;
-	if (one_stage_prefill_only(s)) {
-		if (pf)
-			pack_prefill(s, g, s->pf_cols);
-		return g->n_cols;
-	}
+	g->has_decode = 0;
+	if (one_stage_decodes_pending(s))
+		return 0;
+	pf = prefill_ready(s);
 	pack_decode(s, g, pf ? s->mb_cols - reserve : s->mb_cols);
+	g->has_decode = g->n_ent > 0;
 	if (pf)
 		pack_prefill(s, g, g->n_cols > 0 ? s->mb_cols : s->pf_cols);
 	return g->n_cols;

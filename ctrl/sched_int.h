@@ -73,6 +73,7 @@ enum sched_group_state {
 struct sched_group {
 	int state;                /* enum sched_group_state */
 	int32_t n_cols, n_ops, n_ent;
+	int has_decode;           /* packed with decode columns */
 	uint64_t t_launch;
 	struct kn_column *cols;   /* [width] kept for draft verification */
 	struct kn_op *ops;        /* [ops_cap] */

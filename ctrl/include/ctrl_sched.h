@@ -106,10 +106,10 @@ struct ctrl_sched_opts {
 	int32_t force_groups;      /**< > 0: exactly this many, below the floor too (tests and
 	                                benches that show what too few groups cost) */
 	int32_t mb_cols;           /**< columns of a micro-batch with decode work (mb_k) */
-	int one_launch_decode;     /**< one stage: decodes ride in one launch; a second group in
-	                                flight carries only prefill (for engines whose step costs
-	                                nearly the same at any width: the GPU). 0 = groups take
-	                                whatever is ready */
+	int one_launch_decode;     /**< one stage: every decode rides in one launch, prompt
+	                                chunks with it, and nothing else launches while it is out
+	                                (for engines whose step costs nearly the same at any
+	                                width: the GPU). 0 = groups take whatever is ready */
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
 	int32_t n_blocks;          /**< 0 = the chain's; else at most that */

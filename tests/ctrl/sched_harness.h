@@ -89,6 +89,8 @@ struct logged_mb {
 	int32_t slots[64];          /* distinct slots, first 64 */
 	int32_t n_slots;
 	int32_t has_slot_cols;      /* columns of rec_chain.watch_slot */
+	int32_t n_late;             /* columns at positions >= rec_chain.late_pos */
+	int32_t late_out;           /* launches with late columns in flight at this submit */
 };
 
 struct rec_chain {
@@ -97,6 +99,8 @@ struct rec_chain {
 	struct logged_mb *log;
 	int32_t n_log;
 	int32_t watch_slot;
+	int32_t late_pos;           /* a column this far into its sequence counts as late */
+	uint8_t late_group[256];    /* in flight, with late columns, by group */
 };
 
 static inline int rc_info(struct ctrl_chain *c, struct ctrl_chain_info *i)
@@ -108,13 +112,20 @@ static inline int rc_submit(struct ctrl_chain *c, uint32_t g, const struct kn_co
 			    int32_t n, const struct kn_op *ops, int32_t n_ops)
 {
 	struct rec_chain *rc = (struct rec_chain *)c;
+	int32_t late = 0;
+	int r;
 
+	for (int32_t i = 0; i < n; i++)
+		late += cols[i].pos >= rc->late_pos;
 	if (rc->n_log < LOG_MAX) {
 		struct logged_mb *m = &rc->log[rc->n_log++];
 
 		memset(m, 0, sizeof(*m));
 		m->n_cols = n;
 		m->n_ops = n_ops;
+		m->n_late = late;
+		for (int32_t k = 0; k < 256; k++)
+			m->late_out += rc->late_group[k];
 		for (int32_t i = 0; i < n; i++) {
 			int seen = 0;
 
@@ -126,12 +137,21 @@ static inline int rc_submit(struct ctrl_chain *c, uint32_t g, const struct kn_co
 				m->slots[m->n_slots++] = cols[i].slot;
 		}
 	}
-	return ctrl_chain_submit(rc->inner, g, cols, n, ops, n_ops);
+	r = ctrl_chain_submit(rc->inner, g, cols, n, ops, n_ops);
+	if (r == 0 && g < 256)
+		rc->late_group[g] = late > 0;
+	return r;
 }
 
 static inline int rc_poll(struct ctrl_chain *c, struct ctrl_chain_result *o, int max)
 {
-	return ctrl_chain_poll(((struct rec_chain *)c)->inner, o, max);
+	struct rec_chain *rc = (struct rec_chain *)c;
+	int n = ctrl_chain_poll(rc->inner, o, max);
+
+	for (int i = 0; i < n; i++)
+		if (o[i].group < 256)
+			rc->late_group[o[i].group] = 0;
+	return n;
 }
 
 static inline int rc_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st)
@@ -165,6 +185,7 @@ static inline struct rec_chain *rec_chain_wrap(struct ctrl_chain *inner)
 	rc->inner = inner;
 	rc->log = calloc(LOG_MAX, sizeof(*rc->log));
 	rc->watch_slot = -1;
+	rc->late_pos = INT32_MAX;
 	return rc;
 }
 

@@ -496,7 +496,14 @@ static void decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_
 
 /* Launches carrying decode columns when 4 requests start, then 4 more a few
  * polls later, on one stage: @p one_launch = ctrl_sched_opts.one_launch_decode. */
-static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_tokens, int32_t *full)
+/* What decode_launches_with_late_arrivals() saw besides its count. */
+struct late_run {
+	int32_t full;        /* decode-only launches with all 8 sequences */
+	int32_t beside;      /* launches sent while a launch with decodes was out */
+	int32_t mixed;       /* launches with decodes and prompt positions */
+};
+
+static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_tokens, struct late_run *lr)
 {
 	struct ctrl_fake_chain_opts fo;
 	struct rec_chain *rc;
@@ -516,6 +523,7 @@ static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_to
 	fo.col_ns = 1000;
 	fo.virtual_time = 0;
 	rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
+	rc->late_pos = 6; /* past the 6-token prompts: decode columns */
 	ctrl_sched_opts_init(&o);
 	o.mb_cols = 64;
 	o.prefill_cols = 64;
@@ -526,22 +534,27 @@ static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_to
 	make_prompt(prompt, 64, 5, 64);
 	for (int i = 0; i < 4; i++)
 		assert_true(submit_rec(s, &r[i], prompt + i, 6, max_tokens, 0.0f, 0) > 0);
-	for (int k = 0; k < 3; k++)
+	/* the late four arrive once the early four decode (their first token is out) */
+	for (long k = 0; r[0].n < 1; k++) {
 		assert_true(ctrl_sched_poll(s) >= 0);
+		assert_true(k < 100000000L);
+	}
 	for (int i = 4; i < 8; i++)
 		assert_true(submit_rec(s, &r[i], prompt + i, 6, max_tokens, 0.0f, 0) > 0);
 	for (long k = 0; !ctrl_sched_drained(s); k++) {
 		assert_true(ctrl_sched_poll(s) >= 0);
 		assert_true(k < 100000000L); /* a hang, not a slow machine */
 	}
-	*full = 0;
+	memset(lr, 0, sizeof(*lr));
 	for (int32_t k = 0; k < rc->n_log; k++) {
 		const struct logged_mb *m = &rc->log[k];
 
-		if (m->n_logit == m->n_cols && m->n_cols > 0) {
+		if (m->n_late == m->n_cols && m->n_cols > 0) {
 			n++; /* decode columns only */
-			*full += m->n_cols == 8;
+			lr->full += m->n_cols == 8;
 		}
+		lr->beside += m->late_out > 0;
+		lr->mixed += m->n_late > 0 && m->n_late < m->n_cols;
 	}
 	for (int i = 0; i < 8; i++)
 		assert_int_equal(r[i].n, max_tokens);
@@ -552,16 +565,20 @@ static int32_t decode_launches_with_late_arrivals(int one_launch, int32_t max_to
 
 static void one_stage_decodes_ride_in_one_launch_when_asked(void **state)
 {
-	int32_t full_on, full_off;
-	int32_t on = decode_launches_with_late_arrivals(1, 40, &full_on);
-	int32_t off = decode_launches_with_late_arrivals(0, 40, &full_off);
+	struct late_run lon, loff;
+	int32_t on = decode_launches_with_late_arrivals(1, 40, &lon);
+	int32_t off = decode_launches_with_late_arrivals(0, 40, &loff);
 
 	(void)state;
-	printf("decode-only launches for 8 requests of 40 tokens: %d (%d with all 8) one launch, "
-	       "%d (%d with all 8) groups take what is ready\n", on, full_on, off, full_off);
+	printf("decode-only launches for 8 requests of 40 tokens: %d (%d with all 8, %d sent beside a "
+	       "decode launch, %d mixed) one launch, %d (%d with all 8, %d beside, %d mixed) groups take "
+	       "what is ready\n", on, lon.full, lon.beside, lon.mixed, off, loff.full, loff.beside, loff.mixed);
 	/* the late four join the early four: about one launch per token */
 	assert_true(on <= 40 + 8);
-	assert_true(full_on >= 34);
+	assert_true(lon.full >= 34);
+	/* nothing launches beside the decodes: the late prompts ride with them */
+	assert_int_equal(lon.beside, 0);
+	assert_true(lon.mixed >= 1);
 	/* without the rule the two waves alternate groups: 78 launches of 4 on an
 	 * idle machine, fewer under load (the second wave may find the first
 	 * group back); printed as the reference, not asserted */
