@@ -298,6 +298,8 @@ struct ctrl_admin *ctrl_admin_start(const char *path, unsigned mode, char *err, 
 	a->cmds[0].arg = a;
 	a->n_cmds = 1;
 	rc = pthread_create(&a->th, NULL, admin_thread, a);
+	if (rc == 0)
+		pthread_setname_np(a->th, "admin");
 	if (rc) {
 		snprintf(err, errlen, "pthread_create(admin) failed: %s", strerror(rc));
 		goto fail_pipe;

@@ -441,6 +441,9 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 				goto fail_chain;
 			}
 			s->started = 1;
+			char name[16];
+			snprintf(name, sizeof(name), "cpu-stage%d", (int)(k % 1000));
+			pthread_setname_np(s->th, name);
 		}
 	}
 	return &c->base;

@@ -287,6 +287,7 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 		MHD_stop_daemon(h->d);
 		goto fail_sync;
 	}
+	pthread_setname_np(h->ticker, "http-ticker"); /* the names top -H and profiles show */
 	h->ticker_started = 1;
 	return h;
 fail_sync:

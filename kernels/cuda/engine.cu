@@ -109,6 +109,8 @@ struct cu_stage {
 	int r_head, r_n;
 	float *h_hidden;                   /* [wmax][hidden] pinned staging */
 	float *h_row;                      /* [vocab] pinned, rows sampled on the host */
+	const void *pin_seen[2];           /* hidden_in / hidden_out of the last step ... */
+	int pin_known[2];                  /* ... and whether it was page-locked */
 	void *scratch;                     /* kn_sample_column() scratch */
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
 	unsigned *attn_cnt;    /* [wmax][n_kv_heads] attention split counters, kept at zero */
@@ -668,11 +670,19 @@ static int capture(struct cu_stage *s, struct plan *p)
 	return 0;
 }
 
-static int is_pinned(const void *p)
+/* Whether the step's hidden buffer @p p (k: 0 in, 1 out) is page-locked. A
+ * worker hands the same region buffers step after step, so the answer for
+ * the last pointer seen is kept; a pageable buffer taken for pinned would
+ * still copy correctly (synchronously), only the reverse costs a bounce. */
+static int is_pinned(struct cu_stage *s, int k, const void *p)
 {
+	if (p && p == s->pin_seen[k])
+		return s->pin_known[k];
 	cudaPointerAttributes pa;
 	int pinned = cudaPointerGetAttributes(&pa, p) == cudaSuccess && pa.type == cudaMemoryTypeHost;
 	cudaGetLastError();
+	s->pin_seen[k] = p;
+	s->pin_known[k] = pinned;
 	return pinned;
 }
 
@@ -760,8 +770,8 @@ static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 	struct cu_slot *sl = &s->ring[(s->r_head + s->r_n) % KN_STEP_DEPTH];
 	const int host_rows = s->base.last && (stp->logits_out || stp->n_logprobs > KN_CU_MAX_TOP);
 	const int n_top = host_rows ? 0 : stp->n_logprobs;
-	const int pin_in = s->base.first || is_pinned(stp->hidden_in);
-	const int pin_out = s->base.last || is_pinned(stp->hidden_out);
+	const int pin_in = s->base.first || is_pinned(s, 0, stp->hidden_in);
+	const int pin_out = s->base.last || is_pinned(s, 1, stp->hidden_out);
 	memset(&sl->h_in[0], 0, sizeof(sl->h_in[0]));
 	*(int32_t *)&sl->h_in[0] = n_top;
 	memcpy(sl->h_in + 1, stp->cols, (size_t)n * sizeof(struct kn_column));

@@ -8,7 +8,7 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick | --narrow | --wide | --attention]
+ * usage: bench_cuda [--quick | --narrow | --wide | --attention | --one ... | --serve ...]
  *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
  *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
  *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
@@ -16,7 +16,13 @@
  *   KVFERRY_CUDA_WIDE_X=split; --attention: the attention probes, then 8B
  *   decode at context 4096, batch 1 and 32 (for attention kernel variants);
  *   --one MODEL CTX BATCH: that decode step alone, no probes (for a profiler:
- *   ncu --graph-profiling node sees only the engine's kernels).
+ *   ncu --graph-profiling node sees only the engine's kernels);
+ *   --serve MODEL CLIENTS PROMPT OUT REQUESTS: the served workload run by the
+ *   engine itself with an ideal host (no HTTP, rings or scheduler): CLIENTS
+ *   closed-loop sequences, REQUESTS in all, each PROMPT positions of prefill
+ *   then OUT tokens; every step carries each decoding sequence's column and
+ *   prompt positions up to 512 columns, so the step widths match the served
+ *   path's (plans 1..512, mb_k 512). Prints completion tokens/s.
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -160,6 +166,106 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 	kn_stage_destroy(s);
 }
 
+/* One client's state in bench_serve: prompt positions sent, tokens produced. */
+struct serve_seq {
+	int prefilled, produced, token;
+};
+
+static void bench_serve(const char *name, int clients, int prompt, int out, int requests)
+{
+	static const int plans[] = { 1, 8, 16, 32, 64, 128, 256, 512 };
+	const int width = 512;
+	struct kn_model_config c = shape(name);
+	const int bps = (prompt + out + 15) / 16;
+	struct kn_stage_opts o;
+	kn_stage_opts_init(&o);
+	o.n_slots = clients;
+	o.max_blocks_per_slot = bps;
+	o.n_blocks = clients * bps;
+	o.n_plans = 8;
+	memcpy(o.plan_widths, plans, sizeof(plans));
+	char err[512];
+	struct kn_stage *s = kn_cuda_stage_create_random(&c, 42, &o, err, sizeof(err));
+	if (!s) {
+		printf("RESULT kind=serve model=%s clients=%d error=\"%s\"\n", name, clients, err);
+		return;
+	}
+	struct kn_column *cols = calloc(width, sizeof(*cols));
+	int32_t *tok = calloc(width, 4);
+	float *lp = calloc(width, 4);
+	int *owner = calloc(width, sizeof(int));
+	struct serve_seq *q = calloc((size_t)clients, sizeof(*q));
+	int rc = setup_slots(s, clients, bps);
+	if (!cols || !tok || !lp || !owner || !q)
+		rc = -ENOMEM;
+	/* warm-up: capture every plan's graph before the clock starts */
+	for (int i = 0; i < 8 && !rc; i++) {
+		for (int j = 0; j < plans[i]; j++)
+			cols[j] = (struct kn_column){ .token = 1, .pos = j % 16, .slot = j % clients,
+						      .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		struct kn_step st = { .n_cols = plans[i], .cols = cols, .tokens_out = tok, .token_logprob_out = lp };
+		rc = kn_stage_step(s, &st);
+	}
+	int started = 0, done = 0;
+	long long produced = 0, steps = 0, ncols = 0;
+	for (int j = 0; j < clients && started < requests; j++, started++)
+		q[j] = (struct serve_seq){ 0, 0, 0 };
+	const int active = started;
+	double t0 = now();
+	while (!rc && done < requests) {
+		int n = 0;
+		/* decodes first, one column each, then prompt positions in client order */
+		for (int j = 0; j < active; j++)
+			if (q[j].prefilled == prompt && q[j].produced < out) {
+				owner[n] = j;
+				cols[n++] = (struct kn_column){ .token = q[j].token, .pos = prompt + q[j].produced - 1,
+								.slot = j, .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+			}
+		for (int j = 0; j < active && n < width; j++)
+			while (q[j].prefilled < prompt && n < width) {
+				const int p = q[j].prefilled++;
+				owner[n] = p == prompt - 1 ? j : -1;
+				cols[n++] = (struct kn_column){ .token = (p * 31 + j) % 1000, .pos = p, .slot = j,
+								.flags = p == prompt - 1 ? KN_COL_NEED_LOGIT : 0,
+								.top_p = 1 };
+			}
+		if (!n)
+			break;
+		struct kn_step st = { .n_cols = n, .cols = cols, .tokens_out = tok, .token_logprob_out = lp };
+		rc = kn_stage_step(s, &st);
+		steps++;
+		ncols += n;
+		for (int i = 0; i < n && !rc; i++) {
+			const int j = owner[i];
+			if (j < 0)
+				continue;
+			q[j].token = tok[i];
+			produced++;
+			if (++q[j].produced == out) {
+				done++;
+				/* the client sends its next request at once */
+				q[j] = (struct serve_seq){ started < requests ? 0 : prompt, started < requests ? 0 : out, 0 };
+				started += started < requests;
+			}
+		}
+	}
+	double dt = now() - t0;
+	if (rc)
+		printf("RESULT kind=serve model=%s clients=%d error=\"%s\"\n", name, clients,
+		       rc == -ENOMEM ? "out of host memory" : kn_stage_error(s));
+	else
+		printf("RESULT kind=serve model=%s clients=%d prompt=%d out=%d requests=%d tok_s=%.1f steps=%lld cols_per_step=%.1f step_ms=%.3f\n",
+		       name, clients, prompt, out, requests, produced / dt, steps, (double)ncols / steps,
+		       dt * 1e3 / steps);
+	fflush(stdout);
+	free(cols);
+	free(tok);
+	free(lp);
+	free(owner);
+	free(q);
+	kn_stage_destroy(s);
+}
+
 static void bench_prefill(const char *name, int len, double peak)
 {
 	struct kn_model_config c = shape(name);
@@ -219,6 +325,12 @@ int main(int argc, char **argv)
 			return 77;
 		/* copy bandwidth unmeasured: the fraction printed assumes 4.2 TB/s */
 		bench_decode(argv[2], atoi(argv[3]), &b, 1, 4.2e12, (size_t)96 << 30);
+		return 0;
+	}
+	if (argc == 7 && !strcmp(argv[1], "--serve")) {
+		if (kn_cuda_device_count() < 1)
+			return 77;
+		bench_serve(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
 		return 0;
 	}
 	if (kn_cuda_probe_copy_bw(0, (size_t)2 << 30, 20, &bw, err, sizeof(err))) {
