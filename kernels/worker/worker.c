@@ -105,6 +105,9 @@ struct worker {
 	uint64_t host_ns;          /* CPU time spent preparing and finishing steps (not waiting,
 	                              and on the cpu backend not computing) */
 	uint64_t last_done_ns;     /* when the previous step finished: busy time excludes queueing */
+	uint64_t idle_ns;          /* device idle between a step's end and the next message, gaps <= 1 ms
+	                              (the round trip through ctrld) ... */
+	uint64_t idle_long_ns;     /* ... and longer gaps (nothing to run) */
 	struct wk_job jobs[WK_MAX_DEPTH];
 	int32_t j_head, j_n, depth;
 	ino_t region_ino;
@@ -462,6 +465,11 @@ static int handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, cons
 		    "ctrld fails the group at its deadline", h->group, h->stage, nc, no, len);
 		return 0;
 	}
+	if (w->j_n == 0 && w->last_done_ns > 0 && t0 > w->last_done_ns) {
+		uint64_t gap = t0 - w->last_done_ns;
+
+		*(gap <= 1000000u ? &w->idle_ns : &w->idle_long_ns) += gap;
+	}
 	j = &w->jobs[(w->j_head + w->j_n) % WK_MAX_DEPTH];
 	memset(j, 0, sizeof(*j));
 	j->d = *d;
@@ -606,9 +614,10 @@ static void report(struct worker *w, const char *when)
 		fclose(f);
 	}
 	wk_hop_report(w->in, w->out, hops, sizeof(hops));
-	LOG(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu vmrss_kb=%ld host_us_per_step=%.1f "
-	    "busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps, (unsigned long long)w->cols,
-	    (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns, rss_kb,
+	LOG(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu idle_ns=%llu idle_long_ns=%llu "
+	    "vmrss_kb=%ld host_us_per_step=%.1f busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps,
+	    (unsigned long long)w->cols, (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns,
+	    (unsigned long long)w->idle_ns, (unsigned long long)w->idle_long_ns, rss_kb,
 	    w->steps ? (double)w->host_ns / 1e3 / (double)w->steps : 0.0,
 	    w->steps ? (double)w->busy_ns / 1e3 / (double)w->steps : 0.0, hops);
 }
