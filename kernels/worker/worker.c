@@ -108,6 +108,7 @@ struct worker {
 	uint64_t idle_ns;          /* device idle between a step's end and the next message, gaps <= 1 ms
 	                              (the round trip through ctrld) ... */
 	uint64_t idle_long_ns;     /* ... and longer gaps (nothing to run) */
+	FILE *trace;               /* KVFERRY_WORKER_TRACE: "taken done cols" per step, ns (CLOCK_MONOTONIC) */
 	struct wk_job jobs[WK_MAX_DEPTH];
 	int32_t j_head, j_n, depth;
 	ino_t region_ino;
@@ -419,6 +420,8 @@ static void finish_head(struct worker *w)
 		w->cols += (uint64_t)nc;
 		w->busy_ns += dt;
 		w->last_done_ns = t1;
+		if (w->trace != NULL)
+			fprintf(w->trace, "%llu %llu %d\n", (unsigned long long)j->t0, (unsigned long long)t1, (int)nc);
 	}
 	wk_in_done(w->in, &j->d);
 	send_msg(w, oh);
@@ -614,6 +617,8 @@ static void report(struct worker *w, const char *when)
 		fclose(f);
 	}
 	wk_hop_report(w->in, w->out, hops, sizeof(hops));
+	if (w->trace != NULL)
+		fflush(w->trace);
 	LOG(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu idle_ns=%llu idle_long_ns=%llu "
 	    "vmrss_kb=%ld host_us_per_step=%.1f busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps,
 	    (unsigned long long)w->cols, (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns,
@@ -768,6 +773,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	w.depth = w.o.depth;
+	if (getenv("KVFERRY_WORKER_TRACE") != NULL && *getenv("KVFERRY_WORKER_TRACE")) {
+		/* a diagnostic: each step's times, for lining the device up with a
+		 * load generator's clock (scripts/gpu-serve-check TRACE=1) */
+		w.trace = fopen(getenv("KVFERRY_WORKER_TRACE"), "w");
+		if (w.trace == NULL)
+			fprintf(stderr, "kvferry-worker: KVFERRY_WORKER_TRACE=%s: %s (no trace)\n",
+				getenv("KVFERRY_WORKER_TRACE"), strerror(errno));
+	}
 	/* 1 us timer slack: the futex sleep's wake-up is otherwise late by up to 50 us */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	memset(&sa, 0, sizeof(sa));
@@ -786,6 +799,8 @@ int main(int argc, char **argv)
 	}
 	if (w.reg == NULL) {
 		fprintf(stderr, "kvferry-worker[%s]: shm_region_attach(%s) failed: %s\n", w.o.role, w.o.region, err);
+		if (w.trace != NULL)
+			fclose(w.trace);
 		return 1;
 	}
 	{
@@ -885,6 +900,8 @@ out_live:
 	shm_live_release(w.reg, w.live);
 out_region:
 	shm_region_detach(w.reg);
+	if (w.trace != NULL)
+		fclose(w.trace);
 	if (reexec) {
 		execv("/proc/self/exe", argv);
 		fprintf(stderr, "kvferry-worker[%s]: execv(/proc/self/exe) failed: %s\n", w.o.role, strerror(errno));
