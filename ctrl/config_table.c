@@ -25,12 +25,13 @@ static int check_plans(const char *value, char *err, size_t errlen)
 
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const worker_return_names[] = {"ring", "dataplane", NULL};
+static const char *const pd_role_names[] = {"both", "prefill", "decode", NULL};
 
 #define OFF(f) offsetof(struct ctrl_settings, f)
 #define KIB 1024.0
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-const char *const g_cfg_sections[] = {"http", "model", "engine", "sched", "ctrl", "dataplane", NULL};
+const char *const g_cfg_sections[] = {"http", "model", "engine", "sched", "ctrl", "dataplane", "pd", NULL};
 
 const struct cfg_key g_cfg_keys[] = {
 	/* [http] */
@@ -155,6 +156,20 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_WORKER_GROUP_TIMEOUT", "--worker-group-timeout", NULL, NULL,
 	 "a micro-batch without a result for this many seconds fails its requests (a stage on "
 	 "another node died)"},
+	/* [pd] prefill/decode disaggregation (ctrl_pd_boot.h) */
+	{"role", "pd", CFG_ENUM, OFF(pd_role), "both", 0, 2,
+	 "KVFERRY_PD_ROLE", "--pd-role", pd_role_names, NULL,
+	 "both: prefill and decode here; prefill: also answer the bootstrap routes (PUT/GET /route, "
+	 "GET /health) decode nodes and routers read; decode: take KV pages from prefill nodes (not "
+	 "available yet)"},
+	{"bootstrap_port", "pd", CFG_INT, OFF(bootstrap_port), "8998", 0, 65535,
+	 "KVFERRY_BOOTSTRAP_PORT", "--bootstrap-port", NULL, NULL,
+	 "role = prefill: TCP port of the bootstrap routes, on listen_address (0 picks a free port and "
+	 "logs it)"},
+	{"rank_address", "pd", CFG_STRING, OFF(rank_address), "", 0, 0,
+	 "KVFERRY_RANK_ADDRESS", "--rank-address", NULL, NULL,
+	 "role = prefill: host:port this node's ranks register as the address their KV pages leave "
+	 "from (rank_ip, rank_port); empty: listen_address and bootstrap_port"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

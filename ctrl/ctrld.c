@@ -11,6 +11,7 @@
  * reverse order of opening. `ctrlctl drain` / `resume` toggle admission
  * without exiting.
  */
+#include <curl/curl.h>
 #include <errno.h>
 #include <libgen.h>
 #include <pthread.h>
@@ -46,6 +47,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "ctrl_chain.h"
 #include "ctrl_config.h"
 #include "ctrl_http.h"
+#include "ctrl_pd_boot.h"
 #include "ctrl_proc_chain.h"
 #include "ctrl_sched.h"
 #include "kn_model.h"
@@ -81,6 +83,8 @@ struct daemon {
 	struct ctrl_dispatch *disp;
 	struct ctrl_http *http;
 	struct ctrl_admin *admin;
+	struct ctrl_pd_boot *pd_boot;         /* role = prefill: this node's ranks ... */
+	struct ctrl_pd_boot_server *pd_srv;   /* ... and the routes that answer for them */
 	double t0;
 	atomic_int stopping;
 	atomic_int stop_poller;
@@ -277,6 +281,31 @@ static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, 
 	return 0;
 }
 
+static int cmd_bootstrap(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	static const char *const roles[] = { "both", "prefill", "decode" };
+	struct daemon *d = arg;
+	struct ctrl_pd_boot_stats st;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	if (d->pd_boot == NULL) {
+		*data = json_pack("{s:s, s:s}", "role", roles[d->set->pd_role], "bootstrap",
+				  "not served: [pd] role = prefill serves it");
+		return *data ? 0 : -ENOMEM;
+	}
+	ctrl_pd_boot_stats(d->pd_boot, &st);
+	*data = json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "role", roles[d->set->pd_role],
+			  "address", d->set->listen_address, "port", ctrl_pd_boot_server_port(d->pd_srv),
+			  "ranks_registered", st.registered, "ranks_expected", st.expected, "puts", (json_int_t)st.puts,
+			  "puts_refused", (json_int_t)st.puts_refused, "gets", (json_int_t)st.gets, "gets_not_ready",
+			  (json_int_t)st.gets_not_ready, "gets_not_found", (json_int_t)st.gets_not_found, "gets_bad",
+			  (json_int_t)st.gets_bad);
+	return *data ? 0 : -ENOMEM;
+}
+
 static int cmd_config(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
@@ -317,6 +346,7 @@ static int register_commands(struct daemon *d)
 		{"/http/requests", "requests in flight: id, endpoint, prompt tokens, generated, age", cmd_requests},
 		{"/sched/pool", "KV block pool per replica: total, in use, reserved for admitted worst cases", cmd_pool},
 		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
+		{"/pd/bootstrap", "PD role; with role = prefill the bootstrap routes' port, ranks and counters", cmd_bootstrap},
 		{"/ctrl/config", "effective configuration and where each value came from", cmd_config},
 		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
 		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
@@ -565,8 +595,83 @@ static int start_front(struct daemon *d)
 	return register_commands(d);
 }
 
+/*
+ * role = prefill: register this node's ranks (one per replica x stage: dp =
+ * replicas, pp = stages, as SGLang counts them) and answer the bootstrap
+ * routes on listen_address:bootstrap_port.
+ */
+static int start_pd(struct daemon *d)
+{
+	const struct kn_model_config *mc = kn_model_config(d->model);
+	struct ctrl_pd_info info = {
+		.tp_size = 1, .cp_size = 1, .dp_size = d->n_rep, .pp_size = d->n_stages, .page_size = KN_PAGE_BLK,
+		.n_layers = mc->n_layers, .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
+	};
+	char err[512], host[CTRL_CFG_STRLEN];
+	const char *colon;
+	int port;
+
+	if (d->set->pd_role != CTRL_CFG_PD_PREFILL)
+		return 0;
+	snprintf(info.kv_dtype, sizeof(info.kv_dtype), "%s",
+		 d->set->backend == CTRL_CFG_BACKEND_CUDA ? "bfloat16" : "float32");
+	d->pd_boot = ctrl_pd_boot_create();
+	if (d->pd_boot == NULL) {
+		logmsg("out of memory creating the bootstrap registry");
+		return -ENOMEM;
+	}
+	d->pd_srv = ctrl_pd_boot_serve(d->pd_boot, d->set->listen_address, (int)d->set->bootstrap_port, err,
+				       sizeof(err));
+	if (d->pd_srv == NULL) {
+		logmsg("%s", err);
+		return -EADDRINUSE;
+	}
+	/* rank_address "host:port" ("[v6]:port"), or listen_address and the routes' port */
+	port = ctrl_pd_boot_server_port(d->pd_srv);
+	snprintf(host, sizeof(host), "%s", d->set->listen_address);
+	colon = strrchr(d->set->rank_address, ':');
+	if (d->set->rank_address[0]) {
+		char *end;
+		long p = colon ? strtol(colon + 1, &end, 10) : -1;
+		const char *h = d->set->rank_address;
+		size_t hl = colon ? (size_t)(colon - h) : 0;
+
+		if (colon == NULL || *end || p < 0 || p > 65535 || hl == 0) {
+			logmsg("rank_address '%s' is not host:port (write e.g. 10.0.0.5:7000)", d->set->rank_address);
+			return -EINVAL;
+		}
+		if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
+			h++;
+			hl -= 2;
+		}
+		snprintf(host, sizeof(host), "%.*s", (int)hl, h);
+		port = (int)p;
+	}
+	if (strlen(host) >= sizeof(((struct ctrl_pd_rank *)0)->ip)) {
+		logmsg("rank address host '%s' is longer than %zu bytes", host, sizeof(((struct ctrl_pd_rank *)0)->ip) - 1);
+		return -EINVAL;
+	}
+	for (int r = 0; r < d->n_rep; r++)
+		for (int k = 0; k < d->n_stages; k++) {
+			struct ctrl_pd_rank rk = { .dp = r, .cp = 0, .tp = 0, .pp = k, .port = port,
+						   .layer_start = k ? d->ends[k - 1] : 0, .layer_end = d->ends[k] };
+
+			snprintf(rk.ip, sizeof(rk.ip), "%.63s", host);
+			if (ctrl_pd_boot_register(d->pd_boot, &info, &rk, err, sizeof(err))) {
+				logmsg("registering prefill rank dp %d pp %d: %s", r, k, err);
+				return -EINVAL;
+			}
+		}
+	logmsg("role prefill: bootstrap routes on http://%s:%d (PUT/GET /route, GET /health), %d rank(s) "
+	       "registered as %s:%d", d->set->listen_address, ctrl_pd_boot_server_port(d->pd_srv),
+	       d->n_rep * d->n_stages, host, port);
+	return 0;
+}
+
 static void teardown(struct daemon *d)
 {
+	ctrl_pd_boot_server_stop(d->pd_srv);
+	ctrl_pd_boot_destroy(d->pd_boot);
 	ctrl_admin_stop(d->admin);
 	ctrl_dispatch_destroy(d->disp);
 	for (int r = 0; r < d->n_rep; r++) {
@@ -576,6 +681,7 @@ static void teardown(struct daemon *d)
 	kn_tok_close(d->tok);
 	kn_model_close(d->model);
 	ctrl_config_free(d->cfg);
+	curl_global_cleanup();
 }
 
 /* Poll the schedulers until @p done says stop; a poll failure is logged once.
@@ -691,11 +797,22 @@ int main(int argc, char **argv)
 		ctrl_config_free(d.cfg);
 		return 2;
 	}
+	if (d.set->pd_role == CTRL_CFG_PD_DECODE) {
+		/* refused rather than served co-located: an operator who asked for
+		 * disaggregation must not get something else without noticing */
+		fprintf(stderr, "kvferry-ctrld: [pd] role = decode is not available yet (this version does "
+			"not receive KV pages from prefill nodes); run role = both, or role = prefill to serve "
+			"the bootstrap routes\n");
+		ctrl_config_free(d.cfg);
+		return 2;
+	}
 	if (check_only) {
 		printf("configuration OK\n");
 		ctrl_config_free(d.cfg);
 		return 0;
 	}
+	/* before any thread: libcurl's global set-up is not thread-safe */
+	curl_global_init(CURL_GLOBAL_DEFAULT);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
@@ -712,6 +829,8 @@ int main(int argc, char **argv)
 		rc = build_pipelines(&d);
 	if (!rc)
 		rc = start_front(&d);
+	if (!rc)
+		rc = start_pd(&d);
 	if (rc) {
 		ctrl_http_stop(d.http);
 		teardown(&d);

@@ -54,6 +54,13 @@ enum ctrl_cfg_backend {
 	CTRL_CFG_BACKEND_CUDA = 1,
 };
 
+/** What this node does in prefill/decode disaggregation ([pd] role). */
+enum ctrl_cfg_pd_role {
+	CTRL_CFG_PD_BOTH = 0,    /**< prefill and decode here (no disaggregation) */
+	CTRL_CFG_PD_PREFILL = 1, /**< also serves the bootstrap routes */
+	CTRL_CFG_PD_DECODE = 2,  /**< takes KV pages from prefill nodes */
+};
+
 /** The effective values, one field per key of the table. */
 struct ctrl_settings {
 	/* [http] */
@@ -98,6 +105,10 @@ struct ctrl_settings {
 	int64_t worker_return;        /**< 0: ring on this node, 1: through the dataplane */
 	int64_t worker_join_timeout;  /**< seconds */
 	int64_t worker_group_timeout; /**< seconds */
+	/* [pd] */
+	int64_t pd_role;              /**< enum ctrl_cfg_pd_role */
+	int64_t bootstrap_port;
+	char rank_address[CTRL_CFG_STRLEN]; /**< "" = listen_address:bootstrap_port */
 };
 
 struct ctrl_config;
