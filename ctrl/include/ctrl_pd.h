@@ -23,6 +23,7 @@
 #ifndef CTRL_PD_H
 #define CTRL_PD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -111,6 +112,69 @@ int ctrl_room_forget(struct ctrl_rooms *r, uint64_t id);
 
 /** @return the rooms held (open or finished, not forgotten). */
 uint32_t ctrl_rooms_count(const struct ctrl_rooms *r);
+
+/* ---- prefill peers: the decode side's list of prefill nodes ---- */
+
+/*
+ * The prefill nodes a decode node may use ([pd] prefill), each a node index
+ * for the rooms table. The heartbeat reads each node's /health every
+ * interval (clamped to >= 2 s); after max_failures misses in a row (clamped
+ * to >= 1) the node is lost: exactly its unfinished rooms fail, and it is
+ * not picked until a probe answers again (its route is then read afresh).
+ * Addresses are compared whole: 10.0.0.1:80 and 10.0.0.1:8080 are two nodes.
+ */
+
+/** Most prefill nodes one decode node uses. */
+#define CTRL_PD_MAX_PEERS 64
+
+/** A health probe: 0 when @p addr answered, else < 0 with @p err filled. */
+typedef int (*ctrl_pd_probe_fn)(void *arg, const char *addr, double timeout_s, char *err, size_t errlen);
+
+struct ctrl_pd_peers_opts {
+	double interval_s;     /**< between two probes of a node (default 5; < 2 means 2) */
+	int32_t max_failures;  /**< misses in a row that lose a node (default 2; < 1 means 1) */
+	double timeout_s;      /**< of one probe (default 5) */
+	ctrl_pd_probe_fn probe;
+	void *probe_arg;
+};
+
+/** Defaults; probe stays NULL (set it: ctrl_pd_health in the daemon). */
+void ctrl_pd_peers_opts_init(struct ctrl_pd_peers_opts *o);
+
+struct ctrl_pd_peers;
+
+/**
+ * @p list: "host:port, host:port, ..." ([v6]:port allowed).
+ * @return the table (every node healthy until a probe says otherwise), or
+ *         NULL with @p err naming the entry (no port, a port outside
+ *         1..65535, a duplicate, more than CTRL_PD_MAX_PEERS, no probe).
+ */
+struct ctrl_pd_peers *ctrl_pd_peers_create(const char *list, const struct ctrl_pd_peers_opts *o, char *err,
+					   size_t errlen);
+
+void ctrl_pd_peers_destroy(struct ctrl_pd_peers *p);
+
+int32_t ctrl_pd_peers_count(const struct ctrl_pd_peers *p);
+
+/** The address of node @p node, or NULL. */
+const char *ctrl_pd_peer_addr(const struct ctrl_pd_peers *p, int32_t node);
+
+/** Node state for views: healthy (1/0), misses in a row, rooms in flight. @return 0 or -ENOENT. */
+int ctrl_pd_peer_state(const struct ctrl_pd_peers *p, int32_t node, int *healthy, int32_t *failures,
+		       int32_t *rooms);
+
+/**
+ * Probe every node whose interval has passed at @p now_s; a node that
+ * reaches max_failures is lost and its unfinished rooms in @p rooms (may be
+ * NULL) fail. @return how many nodes were lost by this call.
+ */
+int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms *rooms);
+
+/** The healthy node with the fewest rooms in flight (lowest index on ties), or -1. */
+int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p);
+
+/** A room on @p node opened (+1) or ended (-1). @return 0 or -ENOENT. */
+int ctrl_pd_peer_rooms(struct ctrl_pd_peers *p, int32_t node, int delta);
 
 #ifdef __cplusplus
 }

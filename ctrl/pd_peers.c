@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The decode side's prefill nodes: parsing [pd] prefill, the heartbeat, the
+ * pick (ctrl_pd.h "prefill peers"). The table is driven by one thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctrl_pd.h"
+
+struct peer {
+	char addr[128];
+	int healthy;
+	int32_t failures, rooms;
+	double next_probe;   /* 0: at the first tick */
+	char last_err[256];
+};
+
+struct ctrl_pd_peers {
+	struct ctrl_pd_peers_opts o;
+	struct peer peer[CTRL_PD_MAX_PEERS];
+	int32_t n;
+};
+
+void ctrl_pd_peers_opts_init(struct ctrl_pd_peers_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->interval_s = 5.0;
+	o->max_failures = 2;
+	o->timeout_s = 5.0;
+}
+
+/* "host:port" or "[v6]:port" with a port 1..65535. @return 0 or -EINVAL. */
+static int check_addr(const char *a, char *err, size_t errlen)
+{
+	const char *colon = strrchr(a, ':');
+	char *end;
+	long port;
+
+	if (colon == NULL || colon == a || (a[0] == '[' && colon[-1] != ']')) {
+		snprintf(err, errlen, "[pd] prefill entry '%s' is not host:port (write e.g. 10.0.0.2:8998, the "
+			 "prefill node's bootstrap_port)", a);
+		return -EINVAL;
+	}
+	port = strtol(colon + 1, &end, 10);
+	if (*end || end == colon + 1 || port < 1 || port > 65535) {
+		snprintf(err, errlen, "[pd] prefill entry '%s': the port must be 1..65535", a);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+struct ctrl_pd_peers *ctrl_pd_peers_create(const char *list, const struct ctrl_pd_peers_opts *o, char *err,
+					   size_t errlen)
+{
+	struct ctrl_pd_peers *p;
+	char *buf, *save = NULL, *tok;
+
+	if (o == NULL || o->probe == NULL || list == NULL) {
+		snprintf(err, errlen, "ctrl_pd_peers_create: a list and a health probe are required");
+		errno = EINVAL;
+		return NULL;
+	}
+	p = calloc(1, sizeof(*p));
+	buf = strdup(list);
+	if (p == NULL || buf == NULL) {
+		snprintf(err, errlen, "out of memory");
+		free(p);
+		free(buf);
+		errno = ENOMEM;
+		return NULL;
+	}
+	p->o = *o;
+	if (p->o.interval_s < 2.0)
+		p->o.interval_s = 2.0;
+	if (p->o.max_failures < 1)
+		p->o.max_failures = 1;
+	for (tok = strtok_r(buf, ", \t", &save); tok != NULL; tok = strtok_r(NULL, ", \t", &save)) {
+		if (check_addr(tok, err, errlen))
+			goto bad;
+		if (strlen(tok) >= sizeof(p->peer[0].addr)) {
+			snprintf(err, errlen, "[pd] prefill entry '%.40s...' is longer than %zu bytes", tok,
+				 sizeof(p->peer[0].addr) - 1);
+			goto bad;
+		}
+		for (int32_t k = 0; k < p->n; k++)
+			if (strcmp(p->peer[k].addr, tok) == 0) {
+				snprintf(err, errlen, "[pd] prefill lists '%s' twice", tok);
+				goto bad;
+			}
+		if (p->n == CTRL_PD_MAX_PEERS) {
+			snprintf(err, errlen, "[pd] prefill lists more than %d nodes", CTRL_PD_MAX_PEERS);
+			goto bad;
+		}
+		snprintf(p->peer[p->n].addr, sizeof(p->peer[0].addr), "%s", tok);
+		p->peer[p->n].healthy = 1;
+		p->n++;
+	}
+	free(buf);
+	return p;
+bad:
+	free(buf);
+	free(p);
+	errno = EINVAL;
+	return NULL;
+}
+
+void ctrl_pd_peers_destroy(struct ctrl_pd_peers *p)
+{
+	free(p);
+}
+
+int32_t ctrl_pd_peers_count(const struct ctrl_pd_peers *p)
+{
+	return p->n;
+}
+
+const char *ctrl_pd_peer_addr(const struct ctrl_pd_peers *p, int32_t node)
+{
+	return node >= 0 && node < p->n ? p->peer[node].addr : NULL;
+}
+
+int ctrl_pd_peer_state(const struct ctrl_pd_peers *p, int32_t node, int *healthy, int32_t *failures,
+		       int32_t *rooms)
+{
+	const struct peer *e;
+
+	if (node < 0 || node >= p->n)
+		return -ENOENT;
+	e = &p->peer[node];
+	if (healthy)
+		*healthy = e->healthy;
+	if (failures)
+		*failures = e->failures;
+	if (rooms)
+		*rooms = e->rooms;
+	return 0;
+}
+
+int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms *rooms)
+{
+	int lost = 0;
+
+	for (int32_t k = 0; k < p->n; k++) {
+		struct peer *e = &p->peer[k];
+
+		if (now_s < e->next_probe)
+			continue;
+		e->next_probe = now_s + p->o.interval_s;
+		if (p->o.probe(p->o.probe_arg, e->addr, p->o.timeout_s, e->last_err, sizeof(e->last_err)) == 0) {
+			e->failures = 0;
+			e->healthy = 1;
+			continue;
+		}
+		if (++e->failures < p->o.max_failures || !e->healthy)
+			continue;
+		e->healthy = 0;
+		lost++;
+		if (rooms != NULL)
+			ctrl_rooms_node_lost(rooms, (uint32_t)k);
+		fprintf(stderr, "kvferry-ctrld: prefill node %s lost after %d missed heartbeats (%s): its "
+			"unfinished rooms failed\n", e->addr, (int)e->failures, e->last_err);
+	}
+	return lost;
+}
+
+int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p)
+{
+	int32_t best = -1;
+
+	for (int32_t k = 0; k < p->n; k++)
+		if (p->peer[k].healthy && (best < 0 || p->peer[k].rooms < p->peer[best].rooms))
+			best = k;
+	return best;
+}
+
+int ctrl_pd_peer_rooms(struct ctrl_pd_peers *p, int32_t node, int delta)
+{
+	if (node < 0 || node >= p->n)
+		return -ENOENT;
+	p->peer[node].rooms += delta;
+	if (p->peer[node].rooms < 0)
+		p->peer[node].rooms = 0;
+	return 0;
+}
