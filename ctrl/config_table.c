@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "config_int.h"
+#include "ctrl_config.h"
 
 static int check_stages(const char *value, char *err, size_t errlen)
 {
@@ -173,3 +174,19 @@ const struct cfg_key g_cfg_keys[] = {
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
+
+/* The file also holds the worker's [worker] section; the worker's variables
+ * (KVFERRY_WK_*) and the engine's knobs (KVFERRY_CUDA_*) are not ctrld's. */
+static const char *const foreign_sections[] = {"worker", NULL};
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_CUDA_", NULL};
+
+const struct cfg_table g_cfg_table = {
+	.program = "kvferry-ctrld",
+	.keys = g_cfg_keys,
+	.n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]),
+	.sections = g_cfg_sections,
+	.foreign_sections = foreign_sections,
+	.env_prefix = "KVFERRY_",
+	.env_skip = env_skip,
+	.settings_size = sizeof(struct ctrl_settings),
+};

@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file kvf_cfg.h
+ * The configuration engine every kvferry daemon uses: one declarative table
+ * of keys per program (type, default, range, environment variable, flag,
+ * help), filled in layers: built-in default < /etc/kvferry/kvferry.conf
+ * (INI, the program's own sections) < its KVFERRY_* variables < flags.
+ * Every value remembers where it came from, so that errors and `ctrlctl
+ * config` can say so.
+ *
+ * Invariants:
+ *  - A value in the settings has always passed its key's type and range
+ *    check: a rejected setting leaves the previous value in place.
+ *  - Layers may be applied in any order, but a layer never overrides a
+ *    value set by a stronger one.
+ *  - One file serves every program: the sections another program owns
+ *    (cfg_table.foreign_sections) are skipped, an unknown one is an error;
+ *    so are the variables of another program's prefix (env_skip).
+ *
+ * Threading: a configuration is built by one thread; once built, any number
+ * of threads may read it.
+ */
+#ifndef KVF_CFG_H
+#define KVF_CFG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Longest string value (paths, addresses, lists), NUL included. */
+#define CFG_STRLEN 512
+
+enum cfg_type {
+	CFG_INT,    /**< int64_t, decimal */
+	CFG_SIZE,   /**< int64_t bytes, with K/M/G/T suffixes (powers of 1024) */
+	CFG_FLOAT,  /**< double */
+	CFG_BOOL,   /**< int: yes/no, true/false, on/off, 1/0 */
+	CFG_ENUM,   /**< int64_t index into names[] */
+	CFG_STRING, /**< char[CFG_STRLEN] */
+};
+
+/** Where a value came from, weakest first. */
+enum cfg_source {
+	CFG_SRC_DEFAULT = 0,
+	CFG_SRC_FILE = 1,
+	CFG_SRC_ENV = 2,
+	CFG_SRC_FLAG = 3,
+};
+
+/** A string key's extra check: 0, or -EINVAL with @p err filled. */
+typedef int (*cfg_check_fn)(const char *value, char *err, size_t errlen);
+
+struct cfg_key {
+	const char *name;     /**< the INI key */
+	const char *section;  /**< INI section it belongs in */
+	enum cfg_type type;
+	size_t offset;        /**< into the program's settings struct */
+	const char *def;      /**< default, as text */
+	double min, max;      /**< numeric range (inclusive) */
+	const char *env;      /**< KVFERRY_* variable */
+	const char *flag;     /**< --flag */
+	const char *const *names; /**< CFG_ENUM: NULL-terminated spellings */
+	cfg_check_fn check;   /**< CFG_STRING: optional */
+	const char *help;
+};
+
+/** A program's table. */
+struct cfg_table {
+	const char *program;                 /**< "kvferry-worker": named in the hints */
+	const struct cfg_key *keys;
+	size_t n_keys;
+	const char *const *sections;         /**< its own, in the order --print-config writes them */
+	const char *const *foreign_sections; /**< other programs' sections in the same file: skipped */
+	const char *env_prefix;              /**< its variables start so ("KVFERRY_WK_") */
+	const char *const *env_skip;         /**< names or prefixes (ending in _) of others: skipped */
+	size_t settings_size;                /**< sizeof its settings struct */
+};
+
+struct cfg;
+
+/** @return a configuration holding every default, or NULL (ENOMEM, or EINVAL: a bad table). */
+struct cfg *cfg_new(const struct cfg_table *t);
+
+/** NULL is a no-op. */
+void cfg_free(struct cfg *c);
+
+/** The effective values: the program's settings struct. */
+const void *cfg_settings(const struct cfg *c);
+
+/**
+ * Set one key from text as layer @p src; @p origin ("file:12", the
+ * variable, the flag) is copied.
+ * @return 0 (also when a stronger layer already set it: that value stays),
+ *         -ENOENT (unknown key), -EINVAL (not of its type), -ERANGE
+ *         (outside its range); @p err names the key, the value and origin.
+ */
+int cfg_set(struct cfg *c, const char *key, const char *value, enum cfg_source src, const char *origin,
+	    char *err, size_t errlen);
+
+/**
+ * Read an INI file (`key = value`, `[section]`, `#`/`;` comments, values in
+ * optional double quotes). @p must_exist 0: a missing file is not an error.
+ * @return 0, -ENOENT, -EIO, -EINVAL (syntax, unknown key or section, bad
+ *         value), -ERANGE; @p err is "path:line: ...".
+ */
+int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, size_t errlen);
+
+/** Apply the program's KVFERRY_* variables of @p envp; one of its prefix naming no key is an error. */
+int cfg_load_env(struct cfg *c, char *const *envp, char *err, size_t errlen);
+
+/**
+ * Apply flags: `--key value`, `--key=value`, booleans `--key` / `--no-key`.
+ * @p skip (flags with a value) and @p skip_bare (without) are the caller's.
+ * @return 0, -ENOENT (unknown flag), -EINVAL, -ERANGE.
+ */
+int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const *skip,
+		  const char *const *skip_bare, char *err, size_t errlen);
+
+/** Where @p key came from (@p origin may be NULL). @return the source, or -ENOENT. */
+int cfg_source(const struct cfg *c, const char *key, const char **origin);
+
+/** @return the name of a source ("default", "file", "env", "flag"). */
+const char *cfg_source_name(enum cfg_source s);
+
+/** Key @p i of the table: its value as text, source and origin (for views). */
+void cfg_value_text(const struct cfg *c, size_t i, char *buf, size_t len);
+enum cfg_source cfg_source_at(const struct cfg *c, size_t i);
+const char *cfg_origin_at(const struct cfg *c, size_t i);
+
+/** Write a commented file with every key, default and help (all commented out). @return 0 or -EIO. */
+int cfg_print_defaults(const struct cfg_table *t, FILE *f);
+
+/** Write the flag list with help (for --help). @return 0 or -EIO. */
+int cfg_print_usage(const struct cfg_table *t, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVF_CFG_H */
