@@ -33,7 +33,6 @@
  *    Setup messages wait until every micro-batch before them is out.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -51,6 +50,7 @@
 #include "shm_live.h"
 #include "shm_mb.h"
 #include "shm_region.h"
+#include "worker_cfg.h"
 #include "worker_hop.h"
 #if KVF_HAVE_CUDA
 #include "kn_cuda.h"
@@ -61,12 +61,6 @@ static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
 
 static volatile sig_atomic_t g_stop, g_report;
 
-struct wk_opts {
-	const char *region, *model, *in, *out, *role;
-	enum kn_backend backend;
-	int32_t node, threads, device, wait_s, depth, spin_us;
-	size_t kv_bytes;
-};
 
 /* Most micro-batches a worker holds between submit and send. */
 #define WK_MAX_DEPTH KN_STEP_DEPTH
@@ -108,7 +102,8 @@ struct worker {
 	uint64_t idle_ns;          /* device idle between a step's end and the next message, gaps <= 1 ms
 	                              (the round trip through ctrld) ... */
 	uint64_t idle_long_ns;     /* ... and longer gaps (nothing to run) */
-	FILE *trace;               /* KVFERRY_WORKER_TRACE: "taken done cols" per step, ns (CLOCK_MONOTONIC) */
+	FILE *trace;               /* [worker] trace: "taken done cols" per step, ns (CLOCK_MONOTONIC) */
+	struct cfg *cfg;           /* the configuration w.o points into */
 	struct wk_job jobs[WK_MAX_DEPTH];
 	int32_t j_head, j_n, depth;
 	ino_t region_ino;
@@ -667,96 +662,6 @@ static void unpin_region(struct worker *w)
 	w->pinned = 0;
 }
 
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP [options]\n"
-		"  --region NAME      the node's shm region (created by kvferry-dataplane or ctrld)\n"
-		"  --model DIR        the model directory (the same model as ctrld's: checked at join)\n"
-		"  --in HOP           ring:NAME (a ring on this node) or dp (the dataplane's receive ring)\n"
-		"  --out HOP          ring:NAME, or peer:NODE[/STREAM] (the dataplane toward another node)\n"
-		"  --role NAME        liveness role and area prefix (default stage0)\n"
-		"  --backend cpu|cuda stage engine (default cpu)\n"
-		"  --node N           this node's dataplane id, for reports (default -1: none)\n"
-		"  --threads N        CPU engine threads (default: what ctrld asks, 0 = online cores)\n"
-		"  --kv-mib N         CPU KV pool budget in MiB (default: what ctrld asks)\n"
-		"  --device N         CUDA device ordinal (default 0)\n"
-		"  --wait S           wait up to S seconds for the region to appear (default 60)\n"
-		"  --depth N          micro-batches in flight on the engine, 1..%d (default: 2 on cuda, where\n"
-		"                     the next step queues behind the running one; 1 on cpu)\n"
-		"  --spin-us N        poll the input this long after the last message before sleeping in the\n"
-		"                     ring's futex (default 2000 on cuda: a futex wake-up costs tens of us a\n"
-		"                     step; 0 on cpu, which leaves the core to the engine)\n", WK_MAX_DEPTH);
-}
-
-static int parse_opts(int argc, char **argv, struct wk_opts *o)
-{
-	static const struct option lo[] = {
-		{ "region", required_argument, 0, 'r' }, { "model", required_argument, 0, 'm' },
-		{ "in", required_argument, 0, 'i' },     { "out", required_argument, 0, 'o' },
-		{ "role", required_argument, 0, 'R' },   { "backend", required_argument, 0, 'b' },
-		{ "node", required_argument, 0, 'n' },   { "threads", required_argument, 0, 't' },
-		{ "kv-mib", required_argument, 0, 'k' }, { "device", required_argument, 0, 'd' },
-		{ "wait", required_argument, 0, 'w' },   { "depth", required_argument, 0, 'D' },
-		{ "spin-us", required_argument, 0, 'S' },
-		{ "help", no_argument, 0, 'h' },
-		{ 0, 0, 0, 0 } };
-	int c;
-
-	memset(o, 0, sizeof(*o));
-	o->role = "stage0";
-	o->spin_us = -1;
-	o->node = -1;
-	o->wait_s = 60;
-	o->backend = KN_BACKEND_CPU;
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		switch (c) {
-		case 'r': o->region = optarg; break;
-		case 'm': o->model = optarg; break;
-		case 'i': o->in = optarg; break;
-		case 'o': o->out = optarg; break;
-		case 'R': o->role = optarg; break;
-		case 'b':
-			if (strcmp(optarg, "cpu") == 0)
-				o->backend = KN_BACKEND_CPU;
-			else if (strcmp(optarg, "cuda") == 0)
-				o->backend = KN_BACKEND_CUDA;
-			else
-				return -1;
-			break;
-		case 'n': o->node = atoi(optarg); break;
-		case 't': o->threads = atoi(optarg); break;
-		case 'k': o->kv_bytes = (size_t)strtoull(optarg, NULL, 0) << 20; break;
-		case 'd': o->device = atoi(optarg); break;
-		case 'w': o->wait_s = atoi(optarg); break;
-		case 'S':
-			o->spin_us = atoi(optarg);
-			if (o->spin_us < 0 || o->spin_us > 1000000) {
-				fprintf(stderr, "kvferry-worker: --spin-us %s is outside 0..1000000\n", optarg);
-				return -1;
-			}
-			break;
-		case 'D':
-			o->depth = atoi(optarg);
-			if (o->depth < 1 || o->depth > WK_MAX_DEPTH) {
-				fprintf(stderr, "kvferry-worker: --depth %s is outside 1..%d\n", optarg, WK_MAX_DEPTH);
-				return -1;
-			}
-			break;
-		case 'h': usage(stdout); exit(0);
-		default: return -1;
-		}
-	}
-	if (o->depth == 0)
-		o->depth = o->backend == KN_BACKEND_CUDA ? 2 : 1;
-	if (o->spin_us < 0)
-		o->spin_us = o->backend == KN_BACKEND_CUDA ? 2000 : 0;
-	if (o->region == NULL || o->model == NULL || o->in == NULL || o->out == NULL
-	    || strlen(o->role) >= SHM_ROLE_MAX)
-		return -1;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	struct worker w;
@@ -768,18 +673,22 @@ int main(int argc, char **argv)
 
 	memset(&w, 0, sizeof(w));
 	w.idx = -1;
-	if (parse_opts(argc, argv, &w.o) < 0) {
-		usage(stderr);
+	rc = wk_load_opts(argc, argv, WK_MAX_DEPTH, &w.o, &w.cfg, err, sizeof(err));
+	if (rc != 0) {
+		cfg_free(w.cfg);
+		if (rc > 0)
+			return 0;
+		fprintf(stderr, "kvferry-worker: %s\n", err);
 		return 2;
 	}
+	rc = 1;
 	w.depth = w.o.depth;
-	if (getenv("KVFERRY_WORKER_TRACE") != NULL && *getenv("KVFERRY_WORKER_TRACE")) {
+	if (w.o.trace[0]) {
 		/* a diagnostic: each step's times, for lining the device up with a
 		 * load generator's clock (scripts/gpu-serve-check TRACE=1) */
-		w.trace = fopen(getenv("KVFERRY_WORKER_TRACE"), "w");
+		w.trace = fopen(w.o.trace, "w");
 		if (w.trace == NULL)
-			fprintf(stderr, "kvferry-worker: KVFERRY_WORKER_TRACE=%s: %s (no trace)\n",
-				getenv("KVFERRY_WORKER_TRACE"), strerror(errno));
+			fprintf(stderr, "kvferry-worker: trace %s: %s (no trace)\n", w.o.trace, strerror(errno));
 	}
 	/* 1 us timer slack: the futex sleep's wake-up is otherwise late by up to 50 us */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
@@ -801,6 +710,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvferry-worker[%s]: shm_region_attach(%s) failed: %s\n", w.o.role, w.o.region, err);
 		if (w.trace != NULL)
 			fclose(w.trace);
+		cfg_free(w.cfg);
 		return 1;
 	}
 	{
@@ -905,7 +815,8 @@ out_region:
 	if (reexec) {
 		execv("/proc/self/exe", argv);
 		fprintf(stderr, "kvferry-worker[%s]: execv(/proc/self/exe) failed: %s\n", w.o.role, strerror(errno));
-		return 1;
+		rc = 1;
 	}
+	cfg_free(w.cfg);
 	return rc;
 }

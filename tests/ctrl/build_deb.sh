@@ -44,4 +44,11 @@ done
 sed 's/^#\([a-z_]* = \)/\1/' "$conf" > "$tmp/uncommented.conf"
 "$tmp/root/usr/bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" >/dev/null \
   || fail "the packaged config with every default uncommented is rejected"
-echo "ok    the packaged config lists every key and the packaged daemon accepts it"
+if [ -x "$tmp/root/usr/bin/kvferry-worker" ]; then
+  grep -q "^\[worker\]" "$conf" || fail "the packaged kvferry.conf has no [worker] section"
+  for c in "$conf" "$tmp/uncommented.conf"; do
+    env -u KVFERRY_CONFIG "$tmp/root/usr/bin/kvferry-worker" --check --config "$c" --region r --model m --in ring:a \
+      --out ring:b >/dev/null || fail "the packaged worker rejects $c"
+  done
+fi
+echo "ok    the packaged config lists every key and the packaged daemons accept it"

@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-worker's configuration table ([worker] in kvferry.conf,
+ * KVFERRY_WK_* variables, flags) and its reading (worker_cfg.h).
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm_live.h"
+#include "worker_cfg.h"
+
+#define OFF(f) offsetof(struct wk_settings, f)
+
+static const char *const backend_names[] = { "cpu", "cuda", NULL };
+
+static const struct cfg_key keys[] = {
+	{ "region", "worker", CFG_STRING, OFF(region), "", 0, 0, "KVFERRY_WK_REGION", "--region", NULL, NULL,
+	  "the node's shm region (created by kvferry-dataplane or ctrld); required" },
+	{ "model", "worker", CFG_STRING, OFF(model), "", 0, 0, "KVFERRY_WK_MODEL", "--model", NULL, NULL,
+	  "the model directory (the same model as ctrld's: checked at join); required" },
+	{ "in", "worker", CFG_STRING, OFF(in), "", 0, 0, "KVFERRY_WK_IN", "--in", NULL, NULL,
+	  "where micro-batches arrive: ring:NAME (a ring on this node) or dp (the dataplane's receive "
+	  "ring); required" },
+	{ "out", "worker", CFG_STRING, OFF(out), "", 0, 0, "KVFERRY_WK_OUT", "--out", NULL, NULL,
+	  "where they go next: ring:NAME, or peer:NODE[/STREAM] (the dataplane toward another node); "
+	  "required" },
+	{ "role", "worker", CFG_STRING, OFF(role), "stage0", 0, 0, "KVFERRY_WK_ROLE", "--role", NULL, NULL,
+	  "liveness role and area prefix" },
+	{ "backend", "worker", CFG_ENUM, OFF(backend), "cpu", 0, 1, "KVFERRY_WK_BACKEND", "--backend",
+	  backend_names, NULL, "stage engine" },
+	{ "node", "worker", CFG_INT, OFF(node), "-1", -1, 65535, "KVFERRY_WK_NODE", "--node", NULL, NULL,
+	  "this node's dataplane id, for reports (-1: none)" },
+	{ "threads", "worker", CFG_INT, OFF(threads), "0", 0, 1024, "KVFERRY_WK_THREADS", "--threads", NULL,
+	  NULL, "CPU engine threads (0: what ctrld asks, else online cores)" },
+	{ "kv_mib", "worker", CFG_INT, OFF(kv_mib), "0", 0, 16777216, "KVFERRY_WK_KV_MIB", "--kv-mib", NULL,
+	  NULL, "CPU KV pool budget in MiB (0: what ctrld asks)" },
+	{ "device", "worker", CFG_INT, OFF(device), "0", 0, 63, "KVFERRY_WK_DEVICE", "--device", NULL, NULL,
+	  "CUDA device ordinal" },
+	{ "wait", "worker", CFG_INT, OFF(wait_s), "60", 0, 86400, "KVFERRY_WK_WAIT", "--wait", NULL, NULL,
+	  "seconds to wait for the region to appear" },
+	{ "depth", "worker", CFG_INT, OFF(depth), "0", 0, KN_STEP_DEPTH, "KVFERRY_WK_DEPTH", "--depth", NULL,
+	  NULL, "micro-batches in flight on the engine (0: 2 on cuda, where the next step queues behind the "
+	  "running one; 1 on cpu)" },
+	{ "spin_us", "worker", CFG_INT, OFF(spin_us), "-1", -1, 1000000, "KVFERRY_WK_SPIN_US", "--spin-us", NULL,
+	  NULL, "poll the input this long after the last message before sleeping in the ring's futex (-1: "
+	  "2000 on cuda, where a futex wake-up costs tens of us a step; 0 on cpu)" },
+	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
+	  "a diagnostic: write each step's times (taken, done, columns; CLOCK_MONOTONIC ns) to this file" },
+};
+
+static const char *const sections[] = { "worker", NULL };
+/* ctrld's sections of the same file */
+static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "dataplane", "pd", NULL };
+
+static const struct cfg_table table = {
+	.program = "kvferry-worker",
+	.keys = keys,
+	.n_keys = sizeof(keys) / sizeof(keys[0]),
+	.sections = sections,
+	.foreign_sections = foreign,
+	.env_prefix = "KVFERRY_WK_",
+	.env_skip = NULL,
+	.settings_size = sizeof(struct wk_settings),
+};
+
+extern char **environ;
+
+int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct cfg **cfgp, char *err,
+		 size_t errlen)
+{
+	static const char *const skip[] = { "--config", NULL };
+	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", NULL };
+	const char *path = getenv("KVFERRY_CONFIG");
+	const struct wk_settings *s;
+	struct cfg *c;
+	int must = path != NULL && *path, rc, done = 0;
+	static const struct {
+		const char *key, *env;
+		size_t off;
+	} required[] = { { "region", "KVFERRY_WK_REGION", OFF(region) }, { "model", "KVFERRY_WK_MODEL", OFF(model) },
+			 { "in", "KVFERRY_WK_IN", OFF(in) }, { "out", "KVFERRY_WK_OUT", OFF(out) } };
+
+	*cfgp = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			printf("usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP [options]\n"
+			       "Configuration: " "/etc/kvferry/kvferry.conf" " [worker], then KVFERRY_WK_* variables, "
+			       "then these options:\n"
+			       "  --config PATH            the configuration file (or KVFERRY_CONFIG)\n"
+			       "  --print-config           write a commented [worker] section with every default\n"
+			       "  --check                  check the configuration and exit\n");
+			cfg_print_usage(&table, stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--print-config")) {
+			cfg_print_defaults(&table, stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--check"))
+			done = 1;
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[++i], must = 1;
+		else if (!strncmp(argv[i], "--config=", 9))
+			path = argv[i] + 9, must = 1;
+	}
+	c = cfg_new(&table);
+	if (c == NULL) {
+		snprintf(err, errlen, "out of memory reading the configuration");
+		return -ENOMEM;
+	}
+	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);
+	if (!rc)
+		rc = cfg_load_env(c, environ, err, errlen);
+	if (!rc)
+		rc = cfg_load_args(c, argc, argv, skip, bare, err, errlen);
+	if (rc) {
+		cfg_free(c);
+		return rc;
+	}
+	s = cfg_settings(c);
+	for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++) {
+		if (!*((const char *)s + required[k].off)) {
+			snprintf(err, errlen, "%s is not set: give --%s, %s or [worker] %s", required[k].key,
+				 required[k].key, required[k].env, required[k].key);
+			cfg_free(c);
+			return -EINVAL;
+		}
+	}
+	if (strlen(s->role) >= SHM_ROLE_MAX) {
+		const char *origin;
+
+		cfg_source(c, "role", &origin);
+		snprintf(err, errlen, "role '%s' (from %s) is longer than %d bytes", s->role, origin, SHM_ROLE_MAX - 1);
+		cfg_free(c);
+		return -EINVAL;
+	}
+	memset(o, 0, sizeof(*o));
+	o->region = s->region;
+	o->model = s->model;
+	o->in = s->in;
+	o->out = s->out;
+	o->role = s->role;
+	o->trace = s->trace;
+	o->backend = s->backend == 1 ? KN_BACKEND_CUDA : KN_BACKEND_CPU;
+	o->node = (int32_t)s->node;
+	o->threads = (int32_t)s->threads;
+	o->kv_bytes = (size_t)s->kv_mib << 20;
+	o->device = (int32_t)s->device;
+	o->wait_s = (int32_t)s->wait_s;
+	o->depth = s->depth ? (int32_t)s->depth : o->backend == KN_BACKEND_CUDA ? 2 : 1;
+	if (o->depth > max_depth)
+		o->depth = max_depth;
+	o->spin_us = s->spin_us >= 0 ? (int32_t)s->spin_us : o->backend == KN_BACKEND_CUDA ? 2000 : 0;
+	*cfgp = c;
+	if (done) {
+		printf("configuration OK\n");
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-worker's options: one table (worker_cfg.c) over the floor's engine
+ * (kvf_cfg.h), read from kvferry.conf's [worker] section, KVFERRY_WK_*
+ * variables and flags, each value range-checked and named on a bad one.
+ */
+#ifndef WK_CFG_H
+#define WK_CFG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kn_stage.h"
+#include "kvf_cfg.h"
+
+/* The table's values (the engine stores integers as int64_t). */
+struct wk_settings {
+	char region[CFG_STRLEN], model[CFG_STRLEN], in[CFG_STRLEN], out[CFG_STRLEN], role[CFG_STRLEN];
+	int64_t backend;  /* 0 cpu, 1 cuda */
+	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
+	char trace[CFG_STRLEN];
+};
+
+/* What the daemon runs with, defaults resolved for the backend. */
+struct wk_opts {
+	const char *region, *model, *in, *out, *role, *trace;
+	enum kn_backend backend;
+	int32_t node, threads, device, wait_s, depth, spin_us;
+	size_t kv_bytes;
+};
+
+/*
+ * Read the configuration: the file (--config PATH, else KVFERRY_CONFIG, else
+ * /etc/kvferry/kvferry.conf when it exists), KVFERRY_WK_* variables, flags.
+ * @p o points into @p *cfg (free it with cfg_free() after the last use).
+ * @return 0; 1 when the arguments asked for --help, --print-config or
+ *         --check and that is done; < 0 with @p err naming the key, the
+ *         value and where it came from.
+ */
+int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct cfg **cfg, char *err,
+		 size_t errlen);
+
+#endif /* WK_CFG_H */

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# kvferry-worker reads its options like every daemon: kvferry.conf's [worker]
+# section (ctrld's sections in the same file skipped), KVFERRY_WK_* variables,
+# flags, in that order of strength; a bad value is refused at start (exit 2)
+# naming the key, the value, where it came from and the allowed range.
+#   worker_config.sh KVFERRY_WORKER
+set -u
+worker=$1
+tmp=$(mktemp -d /tmp/kvf-wkcfg-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; cat "$tmp/out" 2>/dev/null; exit 1; }
+run() { env -u KVFERRY_CONFIG "$@" >"$tmp/out" 2>&1; echo $?; }
+
+cat > "$tmp/kvferry.conf" <<'CONF'
+[http]
+port = 8000
+[pd]
+role = prefill
+[worker]
+region = kvf_test
+model = /nonexistent/model
+in = ring:serve.s0.in
+out = ring:serve.ret
+depth = 3
+CONF
+
+# the file alone is enough (ctrld's sections skipped)
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --check)" = 0 ] || fail "--check on a good file"
+grep -q "configuration OK" "$tmp/out" || fail "no 'configuration OK'"
+echo "ok    a [worker] section in a shared kvferry.conf configures the worker; ctrld's sections are skipped"
+
+# a value out of range: named with its origin and range, exit 2
+sed -i 's/^depth = 3/depth = 9/' "$tmp/kvferry.conf"
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] || fail "depth 9 accepted"
+grep -q "kvferry.conf:10: value '9' for 'depth' is out of range 0..4" "$tmp/out" || fail "depth 9: message"
+# a stronger layer overrides it, and is itself checked
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --depth 2 --check)" = 2 ] || fail "a bad file passes under a flag"
+sed -i 's/^depth = 9/depth = 1/' "$tmp/kvferry.conf"
+[ "$(run KVFERRY_WK_SPIN_US=abc "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] || fail "spin_us abc"
+grep -q "KVFERRY_WK_SPIN_US: invalid value 'abc' for 'spin_us': expected an integer" "$tmp/out" || fail "spin_us abc: message"
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --threads -3 --check)" = 2 ] || fail "--threads -3"
+grep -q "value '-3' for 'threads' is out of range 0..1024" "$tmp/out" || fail "--threads -3: message"
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --backend gpu --check)" = 2 ] || fail "--backend gpu"
+grep -q "expected one of cpu or cuda" "$tmp/out" || fail "--backend gpu: message"
+echo "ok    bad values from the file, a variable and flags are refused at start, naming key, origin and range"
+
+# unknown section, key, option, variable of the worker's prefix; a missing requirement
+printf '[wroker]\nregion = x\n' > "$tmp/typo.conf"
+[ "$(run "$worker" --config "$tmp/typo.conf" --check)" = 2 ] || fail "[wroker]"
+grep -q "unknown section \[wroker\] (kvferry-worker reads worker)" "$tmp/out" || fail "[wroker]: message"
+[ "$(run "$worker" --config "$tmp/kvferry.conf" --dept 2 --check)" = 2 ] || fail "--dept"
+grep -q "unknown option '--dept'" "$tmp/out" || fail "--dept: message"
+[ "$(run KVFERRY_WK_DEPHT=1 "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] || fail "KVFERRY_WK_DEPHT"
+grep -q "unknown variable KVFERRY_WK_DEPHT" "$tmp/out" || fail "KVFERRY_WK_DEPHT: message"
+# ctrld's variables in the same environment are not the worker's business
+[ "$(run KVFERRY_PORT=9 "$worker" --config "$tmp/kvferry.conf" --check)" = 0 ] || fail "KVFERRY_PORT broke the worker"
+printf '[worker]\nregion = x\n' > "$tmp/short.conf"
+[ "$(run "$worker" --config "$tmp/short.conf" --check)" = 2 ] || fail "no model accepted"
+grep -q "model is not set: give --model, KVFERRY_WK_MODEL or \[worker\] model" "$tmp/out" || fail "no model: message"
+echo "ok    unknown sections, options and variables are refused by name; a missing requirement says where to set it"
+
+# --print-config writes a [worker] section every key of which parses back
+"$worker" --print-config > "$tmp/print.conf" || fail "--print-config"
+grep -q "^\[worker\]" "$tmp/print.conf" || fail "--print-config has no [worker]"
+sed -e 's/^#\([a-z_]* = \)/\1/' "$tmp/print.conf" > "$tmp/uncommented.conf"
+[ "$(run "$worker" --config "$tmp/uncommented.conf" --region r --model m --in ring:a --out ring:b --check)" = 0 ] \
+  || fail "the printed defaults do not parse back"
+echo "ok    --print-config writes every key's default, and that file parses back"
