@@ -175,10 +175,10 @@ const struct cfg_key g_cfg_keys[] = {
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
 
-/* The file also holds the worker's [worker] section; the worker's variables
- * (KVFERRY_WK_*) and the engine's knobs (KVFERRY_CUDA_*) are not ctrld's. */
-static const char *const foreign_sections[] = {"worker", NULL};
-static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_CUDA_", NULL};
+/* The file also holds the worker's [worker] and the dataplane's [dp] sections; their variables
+ * (KVFERRY_WK_*, KVFERRY_DP_*) and the engine's knobs (KVFERRY_CUDA_*) are not ctrld's. */
+static const char *const foreign_sections[] = {"worker", "dp", NULL};
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_", NULL};
 
 const struct cfg_table g_cfg_table = {
 	.program = "kvferry-ctrld",

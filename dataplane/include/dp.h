@@ -66,6 +66,20 @@ struct dp_opts {
 /** Defaults: frame 9000, idle poll, rx pools 256 x 64 KiB and 32 x 4 MiB, 8192 mbufs. */
 void dp_opts_init(struct dp_opts *o);
 
+struct cfg;
+
+/**
+ * Fill @p o from kvferry.conf's [dp] section (--config PATH, else
+ * KVFERRY_CONFIG, else /etc/kvferry/kvferry.conf when present), KVFERRY_DP_*
+ * variables and flags (--peer may repeat), through the floor's table engine
+ * (kvf_cfg.h). @p o's strings point into @p *cfg: cfg_free() it after the
+ * last use. @p impair_given is set when an impairment was configured.
+ * @return 0; 1 when --help, --print-config or --check was served; < 0 with
+ *         @p err naming the key, the value, its origin and what is allowed.
+ */
+int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfg, int *impair_given, char *err,
+		size_t errlen);
+
 /**
  * Parse "id=[mac,]a.b.c.d[,port]" into @p p.
  * @return 0 or -EINVAL.

@@ -51,4 +51,11 @@ if [ -x "$tmp/root/usr/bin/kvferry-worker" ]; then
       --out ring:b >/dev/null || fail "the packaged worker rejects $c"
   done
 fi
+if [ -x "$tmp/root/usr/bin/kvferry-dataplane" ]; then
+  grep -q "^\[dp\]" "$conf" || fail "the packaged kvferry.conf has no [dp] section"
+  for c in "$conf" "$tmp/uncommented.conf"; do
+    env -u KVFERRY_CONFIG "$tmp/root/usr/bin/kvferry-dataplane" --check --config "$c" --port net_null0 --region r \
+      >/dev/null || fail "the packaged dataplane rejects $c"
+  done
+fi
 echo "ok    the packaged config lists every key and the packaged daemons accept it"
