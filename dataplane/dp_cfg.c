@@ -86,8 +86,6 @@ static const struct cfg_table table = {
 	.settings_size = sizeof(struct dp_settings),
 };
 
-extern char **environ;
-
 static int parse_pool(const char *s, uint32_t *n, uint32_t *size)
 {
 	unsigned a, b;
@@ -136,66 +134,36 @@ static int refuse(const struct cfg *c, const char *key, const char *value, const
 int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int *impair_given, char *err,
 		size_t errlen)
 {
-	static const char *const skip[] = { "--config", "--peer", NULL };
-	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", NULL };
-	const char *path = getenv("KVFERRY_CONFIG");
-	int must = path != NULL && *path, check = 0, rc;
+	static const char *const skip[] = { "--peer", NULL };
 	const struct dp_settings *s;
 	char peers[CFG_STRLEN] = "", *save = NULL, *tok, buf[CFG_STRLEN];
 	size_t pl = 0;
 	struct cfg *c;
+	int check, rc;
 
 	*cfgp = NULL;
 	*impair_given = 0;
+	/* --peer repeats: each one adds to the peers key */
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			printf("usage: kvferry-dataplane --node-id N --port SPEC --region NAME [options]\n"
-			       "Configuration: /etc/kvferry/kvferry.conf [dp], then KVFERRY_DP_* variables, then "
-			       "these options:\n"
-			       "  --config PATH            the configuration file (or KVFERRY_CONFIG)\n"
-			       "  --peer ID=[MAC,]IP[,PORT] one peer (repeat; adds to peers)\n"
-			       "  --print-config           write a commented [dp] section with every default\n"
-			       "  --check                  check the configuration and exit\n");
-			cfg_print_usage(&table, stdout);
-			return 1;
-		}
-		if (!strcmp(argv[i], "--print-config")) {
-			cfg_print_defaults(&table, stdout);
-			return 1;
-		}
-		if (!strcmp(argv[i], "--check"))
-			check = 1;
-		if ((!strcmp(argv[i], "--config") || !strcmp(argv[i], "--peer")) && i + 1 == argc) {
-			snprintf(err, errlen, "option %s needs a value", argv[i]);
-			return -EINVAL;
-		}
-		if (!strcmp(argv[i], "--config"))
-			path = argv[++i], must = 1;
-		else if (!strncmp(argv[i], "--config=", 9))
-			path = argv[i] + 9, must = 1;
-		else if (!strcmp(argv[i], "--peer") || !strncmp(argv[i], "--peer=", 7)) {
-			const char *v = argv[i][6] == '=' ? argv[i] + 7 : argv[++i];
-			int n = snprintf(peers + pl, sizeof(peers) - pl, "%s%s", pl ? " " : "", v);
+		if (!strcmp(argv[i], "--peer") || !strncmp(argv[i], "--peer=", 7)) {
+			const char *v = argv[i][6] == '=' ? argv[i] + 7 : i + 1 < argc ? argv[++i] : NULL;
+			int n = v != NULL ? snprintf(peers + pl, sizeof(peers) - pl, "%s%s", pl ? " " : "", v) : -1;
 
 			if (n < 0 || (size_t)n >= sizeof(peers) - pl) {
-				snprintf(err, errlen, "--peer: the peer list is longer than %zu bytes", sizeof(peers) - 1);
+				snprintf(err, errlen, v == NULL ? "option --peer needs ID=[MAC,]IP[,PORT]"
+								: "--peer: the peer list is longer than %zu bytes",
+					 sizeof(peers) - 1);
 				return -EINVAL;
 			}
 			pl += (size_t)n;
 		}
 	}
-	c = cfg_new(&table);
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory reading the configuration");
-		return -ENOMEM;
-	}
-	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);
-	if (!rc)
-		rc = cfg_load_env(c, environ, err, errlen);
-	if (!rc)
-		rc = cfg_load_args(c, argc, argv, skip, bare, err, errlen);
-	if (!rc && pl)
-		rc = cfg_set(c, "peers", peers, CFG_SRC_FLAG, "--peer", err, errlen);
+	check = cfg_load_daemon(&table, "usage: kvferry-dataplane --node-id N --port SPEC --region NAME [options]\n"
+				"  --peer ID=[MAC,]IP[,PORT] one peer (repeat; adds to peers)", argc, argv, skip, &c, err,
+				errlen);
+	if (check < 0 || c == NULL)
+		return check;
+	rc = pl ? cfg_set(c, "peers", peers, CFG_SRC_FLAG, "--peer", err, errlen) : 0;
 	if (rc)
 		goto fail;
 	s = cfg_settings(c);

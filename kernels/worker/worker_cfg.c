@@ -66,60 +66,22 @@ static const struct cfg_table table = {
 	.settings_size = sizeof(struct wk_settings),
 };
 
-extern char **environ;
-
 int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct cfg **cfgp, char *err,
 		 size_t errlen)
 {
-	static const char *const skip[] = { "--config", NULL };
-	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", NULL };
-	const char *path = getenv("KVFERRY_CONFIG");
-	const struct wk_settings *s;
-	struct cfg *c;
-	int must = path != NULL && *path, rc, done = 0;
 	static const struct {
 		const char *key, *env;
 		size_t off;
 	} required[] = { { "region", "KVFERRY_WK_REGION", OFF(region) }, { "model", "KVFERRY_WK_MODEL", OFF(model) },
 			 { "in", "KVFERRY_WK_IN", OFF(in) }, { "out", "KVFERRY_WK_OUT", OFF(out) } };
+	const struct wk_settings *s;
+	struct cfg *c;
+	int done = cfg_load_daemon(&table, "usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP "
+				   "[options]", argc, argv, NULL, &c, err, errlen);
 
 	*cfgp = NULL;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			printf("usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP [options]\n"
-			       "Configuration: " "/etc/kvferry/kvferry.conf" " [worker], then KVFERRY_WK_* variables, "
-			       "then these options:\n"
-			       "  --config PATH            the configuration file (or KVFERRY_CONFIG)\n"
-			       "  --print-config           write a commented [worker] section with every default\n"
-			       "  --check                  check the configuration and exit\n");
-			cfg_print_usage(&table, stdout);
-			return 1;
-		}
-		if (!strcmp(argv[i], "--print-config")) {
-			cfg_print_defaults(&table, stdout);
-			return 1;
-		}
-		if (!strcmp(argv[i], "--check"))
-			done = 1;
-		if (!strcmp(argv[i], "--config") && i + 1 < argc)
-			path = argv[++i], must = 1;
-		else if (!strncmp(argv[i], "--config=", 9))
-			path = argv[i] + 9, must = 1;
-	}
-	c = cfg_new(&table);
-	if (c == NULL) {
-		snprintf(err, errlen, "out of memory reading the configuration");
-		return -ENOMEM;
-	}
-	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);
-	if (!rc)
-		rc = cfg_load_env(c, environ, err, errlen);
-	if (!rc)
-		rc = cfg_load_args(c, argc, argv, skip, bare, err, errlen);
-	if (rc) {
-		cfg_free(c);
-		return rc;
-	}
+	if (done < 0 || c == NULL)
+		return done;
 	s = cfg_settings(c);
 	for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++) {
 		if (!*((const char *)s + required[k].off)) {
@@ -155,9 +117,7 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 		o->depth = max_depth;
 	o->spin_us = s->spin_us >= 0 ? (int32_t)s->spin_us : o->backend == KN_BACKEND_CUDA ? 2000 : 0;
 	*cfgp = c;
-	if (done) {
+	if (done)
 		printf("configuration OK\n");
-		return 1;
-	}
-	return 0;
+	return done;
 }

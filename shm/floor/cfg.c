@@ -524,6 +524,64 @@ int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const 
 	return 0;
 }
 
+extern char **environ;
+
+int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char *const *argv,
+		    const char *const *skip, struct cfg **out, char *err, size_t errlen)
+{
+	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", NULL };
+	const char *all_skip[8] = { "--config" }, *path = getenv("KVFERRY_CONFIG");
+	int must = path != NULL && *path, check = 0, rc;
+	size_t ns = 1;
+	struct cfg *c;
+
+	*out = NULL;
+	for (; skip != NULL && *skip != NULL && ns < 7; skip++)
+		all_skip[ns++] = *skip;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			printf("%s\nConfiguration: /etc/kvferry/kvferry.conf [%s], then %s* variables, then these "
+			       "options:\n"
+			       "  --config PATH            the configuration file (or KVFERRY_CONFIG)\n"
+			       "  --print-config           write a commented [%s] section with every default\n"
+			       "  --check                  check the configuration and exit\n",
+			       usage, t->sections[0], t->env_prefix, t->sections[0]);
+			cfg_print_usage(t, stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--print-config")) {
+			cfg_print_defaults(t, stdout);
+			return 1;
+		}
+		check |= !strcmp(argv[i], "--check");
+		if (!strcmp(argv[i], "--config")) {
+			if (i + 1 == argc) {
+				fmt(err, errlen, "option --config needs a path");
+				return -EINVAL;
+			}
+			path = argv[++i], must = 1;
+		} else if (!strncmp(argv[i], "--config=", 9)) {
+			path = argv[i] + 9, must = 1;
+		}
+	}
+	c = cfg_new(t);
+	if (c == NULL) {
+		fmt(err, errlen, "out of memory reading the configuration");
+		return -ENOMEM;
+	}
+	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);
+	if (!rc)
+		rc = cfg_load_env(c, environ, err, errlen);
+	if (!rc)
+		rc = cfg_load_args(c, argc, argv, all_skip, bare, err, errlen);
+	if (rc) {
+		cfg_free(c);
+		return rc;
+	}
+	*out = c;
+	return check;
+}
+
 void cfg_value_text(const struct cfg *c, size_t i, char *buf, size_t len)
 {
 	const struct cfg_key *k = &c->t->keys[i];

@@ -120,6 +120,19 @@ int cfg_load_env(struct cfg *c, char *const *envp, char *err, size_t errlen);
 int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const *skip,
 		  const char *const *skip_bare, char *err, size_t errlen);
 
+/**
+ * A daemon's whole start-up read, in one call: --help (usage line @p usage,
+ * the standard flags, then every key), --print-config, or the layers: the
+ * file (--config PATH, else KVFERRY_CONFIG, else /etc/kvferry/kvferry.conf
+ * when it exists), the program's variables, the flags (@p skip: the
+ * caller's own flags that take a value, besides --config).
+ * @return 0 with @p *out set; 1 when --help / --print-config was served
+ *         (@p *out NULL) or --check was asked (@p *out set: check, then say
+ *         so); < 0 with @p err filled (@p *out NULL).
+ */
+int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char *const *argv,
+		    const char *const *skip, struct cfg **out, char *err, size_t errlen);
+
 /** Where @p key came from (@p origin may be NULL). @return the source, or -ENOENT. */
 int cfg_source(const struct cfg *c, const char *key, const char **origin);
 
