@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA stage engine's private parts, shared by its files: the stage
+ * (struct cu_stage), its error and allocation helpers, and what each file
+ * offers the others. engine.cu holds the step path and the vtable
+ * (its invariants are written there), weights.cu the weights, pool and
+ * workspace, graph.cu the step as enqueued into a graph and its capture.
+ */
+#ifndef KN_CUDA_ENGINE_INT_CUH
+#define KN_CUDA_ENGINE_INT_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "embed.cuh"
+#include "fill.cuh"
+#include "gemm.cuh"
+#include "gemv.cuh"
+#include "kn_cuda.h"
+#include "kn_stage_impl.h"
+#include "qkv_rope.cuh"
+#include "rmsnorm.cuh"
+#include "sample.cuh"
+#include "swiglu.cuh"
+#include "table.cuh"
+
+/* Widest plan whose graph uses programmatic dependent launch (cu_capture()). */
+#define KN_CU_PDL_MAX_W 256
+/* cuBLAS workspace: set explicitly so graph capture never allocates. */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+/* Conversion staging for non-bf16 weights (f32/f16 files). */
+#define STAGE_BYTES ((size_t)64 << 20)
+
+struct layer_w {
+	kn_bf16 *wqkv;  /* [q_dim + 2 kv_dim][hidden] */
+	kn_bf16 *wo;    /* [hidden][q_dim] */
+	kn_bf16 *wgu;   /* [2 inter][hidden]: gate rows, then up rows */
+	kn_bf16 *wd;    /* [hidden][inter] */
+	float *ln1, *ln2; /* [hidden] */
+	float *bqkv;    /* [qkv_dim] or NULL */
+	float *qn, *kn; /* [head_dim] or NULL */
+};
+
+struct plan {
+	int32_t width;
+	cudaGraphExec_t exec; /* NULL until the plan's first step */
+};
+
+/* One in-flight step's host side (pinned) and its completion event. */
+struct cu_slot {
+	struct kn_column *h_in;   /* [1 + wmax]: [0] = params (n_top), then the columns */
+	int32_t *h_out;           /* the sampler's outputs for plan width W (out_layout) */
+	struct kn_op *h_ops;      /* ops replayed ahead of this step */
+	int h_ops_cap;
+	cudaEvent_t ev;
+	struct kn_step st;        /* the caller's step: its buffers stay valid until the wait */
+	int W, n_top, host_rows, bounce_out, done, rc;
+};
+
+struct cu_stage {
+	struct kn_stage base; /* first member: kn_stage_impl.h */
+	struct kn_model_config cfg_copy;
+	int nl, hidden, inter, vocab, hd, nh, nkv, q_dim, kv_dim, qkv_dim, max_ctx, wmax;
+	int dev;
+	cudaStream_t st;
+	cublasHandle_t blas;
+	void *blas_ws;
+	struct layer_w *L;
+	kn_bf16 *embed, *lm_head;
+	int lm_head_owned;
+	float *fnorm, *inv_freq;
+	size_t weight_bytes, ws_bytes, kv_bytes, blk_bytes;
+	kn_bf16 *kv;          /* [nl][2][n_blocks][nkv][KN_PAGE_BLK][hd] */
+	int32_t *d_table;     /* [n_slots][max_bps] */
+	struct kn_column *d_in, *d_cols;   /* [1 + wmax] step params + columns; d_cols = d_in + 1 */
+	int32_t *d_out;                    /* sampler outputs, out_layout() of the plan width */
+	struct kn_op *d_ops;               /* ops replayed by table.cuh, [d_ops_cap] */
+	int d_ops_cap;
+	struct kn_op *p_ops;               /* applied since the last submit, [p_ops_n] */
+	int p_ops_n, p_ops_cap;
+	struct cu_slot ring[KN_STEP_DEPTH];
+	int r_head, r_n;
+	float *h_hidden;                   /* [wmax][hidden] pinned staging */
+	float *h_row;                      /* [vocab] pinned, rows sampled on the host */
+	const void *pin_seen[2];           /* hidden_in / hidden_out of the last step ... */
+	int pin_known[2];                  /* ... and whether it was page-locked */
+	void *scratch;                     /* kn_sample_column() scratch */
+	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
+	unsigned *attn_cnt;    /* [wmax][n_kv_heads] attention split counters, kept at zero */
+	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
+	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
+	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
+	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
+	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
+	struct plan plans[KN_MAX_PLANS];
+	int n_plans;
+	/* allocations to free, in order of acquisition */
+	void *dptr[4096];
+	int n_dptr;
+};
+
+/* Name the failure in the stage's error buffer (kn_stage_error). */
+void cu_seterr(struct cu_stage *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Check a CUDA runtime call; on failure name it and return -EIO. */
+#define CK(call)                                                                             \
+	do {                                                                                 \
+		cudaError_t e_ = (call);                                                     \
+		if (e_ != cudaSuccess) {                                                     \
+			cu_seterr(s, "%s failed: %s (%s)", #call, cudaGetErrorString(e_),      \
+			       cudaGetErrorName(e_));                                        \
+			return -EIO;                                                         \
+		}                                                                            \
+	} while (0)
+
+/* cudaMalloc + zero, recorded for cu_destroy; the error names @p what and the fix. */
+int cu_dalloc(struct cu_stage *s, void **p, size_t bytes, const char *what);
+/* Free one recorded allocation. */
+void cu_dfree(struct cu_stage *s, void *p);
+
+/* The sampler's outputs for a plan of width W, back to back so one copy
+ * brings them home: tokens [W], logprobs [W], top ids [W][KN_CU_MAX_TOP],
+ * top logprobs [W][KN_CU_MAX_TOP]. */
+struct out_layout {
+	int32_t *tok;
+	float *lp;
+	int32_t *ids;
+	float *lps;
+};
+
+static inline struct out_layout out_layout(int32_t *base, int W)
+{
+	struct out_layout o;
+	o.tok = base;
+	o.lp = (float *)(base + W);
+	o.ids = base + 2 * W;
+	o.lps = (float *)(base + 2 * W + W * KN_CU_MAX_TOP);
+	return o;
+}
+
+static inline size_t out_bytes(int W, int n_top)
+{
+	return (size_t)W * (n_top > 0 ? 2 + 2 * KN_CU_MAX_TOP : 2) * 4;
+}
+
+/* weights.cu: the layers' weights (or random ones), the KV pool, the workspace. */
+int cu_load_weights(struct cu_stage *s, int rand, uint64_t seed);
+int cu_alloc_pool(struct cu_stage *s, int32_t n_blocks);
+int cu_alloc_workspace(struct cu_stage *s);
+
+/* graph.cu: a plan's graph, captured at its first step; dropped when the pool moves. */
+int cu_capture(struct cu_stage *s, struct plan *p);
+void cu_drop_graphs(struct cu_stage *s);
+
+#endif /* KN_CUDA_ENGINE_INT_CUH */

@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A plan's step as enqueued into a CUDA graph (every layer, the norm, the
+ * LM head and the sampler at the plan's fixed width), and its capture
+ * (engine_int.cuh; the invariants are in engine.cu).
+ */
+#include "engine_int.cuh"
+
+/* ---- the step, as enqueued into a graph ---- */
+
+#define CKL(call, what)                                                                       \
+	do {                                                                                  \
+		cudaError_t e_ = (call);                                                      \
+		if (e_ != cudaSuccess) {                                                      \
+			cu_seterr(s, "%s (layer %d, plan width %d) failed: %s", what, l, W,       \
+			       cudaGetErrorString(e_));                                       \
+			return -EIO;                                                          \
+		}                                                                             \
+	} while (0)
+
+static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y, int n, int in,
+		  int out)
+{
+	char e[256];
+	if (kn_cuda_linear(s->blas, w, x, s->xb, y, n, in, out, s->wide_split, s->gemv_kind, s->st, e,
+			   sizeof(e))) {
+		cu_seterr(s, "%s", e);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int linear_bf16(struct cu_stage *s, const kn_bf16 *w, float *y, int n, int in, int out)
+{
+	char e[256];
+	if (kn_cuda_linear_bf16(s->blas, w, s->xb, y, n, in, out, e, sizeof(e))) {
+		cu_seterr(s, "%s", e);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Residual add + RMSNorm, then the linear layer that reads the normed rows:
+ * wide plans with X rounded to bf16 take the norm's output in bf16 straight
+ * into cuBLAS (no f32 write, no rounding pass; same bits). */
+static int norm_linear(struct cu_stage *s, int W, const float *delta, const float *nw,
+		       const kn_bf16 *w, float *y, int out, int l)
+{
+	const int H = s->hidden;
+	const float eps = s->base.cfg->rms_eps;
+	if (W > KN_CU_GEMV_MAX_N && !s->wide_split) {
+		CKL(kn_cuda_add_rmsnorm_bf16(s->resid, delta, nw, eps, W, H, s->xb, s->st),
+		    "kn_cuda_add_rmsnorm_bf16");
+		return linear_bf16(s, w, y, W, H, out);
+	}
+	CKL(kn_cuda_add_rmsnorm(s->resid, delta, nw, eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm");
+	return linear(s, w, s->x, y, W, H, out);
+}
+
+static int enqueue(struct cu_stage *s, int W)
+{
+	const struct kn_model_config *c = s->base.cfg;
+	const int H = s->hidden;
+	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd;
+	int l = -1, rc;
+	if (s->base.first)
+		CKL(kn_cuda_embed(s->embed, s->d_cols, W, H, s->resid, s->st), "kn_cuda_embed");
+	const float *pending = NULL;
+	for (int i = 0; i < s->nl; i++) {
+		const struct layer_w *w = &s->L[i];
+		l = s->base.opts.layer_start + i;
+		if ((rc = norm_linear(s, W, pending, w->ln1, w->wqkv, s->qkv, s->qkv_dim, l)))
+			return rc;
+		kn_bf16 *kc = s->kv + (size_t)i * lay, *vc = kc + lay / 2;
+		struct kn_cu_qkv_args qa = {};
+		qa.qkv = s->qkv;
+		qa.bias = w->bqkv;
+		qa.q_norm = w->qn;
+		qa.k_norm = w->kn;
+		qa.inv_freq = s->inv_freq;
+		qa.cols = s->d_cols;
+		qa.table = s->d_table;
+		qa.k_cache = kc;
+		qa.v_cache = vc;
+		qa.n = W;
+		qa.n_heads = s->nh;
+		qa.n_kv_heads = s->nkv;
+		qa.head_dim = s->hd;
+		qa.max_bps = s->base.opts.max_blocks_per_slot;
+		qa.eps = c->rms_eps;
+		CKL(kn_cuda_qkv_rope(&qa, s->st), "kn_cuda_qkv_rope");
+		struct kn_cu_attn_args aa = {};
+		aa.q = s->qkv;
+		aa.q_stride = s->qkv_dim;
+		aa.k_cache = kc;
+		aa.v_cache = vc;
+		aa.table = s->d_table;
+		aa.cols = s->d_cols;
+		aa.out = s->att;
+		aa.part = s->attn_ws;
+		aa.counters = s->attn_cnt;
+		aa.n = W;
+		aa.n_heads = s->nh;
+		aa.n_kv_heads = s->nkv;
+		aa.head_dim = s->hd;
+		aa.max_bps = s->base.opts.max_blocks_per_slot;
+		aa.max_ctx = s->max_ctx;
+		aa.scale = 1.0f / sqrtf((float)s->hd);
+		/* Tile kernel: exact (q, P as hi + lo) on narrow plans, so the decode
+		 * path stays f32-grade; wide plans follow the X choice (bf16 q and P,
+		 * as transformers' bf16 attention, unless cuda_wide_x asks f32-grade). */
+		/* auto: tile on wide plans only. At <= 16 decode columns the column
+		 * kernel measured equal or faster (8B batch 8, ctx 512: 6.7 vs 7.5 ms;
+		 * batch 1, ctx 4096: 4.91 vs 4.97 ms): each warp serves its 16 / GM
+		 * columns' slots one after another with one page in flight. */
+		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
+											  : KN_CU_ATTN_COLUMN;
+		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split;
+		aa.split = kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)))
+			return rc;
+		if ((rc = norm_linear(s, W, s->delta, w->ln2, w->wgu, s->gu, 2 * s->inter, l)))
+			return rc;
+		if (W > KN_CU_GEMV_MAX_N && !s->wide_split) {
+			CKL(kn_cuda_swiglu_bf16(s->gu, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
+			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H);
+		} else {
+			CKL(kn_cuda_swiglu(s->gu, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
+			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H);
+		}
+		if (rc)
+			return rc;
+		pending = s->delta;
+	}
+	if (s->base.last) {
+		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
+			return rc;
+		struct kn_cu_sample_args sa = {};
+		struct out_layout o = out_layout(s->d_out, W);
+		sa.logits = s->logits;
+		sa.vocab = s->vocab;
+		sa.cols = s->d_cols;
+		sa.n = W;
+		sa.n_top = (const int32_t *)s->d_in;
+		sa.tokens = o.tok;
+		sa.tok_lp = o.lp;
+		sa.top_ids = o.ids;
+		sa.top_lps = o.lps;
+		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
+	} else if (pending) {
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");
+	}
+	return 0;
+}
+
+void cu_drop_graphs(struct cu_stage *s)
+{
+	for (int i = 0; i < s->n_plans; i++)
+		if (s->plans[i].exec) {
+			cudaGraphExecDestroy(s->plans[i].exec);
+			s->plans[i].exec = NULL;
+		}
+}
+
+int cu_capture(struct cu_stage *s, struct plan *p)
+{
+	cudaGraph_t g = NULL;
+	CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+	/* Programmatic dependent launch on decode-sized plans only: measured on
+	 * the H200, 1B batch 1 1.240 -> 1.168 ms, 8B batch 64 6.64 -> 6.57,
+	 * batch 256 12.88 -> 12.82; the 2048-column prefill of 1B 14.9 -> 15.8 ms
+	 * slower with it, 8B equal. */
+	kn_cuda_pdl_suspend(p->width > KN_CU_PDL_MAX_W);
+	int rc = enqueue(s, p->width);
+	kn_cuda_pdl_suspend(0);
+	cudaError_t e = cudaStreamEndCapture(s->st, &g);
+	if (rc) {
+		if (g)
+			cudaGraphDestroy(g);
+		cudaGetLastError();
+		return rc;
+	}
+	if (e != cudaSuccess) {
+		cu_seterr(s, "cudaStreamEndCapture(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
+		return -EIO;
+	}
+	e = cudaGraphInstantiate(&p->exec, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) {
+		p->exec = NULL;
+		cu_seterr(s, "cudaGraphInstantiate(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}

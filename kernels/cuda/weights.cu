@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA engine's memory: the stage's weights uploaded from the loader's
+ * mapping (or filled at random for benchmarks), the paged KV pool and the
+ * step workspace (engine_int.cuh).
+ */
+#include "engine_int.cuh"
+
+/* ---- weights ---- */
+
+/* Upload @p t (any dtype, @p rows x @p cols) as bf16 to @p dst. */
+static int upload_bf16(struct cu_stage *s, kn_bf16 *dst, const struct kn_tensor *t, int64_t rows,
+		       int64_t cols)
+{
+	const size_t n = (size_t)rows * (size_t)cols;
+	size_t have = 1;
+	for (int i = 0; i < t->n_dims; i++)
+		have *= (size_t)t->shape[i];
+	if (have != n) {
+		cu_seterr(s, "tensor %s has %zu elements, the config implies %lld x %lld", t->name, have,
+		       (long long)rows, (long long)cols);
+		return -EINVAL;
+	}
+	if (t->dtype == KN_DT_BF16) {
+		CK(cudaMemcpy(dst, t->data, n * 2, cudaMemcpyHostToDevice));
+		return 0;
+	}
+	uint16_t *buf = (uint16_t *)malloc(STAGE_BYTES);
+	if (!buf) {
+		cu_seterr(s, "malloc(%zu) for weight conversion staging failed", STAGE_BYTES);
+		return -ENOMEM;
+	}
+	const size_t chunk = STAGE_BYTES / 2;
+	for (size_t o = 0; o < n; o += chunk) {
+		size_t m = n - o < chunk ? n - o : chunk;
+		for (size_t i = 0; i < m; i++) {
+			float f = t->dtype == KN_DT_F32 ? ((const float *)t->data)[o + i]
+							: kn_f16_to_f32(((const uint16_t *)t->data)[o + i]);
+			buf[i] = kn_f32_to_bf16(f);
+		}
+		cudaError_t e = cudaMemcpy(dst + o, buf, m * 2, cudaMemcpyHostToDevice);
+		if (e != cudaSuccess) {
+			free(buf);
+			cu_seterr(s, "cudaMemcpy(%s, %zu bytes) failed: %s", t->name, m * 2, cudaGetErrorString(e));
+			return -EIO;
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+/* Upload a small vector tensor as f32. */
+static int upload_f32(struct cu_stage *s, float *dst, const struct kn_tensor *t, int64_t n)
+{
+	size_t have = 1;
+	for (int i = 0; i < t->n_dims; i++)
+		have *= (size_t)t->shape[i];
+	if (have != (size_t)n) {
+		cu_seterr(s, "tensor %s has %zu elements, expected %lld", t->name, have, (long long)n);
+		return -EINVAL;
+	}
+	float *buf = (float *)malloc((size_t)n * sizeof(float));
+	if (!buf) {
+		cu_seterr(s, "malloc(%lld floats) failed", (long long)n);
+		return -ENOMEM;
+	}
+	for (int64_t i = 0; i < n; i++)
+		buf[i] = t->dtype == KN_DT_F32   ? ((const float *)t->data)[i]
+			 : t->dtype == KN_DT_BF16 ? kn_bf16_to_f32(((const uint16_t *)t->data)[i])
+						  : kn_f16_to_f32(((const uint16_t *)t->data)[i]);
+	cudaError_t e = cudaMemcpy(dst, buf, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+	free(buf);
+	if (e != cudaSuccess) {
+		cu_seterr(s, "cudaMemcpy(%s) failed: %s", t->name, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+static const struct kn_tensor *need(struct cu_stage *s, const char *fmt, int l)
+{
+	char name[160];
+	snprintf(name, sizeof(name), fmt, l);
+	const struct kn_tensor *t = kn_model_tensor(s->base.model, name);
+	if (!t)
+		cu_seterr(s, "kn_stage_create(cuda): tensor %s is missing from %s", name,
+		       kn_model_dir(s->base.model));
+	return t;
+}
+
+/* Seed of weight tensor `id` of layer l (l = -1: embedding/head/final norm). */
+static uint64_t wseed(uint64_t seed, int l, int id)
+{
+	return seed * 1000003ull + (uint64_t)(l + 1) * 64ull + (uint64_t)id;
+}
+
+static int fill_or_load_mat(struct cu_stage *s, kn_bf16 *dst, int64_t rows, int64_t cols,
+			    const char *fmt, int l, int rand, uint64_t seed, int id)
+{
+	if (rand) {
+		/* U(-a, a) with a = 1/sqrt(cols): unit-variance activations stay O(1). */
+		float a = 1.0f / sqrtf((float)cols) * 1.7320508f;
+		CK(kn_cuda_fill_bf16(dst, (size_t)rows * cols, wseed(seed, l, id), a, s->st));
+		return 0;
+	}
+	const struct kn_tensor *t = need(s, fmt, l);
+	return t ? upload_bf16(s, dst, t, rows, cols) : -EINVAL;
+}
+
+static int fill_or_load_vec(struct cu_stage *s, float *dst, int64_t n, const char *fmt, int l,
+			    int rand, uint64_t seed, int id, float base, float scale)
+{
+	if (rand) {
+		CK(kn_cuda_fill_f32(dst, (size_t)n, wseed(seed, l, id), base, scale, s->st));
+		return 0;
+	}
+	const struct kn_tensor *t = need(s, fmt, l);
+	return t ? upload_f32(s, dst, t, n) : -EINVAL;
+}
+
+int cu_load_weights(struct cu_stage *s, int rand, uint64_t seed)
+{
+	const struct kn_model_config *c = s->base.cfg;
+	const int H = s->hidden, I = s->inter;
+	int rc;
+	s->L = (struct layer_w *)calloc((size_t)s->nl, sizeof(*s->L));
+	if (!s->L) {
+		cu_seterr(s, "calloc(%d layers) failed", s->nl);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < s->nl; i++) {
+		const int l = s->base.opts.layer_start + i;
+		struct layer_w *w = &s->L[i];
+		const size_t qkv_e = (size_t)s->qkv_dim * H, o_e = (size_t)H * s->q_dim;
+		const size_t gu_e = (size_t)2 * I * H, d_e = (size_t)H * I;
+		if ((rc = cu_dalloc(s, (void **)&w->wqkv, qkv_e * 2, "wqkv")) ||
+		    (rc = cu_dalloc(s, (void **)&w->wo, o_e * 2, "wo")) ||
+		    (rc = cu_dalloc(s, (void **)&w->wgu, gu_e * 2, "wgate_up")) ||
+		    (rc = cu_dalloc(s, (void **)&w->wd, d_e * 2, "wdown")) ||
+		    (rc = cu_dalloc(s, (void **)&w->ln1, H * 4, "ln1")) ||
+		    (rc = cu_dalloc(s, (void **)&w->ln2, H * 4, "ln2")))
+			return rc;
+		s->weight_bytes += (qkv_e + o_e + gu_e + d_e) * 2 + 2 * H * 4;
+		if ((rc = fill_or_load_mat(s, w->wqkv, s->q_dim, H, "model.layers.%d.self_attn.q_proj.weight", l, rand, seed, 0)) ||
+		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)s->q_dim * H, s->kv_dim, H, "model.layers.%d.self_attn.k_proj.weight", l, rand, seed, 1)) ||
+		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)(s->q_dim + s->kv_dim) * H, s->kv_dim, H, "model.layers.%d.self_attn.v_proj.weight", l, rand, seed, 2)) ||
+		    (rc = fill_or_load_mat(s, w->wo, H, s->q_dim, "model.layers.%d.self_attn.o_proj.weight", l, rand, seed, 3)) ||
+		    (rc = fill_or_load_mat(s, w->wgu, I, H, "model.layers.%d.mlp.gate_proj.weight", l, rand, seed, 4)) ||
+		    (rc = fill_or_load_mat(s, w->wgu + (size_t)I * H, I, H, "model.layers.%d.mlp.up_proj.weight", l, rand, seed, 5)) ||
+		    (rc = fill_or_load_mat(s, w->wd, H, I, "model.layers.%d.mlp.down_proj.weight", l, rand, seed, 6)) ||
+		    (rc = fill_or_load_vec(s, w->ln1, H, "model.layers.%d.input_layernorm.weight", l, rand, seed, 7, 1.f, 0.1f)) ||
+		    (rc = fill_or_load_vec(s, w->ln2, H, "model.layers.%d.post_attention_layernorm.weight", l, rand, seed, 8, 1.f, 0.1f)))
+			return rc;
+		if (c->qkv_bias) {
+			if ((rc = cu_dalloc(s, (void **)&w->bqkv, (size_t)s->qkv_dim * 4, "bqkv")) ||
+			    (rc = fill_or_load_vec(s, w->bqkv, s->q_dim, "model.layers.%d.self_attn.q_proj.bias", l, rand, seed, 9, 0.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim, s->kv_dim, "model.layers.%d.self_attn.k_proj.bias", l, rand, seed, 10, 0.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim + s->kv_dim, s->kv_dim, "model.layers.%d.self_attn.v_proj.bias", l, rand, seed, 11, 0.f, 0.1f)))
+				return rc;
+			s->weight_bytes += (size_t)s->qkv_dim * 4;
+		}
+		if (c->qk_norm) {
+			if ((rc = cu_dalloc(s, (void **)&w->qn, (size_t)s->hd * 4, "q_norm")) ||
+			    (rc = cu_dalloc(s, (void **)&w->kn, (size_t)s->hd * 4, "k_norm")) ||
+			    (rc = fill_or_load_vec(s, w->qn, s->hd, "model.layers.%d.self_attn.q_norm.weight", l, rand, seed, 12, 1.f, 0.1f)) ||
+			    (rc = fill_or_load_vec(s, w->kn, s->hd, "model.layers.%d.self_attn.k_norm.weight", l, rand, seed, 13, 1.f, 0.1f)))
+				return rc;
+			s->weight_bytes += (size_t)s->hd * 8;
+		}
+	}
+	const size_t emb_e = (size_t)s->vocab * H;
+	if (s->base.first) {
+		if ((rc = cu_dalloc(s, (void **)&s->embed, emb_e * 2, "embed_tokens")))
+			return rc;
+		s->weight_bytes += emb_e * 2;
+		if (rand) {
+			CK(kn_cuda_fill_bf16(s->embed, emb_e, wseed(seed, -1, 0), 1.0f, s->st));
+		} else {
+			const struct kn_tensor *t = need(s, "model.embed_tokens.weight%.0d", 0);
+			if (!t || (rc = upload_bf16(s, s->embed, t, s->vocab, H)))
+				return t ? rc : -EINVAL;
+		}
+	}
+	if (s->base.last) {
+		if ((rc = cu_dalloc(s, (void **)&s->fnorm, H * 4, "norm")) ||
+		    (rc = fill_or_load_vec(s, s->fnorm, H, "model.norm.weight%.0d", 0, rand, seed, 1, 1.f, 0.1f)))
+			return rc;
+		s->weight_bytes += H * 4;
+		if (c->tie_embeddings && s->base.first) {
+			s->lm_head = s->embed;
+		} else {
+			if ((rc = cu_dalloc(s, (void **)&s->lm_head, emb_e * 2, "lm_head")))
+				return rc;
+			s->weight_bytes += emb_e * 2;
+			const char *nm = c->tie_embeddings ? "model.embed_tokens.weight%.0d" : "lm_head.weight%.0d";
+			if (rand && c->tie_embeddings)
+				CK(kn_cuda_fill_bf16(s->lm_head, emb_e, wseed(seed, -1, 0), 1.0f, s->st));
+			else if ((rc = fill_or_load_mat(s, s->lm_head, s->vocab, H, nm, 0, rand, seed, 2)))
+				return rc;
+		}
+	}
+	CK(cudaStreamSynchronize(s->st));
+	return 0;
+}
+
+/* ---- pool, workspace ---- */
+
+int cu_alloc_pool(struct cu_stage *s, int32_t n_blocks)
+{
+	s->kv_bytes = (size_t)n_blocks * s->blk_bytes;
+	int rc = cu_dalloc(s, (void **)&s->kv, s->kv_bytes, "KV pool");
+	if (rc)
+		s->kv_bytes = 0;
+	return rc;
+}
+
+int cu_alloc_workspace(struct cu_stage *s)
+{
+	const size_t W = (size_t)s->wmax, H = (size_t)s->hidden;
+	const size_t xin = H > (size_t)s->q_dim ? (H > (size_t)s->inter ? H : (size_t)s->inter)
+						  : ((size_t)s->q_dim > (size_t)s->inter ? (size_t)s->q_dim : (size_t)s->inter);
+	int rc;
+	/* partials for the widest plan, by the split each plan width uses */
+	size_t aws = kn_cuda_attn_workspace(s->wmax, s->nh, s->nkv, s->hd, s->max_ctx, 0);
+	if (s->attn_tile != 1)
+		for (int i = 0; i < s->n_plans; i++) {
+			const int pw = s->plans[i].width;
+			const size_t b = kn_cuda_attn_workspace(pw, s->nh, s->nkv, s->hd, s->max_ctx,
+								kn_cuda_attn_tile_split(pw, s->max_ctx, s->nh, s->nkv));
+			aws = b > aws ? b : aws;
+		}
+	struct {
+		void **p;
+		size_t b;
+		const char *what;
+	} a[] = {
+		{ (void **)&s->resid, W * H * 4, "residual" },
+		{ (void **)&s->delta, W * H * 4, "delta" },
+		{ (void **)&s->qkv, W * s->qkv_dim * 4, "qkv" },
+		{ (void **)&s->gu, W * 2 * s->inter * 4, "gate_up" },
+		{ (void **)&s->x, W * H * 4, "normed" },
+		{ (void **)&s->att, W * s->q_dim * 4, "attention out" },
+		{ (void **)&s->act, W * s->inter * 4, "swiglu out" },
+		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
+		{ (void **)&s->attn_ws, aws, "attention partials" },
+		{ (void **)&s->attn_cnt, W * s->nkv * sizeof(unsigned), "attention split counters" },
+		{ (void **)&s->d_in, (W + 1) * sizeof(struct kn_column), "columns" },
+		{ (void **)&s->d_out, W * (2 + 2 * KN_CU_MAX_TOP) * 4, "sampler outputs" },
+		{ (void **)&s->d_table, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4, "block table" },
+		{ &s->blas_ws, BLAS_WS_BYTES, "cuBLAS workspace" },
+	};
+	for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++) {
+		if ((rc = cu_dalloc(s, a[i].p, a[i].b, a[i].what)))
+			return rc;
+		s->ws_bytes += a[i].b;
+	}
+	/* the attention column kernel's split counters start at zero; every
+	 * launch leaves them so */
+	CK(cudaMemset(s->attn_cnt, 0, W * s->nkv * sizeof(unsigned)));
+	if (s->base.last) {
+		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
+			return rc;
+		s->ws_bytes += W * s->vocab * 4;
+	}
+	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
+	s->d_cols = s->d_in + 1;
+	for (int i = 0; i < KN_STEP_DEPTH; i++) {
+		struct cu_slot *sl = &s->ring[i];
+		CK(cudaHostAlloc((void **)&sl->h_in, (W + 1) * sizeof(struct kn_column), cudaHostAllocDefault));
+		CK(cudaHostAlloc((void **)&sl->h_out, W * (2 + 2 * KN_CU_MAX_TOP) * 4, cudaHostAllocDefault));
+		CK(cudaEventCreateWithFlags(&sl->ev, cudaEventDisableTiming));
+	}
+	CK(cudaHostAlloc((void **)&s->h_hidden, W * H * 4, cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&s->h_row, (size_t)s->vocab * 4, cudaHostAllocDefault));
+	s->scratch = malloc((size_t)s->vocab * 8 + 64);
+	if (!s->scratch) {
+		cu_seterr(s, "malloc(sampling scratch) failed");
+		return -ENOMEM;
+	}
+	return 0;
+}
