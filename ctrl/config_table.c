@@ -27,6 +27,9 @@ static int check_plans(const char *value, char *err, size_t errlen)
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const worker_return_names[] = {"ring", "dataplane", NULL};
 static const char *const pd_role_names[] = {"both", "prefill", "decode", NULL};
+static const char *const cuda_gemv_names[] = {"auto", "ffma", "mma", NULL};
+static const char *const cuda_wide_x_names[] = {"round", "split", NULL};
+static const char *const cuda_attn_names[] = {"auto", "column", "tile", NULL};
 
 #define OFF(f) offsetof(struct ctrl_settings, f)
 #define KIB 1024.0
@@ -83,6 +86,18 @@ const struct cfg_key g_cfg_keys[] = {
 	{"device", "engine", CFG_INT, OFF(device), "0", 0, 63,
 	 "KVFERRY_DEVICE", "--device", NULL, NULL,
 	 "CUDA device ordinal of the first stage (stage i uses device + i)"},
+	{"cuda_gemv", "engine", CFG_ENUM, OFF(cuda_gemv), "auto", 0, 2,
+	 "KVFERRY_CUDA_GEMV", "--cuda-gemv", cuda_gemv_names, NULL,
+	 "cuda: skinny products (plans <= 16 columns): auto (FFMA at 1 column, tensor cores at 2..16), "
+	 "ffma or mma everywhere (one kernel family across widths 1..16)"},
+	{"cuda_wide_x", "engine", CFG_ENUM, OFF(cuda_wide_x), "round", 0, 1,
+	 "KVFERRY_CUDA_WIDE_X", "--cuda-wide-x", cuda_wide_x_names, NULL,
+	 "cuda: plans > 16 columns round X to bf16 for cuBLAS (round), or add the remainder's product "
+	 "(split: f32-grade X at twice the tensor work, for validation)"},
+	{"cuda_attn", "engine", CFG_ENUM, OFF(cuda_attn), "auto", 0, 2,
+	 "KVFERRY_CUDA_ATTN", "--cuda-attn", cuda_attn_names, NULL,
+	 "cuda: attention kernel: auto (tensor-core tile kernel on plans > 16 columns, column kernel "
+	 "below), column or tile everywhere"},
 	{"plans", "engine", CFG_STRING, OFF(plans), "auto", 0, 0,
 	 "KVFERRY_PLANS", "--plans", NULL, check_plans,
 	 "step widths each stage compiles (a launch pads to the next one; prefill-only launches "
@@ -176,9 +191,11 @@ const struct cfg_key g_cfg_keys[] = {
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
 
 /* The file also holds the worker's [worker] and the dataplane's [dp] sections; their variables
- * (KVFERRY_WK_*, KVFERRY_DP_*) and the engine's knobs (KVFERRY_CUDA_*) are not ctrld's. */
+ * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (KVFERRY_CUDA_PDL, the shm
+ * fallback directory, the ring fence) are not ctrld's. */
 static const char *const foreign_sections[] = {"worker", "dp", NULL};
-static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_", NULL};
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_PDL", "KVFERRY_SHM_DIR",
+				       "KVFERRY_RING_FENCE", NULL};
 
 const struct cfg_table g_cfg_table = {
 	.program = "kvferry-ctrld",

@@ -494,6 +494,9 @@ static int build_pipelines(struct daemon *d)
 		ko.stage.kv_mem_fraction = (float)d->set->kv_mem_fraction;
 		ko.stage.n_threads = (int32_t)d->set->threads;
 		ko.stage.device = (int32_t)d->set->device;
+		ko.stage.cuda_gemv = (int32_t)d->set->cuda_gemv;
+		ko.stage.cuda_wide_x = (int32_t)d->set->cuda_wide_x;
+		ko.stage.cuda_attn = (int32_t)d->set->cuda_attn;
 		{
 			int32_t w[8], np = 0, mb = mb_cols(d);
 

@@ -15,6 +15,9 @@
 #define OFF(f) offsetof(struct wk_settings, f)
 
 static const char *const backend_names[] = { "cpu", "cuda", NULL };
+static const char *const cuda_gemv_names[] = { "auto", "ffma", "mma", NULL };
+static const char *const cuda_wide_x_names[] = { "round", "split", NULL };
+static const char *const cuda_attn_names[] = { "auto", "column", "tile", NULL };
 
 static const struct cfg_key keys[] = {
 	{ "region", "worker", CFG_STRING, OFF(region), "", 0, 0, "KVFERRY_WK_REGION", "--region", NULL, NULL,
@@ -39,6 +42,15 @@ static const struct cfg_key keys[] = {
 	  NULL, "CPU KV pool budget in MiB (0: what ctrld asks)" },
 	{ "device", "worker", CFG_INT, OFF(device), "0", 0, 63, "KVFERRY_WK_DEVICE", "--device", NULL, NULL,
 	  "CUDA device ordinal" },
+	{ "cuda_gemv", "worker", CFG_ENUM, OFF(cuda_gemv), "auto", 0, 2, "KVFERRY_WK_CUDA_GEMV", "--cuda-gemv",
+	  cuda_gemv_names, NULL, "cuda: skinny products (plans <= 16 columns): auto (FFMA at 1 column, tensor "
+	  "cores at 2..16), ffma or mma everywhere" },
+	{ "cuda_wide_x", "worker", CFG_ENUM, OFF(cuda_wide_x), "round", 0, 1, "KVFERRY_WK_CUDA_WIDE_X",
+	  "--cuda-wide-x", cuda_wide_x_names, NULL, "cuda: plans > 16 columns round X to bf16 (round), or "
+	  "add the remainder's product (split: f32-grade X, twice the tensor work)" },
+	{ "cuda_attn", "worker", CFG_ENUM, OFF(cuda_attn), "auto", 0, 2, "KVFERRY_WK_CUDA_ATTN", "--cuda-attn",
+	  cuda_attn_names, NULL, "cuda: attention kernel: auto (tile kernel on plans > 16 columns, column "
+	  "kernel below), column or tile everywhere" },
 	{ "wait", "worker", CFG_INT, OFF(wait_s), "60", 0, 86400, "KVFERRY_WK_WAIT", "--wait", NULL, NULL,
 	  "seconds to wait for the region to appear" },
 	{ "depth", "worker", CFG_INT, OFF(depth), "0", 0, KN_STEP_DEPTH, "KVFERRY_WK_DEPTH", "--depth", NULL,
@@ -111,6 +123,9 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->threads = (int32_t)s->threads;
 	o->kv_bytes = (size_t)s->kv_mib << 20;
 	o->device = (int32_t)s->device;
+	o->cuda_gemv = (int32_t)s->cuda_gemv;
+	o->cuda_wide_x = (int32_t)s->cuda_wide_x;
+	o->cuda_attn = (int32_t)s->cuda_attn;
 	o->wait_s = (int32_t)s->wait_s;
 	o->depth = s->depth ? (int32_t)s->depth : o->backend == KN_BACKEND_CUDA ? 2 : 1;
 	if (o->depth > max_depth)

@@ -18,6 +18,7 @@ struct wk_settings {
 	char region[CFG_STRLEN], model[CFG_STRLEN], in[CFG_STRLEN], out[CFG_STRLEN], role[CFG_STRLEN];
 	int64_t backend;  /* 0 cpu, 1 cuda */
 	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
+	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /* kn_stage_opts' CUDA kernel choices */
 	char trace[CFG_STRLEN];
 };
 
@@ -26,6 +27,7 @@ struct wk_opts {
 	const char *region, *model, *in, *out, *role, *trace;
 	enum kn_backend backend;
 	int32_t node, threads, device, wait_s, depth, spin_us;
+	int32_t cuda_gemv, cuda_wide_x, cuda_attn;
 	size_t kv_bytes;
 };
 

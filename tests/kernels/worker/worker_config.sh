@@ -42,6 +42,8 @@ grep -q "KVFERRY_WK_SPIN_US: invalid value 'abc' for 'spin_us': expected an inte
 grep -q "value '-3' for 'threads' is out of range 0..1024" "$tmp/out" || fail "--threads -3: message"
 [ "$(run "$worker" --config "$tmp/kvferry.conf" --backend gpu --check)" = 2 ] || fail "--backend gpu"
 grep -q "expected one of cpu or cuda" "$tmp/out" || fail "--backend gpu: message"
+[ "$(run KVFERRY_WK_CUDA_GEMV=fast "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] || fail "cuda_gemv fast"
+grep -q "invalid value 'fast' for 'cuda_gemv': expected one of auto, ffma or mma" "$tmp/out" || fail "cuda_gemv: message"
 echo "ok    bad values from the file, a variable and flags are refused at start, naming key, origin and range"
 
 # unknown section, key, option, variable of the worker's prefix; a missing requirement
