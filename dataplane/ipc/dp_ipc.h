@@ -141,6 +141,37 @@ static inline int dp_ipc_rx_pool_is_small(uint32_t len, size_t small_bufsize)
 	return len <= small_bufsize;
 }
 
+/*
+ * The body of a DP_MT_KVPAGE message (worker to worker: the dataplane only
+ * carries it): a prefill rank's KV pages for one room, written into the
+ * destination blocks the decode node's manifest named. After this header:
+ * uint32_t dst_blocks[n_blocks], then n_blocks * block_bytes bytes of pages
+ * in the sending stage's format (per block, for each layer of the range in
+ * order, K then V, each [n_kv_heads][16 positions][head_dim] of dtype).
+ * Integers little-endian; the receiver checks every field and the length
+ * before it reads a page.
+ */
+#define DP_KVPAGE_MAGIC 0x4750564bu /* "KVPG" little-endian */
+#define DP_KVPAGE_VERSION 1u
+#define DP_KVPAGE_F32 1u   /* the pool stores f32 (the CPU engine) */
+#define DP_KVPAGE_BF16 3u  /* bf16 (the CUDA engine) */
+#define DP_KVPAGE_LAST 1u  /* flags: the rank's last message for this room */
+
+struct dp_kvpage_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t dtype;          /**< DP_KVPAGE_F32 or DP_KVPAGE_BF16 */
+	uint64_t room;
+	uint32_t session;        /**< the decode node's registration the manifest came with */
+	uint32_t flags;          /**< DP_KVPAGE_LAST */
+	int32_t layer_start, layer_end;
+	uint32_t n_kv_heads, head_dim;
+	uint32_t first_index;    /**< the first block's index in the room's manifest */
+	uint32_t n_blocks;       /**< blocks in this message, >= 1 */
+	uint64_t block_bytes;    /**< one block, every layer of the range, K and V */
+};
+static_assert(sizeof(struct dp_kvpage_hdr) == 56, "dp_kvpage_hdr is a 56-byte wire record");
+
 #ifdef __cplusplus
 }
 #endif
