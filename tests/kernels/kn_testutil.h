@@ -4,6 +4,7 @@
 #ifndef KN_TESTUTIL_H
 #define KN_TESTUTIL_H
 
+#include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,56 @@ static inline int kt_cpu_chain(const struct kt_model *t, int n_stages, int32_t n
 		}
 	}
 	return 0;
+}
+
+/** Point slot @p slot of every stage at blocks @p blocks[0..bps). @return 0 or the first error. */
+static inline int kt_point_slot(struct kn_stage **st, int n_stages, int32_t slot, const int32_t *blocks,
+				int32_t bps)
+{
+	for (int s = 0; s < n_stages; s++)
+		for (int32_t i = 0; i < bps; i++) {
+			struct kn_op op = { KN_OP_SET_BLOCK, slot, i, blocks[i] };
+			int rc = kn_stage_apply_ops(st[s], &op, 1);
+			if (rc)
+				return rc;
+		}
+	return 0;
+}
+
+/**
+ * Run @p n columns (a prompt, or one decode) of slot @p slot from position
+ * @p pos0 through the chain; the last column's logits to @p logits.
+ * @return its token, or -1 (the failing stage's message printed).
+ */
+static inline int32_t kt_run(const struct kt_model *t, struct kn_stage **st, int n_stages, const int32_t *toks,
+			     int32_t n, int32_t pos0, int32_t slot, float *logits)
+{
+	struct kn_column *cols = calloc((size_t)n, sizeof(*cols));
+	float *h[2] = { calloc((size_t)n * t->hidden, 4), calloc((size_t)n * t->hidden, 4) };
+	float *lg = calloc((size_t)n * t->vocab, 4);
+	int32_t *out = calloc((size_t)n, 4), tok = -1;
+	int rc = !cols || !h[0] || !h[1] || !lg || !out ? -ENOMEM : 0;
+
+	for (int32_t j = 0; j < n && !rc; j++)
+		cols[j] = (struct kn_column){ .token = toks[j], .pos = pos0 + j, .slot = slot,
+					      .flags = j == n - 1 ? KN_COL_NEED_LOGIT : 0, .top_p = 1 };
+	for (int s = 0; s < n_stages && !rc; s++) {
+		struct kn_step step = { .n_cols = n, .cols = cols, .hidden_in = h[s & 1], .hidden_out = h[(s + 1) & 1],
+					.tokens_out = out, .logits_out = lg };
+		rc = kn_stage_step(st[s], &step);
+		if (rc)
+			fprintf(stderr, "stage %d: %s\n", s, kn_stage_error(st[s]));
+	}
+	if (!rc) {
+		memcpy(logits, lg + (size_t)(n - 1) * t->vocab, (size_t)t->vocab * 4);
+		tok = out[n - 1];
+	}
+	free(cols);
+	free(h[0]);
+	free(h[1]);
+	free(lg);
+	free(out);
+	return tok;
 }
 
 /** @return 0 when $KVF_MKMODEL names an executable, else 77 (skip) after saying so. */

@@ -47,37 +47,16 @@ static void make_chain(struct fixture *f, int n_stages, struct kn_stage **st)
 
 static void point_slot(struct kn_stage **st, int n_stages, int32_t slot, const int32_t *blocks)
 {
-	for (int s = 0; s < n_stages; s++)
-		for (int i = 0; i < BPS; i++) {
-			struct kn_op op = { KN_OP_SET_BLOCK, slot, i, blocks[i] };
-			assert_int_equal(kn_stage_apply_ops(st[s], &op, 1), 0);
-		}
+	assert_int_equal(kt_point_slot(st, n_stages, slot, blocks, BPS), 0);
 }
 
-/* One column per step (or a prompt) through the chain; logits of the last column. */
 static int32_t run(struct fixture *f, struct kn_stage **st, int n_stages, const int32_t *toks, int32_t n,
 		   int32_t pos0, int32_t slot, float *logits)
 {
-	struct kn_column cols[PROMPT];
-	float *h[2] = { calloc((size_t)n * f->t.hidden, 4), calloc((size_t)n * f->t.hidden, 4) };
-	float *lg = calloc((size_t)n * f->t.vocab, 4);
-	int32_t out[PROMPT];
-	for (int32_t j = 0; j < n; j++)
-		cols[j] = (struct kn_column){ .token = toks[j], .pos = pos0 + j, .slot = slot,
-					      .flags = j == n - 1 ? KN_COL_NEED_LOGIT : 0, .top_p = 1 };
-	for (int s = 0; s < n_stages; s++) {
-		struct kn_step step = { .n_cols = n, .cols = cols, .hidden_in = h[s & 1], .hidden_out = h[(s + 1) & 1],
-					.tokens_out = out, .logits_out = lg };
-		int rc = kn_stage_step(st[s], &step);
-		if (rc)
-			print_error("stage %d: %s\n", s, kn_stage_error(st[s]));
-		assert_int_equal(rc, 0);
-	}
-	memcpy(logits, lg + (size_t)(n - 1) * f->t.vocab, (size_t)f->t.vocab * 4);
-	free(h[0]);
-	free(h[1]);
-	free(lg);
-	return out[n - 1];
+	int32_t tok = kt_run(&f->t, st, n_stages, toks, n, pos0, slot, logits);
+
+	assert_true(tok >= 0);
+	return tok;
 }
 
 /*

@@ -41,27 +41,16 @@ static int teardown(void **state)
 
 static void point_slot(struct kn_stage *st, int32_t slot, const int32_t *blocks)
 {
-	for (int i = 0; i < BPS; i++) {
-		struct kn_op op = { KN_OP_SET_BLOCK, slot, i, blocks[i] };
-		assert_int_equal(kn_stage_apply_ops(st, &op, 1), 0);
-	}
+	assert_int_equal(kt_point_slot(&st, 1, slot, blocks, BPS), 0);
 }
 
 static int32_t run(struct fixture *f, struct kn_stage *st, const int32_t *toks, int32_t n, int32_t pos0,
 		   int32_t slot, float *logits)
 {
-	struct kn_column cols[PROMPT];
-	float *lg = calloc((size_t)n * f->t.vocab, 4);
-	int32_t out[PROMPT];
+	int32_t tok = kt_run(&f->t, &st, 1, toks, n, pos0, slot, logits);
 
-	for (int32_t j = 0; j < n; j++)
-		cols[j] = (struct kn_column){ .token = toks[j], .pos = pos0 + j, .slot = slot,
-					      .flags = j == n - 1 ? KN_COL_NEED_LOGIT : 0, .top_p = 1 };
-	struct kn_step step = { .n_cols = n, .cols = cols, .tokens_out = out, .logits_out = lg };
-	assert_int_equal(kn_stage_step(st, &step), 0);
-	memcpy(logits, lg + (size_t)(n - 1) * f->t.vocab, (size_t)f->t.vocab * 4);
-	free(lg);
-	return out[n - 1];
+	assert_true(tok >= 0);
+	return tok;
 }
 
 static void pages_sent_as_messages_decode_the_same_bits(void **state)
