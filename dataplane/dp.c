@@ -12,8 +12,10 @@
  *  - When a session ends (peer restarted, or unreachable), every message
  *    submitted to that peer and not yet acknowledged is reported failed on
  *    DP_RING_TXC, and partly assembled messages from it are released.
- *  - Every message on DP_RING_RX holds one pool buffer; DP_RING_RX has room
- *    for every pool buffer, so a delivery never waits for ring space.
+ *  - Every message on a receive ring (DP_RING_RX, _RX_KV, _RX_CTL by its
+ *    type) holds one pool buffer; each has room for every pool buffer, so a
+ *    delivery never waits for ring space. Completions go to the completion
+ *    ring of the request's type, each sized to every outstanding request.
  *  - Memory is fixed at start: pools, per-stream windows (created on first
  *    use, at most DP_MAX_PEERS x DP_MAX_STREAMS), rings.
  */
@@ -75,6 +77,7 @@ struct dp {
 	struct dp_port port;
 	struct shm_region *reg;
 	struct shm_ring *r_tx, *r_txc, *r_rx, *r_ev;
+	struct shm_ring *r_rx_kv, *r_txc_kv, *r_rx_ctl, *r_txc_ctl; /* by message type (dp_ipc.h) */
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;
 	int live_slot;
@@ -163,6 +166,17 @@ static void rx_release(void *ctx, uint64_t off, uint32_t len)
 	d->cur_stream->partial--;
 }
 
+/* The receive / completion ring of a message type. */
+static struct shm_ring *rx_ring(const struct dp *d, uint16_t type)
+{
+	return type == DP_MT_KVPAGE ? d->r_rx_kv : type == DP_MT_CONTROL ? d->r_rx_ctl : d->r_rx;
+}
+
+static struct shm_ring *txc_ring(const struct dp *d, uint16_t type)
+{
+	return type == DP_MT_KVPAGE ? d->r_txc_kv : type == DP_MT_CONTROL ? d->r_txc_ctl : d->r_txc;
+}
+
 static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 {
 	struct dp *d = ctx;
@@ -170,10 +184,10 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 				.seq = m->msg_id,
 				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
 	d->cur_stream->partial--;
-	/* DP_RING_RX holds every pool buffer (see invariants): cannot fail. */
-	if (shm_ring_enqueue_burst(d->r_rx, &desc, 1) != 1)
-		fprintf(stderr, "dataplane: %s full: a message from node %u is lost (ring sized "
-			"below the pools?)\n", DP_RING_RX, d->cur_peer->node);
+	/* each receive ring holds every pool buffer (see invariants): cannot fail */
+	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1)
+		fprintf(stderr, "dataplane: the receive ring of type %u is full: a message from node %u is "
+			"lost (ring sized below the pools?)\n", m->type, d->cur_peer->node);
 	cnt_add(&d->cur_peer->stats->msgs_received, 1);
 }
 
@@ -184,7 +198,7 @@ static void tx_done(void *ctx, const struct dp_rel_msg *m)
 				.flags = m->status ? (uint16_t)(DP_TXC_FAILED | (uint16_t)(-m->status & 0xff)) : 0,
 				.seq = m->cookie,
 				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
-	while (shm_ring_enqueue_burst(d->r_txc, &desc, 1) != 1)
+	while (shm_ring_enqueue_burst(txc_ring(d, m->type), &desc, 1) != 1)
 		; /* sized to every outstanding request: only a stalled consumer waits here */
 	if (m->status) {
 		cnt_add(&d->cur_peer->stats->msgs_failed, 1);
@@ -602,7 +616,7 @@ static void fail_request(struct dp *d, const struct shm_desc *q, int err)
 {
 	struct shm_desc c = *q;
 	c.flags = (uint16_t)(DP_TXC_FAILED | (uint16_t)err);
-	shm_ring_enqueue_burst(d->r_txc, &c, 1);
+	shm_ring_enqueue_burst(txc_ring(d, q->type), &c, 1);
 }
 
 static unsigned poll_requests(struct dp *d)
@@ -766,9 +780,14 @@ static int setup_shm(struct dp *d)
 	d->r_txc = ring_get(d->reg, DP_RING_TXC, pow2_at_least(1024 + 2 * req), 0);
 	d->r_rx = ring_get(d->reg, DP_RING_RX, pow2_at_least(2 * bufs), 0);
 	d->r_ev = ring_get(d->reg, DP_RING_EV, 256, 0);
+	d->r_txc_kv = ring_get(d->reg, DP_RING_TXC_KV, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx_kv = ring_get(d->reg, DP_RING_RX_KV, pow2_at_least(2 * bufs), 0);
+	d->r_txc_ctl = ring_get(d->reg, DP_RING_TXC_CTL, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx_ctl = ring_get(d->reg, DP_RING_RX_CTL, pow2_at_least(2 * bufs), 0);
 	d->p_small = pool_get(d->reg, DP_POOL_RX_SMALL, o->rx_small_n, o->rx_small_size);
 	d->p_large = pool_get(d->reg, DP_POOL_RX_LARGE, o->rx_large_n, o->rx_large_size);
-	if (!d->r_tx || !d->r_txc || !d->r_rx || !d->r_ev || !d->p_small || !d->p_large)
+	if (!d->r_tx || !d->r_txc || !d->r_rx || !d->r_ev || !d->r_txc_kv || !d->r_rx_kv || !d->r_txc_ctl
+	    || !d->r_rx_ctl || !d->p_small || !d->p_large)
 		return -ENOSPC;
 	uint64_t off;
 	int r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64,
@@ -938,6 +957,10 @@ out:
 	shm_ring_close(d->r_txc);
 	shm_ring_close(d->r_rx);
 	shm_ring_close(d->r_ev);
+	shm_ring_close(d->r_txc_kv);
+	shm_ring_close(d->r_rx_kv);
+	shm_ring_close(d->r_txc_ctl);
+	shm_ring_close(d->r_rx_ctl);
 	shm_pool_close(d->p_small);
 	shm_pool_close(d->p_large);
 	shm_region_detach(d->reg);

@@ -19,6 +19,10 @@
  *      whole message in a buffer of pool DP_POOL_RX_SMALL or DP_POOL_RX_LARGE
  *      (dp_ipc_rx_pool_is_small() tells which); the consumer gives it back
  *      with shm_pool_put() when done. seq = msg_id, type, aux = DP_AUX(peer, stream).
+ *  - DP_RING_RX_KV / DP_RING_TXC_KV ("dp.rx.kv", "dp.txc.kv") and
+ *    DP_RING_RX_CTL / DP_RING_TXC_CTL ("dp.rx.ctl", "dp.txc.ctl"): the same,
+ *    for DP_MT_KVPAGE and DP_MT_CONTROL messages, so the process that owns
+ *    each stream (the decode worker, ctrld) is its only consumer.
  *  - DP_RING_EV  "dp.ev"  events for ctrld: type = enum dp_event,
  *      aux = DP_AUX(peer, 0), seq = the peer's new epoch, len = messages failed.
  *
@@ -73,6 +77,13 @@ extern "C" {
 #define DP_RING_TXC "dp.txc"
 #define DP_RING_RX "dp.rx"
 #define DP_RING_EV "dp.ev"
+/* Each stream to the process that owns it: KV pages (DP_MT_KVPAGE) arrive on
+ * and complete to their own rings (the workers'), control messages
+ * (DP_MT_CONTROL) on theirs (ctrld's); micro-batches keep dp.rx / dp.txc. */
+#define DP_RING_RX_KV "dp.rx.kv"
+#define DP_RING_TXC_KV "dp.txc.kv"
+#define DP_RING_RX_CTL "dp.rx.ctl"
+#define DP_RING_TXC_CTL "dp.txc.ctl"
 #define DP_POOL_RX_SMALL "dp.rxs"
 #define DP_POOL_RX_LARGE "dp.rxl"
 #define DP_AREA_STATS "dp.stats"

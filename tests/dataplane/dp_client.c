@@ -44,6 +44,7 @@ struct cfg {
 	unsigned peer, streams, inflight;
 	uint64_t count, seed;
 	uint32_t fixed; /* 0: skewed random sizes */
+	unsigned type;  /* DP_MT_MBATCH (default), DP_MT_KVPAGE or DP_MT_CONTROL: picks the rings */
 	double timeout_s;
 };
 
@@ -122,9 +123,20 @@ static struct shm_ring *ring_wait(struct shm_region *r, const char *name)
 	return NULL;
 }
 
+/* The receive and completion rings of a message type (dp_ipc.h). */
+static const char *rx_name(unsigned type)
+{
+	return type == DP_MT_KVPAGE ? DP_RING_RX_KV : type == DP_MT_CONTROL ? DP_RING_RX_CTL : DP_RING_RX;
+}
+
+static const char *txc_name(unsigned type)
+{
+	return type == DP_MT_KVPAGE ? DP_RING_TXC_KV : type == DP_MT_CONTROL ? DP_RING_TXC_CTL : DP_RING_TXC;
+}
+
 static int do_send(const struct cfg *c, struct shm_region *r)
 {
-	struct shm_ring *tx = ring_wait(r, DP_RING_TX), *txc = ring_wait(r, DP_RING_TXC);
+	struct shm_ring *tx = ring_wait(r, DP_RING_TX), *txc = ring_wait(r, txc_name(c->type));
 	struct shm_ring *ev = ring_wait(r, DP_RING_EV);
 	struct shm_pool *ps = pool_get(r, "cli.s", 256, 64 * 1024);
 	struct shm_pool *pl = pool_get(r, "cli.l", 24, 4 * 1024 * 1024);
@@ -150,7 +162,7 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 			if (c->verify)
 				fill(c, k, buf, len);
 			struct shm_desc d = {.off = shm_pool_buf_off(p, idx), .len = len,
-					     .type = len > 64 * 1024 ? 2 : 1, .seq = k,
+					     .type = (uint16_t)c->type, .seq = k,
 					     .aux = DP_AUX(c->peer, k % c->streams)};
 			if (shm_ring_enqueue_burst(tx, &d, 1) != 1) {
 				shm_pool_put(p, idx);
@@ -217,7 +229,7 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 
 static int do_recv(const struct cfg *c, struct shm_region *r)
 {
-	struct shm_ring *rx = ring_wait(r, DP_RING_RX);
+	struct shm_ring *rx = ring_wait(r, rx_name(c->type));
 	usleep(100000); /* pools follow the rings */
 	struct shm_pool *ps = shm_pool_lookup(r, DP_POOL_RX_SMALL);
 	struct shm_pool *pl = shm_pool_lookup(r, DP_POOL_RX_LARGE);
@@ -288,12 +300,12 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 int main(int argc, char **argv)
 {
 	struct cfg c = {.streams = 1, .count = 1000, .seed = 1, .verify = 1, .inflight = 64,
-			.timeout_s = 30};
+			.timeout_s = 30, .type = DP_MT_MBATCH};
 	static const struct option lo[] = {
 		{"region", 1, 0, 'r'}, {"send", 0, 0, 'S'}, {"recv", 0, 0, 'R'}, {"peer", 1, 0, 'p'},
 		{"streams", 1, 0, 's'}, {"count", 1, 0, 'n'}, {"seed", 1, 0, 'x'},
 		{"fixed", 1, 0, 'f'}, {"no-verify", 0, 0, 'V'}, {"inflight", 1, 0, 'i'},
-		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
+		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -309,13 +321,19 @@ int main(int argc, char **argv)
 		case 'i': c.inflight = (unsigned)atoi(optarg); break;
 		case 'U': c.until_stop = 1; break;
 		case 't': c.timeout_s = atof(optarg); break;
+		case 'T':
+			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
+				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
+			if (!c.type)
+				return 2;
+			break;
 		default: return 2;
 		}
 	}
 	if (!c.region || c.send == c.recv || !c.streams || c.streams > DP_MAX_STREAMS) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S]\n");
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl]\n");
 		return 2;
 	}
 	signal(SIGTERM, on_sig);
