@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "config_int.h"
+#include "ctrl_admin.h"
 #include "ctrl_config.h"
 
 _Static_assert(CTRL_CFG_STRLEN == CFG_STRLEN, "string values share the engine's length");
@@ -244,6 +245,22 @@ int ctrl_config_print_defaults(FILE *f)
 int ctrl_config_print_usage(FILE *f)
 {
 	return cfg_print_usage(&g_cfg_table, f);
+}
+
+static int cmd_config(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = ctrl_config_json(arg);
+	return *data ? 0 : -ENOMEM;
+}
+
+int ctrl_config_admin_register(struct ctrl_admin *a, const struct ctrl_config *c)
+{
+	return ctrl_admin_register(a, "/ctrl/config", "effective configuration and where each value came from",
+				   cmd_config, (void *)c);
 }
 
 int ctrl_config_source(const struct ctrl_config *c, const char *key, const char **origin)

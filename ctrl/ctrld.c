@@ -85,6 +85,7 @@ struct daemon {
 	struct ctrl_admin *admin;
 	struct ctrl_pd_boot *pd_boot;         /* role = prefill: this node's ranks ... */
 	struct ctrl_pd_boot_server *pd_srv;   /* ... and the routes that answer for them */
+	struct ctrl_sched_view sv;            /* what /sched/stages and /sched/pool read */
 	double t0;
 	atomic_int stopping;
 	atomic_int stop_poller;
@@ -164,100 +165,6 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 	return 0;
 }
 
-static int cmd_stages(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	json_t *reps = json_array(), *stages = json_array();
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	for (int r = 0; r < d->n_rep; r++) {
-		struct ctrl_sched_stats st;
-		ctrl_sched_stats(d->scheds[r], &st);
-		json_array_append_new(reps, json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:I}", "replica", r,
-			"stages", st.n_stages, "groups", st.n_groups, "occupancy", st.occupancy,
-			"ideal_occupancy", st.ideal_occupancy, "round_trip_us", st.mean_round_trip_us,
-			"launches", (json_int_t)st.launches));
-		for (int s = 0; s < st.n_stages; s++) {
-			char layers[32];
-			snprintf(layers, sizeof(layers), "%d-%d", s ? d->ends[s - 1] : 0, d->ends[s]);
-			json_t *js = json_pack("{s:i, s:i, s:s, s:I, s:I, s:f, s:f}", "replica", r,
-				"stage", s, "layers", layers, "steps", (json_int_t)st.stage[s].steps,
-				"cols", (json_int_t)st.stage[s].cols, "mean_step_us", st.stage[s].mean_step_us,
-				"busy_frac", st.stage[s].busy_frac);
-			struct ctrl_proc_stage ps;
-
-			/* Stages in worker processes: which process, where, and whether it answers. */
-			if (ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0)
-				json_object_update_new(js, json_pack("{s:s, s:i, s:i, s:s, s:b, s:i}", "worker", ps.role,
-					"pid", ps.pid, "node", ps.node, "backend", ps.backend, "up", ps.up,
-					"kv_blocks", ps.n_blocks));
-			json_array_append_new(stages, js);
-		}
-	}
-	*data = json_pack("{s:o, s:o}", "pipelines", reps, "stages", stages);
-	return 0;
-}
-
-/* Worker-process chains: what sits in ctrld's region's rings and pools, so
- * an operator (and the leak test) sees every slot and buffer come back. */
-static void pool_shm(struct ctrl_chain *c, json_t *row)
-{
-	struct ctrl_proc_shm sh;
-	json_t *rings, *pools;
-
-	if (ctrl_proc_chain_shm(c, &sh) < 0)
-		return;
-	rings = json_array();
-	pools = json_array();
-	for (int i = 0; i < sh.n_rings; i++)
-		json_array_append_new(rings, json_pack("{s:s, s:i, s:i}", "name", sh.ring[i].name, "queued",
-						       (int)sh.ring[i].used, "capacity", (int)sh.ring[i].capacity));
-	for (int i = 0; i < sh.n_pools; i++)
-		json_array_append_new(pools, json_pack("{s:s, s:i, s:i}", "name", sh.pool[i].name, "available",
-						       (int)(sh.pool[i].capacity - sh.pool[i].used), "count",
-						       (int)sh.pool[i].capacity));
-	json_object_update_new(row, json_pack("{s:i, s:i, s:i, s:i, s:i, s:o, s:o}", "ring_entries",
-		(int)sh.ring_entries, "shm_bufs", (int)sh.pool_buffers, "shm_bufs_free", (int)sh.pool_available,
-		"groups_busy", sh.groups_busy, "tainted_slots", sh.tainted_slots, "rings", rings, "pools", pools));
-}
-
-static int cmd_pool(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	json_t *rows = json_array();
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	for (int r = 0; r < d->n_rep; r++) {
-		struct ctrl_sched_stats st;
-		ctrl_sched_stats(d->scheds[r], &st);
-		json_array_append_new(rows, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "replica", r,
-			"blocks_total", st.blocks_total, "blocks_in_use", st.blocks_in_use,
-			"blocks_reserved", st.blocks_reserved, "live", st.live, "queued", st.queued,
-			"live_bytes", (json_int_t)st.live_bytes, "queued_bytes", (json_int_t)st.queued_bytes));
-		pool_shm(d->chains[r], json_array_get(rows, json_array_size(rows) - 1));
-	}
-	*data = rows;
-	return 0;
-}
-
-static int cmd_requests(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	*data = ctrl_http_requests_json(d->http);
-	return *data ? 0 : -ENOMEM;
-}
-
 static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
@@ -279,43 +186,6 @@ static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, 
 	*data = json_pack("{s:s, s:s, s:o}", "node_id", d->set->node_id[0] ? d->set->node_id : "(single node)",
 			  "dataplane", "not attached: stages run in this process", "peers", peers);
 	return 0;
-}
-
-static int cmd_bootstrap(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	static const char *const roles[] = { "both", "prefill", "decode" };
-	struct daemon *d = arg;
-	struct ctrl_pd_boot_stats st;
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	if (d->pd_boot == NULL) {
-		*data = json_pack("{s:s, s:s}", "role", roles[d->set->pd_role], "bootstrap",
-				  "not served: [pd] role = prefill serves it");
-		return *data ? 0 : -ENOMEM;
-	}
-	ctrl_pd_boot_stats(d->pd_boot, &st);
-	*data = json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "role", roles[d->set->pd_role],
-			  "address", d->set->listen_address, "port", ctrl_pd_boot_server_port(d->pd_srv),
-			  "ranks_registered", st.registered, "ranks_expected", st.expected, "puts", (json_int_t)st.puts,
-			  "puts_refused", (json_int_t)st.puts_refused, "gets", (json_int_t)st.gets, "gets_not_ready",
-			  (json_int_t)st.gets_not_ready, "gets_not_found", (json_int_t)st.gets_not_found, "gets_bad",
-			  (json_int_t)st.gets_bad);
-	return *data ? 0 : -ENOMEM;
-}
-
-static int cmd_config(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	*data = ctrl_config_json(d->cfg);
-	return *data ? 0 : -ENOMEM;
 }
 
 static int cmd_drain(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
@@ -342,22 +212,26 @@ static int register_commands(struct daemon *d)
 		ctrl_admin_fn fn;
 	} t[] = {
 		{"/ctrl/status", "daemon, model and load summary", cmd_status},
-		{"/sched/stages", "per-stage steps, columns, step time, busy share; pipeline occupancy and round trip", cmd_stages},
-		{"/http/requests", "requests in flight: id, endpoint, prompt tokens, generated, age", cmd_requests},
-		{"/sched/pool", "KV block pool per replica: total, in use, reserved for admitted worst cases", cmd_pool},
 		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
-		{"/pd/bootstrap", "PD role; with role = prefill the bootstrap routes' port, ranks and counters", cmd_bootstrap},
-		{"/ctrl/config", "effective configuration and where each value came from", cmd_config},
 		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
 		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
 	};
+	int rc;
 
+	/* the daemon's own; each module registers its views (/pd/bootstrap
+	 * once start_pd() knows the role's server) */
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-		int rc = ctrl_admin_register(d->admin, t[i].cmd, t[i].help, t[i].fn, d);
+		rc = ctrl_admin_register(d->admin, t[i].cmd, t[i].help, t[i].fn, d);
 		if (rc)
 			return rc;
 	}
-	return 0;
+	d->sv = (struct ctrl_sched_view){ .scheds = d->scheds, .chains = d->chains, .n = d->n_rep, .ends = d->ends };
+	rc = ctrl_sched_admin_register(d->admin, &d->sv);
+	if (!rc)
+		rc = ctrl_http_admin_register(d->admin, d->http);
+	if (!rc)
+		rc = ctrl_config_admin_register(d->admin, d->cfg);
+	return rc;
 }
 
 /* ---- startup ---- */
@@ -615,7 +489,7 @@ static int start_pd(struct daemon *d)
 	int port;
 
 	if (d->set->pd_role != CTRL_CFG_PD_PREFILL)
-		return 0;
+		return ctrl_pd_boot_admin_register(d->admin, NULL, (int)d->set->pd_role);
 	snprintf(info.kv_dtype, sizeof(info.kv_dtype), "%s",
 		 d->set->backend == CTRL_CFG_BACKEND_CUDA ? "bfloat16" : "float32");
 	d->pd_boot = ctrl_pd_boot_create();
@@ -668,7 +542,7 @@ static int start_pd(struct daemon *d)
 	logmsg("role prefill: bootstrap routes on http://%s:%d (PUT/GET /route, GET /health), %d rank(s) "
 	       "registered as %s:%d", d->set->listen_address, ctrl_pd_boot_server_port(d->pd_srv),
 	       d->n_rep * d->n_stages, host, port);
-	return 0;
+	return ctrl_pd_boot_admin_register(d->admin, d->pd_srv, (int)d->set->pd_role);
 }
 
 static void teardown(struct daemon *d)

@@ -5,10 +5,12 @@
  * shows up on the dashboard's raw view and in Prometheus with no code here.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctrl_admin.h"
 #include "http_int.h"
 
 json_t *ctrl_http_stats_json(struct ctrl_http *h)
@@ -210,4 +212,20 @@ enum MHD_Result http_stats(struct ctrl_http *h, struct MHD_Connection *c, int ht
 	if (html)
 		return http_text(h, c, MHD_HTTP_OK, "text/html; charset=utf-8", g_dashboard, sizeof(g_dashboard) - 1);
 	return http_json(h, c, MHD_HTTP_OK, ctrl_http_stats_json(h));
+}
+
+static int cmd_requests(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = ctrl_http_requests_json(arg);
+	return *data ? 0 : -ENOMEM;
+}
+
+int ctrl_http_admin_register(struct ctrl_admin *a, struct ctrl_http *h)
+{
+	return ctrl_admin_register(a, "/http/requests", "requests in flight: id, endpoint, prompt tokens, generated, age",
+				   cmd_requests, h);
 }

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "ctrl_admin.h"
 #include "ctrl_pd_boot.h"
 
 /* A PUT body past this is refused: a rank's registration is a few hundred bytes. */
@@ -21,6 +24,7 @@ struct ctrl_pd_boot_server {
 	struct ctrl_pd_boot *b;
 	struct MHD_Daemon *d;
 	int port;
+	char address[64];
 };
 
 struct boot_conn {
@@ -135,6 +139,7 @@ struct ctrl_pd_boot_server *ctrl_pd_boot_serve(struct ctrl_pd_boot *b, const cha
 		return NULL;
 	}
 	s->b = b;
+	snprintf(s->address, sizeof(s->address), "%s", address);
 	s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
 				(struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
 				MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
@@ -160,4 +165,48 @@ void ctrl_pd_boot_server_stop(struct ctrl_pd_boot_server *s)
 		return;
 	MHD_stop_daemon(s->d);
 	free(s);
+}
+
+/* `ctrlctl bootstrap`: the role; on a prefill node the routes' port, ranks and counters. */
+static const char *const roles[] = { "both", "prefill", "decode" };
+
+struct boot_view {
+	const struct ctrl_pd_boot_server *s;
+	int role;
+};
+
+static int cmd_bootstrap(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	const struct boot_view *v = arg;
+	struct ctrl_pd_boot_stats st;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	if (v->s == NULL) {
+		*data = json_pack("{s:s, s:s}", "role", roles[v->role], "bootstrap",
+				  "not served: [pd] role = prefill serves it");
+		return *data ? 0 : -ENOMEM;
+	}
+	ctrl_pd_boot_stats(v->s->b, &st);
+	*data = json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "role", roles[v->role],
+			  "address", v->s->address, "port", v->s->port, "ranks_registered", st.registered,
+			  "ranks_expected", st.expected, "puts", (json_int_t)st.puts, "puts_refused",
+			  (json_int_t)st.puts_refused, "gets", (json_int_t)st.gets, "gets_not_ready",
+			  (json_int_t)st.gets_not_ready, "gets_not_found", (json_int_t)st.gets_not_found, "gets_bad",
+			  (json_int_t)st.gets_bad);
+	return *data ? 0 : -ENOMEM;
+}
+
+int ctrl_pd_boot_admin_register(struct ctrl_admin *a, const struct ctrl_pd_boot_server *s, int role)
+{
+	static struct boot_view views[3][2]; /* (role, served): one daemon a process */
+	struct boot_view *v = &views[role >= 0 && role < 3 ? role : 0][s != NULL];
+
+	v->s = s;
+	v->role = role >= 0 && role < 3 ? role : 0;
+	return ctrl_admin_register(a, "/pd/bootstrap",
+				   "PD role; with role = prefill the bootstrap routes' port, ranks and counters",
+				   cmd_bootstrap, v);
 }

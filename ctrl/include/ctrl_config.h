@@ -237,6 +237,11 @@ const char *ctrl_config_source_name(enum ctrl_cfg_source s);
  */
 int ctrl_config_source(const struct ctrl_config *c, const char *key, const char **origin);
 
+struct ctrl_admin;
+
+/** Register /ctrl/config (`ctrlctl config`) on @p a, reading @p c. @return 0 or ctrl_admin_register()'s error. */
+int ctrl_config_admin_register(struct ctrl_admin *a, const struct ctrl_config *c);
+
 #ifdef __cplusplus
 }
 #endif

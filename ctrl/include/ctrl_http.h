@@ -144,6 +144,11 @@ void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch 
  */
 json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d);
 
+struct ctrl_admin;
+
+/** Register /http/requests (`ctrlctl requests`) on @p a, reading @p h. @return 0 or ctrl_admin_register()'s error. */
+int ctrl_http_admin_register(struct ctrl_admin *a, struct ctrl_http *h);
+
 #ifdef __cplusplus
 }
 #endif

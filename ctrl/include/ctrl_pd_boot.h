@@ -123,6 +123,15 @@ int ctrl_pd_boot_server_port(const struct ctrl_pd_boot_server *s);
 /** Stop and free the server (NULL is a no-op); the registry stays. */
 void ctrl_pd_boot_server_stop(struct ctrl_pd_boot_server *s);
 
+struct ctrl_admin;
+
+/**
+ * Register /pd/bootstrap (`ctrlctl bootstrap`) on @p a: the role (0 both,
+ * 1 prefill, 2 decode) and, when @p s serves the routes, its port, ranks
+ * and counters. @return 0 or ctrl_admin_register()'s error.
+ */
+int ctrl_pd_boot_admin_register(struct ctrl_admin *a, const struct ctrl_pd_boot_server *s, int role);
+
 /* ---- the decode side's lookups (libcurl) ---- */
 
 /**

@@ -278,6 +278,25 @@ int ctrl_dispatch_count(const struct ctrl_dispatch *d);
 /** @return replica @p i (for its stats), or NULL. */
 struct ctrl_sched *ctrl_dispatch_replica(struct ctrl_dispatch *d, int i);
 
+/* ---- admin commands ---- */
+
+struct ctrl_admin;
+
+/** What the schedulers' admin commands read: the daemon keeps it alive. */
+struct ctrl_sched_view {
+	struct ctrl_sched *const *scheds; /**< [n] one per replica */
+	struct ctrl_chain *const *chains; /**< [n] their chains */
+	int n;
+	const int32_t *ends;              /**< each stage's end layer */
+};
+
+/**
+ * Register /sched/stages and /sched/pool on @p a, reading @p v (kept by the
+ * caller until the admin server stops).
+ * @return 0, or ctrl_admin_register()'s error.
+ */
+int ctrl_sched_admin_register(struct ctrl_admin *a, const struct ctrl_sched_view *v);
+
 #ifdef __cplusplus
 }
 #endif
