@@ -32,6 +32,15 @@ echo "ok    the package holds the binaries, units, tmpfiles.d and a conffile"
 
 dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x"
 grep -q "^Type=notify" "$tmp/root/lib/systemd/system/kvferry-ctrld.service" || fail "kvferry-ctrld.service is not Type=notify"
+for u in kvferry-ctrld kvferry-dataplane kvferry-worker@; do
+  # a configuration error (exit 2) is not retried every 2 s forever; the daemons read kvferry.conf
+  grep -q "^RestartPreventExitStatus=2" "$tmp/root/lib/systemd/system/$u.service" || fail "$u.service restarts on a config error"
+  grep -q "^ExecStart=.*--config /etc/kvferry/kvferry.conf" "$tmp/root/lib/systemd/system/$u.service" \
+    || fail "$u.service does not read /etc/kvferry/kvferry.conf"
+done
+# only ctrld's unit owns /run/kvferry: a root dataplane start must not chown it away from ctrlctl's group
+! grep -q "^RuntimeDirectory=" "$tmp/root/lib/systemd/system/kvferry-dataplane.service" \
+  || fail "kvferry-dataplane.service takes /run/kvferry (RuntimeDirectory)"
 grep -q "^d /run/kvferry 0750 kvferry kvferry" "$tmp/root/usr/lib/tmpfiles.d/kvferry.conf" || fail "tmpfiles.d does not create /run/kvferry"
 conf=$tmp/root/etc/kvferry/kvferry.conf
 # Every key is there, commented, with its default: uncommented it must still parse.
