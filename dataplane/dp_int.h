@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The dataplane daemon's private state, shared by its poll loop (dp.c) and
+ * its set-up and teardown (dp_run.c): the node, its peers and their
+ * streams. The invariants are written at the top of dp.c.
+ */
+#ifndef DP_INT_H
+#define DP_INT_H
+
+#include <stdint.h>
+
+#include <rte_cycles.h>
+#include <rte_mbuf.h>
+
+#include "dp.h"
+#include "dp_ipc.h"
+#include "port.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+#define BURST 32
+#define HOLD_MAX 64           /* frames the reorder impairment may hold back */
+#define TICK_NS 100000ull     /* timer work every 100 µs */
+#define HELLO_UP_NS 100000000ull   /* keepalive to a known peer */
+#define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
+#define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
+#define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
+
+struct stream {
+	struct dp_rel_tx *tx;
+	struct dp_rel_rx *rx;
+	uint32_t partial;         /* rx messages holding a buffer, not yet delivered */
+	uint8_t rx_seen;          /* a message arrived on this stream */
+	uint8_t rx_small;         /* the last one fitted the small pool */
+	uint16_t id;
+	uint64_t adv_limit;       /* highest msg_limit that went out */
+	uint64_t adv_ns;          /* when the last ACK went out */
+};
+
+struct peer {
+	int configured;
+	uint16_t node;
+	struct dp_wire_addr addr;
+	uint64_t remote_epoch;    /* 0: never heard */
+	uint64_t local_epoch;     /* our epoch toward this peer */
+	uint64_t next_hello;
+	uint64_t last_stale_hello;
+	struct stream *st[DP_MAX_STREAMS];
+	struct dp_peer_stats *stats;
+};
+
+struct dp {
+	const struct dp_opts *o;
+	struct dp_port port;
+	struct shm_region *reg;
+	struct shm_ring *r_tx, *r_txc, *r_rx, *r_ev;
+	struct shm_ring *r_rx_kv, *r_txc_kv, *r_rx_ctl, *r_txc_ctl; /* by message type (dp_ipc.h) */
+	struct shm_pool *p_small, *p_large;
+	struct dp_stats_shm *stats;
+	int live_slot;
+	struct dp_wire_addr self;
+	uint64_t base_epoch;
+	struct peer peers[DP_MAX_PEERS];
+	struct shm_desc held;     /* a send request waiting for window space */
+	int have_held;
+	uint64_t tsc_hz;
+	uint64_t rng;
+	int in_flight;            /* last poll saw a message in flight either way */
+	unsigned rx_streams;      /* streams that received a message (credit split) */
+	struct rte_mbuf *hold[HOLD_MAX];
+	unsigned n_hold;
+	/* context for reliab callbacks */
+	struct peer *cur_peer;
+	struct stream *cur_stream;
+	uint64_t failed_now;
+};
+
+static inline uint64_t now_ns(const struct dp *d)
+{
+	/* TSC to ns without overflow for ~centuries at GHz rates */
+	uint64_t t = rte_rdtsc();
+	return (uint64_t)((__uint128_t)t * 1000000000u / d->tsc_hz);
+}
+
+static inline void cnt_add(uint64_t *c, uint64_t v)
+{
+	/* single writer: a relaxed store readers see whole */
+	__atomic_store_n(c, *c + v, __ATOMIC_RELAXED);
+}
+
+/* One turn of the loop: receive, take send requests, transmit, ACK. @return work done. */
+unsigned dp_poll_once(struct dp *d, uint64_t now);
+/* Timer work: retransmissions, hellos, window updates, dead peers. */
+void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd);
+
+#endif /* DP_INT_H */

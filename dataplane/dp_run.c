@@ -1,0 +1,271 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The dataplane daemon's life: the region's rings and pools, the port, the
+ * poll loop (dp.c) until the stop flag, then everything released in
+ * reverse order (dp.h dp_run()).
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rte_cycles.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+
+#include "dp.h"
+#include "dp_ipc.h"
+#include "port.h"
+#include "shm_live.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+#include "dp_int.h"
+
+static struct shm_ring *ring_get(struct shm_region *r, const char *name, unsigned count,
+				 unsigned flags)
+{
+	struct shm_ring *q = shm_ring_create(r, name, count, sizeof(struct shm_desc), flags);
+	if (!q && errno == EEXIST)
+		q = shm_ring_lookup(r, name);
+	if (!q)
+		fprintf(stderr, "shm_ring_create(%s, %u) failed: %s: make the region larger "
+			"(--region-size)\n", name, count, strerror(errno));
+	return q;
+}
+
+static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz)
+{
+	struct shm_pool *p = shm_pool_create(r, name, n, sz);
+	if (!p && errno == EEXIST)
+		p = shm_pool_lookup(r, name);
+	if (!p)
+		fprintf(stderr, "shm_pool_create(%s, %u x %zu) failed: %s: make the region larger "
+			"(--region-size) or the pools smaller\n", name, n, sz, strerror(errno));
+	return p;
+}
+
+static unsigned pow2_at_least(unsigned x)
+{
+	unsigned p = 1;
+	while (p < x)
+		p <<= 1;
+	return p;
+}
+
+static int setup_shm(struct dp *d)
+{
+	const struct dp_opts *o = d->o;
+	char err[256] = "";
+	if (o->region_size) {
+		struct shm_region_opts ro;
+		shm_region_opts_init(&ro);
+		ro.name = o->region;
+		ro.size = o->region_size;
+		d->reg = shm_region_create(&ro, err, sizeof(err));
+	} else {
+		d->reg = shm_region_attach(o->region, err, sizeof(err));
+	}
+	if (!d->reg) {
+		fprintf(stderr, "dataplane: region '%s': %s\n", o->region, err);
+		return -errno;
+	}
+	unsigned bufs = o->rx_small_n + o->rx_large_n;
+	unsigned req = DP_MAX_STREAMS * o->rel.max_msgs;
+	d->r_tx = ring_get(d->reg, DP_RING_TX, 1024, SHM_RING_MP);
+	d->r_txc = ring_get(d->reg, DP_RING_TXC, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx = ring_get(d->reg, DP_RING_RX, pow2_at_least(2 * bufs), 0);
+	d->r_ev = ring_get(d->reg, DP_RING_EV, 256, 0);
+	d->r_txc_kv = ring_get(d->reg, DP_RING_TXC_KV, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx_kv = ring_get(d->reg, DP_RING_RX_KV, pow2_at_least(2 * bufs), 0);
+	d->r_txc_ctl = ring_get(d->reg, DP_RING_TXC_CTL, pow2_at_least(1024 + 2 * req), 0);
+	d->r_rx_ctl = ring_get(d->reg, DP_RING_RX_CTL, pow2_at_least(2 * bufs), 0);
+	d->p_small = pool_get(d->reg, DP_POOL_RX_SMALL, o->rx_small_n, o->rx_small_size);
+	d->p_large = pool_get(d->reg, DP_POOL_RX_LARGE, o->rx_large_n, o->rx_large_size);
+	if (!d->r_tx || !d->r_txc || !d->r_rx || !d->r_ev || !d->r_txc_kv || !d->r_rx_kv || !d->r_txc_ctl
+	    || !d->r_rx_ctl || !d->p_small || !d->p_large)
+		return -ENOSPC;
+	uint64_t off;
+	int r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64,
+				    SHM_AREA_RAW, &off);
+	if (r && r != -EEXIST) {
+		fprintf(stderr, "shm_region_add_area(%s) failed: %s\n", DP_AREA_STATS, strerror(-r));
+		return r;
+	}
+	d->stats = shm_ptr(d->reg, off);
+	memset(d->stats, 0, sizeof(*d->stats));
+	d->stats->magic = DP_STATS_MAGIC;
+	d->stats->version = DP_STATS_VERSION;
+	d->stats->self_node = o->node;
+	d->live_slot = shm_live_register(d->reg, "dataplane");
+	return 0;
+}
+
+int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
+{
+	if (o->node >= DP_MAX_PEERS || !o->port || !o->region || o->frame_size < DP_FRAME_HLEN + 64 ||
+	    o->frame_size > DP_FRAME_MAX) {
+		fprintf(stderr, "dataplane: bad options: need --node-id < %u, --port, --region, "
+			"--frame-size in [%u, %u]\n", DP_MAX_PEERS, DP_FRAME_HLEN + 64, DP_FRAME_MAX);
+		return -EINVAL;
+	}
+	struct dp_opts eff = *o;
+	eff.rel.frame_payload = o->frame_size - DP_FRAME_HLEN;
+	if (dp_rel_opts_check(&eff.rel)) {
+		fprintf(stderr, "dataplane: bad reliability options (window, max-msgs)\n");
+		return -EINVAL;
+	}
+	struct dp *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->o = &eff;
+	d->live_slot = -1;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	/* Wall-clock ns: a restarted process always has a larger epoch. */
+	d->base_epoch = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	d->rng = eff.impair.seed ? eff.impair.seed : 1;
+
+	int r = setup_shm(d);
+	if (r)
+		goto out;
+	r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args,
+			 eff.frame_size, eff.n_mbufs, eff.tx_copy);
+	if (r)
+		goto out;
+	r = dp_port_register_region(&d->port, shm_region_base(d->reg), shm_region_size(d->reg),
+				    shm_region_page_size(d->reg));
+	if (r)
+		goto out;
+	d->tsc_hz = rte_get_tsc_hz();
+	d->self = eff.self;
+	memcpy(d->self.mac, d->port.mac, 6);
+	d->stats->epoch = d->base_epoch;
+	for (unsigned i = 0; i < eff.n_peers; i++) {
+		const struct dp_peer_cfg *c = &eff.peers[i];
+		struct peer *p = &d->peers[c->node];
+		p->configured = 1;
+		p->node = c->node;
+		p->addr = c->addr;
+		p->local_epoch = d->base_epoch;
+		p->stats = &d->stats->peer[d->stats->n_peers++];
+		p->stats->node = c->node;
+	}
+	uint64_t pools = (uint64_t)eff.rx_small_n * eff.rx_small_size +
+			 (uint64_t)eff.rx_large_n * eff.rx_large_size;
+	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
+			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
+	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
+	fprintf(stderr,
+		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
+		"idle %s, epoch %llu\n"
+		"  memory: mbuf pools %.1f MiB (DPDK hugepages), region '%s' %.1f MiB (%s, reassembly "
+		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start\n",
+		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
+		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
+		d->port.multiseg ? "zero-copy (ext buffers)" : "copy", eff.idle ? "sleep" : "poll",
+		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0, eff.region,
+		shm_region_size(d->reg) / 1048576.0,
+		shm_region_is_huge(d->reg) ? "hugepages" : "NOT hugepages", pools / 1048576.0,
+		windows / 1048576.0);
+
+	uint64_t next_tick = 0, next_winupd = 0, next_link = 0;
+	unsigned idle_spins = 0;
+	uint64_t sleep_ns = 1000;
+	/* The default 50 µs timer slack turned every 1 µs back-off sleep into
+	 * ~60 µs, which the peer saw as RTT. */
+	if (eff.idle == DP_IDLE_SLEEP && prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0))
+		fprintf(stderr, "dataplane: prctl(PR_SET_TIMERSLACK, 1000) failed: %s (sleeps "
+			"will overshoot)\n", strerror(errno));
+	while (!*stop) {
+		uint64_t now = now_ns(d);
+		unsigned work = dp_poll_once(d, now);
+		if (now >= next_tick) {
+			dp_timers(d, now, &next_winupd);
+			next_tick = now + TICK_NS;
+		}
+		if (now >= next_link) {
+			dp_port_watch(&d->port, now);
+			next_link = now + 100000000ull;
+		}
+		if (eff.idle == DP_IDLE_SLEEP) {
+			if (work) {
+				idle_spins = 0;
+				sleep_ns = 1000;
+			} else if (++idle_spins > 64) {
+				if (d->in_flight) {
+					/* Traffic flows (an ACK or the next frames are
+					 * due): stay hot, but let the peer or a client
+					 * sharing this core run. Sleeping here made the
+					 * back-off part of every RTT. */
+					sched_yield();
+				} else {
+					/* Adaptive back-off: 1 µs doubling to 200 µs,
+					 * reset on work. */
+					struct timespec t = {0, (long)sleep_ns};
+					nanosleep(&t, NULL);
+					if (sleep_ns < 200000)
+						sleep_ns *= 2;
+				}
+			}
+		}
+	}
+	fprintf(stderr, "dataplane %u: stopping\n", eff.node);
+	for (unsigned i = 0; i < d->stats->n_peers; i++) {
+		const struct dp_peer_stats *ps = &d->stats->peer[i];
+		fprintf(stderr, "  peer %u: tx %llu frames %llu B, rx %llu frames %llu B, retransmits %llu, "
+			"timeouts %llu, sent %llu, failed %llu, received %llu, restarts %llu, rtt %llu ns\n   drops:",
+			ps->node, (unsigned long long)ps->tx_frames, (unsigned long long)ps->tx_bytes,
+			(unsigned long long)ps->rx_frames, (unsigned long long)ps->rx_bytes,
+			(unsigned long long)ps->retransmits, (unsigned long long)ps->timeouts,
+			(unsigned long long)ps->msgs_sent, (unsigned long long)ps->msgs_failed,
+			(unsigned long long)ps->msgs_received, (unsigned long long)ps->restarts,
+			(unsigned long long)ps->rtt_ns);
+		for (unsigned k = 1; k < DP_DROP_MAX_; k++)
+			if (ps->drops[k])
+				fprintf(stderr, " %s=%llu", dp_drop_reason_name(k), (unsigned long long)ps->drops[k]);
+		fprintf(stderr, "\n");
+	}
+	fprintf(stderr, "  unattributed drops:");
+	for (unsigned k = 1; k < DP_DROP_MAX_; k++)
+		if (d->stats->drops_unknown[k])
+			fprintf(stderr, " %s=%llu", dp_drop_reason_name(k),
+				(unsigned long long)d->stats->drops_unknown[k]);
+	fprintf(stderr, "\n");
+	r = 0;
+out:
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++)
+		for (unsigned j = 0; j < DP_MAX_STREAMS; j++) {
+			struct stream *s = d->peers[i].st[j];
+			if (!s)
+				continue;
+			d->cur_stream = s;
+			dp_rel_tx_destroy(s->tx);
+			dp_rel_rx_destroy(s->rx);
+			free(s);
+		}
+	for (unsigned i = 0; i < d->n_hold; i++)
+		rte_pktmbuf_free(d->hold[i]);
+	dp_port_fini(&d->port);
+	if (d->live_slot >= 0)
+		shm_live_release(d->reg, d->live_slot);
+	shm_ring_close(d->r_tx);
+	shm_ring_close(d->r_txc);
+	shm_ring_close(d->r_rx);
+	shm_ring_close(d->r_ev);
+	shm_ring_close(d->r_txc_kv);
+	shm_ring_close(d->r_rx_kv);
+	shm_ring_close(d->r_txc_ctl);
+	shm_ring_close(d->r_rx_ctl);
+	shm_pool_close(d->p_small);
+	shm_pool_close(d->p_large);
+	shm_region_detach(d->reg);
+	free(d);
+	return r;
+}
