@@ -5,7 +5,6 @@
  * that need more than a key's type and range (stages, plans).
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +21,6 @@ _Static_assert((int)CTRL_CFG_DEFAULT == (int)CFG_SRC_DEFAULT && (int)CTRL_CFG_FI
 struct ctrl_config {
 	struct cfg *c;
 };
-
-static void fmt(char *err, size_t errlen, const char *f, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void fmt(char *err, size_t errlen, const char *f, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, f);
-	vsnprintf(err, errlen, f, ap);
-	va_end(ap);
-}
 
 const char *ctrl_config_source_name(enum ctrl_cfg_source s)
 {
@@ -139,12 +124,12 @@ int ctrl_config_stages(const char *stages, int32_t n_layers, int32_t ends[CTRL_C
 		errno = 0;
 		v = strtol(stages, &end, 10);
 		if (end == stages || *end || errno || v < 1 || v > CTRL_CFG_MAX_STAGES) {
-			fmt(err, errlen, "expected a stage count 1..%d or layer ranges like 0-8,8-16",
+			cfg_errf(err, errlen, "expected a stage count 1..%d or layer ranges like 0-8,8-16",
 			    CTRL_CFG_MAX_STAGES);
 			return -EINVAL;
 		}
 		if (n_layers > 0 && v > n_layers) {
-			fmt(err, errlen, "%ld stages but the model has only %d layers", v, n_layers);
+			cfg_errf(err, errlen, "%ld stages but the model has only %d layers", v, n_layers);
 			return -EINVAL;
 		}
 		for (long i = 0; i < v; i++)
@@ -164,16 +149,16 @@ int ctrl_config_stages(const char *stages, int32_t n_layers, int32_t ends[CTRL_C
 		if (end == p || (*end && *end != ',') || errno)
 			goto syntax;
 		if (a != prev) {
-			fmt(err, errlen, "range %ld-%ld does not start where the previous one ended (%ld): ranges must be contiguous from layer 0",
+			cfg_errf(err, errlen, "range %ld-%ld does not start where the previous one ended (%ld): ranges must be contiguous from layer 0",
 			    a, b, prev);
 			return -EINVAL;
 		}
 		if (b <= a) {
-			fmt(err, errlen, "range %ld-%ld is empty: write start-end with end > start", a, b);
+			cfg_errf(err, errlen, "range %ld-%ld is empty: write start-end with end > start", a, b);
 			return -EINVAL;
 		}
 		if (n == CTRL_CFG_MAX_STAGES) {
-			fmt(err, errlen, "more than %d stages", CTRL_CFG_MAX_STAGES);
+			cfg_errf(err, errlen, "more than %d stages", CTRL_CFG_MAX_STAGES);
 			return -EINVAL;
 		}
 		ends[n++] = (int32_t)b;
@@ -183,14 +168,14 @@ int ctrl_config_stages(const char *stages, int32_t n_layers, int32_t ends[CTRL_C
 		p = end + 1;
 	}
 	if (n_layers > 0 && prev != n_layers) {
-		fmt(err, errlen, "ranges end at layer %ld but the model has %d layers: the last range must end at %d",
+		cfg_errf(err, errlen, "ranges end at layer %ld but the model has %d layers: the last range must end at %d",
 		    prev, n_layers, n_layers);
 		return -EINVAL;
 	}
 	*n_stages = n;
 	return 0;
 syntax:
-	fmt(err, errlen, "cannot parse '%s': expected a stage count or ranges like 0-8,8-16", stages);
+	cfg_errf(err, errlen, "cannot parse '%s': expected a stage count or ranges like 0-8,8-16", stages);
 	return -EINVAL;
 }
 
@@ -203,12 +188,12 @@ int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen)
 
 		cfg_source(c->c, "spec_c_half", &oh);
 		cfg_source(c->c, "spec_c_full", &of);
-		fmt(err, errlen, "spec_c_half (%lld, from %s) is below spec_c_full (%lld, from %s): full depth would outlast half depth",
+		cfg_errf(err, errlen, "spec_c_half (%lld, from %s) is below spec_c_full (%lld, from %s): full depth would outlast half depth",
 		    (long long)v->spec_c_half, oh, (long long)v->spec_c_full, of);
 		return -EINVAL;
 	}
 	if (!v->admin_socket[0]) {
-		fmt(err, errlen, "admin_socket is empty: ctrlctl needs a socket path");
+		cfg_errf(err, errlen, "admin_socket is empty: ctrlctl needs a socket path");
 		return -EINVAL;
 	}
 	return 0;

@@ -28,10 +28,7 @@ struct cfg {
 	char (*origin)[ORIGIN_LEN];    /* [n_keys] */
 };
 
-static void fmt(char *err, size_t errlen, const char *f, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void fmt(char *err, size_t errlen, const char *f, ...)
+void cfg_errf(char *err, size_t errlen, const char *f, ...)
 {
 	va_list ap;
 
@@ -191,7 +188,7 @@ static int store(void *v, const struct cfg_key *k, const char *value, const char
 		break;
 	case CFG_STRING:
 		if (strlen(value) >= CFG_STRLEN) {
-			fmt(err, errlen, "%s: value of '%s' is %zu bytes long; at most %d are accepted",
+			cfg_errf(err, errlen, "%s: value of '%s' is %zu bytes long; at most %d are accepted",
 			    origin, k->name, strlen(value), CFG_STRLEN - 1);
 			return -ERANGE;
 		}
@@ -199,7 +196,7 @@ static int store(void *v, const struct cfg_key *k, const char *value, const char
 			char why[256];
 			rc = k->check(value, why, sizeof(why));
 			if (rc) {
-				fmt(err, errlen, "%s: invalid value '%s' for '%s': %s", origin, value,
+				cfg_errf(err, errlen, "%s: invalid value '%s' for '%s': %s", origin, value,
 				    k->name, why);
 				return rc;
 			}
@@ -209,10 +206,10 @@ static int store(void *v, const struct cfg_key *k, const char *value, const char
 	}
 	if (rc == -ERANGE) {
 		range_text(k, range, sizeof(range));
-		fmt(err, errlen, "%s: value '%s' for '%s' is out of range %s (%s)", origin, value,
+		cfg_errf(err, errlen, "%s: value '%s' for '%s' is out of range %s (%s)", origin, value,
 		    k->name, range, k->help);
 	} else {
-		fmt(err, errlen, "%s: invalid value '%s' for '%s': expected %s", origin, value, k->name,
+		cfg_errf(err, errlen, "%s: invalid value '%s' for '%s': expected %s", origin, value, k->name,
 		    type_hint(k, hint, sizeof(hint)));
 	}
 	return rc;
@@ -273,7 +270,7 @@ int cfg_set(struct cfg *c, const char *key, const char *value, enum cfg_source s
 	int rc;
 
 	if (!k) {
-		fmt(err, errlen, "%s: unknown key '%s' (%s --help lists every key)", origin, key, c->t->program);
+		cfg_errf(err, errlen, "%s: unknown key '%s' (%s --help lists every key)", origin, key, c->t->program);
 		return -ENOENT;
 	}
 	/* Validate even when a stronger layer wins, so that a broken file
@@ -330,7 +327,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 		if (errno == ENOENT && !must_exist)
 			return 0;
 		rc = errno == ENOENT ? -ENOENT : -EIO;
-		fmt(err, errlen, "fopen(%s) failed: %s%s", path, strerror(errno),
+		cfg_errf(err, errlen, "fopen(%s) failed: %s%s", path, strerror(errno),
 		    errno == ENOENT ? " (--print-config writes a commented one)" : "");
 		return rc;
 	}
@@ -346,7 +343,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 		if (*s == '[') {
 			char *end = strchr(s, ']');
 			if (!end || trim(end + 1)[0]) {
-				fmt(err, errlen, "%s: malformed section header '%s': expected [name]", origin, s);
+				cfg_errf(err, errlen, "%s: malformed section header '%s': expected [name]", origin, s);
 				rc = -EINVAL;
 				goto out;
 			}
@@ -366,7 +363,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 				for (int i = 0; t->sections[i]; i++)
 					o += (size_t)snprintf(list + o, o < sizeof(list) ? sizeof(list) - o : 0, "%s%s",
 							      i ? ", " : "", t->sections[i]);
-				fmt(err, errlen, "%s: unknown section [%s] (%s reads %s)", origin, section, t->program,
+				cfg_errf(err, errlen, "%s: unknown section [%s] (%s reads %s)", origin, section, t->program,
 				    list);
 				rc = -EINVAL;
 				goto out;
@@ -377,7 +374,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 			continue; /* another program's section */
 		eq = strchr(s, '=');
 		if (!eq) {
-			fmt(err, errlen, "%s: expected 'key = value', found '%s'", origin, s);
+			cfg_errf(err, errlen, "%s: expected 'key = value', found '%s'", origin, s);
 			rc = -EINVAL;
 			goto out;
 		}
@@ -387,7 +384,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 		if (*val == '"') {
 			size_t l = strlen(val);
 			if (l < 2 || val[l - 1] != '"') {
-				fmt(err, errlen, "%s: unterminated quoted value for '%s'", origin, key);
+				cfg_errf(err, errlen, "%s: unterminated quoted value for '%s'", origin, key);
 				rc = -EINVAL;
 				goto out;
 			}
@@ -396,7 +393,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 		}
 		k = find_key(t, key, NULL);
 		if (k && section && strcmp(k->section, section) != 0) {
-			fmt(err, errlen, "%s: key '%s' belongs in section [%s], not [%s]", origin, key,
+			cfg_errf(err, errlen, "%s: key '%s' belongs in section [%s], not [%s]", origin, key,
 			    k->section, section);
 			rc = -EINVAL;
 			goto out;
@@ -406,7 +403,7 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 			goto out;
 	}
 	if (ferror(f)) {
-		fmt(err, errlen, "read(%s) failed: %s", path, strerror(errno));
+		cfg_errf(err, errlen, "read(%s) failed: %s", path, strerror(errno));
 		rc = -EIO;
 	}
 out:
@@ -454,7 +451,7 @@ int cfg_load_env(struct cfg *c, char *const *envp, char *err, size_t errlen)
 			}
 		}
 		if (!k) {
-			fmt(err, errlen, "environment: unknown variable %.*s (%s --help lists every %s* variable)",
+			cfg_errf(err, errlen, "environment: unknown variable %.*s (%s --help lists every %s* variable)",
 			    (int)nl, e, t->program, t->env_prefix);
 			return -ENOENT;
 		}
@@ -500,7 +497,7 @@ int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const 
 				k = &t->keys[j], negated = 1;
 		}
 		if (!k) {
-			fmt(err, errlen, "unknown option '%.*s' (%s --help lists every option)", (int)nl, a, t->program);
+			cfg_errf(err, errlen, "unknown option '%.*s' (%s --help lists every option)", (int)nl, a, t->program);
 			return -ENOENT;
 		}
 		if (eq) {
@@ -510,11 +507,11 @@ int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const 
 		} else if (i + 1 < argc) {
 			val = argv[++i];
 		} else {
-			fmt(err, errlen, "option %s needs a value: %s", k->flag, k->help);
+			cfg_errf(err, errlen, "option %s needs a value: %s", k->flag, k->help);
 			return -EINVAL;
 		}
 		if (negated && eq) {
-			fmt(err, errlen, "option --no-%s takes no value", k->flag + 2);
+			cfg_errf(err, errlen, "option --no-%s takes no value", k->flag + 2);
 			return -EINVAL;
 		}
 		rc = cfg_set(c, k->name, val, CFG_SRC_FLAG, k->flag, err, errlen);
@@ -556,7 +553,7 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 		check |= !strcmp(argv[i], "--check");
 		if (!strcmp(argv[i], "--config")) {
 			if (i + 1 == argc) {
-				fmt(err, errlen, "option --config needs a path");
+				cfg_errf(err, errlen, "option --config needs a path");
 				return -EINVAL;
 			}
 			path = argv[++i], must = 1;
@@ -566,7 +563,7 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 	}
 	c = cfg_new(t);
 	if (c == NULL) {
-		fmt(err, errlen, "out of memory reading the configuration");
+		cfg_errf(err, errlen, "out of memory reading the configuration");
 		return -ENOMEM;
 	}
 	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);

@@ -51,6 +51,13 @@ enum cfg_source {
 	CFG_SRC_FLAG = 3,
 };
 
+/**
+ * The floor's error buffer: format into @p err (@p errlen bytes, truncated;
+ * nothing when @p err is NULL or @p errlen 0), as every "err, errlen" pair
+ * of kvferry's APIs is filled.
+ */
+void cfg_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /** A string key's extra check: 0, or -EINVAL with @p err filled. */
 typedef int (*cfg_check_fn)(const char *value, char *err, size_t errlen);
 
