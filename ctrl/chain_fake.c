@@ -39,6 +39,7 @@
 struct fake_group {
 	int busy;
 	uint64_t t_done;
+	uint64_t step_ns;          /* the slowest stage's cost */
 	int32_t n_cols;
 	int32_t n_failed;
 	int status;
@@ -273,10 +274,13 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 		f->t_first = t;
 	}
 	t += f->o.link_ns;
+	g->step_ns = 0;
 	for (int32_t s = 0; s < f->o.n_stages; s++) {
 		uint64_t cost = f->o.stage_ns[s] + f->o.col_ns * (uint64_t)n_cols;
 		uint64_t start = t > f->stage_free[s] ? t : f->stage_free[s];
 
+		if (cost > g->step_ns)
+			g->step_ns = cost;
 		t = start + cost;
 		f->stage_free[s] = t;
 		f->st[s].steps++;
@@ -330,6 +334,7 @@ static int fake_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int ma
 		r->col_status = g->status == 0 && g->n_failed > 0
 				? &f->cst[(size_t)best * (size_t)f->o.max_cols] : NULL;
 		r->n_failed_cols = g->status == 0 ? g->n_failed : 0;
+		r->step_ns = g->step_ns;
 		memcpy(r->err, g->err, sizeof(r->err));
 		if (g->status == 0)
 			for (int32_t i = 0; i < g->n_cols; i++) {

@@ -36,6 +36,7 @@ struct kn_grp {
 	int32_t *tokens;
 	float *lps;
 	int32_t n_top;             /* k of the last step */
+	_Atomic uint64_t step_ns;  /* the slowest stage's step time */
 	int32_t *top_ids;          /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
 	float *top_lps;
 	int status;
@@ -136,7 +137,10 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 	}
 	atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&s->cols, (uint64_t)g->n_cols, memory_order_relaxed);
-	atomic_fetch_add_explicit(&s->busy_ns, mono_ns() - t0, memory_order_relaxed);
+	t0 = mono_ns() - t0;
+	atomic_fetch_add_explicit(&s->busy_ns, t0, memory_order_relaxed);
+	if (t0 > atomic_load_explicit(&g->step_ns, memory_order_relaxed))
+		atomic_store_explicit(&g->step_ns, t0, memory_order_relaxed);
 }
 
 static void push(pthread_mutex_t *mu, pthread_cond_t *cv, uint32_t *ring, int32_t *head, int32_t *n,
@@ -220,6 +224,7 @@ static int kc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	g->n_ops = n_ops;
 	g->status = 0;
 	g->n_top = 0;
+	atomic_store_explicit(&g->step_ns, 0, memory_order_relaxed);
 	g->err[0] = '\0';
 	g->busy = 1;
 	if (!c->started) {
@@ -260,6 +265,7 @@ static int kc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 		r->n_logprobs = g->status == 0 ? g->n_top : 0;
 		r->top_ids = g->top_ids;
 		r->top_logprobs = g->top_lps;
+		r->step_ns = atomic_load_explicit(&g->step_ns, memory_order_relaxed);
 		memcpy(r->err, g->err, sizeof(r->err));
 	}
 	pthread_mutex_unlock(&c->done_mu);

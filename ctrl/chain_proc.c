@@ -323,10 +323,13 @@ static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
 				       sizeof(float) * (size_t)k);
 			}
 		}
+		g->step_ns = 0;
 		for (int32_t k = 0; k < c->o.n_stages; k++) {
 			c->sst[k].steps++;
 			c->sst[k].cols += (uint64_t)h->n_cols;
 			c->sst[k].busy_ns += (uint64_t)h->busy_us[k] * 1000u;
+			if ((uint64_t)h->busy_us[k] * 1000u > g->step_ns)
+				g->step_ns = (uint64_t)h->busy_us[k] * 1000u;
 		}
 	}
 	push_done(c, h->group);
@@ -632,6 +635,7 @@ static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 		r->top_ids = g->top_ids;
 		r->top_logprobs = g->top_lps;
 		r->n_failed_cols = g->status == 0 ? g->n_failed : 0;
+		r->step_ns = g->status == 0 ? g->step_ns : 0;
 		memcpy(r->err, g->err, sizeof(r->err));
 	}
 	return n;

@@ -37,6 +37,7 @@ struct pc_grp {
 	float *lps;
 	int32_t *cst;        /* [max_cols] per-column status */
 	int32_t n_top;       /* top logprobs per column in the result */
+	uint64_t step_ns;    /* the slowest stage's busy time (the workers' busy_us) */
 	int32_t *top_ids;    /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
 	float *top_lps;
 	int32_t *sent;       /* [max_cols] original index of each sent column */

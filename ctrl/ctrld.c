@@ -405,6 +405,7 @@ static int build_pipelines(struct daemon *d)
 		so.n_groups = (int32_t)d->set->groups;
 		so.mb_cols = mb_cols(d);
 		so.one_launch_decode = ko.backend == KN_BACKEND_CUDA;
+		so.step_budget = d->set->step_budget;
 		so.n_slots = (int32_t)d->set->max_slots;
 		so.max_queue = (int32_t)d->set->max_queue;
 		so.spec = d->set->spec;

@@ -55,6 +55,9 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 		"max_ready_wait", (json_int_t)st->max_ready_wait, "queued_bytes", (json_int_t)st->queued_bytes,
 		"live_bytes", (json_int_t)st->live_bytes, "lookup_tries_total", (json_int_t)st->lookup_tries,
 		"stages", stages));
+	json_object_update_new(r, json_pack("{s:I, s:f, s:f}",
+		"prefill_capped_total", (json_int_t)st->prefill_capped,
+		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us));
 	return r;
 }
 

@@ -723,8 +723,20 @@ static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
 	pf = prefill_ready(s);
 	pack_decode(s, g, pf ? s->mb_cols - reserve : s->mb_cols);
 	g->has_decode = g->n_ent > 0;
-	if (pf)
-		pack_prefill(s, g, g->n_cols > 0 ? s->mb_cols : s->pf_cols);
+	if (pf) {
+		int32_t width = g->n_cols > 0 ? s->mb_cols : s->pf_cols;
+
+		if (g->n_cols > 0 && s->one_launch) {
+			int32_t cap = sched_fit_prefill_cap(&s->fit, s->o.step_budget, g->n_cols,
+							    s->mb_cols / 16 > 8 ? s->mb_cols / 16 : 8);
+
+			if (cap < width - g->n_cols) {
+				width = g->n_cols + cap;
+				s->st.prefill_capped++;
+			}
+		}
+		pack_prefill(s, g, width);
+	}
 	return g->n_cols;
 }
 
@@ -749,6 +761,8 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 	s->n_inflight--;
 	s->rt_ns += mono_ns() - g->t_launch;
 	s->rt_n++;
+	if (res->status == 0 && res->step_ns > 0 && s->one_launch)
+		sched_fit_add(&s->fit, g->n_cols, res->step_ns);
 	if (res->status < 0 || res->n_cols != g->n_cols) {
 		group_fail(s, g, res->status < 0 ? res->err : "result has a different column count");
 		return;
@@ -822,6 +836,8 @@ static void publish(struct ctrl_sched *s)
 	st->queued_bytes = s->queued_bytes;
 	st->live_bytes = s->live_bytes;
 	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;
+	st->step_fixed_us = s->fit.fitted ? s->fit.a / 1000.0 : 0.0;
+	st->step_col_us = s->fit.fitted ? s->fit.b / 1000.0 : 0.0;
 	st->spec_acceptance = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
 	if (ctrl_chain_stats(s->chain, &cs) == 0) {
 		st->n_stages = cs.n_stages;

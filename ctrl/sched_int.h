@@ -91,6 +91,21 @@ struct sched_pend {
 	char msg[320];
 };
 
+/* The step model (sched_budget.c): decayed sums of a least-squares fit of
+ * step time against columns, t = a + b n. */
+struct sched_fit {
+	double w, sn, snn, st, snt;
+	double a, b;              /* ns, ns per column, valid with fitted */
+	int fitted;
+	uint64_t samples;
+};
+
+void sched_fit_add(struct sched_fit *f, int32_t n_cols, uint64_t step_ns);
+/* Prompt positions a launch with @p n_dec decode columns may carry within
+ * @p budget times their own predicted time, at least @p floor_cols;
+ * INT32_MAX when no cap applies (budget <= 1, no fit, a flat step). */
+int32_t sched_fit_prefill_cap(const struct sched_fit *f, double budget, int32_t n_dec, int32_t floor_cols);
+
 struct ctrl_sched {
 	struct ctrl_chain *chain;
 	struct ctrl_chain_info ci;
@@ -118,6 +133,7 @@ struct ctrl_sched {
 	uint64_t launch_no;
 	size_t queued_bytes, live_bytes;
 	uint64_t rt_ns, rt_n;
+	struct sched_fit fit;     /* step time against columns (one stage, one launch) */
 
 	/* inbox: any thread */
 	pthread_mutex_t lock;

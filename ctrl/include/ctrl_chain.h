@@ -79,6 +79,8 @@ struct ctrl_chain_result {
 	                                  then id ascending); rows of columns without a logit
 	                                  are undefined */
 	const float *top_logprobs;   /**< [n_cols][n_logprobs] log-softmax of the model's logits */
+	uint64_t step_ns;            /**< the slowest stage's step time for this group (what a
+	                                  worker measured on its device), 0: not known */
 };
 
 /** Counters of one stage, cumulative since the chain was created. */

@@ -86,6 +86,7 @@ struct ctrl_settings {
 	/* [sched] */
 	int64_t max_slots;
 	int64_t mb_k;
+	double step_budget;           /**< cuda: launch time / its decodes' time; 1 = off */
 	int64_t groups;               /**< 0 = stages + 1 */
 	int64_t max_queue;
 	int64_t replicas;

@@ -110,6 +110,10 @@ struct ctrl_sched_opts {
 	                                chunks with it, and nothing else launches while it is out
 	                                (for engines whose step costs nearly the same at any
 	                                width: the GPU). 0 = groups take whatever is ready */
+	double step_budget;        /**< with one_launch_decode: prompt positions beside decodes
+	                                are capped so that a launch's predicted step time stays
+	                                within this many times its decodes' own (the model is fit
+	                                to the step times the chain reports); <= 1 = no cap */
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
 	int32_t n_blocks;          /**< 0 = the chain's; else at most that */
@@ -171,6 +175,9 @@ struct ctrl_sched_stats {
 	uint64_t lookup_tries;
 	uint64_t lookup_hits;      /**< prompt lookups that found a draft */
 	uint64_t max_ready_wait;   /**< most launches a ready sequence waited to be packed */
+	uint64_t prefill_capped;   /**< launches whose prompt positions the step budget cut */
+	double step_fixed_us;      /**< the step model: fixed time of a launch (0: no fit) */
+	double step_col_us;        /**< the step model: time per column */
 	size_t queued_bytes;       /**< heap held by waiting requests */
 	size_t live_bytes;         /**< heap held by live sequences (tokens, block rows) */
 };

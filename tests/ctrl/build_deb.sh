@@ -45,7 +45,7 @@ grep -q "^d /run/kvferry 0750 kvferry kvferry" "$tmp/root/usr/lib/tmpfiles.d/kvf
 conf=$tmp/root/etc/kvferry/kvferry.conf
 # Every key is there, commented, with its default: uncommented it must still parse.
 for k in listen_address port model_dir served_model_name stages backend threads kv_blocks kv_memory \
-         max_slots mb_k groups max_tokens_default max_context request_body_limit admin_socket \
+         max_slots mb_k step_budget groups max_tokens_default max_context request_body_limit admin_socket \
          spec_depth spec_c_full spec_c_half replicas node_id peers drain_timeout; do
   grep -q "^#$k = " "$conf" || fail "key $k is missing from the packaged kvferry.conf"
 done

@@ -584,6 +584,90 @@ static void one_stage_decodes_ride_in_one_launch_when_asked(void **state)
 	 * group back); printed as the reference, not asserted */
 }
 
+/* Two waves of 24 requests (128-token prompts) on one stage whose step costs
+ * 1 ms + 4 us a column, the second arriving while the first decodes.
+ * @return the largest (launch time / its decodes' time) over launches that
+ * carry both; @p out gets each request's tokens. */
+static double widest_mixed_launch(double budget, struct rec *out, struct ctrl_sched_stats *st)
+{
+	enum { N = 48, P = 128, T = 96 };
+	struct ctrl_fake_chain_opts fo;
+	struct rec_chain *rc;
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	static int32_t prompt[N + P];
+	double worst = 0.0;
+	int32_t first_late;
+
+	ctrl_fake_chain_opts_init(&fo);
+	fo.n_stages = 1;
+	fo.n_slots = N;
+	fo.n_blocks = 4096;
+	fo.max_cols = 512;
+	fo.stage_ns[0] = 1000000;
+	fo.col_ns = 4000;
+	rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
+	rc->late_pos = P; /* positions past the prompt: decode columns */
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 512;
+	o.prefill_cols = 512;
+	o.spec = 0;
+	o.one_launch_decode = 1;
+	o.step_budget = budget;
+	s = sched(&rc->base, &o);
+	memset(out, 0, sizeof(*out) * N);
+	make_prompt(prompt, N + P, 21, 64);
+	for (int i = 0; i < N / 2; i++)
+		assert_true(submit_rec(s, &out[i], prompt + i, P, T, 0.0f, 0) > 0);
+	for (long k = 0; out[0].n < 16; k++) {
+		assert_true(ctrl_sched_poll(s) >= 0);
+		assert_true(k < 10000000L);
+	}
+	first_late = rc->n_log;
+	for (int i = N / 2; i < N; i++)
+		assert_true(submit_rec(s, &out[i], prompt + i, P, T, 0.0f, 0) > 0);
+	assert_true(drive(s, 10000000L) > 0);
+	for (int32_t k = first_late; k < rc->n_log; k++) {
+		const struct logged_mb *m = &rc->log[k];
+		double t = 1e6 + 4e3 * m->n_cols, t_dec = 1e6 + 4e3 * m->n_late;
+
+		if (m->n_late > 0 && m->n_late < m->n_cols && t / t_dec > worst)
+			worst = t / t_dec;
+	}
+	for (int i = 0; i < N; i++)
+		assert_int_equal(out[i].n, T);
+	ctrl_sched_stats(s, st);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(&rc->base);
+	return worst;
+}
+
+static void a_step_budget_keeps_prompts_from_stretching_the_decodes_launch(void **state)
+{
+	static struct rec on[48], off[48];
+	struct ctrl_sched_stats son, soff;
+	double w_on = widest_mixed_launch(1.5, on, &son);
+	double w_off = widest_mixed_launch(1.0, off, &soff);
+
+	(void)state;
+	printf("widest launch with decodes / its decodes alone: %.2f with step_budget 1.5 (%llu launches "
+	       "capped, model %.0f us + %.2f us a column), %.2f without (%llu launches)\n", w_on,
+	       (unsigned long long)son.prefill_capped, son.step_fixed_us, son.step_col_us, w_off,
+	       (unsigned long long)soff.launches);
+	/* without a budget the late prompts ride 512 columns at a time */
+	assert_true(w_off > 2.0);
+	assert_int_equal(soff.prefill_capped, 0);
+	/* with it no launch with decodes takes more than 1.5 x their time (the
+	 * model is fit to the fake chain's exact step times) */
+	assert_true(w_on <= 1.5 + 1e-6);
+	assert_true(son.prefill_capped > 0);
+	assert_true(son.step_fixed_us > 990.0 && son.step_fixed_us < 1010.0);
+	assert_true(son.step_col_us > 3.99 && son.step_col_us < 4.01);
+	/* the budget changes when prompt positions are computed, not what comes out */
+	for (int i = 0; i < 48; i++)
+		assert_memory_equal(on[i].toks, off[i].toks, sizeof(int32_t) * (size_t)on[i].n);
+}
+
 static void replicas_share_the_load_and_each_output_matches_its_solo_run(void **state)
 {
 	enum { N = 30, R = 3 };
@@ -756,6 +840,7 @@ int main(void)
 		cmocka_unit_test(a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go_on),
 		cmocka_unit_test(decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_batch),
 		cmocka_unit_test(one_stage_decodes_ride_in_one_launch_when_asked),
+		cmocka_unit_test(a_step_budget_keeps_prompts_from_stretching_the_decodes_launch),
 		cmocka_unit_test(replicas_share_the_load_and_each_output_matches_its_solo_run),
 		cmocka_unit_test(submit_and_cancel_from_four_threads_while_the_scheduler_runs),
 		cmocka_unit_test(bad_requests_are_refused_at_submit),
