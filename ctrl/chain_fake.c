@@ -5,7 +5,8 @@
  *
  * Timing: stage s starts a micro-batch when both the previous stage has
  * finished it and stage s has finished the previous micro-batch; it is busy
- * for stage_ns[s] + col_ns * n_cols. Completion times are computed at submit
+ * for stage_ns[s] + col_ns * n_cols (n_cols padded to the narrowest of
+ * plan_widths that holds it, when those are given). Completion times are computed at submit
  * (the pipeline is FIFO, so they are exact). With virtual_time each poll jumps
  * the clock to the earliest pending completion: the scheduler then costs zero
  * simulated time, which isolates what its policy (group count, packing) does
@@ -67,6 +68,7 @@ struct fake_chain {
 	int32_t *tokens;           /* [max_groups][max_cols] */
 	float *lps;                /* [max_groups][max_cols] */
 	int32_t *cst;              /* [max_groups][max_cols] column status */
+	uint8_t plan_used[8];
 };
 
 static uint64_t mix64(uint64_t x)
@@ -237,6 +239,8 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 	struct fake_group *g;
 	uint64_t t;
 	int64_t idx;
+	int32_t padded = n_cols;
+	uint64_t first = 0;
 
 	if (group >= (uint32_t)f->o.max_groups || f->g[group].busy || n_cols < 1
 	    || n_cols > f->o.max_cols || n_ops < 0)
@@ -275,8 +279,15 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 	}
 	t += f->o.link_ns;
 	g->step_ns = 0;
+	for (int32_t k = 0; k < f->o.n_plans && k < 8; k++)
+		if (f->o.plan_widths[k] >= n_cols) {
+			padded = f->o.plan_widths[k];
+			first = f->plan_used[k] ? 0 : f->o.plan_first_ns;
+			f->plan_used[k] = 1;
+			break;
+		}
 	for (int32_t s = 0; s < f->o.n_stages; s++) {
-		uint64_t cost = f->o.stage_ns[s] + f->o.col_ns * (uint64_t)n_cols;
+		uint64_t cost = f->o.stage_ns[s] + f->o.col_ns * (uint64_t)padded + first;
 		uint64_t start = t > f->stage_free[s] ? t : f->stage_free[s];
 
 		if (cost > g->step_ns)

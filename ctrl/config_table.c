@@ -112,7 +112,7 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_MB_K", "--mb-k", NULL, NULL,
 	 "micro-batch width: columns of a launch that carries decode work (a quarter of them "
 	 "kept for prefill chunks while a prompt waits); 0 = 32 on cpu, 512 on cuda"},
-	{"step_budget", "sched", CFG_FLOAT, OFF(step_budget), "1.6", 1.0, 100.0,
+	{"step_budget", "sched", CFG_FLOAT, OFF(step_budget), "1.9", 1.0, 100.0,
 	 "KVFERRY_STEP_BUDGET", "--step-budget", NULL, NULL,
 	 "cuda: prompt positions ride beside the decodes only while a launch's predicted time "
 	 "stays within this many times the decodes' own (every decoding sequence waits for its "

@@ -355,6 +355,7 @@ static int build_pipelines(struct daemon *d)
 	for (int r = 0; r < d->n_rep; r++) {
 		struct ctrl_kn_chain_opts ko;
 		struct ctrl_sched_opts so;
+		int32_t plans[CTRL_SCHED_MAX_PLANS], plans_n = 0;
 
 		ctrl_kn_chain_opts_init(&ko);
 		ko.n_stages = d->n_stages;
@@ -391,6 +392,8 @@ static int build_pipelines(struct daemon *d)
 			}
 			ko.stage.n_plans = np;
 			memcpy(ko.stage.plan_widths, w, sizeof(int32_t) * (size_t)np);
+			plans_n = np < CTRL_SCHED_MAX_PLANS ? np : CTRL_SCHED_MAX_PLANS;
+			memcpy(plans, w, sizeof(int32_t) * (size_t)plans_n);
 		}
 		if (d->set->groups + 1 > ko.max_groups)
 			ko.max_groups = (int32_t)d->set->groups + 1;
@@ -406,6 +409,8 @@ static int build_pipelines(struct daemon *d)
 		so.mb_cols = mb_cols(d);
 		so.one_launch_decode = ko.backend == KN_BACKEND_CUDA;
 		so.step_budget = d->set->step_budget;
+		so.n_plans = plans_n;
+		memcpy(so.plans, plans, sizeof(int32_t) * (size_t)plans_n);
 		so.n_slots = (int32_t)d->set->max_slots;
 		so.max_queue = (int32_t)d->set->max_queue;
 		so.spec = d->set->spec;

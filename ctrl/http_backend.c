@@ -32,7 +32,7 @@ void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch 
 
 static json_t *replica_json(const struct ctrl_sched_stats *st)
 {
-	json_t *stages = json_array(), *r;
+	json_t *stages = json_array(), *plans, *r;
 
 	for (int i = 0; i < st->n_stages && i < CTRL_CHAIN_MAX_STAGES; i++)
 		json_array_append_new(stages, json_pack("{s:I, s:I, s:f, s:f}",
@@ -55,9 +55,13 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 		"max_ready_wait", (json_int_t)st->max_ready_wait, "queued_bytes", (json_int_t)st->queued_bytes,
 		"live_bytes", (json_int_t)st->live_bytes, "lookup_tries_total", (json_int_t)st->lookup_tries,
 		"stages", stages));
-	json_object_update_new(r, json_pack("{s:I, s:f, s:f}",
+	plans = json_array();
+	for (int32_t k = 0; k < st->n_plans; k++)
+		json_array_append_new(plans, json_pack("{s:i, s:f, s:I}", "width", st->plan_width[k],
+			"mean_step_us", st->plan_step_us[k], "steps_total", (json_int_t)st->plan_steps[k]));
+	json_object_update_new(r, json_pack("{s:I, s:f, s:f, s:o}",
 		"prefill_capped_total", (json_int_t)st->prefill_capped,
-		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us));
+		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us, "plans", plans));
 	return r;
 }
 

@@ -727,11 +727,11 @@ static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
 		int32_t width = g->n_cols > 0 ? s->mb_cols : s->pf_cols;
 
 		if (g->n_cols > 0 && s->one_launch) {
-			int32_t cap = sched_fit_prefill_cap(&s->fit, s->o.step_budget, g->n_cols,
-							    s->mb_cols / 16 > 8 ? s->mb_cols / 16 : 8);
+			int32_t w = sched_fit_width(&s->fit, s->o.step_budget, g->n_cols, width,
+						    s->mb_cols / 16 > 8 ? s->mb_cols / 16 : 8);
 
-			if (cap < width - g->n_cols) {
-				width = g->n_cols + cap;
+			if (w < width) {
+				width = w;
 				s->st.prefill_capped++;
 			}
 		}
@@ -838,6 +838,12 @@ static void publish(struct ctrl_sched *s)
 	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;
 	st->step_fixed_us = s->fit.fitted ? s->fit.a / 1000.0 : 0.0;
 	st->step_col_us = s->fit.fitted ? s->fit.b / 1000.0 : 0.0;
+	st->n_plans = s->fit.n_plans;
+	for (int32_t k = 0; k < s->fit.n_plans; k++) {
+		st->plan_width[k] = s->fit.plan[k];
+		st->plan_step_us[k] = s->fit.plan_ns[k] / 1000.0;
+		st->plan_steps[k] = s->fit.plan_n[k];
+	}
 	st->spec_acceptance = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
 	if (ctrl_chain_stats(s->chain, &cs) == 0) {
 		st->n_stages = cs.n_stages;
@@ -963,6 +969,7 @@ struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl
 		goto fail_nomem;
 	s->chain = chain;
 	s->o = *o;
+	sched_fit_plans(&s->fit, o->plans, o->n_plans);
 	rc = ctrl_chain_info(chain, &s->ci);
 	if (rc < 0) {
 		snprintf(err, errlen, "ctrl_chain_info(%s) failed: %s", chain->vt->name, strerror(-rc));

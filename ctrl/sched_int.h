@@ -91,20 +91,30 @@ struct sched_pend {
 	char msg[320];
 };
 
-/* The step model (sched_budget.c): decayed sums of a least-squares fit of
- * step time against columns, t = a + b n. */
+/* The step model (sched_budget.c): each plan's measured step time, and
+ * decayed sums of a least-squares fit of step time against columns,
+ * t = a + b n, for plans not measured yet (or a chain without plans). */
 struct sched_fit {
 	double w, sn, snn, st, snt;
 	double a, b;              /* ns, ns per column, valid with fitted */
 	int fitted;
 	uint64_t samples;
+	int32_t n_plans;          /* 0: the chain's widths are not known */
+	int32_t plan[CTRL_SCHED_MAX_PLANS];
+	double plan_ns[CTRL_SCHED_MAX_PLANS];   /* moving average of its step times */
+	uint32_t plan_n[CTRL_SCHED_MAX_PLANS];  /* steps measured */
+	uint8_t plan_seen[CTRL_SCHED_MAX_PLANS]; /* its first step (a graph capture) went by */
 };
 
+/* Take the plan widths (ascending); widths out of order are dropped. */
+void sched_fit_plans(struct sched_fit *f, const int32_t *plans, int32_t n);
 void sched_fit_add(struct sched_fit *f, int32_t n_cols, uint64_t step_ns);
-/* Prompt positions a launch with @p n_dec decode columns may carry within
- * @p budget times their own predicted time, at least @p floor_cols;
- * INT32_MAX when no cap applies (budget <= 1, no fit, a flat step). */
-int32_t sched_fit_prefill_cap(const struct sched_fit *f, double budget, int32_t n_dec, int32_t floor_cols);
+/* Most columns a launch with @p n_dec decode columns may have so that its
+ * predicted time stays within @p budget times theirs alone (at least
+ * n_dec + @p floor_cols, at most @p max_cols): @p max_cols when no cap
+ * applies (budget <= 1, nothing measured, a step whose cost is flat). */
+int32_t sched_fit_width(const struct sched_fit *f, double budget, int32_t n_dec, int32_t max_cols,
+			int32_t floor_cols);
 
 struct ctrl_sched {
 	struct ctrl_chain *chain;

@@ -163,6 +163,11 @@ struct ctrl_fake_chain_opts {
 	int32_t n_stages;            /**< 1 .. CTRL_CHAIN_MAX_STAGES */
 	uint64_t stage_ns[CTRL_CHAIN_MAX_STAGES]; /**< fixed cost of one step per stage */
 	uint64_t col_ns;             /**< extra cost per column, every stage */
+	int32_t plan_widths[8];      /**< n_plans > 0: a step costs as if it had the columns of
+	                                  the narrowest of these that holds it (a GPU's padding) */
+	int32_t n_plans;
+	uint64_t plan_first_ns;      /**< with plans: the first step in each costs this much more
+	                                  (a CUDA graph captured at first use) */
 	uint64_t link_ns;            /**< transport latency each way between the
 	                                  scheduler and the chain's ends (what makes
 	                                  n_stages groups leave bubbles) */

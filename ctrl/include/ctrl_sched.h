@@ -100,6 +100,8 @@ struct ctrl_request {
 /** Fill @p r with defaults: greedy, top_p 1, no stops, max_tokens 16. */
 void ctrl_request_init(struct ctrl_request *r);
 
+#define CTRL_SCHED_MAX_PLANS 8
+
 /** Scheduler options. */
 struct ctrl_sched_opts {
 	int32_t n_groups;          /**< micro-batches in flight: max(n_stages + 1, this) */
@@ -114,6 +116,10 @@ struct ctrl_sched_opts {
 	                                are capped so that a launch's predicted step time stays
 	                                within this many times its decodes' own (the model is fit
 	                                to the step times the chain reports); <= 1 = no cap */
+	int32_t plans[CTRL_SCHED_MAX_PLANS]; /**< the widths the chain pads a launch to,
+	                                ascending (the step budget measures each); n_plans 0:
+	                                not known, a straight-line model of the widths is used */
+	int32_t n_plans;
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
 	int32_t n_blocks;          /**< 0 = the chain's; else at most that */
@@ -178,6 +184,10 @@ struct ctrl_sched_stats {
 	uint64_t prefill_capped;   /**< launches whose prompt positions the step budget cut */
 	double step_fixed_us;      /**< the step model: fixed time of a launch (0: no fit) */
 	double step_col_us;        /**< the step model: time per column */
+	int32_t n_plans;           /**< the step model's plans (ctrl_sched_opts.plans) */
+	int32_t plan_width[CTRL_SCHED_MAX_PLANS];
+	double plan_step_us[CTRL_SCHED_MAX_PLANS];  /**< moving average of the plan's step time */
+	uint64_t plan_steps[CTRL_SCHED_MAX_PLANS];  /**< steps measured in it */
 	size_t queued_bytes;       /**< heap held by waiting requests */
 	size_t live_bytes;         /**< heap held by live sequences (tokens, block rows) */
 };

@@ -72,6 +72,7 @@ struct wk_job {
 	struct kn_step st;
 	int stepped;               /* a step was submitted for it */
 	int32_t nc;
+	int32_t n_decode;          /* sequences decoding in it (with a trace only) */
 	uint64_t t0;
 	char what[128];
 };
@@ -377,6 +378,25 @@ static void handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
 
 /* Send the oldest micro-batch once its step (if any) is done: the wait
  * blocks only when the caller found the FIFO full. */
+/* Sequences decoding in a micro-batch (for the trace): a slot's columns are
+ * adjacent; a decode (and a verify span) wants a token at every column, a
+ * prompt chunk at its last one at most. */
+static int32_t decode_runs(const void *colsv, int32_t nc)
+{
+	const struct kn_column *cols = colsv;
+	int32_t n = 0;
+
+	for (int32_t i = 0; i < nc;) {
+		int32_t k = i, all = 1;
+
+		for (; k < nc && cols[k].slot == cols[i].slot; k++)
+			all &= (cols[k].flags & KN_COL_NEED_LOGIT) != 0;
+		n += all;
+		i = k;
+	}
+	return n;
+}
+
 static void finish_head(struct worker *w)
 {
 	struct wk_job *j = &w->jobs[w->j_head];
@@ -419,7 +439,8 @@ static void finish_head(struct worker *w)
 		w->busy_ns += dt;
 		w->last_done_ns = t1;
 		if (w->trace != NULL)
-			fprintf(w->trace, "%llu %llu %d\n", (unsigned long long)j->t0, (unsigned long long)t1, (int)nc);
+			fprintf(w->trace, "%llu %llu %d %d\n", (unsigned long long)j->t0, (unsigned long long)t1, (int)nc,
+				(int)j->n_decode);
 	}
 	wk_in_done(w->in, &j->d);
 	send_msg(w, oh);
@@ -495,6 +516,8 @@ static int handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, cons
 	if (oh->n_logprobs > SHM_MB_MAX_LOGPROBS)
 		oh->n_logprobs = SHM_MB_MAX_LOGPROBS;
 	memcpy(shm_mb_cols(oh), shm_mb_cols(h), (size_t)nc * SHM_MB_COL_BYTES);
+	if (w->trace != NULL)
+		j->n_decode = decode_runs(shm_mb_cols(h), nc);
 	memcpy(shm_mb_ops(oh), shm_mb_ops(h), (size_t)no * SHM_MB_OP_BYTES);
 	snprintf(j->what, sizeof(j->what), "stage %d (%s, layers %d..%d, pid %d)", w->idx, w->o.role,
 		 w->info.layer_start, w->info.layer_end, (int)getpid());

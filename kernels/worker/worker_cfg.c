@@ -60,7 +60,7 @@ static const struct cfg_key keys[] = {
 	  NULL, "poll the input this long after the last message before sleeping in the ring's futex (-1: "
 	  "2000 on cuda, where a futex wake-up costs tens of us a step; 0 on cpu)" },
 	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
-	  "a diagnostic: write each step's times (taken, done, columns; CLOCK_MONOTONIC ns) to this file" },
+	  "a diagnostic: write each step's times (taken, done, columns, sequences decoding; CLOCK_MONOTONIC ns) to this file" },
 };
 
 static const char *const sections[] = { "worker", NULL };
