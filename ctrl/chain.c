@@ -35,6 +35,23 @@ int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st)
 	return c->vt->stats(c, st);
 }
 
+int ctrl_chain_kv_format(struct ctrl_chain *c, int32_t stage, struct kn_kv_format *f)
+{
+	return c->vt->kv_format != NULL ? c->vt->kv_format(c, stage, f) : -ENOTSUP;
+}
+
+int ctrl_chain_kv_export(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, void *dst,
+			 size_t len)
+{
+	return c->vt->kv_export != NULL ? c->vt->kv_export(c, stage, blocks, n, dst, len) : -ENOTSUP;
+}
+
+int ctrl_chain_kv_import(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n,
+			 const void *src, size_t len, const struct kn_kv_format *f)
+{
+	return c->vt->kv_import != NULL ? c->vt->kv_import(c, stage, blocks, n, src, len, f) : -ENOTSUP;
+}
+
 void ctrl_chain_destroy(struct ctrl_chain *c)
 {
 	if (c != NULL)

@@ -58,6 +58,7 @@ struct kn_stg {
 	int32_t q_head, q_n;
 	int stop;
 	_Atomic uint64_t steps, cols, busy_ns;
+	pthread_mutex_t step_mu;   /* held over a step, a page export or an import */
 };
 
 struct kn_chain {
@@ -182,7 +183,9 @@ static void *stage_thread(void *arg)
 		s->q_head = (s->q_head + 1) % c->o.max_groups;
 		s->q_n--;
 		pthread_mutex_unlock(&s->mu);
+		pthread_mutex_lock(&s->step_mu);
 		stage_run(c, s->idx, gi);
+		pthread_mutex_unlock(&s->step_mu);
 		if (s->idx + 1 < c->n_stages) {
 			struct kn_stg *nx = &c->stg[s->idx + 1];
 
@@ -236,8 +239,11 @@ static int kc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 
 		push(&s0->mu, &s0->cv, s0->q, &s0->q_head, &s0->q_n, c->o.max_groups, group);
 	} else {
-		for (int32_t k = 0; k < c->n_stages; k++)
+		for (int32_t k = 0; k < c->n_stages; k++) {
+			pthread_mutex_lock(&c->stg[k].step_mu);
 			stage_run(c, k, group);
+			pthread_mutex_unlock(&c->stg[k].step_mu);
+		}
 		finish_group(c, group);
 	}
 	return 0;
@@ -270,6 +276,45 @@ static int kc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 	}
 	pthread_mutex_unlock(&c->done_mu);
 	return n;
+}
+
+/* ---- KV pages out and in (between two of the stage's steps) ---- */
+
+static int kc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f)
+{
+	struct kn_chain *c = (struct kn_chain *)cc;
+
+	if (stage < 0 || stage >= c->n_stages)
+		return -EINVAL;
+	return kn_stage_kv_format(c->stg[stage].st, f);
+}
+
+static int kc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, void *dst,
+			size_t len)
+{
+	struct kn_chain *c = (struct kn_chain *)cc;
+	int rc;
+
+	if (stage < 0 || stage >= c->n_stages)
+		return -EINVAL;
+	pthread_mutex_lock(&c->stg[stage].step_mu);
+	rc = kn_stage_kv_export(c->stg[stage].st, blocks, n, dst, len);
+	pthread_mutex_unlock(&c->stg[stage].step_mu);
+	return rc;
+}
+
+static int kc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n,
+			const void *src, size_t len, const struct kn_kv_format *f)
+{
+	struct kn_chain *c = (struct kn_chain *)cc;
+	int rc;
+
+	if (stage < 0 || stage >= c->n_stages)
+		return -EINVAL;
+	pthread_mutex_lock(&c->stg[stage].step_mu);
+	rc = kn_stage_kv_import(c->stg[stage].st, blocks, n, src, len, f);
+	pthread_mutex_unlock(&c->stg[stage].step_mu);
+	return rc;
 }
 
 static int kc_stats(struct ctrl_chain *cc, struct ctrl_chain_stats *st)
@@ -312,6 +357,7 @@ static void kc_destroy(struct ctrl_chain *cc)
 			free(s->q);
 			pthread_cond_destroy(&s->cv);
 			pthread_mutex_destroy(&s->mu);
+			pthread_mutex_destroy(&s->step_mu);
 		}
 	}
 	if (c->g != NULL)
@@ -341,6 +387,9 @@ static const struct ctrl_chain_vtbl kn_chain_vtbl = {
 	.poll = kc_poll,
 	.stats = kc_stats,
 	.destroy = kc_destroy,
+	.kv_format = kc_kv_format,
+	.kv_export = kc_kv_export,
+	.kv_import = kc_kv_import,
 };
 
 struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct ctrl_kn_chain_opts *o,
@@ -392,6 +441,7 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		so.layer_end = ends[k];
 		pthread_mutex_init(&s->mu, NULL);
 		pthread_cond_init(&s->cv, NULL);
+		pthread_mutex_init(&s->step_mu, NULL);
 		s->q = calloc((size_t)o->max_groups, sizeof(*s->q));
 		if (s->q == NULL)
 			goto fail_chain_nomem;

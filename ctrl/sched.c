@@ -112,7 +112,7 @@ static void req_free(struct sched_req *r)
  * MHD resume each) held the next launch back by ~0.3 ms, a fifth of a step.
  * Events keep their order, one request's finish after its tokens.
  */
-static void emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev)
+void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev)
 {
 	struct sched_pend *p;
 
@@ -163,13 +163,16 @@ static void flush(struct ctrl_sched *s)
 	s->n_pend = 0;
 }
 
-/* Tell the client and drop a request that is not in a slot. */
-static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why,
-		       int32_t token, const char *msg)
+/* Tell the client and drop a request that is not in a slot; @p h: the
+ * blocks it keeps (hold_kv), holding @p kv_pos positions. */
+static void req_finish_kv(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
+			  const char *msg, const struct sched_held *h, int32_t kv_pos)
 {
 	struct ctrl_event ev = {
 		.id = r->id, .finish = why, .token = token, .logprob = 0.0f,
 		.n_generated = r->n_gen, .message = msg,
+		.kv_blocks = h != NULL ? h->blk : NULL, .n_kv_blocks = h != NULL ? h->n : 0,
+		.kv_positions = h != NULL ? kv_pos : 0,
 	};
 
 	s->st.finished++;
@@ -178,19 +181,34 @@ static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_fini
 	if (why == CTRL_FINISH_ERROR)
 		s->st.errors++;
 	atomic_fetch_sub_explicit(&s->load, r->need, memory_order_relaxed);
-	emit(s, r->cb, r->cb_arg, &ev);
+	sched_emit(s, r->cb, r->cb_arg, &ev);
 	req_free(r);
 }
 
+static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
+		       const char *msg)
+{
+	req_finish_kv(s, r, why, token, msg, NULL, 0);
+}
+
 /* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
-static void slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
+void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
 			const char *msg)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
+	const struct sched_held *h = NULL;
+	int32_t kv_pos = sl->n_fed;
 
-	shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
+	if (r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
+		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
+	if (h == NULL)
+		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
 	sl->n_blk = 0;
+	sl->n_set = 0;
+	if (sl->kv_wait)
+		s->st.kv_waiting--;
+	sl->kv_wait = 0;
 	s->reserved -= r->need;
 	s->n_live--;
 	s->live_bytes -= sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
@@ -199,15 +217,8 @@ static void slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, i
 	sl->cancelled = 0;
 	sl->rollback_to = -1;
 	s->free_slots[s->n_free_slots++] = i;
-	req_finish(s, r, why, token, msg);
+	req_finish_kv(s, r, why, token, msg, h, kv_pos);
 }
-
-/* Top logprobs of one column of a result, as a token event carries them. */
-struct col_top {
-	int32_t n;
-	const int32_t *ids;
-	const float *lps;
-};
 
 static struct col_top col_top(const struct ctrl_chain_result *res, const struct sched_req *r, int32_t col)
 {
@@ -222,7 +233,7 @@ static struct col_top col_top(const struct ctrl_chain_result *res, const struct 
 }
 
 /* Append a generated token; @return 1 if the sequence ended. */
-static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top)
+int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
@@ -233,7 +244,7 @@ static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, str
 	s->st.tokens++;
 	for (int32_t k = 0; k < r->n_stop; k++) {
 		if (r->stop[k] == tok) {
-			slot_finish(s, i, CTRL_FINISH_STOP, tok, NULL);
+			sched_slot_finish(s, i, CTRL_FINISH_STOP, tok, NULL);
 			return 1;
 		}
 	}
@@ -242,9 +253,9 @@ static int slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, str
 		.n_generated = r->n_gen, .message = NULL,
 		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
 	};
-	emit(s, r->cb, r->cb_arg, &ev);
+	sched_emit(s, r->cb, r->cb_arg, &ev);
 	if (r->n_gen >= r->max_tokens) {
-		slot_finish(s, i, CTRL_FINISH_LENGTH, -1, NULL);
+		sched_slot_finish(s, i, CTRL_FINISH_LENGTH, -1, NULL);
 		return 1;
 	}
 	return 0;
@@ -259,7 +270,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 
 	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 1
 	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL)
-	    || rq->n_logprobs < 0 || rq->n_logprobs > CTRL_CHAIN_MAX_LOGPROBS)
+	    || rq->n_logprobs < 0 || rq->n_logprobs > CTRL_CHAIN_MAX_LOGPROBS || (rq->hold_kv && rq->kv_remote))
 		return -EINVAL;
 	if (atomic_fetch_add_explicit(&s->pending, 1, memory_order_relaxed) >= s->o.max_queue) {
 		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
@@ -285,6 +296,8 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->top_k = rq->top_k;
 	r->seed = rq->seed;
 	r->n_logprobs = rq->n_logprobs;
+	r->hold_kv = rq->hold_kv != 0;
+	r->kv_remote = rq->kv_remote != 0;
 	r->cb = rq->cb;
 	r->cb_arg = rq->cb_arg;
 	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
@@ -413,7 +426,7 @@ static int drain_inbox(struct ctrl_sched *s)
 			if (sl->inflight)
 				sl->cancelled = 1; /* ends when its round returns */
 			else
-				slot_finish(s, i, CTRL_FINISH_CANCELLED, -1, NULL);
+				sched_slot_finish(s, i, CTRL_FINISH_CANCELLED, -1, NULL);
 		}
 	}
 	free(cancels);
@@ -456,14 +469,18 @@ static int admit(struct ctrl_sched *s)
 		sl->n_fed = 0;
 		sl->n_toks = r->n_prompt;
 		sl->n_blk = 0;
+		sl->n_set = 0;
 		sl->inflight = 0;
 		sl->cancelled = 0;
+		sl->kv_wait = 0;
 		sl->rollback_to = -1;
 		sl->ready_at = s->launch_no;
 		s->reserved += r->need;
 		s->n_live++;
 		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
 		s->st.admitted++;
+		if (r->kv_remote)
+			sched_kv_reserve(s, i);
 	}
 	return busy;
 }
@@ -501,6 +518,9 @@ static int slot_prepare(struct ctrl_sched *s, struct sched_group *g, int32_t i, 
 	struct sched_slot *sl = &s->slots[i];
 	int32_t need = pos_max / KN_PAGE_BLK + 1;
 
+	/* a kv_remote prompt's row can be long: it waits for a launch with room */
+	if (g->n_ops + 2 + (need > sl->n_blk ? need : sl->n_blk) - sl->n_set > s->ops_cap)
+		return -ENOSPC;
 	if (sl->fresh) {
 		g->ops[g->n_ops++] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = i };
 		sl->fresh = 0;
@@ -515,11 +535,13 @@ static int slot_prepare(struct ctrl_sched *s, struct sched_group *g, int32_t i, 
 
 		if (rc < 0)
 			return rc; /* cannot happen while admission holds its invariant */
-		for (int32_t b = sl->n_blk; b < need; b++)
-			g->ops[g->n_ops++] = (struct kn_op){
-				.type = KN_OP_SET_BLOCK, .slot = i, .idx = b, .val = sl->blk[b] };
 		sl->n_blk = need;
 	}
+	/* blocks taken earlier (a kv_remote prompt's) get their row entries
+	 * with the slot's first columns too */
+	for (; sl->n_set < sl->n_blk; sl->n_set++)
+		g->ops[g->n_ops++] = (struct kn_op){
+			.type = KN_OP_SET_BLOCK, .slot = i, .idx = sl->n_set, .val = sl->blk[sl->n_set] };
 	return 0;
 }
 
@@ -561,7 +583,7 @@ static void pack_decode(struct ctrl_sched *s, struct sched_group *g, int32_t bud
 		struct kn_column *c;
 		int32_t d = 0, dmax, pos;
 
-		if (r == NULL || sl->inflight || sl->n_fed < r->n_prompt)
+		if (r == NULL || sl->inflight || sl->kv_wait || sl->n_fed < r->n_prompt)
 			continue;
 		pos = sl->n_fed;
 		c = &g->cols[g->n_cols];
@@ -604,7 +626,7 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 		int32_t n, pos;
 		int lastchunk;
 
-		if (r == NULL || sl->inflight || sl->n_fed >= r->n_prompt)
+		if (r == NULL || sl->inflight || sl->kv_wait || sl->n_fed >= r->n_prompt)
 			continue;
 		pos = sl->n_fed;
 		n = min32(r->n_prompt - pos, width - g->n_cols);
@@ -634,7 +656,7 @@ static int prefill_ready(const struct ctrl_sched *s)
 		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
 		const struct sched_slot *sl = &s->slots[i];
 
-		if (sl->r != NULL && !sl->inflight && sl->n_fed < sl->r->n_prompt)
+		if (sl->r != NULL && !sl->inflight && !sl->kv_wait && sl->n_fed < sl->r->n_prompt)
 			return 1;
 	}
 	return 0;
@@ -652,7 +674,7 @@ static void group_fail(struct ctrl_sched *s, struct sched_group *g, const char *
 
 		s->slots[i].inflight = 0;
 		if (s->slots[i].r != NULL)
-			slot_finish(s, i, CTRL_FINISH_ERROR, -1, msg);
+			sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1, msg);
 	}
 	g->n_ent = 0;
 	g->state = GROUP_IDLE;
@@ -777,7 +799,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		sl->inflight = 0;
 		sl->ready_at = s->launch_no;
 		if (sl->cancelled) {
-			slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
+			sched_slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
 			continue;
 		}
 		if (res->col_status != NULL && ent_failed(res->col_status, en)) {
@@ -787,7 +809,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			 * right. The slot's next owner starts with ZERO_SLOT. */
 			snprintf(msg, sizeof(msg), "the stage chain lost this request's KV cache (group %d): %s",
 				 (int)(g - s->groups), res->err);
-			slot_finish(s, en->slot, CTRL_FINISH_ERROR, -1, msg);
+			sched_slot_finish(s, en->slot, CTRL_FINISH_ERROR, -1, msg);
 			continue;
 		}
 		switch (en->kind) {
@@ -796,7 +818,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			break;
 		case ENT_PREFILL_LAST:
 			sl->n_fed += en->n;
-			slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
+			sched_slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
 				  col_top(res, sl->r, en->col + en->n - 1));
 			break;
 		case ENT_DECODE:
@@ -806,7 +828,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			sl->n_fed = old + 1 + a;
 			s->st.spec_accepted += (uint64_t)a;
 			for (int32_t j = 0; j <= a; j++)
-				if (slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f,
+				if (sched_slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f,
 					      col_top(res, sl->r, en->col + j)))
 					goto next;
 			if (a < en->draft)
@@ -836,6 +858,7 @@ static void publish(struct ctrl_sched *s)
 	st->queued_bytes = s->queued_bytes;
 	st->live_bytes = s->live_bytes;
 	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;
+	st->kv_held_blocks = s->n_held_blocks;
 	st->step_fixed_us = s->fit.fitted ? s->fit.a / 1000.0 : 0.0;
 	st->step_col_us = s->fit.fitted ? s->fit.b / 1000.0 : 0.0;
 	st->n_plans = s->fit.n_plans;
@@ -899,6 +922,7 @@ static int poll_body(struct ctrl_sched *s)
 	int busy = 0, n, rc = 0;
 
 	busy |= drain_inbox(s);
+	busy |= sched_kv_drain(s);
 	if (s->n_inflight > 0) {
 		n = ctrl_chain_poll(s->chain, s->res, s->n_groups);
 		if (n < 0) {
@@ -1006,6 +1030,9 @@ struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl
 	/* Each packed sequence brings at least one column and at most ZERO +
 	 * ROLLBACK + one SET_BLOCK per 16 columns plus one: 4 ops per column bounds it. */
 	ops_cap = 4 * width + 16;
+	if (ops_cap < s->ci.max_blocks_per_slot + 16)
+		ops_cap = s->ci.max_blocks_per_slot + 16; /* one kv_remote row fits any launch */
+	s->ops_cap = ops_cap;
 	s->pool = shm_blkpool_create(s->n_blocks);
 	if (s->pool == NULL)
 		goto fail_nomem_sched;
@@ -1097,6 +1124,7 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 		free(s->groups[k].ent);
 	}
 	free(s->cancels);
+	sched_kv_destroy(s);
 	free(s->pend);
 	pthread_mutex_destroy(&s->st_lock);
 	pthread_mutex_destroy(&s->lock);

@@ -28,6 +28,7 @@ struct sched_req {
 	int32_t top_k;
 	uint32_t seed;
 	int32_t n_logprobs;
+	uint8_t hold_kv, kv_remote;
 	ctrl_token_cb cb;
 	void *cb_arg;
 	int32_t *toks;            /* prompt, then generated tokens */
@@ -41,12 +42,37 @@ struct sched_slot {
 	int32_t n_fed;            /* positions the stages hold */
 	int32_t n_toks;           /* tokens known (prompt + generated) */
 	int32_t n_blk;            /* blocks held: blk[0 .. n_blk) */
+	int32_t n_set;            /* of those, blocks the stages' rows already point at */
 	int32_t rollback_to;      /* pending ROLLBACK position, -1 none */
 	int32_t *blk;             /* [max_blocks_per_slot] */
 	uint64_t ready_at;        /* launch count when it last became ready */
 	uint8_t inflight;         /* one round in flight per sequence */
 	uint8_t fresh;            /* the row needs ZERO_SLOT before its first columns */
 	uint8_t cancelled;        /* end after the in-flight round returns */
+	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
+};
+
+/* A message to the scheduler about a request's KV (sched_kv.c). */
+enum sched_kv_kind { SCHED_KV_READY = 0, SCHED_KV_FAILED = 1, SCHED_KV_RELEASE = 2 };
+
+struct sched_kvmsg {
+	struct sched_kvmsg *next;
+	int kind;                 /* enum sched_kv_kind */
+	uint64_t id;
+	int32_t token;
+	float logprob;
+	int32_t n_top;
+	int32_t top_ids[CTRL_CHAIN_MAX_LOGPROBS];
+	float top_lps[CTRL_CHAIN_MAX_LOGPROBS];
+	char why[256];
+};
+
+/* Blocks a finished hold_kv request keeps. */
+struct sched_held {
+	struct sched_held *next;
+	uint64_t id;
+	int32_t n;
+	int32_t blk[];
 };
 
 enum sched_ent_kind {
@@ -91,6 +117,26 @@ struct sched_pend {
 	char msg[320];
 };
 
+/* Top logprobs of one column of a result, as a token event carries them. */
+struct col_top {
+	int32_t n;
+	const int32_t *ids;
+	const float *lps;
+};
+
+/* sched.c, for its companions: deliver an event (deferred inside a poll),
+ * end the sequence in a slot, append a generated token (1: it ended). */
+void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev);
+void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
+int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
+
+/* sched_kv.c: the prefill/decode handoff. */
+int sched_kv_drain(struct ctrl_sched *s);               /* apply the kv messages; 1 if any */
+int sched_kv_reserve(struct ctrl_sched *s, int32_t i);  /* at admission of a kv_remote request */
+/* at a hold_kv request's end: its blocks, now held (NULL: out of memory) */
+const struct sched_held *sched_kv_hold(struct ctrl_sched *s, int32_t i);
+void sched_kv_destroy(struct ctrl_sched *s);
+
 /* The step model (sched_budget.c): each plan's measured step time, and
  * decayed sums of a least-squares fit of step time against columns,
  * t = a + b n, for plans not measured yet (or a chain without plans). */
@@ -122,6 +168,7 @@ struct ctrl_sched {
 	struct ctrl_sched_opts o;
 	int32_t n_slots, n_blocks, n_groups, mb_cols, pf_cols, mbps, ctx;
 	int one_launch;               /* ctrl_sched_opts.one_launch_decode */
+	int32_t ops_cap;              /* ops one micro-batch holds */
 	/* Events of one poll, delivered after its launches (emit() / flush()) */
 	struct sched_pend *pend;
 	int32_t n_pend, cap_pend;
@@ -134,6 +181,8 @@ struct ctrl_sched {
 	struct sched_group *groups;
 	struct ctrl_chain_result *res;
 	int32_t *draft;
+	struct sched_held *held;  /* hold_kv requests that ended, newest first */
+	int32_t n_held_blocks;
 	int32_t dcur, pcur;       /* rotating cursors: decode, prefill */
 	int32_t n_inflight;
 	struct sched_req *q_head, *q_tail;  /* FIFO of admitted-to-wait requests */
@@ -150,6 +199,8 @@ struct ctrl_sched {
 	struct sched_req *in_head, *in_tail;
 	uint64_t *cancels;
 	size_t n_cancel, cap_cancel;
+	struct sched_kvmsg *kv_head, *kv_tail;
+	atomic_int kv_any;          /* a kv message was posted since the last drain */
 	atomic_uint_fast64_t next_seq;
 	atomic_int_fast64_t load;   /* worst-case blocks of waiting + live requests */
 	atomic_int pending;         /* submitted, not yet admitted or ended */

@@ -108,6 +108,12 @@ struct ctrl_chain_vtbl {
 	int (*poll)(struct ctrl_chain *c, struct ctrl_chain_result *out, int max);
 	int (*stats)(struct ctrl_chain *c, struct ctrl_chain_stats *st);
 	void (*destroy)(struct ctrl_chain *c);
+	/* optional: a stage's KV pages out and in (PD); NULL: -ENOTSUP */
+	int (*kv_format)(struct ctrl_chain *c, int32_t stage, struct kn_kv_format *f);
+	int (*kv_export)(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, void *dst,
+			 size_t len);
+	int (*kv_import)(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
+			 size_t len, const struct kn_kv_format *f);
 };
 
 /** Embed as the first member of an implementation's struct. */
@@ -146,6 +152,23 @@ int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st);
 
 /** Destroy a chain (any implementation); NULL is a no-op. */
 void ctrl_chain_destroy(struct ctrl_chain *c);
+
+/*
+ * A stage's KV pages out and in, for prefill/decode disaggregation: the
+ * prefill node exports a finished prompt's blocks (the scheduler holds them,
+ * ctrl_request.hold_kv) and the decode node imports them into the blocks its
+ * scheduler reserved (ctrl_request.kv_remote); kn_stage.h has the format.
+ * Safe from any thread: each runs between two of the stage's steps.
+ * @return 0, -ENOTSUP (a chain that cannot: the fake one, worker processes,
+ *         whose workers move pages through the dataplane themselves),
+ *         -EINVAL (stage out of range, or kn_stage_kv_export/import refused:
+ *         @p err names why), -EIO.
+ */
+int ctrl_chain_kv_format(struct ctrl_chain *c, int32_t stage, struct kn_kv_format *f);
+int ctrl_chain_kv_export(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, void *dst,
+			 size_t len);
+int ctrl_chain_kv_import(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n,
+			 const void *src, size_t len, const struct kn_kv_format *f);
 
 /**
  * Layer ranges of a chain's stages: explicit @p ends (validated to tile

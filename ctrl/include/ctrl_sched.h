@@ -72,6 +72,13 @@ struct ctrl_event {
 	                                n_logprobs, fewer only if the chain gave fewer) */
 	const int32_t *top_ids;    /**< [n_top] most likely tokens, best first; valid during the callback */
 	const float *top_logprobs; /**< [n_top] their logprobs */
+	int kv_reserved;           /**< 1: no token: a kv_remote request's prompt blocks are
+	                                reserved (kv_blocks); the KV may be written into them */
+	const int32_t *kv_blocks;  /**< kv_reserved, or a hold_kv request's finish: the blocks
+	                                holding positions 0 .. kv_positions-1, in order (valid
+	                                during the callback) */
+	int32_t n_kv_blocks;
+	int32_t kv_positions;      /**< positions whose KV those blocks hold (or will) */
 };
 
 /**
@@ -95,6 +102,14 @@ struct ctrl_request {
 	ctrl_token_cb cb;          /**< required */
 	void *cb_arg;
 	int32_t n_logprobs;        /**< top logprobs per generated token, 0 .. CTRL_CHAIN_MAX_LOGPROBS */
+	int hold_kv;               /**< a prefill node's request: when it ends with length or
+	                                stop its prompt's KV blocks stay held (the finish event
+	                                lists them) until ctrl_sched_kv_release() */
+	int kv_remote;             /**< a decode node's request: its prompt's KV comes from
+	                                elsewhere. Once admitted, the prompt's blocks are
+	                                reserved (a kv_reserved event lists them) and nothing
+	                                computes the prompt; ctrl_sched_kv_ready() brings the
+	                                first token and decoding starts at position n_prompt */
 };
 
 /** Fill @p r with defaults: greedy, top_p 1, no stops, max_tokens 16. */
@@ -182,6 +197,10 @@ struct ctrl_sched_stats {
 	uint64_t lookup_hits;      /**< prompt lookups that found a draft */
 	uint64_t max_ready_wait;   /**< most launches a ready sequence waited to be packed */
 	uint64_t prefill_capped;   /**< launches whose prompt positions the step budget cut */
+	int32_t kv_held_blocks;    /**< blocks hold_kv requests keep */
+	int32_t kv_waiting;        /**< kv_remote requests waiting for their KV */
+	uint64_t kv_imported;      /**< kv_remote requests that started decoding */
+	uint64_t kv_stale;         /**< kv_ready / failed / release for no such request */
 	double step_fixed_us;      /**< the step model: fixed time of a launch (0: no fit) */
 	double step_col_us;        /**< the step model: time per column */
 	int32_t n_plans;           /**< the step model's plans (ctrl_sched_opts.plans) */
@@ -193,6 +212,28 @@ struct ctrl_sched_stats {
 };
 
 struct ctrl_sched;
+
+/*
+ * Prefill/decode handoff. The three calls below may come from any thread;
+ * the scheduler applies them at its next poll, in order. Each names a
+ * request by its id; one that has ended (or never held KV) is ignored and
+ * counted (ctrl_sched_stats.kv_stale).
+ */
+
+/**
+ * A kv_remote request's prompt KV is in its reserved blocks: emit
+ * @p first_token (with @p logprob and @p n_top top logprobs: they came
+ * from the prefill node) and decode from there.
+ * @return 0, -EINVAL (token < 0, n_top out of range), -ENOMEM.
+ */
+int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
+			const int32_t *top_ids, const float *top_logprobs);
+
+/** A kv_remote request's KV will not come: end it with an error saying @p why. @return 0, -ENOMEM. */
+int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why);
+
+/** Give back the blocks a hold_kv request kept. @return 0, -ENOMEM. */
+int ctrl_sched_kv_release(struct ctrl_sched *s, uint64_t id);
 
 /**
  * Create a scheduler over @p chain (borrowed: it must outlive the scheduler).

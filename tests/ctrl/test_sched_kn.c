@@ -178,6 +178,17 @@ static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
 	return c;
 }
 
+/* Request @p i of the set, as its solo run made it. */
+static void request_of(struct ctrl_request *rq, int i)
+{
+	ctrl_request_init(rq);
+	rq->prompt = g_prompt[i];
+	rq->n_prompt = g_len[i];
+	rq->max_tokens = g_max[i];
+	rq->temperature = g_temp[i];
+	rq->seed = (uint32_t)i;
+}
+
 static void check_all(struct rec *got)
 {
 	for (int i = 0; i < N; i++) {
@@ -259,12 +270,7 @@ static void two_replicas_of_different_depth_give_every_request_its_solo_tokens(v
 	for (int i = 0; i < N; i++) {
 		struct ctrl_request rq;
 
-		ctrl_request_init(&rq);
-		rq.prompt = g_prompt[i];
-		rq.n_prompt = g_len[i];
-		rq.max_tokens = g_max[i];
-		rq.temperature = g_temp[i];
-		rq.seed = (uint32_t)i;
+		request_of(&rq, i);
 		rq.cb = rec_cb;
 		rq.cb_arg = &got[i];
 		got[i].id = ctrl_dispatch_submit(d, &rq);
@@ -440,6 +446,265 @@ static void uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_th
 	assert_non_null(strstr(err, "not after its start"));
 }
 
+/* ---- prefill/decode handoff: pages computed by one chain, decoded by another ---- */
+
+/* One request's prefill-node side: its first token and its pages, per stage. */
+struct pd_req {
+	struct rec rec;            /* the prefill side's events (one token) */
+	float lp;
+	int32_t blocks[8], n_blocks, positions;
+	void *pages[CTRL_CHAIN_MAX_STAGES];
+	size_t len[CTRL_CHAIN_MAX_STAGES];
+	struct kn_kv_format fmt[CTRL_CHAIN_MAX_STAGES];
+	struct ctrl_sched *psched;
+	struct ctrl_chain *pchain;
+	int export_rc;
+	int32_t held_seen;         /* kv_held_blocks when its finish came */
+	/* the decode side */
+	struct rec got;
+	struct ctrl_sched *dsched;
+	struct ctrl_chain *dchain;
+	int32_t n_stages;
+	int reserved;              /* kv_reserved events seen */
+	int32_t rsv[8];            /* the blocks the decode side reserved */
+	int import_rc;
+	int deliver;               /* 0: leave it waiting (the test ends it) */
+};
+
+static void pd_prefill_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct pd_req *q = arg;
+
+	if (ev->finish == CTRL_FINISH_NONE)
+		q->lp = ev->logprob;
+	else if (ev->n_kv_blocks > 0 && ev->n_kv_blocks <= 8) {
+		/* what a prefill node does: read the pages out, then give the blocks back */
+		memcpy(q->blocks, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
+		q->n_blocks = ev->n_kv_blocks;
+		q->positions = ev->kv_positions;
+		for (int32_t k = 0; k < q->n_stages && q->export_rc == 0; k++) {
+			q->export_rc = ctrl_chain_kv_format(q->pchain, k, &q->fmt[k]);
+			q->len[k] = q->fmt[k].block_bytes * (size_t)q->n_blocks;
+			q->pages[k] = malloc(q->len[k]);
+			if (q->export_rc == 0)
+				q->export_rc = q->pages[k] == NULL ? -ENOMEM
+					       : ctrl_chain_kv_export(q->pchain, k, q->blocks, q->n_blocks, q->pages[k],
+								      q->len[k]);
+		}
+		if (q->export_rc == 0)
+			q->export_rc = ctrl_sched_kv_release(q->psched, ev->id);
+	}
+	rec_cb(&q->rec, ev);
+}
+
+/* The decode side: on kv_reserved write the pages where the scheduler
+ * wants them and say so; tokens and the finish go to got. */
+static void pd_decode_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct pd_req *q = arg;
+
+	if (!ev->kv_reserved) {
+		rec_cb(&q->got, ev);
+		return;
+	}
+	q->reserved++;
+	if (ev->n_kv_blocks != q->n_blocks || ev->kv_positions != q->positions) {
+		q->import_rc = -ERANGE;
+		return;
+	}
+	memcpy(q->rsv, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
+	if (!q->deliver)
+		return;
+	for (int32_t k = 0; k < q->n_stages && q->import_rc == 0; k++)
+		q->import_rc = ctrl_chain_kv_import(q->dchain, k, ev->kv_blocks, ev->n_kv_blocks, q->pages[k],
+						    q->len[k], &q->fmt[k]);
+	if (q->import_rc == 0)
+		q->import_rc = ctrl_sched_kv_ready(q->dsched, ev->id, q->rec.toks[0], q->lp, 0, NULL, NULL);
+}
+
+static struct ctrl_sched *pd_sched(struct ctrl_chain *c, int spec)
+{
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	char err[256];
+
+	ctrl_sched_opts_init(&o);
+	o.spec = spec;
+	o.mb_cols = 8;
+	s = ctrl_sched_create(c, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	return s;
+}
+
+static void drive_until_drained(struct ctrl_sched *s)
+{
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_true(ctrl_sched_drained(s));
+}
+
+/* Prefill every request on a chain of @p stages with hold_kv, read its
+ * pages out, give the blocks back; @p q gets everything. */
+static void pd_prefill_all(struct pd_req *q, int32_t stages)
+{
+	struct ctrl_chain *pc = kn_chain(stages, 1);
+	struct ctrl_sched *ps = pd_sched(pc, 0);
+	struct ctrl_sched_stats st;
+
+	for (int i = 0; i < N; i++) {
+		struct ctrl_request rq;
+
+		memset(&q[i], 0, sizeof(q[i]));
+		request_of(&rq, i);
+		rq.max_tokens = 1;
+		rq.hold_kv = 1;
+		rq.cb = pd_prefill_cb;
+		rq.cb_arg = &q[i];
+		q[i].n_stages = stages;
+		q[i].psched = ps;
+		q[i].pchain = pc;
+		q[i].rec.id = ctrl_sched_submit(ps, &rq);
+		assert_true(q[i].rec.id > 0);
+	}
+	drive_until_drained(ps);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(q[i].rec.finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(q[i].rec.n, 1);
+		assert_int_equal(q[i].rec.toks[0], g_ref[i].toks[0]); /* the first token is the solo run's */
+		assert_int_equal(q[i].positions, g_len[i]);
+		assert_int_equal(q[i].n_blocks, (g_len[i] - 1) / KN_PAGE_BLK + 1);
+		assert_int_equal(q[i].export_rc, 0);
+	}
+	/* the releases land at the next poll; one more for a request whose blocks went back is stale */
+	assert_int_equal(ctrl_sched_kv_release(ps, (uint64_t)q[0].rec.id), 0);
+	assert_true(ctrl_sched_poll(ps) >= 0);
+	ctrl_sched_stats(ps, &st);
+	assert_int_equal(st.kv_held_blocks, 0);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_int_equal(st.kv_stale, 1);
+	ctrl_sched_destroy(ps);
+	ctrl_chain_destroy(pc);
+}
+
+static int64_t pd_submit_remote(struct pd_req *q, int i)
+{
+	struct ctrl_request rq;
+
+	request_of(&rq, i);
+	rq.kv_remote = 1;
+	rq.cb = pd_decode_cb;
+	rq.cb_arg = q;
+	q->got.id = ctrl_sched_submit(q->dsched, &rq);
+	return q->got.id;
+}
+
+static void pd_free(struct pd_req *q)
+{
+	for (int i = 0; i < N; i++)
+		for (int32_t k = 0; k < q[i].n_stages; k++)
+			free(q[i].pages[k]);
+}
+
+static void a_decode_node_continues_from_pages_another_chain_computed_token_for_token(void **state)
+{
+	static struct pd_req q[N];
+
+	(void)state;
+	for (int32_t stages = 1; stages <= 2; stages++) {
+		struct ctrl_chain *dc = kn_chain(stages, stages == 2);
+		struct ctrl_sched *ds = pd_sched(dc, 1); /* speculation on the decode side too */
+		struct ctrl_sched_stats st;
+
+		pd_prefill_all(q, stages);
+		for (int i = 0; i < N; i++) {
+			q[i].dsched = ds;
+			q[i].dchain = dc;
+			q[i].deliver = 1;
+			assert_true(pd_submit_remote(&q[i], i) > 0);
+		}
+		drive_until_drained(ds);
+		for (int i = 0; i < N; i++) {
+			assert_int_equal(q[i].reserved, 1);
+			assert_int_equal(q[i].import_rc, 0);
+			if (q[i].got.finish != CTRL_FINISH_LENGTH)
+				fail_msg("request %d ended %s: %s", i, ctrl_finish_name(q[i].got.finish), q[i].got.msg);
+			/* the co-located run's tokens, the first one (the prefill node's) included */
+			assert_int_equal(q[i].got.n, g_ref[i].n);
+			assert_memory_equal(q[i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+		}
+		ctrl_sched_stats(ds, &st);
+		printf("stages=%d: %llu requests decoded from imported pages, %llu launches, prefill columns %llu\n",
+		       stages, (unsigned long long)st.kv_imported, (unsigned long long)st.launches,
+		       (unsigned long long)st.prefill_cols);
+		assert_int_equal(st.kv_imported, N);
+		assert_int_equal(st.prefill_cols, 0); /* nothing recomputed the prompts */
+		assert_int_equal(st.kv_waiting, 0);
+		assert_int_equal(st.blocks_in_use, 0);
+		ctrl_sched_destroy(ds);
+		ctrl_chain_destroy(dc);
+		pd_free(q);
+	}
+}
+
+static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored(void **state)
+{
+	static struct pd_req q[N];
+	struct ctrl_chain *dc = kn_chain(1, 0);
+	struct ctrl_sched *ds = pd_sched(dc, 0);
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	pd_prefill_all(q, 1);
+	for (int i = 0; i < 3; i++) {
+		q[i].dsched = ds;
+		q[i].dchain = dc;
+		assert_true(pd_submit_remote(&q[i], i) > 0);
+	}
+	for (int k = 0; k < 100 && (q[0].reserved == 0 || q[1].reserved == 0 || q[2].reserved == 0); k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_waiting, 3);
+	/* waiting requests are never packed: nothing computes their prompts */
+	for (int k = 0; k < 50; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.launches, 0);
+	assert_true(st.blocks_in_use > 0);
+	/* one fails, one is cancelled, one gets its pages late */
+	assert_int_equal(ctrl_sched_kv_failed(ds, (uint64_t)q[0].got.id, "prefill node 10.0.0.1:8998 was lost"), 0);
+	assert_int_equal(ctrl_sched_cancel(ds, (uint64_t)q[1].got.id), 0);
+	for (int k = 0; k < 10; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	assert_int_equal(q[0].got.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(q[0].got.msg, "10.0.0.1:8998 was lost"));
+	assert_int_equal(q[0].got.n, 0);
+	assert_int_equal(q[1].got.finish, CTRL_FINISH_CANCELLED);
+	/* late: the request ended, its blocks went back; the ready changes nothing */
+	assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[0].got.id, 1, 0.0f, 0, NULL, NULL), 0);
+	assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[0].got.id, -1, 0.0f, 0, NULL, NULL), -EINVAL);
+	for (int k = 0; k < 10; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_stale, 1);
+	assert_int_equal(st.kv_waiting, 1);
+	assert_int_equal(q[0].got.done, 1);
+	/* the third one still lands and decodes its solo tokens */
+	assert_int_equal(q[2].import_rc, 0);
+	assert_int_equal(ctrl_chain_kv_import(dc, 0, q[2].rsv, q[2].n_blocks, q[2].pages[0], q[2].len[0],
+					      &q[2].fmt[0]), 0);
+	assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[2].got.id, q[2].rec.toks[0], q[2].lp, 0, NULL, NULL), 0);
+	drive_until_drained(ds);
+	assert_int_equal(q[2].got.finish, CTRL_FINISH_LENGTH);
+	assert_memory_equal(q[2].got.toks, g_ref[2].toks, sizeof(int32_t) * (size_t)g_ref[2].n);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_int_equal(st.kv_waiting, 0);
+	ctrl_sched_destroy(ds);
+	ctrl_chain_destroy(dc);
+	pd_free(q);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +712,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
+		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
+		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 	};
 
 	if (argc < 2) {

@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The scheduler's side of prefill/decode disaggregation: a prefill node's
+ * request keeps its prompt's KV blocks when it ends (hold_kv) so they can be
+ * read out and shipped; a decode node's request (kv_remote) gets blocks for
+ * its prompt at admission, waits unpacked while another node fills them, and
+ * decodes from position n_prompt once told the KV is in place
+ * (ctrl_sched_kv_ready). Page movement itself is not here: the chain reads
+ * and writes pages (ctrl_chain_kv_export/import) and the PD layer carries
+ * them; the scheduler only owns which blocks, and when.
+ *
+ * Rules (tests/ctrl/test_sched_kn.c pins them on real CPU stages):
+ *  - a kv_remote request's output is the co-located request's, token for
+ *    token (greedy and seeded), once its pages are the prefill node's;
+ *  - its blocks are reserved worst-case at admission like any request's;
+ *    the prompt's row entries reach the stages with its first decode column;
+ *  - a request that ends while waiting (cancel, failure) gives its blocks
+ *    back at once; a later ready for it is ignored and counted;
+ *  - held blocks count as reserved until released, so admission never
+ *    hands them out.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctrl_sched.h"
+#include "sched_int.h"
+#include "shm_blkpool.h"
+
+static int kv_post(struct ctrl_sched *s, struct sched_kvmsg *m)
+{
+	m->next = NULL;
+	pthread_mutex_lock(&s->lock);
+	if (s->kv_tail != NULL)
+		s->kv_tail->next = m;
+	else
+		s->kv_head = m;
+	s->kv_tail = m;
+	atomic_store_explicit(&s->kv_any, 1, memory_order_release);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
+			const int32_t *top_ids, const float *top_logprobs)
+{
+	struct sched_kvmsg *m;
+
+	if (first_token < 0 || n_top < 0 || n_top > CTRL_CHAIN_MAX_LOGPROBS
+	    || (n_top > 0 && (top_ids == NULL || top_logprobs == NULL)))
+		return -EINVAL;
+	m = calloc(1, sizeof(*m));
+	if (m == NULL)
+		return -ENOMEM;
+	m->kind = SCHED_KV_READY;
+	m->id = id;
+	m->token = first_token;
+	m->logprob = logprob;
+	m->n_top = n_top;
+	if (n_top > 0) {
+		memcpy(m->top_ids, top_ids, sizeof(int32_t) * (size_t)n_top);
+		memcpy(m->top_lps, top_logprobs, sizeof(float) * (size_t)n_top);
+	}
+	return kv_post(s, m);
+}
+
+int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why)
+{
+	struct sched_kvmsg *m = calloc(1, sizeof(*m));
+
+	if (m == NULL)
+		return -ENOMEM;
+	m->kind = SCHED_KV_FAILED;
+	m->id = id;
+	snprintf(m->why, sizeof(m->why), "%s", why != NULL ? why : "the prompt's KV did not arrive");
+	return kv_post(s, m);
+}
+
+int ctrl_sched_kv_release(struct ctrl_sched *s, uint64_t id)
+{
+	struct sched_kvmsg *m = calloc(1, sizeof(*m));
+
+	if (m == NULL)
+		return -ENOMEM;
+	m->kind = SCHED_KV_RELEASE;
+	m->id = id;
+	return kv_post(s, m);
+}
+
+int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
+{
+	struct sched_slot *sl = &s->slots[i];
+	struct sched_req *r = sl->r;
+	int32_t n = (r->n_prompt - 1) / KN_PAGE_BLK + 1;
+	struct ctrl_event ev;
+	int rc = shm_blkpool_alloc(s->pool, n, sl->blk);
+
+	if (rc < 0) { /* cannot happen: admission reserved r->need >= n */
+		sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1,
+				  "the KV pool had no blocks for a remote prompt that admission reserved");
+		return rc;
+	}
+	sl->n_blk = n;
+	sl->n_set = 0;
+	sl->kv_wait = 1;
+	s->st.kv_waiting++;
+	sl->n_fed = 0;
+	ev = (struct ctrl_event){
+		.id = r->id, .finish = CTRL_FINISH_NONE, .token = -1, .kv_reserved = 1,
+		.kv_blocks = sl->blk, .n_kv_blocks = n, .kv_positions = r->n_prompt,
+	};
+	sched_emit(s, r->cb, r->cb_arg, &ev);
+	return 0;
+}
+
+const struct sched_held *sched_kv_hold(struct ctrl_sched *s, int32_t i)
+{
+	struct sched_slot *sl = &s->slots[i];
+	struct sched_held *h = malloc(sizeof(*h) + sizeof(int32_t) * (size_t)sl->n_blk);
+
+	if (h == NULL)
+		return NULL;
+	h->id = sl->r->id;
+	h->n = sl->n_blk;
+	memcpy(h->blk, sl->blk, sizeof(int32_t) * (size_t)sl->n_blk);
+	h->next = s->held;
+	s->held = h;
+	s->n_held_blocks += h->n;
+	s->reserved += h->n; /* the caller takes the request's own reservation back */
+	return h;
+}
+
+static int32_t slot_of(const struct ctrl_sched *s, uint64_t id)
+{
+	for (int32_t i = 0; i < s->n_slots; i++)
+		if (s->slots[i].r != NULL && s->slots[i].r->id == id)
+			return i;
+	return -1;
+}
+
+static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
+{
+	struct sched_held **pp;
+	int32_t i;
+
+	if (m->kind == SCHED_KV_RELEASE) {
+		for (pp = &s->held; *pp != NULL; pp = &(*pp)->next)
+			if ((*pp)->id == m->id) {
+				struct sched_held *h = *pp;
+
+				*pp = h->next;
+				shm_blkpool_release(s->pool, h->blk, h->n);
+				s->n_held_blocks -= h->n;
+				s->reserved -= h->n;
+				free(h);
+				return;
+			}
+		s->st.kv_stale++;
+		return;
+	}
+	i = slot_of(s, m->id);
+	if (i < 0 || !s->slots[i].kv_wait) {
+		s->st.kv_stale++; /* ended meanwhile (its blocks went back), or not waiting */
+		return;
+	}
+	if (m->kind == SCHED_KV_FAILED) {
+		sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1, m->why);
+		return;
+	}
+	s->slots[i].kv_wait = 0;
+	s->st.kv_waiting--;
+	s->slots[i].n_fed = s->slots[i].r->n_prompt;
+	s->slots[i].ready_at = s->launch_no;
+	s->st.kv_imported++;
+	sched_slot_emit(s, i, m->token, m->logprob,
+			(struct col_top){ .n = m->n_top < s->slots[i].r->n_logprobs ? m->n_top : s->slots[i].r->n_logprobs,
+					  .ids = m->top_ids, .lps = m->top_lps });
+}
+
+int sched_kv_drain(struct ctrl_sched *s)
+{
+	struct sched_kvmsg *m, *head;
+	int busy = 0;
+
+	if (!atomic_exchange_explicit(&s->kv_any, 0, memory_order_acquire))
+		return 0; /* nothing posted since the last drain: no lock taken */
+	pthread_mutex_lock(&s->lock);
+	head = s->kv_head;
+	s->kv_head = s->kv_tail = NULL;
+	pthread_mutex_unlock(&s->lock);
+	while ((m = head) != NULL) {
+		head = m->next;
+		apply(s, m);
+		free(m);
+		busy = 1;
+	}
+	return busy;
+}
+
+void sched_kv_destroy(struct ctrl_sched *s)
+{
+	while (s->kv_head != NULL) {
+		struct sched_kvmsg *m = s->kv_head;
+
+		s->kv_head = m->next;
+		free(m);
+	}
+	while (s->held != NULL) {
+		struct sched_held *h = s->held;
+
+		s->held = h->next;
+		free(h);
+	}
+}
