@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kn_model.h"
+#include "ctrl_pd_xfer.h"
 #include "kn_stage.h"
 #include "sched_harness.h"
 
@@ -705,6 +706,344 @@ static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a
 	pd_free(q);
 }
 
+/* ---- the two PD ends (ctrl_pd_xfer.h) over an in-memory transport ---- */
+
+enum { XQ = 256 };
+
+struct xmsg {
+	uint32_t node;
+	size_t len;
+	uint8_t b[1024];
+};
+
+/* A page message in flight: one stage's pages for one room. */
+struct xpage {
+	uint64_t room;
+	uint32_t session;
+	int32_t stage, n;
+	uint32_t dst[8];
+	void *data;
+	size_t len;
+	struct kn_kv_format fmt;
+};
+
+struct xnet {
+	struct xmsg to_p[XQ], to_d[XQ];
+	int n_p, n_d;
+	struct xpage pages[XQ];
+	int n_pages;
+	struct ctrl_chain *pchain, *dchain;
+	int32_t stages;
+	int pages_first;           /* deliver page messages before statuses */
+};
+
+static int x_push(struct xmsg *q, int *n, uint32_t node, const uint8_t *m, size_t len)
+{
+	if (*n >= XQ || len > sizeof(q[0].b))
+		return -ENOSPC;
+	q[*n].node = node;
+	q[*n].len = len;
+	memcpy(q[*n].b, m, len);
+	(*n)++;
+	return 0;
+}
+
+static int x_send_to_p(void *arg, uint32_t node, const uint8_t *m, size_t len)
+{
+	struct xnet *x = arg;
+
+	(void)node;
+	return x_push(x->to_p, &x->n_p, 7 /* the decode node, as the prefill node knows it */, m, len);
+}
+
+static int x_send_to_d(void *arg, uint32_t node, const uint8_t *m, size_t len)
+{
+	struct xnet *x = arg;
+
+	assert_int_equal(node, 7);
+	return x_push(x->to_d, &x->n_d, 0, m, len);
+}
+
+/* The prefill node's ship: read each stage's pages out of its chain. */
+static int x_ship(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst,
+		  int32_t n, char *err, size_t errlen)
+{
+	struct xnet *x = arg;
+
+	(void)node;
+	for (int32_t k = 0; k < x->stages; k++) {
+		struct xpage *pg = &x->pages[x->n_pages++];
+		int rc;
+
+		pg->room = room;
+		pg->session = session;
+		pg->stage = k;
+		pg->n = n;
+		memcpy(pg->dst, dst, sizeof(uint32_t) * (size_t)n);
+		rc = ctrl_chain_kv_format(x->pchain, k, &pg->fmt);
+		pg->len = pg->fmt.block_bytes * (size_t)n;
+		pg->data = malloc(pg->len);
+		if (rc == 0)
+			rc = ctrl_chain_kv_export(x->pchain, k, src, n, pg->data, pg->len);
+		if (rc < 0) {
+			snprintf(err, errlen, "export of stage %d failed: %d", k, rc);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+/* Deliver what is in flight; the decode node imports page messages into its chain. */
+static int x_deliver(struct xnet *x, struct ctrl_pd_prefill *pp, struct ctrl_pd_decode *pd)
+{
+	int moved = x->n_p + x->n_d + x->n_pages;
+
+	for (int i = 0; i < x->n_p; i++)
+		ctrl_pd_prefill_on_control(pp, x->to_p[i].node, x->to_p[i].b, x->to_p[i].len);
+	x->n_p = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		if ((pass == 0) == (x->pages_first != 0)) {
+			for (int i = 0; i < x->n_pages; i++) {
+				struct xpage *pg = &x->pages[i];
+				int32_t blk[8];
+
+				for (int32_t b = 0; b < pg->n; b++)
+					blk[b] = (int32_t)pg->dst[b];
+				assert_int_equal(ctrl_chain_kv_import(x->dchain, pg->stage, blk, pg->n, pg->data, pg->len,
+								      &pg->fmt), 0);
+				ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1);
+				free(pg->data);
+			}
+			x->n_pages = 0;
+		} else {
+			for (int i = 0; i < x->n_d; i++)
+				ctrl_pd_decode_on_control(pd, x->to_d[i].b, x->to_d[i].len);
+			x->n_d = 0;
+		}
+	}
+	return moved;
+}
+
+struct x_pair {
+	struct xnet net;
+	struct ctrl_chain *pc, *dc;
+	struct ctrl_sched *ps, *ds;
+	struct ctrl_rooms *rooms;
+	struct ctrl_pd_decode *pd;
+	struct ctrl_pd_prefill *pp;
+};
+
+static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
+{
+	struct ctrl_rooms_opts ro;
+	struct ctrl_pd_decode_opts dopt = { 0 };
+	struct ctrl_pd_prefill_opts popt = { 0 };
+
+	memset(x, 0, sizeof(*x));
+	x->pc = kn_chain(stages, 1);
+	x->dc = kn_chain(stages, stages == 1 ? 0 : 1);
+	x->ps = pd_sched(x->pc, 0);
+	x->ds = pd_sched(x->dc, 1);
+	x->net.pchain = x->pc;
+	x->net.dchain = x->dc;
+	x->net.stages = stages;
+	ctrl_rooms_opts_init(&ro);
+	ro.vocab_size = vocab();
+	if (timeout_ns)
+		ro.timeout_ns = timeout_ns;
+	x->rooms = ctrl_rooms_create(&ro);
+	assert_non_null(x->rooms);
+	dopt.sched = x->ds;
+	dopt.rooms = x->rooms;
+	dopt.session = 42;
+	dopt.n_streams = stages;
+	dopt.send = x_send_to_p;
+	dopt.send_arg = &x->net;
+	x->pd = ctrl_pd_decode_create(&dopt);
+	popt.sched = x->ps;
+	popt.rank = 0;
+	popt.send = x_send_to_d;
+	popt.send_arg = &x->net;
+	popt.ship = x_ship;
+	popt.ship_arg = &x->net;
+	x->pp = ctrl_pd_prefill_create(&popt);
+	assert_non_null(x->pd);
+	assert_non_null(x->pp);
+}
+
+static void x_pair_free(struct x_pair *x)
+{
+	ctrl_sched_destroy(x->ds);
+	ctrl_sched_destroy(x->ps);
+	ctrl_pd_decode_destroy(x->pd);
+	ctrl_pd_prefill_destroy(x->pp);
+	ctrl_rooms_destroy(x->rooms);
+	ctrl_chain_destroy(x->pc);
+	ctrl_chain_destroy(x->dc);
+}
+
+/* Poll both nodes and the wire until both schedulers are drained. */
+static void x_run(struct x_pair *x)
+{
+	for (long k = 0; k < 10000000; k++) {
+		int busy = ctrl_sched_poll(x->ps) | ctrl_sched_poll(x->ds);
+
+		busy |= x_deliver(&x->net, x->pp, x->pd);
+		ctrl_pd_decode_tick(x->pd, 0);
+		if (!busy && ctrl_sched_drained(x->ps) && ctrl_sched_drained(x->ds))
+			return;
+	}
+	fail_msg("the two nodes did not drain");
+}
+
+static void a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order(void **state)
+{
+	static struct rec got[N], pre[N];
+
+	(void)state;
+	for (int32_t stages = 1; stages <= 2; stages++)
+		for (int pages_first = 0; pages_first <= 1; pages_first++) {
+			struct x_pair x;
+			struct ctrl_sched_stats sp, sd;
+			struct ctrl_pd_decode_stats dst;
+			struct ctrl_pd_prefill_stats pst;
+
+			x_pair_init(&x, stages, 0);
+			x.net.pages_first = pages_first;
+			memset(got, 0, sizeof(got));
+			memset(pre, 0, sizeof(pre));
+			for (int i = 0; i < N; i++) {
+				struct ctrl_request rq;
+
+				request_of(&rq, i);
+				rq.cb = rec_cb;
+				rq.cb_arg = &got[i];
+				assert_true(ctrl_pd_decode_submit(x.pd, &rq, 1000u + (uint64_t)i, 0, 1, 0) > 0);
+			}
+			/* half the prompts reach the prefill node after their manifest */
+			for (int i = 0; i < N; i += 2) {
+				struct ctrl_request rq;
+
+				request_of(&rq, i);
+				rq.cb = rec_cb;
+				rq.cb_arg = &pre[i];
+				assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 1000u + (uint64_t)i, 7) > 0);
+			}
+			for (int k = 0; k < 200; k++) {
+				ctrl_sched_poll(x.ds);
+				x_deliver(&x.net, x.pp, x.pd);
+			}
+			for (int i = 1; i < N; i += 2) {
+				struct ctrl_request rq;
+
+				request_of(&rq, i);
+				rq.cb = rec_cb;
+				rq.cb_arg = &pre[i];
+				assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 1000u + (uint64_t)i, 7) > 0);
+			}
+			x_run(&x);
+			for (int i = 0; i < N; i++) {
+				if (got[i].finish != CTRL_FINISH_LENGTH)
+					fail_msg("request %d ended %s: %s", i, ctrl_finish_name(got[i].finish), got[i].msg);
+				assert_int_equal(got[i].n, g_ref[i].n);
+				assert_memory_equal(got[i].toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+				assert_int_equal(pre[i].n, 1); /* the prefill node produced the first token */
+				assert_int_equal(pre[i].toks[0], g_ref[i].toks[0]);
+			}
+			ctrl_sched_poll(x.ps); /* the last releases */
+			ctrl_sched_stats(x.ps, &sp);
+			ctrl_sched_stats(x.ds, &sd);
+			ctrl_pd_decode_stats(x.pd, &dst);
+			ctrl_pd_prefill_stats(x.pp, &pst);
+			printf("stages=%d pages %s: rooms ok %llu, manifests %llu, pages shipped %llu, decode prefill "
+			       "columns %llu\n", stages, pages_first ? "before statuses" : "after statuses",
+			       (unsigned long long)dst.rooms_ok, (unsigned long long)dst.manifests_sent,
+			       (unsigned long long)pst.pages_shipped, (unsigned long long)sd.prefill_cols);
+			assert_int_equal(dst.rooms_ok, N);
+			assert_int_equal(pst.rooms_done, N);
+			assert_int_equal(sd.prefill_cols, 0);
+			assert_int_equal(sp.blocks_in_use, 0);
+			assert_int_equal(sd.blocks_in_use, 0);
+			assert_int_equal(ctrl_rooms_count(x.rooms), 0); /* every room forgotten */
+			x_pair_free(&x);
+		}
+}
+
+static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request(void **state)
+{
+	static struct rec got[4], pre;
+	const uint32_t node[4] = { 0, 0, 1, 2 };
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_decode_stats dst;
+	struct ctrl_pd_prefill_stats pst;
+	uint8_t buf[256];
+	int len;
+
+	(void)state;
+	x_pair_init(&x, 1, 0);
+	memset(got, 0, sizeof(got));
+	memset(&pre, 0, sizeof(pre));
+	/* rooms 1 and 2 on node 0 (it never runs them), 3 on node 1 (its status
+	 * is forged below), 4 on node 2 (served) */
+	for (int i = 0; i < 4; i++) {
+		request_of(&rq, i);
+		rq.cb = rec_cb;
+		rq.cb_arg = &got[i];
+		assert_true(ctrl_pd_decode_submit(x.pd, &rq, 1u + (uint64_t)i, node[i], 1, 0) > 0);
+	}
+	assert_int_equal(ctrl_pd_decode_submit(x.pd, &rq, 1, 0, 1, 0), -EEXIST);
+	request_of(&rq, 3);
+	rq.cb = rec_cb;
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 4, 7) > 0);
+	for (int k = 0; k < 20; k++) {
+		ctrl_sched_poll(x.ds);
+		x_deliver(&x.net, x.pp, x.pd);
+	}
+	/* garbage and a truncated status are refused and change nothing */
+	memset(buf, 0xa5, sizeof(buf));
+	ctrl_pd_decode_on_control(x.pd, buf, 40);
+	len = ctrl_pd_encode_status(buf, sizeof(buf), 2, 42, 0, 0, 5, 0, NULL);
+	assert_true(len > 0);
+	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len - 3);
+	ctrl_pd_prefill_on_control(x.pp, 7, buf, 17);
+	/* room 3: its one rank lands without a first token */
+	len = ctrl_pd_encode_status(buf, sizeof(buf), 3, 42, 0, 0, -1, 0, NULL);
+	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
+	ctrl_pd_decode_on_pages(x.pd, 3, 42, 0, 1);
+	/* node 0 is lost: exactly its two unfinished rooms fail */
+	assert_int_equal(ctrl_rooms_node_lost(x.rooms, 0), 2);
+	ctrl_pd_decode_tick(x.pd, 0);
+	x_run(&x);
+	for (int i = 0; i < 4; i++)
+		printf("room %d: %s, %d tokens%s%s\n", i + 1, ctrl_finish_name(got[i].finish), got[i].n,
+		       got[i].msg[0] ? ": " : "", got[i].msg);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(got[i].finish, CTRL_FINISH_ERROR);
+		assert_int_equal(got[i].n, 0);
+	}
+	assert_non_null(strstr(got[0].msg, "room 1"));
+	assert_non_null(strstr(got[2].msg, "room 3"));
+	assert_int_equal(got[3].finish, CTRL_FINISH_LENGTH);
+	assert_memory_equal(got[3].toks, g_ref[3].toks, sizeof(int32_t) * (size_t)g_ref[3].n);
+	ctrl_pd_decode_stats(x.pd, &dst);
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	assert_int_equal(dst.msg.malformed, 2);
+	assert_int_equal(pst.malformed, 1);
+	assert_int_equal(dst.rooms_failed, 3);
+	assert_int_equal(dst.rooms_ok, 1);
+	/* the prefill side was told to free what it holds for the failed rooms */
+	assert_int_equal(dst.aborts_sent, 3);
+	assert_int_equal(pst.aborts, 3);
+	assert_int_equal(ctrl_rooms_count(x.rooms), 0);
+	/* a late status for a forgotten room brings nothing back */
+	len = ctrl_pd_encode_status(buf, sizeof(buf), 1, 42, 0, 0, 5, 0, NULL);
+	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
+	assert_int_equal(ctrl_rooms_count(x.rooms), 0);
+	x_pair_free(&x);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -714,6 +1053,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
+		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
+		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
 	};
 
 	if (argc < 2) {

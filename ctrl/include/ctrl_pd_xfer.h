@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_pd_xfer.h
+ * The two ends of a disaggregated request, over any transport.
+ *
+ * Decode side (ctrl_pd_decode): a client's request opens its room, goes to
+ * the scheduler as kv_remote, and once its pages are reserved the page
+ * manifest goes to each prefill rank. Each rank's status (ctrl_pd_msg.h)
+ * reports into the room; each of the node's page streams (one per stage of
+ * the decode chain) says when its pages are in. The request decodes when
+ * the room succeeded *and* every stream landed, in whichever order they
+ * come; a failed or expired room, or a lost node, ends it with the room's
+ * reason. A request that ends first (cancel, client gone) tells its ranks
+ * (abort) and forgets its room: nothing late brings it back.
+ *
+ * Prefill side (ctrl_pd_prefill): the forwarded request runs its prompt
+ * (max_tokens 1, hold_kv); the manifest may come before or after. With
+ * both in hand the pages are shipped (the ship callback: export, frame,
+ * send) to the manifest's blocks, the status with the first token goes
+ * back, and the blocks are given back. A manifest whose block count is not
+ * the prompt's, a request that failed, or an abort ends it with a failed
+ * status (abort: with an acknowledgement).
+ *
+ * What is not here: the route lookup and registration (ctrl_pd_boot.h,
+ * pd_peer.c) and the transport (dataplane rings or anything else: the
+ * callbacks). The first token's logprob does not travel yet (the status
+ * has no field for it): a disaggregated request reports 0 for it.
+ *
+ * Threading: each object is driven by one thread, the one that polls its
+ * scheduler (token callbacks run there too).
+ */
+#ifndef CTRL_PD_XFER_H
+#define CTRL_PD_XFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctrl_pd.h"
+#include "ctrl_pd_msg.h"
+#include "ctrl_sched.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Send one control message to @p node. @return 0 or -errno (the room then fails). */
+typedef int (*ctrl_pd_send_fn)(void *arg, uint32_t node, const uint8_t *msg, size_t len);
+
+/* ---- decode side ---- */
+
+struct ctrl_pd_decode_opts {
+	struct ctrl_sched *sched;
+	struct ctrl_rooms *rooms;
+	uint32_t session;          /**< this node's registration with its prefill nodes */
+	int32_t n_streams;         /**< page streams a room's pages arrive on (the decode chain's stages) */
+	ctrl_pd_send_fn send;
+	void *send_arg;
+};
+
+/** Counters. */
+struct ctrl_pd_decode_stats {
+	uint64_t rooms_opened, rooms_ok, rooms_failed, aborts_sent, manifests_sent, stale_pages;
+	struct ctrl_pd_msg_stats msg;
+};
+
+struct ctrl_pd_decode;
+
+/** @return the object, or NULL with errno EINVAL (no scheduler, rooms or send; n_streams < 1), ENOMEM. */
+struct ctrl_pd_decode *ctrl_pd_decode_create(const struct ctrl_pd_decode_opts *o);
+void ctrl_pd_decode_destroy(struct ctrl_pd_decode *d);
+
+/**
+ * Serve @p rq (its callback gets every token, the prefill node's first
+ * included, then the finish) with its prompt prefilled by @p n_ranks ranks
+ * of prefill node @p node, in room @p room.
+ * @return the scheduler's request id, or -errno: -EEXIST (room in use),
+ *         -ENOSPC (rooms table full), the scheduler's refusal.
+ */
+int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_request *rq, uint64_t room, uint32_t node,
+			      uint32_t n_ranks, uint64_t now_ns);
+
+/** A control message from a prefill node (a status or an abort acknowledgement). */
+void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, size_t len);
+
+/**
+ * Page stream @p stream of room @p room is in place (@p last: its last
+ * message imported). A room this node forgot, another session, or a
+ * stream out of range is counted and ignored.
+ */
+void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last);
+
+/** Expire rooms past their timeout and settle rooms that a lost node failed (call every loop). */
+void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns);
+
+void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st);
+
+/* ---- prefill side ---- */
+
+/**
+ * Ship a room's pages: blocks @p src[0..n) of this node's chain into the
+ * decode node's blocks @p dst[0..n), every stage, each stage's last message
+ * flagged. @return 0, or -errno with @p err saying why.
+ */
+typedef int (*ctrl_pd_ship_fn)(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src,
+			       const uint32_t *dst, int32_t n, char *err, size_t errlen);
+
+struct ctrl_pd_prefill_opts {
+	struct ctrl_sched *sched;
+	uint32_t rank;             /**< this node's rank in its rooms */
+	ctrl_pd_send_fn send;
+	void *send_arg;
+	ctrl_pd_ship_fn ship;
+	void *ship_arg;
+};
+
+struct ctrl_pd_prefill_stats {
+	uint64_t rooms_done, rooms_failed, aborts, pages_shipped, malformed;
+};
+
+struct ctrl_pd_prefill;
+
+struct ctrl_pd_prefill *ctrl_pd_prefill_create(const struct ctrl_pd_prefill_opts *o);
+void ctrl_pd_prefill_destroy(struct ctrl_pd_prefill *p);
+
+/**
+ * Prefill @p rq's prompt for room @p room of decode node @p node (what the
+ * decode node forwarded; max_tokens and hold_kv are set here). The
+ * request's callback gets the first token and the finish.
+ * @return the scheduler's request id, or -errno (-EEXIST: a request for the room runs).
+ */
+int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room, uint32_t node);
+
+/** A control message from decode node @p node (a manifest or an abort); malformed ones are counted. */
+void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const uint8_t *buf, size_t len);
+
+void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_PD_XFER_H */

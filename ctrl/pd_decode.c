@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The decode end of a disaggregated request (ctrl_pd_xfer.h): room, manifest,
+ * status and page streams around one kv_remote scheduler request.
+ *
+ * A request's record lives from submit to its finish event. The room is the
+ * rooms table's (ctrl_pd.h keeps its promises: monotonic states, Failed
+ * wins, forgotten rooms stay forgotten); the record adds what the table does
+ * not know: which scheduler request the room feeds, how many page streams
+ * are still out, and whether the scheduler was told. Records are few (one
+ * per request in flight) and found by a linear walk.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctrl_pd_xfer.h"
+
+struct pd_dreq {
+	struct pd_dreq *next;
+	uint64_t room, id;
+	uint32_t node, n_ranks;
+	int32_t streams_left;
+	uint8_t *landed;           /* [n_streams] */
+	int told;                  /* the scheduler heard ready or failed */
+	ctrl_token_cb cb;
+	void *cb_arg;
+	struct ctrl_pd_decode *d;
+};
+
+struct ctrl_pd_decode {
+	struct ctrl_pd_decode_opts o;
+	struct pd_dreq *reqs;
+	struct ctrl_pd_decode_stats st;
+};
+
+struct ctrl_pd_decode *ctrl_pd_decode_create(const struct ctrl_pd_decode_opts *o)
+{
+	struct ctrl_pd_decode *d;
+
+	if (o == NULL || o->sched == NULL || o->rooms == NULL || o->send == NULL || o->n_streams < 1) {
+		errno = EINVAL;
+		return NULL;
+	}
+	d = calloc(1, sizeof(*d));
+	if (d == NULL)
+		return NULL;
+	d->o = *o;
+	return d;
+}
+
+static struct pd_dreq *by_room(struct ctrl_pd_decode *d, uint64_t room)
+{
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		if (q->room == room)
+			return q;
+	return NULL;
+}
+
+static void unlink_req(struct ctrl_pd_decode *d, struct pd_dreq *q)
+{
+	for (struct pd_dreq **pp = &d->reqs; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	free(q->landed);
+	free(q);
+}
+
+/* Tell the scheduler what the room came to, once: ready when it succeeded
+ * and every stream landed, failed when it failed. */
+static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
+{
+	enum ctrl_room_state rs;
+	int32_t first = -1;
+	const char *why = NULL;
+
+	if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, &first, &why) < 0)
+		return;
+	if (rs == CTRL_ROOM_FAILED) {
+		char msg[320];
+
+		snprintf(msg, sizeof(msg), "room %llu (prefill node %u): %s", (unsigned long long)q->room, q->node,
+			 why);
+		if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0)
+			q->told = 1;
+		d->st.rooms_failed += q->told;
+	} else if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
+		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, 0.0f, 0, NULL, NULL) == 0)
+			q->told = 1;
+		d->st.rooms_ok += q->told;
+	}
+}
+
+static void send_all(struct ctrl_pd_decode *d, struct pd_dreq *q, int abort, const int32_t *blocks, int32_t n)
+{
+	uint8_t small[CTRL_PD_MSG_HDR + 16 + CTRL_PD_MAX_TEXT];
+	size_t cap = abort ? sizeof(small) : ctrl_pd_manifest_size((uint32_t)n);
+	uint8_t *buf = abort ? small : malloc(cap);
+	uint32_t *dst = abort ? NULL : malloc(sizeof(uint32_t) * (size_t)n);
+
+	if (buf == NULL || (!abort && dst == NULL)) {
+		ctrl_room_fail(d->o.rooms, q->room, "out of memory building the page manifest");
+		goto out;
+	}
+	for (int32_t i = 0; !abort && i < n; i++)
+		dst[i] = (uint32_t)blocks[i];
+	for (uint32_t r = 0; r < q->n_ranks; r++) {
+		int len = abort ? ctrl_pd_encode_abort(buf, cap, q->room, d->o.session, r, "the request ended")
+				: ctrl_pd_encode_manifest(buf, cap, q->room, d->o.session, r, 0, dst, (uint32_t)n);
+		char why[160];
+
+		if (len < 0 || d->o.send(d->o.send_arg, q->node, buf, (size_t)len) < 0) {
+			snprintf(why, sizeof(why), "could not send the %s to prefill rank %u", abort ? "abort" : "manifest",
+				 r);
+			if (!abort)
+				ctrl_room_fail(d->o.rooms, q->room, why);
+			break;
+		}
+		if (abort)
+			d->st.aborts_sent++;
+		else
+			d->st.manifests_sent++;
+	}
+out:
+	if (!abort)
+		free(buf);
+	free(dst);
+}
+
+/* The scheduler's events for a disaggregated request. */
+static void on_event(void *arg, const struct ctrl_event *ev)
+{
+	struct pd_dreq *q = arg;
+	struct ctrl_pd_decode *d = q->d;
+	enum ctrl_room_state rs;
+
+	if (ev->kv_reserved) {
+		/* the pages are ours: every rank learns where to write them (a
+		 * room that failed meanwhile, e.g. its node was lost, sends none) */
+		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPING) {
+			ctrl_room_bootstrapped(d->o.rooms, q->room);
+			send_all(d, q, 0, ev->kv_blocks, ev->n_kv_blocks);
+			if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
+				ctrl_room_waiting(d->o.rooms, q->room);
+		}
+		settle(d, q);
+		return;
+	}
+	if (ev->finish != CTRL_FINISH_NONE) {
+		/* ended without its pages (cancelled, failed, expired): the ranks
+		 * free their side; the room is forgotten either way, so nothing
+		 * late revives it */
+		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs != CTRL_ROOM_SUCCESS) {
+			send_all(d, q, 1, NULL, 0);
+			ctrl_room_fail(d->o.rooms, q->room, "the request ended first");
+		}
+		ctrl_room_forget(d->o.rooms, q->room);
+		q->cb(q->cb_arg, ev);
+		unlink_req(d, q);
+		return;
+	}
+	q->cb(q->cb_arg, ev);
+}
+
+int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_request *rq, uint64_t room, uint32_t node,
+			      uint32_t n_ranks, uint64_t now_ns)
+{
+	struct ctrl_request mine;
+	struct pd_dreq *q;
+	int64_t id;
+	int rc;
+
+	if (rq == NULL || rq->cb == NULL)
+		return -EINVAL;
+	q = calloc(1, sizeof(*q));
+	if (q == NULL || (q->landed = calloc((size_t)d->o.n_streams, 1)) == NULL) {
+		free(q);
+		return -ENOMEM;
+	}
+	rc = ctrl_room_open(d->o.rooms, room, node, n_ranks, now_ns);
+	if (rc < 0) {
+		free(q->landed);
+		free(q);
+		return rc;
+	}
+	q->room = room;
+	q->node = node;
+	q->n_ranks = n_ranks;
+	q->streams_left = d->o.n_streams;
+	q->cb = rq->cb;
+	q->cb_arg = rq->cb_arg;
+	q->d = d;
+	mine = *rq;
+	mine.kv_remote = 1;
+	mine.hold_kv = 0;
+	mine.cb = on_event;
+	mine.cb_arg = q;
+	q->next = d->reqs;
+	d->reqs = q;
+	id = ctrl_sched_submit(d->o.sched, &mine);
+	if (id < 0) {
+		ctrl_room_forget(d->o.rooms, room);
+		unlink_req(d, q);
+		return id;
+	}
+	q->id = (uint64_t)id;
+	d->st.rooms_opened++;
+	return id;
+}
+
+void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, size_t len)
+{
+	struct ctrl_pd_msg m;
+	struct pd_dreq *q;
+
+	int parsed = ctrl_pd_msg_parse(buf, len, &m, NULL, 0) == 0;
+
+	if (parsed && m.kind == CTRL_PD_ABORT_ACK)
+		return; /* the rank freed its side: nothing of ours waits for it */
+	ctrl_pd_status_apply(d->o.rooms, d->o.session, buf, len, &d->st.msg); /* counts what it refuses */
+	/* applied, or a status that failed its room (a rank it does not expect) */
+	if (parsed && m.session == d->o.session && (q = by_room(d, m.room)) != NULL)
+		settle(d, q);
+}
+
+void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last)
+{
+	struct pd_dreq *q = by_room(d, room);
+
+	if (q == NULL || session != d->o.session || stream < 0 || stream >= d->o.n_streams || q->told) {
+		d->st.stale_pages++;
+		return;
+	}
+	if (last && !q->landed[stream]) {
+		q->landed[stream] = 1;
+		q->streams_left--;
+	}
+	settle(d, q);
+}
+
+void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
+{
+	ctrl_rooms_expire(d->o.rooms, now_ns);
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		settle(d, q);
+}
+
+void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st)
+{
+	*st = d->st;
+}
+
+void ctrl_pd_decode_destroy(struct ctrl_pd_decode *d)
+{
+	if (d == NULL)
+		return;
+	while (d->reqs != NULL)
+		unlink_req(d, d->reqs);
+	free(d);
+}
