@@ -1,14 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Private to the tokenizer: the layout of struct kn_tok shared by
- * kn_tok.c (load, encode, decode) and kn_tok_chat.c (chat templates).
- * Never installed, never included outside kernels/kn_tok*.c and their tests.
+ * Private to the tokenizer: the layout of struct kn_tok and the calls its
+ * files make on one another: kn_tok.c (open, close, accessors),
+ * kn_tok_table.c (lookup tables), kn_tok_pretok.c (normalizer and
+ * pre-tokenizer), kn_tok_encode.c, kn_tok_decode.c and kn_tok_chat.c (chat
+ * templates). Never installed, never included outside kernels/kn_tok*.c and
+ * their tests.
  */
 #ifndef KN_TOK_INT_H
 #define KN_TOK_INT_H
 
 #include <stdint.h>
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "kn_tok.h"
 
@@ -94,5 +99,60 @@ struct kn_tok {
 	int chat_dated;           /* Llama 3.1+ template: dated system block */
 	char chat_err[256];
 };
+
+/* ---- lookup tables (kn_tok_table.c) ------------------------------------ */
+
+/* FNV-1a of p[0..n), high bits folded in: the hash of the spelling and bytes
+ * maps and of encode's per-call cache. */
+uint64_t kn_tok_hash_bytes(const void *p, size_t n);
+
+/* Fill spell_map (added tokens, then vocab_ids: the first id per spelling
+ * wins) and bytes_map (vocab_ids only). Returns 0 or -ENOMEM. */
+int kn_tok_build_maps(struct kn_tok *t, size_t n_vocab_ids, const int32_t *vocab_ids);
+
+/* The model-vocab id whose raw bytes are s[0..n), or -1. */
+int32_t kn_tok_bytes_lookup(const struct kn_tok *t, const char *s, size_t n);
+
+/* An empty merge table sized for @p n merges. Returns 0 or -ENOMEM. */
+int kn_tok_merges_alloc(struct kn_tok *t, size_t n);
+
+/* Record merge (a, b) -> id at rank; a pair already present keeps its first
+ * (lowest) rank. Returns 0. */
+int kn_tok_merge_insert(struct kn_tok *t, int32_t a, int32_t b, int32_t rank, int32_t id);
+
+/* The merge of the pair (a, b), or NULL when the pair does not merge. */
+const struct kn_tok_merge *kn_tok_merge_find(const struct kn_tok *t, int32_t a, int32_t b);
+
+/* ---- normalizer and pre-tokenizer (kn_tok_pretok.c) -------------------- */
+
+/* Read tokenizer.json's "normalizer" (null, NFC or a Sequence of them) into
+ * t->nfc. Returns 0 or -EINVAL with @p err naming the unsupported type. */
+int kn_tok_load_normalizer(struct kn_tok *t, const json_t *n, char *err, size_t errlen);
+
+/* Append the rules of one "pre_tokenizer" object (Sequence, Split,
+ * ByteLevel) to t->pretok; @p first: it is the first pre-tokenizer, the
+ * only place add_prefix_space is accepted. Returns 0, -ENOMEM, or -EINVAL
+ * with @p err filled. */
+int kn_tok_add_pretok(struct kn_tok *t, const json_t *pt, int first, char *err, size_t errlen);
+
+/* One encode call's pre-tokenizer state, reused from segment to segment. */
+struct kn_tok_pre {
+	pcre2_match_data *md;
+	struct kn_tok_buf seg;    /* normalised segment */
+	uint32_t *pieces, *pieces2; /* (off, len) pairs */
+	size_t np, pcap, pcap2;
+};
+
+/* Zero @p c and give it match data. Returns 0 or -ENOMEM. */
+int kn_tok_pre_init(struct kn_tok_pre *c);
+
+/* Release what kn_tok_pre_init() and kn_tok_pretokenize() allocated. */
+void kn_tok_pre_free(struct kn_tok_pre *c);
+
+/* Normalise s[0..n) (n > 0) into c->seg and split it into the pre-tokens
+ * c->pieces[0 .. 2 * c->np), (offset, length) pairs into c->seg.p.
+ * Returns 0, -ENOMEM, -EILSEQ (NFC refused the text) or -EINVAL (a regex
+ * match failed). */
+int kn_tok_pretokenize(const struct kn_tok *t, struct kn_tok_pre *c, const char *s, size_t n);
 
 #endif /* KN_TOK_INT_H */
