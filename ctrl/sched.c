@@ -485,182 +485,7 @@ static int admit(struct ctrl_sched *s)
 	return busy;
 }
 
-/* ---- packing ---- */
-
-/*
- * Prompt lookup: the continuation of the most recent earlier occurrence of
- * the longest suffix n-gram of t[0..n). @return the draft length (0..dmax).
- */
-static int32_t prompt_lookup(const struct ctrl_sched *s, const int32_t *t, int32_t n, int32_t dmax,
-			     int32_t *out)
-{
-	int32_t lo = n > s->o.spec_window ? n - s->o.spec_window : 0;
-
-	for (int32_t ng = min32(s->o.spec_ngram_max, n - 1); ng >= s->o.spec_ngram_min; ng--) {
-		const int32_t *suf = t + n - ng;
-
-		for (int32_t i = n - ng - 1; i >= lo; i--) {
-			int32_t len;
-
-			if (t[i] != suf[0] || memcmp(t + i, suf, sizeof(int32_t) * (size_t)ng) != 0)
-				continue;
-			len = min32(dmax, n - (i + ng));
-			memcpy(out, t + i + ng, sizeof(int32_t) * (size_t)len);
-			return len;
-		}
-	}
-	return 0;
-}
-
-/* Emit the slot's pending ops and grow its row to cover @p pos_max. */
-static int slot_prepare(struct ctrl_sched *s, struct sched_group *g, int32_t i, int32_t pos_max)
-{
-	struct sched_slot *sl = &s->slots[i];
-	int32_t need = pos_max / KN_PAGE_BLK + 1;
-
-	/* a kv_remote prompt's row can be long: it waits for a launch with room */
-	if (g->n_ops + 2 + (need > sl->n_blk ? need : sl->n_blk) - sl->n_set > s->ops_cap)
-		return -ENOSPC;
-	if (sl->fresh) {
-		g->ops[g->n_ops++] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = i };
-		sl->fresh = 0;
-	}
-	if (sl->rollback_to >= 0) {
-		g->ops[g->n_ops++] = (struct kn_op){
-			.type = KN_OP_ROLLBACK, .slot = i, .idx = 0, .val = sl->rollback_to };
-		sl->rollback_to = -1;
-	}
-	if (need > sl->n_blk) {
-		int rc = shm_blkpool_alloc(s->pool, need - sl->n_blk, sl->blk + sl->n_blk);
-
-		if (rc < 0)
-			return rc; /* cannot happen while admission holds its invariant */
-		sl->n_blk = need;
-	}
-	/* blocks taken earlier (a kv_remote prompt's) get their row entries
-	 * with the slot's first columns too */
-	for (; sl->n_set < sl->n_blk; sl->n_set++)
-		g->ops[g->n_ops++] = (struct kn_op){
-			.type = KN_OP_SET_BLOCK, .slot = i, .idx = sl->n_set, .val = sl->blk[sl->n_set] };
-	return 0;
-}
-
-static void fill_col(struct kn_column *c, const struct sched_req *r, int32_t slot, int32_t pos,
-		     int32_t tok, uint32_t flags)
-{
-	c->token = tok;
-	c->pos = pos;
-	c->slot = slot;
-	c->flags = flags;
-	if (flags & KN_COL_NEED_LOGIT)
-		c->flags |= ((uint32_t)r->n_logprobs << KN_COL_TOPK_SHIFT) & KN_COL_TOPK_MASK;
-	c->temperature = r->temperature;
-	c->top_p = r->top_p;
-	c->top_k = r->top_k;
-	c->seed = r->seed;
-}
-
-static void note_wait(struct ctrl_sched *s, struct sched_slot *sl)
-{
-	uint64_t w = s->launch_no - sl->ready_at;
-
-	if (w > s->st.max_ready_wait)
-		s->st.max_ready_wait = w;
-}
-
-/* Pack decode spans from the rotating cursor into at most @p budget columns. */
-static void pack_decode(struct ctrl_sched *s, struct sched_group *g, int32_t budget)
-{
-	int32_t gate = 0, last = -1;
-
-	if (s->o.spec)
-		gate = s->n_live <= s->o.spec_c_full ? s->o.spec_depth
-		       : s->n_live <= s->o.spec_c_half ? min32(s->o.spec_depth, 4) : 0;
-	for (int32_t k = 0; k < s->n_slots && g->n_cols < budget; k++) {
-		int32_t i = s->dcur + k < s->n_slots ? s->dcur + k : s->dcur + k - s->n_slots;
-		struct sched_slot *sl = &s->slots[i];
-		struct sched_req *r = sl->r;
-		struct kn_column *c;
-		int32_t d = 0, dmax, pos;
-
-		if (r == NULL || sl->inflight || sl->kv_wait || sl->n_fed < r->n_prompt)
-			continue;
-		pos = sl->n_fed;
-		c = &g->cols[g->n_cols];
-		dmax = min32(gate, min32(r->max_tokens - r->n_gen - 1, budget - g->n_cols - 1));
-		if (dmax > 0 && r->temperature <= 0.0f) {
-			s->st.lookup_tries++;
-			d = prompt_lookup(s, r->toks, sl->n_toks, dmax, s->draft);
-			if (d > 0)
-				s->st.lookup_hits++;
-		}
-		if (slot_prepare(s, g, i, pos + d) < 0)
-			continue;
-		fill_col(c, r, i, pos, r->toks[pos], KN_COL_NEED_LOGIT);
-		for (int32_t j = 0; j < d; j++)
-			fill_col(c + 1 + j, r, i, pos + 1 + j, s->draft[j], KN_COL_NEED_LOGIT);
-		g->ent[g->n_ent++] = (struct sched_ent){
-			.slot = i, .col = g->n_cols, .n = 1 + d, .kind = ENT_DECODE, .draft = d };
-		g->n_cols += 1 + d;
-		if (d > 0) {
-			s->st.spec_rounds++;
-			s->st.spec_drafted += (uint64_t)d;
-		}
-		sl->inflight = 1;
-		note_wait(s, sl);
-		last = i;
-	}
-	if (last >= 0)
-		s->dcur = last + 1 == s->n_slots ? 0 : last + 1;
-}
-
-/* Pack prefill chunks from the prefill cursor up to @p width columns. */
-static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t width)
-{
-	int32_t last = -1;
-
-	for (int32_t k = 0; k < s->n_slots && g->n_cols < width; k++) {
-		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
-		struct sched_slot *sl = &s->slots[i];
-		struct sched_req *r = sl->r;
-		int32_t n, pos;
-		int lastchunk;
-
-		if (r == NULL || sl->inflight || sl->kv_wait || sl->n_fed >= r->n_prompt)
-			continue;
-		pos = sl->n_fed;
-		n = min32(r->n_prompt - pos, width - g->n_cols);
-		lastchunk = pos + n == r->n_prompt;
-		if (slot_prepare(s, g, i, pos + n - 1) < 0)
-			continue;
-		for (int32_t j = 0; j < n; j++)
-			fill_col(&g->cols[g->n_cols + j], r, i, pos + j, r->toks[pos + j],
-				 lastchunk && j == n - 1 ? KN_COL_NEED_LOGIT : 0u);
-		g->ent[g->n_ent++] = (struct sched_ent){
-			.slot = i, .col = g->n_cols, .n = n,
-			.kind = lastchunk ? ENT_PREFILL_LAST : ENT_PREFILL, .draft = 0 };
-		g->n_cols += n;
-		s->st.prefill_cols += (uint64_t)n;
-		sl->inflight = 1;
-		note_wait(s, sl);
-		last = i;
-	}
-	if (last >= 0)
-		s->pcur = last + 1 == s->n_slots ? 0 : last + 1;
-}
-
-/* Is there a sequence in prefill that is not in flight? */
-static int prefill_ready(const struct ctrl_sched *s)
-{
-	for (int32_t k = 0; k < s->n_slots; k++) {
-		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
-		const struct sched_slot *sl = &s->slots[i];
-
-		if (sl->r != NULL && !sl->inflight && !sl->kv_wait && sl->n_fed < sl->r->n_prompt)
-			return 1;
-	}
-	return 0;
-}
+/* ---- launches ---- */
 
 /* End every sequence of group @p g with an error (a failed group). */
 static void group_fail(struct ctrl_sched *s, struct sched_group *g, const char *why)
@@ -705,61 +530,6 @@ static int group_submit(struct ctrl_sched *s, struct sched_group *g)
 	s->st.launches++;
 	s->st.launched_cols += (uint64_t)g->n_cols;
 	return 1;
-}
-
-/*
- * One stage (one_launch_decode): while a group with decodes is in flight or
- * waiting for the transport, nothing else launches; prompt chunks ride in
- * the decodes' launch (up to mb_cols), and a prefill-only group goes only
- * when no sequence decodes. On a GPU any launch reads every weight, so a
- * second launch costs about a whole step whatever it carries: two groups
- * of decodes made every sequence advance every other step (H200, 1B, 8
- * clients: 2.5 ms per token against a 1.26 ms step), and a prefill-only
- * group queued between two decode launches added its own step to every
- * sequence's time per token (1B, 256 clients: 4.4 ms against a 3.6 ms
- * mixed step). The price is the host round trip between two launches.
- */
-static int one_stage_decodes_pending(const struct ctrl_sched *s)
-{
-	if (!s->one_launch || s->ci.n_stages != 1)
-		return 0;
-	for (int32_t k = 0; k < s->n_groups; k++) {
-		const struct sched_group *g = &s->groups[k];
-
-		if (g->has_decode && (g->state == GROUP_INFLIGHT || g->state == GROUP_PENDING))
-			return 1;
-	}
-	return 0;
-}
-
-/* Pack group @p g from every ready sequence. @return columns packed. */
-static int32_t group_pack(struct ctrl_sched *s, struct sched_group *g)
-{
-	int32_t reserve = s->mb_cols / 4 > 1 ? s->mb_cols / 4 : 1;
-	int pf;
-
-	g->n_cols = g->n_ops = g->n_ent = 0;
-	g->has_decode = 0;
-	if (one_stage_decodes_pending(s))
-		return 0;
-	pf = prefill_ready(s);
-	pack_decode(s, g, pf ? s->mb_cols - reserve : s->mb_cols);
-	g->has_decode = g->n_ent > 0;
-	if (pf) {
-		int32_t width = g->n_cols > 0 ? s->mb_cols : s->pf_cols;
-
-		if (g->n_cols > 0 && s->one_launch) {
-			int32_t w = sched_fit_width(&s->fit, s->o.step_budget, g->n_cols, width,
-						    s->mb_cols / 16 > 8 ? s->mb_cols / 16 : 8);
-
-			if (w < width) {
-				width = w;
-				s->st.prefill_capped++;
-			}
-		}
-		pack_prefill(s, g, width);
-	}
-	return g->n_cols;
 }
 
 /* ---- results ---- */
@@ -841,67 +611,6 @@ next:;
 	g->state = GROUP_IDLE;
 }
 
-/* ---- stats ---- */
-
-static void publish(struct ctrl_sched *s)
-{
-	struct ctrl_chain_stats cs;
-	struct ctrl_sched_stats *st = &s->st;
-	double busy = 0.0;
-
-	st->n_groups = s->n_groups;
-	st->queued = s->n_queued;
-	st->live = s->n_live;
-	st->blocks_total = s->n_blocks;
-	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool);
-	st->blocks_reserved = s->reserved;
-	st->queued_bytes = s->queued_bytes;
-	st->live_bytes = s->live_bytes;
-	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;
-	st->kv_held_blocks = s->n_held_blocks;
-	st->step_fixed_us = s->fit.fitted ? s->fit.a / 1000.0 : 0.0;
-	st->step_col_us = s->fit.fitted ? s->fit.b / 1000.0 : 0.0;
-	st->n_plans = s->fit.n_plans;
-	for (int32_t k = 0; k < s->fit.n_plans; k++) {
-		st->plan_width[k] = s->fit.plan[k];
-		st->plan_step_us[k] = s->fit.plan_ns[k] / 1000.0;
-		st->plan_steps[k] = s->fit.plan_n[k];
-	}
-	st->spec_acceptance = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
-	if (ctrl_chain_stats(s->chain, &cs) == 0) {
-		st->n_stages = cs.n_stages;
-		for (int32_t k = 0; k < cs.n_stages && k < CTRL_CHAIN_MAX_STAGES; k++) {
-			const struct ctrl_chain_stage_stats *c = &cs.stage[k];
-
-			st->stage[k].steps = c->steps;
-			st->stage[k].cols = c->cols;
-			st->stage[k].mean_step_us = c->steps ? (double)c->busy_ns / (double)c->steps / 1000.0 : 0.0;
-			st->stage[k].busy_frac = cs.elapsed_ns ? (double)c->busy_ns / (double)cs.elapsed_ns : 0.0;
-			busy += (double)c->busy_ns;
-		}
-		st->occupancy = cs.elapsed_ns && cs.n_stages
-			? busy / ((double)cs.n_stages * (double)cs.elapsed_ns) : 0.0;
-		st->ideal_occupancy = st->launches
-			? (double)st->launches / (double)(st->launches + (uint64_t)cs.n_stages - 1) : 0.0;
-	}
-	pthread_mutex_lock(&s->st_lock);
-	s->pub = *st;
-	pthread_mutex_unlock(&s->st_lock);
-}
-
-int ctrl_sched_stats(struct ctrl_sched *s, struct ctrl_sched_stats *st)
-{
-	pthread_mutex_lock(&s->st_lock);
-	*st = s->pub;
-	pthread_mutex_unlock(&s->st_lock);
-	return 0;
-}
-
-double ctrl_sched_load(struct ctrl_sched *s)
-{
-	return (double)atomic_load_explicit(&s->load, memory_order_relaxed) / (double)s->n_blocks;
-}
-
 /* ---- the poll loop ---- */
 
 static int poll_body(struct ctrl_sched *s);
@@ -935,7 +644,7 @@ static int poll_body(struct ctrl_sched *s)
 					s->n_inflight--;
 					group_fail(s, &s->groups[k], why);
 				}
-			publish(s);
+			sched_publish(s);
 			return n;
 		}
 		for (int k = 0; k < n; k++)
@@ -954,7 +663,7 @@ static int poll_body(struct ctrl_sched *s)
 
 		if (g->state == GROUP_INFLIGHT)
 			continue;
-		if (g->state == GROUP_IDLE && group_pack(s, g) == 0)
+		if (g->state == GROUP_IDLE && sched_group_pack(s, g) == 0)
 			break;
 		sent = group_submit(s, g);
 		if (sent == 0)
@@ -964,7 +673,7 @@ static int poll_body(struct ctrl_sched *s)
 			rc = sent;
 	}
 	if (busy)
-		publish(s);
+		sched_publish(s);
 	return rc < 0 ? rc : busy ? CTRL_SCHED_BUSY : CTRL_SCHED_IDLE;
 }
 

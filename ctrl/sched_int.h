@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Private: the scheduler's state, shared by sched.c and its unit tests
- * (which include sched.c to reach statics).
+ * Private: the scheduler's state, shared by sched.c (requests, admission,
+ * results, the poll loop), sched_pack.c (packing), sched_budget.c (the
+ * step budget), sched_kv.c (the PD handoff), sched_stats.c (counters) and
+ * the scheduler's tests and bench.
  */
 #ifndef CTRL_SCHED_INT_H
 #define CTRL_SCHED_INT_H
@@ -129,6 +131,12 @@ struct col_top {
 void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
+
+/* sched_stats.c: publish the counters ctrl_sched_stats() reads. */
+void sched_publish(struct ctrl_sched *s);
+
+/* sched_pack.c: pack group @p g from every ready sequence; @return its columns. */
+int32_t sched_group_pack(struct ctrl_sched *s, struct sched_group *g);
 
 /* sched_kv.c: the prefill/decode handoff. */
 int sched_kv_drain(struct ctrl_sched *s);               /* apply the kv messages; 1 if any */
