@@ -34,8 +34,10 @@
 #define DP_IPC_H
 
 #include <assert.h>
+#include <endian.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /** Message types: the wire header's `type`, and what a client puts in a send
  *  descriptor's type (dp_wire.h frames them). */
@@ -182,6 +184,63 @@ struct dp_kvpage_hdr {
 	uint64_t block_bytes;    /**< one block, every layer of the range, K and V */
 };
 static_assert(sizeof(struct dp_kvpage_hdr) == 56, "dp_kvpage_hdr is a 56-byte wire record");
+
+/** A KV page header's fields in host order (what dp_kvpage_hdr_put/get move). */
+struct dp_kvpage_fields {
+	uint32_t dtype, flags, session, first_index, n_blocks, n_kv_heads, head_dim;
+	int32_t layer_start, layer_end;
+	uint64_t room, block_bytes;
+};
+
+/** Write the header of @p f (magic and version added) at @p buf (56 bytes, any alignment). */
+static inline void dp_kvpage_hdr_put(void *buf, const struct dp_kvpage_fields *f)
+{
+	struct dp_kvpage_hdr h;
+
+	memset(&h, 0, sizeof(h));
+	h.magic = htole32(DP_KVPAGE_MAGIC);
+	h.version = htole16((uint16_t)DP_KVPAGE_VERSION);
+	h.dtype = htole16((uint16_t)f->dtype);
+	h.room = htole64(f->room);
+	h.session = htole32(f->session);
+	h.flags = htole32(f->flags);
+	h.layer_start = (int32_t)htole32((uint32_t)f->layer_start);
+	h.layer_end = (int32_t)htole32((uint32_t)f->layer_end);
+	h.n_kv_heads = htole32(f->n_kv_heads);
+	h.head_dim = htole32(f->head_dim);
+	h.first_index = htole32(f->first_index);
+	h.n_blocks = htole32(f->n_blocks);
+	h.block_bytes = htole64(f->block_bytes);
+	memcpy(buf, &h, sizeof(h));
+}
+
+/**
+ * Read the header at @p buf of a @p len-byte message into @p f.
+ * @return 0, -1 (shorter than the header), -2 (another magic or version).
+ *         The caller checks the fields against its own layout and the length.
+ */
+static inline int dp_kvpage_hdr_get(const void *buf, size_t len, struct dp_kvpage_fields *f)
+{
+	struct dp_kvpage_hdr h;
+
+	if (len < sizeof(h))
+		return -1;
+	memcpy(&h, buf, sizeof(h));
+	if (le32toh(h.magic) != DP_KVPAGE_MAGIC || le16toh(h.version) != DP_KVPAGE_VERSION)
+		return -2;
+	f->dtype = le16toh(h.dtype);
+	f->room = le64toh(h.room);
+	f->session = le32toh(h.session);
+	f->flags = le32toh(h.flags);
+	f->layer_start = (int32_t)le32toh((uint32_t)h.layer_start);
+	f->layer_end = (int32_t)le32toh((uint32_t)h.layer_end);
+	f->n_kv_heads = le32toh(h.n_kv_heads);
+	f->head_dim = le32toh(h.head_dim);
+	f->first_index = le32toh(h.first_index);
+	f->n_blocks = le32toh(h.n_blocks);
+	f->block_bytes = le64toh(h.block_bytes);
+	return 0;
+}
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,17 @@
 #include "kn_testutil.h"
 #include "wk_kvpage.h"
 
+/* The io over a stage, as the worker builds it (kept in a static: the calls below read it at once). */
+static const struct wk_kv_io *io(struct kn_stage *s)
+{
+	static struct wk_kv_io v[2];
+	static int k;
+
+	k ^= 1;
+	v[k] = wk_kv_io_stage(s);
+	return &v[k];
+}
+
 #define PROMPT 21 /* two pages */
 #define NDEC 6
 #define BPS 3
@@ -78,11 +89,11 @@ static void pages_sent_as_messages_decode_the_same_bits(void **state)
 		uint8_t *msg = malloc(cap);
 		const uint32_t dst = (uint32_t)bb[i];
 		struct wk_kvpage_info info;
-		int64_t n = wk_kvpage_pack(a[0], 77, 5, (uint32_t)i, i == used - 1, &ba[i], &dst, 1, msg, cap, err,
+		int64_t n = wk_kvpage_pack(io(a[0]), 77, 5, (uint32_t)i, i == used - 1, &ba[i], &dst, 1, msg, cap, err,
 					   sizeof(err));
 
 		assert_int_equal(n, (int64_t)cap);
-		assert_int_equal(wk_kvpage_import(b[0], msg, (size_t)n, &info, err, sizeof(err)), 0);
+		assert_int_equal(wk_kvpage_import(io(b[0]), msg, (size_t)n, &info, err, sizeof(err)), 0);
 		assert_true(info.room == 77);
 		assert_int_equal(info.session, 5);
 		assert_int_equal(info.first_index, i);
@@ -150,45 +161,45 @@ static void bad_messages_are_refused_by_name_and_write_no_page(void **state)
 	}
 	before = block_of(b[0], 4, fm.block_bytes);
 	/* a destination outside the pool: refused, block 4 (entry 0) untouched */
-	n = wk_kvpage_pack(a[0], 9, 1, 0, 1, src, dst, 2, msg, cap, err, sizeof(err));
+	n = wk_kvpage_pack(io(a[0]), 9, 1, 0, 1, src, dst, 2, msg, cap, err, sizeof(err));
 	assert_int_equal(n, (int64_t)cap);
-	assert_int_equal(wk_kvpage_import(b[0], msg, (size_t)n, &info, err, sizeof(err)), -EINVAL);
+	assert_int_equal(wk_kvpage_import(io(b[0]), msg, (size_t)n, &info, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "99"));
 	after = block_of(b[0], 4, fm.block_bytes);
 	assert_memory_equal(before, after, fm.block_bytes);
 	free(after);
 	/* every truncation and a one-byte extension */
 	for (size_t k = 0; k < (size_t)n; k += (size_t)n / 97 + 1)
-		assert_int_equal(wk_kvpage_import(b[0], msg, k, &info, err, sizeof(err)), -EBADMSG);
+		assert_int_equal(wk_kvpage_import(io(b[0]), msg, k, &info, err, sizeof(err)), -EBADMSG);
 	memcpy(x, msg, (size_t)n);
 	x[n] = 0;
-	assert_int_equal(wk_kvpage_import(b[0], x, (size_t)n + 1, &info, err, sizeof(err)), -EBADMSG);
+	assert_int_equal(wk_kvpage_import(io(b[0]), x, (size_t)n + 1, &info, err, sizeof(err)), -EBADMSG);
 	/* lying fields */
 	memcpy(x, msg, (size_t)n);
 	x[0] ^= 1;
-	assert_int_equal(wk_kvpage_import(b[0], x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
+	assert_int_equal(wk_kvpage_import(io(b[0]), x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
 	assert_non_null(strstr(err, "magic"));
 	memcpy(x, msg, (size_t)n);
 	x[offsetof(struct dp_kvpage_hdr, dtype)] = 2;
-	assert_int_equal(wk_kvpage_import(b[0], x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
+	assert_int_equal(wk_kvpage_import(io(b[0]), x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
 	assert_non_null(strstr(err, "dtype 2"));
 	memcpy(x, msg, (size_t)n);
 	x[offsetof(struct dp_kvpage_hdr, block_bytes)] ^= 4;
-	assert_int_equal(wk_kvpage_import(b[0], x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
+	assert_int_equal(wk_kvpage_import(io(b[0]), x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
 	assert_non_null(strstr(err, "bytes a block"));
 	memcpy(x, msg, (size_t)n);
 	x[offsetof(struct dp_kvpage_hdr, n_blocks)] = 3;
-	assert_int_equal(wk_kvpage_import(b[0], x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
+	assert_int_equal(wk_kvpage_import(io(b[0]), x, (size_t)n, &info, err, sizeof(err)), -EBADMSG);
 	/* pages of the whole model into the first half's stage */
 	{
 		const uint32_t ok[2] = { 4, 5 };
 
-		n = wk_kvpage_pack(a[0], 9, 1, 0, 1, src, ok, 2, msg, cap, err, sizeof(err));
-		assert_int_equal(wk_kvpage_import(two[0], msg, (size_t)n, &info, err, sizeof(err)), -EINVAL);
+		n = wk_kvpage_pack(io(a[0]), 9, 1, 0, 1, src, ok, 2, msg, cap, err, sizeof(err));
+		assert_int_equal(wk_kvpage_import(io(two[0]), msg, (size_t)n, &info, err, sizeof(err)), -EINVAL);
 		assert_non_null(strstr(err, "layers [0,4)"));
 		assert_non_null(strstr(err, "for a stage of layers [0,2)"));
 		/* and the good one lands */
-		assert_int_equal(wk_kvpage_import(b[0], msg, (size_t)n, &info, err, sizeof(err)), 0);
+		assert_int_equal(wk_kvpage_import(io(b[0]), msg, (size_t)n, &info, err, sizeof(err)), 0);
 		after = block_of(b[0], 4, fm.block_bytes);
 		void *want = block_of(a[0], 1, fm.block_bytes);
 		assert_memory_equal(after, want, fm.block_bytes);
@@ -196,12 +207,12 @@ static void bad_messages_are_refused_by_name_and_write_no_page(void **state)
 		free(want);
 	}
 	/* packing: no blocks, a short buffer, a source outside the pool */
-	assert_int_equal(wk_kvpage_pack(a[0], 9, 1, 0, 1, src, dst, 0, msg, cap, err, sizeof(err)), -EINVAL);
-	assert_int_equal(wk_kvpage_pack(a[0], 9, 1, 0, 1, src, dst, 2, msg, cap - 1, err, sizeof(err)), -ENOSPC);
+	assert_int_equal(wk_kvpage_pack(io(a[0]), 9, 1, 0, 1, src, dst, 0, msg, cap, err, sizeof(err)), -EINVAL);
+	assert_int_equal(wk_kvpage_pack(io(a[0]), 9, 1, 0, 1, src, dst, 2, msg, cap - 1, err, sizeof(err)), -ENOSPC);
 	{
 		const int32_t bad[1] = { 40 };
 
-		assert_int_equal(wk_kvpage_pack(a[0], 9, 1, 0, 1, bad, dst, 1, msg, cap, err, sizeof(err)), -EINVAL);
+		assert_int_equal(wk_kvpage_pack(io(a[0]), 9, 1, 0, 1, bad, dst, 1, msg, cap, err, sizeof(err)), -EINVAL);
 		assert_non_null(strstr(err, "block 40"));
 	}
 	free(before);
