@@ -241,6 +241,18 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 	settle(d, q);
 }
 
+int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)
+{
+	enum ctrl_room_state rs;
+
+	for (const struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		if (q->room == room)
+			return session == d->o.session && !q->told
+			       && ctrl_room_get(d->o.rooms, room, &rs, NULL, NULL) == 0
+			       && (rs == CTRL_ROOM_WAITING || rs == CTRL_ROOM_SUCCESS);
+	return 0;
+}
+
 void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 {
 	ctrl_rooms_expire(d->o.rooms, now_ns);

@@ -83,33 +83,7 @@ kvf_up() {
     topo=shm KVF_TOPOLOGY=shm
   fi
   if [ "$topo" != shm ]; then
-    local dpc=(--idle-mode sleep --mbufs 4095 --region-size 96 --rx-small 128:65536 --rx-large 16:1048576)
-    local portA portB nsA=() nsB=()
-    if [ "$topo" = netns ]; then
-      # Only the dataplanes live in the namespaces: the regions are files under
-      # /dev/hugepages, which namespaces of the network do not separate, so the
-      # workers and ctrld of each node share its region as on one host.
-      nsA=(ip netns exec "$KVF_NSA") nsB=(ip netns exec "$KVF_NSB")
-      portA="net_af_packet0,iface=$KVF_VA,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
-      portB="net_af_packet0,iface=$KVF_VB,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
-      # af_packet: frames fit the 8192 B tpacket slots (tests/dataplane's setting)
-      dpc+=(--frame-size 8000)
-    else
-      portA="net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216"
-      portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216"
-      dpc+=(--frame-size 9000)
-    fi
-    "${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
-      --port "$portA" --eal "-l 0" "${dpc[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
-    KVF_PIDS+=($!)
-    # The memif client connects to the server's socket: start it once that exists.
-    kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
-    "${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
-      --port "$portB" --eal "-l 1" "${dpc[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
-    KVF_PIDS+=($!)
-    for f in dataplane1 dataplane2; do
-      kvf_wait_log "$KVF_RUN/$f.log" "memory:" 30 || { kvf_log "kvferry-dataplane ($f) did not start:"; cat "$KVF_RUN/$f.log"; return 1; }
-    done
+    kvf_dataplanes "$topo" || return 1
     # Stages 0..m-1 on node 1, m..n-1 on node 2; ctrld on node 1.
     m=$(( (stages + 1) / 2 ))
     for ((k = 0; k < stages; k++)); do
@@ -145,6 +119,43 @@ kvf_up() {
   KVF_URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
   KVF_MODEL_NAME=$(sed -n 's/.*serving \([^ ]*\) (.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
   return 0
+}
+
+# Two kvferry-dataplane processes, node 1 on region KVF_RA and node 2 on
+# KVF_RB, joined by net_memif (@1 = dataplane) or by net_af_packet on the
+# veth pair kvf_netns made (@1 = netns). KVF_DP_REGION (MiB, default 96) and
+# KVF_DP_EXTRA (more flags for both, e.g. --impair ...) adjust them.
+kvf_dataplanes() {
+  local topo=$1 f
+  # shellcheck disable=SC2206 # KVF_DP_EXTRA is a list of flags
+  local dpc=(--idle-mode sleep --mbufs 4095 --region-size "${KVF_DP_REGION:-96}" --rx-small 128:65536
+             --rx-large 16:1048576 ${KVF_DP_EXTRA:-})
+  local portA portB nsA=() nsB=()
+  if [ "$topo" = netns ]; then
+    # Only the dataplanes live in the namespaces: the regions are files under
+    # /dev/hugepages, which namespaces of the network do not separate, so the
+    # workers and ctrld of each node share its region as on one host.
+    nsA=(ip netns exec "$KVF_NSA") nsB=(ip netns exec "$KVF_NSB")
+    portA="net_af_packet0,iface=$KVF_VA,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
+    portB="net_af_packet0,iface=$KVF_VB,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
+    # af_packet: frames fit the 8192 B tpacket slots (tests/dataplane's setting)
+    dpc+=(--frame-size 8000)
+  else
+    portA="net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216"
+    portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216"
+    dpc+=(--frame-size 9000)
+  fi
+  "${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
+    --port "$portA" --eal "-l 0" "${dpc[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
+  KVF_PIDS+=($!)
+  # The memif client connects to the server's socket: start it once that exists.
+  kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
+  "${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
+    --port "$portB" --eal "-l 1" "${dpc[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
+  KVF_PIDS+=($!)
+  for f in dataplane1 dataplane2; do
+    kvf_wait_log "$KVF_RUN/$f.log" "memory:" 30 || { kvf_log "kvferry-dataplane ($f) did not start:"; cat "$KVF_RUN/$f.log"; return 1; }
+  done
 }
 
 # Two network namespaces joined by a veth pair (9000 B MTU) for the netns

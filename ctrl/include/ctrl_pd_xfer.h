@@ -89,6 +89,13 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
  */
 void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last);
 
+/**
+ * May page messages for @p room land now? 1 while its request waits for
+ * them (manifest sent, not yet told ready or failed, this session); 0 for a
+ * room that ended or was forgotten, whose blocks may be another request's.
+ */
+int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session);
+
 /** Expire rooms past their timeout and settle rooms that a lost node failed (call every loop). */
 void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns);
 

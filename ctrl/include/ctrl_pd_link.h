@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file ctrl_pd_link.h
+ * ctrld's PD traffic on the node's dataplane (dp_ipc.h): control messages
+ * (DP_MT_CONTROL on stream 0: manifests, statuses, aborts) and, when ctrld
+ * runs the stages itself (the in-process chain), KV page messages
+ * (DP_MT_KVPAGE on stream 1, wk_kvpage.h format) read out of and written
+ * into that chain.
+ *
+ * Sends copy into buffers of two pools of ours in the region ("ctrld.pds",
+ * "ctrld.pdl") that come back with their completions; received messages
+ * are handed on and their buffers returned to the dataplane's pools in the
+ * same poll. A page message is imported only after the caller's `expects`
+ * says its room still waits for it, so a late message for a forgotten room
+ * (whose blocks may belong to another request by now) writes nothing.
+ *
+ * Threading: one thread polls and sends.
+ */
+#ifndef CTRL_PD_LINK_H
+#define CTRL_PD_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctrl_chain.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ctrl_pd_link_opts {
+	const char *region;        /**< the region kvferry-dataplane created */
+	uint32_t n_small;          /**< control buffers (default 256 of 64 KiB) */
+	uint32_t n_large;          /**< page buffers (default 16) ... */
+	size_t large_bytes;        /**< ... of this size (default 4 MiB) */
+	double wait_s;             /**< for the dataplane's rings at open, and for a free page buffer (default 20) */
+};
+
+void ctrl_pd_link_opts_init(struct ctrl_pd_link_opts *o);
+
+struct ctrl_pd_link;
+
+/** @return the link, or NULL with errno and @p err (region or rings missing, pools that do not fit). */
+struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *err, size_t errlen);
+void ctrl_pd_link_close(struct ctrl_pd_link *l);
+
+/** Send control message @p msg to node @p node. @return 0, -EMSGSIZE, -EAGAIN (no buffer or ring room). */
+int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *msg, size_t len);
+
+/**
+ * Ship blocks @p src[0..n) of every stage of @p chain into node @p node's
+ * blocks @p dst[0..n) for @p room: per stage, as many page messages as the
+ * buffers need, the last flagged. Waits (draining completions) for a free
+ * buffer up to wait_s. @return 0, or -errno with @p err.
+ */
+int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t n_stages, uint32_t node,
+		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t n, char *err,
+		      size_t errlen);
+
+/** What a poll hands on. */
+struct ctrl_pd_link_handlers {
+	void (*control)(void *arg, uint32_t node, const uint8_t *msg, size_t len);
+	/** may a page message for (room, session) land? */
+	int (*expects)(void *arg, uint64_t room, uint32_t session);
+	/** stage @p stream's pages of @p room are in (@p last: its last message) */
+	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last);
+	void *arg;
+	struct ctrl_chain *chain;  /**< where page messages land; NULL: they are refused */
+	int32_t n_stages;
+};
+
+struct ctrl_pd_link_stats {
+	uint64_t ctl_sent, ctl_received, ctl_failed;
+	uint64_t kv_sent, kv_bytes_sent, kv_received, kv_bytes_received, kv_failed;
+	uint64_t kv_refused;       /**< malformed, another layout, or for a room that no longer waits */
+};
+
+/** Take completions and received messages. @return 1 if anything moved, 0 if not. */
+int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h);
+
+void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats *st);
+
+/** The last page message refused, and why ("" if none). */
+const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTRL_PD_LINK_H */

@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ctrld's PD traffic over the node's dataplane rings (ctrl_pd_link.h). The
+ * dataplane guarantees exactly-once, in-order delivery per stream and says
+ * when a send failed (peer restarted or unreachable); this file only moves
+ * buffers: ours out on dp.tx and back on dp.txc.ctl / dp.txc.kv, the
+ * dataplane's in on dp.rx.ctl / dp.rx.kv and back to its pools.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctrl_pd_link.h"
+#include "dp_ipc.h"
+#include "shm_pool.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+#include "wk_kvpage.h"
+
+#define PD_STREAM_CTL 0
+#define PD_STREAM_KV 1
+#define PD_POOL_SMALL "ctrld.pds"
+#define PD_POOL_LARGE "ctrld.pdl"
+#define PD_SMALL_BYTES (64 * 1024)
+
+struct ctrl_pd_link {
+	struct ctrl_pd_link_opts o;
+	struct shm_region *reg;
+	struct shm_ring *tx, *txc_ctl, *txc_kv, *rx_ctl, *rx_kv;
+	struct shm_pool *ps, *pl;          /* ours: sends */
+	struct shm_pool *rxs, *rxl;        /* the dataplane's: what it received */
+	struct ctrl_pd_link_stats st;
+	char refusal[256];
+};
+
+void ctrl_pd_link_opts_init(struct ctrl_pd_link_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->n_small = 256;
+	o->n_large = 16;
+	o->large_bytes = 4u << 20;
+	o->wait_s = 20.0;
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static struct shm_ring *ring_wait(struct shm_region *r, const char *name, double wait_s)
+{
+	double t0 = now_s();
+
+	for (;;) {
+		struct shm_ring *q = shm_ring_lookup(r, name);
+
+		if (q != NULL || now_s() - t0 > wait_s)
+			return q;
+		usleep(20000);
+	}
+}
+
+static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz)
+{
+	struct shm_pool *p = shm_pool_create(r, name, n, sz);
+
+	if (p == NULL && errno == EEXIST)
+		p = shm_pool_lookup(r, name); /* ctrld restarted: its pools are still there */
+	return p;
+}
+
+struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *err, size_t errlen)
+{
+	struct ctrl_pd_link *l;
+	char rerr[256];
+
+	if (o == NULL || o->region == NULL || o->n_small < 1 || o->n_large < 1
+	    || o->large_bytes < sizeof(struct dp_kvpage_hdr) + 4096) {
+		snprintf(err, errlen, "ctrl_pd_link_open: no region, or pools of no use");
+		errno = EINVAL;
+		return NULL;
+	}
+	l = calloc(1, sizeof(*l));
+	if (l == NULL) {
+		snprintf(err, errlen, "ctrl_pd_link_open: out of memory");
+		return NULL;
+	}
+	l->o = *o;
+	l->reg = shm_region_attach(o->region, rerr, sizeof(rerr));
+	if (l->reg == NULL) {
+		snprintf(err, errlen, "attaching the dataplane's region %s: %s (start kvferry-dataplane first)",
+			 o->region, rerr);
+		goto fail;
+	}
+	l->tx = ring_wait(l->reg, DP_RING_TX, o->wait_s);
+	l->txc_ctl = ring_wait(l->reg, DP_RING_TXC_CTL, o->wait_s);
+	l->txc_kv = ring_wait(l->reg, DP_RING_TXC_KV, o->wait_s);
+	l->rx_ctl = ring_wait(l->reg, DP_RING_RX_CTL, o->wait_s);
+	l->rx_kv = ring_wait(l->reg, DP_RING_RX_KV, o->wait_s);
+	for (int i = 0; i < 250 && (l->rxs == NULL || l->rxl == NULL); i++) {
+		/* the dataplane creates its pools right after its rings */
+		l->rxs = shm_pool_lookup(l->reg, DP_POOL_RX_SMALL);
+		l->rxl = shm_pool_lookup(l->reg, DP_POOL_RX_LARGE);
+		if (l->rxs == NULL || l->rxl == NULL)
+			usleep(20000);
+	}
+	if (!l->tx || !l->txc_ctl || !l->txc_kv || !l->rx_ctl || !l->rx_kv || !l->rxs || !l->rxl) {
+		snprintf(err, errlen, "region %s has no dataplane rings and pools (%s, %s, %s, %s): is "
+			 "kvferry-dataplane running on it?", o->region, DP_RING_TX, DP_RING_RX_CTL, DP_RING_RX_KV,
+			 DP_POOL_RX_SMALL);
+		errno = ENOENT;
+		goto fail;
+	}
+	/* a page message must fit the receiving dataplane's large buffers: the
+	 * peer's are not known here, this node's (same configuration) stand in */
+	if (l->o.large_bytes > shm_pool_bufsize(l->rxl))
+		l->o.large_bytes = shm_pool_bufsize(l->rxl);
+	l->ps = pool_get(l->reg, PD_POOL_SMALL, o->n_small, PD_SMALL_BYTES);
+	l->pl = pool_get(l->reg, PD_POOL_LARGE, o->n_large, l->o.large_bytes);
+	if (l->ps == NULL || l->pl == NULL) {
+		snprintf(err, errlen, "region %s has no room for ctrld's PD buffers (%u x 64 KiB, %u x %zu B): "
+			 "give the dataplane a larger region", o->region, o->n_small, o->n_large, l->o.large_bytes);
+		errno = ENOSPC;
+		goto fail;
+	}
+	return l;
+fail:
+	ctrl_pd_link_close(l);
+	return NULL;
+}
+
+void ctrl_pd_link_close(struct ctrl_pd_link *l)
+{
+	if (l == NULL)
+		return;
+	shm_pool_close(l->ps);
+	shm_pool_close(l->pl);
+	shm_pool_close(l->rxs);
+	shm_pool_close(l->rxl);
+	shm_ring_close(l->tx);
+	shm_ring_close(l->txc_ctl);
+	shm_ring_close(l->txc_kv);
+	shm_ring_close(l->rx_ctl);
+	shm_ring_close(l->rx_kv);
+	if (l->reg != NULL)
+		shm_region_detach(l->reg);
+	free(l);
+}
+
+static int enqueue(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uint32_t len, uint16_t type,
+		   uint32_t node, uint16_t stream)
+{
+	struct shm_desc d = { .off = shm_pool_buf_off(p, idx), .len = len, .type = type,
+			      .aux = DP_AUX(node, stream) };
+
+	if (shm_ring_enqueue_burst(l->tx, &d, 1) != 1) {
+		shm_pool_put(p, idx);
+		return -EAGAIN;
+	}
+	return 0;
+}
+
+int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *msg, size_t len)
+{
+	uint32_t idx;
+	int rc;
+
+	if (len == 0 || len > PD_SMALL_BYTES)
+		return -EMSGSIZE;
+	if (shm_pool_get(l->ps, &idx) != 0)
+		return -EAGAIN;
+	memcpy(shm_pool_buf(l->ps, idx), msg, len);
+	rc = enqueue(l, l->ps, idx, (uint32_t)len, DP_MT_CONTROL, node, PD_STREAM_CTL);
+	if (rc == 0)
+		l->st.ctl_sent++;
+	return rc;
+}
+
+/* Completions: our buffers back; a failed send is counted (the rooms it
+ * belonged to fail by their timeout or the peer's loss). */
+static int drain_txc(struct ctrl_pd_link *l)
+{
+	struct shm_desc d[32];
+	unsigned n;
+	int moved = 0;
+
+	while ((n = shm_ring_dequeue_burst(l->txc_ctl, d, 32)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			shm_pool_put(l->ps, (uint32_t)shm_pool_idx_of(l->ps, d[i].off));
+			l->st.ctl_failed += (d[i].flags & DP_TXC_FAILED) != 0;
+		}
+		moved = 1;
+	}
+	while ((n = shm_ring_dequeue_burst(l->txc_kv, d, 32)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			shm_pool_put(l->pl, (uint32_t)shm_pool_idx_of(l->pl, d[i].off));
+			l->st.kv_failed += (d[i].flags & DP_TXC_FAILED) != 0;
+		}
+		moved = 1;
+	}
+	return moved;
+}
+
+/* ---- a chain stage as a page io ---- */
+
+struct chain_io {
+	struct ctrl_chain *c;
+	int32_t stage;
+	int rc;
+	char err[64];
+};
+
+static int ci_format(void *arg, struct kn_kv_format *f)
+{
+	struct chain_io *x = arg;
+
+	return x->rc = ctrl_chain_kv_format(x->c, x->stage, f);
+}
+
+static int ci_export(void *arg, const int32_t *blocks, int32_t n, void *dst, size_t len)
+{
+	struct chain_io *x = arg;
+
+	return x->rc = ctrl_chain_kv_export(x->c, x->stage, blocks, n, dst, len);
+}
+
+static int ci_import(void *arg, const int32_t *blocks, int32_t n, const void *src, size_t len,
+		     const struct kn_kv_format *f)
+{
+	struct chain_io *x = arg;
+
+	return x->rc = ctrl_chain_kv_import(x->c, x->stage, blocks, n, src, len, f);
+}
+
+static const char *ci_error(void *arg)
+{
+	struct chain_io *x = arg;
+
+	snprintf(x->err, sizeof(x->err), "stage %d of the chain: %s", (int)x->stage, strerror(-x->rc));
+	return x->err;
+}
+
+static struct wk_kv_io chain_io(struct chain_io *x)
+{
+	return (struct wk_kv_io){ .format = ci_format, .export_pages = ci_export, .import_pages = ci_import,
+				  .error = ci_error, .arg = x };
+}
+
+int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t n_stages, uint32_t node,
+		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t n, char *err,
+		      size_t errlen)
+{
+	for (int32_t k = 0; k < n_stages; k++) {
+		struct chain_io x = { .c = chain, .stage = k };
+		struct wk_kv_io io = chain_io(&x);
+		struct kn_kv_format f;
+		int32_t per, done = 0;
+		int rc = ctrl_chain_kv_format(chain, k, &f);
+
+		if (rc < 0) {
+			snprintf(err, errlen, "stage %d cannot export pages: %s", (int)k, strerror(-rc));
+			return rc;
+		}
+		per = (int32_t)((l->o.large_bytes - sizeof(struct dp_kvpage_hdr)) / (4 + f.block_bytes));
+		if (per > WK_KVPAGE_MAX_BLOCKS)
+			per = WK_KVPAGE_MAX_BLOCKS;
+		if (per < 1) {
+			snprintf(err, errlen, "one KV block of stage %d is %zu bytes; page buffers hold %zu", (int)k,
+				 f.block_bytes, l->o.large_bytes);
+			return -EMSGSIZE;
+		}
+		while (done < n) {
+			int32_t m = n - done < per ? n - done : per;
+			double t0 = now_s();
+			uint32_t idx;
+			int64_t len;
+
+			while (shm_pool_get(l->pl, &idx) != 0) {
+				drain_txc(l);
+				if (now_s() - t0 > l->o.wait_s) {
+					snprintf(err, errlen, "no page buffer came back from the dataplane in %.0f s",
+						 l->o.wait_s);
+					return -ETIMEDOUT;
+				}
+				usleep(50);
+			}
+			len = wk_kvpage_pack(&io, room, session, (uint32_t)done, done + m == n, src + done, dst + done, m,
+					     shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
+			if (len < 0) {
+				shm_pool_put(l->pl, idx);
+				return (int)len;
+			}
+			while ((rc = enqueue(l, l->pl, idx, (uint32_t)len, DP_MT_KVPAGE, node, PD_STREAM_KV)) == -EAGAIN) {
+				if (now_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
+					snprintf(err, errlen, "the dataplane's send ring stayed full");
+					return -ETIMEDOUT;
+				}
+				drain_txc(l);
+				usleep(50);
+				/* enqueue gave the buffer back: the message is packed again */
+				len = wk_kvpage_pack(&io, room, session, (uint32_t)done, done + m == n, src + done,
+						     dst + done, m, shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
+				if (len < 0) {
+					shm_pool_put(l->pl, idx);
+					return (int)len;
+				}
+			}
+			l->st.kv_sent++;
+			l->st.kv_bytes_sent += (uint64_t)len;
+			done += m;
+		}
+	}
+	return 0;
+}
+
+/* One received page message: import it into the stage whose layers it carries. */
+static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, const void *buf, size_t len)
+{
+	struct dp_kvpage_fields f;
+	struct wk_kvpage_info info;
+	char err[256];
+
+	if (dp_kvpage_hdr_get(buf, len, &f) < 0 || h->chain == NULL) {
+		snprintf(l->refusal, sizeof(l->refusal), "%s", h->chain == NULL ? "no chain takes KV pages here"
+			 : "a KV page message with no valid header");
+		l->st.kv_refused++;
+		return;
+	}
+	if (h->expects == NULL || !h->expects(h->arg, f.room, f.session)) {
+		snprintf(l->refusal, sizeof(l->refusal), "KV pages for room %llu (session %u), which no longer waits",
+			 (unsigned long long)f.room, f.session);
+		l->st.kv_refused++;
+		return;
+	}
+	for (int32_t k = 0; k < h->n_stages; k++) {
+		struct kn_kv_format mine;
+		struct chain_io x = { .c = h->chain, .stage = k };
+		struct wk_kv_io io = chain_io(&x);
+
+		if (ctrl_chain_kv_format(h->chain, k, &mine) < 0 || mine.layer_start != f.layer_start)
+			continue;
+		if (wk_kvpage_import(&io, buf, len, &info, err, sizeof(err)) < 0) {
+			snprintf(l->refusal, sizeof(l->refusal), "%s", err);
+			l->st.kv_refused++;
+			return;
+		}
+		l->st.kv_received++;
+		l->st.kv_bytes_received += len;
+		h->pages(h->arg, info.room, info.session, k, info.last);
+		return;
+	}
+	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d",
+		 (int)f.layer_start, (int)f.layer_end, (int)f.layer_start);
+	l->st.kv_refused++;
+}
+
+static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)
+{
+	struct shm_pool *p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
+
+	shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d->off));
+}
+
+int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
+{
+	struct shm_desc d[32];
+	unsigned n;
+	int moved = drain_txc(l);
+
+	while ((n = shm_ring_dequeue_burst(l->rx_ctl, d, 32)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			l->st.ctl_received++;
+			if (h->control != NULL)
+				h->control(h->arg, DP_AUX_PEER(d[i].aux), shm_ptr(l->reg, d[i].off), d[i].len);
+			rx_put(l, &d[i]);
+		}
+		moved = 1;
+	}
+	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
+		for (unsigned i = 0; i < n; i++) {
+			take_pages(l, h, shm_ptr(l->reg, d[i].off), d[i].len);
+			rx_put(l, &d[i]);
+		}
+		moved = 1;
+	}
+	return moved;
+}
+
+void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats *st)
+{
+	*st = l->st;
+}
+
+const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l)
+{
+	return l->refusal;
+}
