@@ -22,17 +22,14 @@
  *    ZERO_SLOT, delivered, cures.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "chain_proc_int.h"
 #include "ctrl_proc_chain.h"
 #include "dp_ipc.h"
-#include "shm_live.h"
 #include "shm_mb.h"
 #include "shm_pool.h"
 #include "shm_region.h"
@@ -41,14 +38,7 @@
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
 static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
 
-static void sleep_us(long us)
-{
-	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
-
-	nanosleep(&ts, NULL);
-}
-
-__attribute__((format(printf, 3, 4))) static void fmt(char *b, size_t n, const char *f, ...)
+void pc_fmt(char *b, size_t n, const char *f, ...)
 {
 	va_list ap;
 
@@ -89,177 +79,17 @@ static struct shm_ring *ring_open(struct shm_region *r, const char *name)
 		} else if (errno != EPROTO) {
 			return NULL;
 		}
-		sleep_us(1000);
+		pc_sleep_us(1000);
 	}
 	return NULL;
 }
 
-static struct shm_mb_hdr *buf_at(struct proc_chain *c, int32_t i)
-{
-	return shm_ptr(c->reg, c->out_off + (uint64_t)i * c->buf_bytes);
-}
-
-static void push_done(struct proc_chain *c, uint32_t gi)
+void pc_push_done(struct proc_chain *c, uint32_t gi)
 {
 	c->done[(c->done_head + c->done_n) % c->o.max_groups] = gi;
 	c->done_n++;
 	c->g[gi].done = 1;
 	c->t_last = mono_ns();
-}
-
-/* ---- setup ---- */
-
-static int send_setup(struct proc_chain *c, enum shm_mb_kind kind)
-{
-	struct shm_mb_hdr *h;
-	struct shm_mb_setup *s;
-	struct shm_desc d;
-
-	c->setup_flip ^= 1;
-	h = buf_at(c, c->o.max_groups + c->setup_flip);
-	memset(h, 0, shm_mb_size(SHM_MB_JOIN, 0, 0, 0));
-	h->magic = SHM_MB_MAGIC;
-	/* The setup layout is the same in every version: the oldest one lets
-	 * a stage of any version we read answer the join with its version. */
-	h->version = SHM_MB_VERSION_MIN;
-	h->kind = (uint16_t)kind;
-	h->epoch = c->epoch;
-	h->seq = ++c->seq;
-	h->n_stages = c->o.n_stages;
-	h->total_len = (uint32_t)shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
-	s = shm_mb_payload(h);
-	s->proto = SHM_MB_PROTO;
-	s->n_stages = c->o.n_stages;
-	s->fingerprint = c->fp;
-	s->n_slots = c->o.stage.n_slots;
-	s->max_blocks_per_slot = c->o.stage.max_blocks_per_slot;
-	s->n_blocks = kind == SHM_MB_POOL ? c->n_blocks : (c->n_blocks > 0 ? -1 : c->o.stage.n_blocks);
-	s->max_groups = c->o.max_groups;
-	s->max_cols = c->max_cols;
-	s->max_ops = c->max_ops;
-	for (int32_t p = 0; p < c->o.stage.n_plans && p < SHM_MB_MAX_PLANS; p++)
-		shm_mb_setup_set_plan(s, p, c->o.stage.plan_widths[p]);
-	s->n_plans = c->o.stage.n_plans;
-	s->n_threads = c->o.stage.n_threads;
-	s->kv_budget_bytes = c->o.stage.kv_budget_bytes;
-	s->kv_mem_fraction = c->o.stage.kv_mem_fraction;
-	for (int32_t k = 0; k < c->o.n_stages; k++) {
-		if (kind == SHM_MB_POOL)
-			s->stage[k] = c->st[k]; /* the joined reports; each stage updates its own */
-		s->stage[k].status = 0;
-		s->stage[k].err[0] = '\0';
-		s->stage[k].layer_start = k == 0 ? 0 : c->ends[k - 1];
-		s->stage[k].layer_end = c->ends[k];
-		if (kind == SHM_MB_JOIN) {
-			s->stage[k].node = -1;
-			s->stage[k].live_slot = -1;
-		}
-	}
-	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = h->kind,
-			       .seq = h->seq };
-	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1)
-		return -EBUSY;
-	c->setup_sent_ns = mono_ns();
-	return 0;
-}
-
-static void print_table(struct proc_chain *c, const char *what)
-{
-	const struct kn_model_config *cfg = kn_model_config(c->m);
-
-	fprintf(c->log, "chain: %s: %d stages of %s (%s, %d layers, fingerprint %016" PRIx64 "), epoch %llu\n",
-		what, c->o.n_stages, kn_model_dir(c->m), kn_arch_name(cfg->arch), cfg->n_layers, c->fp,
-		(unsigned long long)c->epoch);
-	fprintf(c->log, "  %-5s %-10s %-4s %-8s %-9s %-7s %-11s %-10s %-9s %s\n", "stage", "role", "node",
-		"pid", "layers", "backend", "weights", "KV blocks", "load", "status");
-	for (int32_t k = 0; k < c->o.n_stages; k++) {
-		const struct shm_mb_stage *s = &c->st[k];
-		char node[8], layers[24];
-
-		snprintf(node, sizeof(node), s->node < 0 ? "-" : "%d", s->node);
-		snprintf(layers, sizeof(layers), "%d..%d", s->layer_start, s->layer_end);
-		fprintf(c->log, "  %-5d %-10s %-4s %-8d %-9s %-7s %7.1f MiB %-10d %6.0f ms %s\n", k,
-			s->role[0] ? s->role : "?", node, s->pid, layers, s->backend[0] ? s->backend : "?",
-			s->weight_bytes / 1048576.0, s->n_blocks, s->load_ns / 1e6,
-			s->pid == 0 ? "no answer" : s->status == 0 ? "ok" : s->err);
-	}
-	fflush(c->log);
-}
-
-/* A setup message came back. @return 1 done (ok), 0 ignored, -errno refused. */
-static int setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, size_t errlen)
-{
-	struct shm_mb_setup *s = shm_mb_payload(h);
-	int32_t least = -1;
-	uint32_t wire = SHM_MB_VERSION;
-
-	if (h->epoch != c->epoch || h->stage != c->o.n_stages)
-		return 0;
-	if ((c->state == PC_JOINING && h->kind != SHM_MB_JOIN)
-	    || (c->state == PC_POOLING && h->kind != SHM_MB_POOL))
-		return 0;
-	memcpy(c->st, s->stage, sizeof(c->st));
-	for (int32_t k = 0; k < c->o.n_stages; k++) {
-		const struct shm_mb_stage *e = &s->stage[k];
-
-		if (e->pid != 0 && e->fingerprint != c->fp) {
-			fmt(err, errlen, "stage %d (%s, pid %d) refused the join: it %s; ctrld serves %s "
-			    "(fingerprint %016" PRIx64 "): give every worker the same model directory", k, e->role,
-			    e->pid, e->err[0] ? e->err : "holds another model", kn_model_dir(c->m), c->fp);
-			return -EPROTO;
-		}
-		if (e->status < 0) {
-			fmt(err, errlen, "stage %d (%s, pid %d) refused the %s: %s", k, e->role, e->pid,
-			    h->kind == SHM_MB_JOIN ? "join" : "pool", e->err);
-			return e->status;
-		}
-		if (e->proto != SHM_MB_PROTO || !shm_mb_version_ok(e->mb_version)) {
-			fmt(err, errlen, "stage %d (%s, pid %d) speaks chain protocol %u / message version %u, "
-			    "ctrld %u / %u..%u: run the same kvferry version on every node", k, e->role, e->pid,
-			    e->proto, e->mb_version, SHM_MB_PROTO, SHM_MB_VERSION_MIN, SHM_MB_VERSION);
-			return -EPROTO;
-		}
-		if (e->mb_version < wire)
-			wire = e->mb_version;
-		if (e->fingerprint != c->fp) {
-			fmt(err, errlen, "stage %d (%s, pid %d) holds model fingerprint %016" PRIx64 ", ctrld "
-			    "serves %s (fingerprint %016" PRIx64 "): give every worker the same model directory",
-			    k, e->role, e->pid, e->fingerprint, kn_model_dir(c->m), c->fp);
-			return -EPROTO;
-		}
-		if (least < 0 || e->n_blocks < least)
-			least = e->n_blocks;
-	}
-	if (h->status < 0) {
-		fmt(err, errlen, "%s", h->err);
-		return h->status;
-	}
-	if (h->kind == SHM_MB_JOIN) {
-		if (wire < SHM_MB_VERSION && c->wire_version != wire)
-			fprintf(c->log, "chain: a stage speaks message version %u: micro-batches go out in "
-				"version %u, without top logprobs, until every worker runs version %u\n", wire,
-				wire, SHM_MB_VERSION);
-		c->wire_version = (uint16_t)wire;
-		if (c->n_blocks > 0 && least < c->n_blocks) {
-			fmt(err, errlen, "a re-joined stage holds only %d KV blocks, the chain runs with %d: give "
-			    "it the same KV budget as before", least, c->n_blocks);
-			return -ENOSPC;
-		}
-		if (c->n_blocks <= 0)
-			c->n_blocks = least;
-		if (c->n_blocks < 1) {
-			fmt(err, errlen, "the stages hold no KV block: raise kv_memory (CPU) or kv_mem_fraction");
-			return -ENOSPC;
-		}
-		return 1;
-	}
-	for (int32_t k = 0; k < c->o.n_stages; k++)
-		if (s->stage[k].n_blocks != c->n_blocks) {
-			fmt(err, errlen, "stage %d (%s) holds %d KV blocks after the pool message, not %d", k,
-			    s->stage[k].role, s->stage[k].n_blocks, c->n_blocks);
-			return -EPROTO;
-		}
-	return 1;
 }
 
 /* ---- receiving ---- */
@@ -293,8 +123,8 @@ static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
 		return; /* a result for a group already failed */
 	if (shm_mb_check(h, len, c->max_cols, c->max_ops) < 0 || h->n_cols != g->n_sent) {
 		g->status = -EPROTO;
-		fmt(g->err, sizeof(g->err), "a malformed result came back for group %u (%d columns, %zu bytes)",
-		    h->group, h->n_cols, len);
+		pc_fmt(g->err, sizeof(g->err), "a malformed result came back for group %u (%d columns, %zu bytes)",
+		       h->group, h->n_cols, len);
 	} else {
 		const int32_t *t = shm_mb_payload(h);
 		const float *lp = (const float *)(t + h->n_cols);
@@ -332,11 +162,11 @@ static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
 				g->step_ns = (uint64_t)h->busy_us[k] * 1000u;
 		}
 	}
-	push_done(c, h->group);
+	pc_push_done(c, h->group);
 }
 
 /* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */
-static int drain(struct proc_chain *c, char *err, size_t errlen)
+int pc_drain(struct proc_chain *c, char *err, size_t errlen)
 {
 	struct shm_desc d;
 	int setup = 0;
@@ -352,7 +182,7 @@ static int drain(struct proc_chain *c, char *err, size_t errlen)
 		} else if (h->kind == SHM_MB_RESULT) {
 			on_result(c, h, d.len);
 		} else if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
-			int rc = setup_reply(c, h, err, errlen);
+			int rc = pc_setup_reply(c, h, err, errlen);
 
 			if (rc != 0)
 				setup = rc;
@@ -362,125 +192,6 @@ static int drain(struct proc_chain *c, char *err, size_t errlen)
 			break;
 	}
 	return setup;
-}
-
-/* ---- failure ---- */
-
-static void go_down(struct proc_chain *c, const char *why)
-{
-	fmt(c->down_why, sizeof(c->down_why), "%s", why);
-	c->down_ns = mono_ns();
-	fprintf(c->log, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
-		"answers again\n", why);
-	fflush(c->log);
-	for (int32_t i = 0; i < c->o.max_groups; i++) {
-		struct pc_grp *g = &c->g[i];
-
-		if (g->busy && !g->done) {
-			g->status = -EPIPE;
-			fmt(g->err, sizeof(g->err), "%s", why);
-			push_done(c, (uint32_t)i);
-		}
-	}
-	c->epoch++;
-	c->state = PC_JOINING;
-	c->setup_sent_ns = 0;
-	send_setup(c, SHM_MB_JOIN);
-}
-
-static void check_live(struct proc_chain *c, uint64_t now)
-{
-	struct shm_desc ev;
-
-	if (now - c->last_live_ns < PC_LIVE_EVERY_NS)
-		return;
-	c->last_live_ns = now;
-	for (int32_t k = 0; k < c->o.n_stages && c->state == PC_UP; k++) {
-		const struct shm_mb_stage *s = &c->st[k];
-		struct shm_live_info li;
-		int rc;
-
-		if (s->live_slot < 0)
-			continue;
-		rc = shm_live_check(c->reg, s->live_slot, c->o.stale_ms * 1000000ull, &li);
-		/* A slot of this region with the stage's role: the stage is on this node. */
-		if (strncmp(li.role, s->role, sizeof(li.role)) != 0)
-			continue;
-		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->pid)) {
-			char why[CTRL_CHAIN_ERRLEN];
-
-			fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) died", k, s->role, s->pid,
-			    s->layer_start, s->layer_end);
-			c->stage_up[k] = 0;
-			go_down(c, why);
-		}
-	}
-	while (c->ev != NULL && shm_ring_dequeue_burst(c->ev, &ev, 1) == 1) {
-		uint16_t peer = DP_AUX_PEER(ev.aux);
-
-		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART)
-			continue;
-		for (int32_t k = 0; k < c->o.n_stages; k++)
-			if (c->st[k].node == (int32_t)peer && c->state == PC_UP) {
-				char why[CTRL_CHAIN_ERRLEN];
-
-				fmt(why, sizeof(why), "the dataplane reports node %u %s: stage %d (%s, layers %d..%d) "
-				    "lost", peer, ev.type == DP_EV_PEER_DEAD ? "dead" : "restarted", k, c->st[k].role,
-				    c->st[k].layer_start, c->st[k].layer_end);
-				c->stage_up[k] = 0;
-				go_down(c, why);
-			}
-	}
-	if (c->state == PC_UP && c->o.group_timeout_ms > 0)
-		for (int32_t i = 0; i < c->o.max_groups; i++) {
-			struct pc_grp *g = &c->g[i];
-
-			if (g->busy && !g->done && now - g->t_submit > c->o.group_timeout_ms * 1000000ull) {
-				char why[CTRL_CHAIN_ERRLEN];
-
-				fmt(why, sizeof(why), "group %d got no result within group_timeout %llu ms: a stage "
-				    "is dead or wedged", i, (unsigned long long)c->o.group_timeout_ms);
-				go_down(c, why);
-				break;
-			}
-		}
-}
-
-/* Re-forming after a death: resend JOIN when it got lost, then POOL. */
-static void rejoin_step(struct proc_chain *c, uint64_t now)
-{
-	char err[CTRL_CHAIN_ERRLEN];
-	int rc = drain(c, err, sizeof(err));
-
-	if (rc < 0) {
-		fprintf(c->log, "chain: re-forming refused: %s (retrying)\n", err);
-		c->state = PC_JOINING;
-		c->setup_sent_ns = now; /* retry after the interval */
-		return;
-	}
-	if (rc > 0) {
-		if (c->state == PC_JOINING) {
-			c->state = PC_POOLING;
-			send_setup(c, SHM_MB_POOL);
-			return;
-		}
-		/* Every stage cleared its tables: every slot used before is tainted. */
-		for (int32_t i = 0; i < c->info.n_slots; i++) {
-			c->tainted[i] |= c->touched[i];
-			c->touched[i] = 0;
-		}
-		for (int32_t k = 0; k < c->o.n_stages; k++)
-			c->stage_up[k] = 1;
-		c->state = PC_UP;
-		print_table(c, "re-formed");
-		return;
-	}
-	if (c->setup_sent_ns == 0 || (now - c->setup_sent_ns > PC_REJOIN_NS && shm_ring_count(c->first) == 0)) {
-		if (c->state == PC_POOLING)
-			c->state = PC_JOINING;
-		if (send_setup(c, SHM_MB_JOIN) < 0)
-			c->setup_sent_ns = now;
-	}
 }
 
 /* ---- the vtable ---- */
@@ -496,10 +207,10 @@ static void fail_local(struct proc_chain *c, uint32_t gi, const char *why)
 	struct pc_grp *g = &c->g[gi];
 
 	g->status = -EPIPE;
-	fmt(g->err, sizeof(g->err), "%s", why);
+	pc_fmt(g->err, sizeof(g->err), "%s", why);
 	for (int32_t i = 0; i < g->n_cols; i++)
 		g->tokens[i] = -1;
-	push_done(c, gi);
+	pc_push_done(c, gi);
 }
 
 static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_column *cols, int32_t n_cols,
@@ -542,14 +253,14 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	if (c->state != PC_UP) {
 		char why[CTRL_CHAIN_ERRLEN];
 
-		fmt(why, sizeof(why), "the stage chain is re-forming after: %s", c->down_why);
+		pc_fmt(why, sizeof(why), "the stage chain is re-forming after: %s", c->down_why);
 		fail_local(c, group, why);
 		return 0;
 	}
 	for (int32_t i = 0; i < n_ops; i++)
 		if (ops[i].type == KN_OP_ZERO_SLOT)
 			c->tainted[ops[i].slot] = 0;
-	h = buf_at(c, (int32_t)group);
+	h = pc_buf_at(c, (int32_t)group);
 	for (int32_t i = 0; i < n_cols; i++) {
 		g->tokens[i] = -1;
 		g->lps[i] = 0.0f;
@@ -562,8 +273,8 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 		g->cst[i] = -EPIPE;
 		if (g->n_failed++ == 0) {
 			bad_slot = cols[i].slot;
-			fmt(g->err, sizeof(g->err), "slot %d lost its KV cache when the chain re-formed after: %s",
-			    bad_slot, c->down_why);
+			pc_fmt(g->err, sizeof(g->err), "slot %d lost its KV cache when the chain re-formed after: %s",
+			       bad_slot, c->down_why);
 		}
 	}
 	memset(h, 0, sizeof(*h));
@@ -584,8 +295,8 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 		g->n_failed = 0;
 		h->flags = SHM_MB_F_OPS_ONLY;
 		h->status = -EPIPE;
-		fmt(h->err, sizeof(h->err), "slot %d lost its KV cache when the chain re-formed after: %s",
-		    bad_slot, c->down_why);
+		pc_fmt(h->err, sizeof(h->err), "slot %d lost its KV cache when the chain re-formed after: %s",
+		       bad_slot, c->down_why);
 	}
 	g->n_sent = n_sent;
 	h->n_cols = n_sent;
@@ -611,11 +322,11 @@ static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 	if (c->state == PC_UP) {
 		char err[CTRL_CHAIN_ERRLEN];
 
-		drain(c, err, sizeof(err));
+		pc_drain(c, err, sizeof(err));
 	} else {
-		rejoin_step(c, now);
+		pc_rejoin_step(c, now);
 	}
-	check_live(c, now);
+	pc_check_live(c, now);
 	while (n < max && c->done_n > 0) {
 		uint32_t gi = c->done[c->done_head];
 		struct pc_grp *g = &c->g[gi];
@@ -691,40 +402,6 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.stats = pc_stats,
 	.destroy = pc_destroy,
 };
-
-/* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
-static int setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen)
-{
-	uint64_t t0 = mono_ns(), deadline = t0 + c->o.join_timeout_ms * 1000000ull;
-	int rc;
-
-	c->state = kind == SHM_MB_JOIN ? PC_JOINING : PC_POOLING;
-	while ((rc = send_setup(c, kind)) == -EBUSY && mono_ns() < deadline)
-		sleep_us(1000);
-	if (rc < 0) {
-		fmt(err, errlen, "ring %s stays full: is stage 0's worker running on region %s?",
-		    c->o.first_ring, c->o.region);
-		return -ETIMEDOUT;
-	}
-	while (mono_ns() < deadline) {
-		rc = drain(c, err, errlen);
-		if (rc != 0)
-			return rc < 0 ? rc : 0;
-		/* A message the dataplane took before its peer was up can be lost
-		 * with no completion we see here: ask again (stages answer a
-		 * repeated setup message the same way; extra answers are ignored). */
-		if (mono_ns() - c->setup_sent_ns > PC_RESEND_NS && shm_ring_count(c->first) == 0)
-			send_setup(c, kind);
-		/* Idle wait: the ring's futex when we own the return ring. */
-		shm_ring_wait(c->ret, 50 * 1000000ll);
-	}
-	print_table(c, "no answer");
-	fmt(err, errlen, "no %s answer from the chain within %llu ms: start a kvferry-worker for each of "
-	    "the %d stages (stage 0 reads ring %s of region %s), or raise join_timeout",
-	    kind == SHM_MB_JOIN ? "join" : "pool", (unsigned long long)c->o.join_timeout_ms, c->o.n_stages,
-	    c->o.first_ring, c->o.region);
-	return -ETIMEDOUT;
-}
 
 struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct ctrl_proc_chain_opts *o,
 					  char *err, size_t errlen)
@@ -857,16 +534,16 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		while (recv_desc(c, &d))
 			release_desc(c, &d);
 	}
-	rc = setup_sync(c, SHM_MB_JOIN, err, errlen);
+	rc = pc_setup_sync(c, SHM_MB_JOIN, err, errlen);
 	if (rc == 0) {
-		print_table(c, "joined");
+		pc_print_table(c, "joined");
 		fprintf(c->log, "chain: KV pool %d blocks of %d positions on every stage (the least any stage "
 			"holds)\n", c->n_blocks, KN_PAGE_BLK);
-		rc = setup_sync(c, SHM_MB_POOL, err, errlen);
+		rc = pc_setup_sync(c, SHM_MB_POOL, err, errlen);
 	}
 	if (rc < 0) {
 		if (rc != -ETIMEDOUT)
-			print_table(c, "refused");
+			pc_print_table(c, "refused");
 		e = -rc;
 		goto fail;
 	}

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Private to the worker chain (chain_proc.c: protocol, liveness, the
- * vtable; chain_proc_view.c: what ctrlctl shows of it). */
+/* Private to the worker chain: chain_proc.c (create, results, the vtable),
+ * chain_proc_join.c (the JOIN / POOL protocol), chain_proc_live.c
+ * (liveness, going down, re-forming), chain_proc_view.c (what ctrlctl
+ * shows of it). */
 #ifndef CTRL_CHAIN_PROC_INT_H
 #define CTRL_CHAIN_PROC_INT_H
 
@@ -87,5 +89,46 @@ static inline uint64_t mono_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static inline void pc_sleep_us(long us)
+{
+	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Buffer @p i of ctrld's output area: [0, max_groups) groups, then two for setup messages. */
+static inline struct shm_mb_hdr *pc_buf_at(struct proc_chain *c, int32_t i)
+{
+	return shm_ptr(c->reg, c->out_off + (uint64_t)i * c->buf_bytes);
+}
+
+/* chain_proc.c */
+
+/* snprintf into a fixed error field, cut to it on purpose. */
+__attribute__((format(printf, 3, 4))) void pc_fmt(char *b, size_t n, const char *f, ...);
+/* Queue group @p gi's result for the next poll. */
+void pc_push_done(struct proc_chain *c, uint32_t gi);
+/* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */
+int pc_drain(struct proc_chain *c, char *err, size_t errlen);
+
+/* chain_proc_join.c */
+
+/* Send a JOIN or POOL down the chain. @return 0, or -EBUSY when the first ring is full. */
+int pc_send_setup(struct proc_chain *c, enum shm_mb_kind kind);
+/* Log the stage table (each stage's role, node, pid, layers, backend, KV blocks, status). */
+void pc_print_table(struct proc_chain *c, const char *what);
+/* A setup message came back. @return 1 done (ok), 0 ignored, -errno refused (@p err says why). */
+int pc_setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, size_t errlen);
+/* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
+int pc_setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen);
+
+/* chain_proc_live.c */
+
+/* Every PC_LIVE_EVERY_NS: a stage's heartbeat, the dataplane's peer events and
+ * the group timeout; a death takes the chain down (fails the groups in flight). */
+void pc_check_live(struct proc_chain *c, uint64_t now);
+/* Re-forming after a death: resend JOIN when it got lost, then POOL. */
+void pc_rejoin_step(struct proc_chain *c, uint64_t now);
 
 #endif /* CTRL_CHAIN_PROC_INT_H */

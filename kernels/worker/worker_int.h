@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Private to kvferry-worker: the worker's state and what its files share.
+ * worker.c (the main loop, signals, the region, the report),
+ * worker_join.c (JOIN and POOL), worker_step.c (the step path: take a
+ * micro-batch, finish the oldest, forward it).
+ *
+ * Threading: one thread (the main loop) runs every function.
+ */
+#ifndef KN_WORKER_INT_H
+#define KN_WORKER_INT_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "kn_model.h"
+#include "kn_stage.h"
+#include "shm_mb.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+#include "worker_cfg.h"
+#include "worker_hop.h"
+
+/* Most micro-batches a worker holds between submit and send. */
+#define WK_MAX_DEPTH KN_STEP_DEPTH
+
+/* A micro-batch between its submit and its send. */
+struct wk_job {
+	struct shm_desc d;         /* its input, released once the step has read it */
+	struct shm_mb_hdr *oh;     /* its output buffer */
+	struct kn_step st;
+	int stepped;               /* a step was submitted for it */
+	int32_t nc;
+	int32_t n_decode;          /* sequences decoding in it (with a trace only) */
+	uint64_t t0;
+	char what[128];
+};
+
+struct worker {
+	struct wk_opts o;
+	struct shm_region *reg;
+	int live;
+	struct kn_model *m;
+	uint64_t fp;
+	struct kn_stage *st;
+	struct kn_stage_info info;
+	int32_t capacity;          /* KV blocks the budget holds (info.n_blocks follows set_pool) */
+	struct shm_mb_setup cur;   /* the setup the stage was built from */
+	int32_t idx, n_stages;
+	uint64_t epoch;
+	int joined;
+	/* output area: buffers [0, max_groups) for groups, two for setup messages */
+	uint64_t out_off;
+	size_t buf_bytes;
+	int32_t n_bufs, max_groups, max_cols, max_ops, setup_flip;
+	struct wk_in *in;
+	struct wk_out *out;
+	uint64_t steps, cols, busy_ns, dropped;
+	uint64_t host_ns;          /* CPU time spent preparing and finishing steps (not waiting,
+	                              and on the cpu backend not computing) */
+	uint64_t last_done_ns;     /* when the previous step finished: busy time excludes queueing */
+	uint64_t idle_ns;          /* device idle between a step's end and the next message, gaps <= 1 ms
+	                              (the round trip through ctrld) ... */
+	uint64_t idle_long_ns;     /* ... and longer gaps (nothing to run) */
+	FILE *trace;               /* [worker] trace: "taken done cols" per step, ns (CLOCK_MONOTONIC) */
+	struct cfg *cfg;           /* the configuration w.o points into */
+	struct wk_job jobs[WK_MAX_DEPTH];
+	int32_t j_head, j_n, depth;
+	ino_t region_ino;
+	uint64_t last_stat_ns;
+	int pinned;                /* the region is cudaHostRegister'ed */
+};
+
+/* SIGTERM / SIGINT: the main loop stops; a send waiting on a full hop gives up. */
+extern volatile sig_atomic_t g_stop;
+
+static inline uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define WK_LOG(w, ...)                                                                     \
+	do {                                                                               \
+		fprintf(stderr, "kvferry-worker[%s]: ", (w)->o.role);                     \
+		fprintf(stderr, __VA_ARGS__);                                              \
+		fputc('\n', stderr);                                                       \
+	} while (0)
+
+/* Buffer @p i of the output area: [0, max_groups) groups, then two for setup messages. */
+static inline struct shm_mb_hdr *wk_out_buf(struct worker *w, int32_t i)
+{
+	return shm_ptr(w->reg, w->out_off + (uint64_t)i * w->buf_bytes);
+}
+
+/* worker.c */
+
+/* snprintf into a fixed field, cut to it on purpose (worker.c says why). */
+__attribute__((format(printf, 3, 4))) void wk_fmt(char *b, size_t n, const char *f, ...);
+
+/* worker_join.c */
+
+/* JOIN and POOL: fill our entry of the stage table and forward. Nothing may
+ * be in flight (the pool may move): the caller drains first. */
+void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len);
+
+/* worker_step.c */
+
+/* Send @p oh on the output hop (waits while the hop is full, until g_stop). */
+void wk_send_msg(struct worker *w, struct shm_mb_hdr *oh);
+/* A micro-batch: apply ops, submit its step, queue it. @return 1 if queued
+ * (the job now owns @p d), 0 if dropped (the caller releases @p d). */
+int wk_handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const struct shm_desc *d);
+/* @return 1 if the oldest micro-batch can be sent without waiting. */
+int wk_head_ready(struct worker *w);
+/* Send the oldest micro-batch once its step (if any) is done. */
+void wk_finish_head(struct worker *w);
+/* Finish every micro-batch in flight. */
+void wk_drain(struct worker *w);
+
+#endif /* KN_WORKER_INT_H */
