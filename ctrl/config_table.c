@@ -192,6 +192,11 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_RANK_ADDRESS", "--rank-address", NULL, NULL,
 	 "role = prefill: host:port this node's ranks register as the address their KV pages leave "
 	 "from (rank_ip, rank_port); empty: listen_address and bootstrap_port"},
+	{"dataplane_region", "pd", CFG_STRING, OFF(pd_dataplane_region), "", 0, 0,
+	 "KVFERRY_PD_DATAPLANE_REGION", "--pd-dataplane-region", NULL, NULL,
+	 "role = prefill: the region kvferry-dataplane created on this node; a completion carrying "
+	 "bootstrap_room then holds its prompt's KV until the decode node's manifest comes over the "
+	 "dataplane, and the pages go there (stages inside ctrld); empty: the routes only"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

@@ -48,6 +48,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "ctrl_config.h"
 #include "ctrl_http.h"
 #include "ctrl_pd_boot.h"
+#include "ctrl_pd_serve.h"
 #include "ctrl_proc_chain.h"
 #include "ctrl_sched.h"
 #include "kn_model.h"
@@ -85,6 +86,7 @@ struct daemon {
 	struct ctrl_admin *admin;
 	struct ctrl_pd_boot *pd_boot;         /* role = prefill: this node's ranks ... */
 	struct ctrl_pd_boot_server *pd_srv;   /* ... and the routes that answer for them */
+	struct ctrl_pd_serve *pd;             /* role = prefill with a dataplane: rooms' KV out */
 	struct ctrl_sched_view sv;            /* what /sched/stages and /sched/pool read */
 	double t0;
 	atomic_int stopping;
@@ -465,6 +467,21 @@ static int start_front(struct daemon *d)
 	ho.stop_ids = eos;
 	ho.n_stop = (int32_t)n_eos;
 	ctrl_http_backend_sched(&be, d->disp);
+	if (d->set->pd_role == CTRL_CFG_PD_PREFILL && d->set->pd_dataplane_region[0]) {
+		struct ctrl_pd_serve_opts po = {
+			.region = d->set->pd_dataplane_region, .sched = d->scheds[0], .chain = d->chains[0],
+			.n_stages = d->n_stages, .rank = 0, .base = be,
+		};
+
+		d->pd = ctrl_pd_serve_start(&po, err, sizeof(err));
+		if (d->pd == NULL) {
+			logmsg("role prefill: the dataplane link on region %s: %s", d->set->pd_dataplane_region, err);
+			return -ENOENT;
+		}
+		ctrl_pd_serve_backend(d->pd, &be);
+		logmsg("role prefill: rooms' KV pages leave over the dataplane on region %s",
+		       d->set->pd_dataplane_region);
+	}
 	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
 	if (!d->http) {
 		logmsg("%s", err);
@@ -561,6 +578,7 @@ static void teardown(struct daemon *d)
 		ctrl_sched_destroy(d->scheds[r]);
 		ctrl_chain_destroy(d->chains[r]);
 	}
+	ctrl_pd_serve_stop(d->pd); /* after the schedulers: their callbacks reach it */
 	kn_tok_close(d->tok);
 	kn_model_close(d->model);
 	ctrl_config_free(d->cfg);

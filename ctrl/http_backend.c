@@ -25,6 +25,7 @@ static json_t *be_stats(void *ctx)
 void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch *d)
 {
 	be->submit = be_submit;
+	be->submit_pd = NULL;
 	be->cancel = be_cancel;
 	be->stats = be_stats;
 	be->ctx = d;

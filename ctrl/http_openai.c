@@ -283,8 +283,9 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	double temperature = 1.0, top_p = 1.0;
 	int64_t top_k = 0, n = 1, max_tokens = 0;
 	uint64_t seed;
-	json_t *so, *lp;
+	json_t *so, *lp, *bhost;
 	int stream = 0, ignore_eos = 0;
+	int64_t room = -1, bport = 0;
 
 	memset(&e, 0, sizeof(e));
 	g = calloc(1, sizeof(*g));
@@ -333,6 +334,16 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 		goto reject;
 	if (top_p <= 0) {
 		bad(&e, 400, "top_p", "invalid_value", "'top_p' must be greater than 0 (1 = off)");
+		goto reject;
+	}
+	/* SGLang's PD bootstrap fields: a router names the room (and the
+	 * prefill node's bootstrap server) both nodes of a pair use */
+	if (opt_int(req, "bootstrap_room", 0, INT64_MAX, &room, &e) < 0
+	    || opt_int(req, "bootstrap_port", 0, 65535, &bport, &e) < 0)
+		goto reject;
+	bhost = json_object_get(req, "bootstrap_host");
+	if (bhost != NULL && !json_is_null(bhost) && !json_is_string(bhost)) {
+		bad(&e, 400, "bootstrap_host", "invalid_type", "'bootstrap_host' must be a string (the prefill node's host)");
 		goto reject;
 	}
 	seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
@@ -417,7 +428,14 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.cb_arg = g;
 	/* The backend's reference exists before it can call back. */
 	atomic_fetch_add(&g->refs, 1);
-	id = h->be.submit(h->be.ctx, &r);
+	if (room >= 0 && h->be.submit_pd != NULL) {
+		struct ctrl_http_pd pd = { .room = (uint64_t)room, .port = (int32_t)bport,
+					   .host = json_is_string(bhost) ? json_string_value(bhost) : NULL };
+
+		id = h->be.submit_pd(h->be.ctx, &r, &pd);
+	} else {
+		id = h->be.submit(h->be.ctx, &r);
+	}
 	free(ids);
 	ids = NULL;
 	if (id <= 0) {

@@ -131,9 +131,22 @@ out:
 }
 
 /* The scheduler's events for a disaggregated request. */
+static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev);
+
 static void on_event(void *arg, const struct ctrl_event *ev)
 {
 	struct pd_dreq *q = arg;
+	pthread_mutex_t *lock = q->d->o.lock;
+
+	if (lock != NULL)
+		pthread_mutex_lock(lock);
+	on_event_locked(q, ev);
+	if (lock != NULL)
+		pthread_mutex_unlock(lock);
+}
+
+static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
+{
 	struct ctrl_pd_decode *d = q->d;
 	enum ctrl_room_state rs;
 

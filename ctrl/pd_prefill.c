@@ -129,9 +129,22 @@ static void try_ship(struct ctrl_pd_prefill *p, struct pd_preq *q)
 	drop(p, q);
 }
 
+static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev);
+
 static void on_event(void *arg, const struct ctrl_event *ev)
 {
 	struct pd_preq *q = arg;
+	pthread_mutex_t *lock = q->p->o.lock;
+
+	if (lock != NULL)
+		pthread_mutex_lock(lock);
+	on_event_locked(q, ev);
+	if (lock != NULL)
+		pthread_mutex_unlock(lock);
+}
+
+static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
+{
 	struct ctrl_pd_prefill *p = q->p;
 
 	if (ev->finish == CTRL_FINISH_NONE) {

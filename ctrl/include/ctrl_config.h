@@ -111,6 +111,7 @@ struct ctrl_settings {
 	int64_t pd_role;              /**< enum ctrl_cfg_pd_role */
 	int64_t bootstrap_port;
 	char rank_address[CTRL_CFG_STRLEN]; /**< "" = listen_address:bootstrap_port */
+	char pd_dataplane_region[CTRL_CFG_STRLEN]; /**< "" = no KV transfer */
 };
 
 struct ctrl_config;

@@ -39,6 +39,13 @@ extern "C" {
 #endif
 
 /** What the HTTP layer generates with. */
+/** A request's PD bootstrap fields (SGLang's: how a router drives a prefill/decode pair). */
+struct ctrl_http_pd {
+	uint64_t room;               /**< bootstrap_room */
+	const char *host;            /**< bootstrap_host, or NULL */
+	int32_t port;                /**< bootstrap_port, 0 if absent */
+};
+
 struct ctrl_http_backend {
 	/**
 	 * Start a request (ctrl_sched_submit() semantics: buffers copied; the
@@ -51,6 +58,11 @@ struct ctrl_http_backend {
 	/** Backend counters for /stats and /metrics: a new JSON object, or NULL. */
 	json_t *(*stats)(void *ctx);
 	void *ctx;
+	/**
+	 * Optional: start a request that carries bootstrap_room (submit's
+	 * semantics). NULL: such a request is served like any other.
+	 */
+	int64_t (*submit_pd)(void *ctx, const struct ctrl_request *r, const struct ctrl_http_pd *pd);
 };
 
 /** Server options. */

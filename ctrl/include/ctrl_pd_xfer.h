@@ -26,12 +26,15 @@
  * callbacks). The first token's logprob does not travel yet (the status
  * has no field for it): a disaggregated request reports 0 for it.
  *
- * Threading: each object is driven by one thread, the one that polls its
- * scheduler (token callbacks run there too).
+ * Threading: without a lock in its options, each object is driven by one
+ * thread, the one that polls its scheduler (token callbacks run there too).
+ * With one, the scheduler's callbacks take it, and every other call must be
+ * made holding it (a daemon's HTTP threads, its dataplane poller).
  */
 #ifndef CTRL_PD_XFER_H
 #define CTRL_PD_XFER_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +58,7 @@ struct ctrl_pd_decode_opts {
 	int32_t n_streams;         /**< page streams a room's pages arrive on (the decode chain's stages) */
 	ctrl_pd_send_fn send;
 	void *send_arg;
+	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
 };
 
 /** Counters. */
@@ -118,6 +122,7 @@ struct ctrl_pd_prefill_opts {
 	void *send_arg;
 	ctrl_pd_ship_fn ship;
 	void *ship_arg;
+	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
 };
 
 struct ctrl_pd_prefill_stats {

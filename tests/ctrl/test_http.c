@@ -294,6 +294,13 @@ static void a_completion_comes_back_with_consistent_usage(void **state)
 	assert_string_equal(json_string_value(json_object_get(j, "model")), "tiny");
 	json_decref(j);
 	wait_idle();
+	/* a node that is not a prefill node serves a request carrying a room like any other */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"hello world\",\"max_tokens\":%d,"
+		 "\"temperature\":0,\"bootstrap_room\":9223372036854775807,\"bootstrap_host\":\"10.0.0.1\","
+		 "\"bootstrap_port\":8998}", n);
+	assert_string_equal(text_of(j), "hello world");
+	json_decref(j);
+	wait_idle();
 }
 
 static void a_chat_completion_answers_as_the_assistant(void **state)
@@ -490,6 +497,15 @@ static void bad_requests_get_openai_error_objects(void **state)
 	assert_error(400, "messages", "invalid_value", "/v1/chat/completions", "{\"model\":\"tiny\",\"messages\":[{\"content\":\"x\"}]}");
 	assert_error(400, "prompt", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[1,99999]}");
 	assert_error(400, "tokens", "invalid_value", "/detokenize", "{\"model\":\"tiny\",\"tokens\":[-1]}");
+	/* SGLang's PD bootstrap fields are checked like any other */
+	assert_error(400, "bootstrap_room", "invalid_type", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"bootstrap_room\":\"7\"}");
+	assert_error(400, "bootstrap_room", "invalid_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"bootstrap_room\":-1}");
+	assert_error(400, "bootstrap_port", "invalid_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"bootstrap_room\":7,\"bootstrap_port\":70000}");
+	assert_error(400, "bootstrap_host", "invalid_type", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"bootstrap_room\":7,\"bootstrap_host\":5}");
 	assert_error(404, NULL, "not_found", "/v1/nothing", NULL);
 	assert_error(405, NULL, "method_not_allowed", "/v1/completions", NULL);
 	/* Nothing reached the backend. */
@@ -676,7 +692,7 @@ static void stats_metrics_and_dashboard_are_served(void **state)
 static int setup(void **state)
 {
 	struct ctrl_http_opts o;
-	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake};
+	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL};
 	char err[256];
 	int32_t eos[4];
 

@@ -7,7 +7,11 @@
  * reserved blocks. 64 concurrent requests of mixed lengths (greedy and
  * seeded) must give the tokens the same requests give on one node, and
  * every block of both schedulers must be back afterwards.
- *   test_pd_dataplane MKMODEL REGION_P NODE_P REGION_D NODE_D
+ *   test_pd_dataplane MODEL_DIR REGION_P NODE_P REGION_D NODE_D [URL MODEL_NAME]
+ * With URL the prefill node is a kvferry-ctrld (role = prefill, its
+ * dataplane on REGION_P) and each prompt goes to its /v1/completions with
+ * bootstrap_room, as a router would send it; without, this process plays
+ * the prefill node too.
  * Prints one summary line; exits 0, 1 on a mismatch or a hang, 77 when a
  * region is absent.
  */
@@ -17,6 +21,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <pthread.h>
 
 #include "ctrl_chain.h"
 #include "ctrl_pd_link.h"
@@ -171,9 +179,65 @@ static void pages_d(void *arg, uint64_t room, uint32_t session, int32_t stream, 
 	ctrl_pd_decode_on_pages(n->dec, room, session, stream, last);
 }
 
+/* ---- the prefill node as a kvferry-ctrld: prompts to its API, as a router sends them ---- */
+
+struct poster {
+	const char *url, *model;
+	int failed;
+	char why[1024];
+};
+
+static size_t sink(char *p, size_t size, size_t n, void *arg)
+{
+	(void)p;
+	(void)arg;
+	return size * n;
+}
+
+static void *post_all(void *arg)
+{
+	struct poster *ps = arg;
+	CURL *c = curl_easy_init();
+	char url[512];
+
+	snprintf(url, sizeof(url), "%s/v1/completions", ps->url);
+	for (int i = 0; c != NULL && i < NREQ && !ps->failed; i++) {
+		json_t *ids = json_array(), *body;
+		char *txt;
+		long code = 0;
+		CURLcode rc;
+		struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+
+		for (int32_t k = 0; k < g_len[i]; k++)
+			json_array_append_new(ids, json_integer(g_prompt[i][k]));
+		body = json_pack("{s:s, s:o, s:i, s:f, s:I, s:b, s:I, s:s, s:i}", "model", ps->model, "prompt", ids,
+				 "max_tokens", 1, "temperature", (double)g_temp[i], "seed", (json_int_t)(1000 + i),
+				 "ignore_eos", 1, "bootstrap_room", (json_int_t)(5000 + i), "bootstrap_host",
+				 "10.9.0.1", "bootstrap_port", 8998);
+		txt = json_dumps(body, JSON_COMPACT);
+		curl_easy_setopt(c, CURLOPT_URL, url);
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, txt);
+		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+		curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+		rc = curl_easy_perform(c);
+		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+		if (rc != CURLE_OK || code != 200) {
+			snprintf(ps->why, sizeof(ps->why), "POST %s for request %d: %s, HTTP %ld", url, i,
+				 curl_easy_strerror(rc), code);
+			ps->failed = 1;
+		}
+		curl_slist_free_all(hd);
+		free(txt);
+		json_decref(body);
+	}
+	curl_easy_cleanup(c);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
-	char dir[] = "/tmp/kvferry-pd-dp-XXXXXX", cmd[600], err[256];
+	char err[256];
 	struct ctrl_pd_link_opts lo;
 	struct node p = { 0 }, d = { 0 };
 	struct kn_model *m;
@@ -189,17 +253,18 @@ int main(int argc, char **argv)
 	int bad = 0, done = 0;
 	double t0;
 
-	if (argc != 6) {
-		fprintf(stderr, "usage: %s MKMODEL REGION_P NODE_P REGION_D NODE_D\n", argv[0]);
+	const char *url = argc == 8 ? argv[6] : NULL;
+	struct poster poster = { 0 };
+	pthread_t post_th;
+
+	if (argc != 6 && argc != 8) {
+		fprintf(stderr, "usage: %s MODEL_DIR REGION_P NODE_P REGION_D NODE_D [URL MODEL_NAME]\n", argv[0]);
 		return 2;
 	}
 	g_node_p = (uint32_t)atoi(argv[3]);
 	g_node_d = (uint32_t)atoi(argv[5]);
-	if (mkdtemp(dir) == NULL)
-		return 1;
-	snprintf(cmd, sizeof(cmd), "%s --out %s --preset tiny >/dev/null", argv[1], dir);
-	if (system(cmd) != 0 || (m = kn_model_open(dir, err, sizeof(err))) == NULL) {
-		fprintf(stderr, "the tiny model: %s\n", err);
+	if ((m = kn_model_open(argv[1], err, sizeof(err))) == NULL) {
+		fprintf(stderr, "the model: %s\n", err);
 		return 1;
 	}
 	for (int i = 0; i < NREQ; i++) {
@@ -233,19 +298,19 @@ int main(int argc, char **argv)
 	ctrl_pd_link_opts_init(&lo);
 	lo.n_large = 8;
 	lo.region = argv[2];
-	p.link = ctrl_pd_link_open(&lo, err, sizeof(err));
+	p.link = url != NULL ? NULL : ctrl_pd_link_open(&lo, err, sizeof(err));
 	lo.region = argv[4];
-	d.link = p.link ? ctrl_pd_link_open(&lo, err, sizeof(err)) : NULL;
-	if (p.link == NULL || d.link == NULL) {
+	d.link = p.link != NULL || url != NULL ? ctrl_pd_link_open(&lo, err, sizeof(err)) : NULL;
+	if ((p.link == NULL && url == NULL) || d.link == NULL) {
 		int absent = errno == ENOENT;
 
 		printf("%s: %s\n", absent ? "SKIP" : "FAIL", err);
 		return absent ? 77 : 1;
 	}
 	p.stages = d.stages = 2;
-	p.chain = chain(m, 2);
+	p.chain = url != NULL ? NULL : chain(m, 2);
 	d.chain = chain(m, 2);
-	ps = sched(p.chain);
+	ps = url != NULL ? NULL : sched(p.chain);
 	ds = sched(d.chain);
 	ctrl_rooms_opts_init(&ro);
 	ro.vocab_size = kn_model_config(m)->vocab_size;
@@ -255,8 +320,8 @@ int main(int argc, char **argv)
 	popt = (struct ctrl_pd_prefill_opts){ .sched = ps, .rank = 0, .send = send_p, .send_arg = &p,
 					      .ship = ship_p, .ship_arg = &p };
 	d.dec = ctrl_pd_decode_create(&dopt);
-	p.pre = ctrl_pd_prefill_create(&popt);
-	if (rooms == NULL || d.dec == NULL || p.pre == NULL)
+	p.pre = url != NULL ? NULL : ctrl_pd_prefill_create(&popt);
+	if (rooms == NULL || d.dec == NULL || (p.pre == NULL && url == NULL))
 		return 1;
 	hp = (struct ctrl_pd_link_handlers){ .control = ctl_p, .arg = &p };
 	hd = (struct ctrl_pd_link_handlers){ .control = ctl_d, .expects = expects_d, .pages = pages_d, .arg = &d,
@@ -268,14 +333,25 @@ int main(int argc, char **argv)
 		if (ctrl_pd_decode_submit(d.dec, &rq, 5000u + (uint64_t)i, g_node_p, 1, 0) < 0)
 			return 1;
 		request(&rq, i, &g_pre[i]);
-		if (ctrl_pd_prefill_submit(p.pre, &rq, 5000u + (uint64_t)i, g_node_d) < 0)
+		if (url == NULL && ctrl_pd_prefill_submit(p.pre, &rq, 5000u + (uint64_t)i, g_node_d) < 0)
+			return 1;
+	}
+	if (url != NULL) {
+		poster.url = url;
+		poster.model = argv[7];
+		curl_global_init(CURL_GLOBAL_DEFAULT);
+		if (pthread_create(&post_th, NULL, post_all, &poster) != 0)
 			return 1;
 	}
 	t0 = now_s();
 	while (done < NREQ) {
-		int busy = ctrl_sched_poll(ps) | ctrl_sched_poll(ds);
+		int busy = (ps != NULL ? ctrl_sched_poll(ps) : 0) | ctrl_sched_poll(ds);
 
-		busy |= ctrl_pd_link_poll(p.link, &hp) | ctrl_pd_link_poll(d.link, &hd);
+		busy |= (p.link != NULL ? ctrl_pd_link_poll(p.link, &hp) : 0) | ctrl_pd_link_poll(d.link, &hd);
+		if (poster.failed) {
+			fprintf(stderr, "FAIL: %s\n", poster.why);
+			return 1;
+		}
 		ctrl_pd_decode_tick(d.dec, 0);
 		done = 0;
 		for (int i = 0; i < NREQ; i++)
@@ -298,9 +374,13 @@ int main(int argc, char **argv)
 		if (!busy)
 			usleep(20);
 	}
+	if (url != NULL)
+		pthread_join(post_th, NULL);
 	for (int k = 0; k < 2000; k++) { /* the last releases and completions */
-		ctrl_sched_poll(ps);
-		ctrl_pd_link_poll(p.link, &hp);
+		if (ps != NULL)
+			ctrl_sched_poll(ps);
+		if (p.link != NULL)
+			ctrl_pd_link_poll(p.link, &hp);
 		ctrl_pd_link_poll(d.link, &hd);
 	}
 	for (int i = 0; i < NREQ; i++) {
@@ -312,14 +392,18 @@ int main(int argc, char **argv)
 			bad = 1;
 		}
 	}
-	ctrl_sched_stats(ps, &sp);
+	memset(&sp, 0, sizeof(sp));
+	memset(&lsp, 0, sizeof(lsp));
+	if (ps != NULL)
+		ctrl_sched_stats(ps, &sp);
 	ctrl_sched_stats(ds, &sd);
-	ctrl_pd_link_stats(p.link, &lsp);
+	if (p.link != NULL)
+		ctrl_pd_link_stats(p.link, &lsp);
 	ctrl_pd_link_stats(d.link, &lsd);
-	printf("%s: %d requests prefilled on node %u and decoded on node %u over the dataplane in %.2f s: "
+	printf("%s: %d requests prefilled on node %u%s and decoded on node %u over the dataplane in %.2f s: "
 	       "%llu page messages (%.1f MB), %llu control messages each way, %llu refused; blocks in use "
 	       "after: prefill %d, decode %d; prompt columns the decode node computed: %llu\n",
-	       bad ? "FAIL" : "PASS", NREQ, g_node_p, g_node_d, now_s() - t0, (unsigned long long)lsd.kv_received,
+	       bad ? "FAIL" : "PASS", NREQ, g_node_p, url != NULL ? " (kvferry-ctrld)" : "", g_node_d, now_s() - t0, (unsigned long long)lsd.kv_received,
 	       (double)lsd.kv_bytes_received / 1e6, (unsigned long long)lsd.ctl_received,
 	       (unsigned long long)lsd.kv_refused, sp.blocks_in_use, sd.blocks_in_use,
 	       (unsigned long long)sd.prefill_cols);
@@ -330,7 +414,8 @@ int main(int argc, char **argv)
 		bad = 1;
 	}
 	ctrl_sched_destroy(ds);
-	ctrl_sched_destroy(ps);
+	if (ps != NULL)
+		ctrl_sched_destroy(ps);
 	ctrl_pd_decode_destroy(d.dec);
 	ctrl_pd_prefill_destroy(p.pre);
 	ctrl_rooms_destroy(rooms);
@@ -339,8 +424,7 @@ int main(int argc, char **argv)
 	ctrl_pd_link_close(p.link);
 	ctrl_pd_link_close(d.link);
 	kn_model_close(m);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	if (system(cmd) != 0)
-		bad = 1;
+	if (url != NULL)
+		curl_global_cleanup();
 	return bad;
 }
