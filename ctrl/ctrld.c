@@ -506,6 +506,7 @@ static int start_pd(struct daemon *d)
 	struct ctrl_pd_info info = {
 		.tp_size = 1, .cp_size = 1, .dp_size = d->n_rep, .pp_size = d->n_stages, .page_size = KN_PAGE_BLK,
 		.n_layers = mc->n_layers, .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
+		.dataplane_node = ctrl_pd_serve_node(d->pd), .api_port = ctrl_http_port(d->http),
 	};
 	char err[512], host[CTRL_CFG_STRLEN];
 	const char *colon;

@@ -224,7 +224,7 @@ static void route_put(struct ctrl_pd_boot *b, const char *body, size_t len, stru
 {
 	static const char *const required[] = { "attn_tp_size", "attn_tp_rank", "attn_dp_size", "attn_dp_rank",
 						"pp_size", "pp_rank", "rank_port", "page_size" };
-	struct ctrl_pd_info info = { .cp_size = 1 };
+	struct ctrl_pd_info info = { .cp_size = 1, .dataplane_node = -1 };
 	struct ctrl_pd_rank r = { .layer_start = -1, .layer_end = -1 };
 	int32_t *dst[] = { &info.tp_size, &r.tp, &info.dp_size, &r.dp, &info.pp_size, &r.pp, &r.port,
 			   &info.page_size };
@@ -312,12 +312,18 @@ static int selector(ctrl_pd_query_fn q, void *arg, const char *key, int32_t *v)
 static json_t *info_json(const struct ctrl_pd_info *i)
 {
 	/* both spellings SGLang has used, and kvferry's layout */
-	return json_pack("{si si si si si si si si si ss sb si si si}", "attn_tp_size", i->tp_size,
-			 "attn_cp_size", i->cp_size, "dp_size", i->dp_size, "pp_size", i->pp_size,
-			 "prefill_attn_tp_size", i->tp_size, "prefill_tp_size", i->tp_size, "prefill_dp_size",
-			 i->dp_size, "prefill_pp_size", i->pp_size, "page_size", i->page_size, "kv_cache_dtype",
-			 i->kv_dtype, "follow_bootstrap_room", 1, "num_layers", i->n_layers, "num_kv_heads",
-			 i->n_kv_heads, "head_dim", i->head_dim);
+	json_t *j = json_pack("{si si si si si si si si si ss sb si si si}", "attn_tp_size", i->tp_size,
+			      "attn_cp_size", i->cp_size, "dp_size", i->dp_size, "pp_size", i->pp_size,
+			      "prefill_attn_tp_size", i->tp_size, "prefill_tp_size", i->tp_size, "prefill_dp_size",
+			      i->dp_size, "prefill_pp_size", i->pp_size, "page_size", i->page_size, "kv_cache_dtype",
+			      i->kv_dtype, "follow_bootstrap_room", 1, "num_layers", i->n_layers, "num_kv_heads",
+			      i->n_kv_heads, "head_dim", i->head_dim);
+
+	if (j != NULL && i->dataplane_node >= 0)
+		json_object_set_new(j, "kvferry_dataplane_node", json_integer(i->dataplane_node));
+	if (j != NULL && i->api_port > 0)
+		json_object_set_new(j, "kvferry_api_port", json_integer(i->api_port));
+	return j;
 }
 
 static void route_get(struct ctrl_pd_boot *b, ctrl_pd_query_fn q, void *arg, struct ctrl_pd_reply *out)

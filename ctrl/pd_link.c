@@ -397,6 +397,18 @@ void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats 
 	*st = l->st;
 }
 
+int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l)
+{
+	uint64_t off;
+	size_t size;
+	const struct dp_stats_shm *st;
+
+	if (shm_region_find_area(l->reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
+		return -1;
+	st = shm_ptr(l->reg, off);
+	return st->magic == DP_STATS_MAGIC ? (int32_t)st->self_node : -1;
+}
+
 const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l)
 {
 	return l->refusal;

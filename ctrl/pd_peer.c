@@ -121,6 +121,7 @@ int ctrl_pd_fetch_info(const char *addr, double timeout_s, struct ctrl_pd_info *
 	o = json_loads(b->buf, 0, NULL);
 	memset(out, 0, sizeof(*out));
 	out->cp_size = 1;
+	out->dataplane_node = -1;
 	if (!json_is_object(o) || json_i32(o, "attn_tp_size", "prefill_attn_tp_size", &out->tp_size)
 	    || json_i32(o, "dp_size", "prefill_dp_size", &out->dp_size)
 	    || json_i32(o, "pp_size", "prefill_pp_size", &out->pp_size)) {
@@ -132,6 +133,8 @@ int ctrl_pd_fetch_info(const char *addr, double timeout_s, struct ctrl_pd_info *
 	json_i32(o, "num_layers", NULL, &out->n_layers);
 	json_i32(o, "num_kv_heads", NULL, &out->n_kv_heads);
 	json_i32(o, "head_dim", NULL, &out->head_dim);
+	json_i32(o, "kvferry_dataplane_node", NULL, &out->dataplane_node);
+	json_i32(o, "kvferry_api_port", NULL, &out->api_port);
 	dt = json_object_get(o, "kv_cache_dtype");
 	snprintf(out->kv_dtype, sizeof(out->kv_dtype), "%s", json_is_string(dt) ? json_string_value(dt) : "");
 	rc = 0;

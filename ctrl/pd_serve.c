@@ -167,6 +167,11 @@ void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be
 	be->ctx = s;
 }
 
+int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s)
+{
+	return s != NULL ? ctrl_pd_link_self_node(s->link) : -1;
+}
+
 void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 {
 	if (s == NULL)

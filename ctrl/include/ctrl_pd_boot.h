@@ -48,6 +48,10 @@ struct ctrl_pd_info {
 	char kv_dtype[16];         /**< "bfloat16", "float32", or what the sender said */
 	int32_t n_layers;          /**< model layers; 0 = not said (another sender) */
 	int32_t n_kv_heads, head_dim; /**< 0 = not said */
+	/* kvferry's own, in the parallel info (kvferry_dataplane_node, kvferry_api_port):
+	 * how a kvferry decode node reaches this prefill node without more set-up */
+	int32_t dataplane_node;    /**< the node id of its kvferry-dataplane; -1 = not said */
+	int32_t api_port;          /**< its OpenAI API's TCP port; 0 = not said */
 };
 
 /** One registered rank. */

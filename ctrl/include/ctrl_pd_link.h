@@ -80,6 +80,9 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 
 void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats *st);
 
+/** This node's id on the dataplane (its stats area says), or -1. */
+int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l);
+
 /** The last page message refused, and why ("" if none). */
 const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l);
 

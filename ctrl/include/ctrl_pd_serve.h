@@ -44,6 +44,9 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 /** The HTTP backend that routes bootstrap_room requests here and the rest to base. */
 void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be);
 
+/** This node's dataplane node id (what decode nodes address), or -1. */
+int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s);
+
 /** Stop the poller and free everything (NULL is a no-op); the scheduler must be stopped first. */
 void ctrl_pd_serve_stop(struct ctrl_pd_serve *s);
 

@@ -181,7 +181,7 @@ static double now_s(void)
 static void the_decode_side_reads_the_routes_over_loopback(void **state)
 {
 	struct ctrl_pd_boot *b = ctrl_pd_boot_create();
-	struct ctrl_pd_info want = { 1, 1, 1, 1, 16, "bfloat16", 4, 2, 16 }, got, local;
+	struct ctrl_pd_info want = { 1, 1, 1, 1, 16, "bfloat16", 4, 2, 16, 3, 30000 }, got, local;
 	struct ctrl_pd_rank r = { 0, 0, 0, 0, "10.1.2.3", 7100, 0, 4 }, gr;
 	char err[512], addr[64];
 	struct ctrl_pd_boot_server *s;
@@ -201,6 +201,9 @@ static void the_decode_side_reads_the_routes_over_loopback(void **state)
 	assert_int_equal(got.page_size, 16);
 	assert_int_equal(got.n_layers, 4);
 	assert_string_equal(got.kv_dtype, "bfloat16");
+	/* kvferry's own: where a kvferry decode node finds the node's dataplane and API */
+	assert_int_equal(got.dataplane_node, 3);
+	assert_int_equal(got.api_port, 30000);
 	assert_int_equal(ctrl_pd_fetch_rank(addr, 0, 0, 0, 0, 5, &gr, err, sizeof(err)), 0);
 	assert_string_equal(gr.ip, "10.1.2.3");
 	assert_int_equal(gr.port, 7100);
