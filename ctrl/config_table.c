@@ -182,8 +182,9 @@ const struct cfg_key g_cfg_keys[] = {
 	{"role", "pd", CFG_ENUM, OFF(pd_role), "both", 0, 2,
 	 "KVFERRY_PD_ROLE", "--pd-role", pd_role_names, NULL,
 	 "both: prefill and decode here; prefill: also answer the bootstrap routes (PUT/GET /route, "
-	 "GET /health) decode nodes and routers read; decode: take KV pages from prefill nodes (not "
-	 "available yet)"},
+	 "GET /health) decode nodes and routers read, and with dataplane_region ship rooms' KV pages; "
+	 "decode: prefill every prompt on the prefill nodes ([pd] prefill) and decode from their KV "
+	 "pages (needs dataplane_region; stages inside ctrld, one replica)"},
 	{"bootstrap_port", "pd", CFG_INT, OFF(bootstrap_port), "8998", 0, 65535,
 	 "KVFERRY_BOOTSTRAP_PORT", "--bootstrap-port", NULL, NULL,
 	 "role = prefill: TCP port of the bootstrap routes, on listen_address (0 picks a free port and "
@@ -197,6 +198,21 @@ const struct cfg_key g_cfg_keys[] = {
 	 "role = prefill: the region kvferry-dataplane created on this node; a completion carrying "
 	 "bootstrap_room then holds its prompt's KV until the decode node's manifest comes over the "
 	 "dataplane, and the pages go there (stages inside ctrld); empty: the routes only"},
+	{"prefill", "pd", CFG_STRING, OFF(pd_prefill), "", 0, 0,
+	 "KVFERRY_PD_PREFILL", "--pd-prefill", NULL, NULL,
+	 "role = decode: the prefill nodes' bootstrap addresses, host:port, comma-separated (their "
+	 "bootstrap_port); each request goes to the healthy one with the fewest rooms in flight"},
+	{"heartbeat_interval", "pd", CFG_INT, OFF(pd_heartbeat_interval), "5", 2, 3600,
+	 "KVFERRY_PD_HEARTBEAT_INTERVAL", "--pd-heartbeat-interval", NULL, NULL,
+	 "role = decode: seconds between two GET /health probes of a prefill node"},
+	{"heartbeat_failures", "pd", CFG_INT, OFF(pd_heartbeat_failures), "2", 1, 100,
+	 "KVFERRY_PD_HEARTBEAT_FAILURES", "--pd-heartbeat-failures", NULL, NULL,
+	 "role = decode: missed probes in a row after which a prefill node is lost (its unfinished "
+	 "rooms fail)"},
+	{"room_timeout", "pd", CFG_INT, OFF(pd_room_timeout), "300", 1, 86400,
+	 "KVFERRY_PD_ROOM_TIMEOUT", "--pd-room-timeout", NULL, NULL,
+	 "role = decode: seconds a request may wait for its prefill node's KV pages and first token "
+	 "before it fails"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

@@ -434,6 +434,21 @@ static int build_pipelines(struct daemon *d)
 	return 0;
 }
 
+/* This node's page layout, as a prefill node's bootstrap info says its own. */
+static struct ctrl_pd_info local_pd_info(const struct daemon *d)
+{
+	const struct kn_model_config *mc = kn_model_config(d->model);
+	struct ctrl_pd_info info = {
+		.tp_size = 1, .cp_size = 1, .dp_size = d->n_rep, .pp_size = d->n_stages, .page_size = KN_PAGE_BLK,
+		.n_layers = mc->n_layers, .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
+		.dataplane_node = -1,
+	};
+
+	snprintf(info.kv_dtype, sizeof(info.kv_dtype), "%s",
+		 d->set->backend == CTRL_CFG_BACKEND_CUDA ? "bfloat16" : "float32");
+	return info;
+}
+
 static int start_front(struct daemon *d)
 {
 	struct ctrl_http_opts ho;
@@ -467,20 +482,30 @@ static int start_front(struct daemon *d)
 	ho.stop_ids = eos;
 	ho.n_stop = (int32_t)n_eos;
 	ctrl_http_backend_sched(&be, d->disp);
-	if (d->set->pd_role == CTRL_CFG_PD_PREFILL && d->set->pd_dataplane_region[0]) {
+	if (d->set->pd_role != CTRL_CFG_PD_BOTH && d->set->pd_dataplane_region[0]) {
+		int dec = d->set->pd_role == CTRL_CFG_PD_DECODE;
 		struct ctrl_pd_serve_opts po = {
+			.role = dec ? CTRL_PD_SERVE_DECODE : CTRL_PD_SERVE_PREFILL,
 			.region = d->set->pd_dataplane_region, .sched = d->scheds[0], .chain = d->chains[0],
-			.n_stages = d->n_stages, .rank = 0, .base = be,
+			.n_stages = d->n_stages, .rank = 0, .base = be, .prefill = d->set->pd_prefill,
+			.model_name = d->model_name, .local = local_pd_info(d),
+			.heartbeat_s = (double)d->set->pd_heartbeat_interval,
+			.heartbeat_failures = (int32_t)d->set->pd_heartbeat_failures,
+			.room_timeout_s = (double)d->set->pd_room_timeout, .vocab_size = mc->vocab_size,
 		};
 
 		d->pd = ctrl_pd_serve_start(&po, err, sizeof(err));
 		if (d->pd == NULL) {
-			logmsg("role prefill: the dataplane link on region %s: %s", d->set->pd_dataplane_region, err);
+			logmsg("role %s: %s", dec ? "decode" : "prefill", err);
 			return -ENOENT;
 		}
 		ctrl_pd_serve_backend(d->pd, &be);
-		logmsg("role prefill: rooms' KV pages leave over the dataplane on region %s",
-		       d->set->pd_dataplane_region);
+		if (dec)
+			logmsg("role decode: prompts go to the prefill nodes %s, their KV pages arrive over the "
+			       "dataplane on region %s", d->set->pd_prefill, d->set->pd_dataplane_region);
+		else
+			logmsg("role prefill: rooms' KV pages leave over the dataplane on region %s",
+			       d->set->pd_dataplane_region);
 	}
 	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
 	if (!d->http) {
@@ -502,20 +527,15 @@ static int start_front(struct daemon *d)
  */
 static int start_pd(struct daemon *d)
 {
-	const struct kn_model_config *mc = kn_model_config(d->model);
-	struct ctrl_pd_info info = {
-		.tp_size = 1, .cp_size = 1, .dp_size = d->n_rep, .pp_size = d->n_stages, .page_size = KN_PAGE_BLK,
-		.n_layers = mc->n_layers, .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
-		.dataplane_node = ctrl_pd_serve_node(d->pd), .api_port = ctrl_http_port(d->http),
-	};
+	struct ctrl_pd_info info = local_pd_info(d);
 	char err[512], host[CTRL_CFG_STRLEN];
 	const char *colon;
 	int port;
 
 	if (d->set->pd_role != CTRL_CFG_PD_PREFILL)
 		return ctrl_pd_boot_admin_register(d->admin, NULL, (int)d->set->pd_role);
-	snprintf(info.kv_dtype, sizeof(info.kv_dtype), "%s",
-		 d->set->backend == CTRL_CFG_BACKEND_CUDA ? "bfloat16" : "float32");
+	info.dataplane_node = ctrl_pd_serve_node(d->pd);
+	info.api_port = ctrl_http_port(d->http);
 	d->pd_boot = ctrl_pd_boot_create();
 	if (d->pd_boot == NULL) {
 		logmsg("out of memory creating the bootstrap registry");
@@ -699,12 +719,18 @@ int main(int argc, char **argv)
 		ctrl_config_free(d.cfg);
 		return 2;
 	}
-	if (d.set->pd_role == CTRL_CFG_PD_DECODE) {
+	if (d.set->pd_role == CTRL_CFG_PD_DECODE && (!d.set->pd_dataplane_region[0] || !d.set->pd_prefill[0])) {
 		/* refused rather than served co-located: an operator who asked for
 		 * disaggregation must not get something else without noticing */
-		fprintf(stderr, "kvferry-ctrld: [pd] role = decode is not available yet (this version does "
-			"not receive KV pages from prefill nodes); run role = both, or role = prefill to serve "
-			"the bootstrap routes\n");
+		fprintf(stderr, "kvferry-ctrld: [pd] role = decode needs [pd] dataplane_region (the region "
+			"kvferry-dataplane created on this node: KV pages arrive there) and [pd] prefill (the "
+			"prefill nodes' bootstrap addresses, host:port, ...)\n");
+		ctrl_config_free(d.cfg);
+		return 2;
+	}
+	if (d.set->pd_role == CTRL_CFG_PD_DECODE && (d.set->worker_region[0] || d.set->replicas > 1)) {
+		fprintf(stderr, "kvferry-ctrld: [pd] role = decode runs its stages inside ctrld on one replica "
+			"for now: unset worker_region and replicas\n");
 		ctrl_config_free(d.cfg);
 		return 2;
 	}

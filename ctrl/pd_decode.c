@@ -254,6 +254,16 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 	settle(d, q);
 }
 
+void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why)
+{
+	struct pd_dreq *q = by_room(d, room);
+
+	if (q == NULL)
+		return;
+	ctrl_room_fail(d->o.rooms, room, why);
+	settle(d, q);
+}
+
 int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)
 {
 	enum ctrl_room_state rs;

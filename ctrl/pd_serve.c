@@ -1,29 +1,74 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * A ctrld's PD service (ctrl_pd_serve.h): the prefill end over the node's
- * dataplane link, behind the HTTP backend interface.
+ * A ctrld's PD service (ctrl_pd_serve.h): one end of the rooms over the
+ * node's dataplane link, behind the HTTP backend interface. The decode end
+ * also forwards each prompt to its prefill node's API (libcurl multi, on the
+ * poller thread) and probes the prefill nodes' /health.
  */
+#include <curl/curl.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "ctrl_pd.h"
 #include "ctrl_pd_link.h"
 #include "ctrl_pd_serve.h"
 #include "ctrl_pd_xfer.h"
+
+/* What the decode end learned of a prefill node from its bootstrap routes. */
+struct pd_node {
+	int ready;
+	int32_t dp_node, api_port;
+	char host[128];            /* of its bootstrap address */
+	char err[384];             /* why it is not usable */
+};
+
+/* A prompt on its way to a prefill node's API. */
+struct pd_fwd {
+	struct pd_fwd *next;
+	uint64_t room;
+	char *body;
+	char url[300];
+	CURL *e;
+	struct curl_slist *hd;
+	char errbuf[CURL_ERROR_SIZE];
+};
 
 struct ctrl_pd_serve {
 	struct ctrl_pd_serve_opts o;
 	pthread_mutex_t mu;
 	struct ctrl_pd_link *link;
-	struct ctrl_pd_prefill *pre;
 	struct ctrl_pd_link_handlers h;
 	pthread_t th;
 	int started;
 	atomic_int stop;
+	/* prefill */
+	struct ctrl_pd_prefill *pre;
+	/* decode */
+	struct ctrl_rooms *rooms;
+	struct ctrl_pd_decode *dec;
+	struct ctrl_pd_peers *peers;
+	struct pd_node node[CTRL_PD_MAX_PEERS];
+	uint32_t session;
+	CURLM *multi;
+	struct pd_fwd *fwd_new;    /* queued by the HTTP threads (under mu) */
+	struct pd_fwd *fwd_run;    /* in the multi handle (poller thread only) */
+	int fwd_running;
+	uint64_t forward_failures;
 };
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 static int send_ctl(void *arg, uint32_t node, const uint8_t *m, size_t len)
 {
@@ -44,7 +89,96 @@ static void on_control(void *arg, uint32_t node, const uint8_t *m, size_t len)
 {
 	struct ctrl_pd_serve *s = arg;
 
-	ctrl_pd_prefill_on_control(s->pre, node, m, len);
+	if (s->pre != NULL)
+		ctrl_pd_prefill_on_control(s->pre, node, m, len);
+	else
+		ctrl_pd_decode_on_control(s->dec, m, len);
+}
+
+static int expects(void *arg, uint64_t room, uint32_t session)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	return s->dec != NULL && ctrl_pd_decode_expects(s->dec, room, session);
+}
+
+static void on_pages(void *arg, uint64_t room, uint32_t session, int32_t stream, int last)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	ctrl_pd_decode_on_pages(s->dec, room, session, stream, last);
+}
+
+static int probe(void *arg, const char *addr, double timeout_s, char *err, size_t errlen)
+{
+	(void)arg;
+	return ctrl_pd_health(addr, timeout_s, err, errlen);
+}
+
+static size_t sink(char *p, size_t size, size_t n, void *arg)
+{
+	(void)p;
+	(void)arg;
+	return size * n;
+}
+
+static void fwd_free(struct pd_fwd *f)
+{
+	if (f->e != NULL)
+		curl_easy_cleanup(f->e);
+	curl_slist_free_all(f->hd);
+	free(f->body);
+	free(f);
+}
+
+/* The decode end's forwards: start the queued ones, finish the done ones. */
+static int forward_step(struct ctrl_pd_serve *s)
+{
+	struct pd_fwd *f, *next;
+	CURLMsg *msg;
+	int left, moved = 0;
+
+	pthread_mutex_lock(&s->mu);
+	f = s->fwd_new;
+	s->fwd_new = NULL;
+	pthread_mutex_unlock(&s->mu);
+	for (; f != NULL; f = next) {
+		next = f->next;
+		f->next = s->fwd_run;
+		s->fwd_run = f;
+		curl_multi_add_handle(s->multi, f->e);
+		moved = 1;
+	}
+	curl_multi_perform(s->multi, &s->fwd_running);
+	while ((msg = curl_multi_info_read(s->multi, &left)) != NULL) {
+		long code = 0;
+		char why[768];
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &code);
+		if (msg->data.result != CURLE_OK || code != 200) {
+			snprintf(why, sizeof(why), "forwarding the prompt to %s failed: %s", f->url,
+				 msg->data.result != CURLE_OK ? (f->errbuf[0] ? f->errbuf : curl_easy_strerror(msg->data.result))
+							      : "the prefill node did not answer 200");
+			if (msg->data.result == CURLE_OK)
+				snprintf(why + strlen(why), sizeof(why) - strlen(why), " (HTTP %ld)", code);
+			pthread_mutex_lock(&s->mu);
+			ctrl_pd_decode_fail(s->dec, f->room, why);
+			s->forward_failures++;
+			pthread_mutex_unlock(&s->mu);
+		}
+		curl_multi_remove_handle(s->multi, f->e);
+		for (struct pd_fwd **pp = &s->fwd_run; *pp != NULL; pp = &(*pp)->next)
+			if (*pp == f) {
+				*pp = f->next;
+				break;
+			}
+		fwd_free(f);
+		moved = 1;
+	}
+	return moved;
 }
 
 static void *poller(void *arg)
@@ -56,18 +190,67 @@ static void *poller(void *arg)
 
 		pthread_mutex_lock(&s->mu);
 		moved = ctrl_pd_link_poll(s->link, &s->h);
+		if (s->dec != NULL) {
+			uint64_t t = now_ns();
+
+			/* a probe blocks while the lock is held: its timeout is short */
+			if (ctrl_pd_peers_tick(s->peers, (double)t / 1e9, s->rooms) > 0)
+				moved = 1;
+			ctrl_pd_decode_tick(s->dec, t);
+		}
 		pthread_mutex_unlock(&s->mu);
+		if (s->multi != NULL)
+			moved |= forward_step(s);
 		if (!moved)
 			usleep(50);
 	}
 	return NULL;
 }
 
+static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
+{
+	struct ctrl_rooms_opts ro;
+	struct ctrl_pd_peers_opts po;
+	struct ctrl_pd_decode_opts dopt = { 0 };
+
+	if (getrandom(&s->session, sizeof(s->session), 0) != (ssize_t)sizeof(s->session))
+		s->session = (uint32_t)now_ns();
+	ctrl_rooms_opts_init(&ro);
+	ro.vocab_size = s->o.vocab_size;
+	ro.timeout_ns = (uint64_t)(s->o.room_timeout_s * 1e9);
+	ro.timeout_knob = "[pd] room_timeout";
+	s->rooms = ctrl_rooms_create(&ro);
+	ctrl_pd_peers_opts_init(&po);
+	po.interval_s = s->o.heartbeat_s;
+	po.max_failures = s->o.heartbeat_failures;
+	po.timeout_s = 1.0;
+	po.probe = probe;
+	s->peers = ctrl_pd_peers_create(s->o.prefill, &po, err, errlen);
+	if (s->rooms == NULL || s->peers == NULL) {
+		if (s->rooms == NULL)
+			snprintf(err, errlen, "the rooms table: %s", strerror(errno));
+		return -EINVAL;
+	}
+	dopt.sched = s->o.sched;
+	dopt.rooms = s->rooms;
+	dopt.session = s->session;
+	dopt.n_streams = s->o.n_stages;
+	dopt.send = send_ctl;
+	dopt.send_arg = s;
+	dopt.lock = &s->mu;
+	s->dec = ctrl_pd_decode_create(&dopt);
+	s->multi = curl_multi_init();
+	if (s->dec == NULL || s->multi == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, char *err, size_t errlen)
 {
 	struct ctrl_pd_serve *s = calloc(1, sizeof(*s));
 	struct ctrl_pd_link_opts lo;
-	struct ctrl_pd_prefill_opts po = { 0 };
 	struct kn_kv_format f;
 
 	if (s == NULL) {
@@ -84,19 +267,22 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 	s->link = ctrl_pd_link_open(&lo, err, errlen);
 	if (s->link == NULL)
 		goto fail;
-	po.sched = o->sched;
-	po.rank = o->rank;
-	po.send = send_ctl;
-	po.send_arg = s;
-	po.ship = ship;
-	po.ship_arg = s;
-	po.lock = &s->mu;
-	s->pre = ctrl_pd_prefill_create(&po);
-	if (s->pre == NULL) {
-		snprintf(err, errlen, "ctrl_pd_prefill_create: %s", strerror(errno));
-		goto fail;
+	if (o->role == CTRL_PD_SERVE_DECODE) {
+		if (start_decode(s, err, errlen) < 0)
+			goto fail;
+	} else {
+		struct ctrl_pd_prefill_opts po = { .sched = o->sched, .rank = o->rank, .send = send_ctl, .send_arg = s,
+						   .ship = ship, .ship_arg = s, .lock = &s->mu };
+
+		s->pre = ctrl_pd_prefill_create(&po);
+		if (s->pre == NULL) {
+			snprintf(err, errlen, "ctrl_pd_prefill_create: %s", strerror(errno));
+			goto fail;
+		}
 	}
-	s->h = (struct ctrl_pd_link_handlers){ .control = on_control, .arg = s };
+	s->h = (struct ctrl_pd_link_handlers){ .control = on_control, .expects = expects, .pages = on_pages, .arg = s,
+					       .chain = o->role == CTRL_PD_SERVE_DECODE ? o->chain : NULL,
+					       .n_stages = o->n_stages };
 	if (pthread_create(&s->th, NULL, poller, s) != 0) {
 		snprintf(err, errlen, "pthread_create(pd poller) failed");
 		goto fail;
@@ -108,22 +294,184 @@ fail:
 	return NULL;
 }
 
+/* ---- the decode end's requests ---- */
+
+/* The client's callback, and the node whose room count it holds. */
+struct pd_wrap {
+	ctrl_token_cb cb;
+	void *arg;
+	struct ctrl_pd_serve *s;
+	int32_t peer;
+};
+
+static void wrap_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct pd_wrap *w = arg;
+
+	w->cb(w->arg, ev);
+	if (ev->finish != CTRL_FINISH_NONE) {
+		ctrl_pd_peer_rooms(w->s->peers, w->peer, -1); /* under the lock: pd_decode's callback holds it */
+		free(w);
+	}
+}
+
+/* Learn node @p i's dataplane node, API port and layout (once). @return 0 or -errno with @p err. */
+static int node_ready(struct ctrl_pd_serve *s, int32_t i, char *err, size_t errlen)
+{
+	struct pd_node *n = &s->node[i];
+	const char *addr = ctrl_pd_peer_addr(s->peers, i);
+	struct ctrl_pd_info info;
+	const char *colon;
+	int rc;
+
+	if (n->ready)
+		return 0;
+	rc = ctrl_pd_fetch_info(addr, 2.0, &info, err, errlen);
+	if (rc == 0 && (info.dataplane_node < 0 || info.api_port <= 0)) {
+		snprintf(err, errlen, "prefill node %s names no kvferry_dataplane_node / kvferry_api_port in its "
+			 "parallel info: give it [pd] dataplane_region", addr);
+		rc = -EPROTO;
+	}
+	if (rc == 0)
+		rc = ctrl_pd_check_contract(&info, &s->o.local, addr, err, errlen);
+	if (rc < 0) {
+		snprintf(n->err, sizeof(n->err), "%s", err);
+		return rc;
+	}
+	colon = strrchr(addr, ':');
+	snprintf(n->host, sizeof(n->host), "%.*s", (int)(colon - addr), addr);
+	n->dp_node = info.dataplane_node;
+	n->api_port = info.api_port;
+	n->ready = 1;
+	return 0;
+}
+
+/* The prompt as the prefill node's /v1/completions takes it, with the room. */
+static struct pd_fwd *forward_of(struct ctrl_pd_serve *s, int32_t i, const struct ctrl_request *r, uint64_t room)
+{
+	struct pd_node *n = &s->node[i];
+	struct pd_fwd *f = calloc(1, sizeof(*f));
+	json_t *ids = json_array(), *b;
+	const char *addr = ctrl_pd_peer_addr(s->peers, i);
+	const char *colon = strrchr(addr, ':');
+
+	if (f == NULL || ids == NULL) {
+		free(f);
+		json_decref(ids);
+		return NULL;
+	}
+	for (int32_t k = 0; k < r->n_prompt; k++)
+		json_array_append_new(ids, json_integer(r->prompt[k]));
+	b = json_pack("{s:s, s:o, s:i, s:f, s:f, s:i, s:I, s:b, s:s, s:i, s:I}", "model", s->o.model_name, "prompt", ids,
+		      "max_tokens", 1, "temperature", (double)r->temperature, "top_p", (double)r->top_p, "top_k",
+		      r->top_k, "seed", (json_int_t)r->seed, "ignore_eos", 1, "bootstrap_host", n->host,
+		      "bootstrap_port", atoi(colon + 1), "bootstrap_room", (json_int_t)room);
+	f->body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
+	json_decref(b);
+	f->e = curl_easy_init();
+	f->hd = curl_slist_append(NULL, "Content-Type: application/json");
+	if (f->body == NULL || f->e == NULL || f->hd == NULL) {
+		fwd_free(f);
+		return NULL;
+	}
+	f->room = room;
+	snprintf(f->url, sizeof(f->url), "http://%s:%d/v1/completions", n->host, n->api_port);
+	curl_easy_setopt(f->e, CURLOPT_URL, f->url);
+	curl_easy_setopt(f->e, CURLOPT_HTTPHEADER, f->hd);
+	curl_easy_setopt(f->e, CURLOPT_POSTFIELDS, f->body);
+	curl_easy_setopt(f->e, CURLOPT_WRITEFUNCTION, sink);
+	curl_easy_setopt(f->e, CURLOPT_ERRORBUFFER, f->errbuf);
+	curl_easy_setopt(f->e, CURLOPT_PRIVATE, f);
+	curl_easy_setopt(f->e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(f->e, CURLOPT_TIMEOUT, (long)(s->o.room_timeout_s + 1));
+	return f;
+}
+
+/* Serve @p r disaggregated in @p room on node @p i; @p forward: send the prompt there. Holds mu. */
+static int64_t decode_submit(struct ctrl_pd_serve *s, const struct ctrl_request *r, int32_t i, uint64_t room,
+			     int forward)
+{
+	struct pd_wrap *w = calloc(1, sizeof(*w));
+	struct ctrl_request mine = *r;
+	struct pd_fwd *f = NULL;
+	int64_t id;
+
+	if (w == NULL || (forward && (f = forward_of(s, i, r, room)) == NULL)) {
+		free(w);
+		return -ENOMEM;
+	}
+	*w = (struct pd_wrap){ .cb = r->cb, .arg = r->cb_arg, .s = s, .peer = i };
+	mine.cb = wrap_cb;
+	mine.cb_arg = w;
+	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)s->node[i].dp_node, 1, now_ns());
+	if (id < 0) {
+		free(w);
+		if (f != NULL)
+			fwd_free(f);
+		return id;
+	}
+	ctrl_pd_peer_rooms(s->peers, i, +1);
+	if (f != NULL) {
+		f->next = s->fwd_new;
+		s->fwd_new = f;
+	}
+	return id;
+}
+
 static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 {
 	struct ctrl_pd_serve *s = ctx;
+	char err[512];
+	int64_t id;
+	uint64_t room;
+	int32_t i;
 
-	return s->o.base.submit(s->o.base.ctx, r);
+	if (s->pre != NULL)
+		return s->o.base.submit(s->o.base.ctx, r);
+	pthread_mutex_lock(&s->mu);
+	i = ctrl_pd_peers_pick(s->peers);
+	if (i < 0) {
+		pthread_mutex_unlock(&s->mu);
+		return -EAGAIN; /* no healthy prefill node: 503, retry */
+	}
+	if (node_ready(s, i, err, sizeof(err)) < 0) {
+		pthread_mutex_unlock(&s->mu);
+		fprintf(stderr, "kvferry-ctrld: %s\n", err);
+		return -EPROTO;
+	}
+	if (getrandom(&room, sizeof(room), 0) != (ssize_t)sizeof(room))
+		room = now_ns();
+	room &= INT64_MAX; /* as SGLang draws them: 0 .. 2^63-1 */
+	id = decode_submit(s, r, i, room, 1);
+	pthread_mutex_unlock(&s->mu);
+	return id;
 }
 
 static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struct ctrl_http_pd *pd)
 {
 	struct ctrl_pd_serve *s = ctx;
-	int64_t id;
+	char err[512];
+	int64_t id = -EINVAL;
 
 	pthread_mutex_lock(&s->mu);
-	id = ctrl_pd_prefill_submit(s->pre, r, pd->room, 0);
+	if (s->pre != NULL) {
+		id = ctrl_pd_prefill_submit(s->pre, r, pd->room, 0);
+		id = id == -EEXIST ? -EINVAL : id;
+	} else {
+		/* a router drives the pair: its prefill node is the one bootstrap_host names */
+		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++) {
+			const char *a = ctrl_pd_peer_addr(s->peers, i), *colon = strrchr(a, ':');
+			size_t hl = (size_t)(colon - a);
+
+			if (pd->host == NULL || strlen(pd->host) != hl || strncmp(a, pd->host, hl) != 0
+			    || (pd->port > 0 && atoi(colon + 1) != pd->port))
+				continue;
+			id = node_ready(s, i, err, sizeof(err)) < 0 ? -EPROTO : decode_submit(s, r, i, pd->room, 0);
+			break;
+		}
+	}
 	pthread_mutex_unlock(&s->mu);
-	return id == -EEXIST ? -EINVAL : id;
+	return id;
 }
 
 static int be_cancel(void *ctx, uint64_t id)
@@ -137,24 +485,51 @@ static int be_cancel(void *ctx, uint64_t id)
 static json_t *be_stats(void *ctx)
 {
 	struct ctrl_pd_serve *s = ctx;
-	json_t *j = s->o.base.stats != NULL ? s->o.base.stats(s->o.base.ctx) : NULL;
-	struct ctrl_pd_prefill_stats ps;
+	json_t *j = s->o.base.stats != NULL ? s->o.base.stats(s->o.base.ctx) : NULL, *pd;
 	struct ctrl_pd_link_stats ls;
 
 	if (j == NULL)
 		j = json_object();
 	pthread_mutex_lock(&s->mu);
-	ctrl_pd_prefill_stats(s->pre, &ps);
 	ctrl_pd_link_stats(s->link, &ls);
+	if (s->pre != NULL) {
+		struct ctrl_pd_prefill_stats ps;
+
+		ctrl_pd_prefill_stats(s->pre, &ps);
+		pd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "role", "prefill",
+			       "rooms_done_total", (json_int_t)ps.rooms_done, "rooms_failed_total", (json_int_t)ps.rooms_failed,
+			       "aborts_total", (json_int_t)ps.aborts, "kv_blocks_shipped_total", (json_int_t)ps.pages_shipped,
+			       "kv_messages_sent_total", (json_int_t)ls.kv_sent, "kv_bytes_sent_total",
+			       (json_int_t)ls.kv_bytes_sent, "malformed_total", (json_int_t)ps.malformed);
+	} else {
+		struct ctrl_pd_decode_stats ds;
+		json_t *nodes = json_array();
+
+		ctrl_pd_decode_stats(s->dec, &ds);
+		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++) {
+			int healthy = 0;
+			int32_t fails = 0, rooms = 0;
+
+			ctrl_pd_peer_state(s->peers, i, &healthy, &fails, &rooms);
+			json_array_append_new(nodes, json_pack("{s:s, s:b, s:i, s:i}", "address", ctrl_pd_peer_addr(s->peers, i),
+							       "healthy", healthy, "heartbeat_misses", fails,
+							       "rooms_in_flight", rooms));
+		}
+		pd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "role", "decode",
+			       "rooms_opened_total", (json_int_t)ds.rooms_opened, "rooms_ok_total", (json_int_t)ds.rooms_ok,
+			       "rooms_failed_total", (json_int_t)ds.rooms_failed, "aborts_sent_total",
+			       (json_int_t)ds.aborts_sent, "kv_messages_received_total", (json_int_t)ls.kv_received,
+			       "kv_bytes_received_total", (json_int_t)ls.kv_bytes_received, "kv_refused_total",
+			       (json_int_t)ls.kv_refused, "forward_failures_total", (json_int_t)s->forward_failures,
+			       "prefill_nodes", nodes);
+	}
+	if (pd != NULL) {
+		json_object_set_new(pd, "control_sent_total", json_integer((json_int_t)ls.ctl_sent));
+		json_object_set_new(pd, "control_received_total", json_integer((json_int_t)ls.ctl_received));
+		json_object_set_new(pd, "kv_send_failures_total", json_integer((json_int_t)ls.kv_failed));
+	}
 	pthread_mutex_unlock(&s->mu);
-	json_object_set_new(j, "pd", json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-		"role", "prefill", "rooms_done_total", (json_int_t)ps.rooms_done,
-		"rooms_failed_total", (json_int_t)ps.rooms_failed, "aborts_total", (json_int_t)ps.aborts,
-		"kv_blocks_shipped_total", (json_int_t)ps.pages_shipped,
-		"kv_messages_sent_total", (json_int_t)ls.kv_sent, "kv_bytes_sent_total", (json_int_t)ls.kv_bytes_sent,
-		"kv_send_failures_total", (json_int_t)ls.kv_failed, "control_sent_total", (json_int_t)ls.ctl_sent,
-		"control_received_total", (json_int_t)ls.ctl_received,
-		"malformed_total", (json_int_t)ps.malformed));
+	json_object_set_new(j, "pd", pd != NULL ? pd : json_object());
 	return j;
 }
 
@@ -180,7 +555,25 @@ void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 		atomic_store(&s->stop, 1);
 		pthread_join(s->th, NULL);
 	}
+	while (s->fwd_new != NULL) {
+		struct pd_fwd *f = s->fwd_new;
+
+		s->fwd_new = f->next;
+		fwd_free(f);
+	}
+	while (s->fwd_run != NULL) {
+		struct pd_fwd *f = s->fwd_run;
+
+		s->fwd_run = f->next;
+		curl_multi_remove_handle(s->multi, f->e);
+		fwd_free(f);
+	}
+	if (s->multi != NULL)
+		curl_multi_cleanup(s->multi);
 	ctrl_pd_prefill_destroy(s->pre);
+	ctrl_pd_decode_destroy(s->dec);
+	ctrl_pd_peers_destroy(s->peers);
+	ctrl_rooms_destroy(s->rooms);
 	ctrl_pd_link_close(s->link);
 	pthread_mutex_destroy(&s->mu);
 	free(s);

@@ -112,6 +112,10 @@ struct ctrl_settings {
 	int64_t bootstrap_port;
 	char rank_address[CTRL_CFG_STRLEN]; /**< "" = listen_address:bootstrap_port */
 	char pd_dataplane_region[CTRL_CFG_STRLEN]; /**< "" = no KV transfer */
+	char pd_prefill[CTRL_CFG_STRLEN];  /**< decode: "host:port, ..." prefill bootstrap addresses */
+	int64_t pd_heartbeat_interval;     /**< seconds */
+	int64_t pd_heartbeat_failures;
+	int64_t pd_room_timeout;           /**< seconds */
 };
 
 struct ctrl_config;

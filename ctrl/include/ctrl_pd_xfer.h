@@ -93,6 +93,9 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
  */
 void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last);
 
+/** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
+void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
+
 /**
  * May page messages for @p room land now? 1 while its request waits for
  * them (manifest sent, not yet told ready or failed, this session); 0 for a

@@ -18,12 +18,13 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$tmp/ctrld.log"; exit 1; }
 
 "$mkmodel" --out "$tmp/model" >/dev/null || fail "kvferry-mkmodel"
 
-# role = decode: refused at start, exit 2, naming what to do
+# role = decode without a dataplane region and prefill nodes: refused at start, exit 2, naming what to set
 "$ctrld" --model-dir "$tmp/model" --config /dev/null --pd-role decode --check >"$tmp/decode.log" 2>&1
 rc=$?
 [ $rc = 2 ] || fail "role = decode exited $rc, not 2"
-grep -q "role = both, or role = prefill" "$tmp/decode.log" || { cat "$tmp/decode.log"; fail "role = decode: no advice"; }
-echo "ok    role = decode is refused with exit 2 and says what to run instead"
+grep -q "needs \[pd\] dataplane_region" "$tmp/decode.log" && grep -q "\[pd\] prefill" "$tmp/decode.log" \
+  || { cat "$tmp/decode.log"; fail "role = decode: no advice"; }
+echo "ok    role = decode without dataplane_region and prefill is refused with exit 2 naming both"
 
 sock=$tmp/ctrl.sock
 "$ctrld" --model-dir "$tmp/model" --served-model-name tiny --port 0 --admin-socket "$sock" --stages 0-2,2-3 \

@@ -6,8 +6,11 @@
 # prefill, its dataplane link on node 1's region) that gets each prompt with
 # bootstrap_room on /v1/completions, as from a router. The KV pages and
 # control messages of 64 requests cross the link; test_pd_dataplane checks
-# the tokens against one node's.
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld BUILD SOURCE
+# the tokens against one node's. ctrld2 makes both nodes kvferry-ctrld
+# processes (role = prefill, role = decode): clients talk to the decode
+# node's API and get, for 64 concurrent requests (greedy and seeded,
+# streamed and not), what the prefill node serves on its own co-located.
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2 BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -21,7 +24,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld) ;;
+  memif|ctrld|ctrld2) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -30,7 +33,7 @@ KVF_DP_REGION=160
 kvf_dataplanes "$topo" || { echo "FAIL: the dataplanes did not start"; exit 1; }
 "$B/kvferry-mkmodel" --out "$KVF_RUN/model" --preset tiny >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
 extra=()
-if [ "$mode" = ctrld ]; then
+if [ "$mode" = ctrld ] || [ "$mode" = ctrld2 ]; then
   "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 \
     --admin-socket "$KVF_RUN/ctrl.sock" --pd-role prefill --bootstrap-port 0 --pd-dataplane-region "$KVF_RA" \
     --served-model-name tiny >"$KVF_RUN/ctrld.log" 2>&1 &
@@ -38,6 +41,79 @@ if [ "$mode" = ctrld ]; then
   kvf_wait_log "$KVF_RUN/ctrld.log" "serving " 60 || { echo "FAIL: ctrld did not start"; cat "$KVF_RUN/ctrld.log"; exit 1; }
   url=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
   extra=("$url" tiny)
+fi
+if [ "$mode" = ctrld2 ]; then
+  sed -n 's/.*bootstrap routes on http:\/\/\([^ ]*\) .*/\1/p' "$KVF_RUN/ctrld.log" | head -n1 > "$KVF_RUN/boot"
+  boot=$(cat "$KVF_RUN/boot")
+  [ -n "$boot" ] || { echo "FAIL: no bootstrap address in the prefill node's log"; cat "$KVF_RUN/ctrld.log"; exit 1; }
+  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 \
+    --admin-socket "$KVF_RUN/ctrl2.sock" --pd-role decode --pd-dataplane-region "$KVF_RB" --pd-prefill "$boot" \
+    --pd-heartbeat-interval 2 --served-model-name tiny >"$KVF_RUN/ctrld2.log" 2>&1 &
+  KVF_PIDS+=($!)
+  kvf_wait_log "$KVF_RUN/ctrld2.log" "serving " 60 || { echo "FAIL: the decode ctrld did not start"; cat "$KVF_RUN/ctrld2.log"; exit 1; }
+  url2=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld2.log" | head -n1)
+  timeout 300 python3 - "$url2" "$url" <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, random, sys, threading, urllib.request
+dec, pre = sys.argv[1], sys.argv[2]
+
+def post(url, body):
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        if not body.get("stream"):
+            j = json.load(r)
+            return j["choices"][0]["text"], j["usage"]["completion_tokens"]
+        text, n = "", None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            for c in j.get("choices", []):
+                text += c.get("text", "")
+            if j.get("usage"):
+                n = j["usage"]["completion_tokens"]
+        return text, n
+
+rnd = random.Random(5)
+reqs = []
+for i in range(64):
+    body = {"model": "tiny", "prompt": [rnd.randrange(5, 400) for _ in range(3 + (i * 37) % 177)],
+            "max_tokens": 8 + (i * 13) % 32, "temperature": 0.8 if i % 4 == 3 else 0.0, "seed": 1000 + i,
+            "ignore_eos": True}
+    if i % 3 == 1:
+        body.update(stream=True, stream_options={"include_usage": True})
+    reqs.append(body)
+got, want, errs = [None] * 64, [None] * 64, []
+
+def run(i):
+    try:
+        got[i] = post(dec, reqs[i])
+    except Exception as e:
+        errs.append("request %d to the decode node: %s" % (i, e))
+
+th = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+for i in range(64):
+    want[i] = post(pre, reqs[i])  # co-located on the prefill node
+bad = [i for i in range(64) if got[i] != want[i]]
+for i in bad[:5]:
+    print("request %d: decode node %r, co-located %r" % (i, got[i], want[i]))
+st = json.load(urllib.request.urlopen(dec + "/stats"))["backend"]["pd"]
+print("decode node /stats pd:", st)
+ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
+print("%s: 64 requests to the decode node (%d streamed) equal the prefill node's own co-located answers; %s"
+      % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")), "; ".join(errs[:3])))
+sys.exit(0 if ok else 1)
+PY
+  rc=$?
+  cat "$KVF_RUN/out.log"
+  [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+  echo "PASS ($mode)"
+  exit 0
 fi
 # The decode node's ctrld is played by test_pd_dataplane on region D (node 2);
 # without ctrld the same process plays the prefill node's on region P (node 1).
