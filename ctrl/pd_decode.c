@@ -24,6 +24,11 @@ struct pd_dreq {
 	int32_t streams_left;
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
+	int have_lp;               /* the first token's logprobs came with a status */
+	float first_lp;
+	int32_t n_top;
+	int32_t top_ids[CTRL_PD_MAX_TOP];
+	float top_lps[CTRL_PD_MAX_TOP];
 	ctrl_token_cb cb;
 	void *cb_arg;
 	struct ctrl_pd_decode *d;
@@ -88,7 +93,7 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 			q->told = 1;
 		d->st.rooms_failed += q->told;
 	} else if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
-		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, 0.0f, 0, NULL, NULL) == 0)
+		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;
 		d->st.rooms_ok += q->told;
 	}
@@ -235,8 +240,17 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
 		return; /* the rank freed its side: nothing of ours waits for it */
 	ctrl_pd_status_apply(d->o.rooms, d->o.session, buf, len, &d->st.msg); /* counts what it refuses */
 	/* applied, or a status that failed its room (a rank it does not expect) */
-	if (parsed && m.session == d->o.session && (q = by_room(d, m.room)) != NULL)
+	if (parsed && m.session == d->o.session && (q = by_room(d, m.room)) != NULL) {
+		if (m.kind == CTRL_PD_STATUS && !m.failed && m.first_token >= 0 && !q->have_lp) {
+			/* the first valid token wins, as in the room: its logprobs with it */
+			q->have_lp = 1;
+			q->first_lp = m.first_logprob;
+			q->n_top = (int32_t)m.n_top;
+			for (uint32_t i = 0; i < m.n_top; i++)
+				ctrl_pd_msg_top(&m, i, &q->top_ids[i], &q->top_lps[i]);
+		}
 		settle(d, q);
+	}
 }
 
 void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last)

@@ -6,6 +6,7 @@
  *   header   0 magic u32 | 4 version u16 | 6 kind u16 | 8 room u64 | 16 len u32 | 20 session u32
  *   MANIFEST 24 rank u32 | 28 prefix_cached u32 | 32 n_blocks u32 | 36 blocks u32[n]
  *   STATUS   24 rank u32 | 28 failed u32 | 32 first_token i32 | 36 cached_tokens u32 | 40 text_len u32 | 44 text
+ *            | then logprob f32 | n_top u32 | (id u32, logprob f32)[n_top]   (version 2)
  *   ABORT    24 rank u32 | 28 text_len u32 | 32 text
  *   ACK      24 rank u32
  *
@@ -75,12 +76,37 @@ int ctrl_pd_encode_manifest(uint8_t *buf, size_t cap, uint64_t room, uint32_t se
 	return (int)len;
 }
 
+static uint32_t f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
 int ctrl_pd_encode_status(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank, int failed,
 			  int32_t first_token, uint32_t cached_tokens, const char *text)
 {
-	size_t tl = text != NULL ? strlen(text) : 0, len = CTRL_PD_MSG_HDR + 20 + tl;
+	return ctrl_pd_encode_status_top(buf, cap, room, session, rank, failed, first_token, cached_tokens, text, 0.0f,
+					 0, NULL, NULL);
+}
 
-	if (tl > CTRL_PD_MAX_TEXT || first_token < -1 || (failed != 0 && failed != 1))
+int ctrl_pd_encode_status_top(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank, int failed,
+			      int32_t first_token, uint32_t cached_tokens, const char *text, float logprob,
+			      uint32_t n_top, const int32_t *top_ids, const float *top_logprobs)
+{
+	size_t tl = text != NULL ? strlen(text) : 0, len = CTRL_PD_MSG_HDR + 28 + tl + 8 * (size_t)n_top;
+
+	if (tl > CTRL_PD_MAX_TEXT || first_token < -1 || (failed != 0 && failed != 1) || n_top > CTRL_PD_MAX_TOP
+	    || (n_top > 0 && (top_ids == NULL || top_logprobs == NULL)))
 		return -EINVAL;
 	if (cap < len)
 		return -ENOSPC;
@@ -92,7 +118,19 @@ int ctrl_pd_encode_status(uint8_t *buf, size_t cap, uint64_t room, uint32_t sess
 	put32(buf + 40, (uint32_t)tl);
 	if (tl)
 		memcpy(buf + 44, text, tl);
+	put32(buf + 44 + tl, f32_bits(logprob));
+	put32(buf + 48 + tl, n_top);
+	for (uint32_t i = 0; i < n_top; i++) {
+		put32(buf + 52 + tl + 8 * (size_t)i, (uint32_t)top_ids[i]);
+		put32(buf + 56 + tl + 8 * (size_t)i, f32_bits(top_logprobs[i]));
+	}
 	return (int)len;
+}
+
+void ctrl_pd_msg_top(const struct ctrl_pd_msg *m, uint32_t i, int32_t *id, float *logprob)
+{
+	*id = (int32_t)get32(m->top + 8 * (size_t)i);
+	*logprob = bits_f32(get32(m->top + 8 * (size_t)i + 4));
 }
 
 int ctrl_pd_encode_abort(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank,
@@ -174,7 +212,7 @@ int ctrl_pd_msg_parse(const uint8_t *b, size_t len, struct ctrl_pd_msg *m, char 
 		m->blocks = b + 36;
 		return 0;
 	case CTRL_PD_STATUS:
-		if (len < CTRL_PD_MSG_HDR + 20)
+		if (len < CTRL_PD_MSG_HDR + 28)
 			BAD("PD status of %zu bytes: shorter than its fixed part", len);
 		m->rank = get32(b + 24);
 		m->failed = (int)get32(b + 28);
@@ -186,10 +224,17 @@ int ctrl_pd_msg_parse(const uint8_t *b, size_t len, struct ctrl_pd_msg *m, char 
 			    get32(b + 28));
 		if (m->first_token < -1)
 			BAD("PD status of room %llu: first token %d", (unsigned long long)m->room, (int)m->first_token);
-		if (m->text_len > CTRL_PD_MAX_TEXT || len != (size_t)CTRL_PD_MSG_HDR + 20 + m->text_len)
+		if (m->text_len > CTRL_PD_MAX_TEXT || len < (size_t)CTRL_PD_MSG_HDR + 28 + m->text_len)
 			BAD("PD status of room %llu: a %u-byte reason in %zu bytes", (unsigned long long)m->room,
 			    m->text_len, len);
 		m->text = (const char *)b + 44;
+		m->first_logprob = bits_f32(get32(b + 44 + m->text_len));
+		m->n_top = get32(b + 48 + m->text_len);
+		if (m->n_top > CTRL_PD_MAX_TOP
+		    || len != (size_t)CTRL_PD_MSG_HDR + 28 + m->text_len + 8 * (size_t)m->n_top)
+			BAD("PD status of room %llu: %u top logprobs in %zu bytes (at most %d)", (unsigned long long)m->room,
+			    m->n_top, len, CTRL_PD_MAX_TOP);
+		m->top = b + 52 + m->text_len;
 		return 0;
 	case CTRL_PD_ABORT:
 		if (len < CTRL_PD_MSG_HDR + 8)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctrl_pd_xfer.h"
 
@@ -25,18 +26,45 @@ struct pd_preq {
 	int32_t n_src;
 	int finished;              /* the request ended (src set when it holds its KV) */
 	int aborted;               /* the decode node gave the room up: drop at the finish */
+	uint64_t t_held;           /* when the finished request's KV began to wait for its manifest */
 	int32_t first_token;
+	float first_lp;            /* its logprob and the top logprobs at its position */
+	int32_t n_top;
+	int32_t top_ids[CTRL_PD_MAX_TOP];
+	float top_lps[CTRL_PD_MAX_TOP];
 	char why[256];             /* the request failed: why */
 	ctrl_token_cb cb;
 	void *cb_arg;
 	struct ctrl_pd_prefill *p;
 };
 
+#define PD_ABORTED_KEEP 1024
+
 struct ctrl_pd_prefill {
 	struct ctrl_pd_prefill_opts o;
 	struct pd_preq *reqs;
 	struct ctrl_pd_prefill_stats st;
+	uint64_t aborted[PD_ABORTED_KEEP]; /* rooms given up, a ring */
+	uint32_t n_aborted;
 };
+
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int was_aborted(const struct ctrl_pd_prefill *p, uint64_t room)
+{
+	uint32_t n = p->n_aborted < PD_ABORTED_KEEP ? p->n_aborted : PD_ABORTED_KEEP;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (p->aborted[i] == room)
+			return 1;
+	return 0;
+}
 
 struct ctrl_pd_prefill *ctrl_pd_prefill_create(const struct ctrl_pd_prefill_opts *o)
 {
@@ -50,6 +78,8 @@ struct ctrl_pd_prefill *ctrl_pd_prefill_create(const struct ctrl_pd_prefill_opts
 	if (p == NULL)
 		return NULL;
 	p->o = *o;
+	if (p->o.hold_ns == 0)
+		p->o.hold_ns = 300ull * 1000000000ull;
 	return p;
 }
 
@@ -93,9 +123,10 @@ static void drop(struct ctrl_pd_prefill *p, struct pd_preq *q)
 
 static void send_status(struct ctrl_pd_prefill *p, struct pd_preq *q, int failed, const char *text)
 {
-	uint8_t buf[CTRL_PD_MSG_HDR + 32 + CTRL_PD_MAX_TEXT];
-	int len = ctrl_pd_encode_status(buf, sizeof(buf), q->room, q->session, p->o.rank, failed,
-					failed ? -1 : q->first_token, 0, text);
+	uint8_t buf[CTRL_PD_MSG_HDR + 32 + CTRL_PD_MAX_TEXT + 8 * CTRL_PD_MAX_TOP];
+	int len = ctrl_pd_encode_status_top(buf, sizeof(buf), q->room, q->session, p->o.rank, failed,
+					    failed ? -1 : q->first_token, 0, text, failed ? 0.0f : q->first_lp,
+					    failed ? 0 : (uint32_t)q->n_top, q->top_ids, q->top_lps);
 
 	if (len > 0)
 		p->o.send(p->o.send_arg, q->node, buf, (size_t)len);
@@ -149,10 +180,17 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 
 	if (ev->finish == CTRL_FINISH_NONE) {
 		q->first_token = ev->token;
+		q->first_lp = ev->logprob;
+		q->n_top = ev->n_top > CTRL_PD_MAX_TOP ? CTRL_PD_MAX_TOP : ev->n_top;
+		for (int32_t i = 0; i < q->n_top && ev->top_ids != NULL; i++) {
+			q->top_ids[i] = ev->top_ids[i];
+			q->top_lps[i] = ev->top_logprobs[i];
+		}
 		q->cb(q->cb_arg, ev);
 		return;
 	}
 	q->finished = 1;
+	q->t_held = mono_ns();
 	if (ev->n_kv_blocks > 0) {
 		q->src = malloc(sizeof(int32_t) * (size_t)ev->n_kv_blocks);
 		if (q->src != NULL) {
@@ -183,6 +221,10 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 		return -EINVAL;
 	if (q != NULL && q->id != 0)
 		return -EEXIST;
+	if (q == NULL && was_aborted(p, room)) {
+		p->st.refused_aborted++;
+		return -ECANCELED; /* the decode node gave this room up before its prompt came */
+	}
 	if (q == NULL && (q = new_req(p, room, node)) == NULL)
 		return -ENOMEM;
 	q->cb = rq->cb;
@@ -219,6 +261,7 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 		int n = ctrl_pd_encode_abort_ack(ack, sizeof(ack), m.room, m.session, p->o.rank);
 
 		p->st.aborts++;
+		p->aborted[p->n_aborted++ % PD_ABORTED_KEEP] = m.room;
 		if (q != NULL && !q->finished && q->id > 0) {
 			/* still running: its finish event drops the record */
 			q->aborted = 1;
@@ -250,6 +293,19 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 	q->node = node;
 	q->have_manifest = 1;
 	try_ship(p, q);
+}
+
+void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns)
+{
+	struct pd_preq *q = p->reqs, *next;
+
+	for (; q != NULL; q = next) {
+		next = q->next;
+		if (q->finished && !q->have_manifest && now_ns - q->t_held > p->o.hold_ns) {
+			p->st.expired++;
+			drop(p, q); /* gives the held blocks back */
+		}
+	}
 }
 
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st)

@@ -190,6 +190,8 @@ static void *poller(void *arg)
 
 		pthread_mutex_lock(&s->mu);
 		moved = ctrl_pd_link_poll(s->link, &s->h);
+		if (s->pre != NULL)
+			ctrl_pd_prefill_tick(s->pre, now_ns());
 		if (s->dec != NULL) {
 			uint64_t t = now_ns();
 
@@ -272,7 +274,8 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 			goto fail;
 	} else {
 		struct ctrl_pd_prefill_opts po = { .sched = o->sched, .rank = o->rank, .send = send_ctl, .send_arg = s,
-						   .ship = ship, .ship_arg = s, .lock = &s->mu };
+						   .ship = ship, .ship_arg = s, .lock = &s->mu,
+						   .hold_ns = (uint64_t)(o->room_timeout_s * 1e9) };
 
 		s->pre = ctrl_pd_prefill_create(&po);
 		if (s->pre == NULL) {
@@ -366,6 +369,8 @@ static struct pd_fwd *forward_of(struct ctrl_pd_serve *s, int32_t i, const struc
 		      "max_tokens", 1, "temperature", (double)r->temperature, "top_p", (double)r->top_p, "top_k",
 		      r->top_k, "seed", (json_int_t)r->seed, "ignore_eos", 1, "bootstrap_host", n->host,
 		      "bootstrap_port", atoi(colon + 1), "bootstrap_room", (json_int_t)room);
+	if (b != NULL && r->n_logprobs > 0) /* the first token's top logprobs come from the prefill node */
+		json_object_set_new(b, "logprobs", json_integer(r->n_logprobs));
 	f->body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
 	json_decref(b);
 	f->e = curl_easy_init();
@@ -496,7 +501,9 @@ static json_t *be_stats(void *ctx)
 		struct ctrl_pd_prefill_stats ps;
 
 		ctrl_pd_prefill_stats(s->pre, &ps);
-		pd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "role", "prefill",
+		pd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "role", "prefill",
+			       "rooms_expired_total", (json_int_t)ps.expired, "refused_aborted_total",
+			       (json_int_t)ps.refused_aborted,
 			       "rooms_done_total", (json_int_t)ps.rooms_done, "rooms_failed_total", (json_int_t)ps.rooms_failed,
 			       "aborts_total", (json_int_t)ps.aborts, "kv_blocks_shipped_total", (json_int_t)ps.pages_shipped,
 			       "kv_messages_sent_total", (json_int_t)ls.kv_sent, "kv_bytes_sent_total",

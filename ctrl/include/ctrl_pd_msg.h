@@ -31,10 +31,12 @@ extern "C" {
 #endif
 
 #define CTRL_PD_MSG_MAGIC 0x4450564bu /* "KVPD" little-endian */
-#define CTRL_PD_MSG_VERSION 1
+#define CTRL_PD_MSG_VERSION 2 /* 2: a status carries the first token's logprob and top logprobs */
 #define CTRL_PD_MSG_HDR 24
 /** Most destination blocks one manifest carries (1M positions at 16 a block). */
 #define CTRL_PD_MAX_BLOCKS 65536
+/** Most top logprobs a status carries (the API's top_logprobs limit). */
+#define CTRL_PD_MAX_TOP 20
 /** Longest reason text a status or abort carries. */
 #define CTRL_PD_MAX_TEXT 256
 
@@ -62,10 +64,17 @@ struct ctrl_pd_msg {
 	/* STATUS, ABORT */
 	uint32_t text_len;
 	const char *text;       /**< [text_len], not NUL-terminated */
+	/* STATUS: the first token's logprob and the top logprobs at its position */
+	float first_logprob;
+	uint32_t n_top;
+	const uint8_t *top;     /**< [n_top] (id u32, logprob f32): ctrl_pd_msg_top() */
 };
 
 /** Destination block @p i of a parsed manifest. */
 uint32_t ctrl_pd_msg_block(const struct ctrl_pd_msg *m, uint32_t i);
+
+/** Top logprob @p i of a parsed status: its token id and logprob. */
+void ctrl_pd_msg_top(const struct ctrl_pd_msg *m, uint32_t i, int32_t *id, float *logprob);
 
 /** Bytes a manifest of @p n_blocks takes. */
 size_t ctrl_pd_manifest_size(uint32_t n_blocks);
@@ -79,6 +88,10 @@ int ctrl_pd_encode_manifest(uint8_t *buf, size_t cap, uint64_t room, uint32_t se
 			    uint32_t prefix_cached, const uint32_t *blocks, uint32_t n_blocks);
 int ctrl_pd_encode_status(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank, int failed,
 			  int32_t first_token, uint32_t cached_tokens, const char *text);
+/** A status with the first token's @p logprob and @p n_top (<= CTRL_PD_MAX_TOP) top logprobs. */
+int ctrl_pd_encode_status_top(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank, int failed,
+			      int32_t first_token, uint32_t cached_tokens, const char *text, float logprob,
+			      uint32_t n_top, const int32_t *top_ids, const float *top_logprobs);
 int ctrl_pd_encode_abort(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank,
 			 const char *text);
 int ctrl_pd_encode_abort_ack(uint8_t *buf, size_t cap, uint64_t room, uint32_t session, uint32_t rank);

@@ -19,12 +19,15 @@
  * send) to the manifest's blocks, the status with the first token goes
  * back, and the blocks are given back. A manifest whose block count is not
  * the prompt's, a request that failed, or an abort ends it with a failed
- * status (abort: with an acknowledgement).
+ * status (abort: with an acknowledgement). An aborted room is remembered (the
+ * last 1,024): its prompt, if it arrives after the abort, is refused rather
+ * than prefilled for nobody; KV whose manifest never comes is given back
+ * after hold_ns (ctrl_pd_prefill_tick).
  *
  * What is not here: the route lookup and registration (ctrl_pd_boot.h,
  * pd_peer.c) and the transport (dataplane rings or anything else: the
- * callbacks). The first token's logprob does not travel yet (the status
- * has no field for it): a disaggregated request reports 0 for it.
+ * callbacks). The first token's logprob and top logprobs travel in the
+ * status (version 2).
  *
  * Threading: without a lock in its options, each object is driven by one
  * thread, the one that polls its scheduler (token callbacks run there too).
@@ -126,10 +129,13 @@ struct ctrl_pd_prefill_opts {
 	ctrl_pd_ship_fn ship;
 	void *ship_arg;
 	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
+	uint64_t hold_ns;          /**< a prompt's KV waits this long for its manifest (0: 300 s) */
 };
 
 struct ctrl_pd_prefill_stats {
 	uint64_t rooms_done, rooms_failed, aborts, pages_shipped, malformed;
+	uint64_t expired;          /**< rooms whose manifest never came: their KV given back */
+	uint64_t refused_aborted;  /**< prompts for a room the decode node had already given up */
 };
 
 struct ctrl_pd_prefill;
@@ -147,6 +153,12 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 
 /** A control message from decode node @p node (a manifest or an abort); malformed ones are counted. */
 void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const uint8_t *buf, size_t len);
+
+/**
+ * Give back the KV of rooms whose manifest did not come within hold_ns
+ * (the decode node is gone or gave up); call every loop.
+ */
+void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns);
 
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st);
 

@@ -62,7 +62,7 @@ def post(url, body):
     with urllib.request.urlopen(req, timeout=120) as r:
         if not body.get("stream"):
             j = json.load(r)
-            return j["choices"][0]["text"], j["usage"]["completion_tokens"]
+            return j["choices"][0]["text"], j["usage"]["completion_tokens"], j["choices"][0].get("logprobs")
         text, n = "", None
         for line in r:
             line = line.decode().strip()
@@ -73,7 +73,7 @@ def post(url, body):
                 text += c.get("text", "")
             if j.get("usage"):
                 n = j["usage"]["completion_tokens"]
-        return text, n
+        return text, n, None
 
 rnd = random.Random(5)
 reqs = []
@@ -83,6 +83,8 @@ for i in range(64):
             "ignore_eos": True}
     if i % 3 == 1:
         body.update(stream=True, stream_options={"include_usage": True})
+    elif i % 3 == 2:
+        body["logprobs"] = 2  # the first token's logprob and alternatives come from the prefill node
     reqs.append(body)
 got, want, errs = [None] * 64, [None] * 64, []
 
@@ -105,8 +107,9 @@ for i in bad[:5]:
 st = json.load(urllib.request.urlopen(dec + "/stats"))["backend"]["pd"]
 print("decode node /stats pd:", st)
 ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
-print("%s: 64 requests to the decode node (%d streamed) equal the prefill node's own co-located answers; %s"
-      % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")), "; ".join(errs[:3])))
+print("%s: 64 requests to the decode node (%d streamed, %d with logprobs) equal the prefill node's own co-located "
+      "answers; %s" % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")),
+                       sum(1 for r in reqs if r.get("logprobs")), "; ".join(errs[:3])))
 sys.exit(0 if ok else 1)
 PY
   rc=$?

@@ -47,6 +47,24 @@ static void every_kind_round_trips(void **state)
 	assert_int_equal(m.first_token, 1234);
 	assert_int_equal(m.cached_tokens, 16);
 	assert_int_equal(m.failed, 0);
+	{
+		const int32_t ids[3] = { 1234, 7, 99 };
+		const float lps[3] = { -0.25f, -1.5f, -3.0f };
+		int32_t id;
+		float lp;
+
+		n = ctrl_pd_encode_status_top(b, sizeof(b), 5, 42, 0, 0, 1234, 16, NULL, -0.25f, 3, ids, lps);
+		assert_int_equal(ctrl_pd_msg_parse(b, (size_t)n, &m, err, sizeof(err)), 0);
+		assert_true(m.first_logprob == -0.25f);
+		assert_int_equal(m.n_top, 3);
+		ctrl_pd_msg_top(&m, 2, &id, &lp);
+		assert_int_equal(id, 99);
+		assert_true(lp == -3.0f);
+		for (int k = 0; k < n; k++) /* every truncation is refused */
+			assert_int_equal(ctrl_pd_msg_parse(b, (size_t)k, &m, err, sizeof(err)), -EBADMSG);
+		assert_int_equal(ctrl_pd_encode_status_top(b, sizeof(b), 5, 42, 0, 0, 1, 0, NULL, 0.0f,
+							   CTRL_PD_MAX_TOP + 1, ids, lps), -EINVAL);
+	}
 	n = ctrl_pd_encode_status(b, sizeof(b), 5, 42, 1, 1, -1, 0, "out of KV blocks");
 	assert_int_equal(ctrl_pd_msg_parse(b, (size_t)n, &m, err, sizeof(err)), 0);
 	assert_int_equal(m.failed, 1);
@@ -107,9 +125,9 @@ static void truncated_extended_and_lying_messages_are_refused_by_name(void **sta
 	assert_int_equal(ctrl_pd_msg_parse(x, (size_t)n, &m, err, sizeof(err)), -EBADMSG);
 	assert_non_null(strstr(err, "magic"));
 	memcpy(x, b, (size_t)n);
-	x[4] = 2;
+	x[4] = 3;
 	assert_int_equal(ctrl_pd_msg_parse(x, (size_t)n, &m, err, sizeof(err)), -EBADMSG);
-	assert_non_null(strstr(err, "version 2"));
+	assert_non_null(strstr(err, "version 3"));
 	memcpy(x, b, (size_t)n);
 	x[6] = 9;
 	assert_int_equal(ctrl_pd_msg_parse(x, (size_t)n, &m, err, sizeof(err)), -EBADMSG);
@@ -167,10 +185,16 @@ static void reencodes_to(const struct ctrl_pd_msg *m, const uint8_t *b, size_t l
 		n = ctrl_pd_encode_manifest(y, sizeof(y), m->room, m->session, m->rank, m->prefix_cached, blocks,
 					    m->n_blocks);
 		break;
-	case CTRL_PD_STATUS:
-		n = ctrl_pd_encode_status(y, sizeof(y), m->room, m->session, m->rank, m->failed, m->first_token,
-					  m->cached_tokens, text);
+	case CTRL_PD_STATUS: {
+		int32_t ids[CTRL_PD_MAX_TOP];
+		float lps[CTRL_PD_MAX_TOP];
+
+		for (uint32_t i = 0; i < m->n_top; i++)
+			ctrl_pd_msg_top(m, i, &ids[i], &lps[i]);
+		n = ctrl_pd_encode_status_top(y, sizeof(y), m->room, m->session, m->rank, m->failed, m->first_token,
+					      m->cached_tokens, text, m->first_logprob, m->n_top, ids, lps);
 		break;
+	}
 	case CTRL_PD_ABORT:
 		n = ctrl_pd_encode_abort(y, sizeof(y), m->room, m->session, m->rank, text);
 		break;

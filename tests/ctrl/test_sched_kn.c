@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kn_model.h"
@@ -1044,6 +1045,51 @@ static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_onl
 	x_pair_free(&x);
 }
 
+static void a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes(void **state)
+{
+	static struct rec pre[2];
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_prefill_stats pst;
+	struct ctrl_sched_stats st;
+	uint8_t buf[128];
+	int len;
+	struct timespec t;
+
+	(void)state;
+	x_pair_init(&x, 1, 0);
+	memset(pre, 0, sizeof(pre));
+	/* the decode node gave room 77 up before its prompt came */
+	len = ctrl_pd_encode_abort(buf, sizeof(buf), 77, 42, 0, "the client went away");
+	ctrl_pd_prefill_on_control(x.pp, 7, buf, (size_t)len);
+	request_of(&rq, 0);
+	rq.cb = rec_cb;
+	rq.cb_arg = &pre[0];
+	assert_int_equal(ctrl_pd_prefill_submit(x.pp, &rq, 77, 7), -ECANCELED);
+	assert_int_equal(x.net.n_d, 1); /* the abort was acknowledged */
+	/* room 88's manifest never comes: its KV is held, then given back */
+	rq.cb_arg = &pre[1];
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 88, 7) > 0);
+	for (int k = 0; k < 10000 && !pre[1].done; k++)
+		assert_true(ctrl_sched_poll(x.ps) >= 0);
+	assert_int_equal(pre[1].finish, CTRL_FINISH_LENGTH);
+	ctrl_sched_stats(x.ps, &st);
+	assert_true(st.kv_held_blocks > 0);
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	ctrl_pd_prefill_tick(x.pp, (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec);
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	assert_int_equal(pst.expired, 0); /* not yet */
+	ctrl_pd_prefill_tick(x.pp, (uint64_t)(t.tv_sec + 301) * 1000000000ull);
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	assert_int_equal(pst.expired, 1);
+	assert_int_equal(pst.refused_aborted, 1);
+	assert_true(ctrl_sched_poll(x.ps) >= 0);
+	ctrl_sched_stats(x.ps, &st);
+	assert_int_equal(st.kv_held_blocks, 0);
+	assert_int_equal(st.blocks_in_use, 0);
+	x_pair_free(&x);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1055,6 +1101,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
 		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
+		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
 	};
 
 	if (argc < 2) {
