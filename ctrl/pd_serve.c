@@ -70,10 +70,18 @@ static uint64_t now_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* prefill: @p node is the decode node's dataplane id (the manifest's sender);
+ * decode: the prefill node's index in [pd] prefill (what the rooms and the
+ * heartbeat count by), whose dataplane id its bootstrap info gave */
 static int send_ctl(void *arg, uint32_t node, const uint8_t *m, size_t len)
 {
 	struct ctrl_pd_serve *s = arg;
 
+	if (s->dec != NULL) {
+		if (node >= CTRL_PD_MAX_PEERS || !s->node[node].ready)
+			return -EHOSTUNREACH;
+		node = (uint32_t)s->node[node].dp_node;
+	}
 	return ctrl_pd_link_send_ctl(s->link, node, m, len);
 }
 
@@ -408,7 +416,7 @@ static int64_t decode_submit(struct ctrl_pd_serve *s, const struct ctrl_request 
 	*w = (struct pd_wrap){ .cb = r->cb, .arg = r->cb_arg, .s = s, .peer = i };
 	mine.cb = wrap_cb;
 	mine.cb_arg = w;
-	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)s->node[i].dp_node, 1, now_ns());
+	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)i, 1, now_ns());
 	if (id < 0) {
 		free(w);
 		if (f != NULL)

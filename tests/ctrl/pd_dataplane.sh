@@ -10,7 +10,11 @@
 # processes (role = prefill, role = decode): clients talk to the decode
 # node's API and get, for 64 concurrent requests (greedy and seeded,
 # streamed and not), what the prefill node serves on its own co-located.
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2 BUILD SOURCE
+# ctrld2-lost freezes the prefill node (SIGSTOP) with requests in flight:
+# exactly those requests fail within the heartbeat's interval x failures,
+# their clients get an error, and once it runs again (SIGCONT) the decode
+# node serves through it again and the prefill node's KV blocks all return.
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -24,7 +28,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2) ;;
+  memif|ctrld|ctrld2|ctrld2-lost) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -33,16 +37,17 @@ KVF_DP_REGION=160
 kvf_dataplanes "$topo" || { echo "FAIL: the dataplanes did not start"; exit 1; }
 "$B/kvferry-mkmodel" --out "$KVF_RUN/model" --preset tiny >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
 extra=()
-if [ "$mode" = ctrld ] || [ "$mode" = ctrld2 ]; then
+if [ "$mode" = ctrld ] || [ "${mode#ctrld2}" != "$mode" ]; then
   "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 \
     --admin-socket "$KVF_RUN/ctrl.sock" --pd-role prefill --bootstrap-port 0 --pd-dataplane-region "$KVF_RA" \
     --served-model-name tiny >"$KVF_RUN/ctrld.log" 2>&1 &
   KVF_PIDS+=($!)
+  pre_pid=$!
   kvf_wait_log "$KVF_RUN/ctrld.log" "serving " 60 || { echo "FAIL: ctrld did not start"; cat "$KVF_RUN/ctrld.log"; exit 1; }
   url=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
   extra=("$url" tiny)
 fi
-if [ "$mode" = ctrld2 ]; then
+if [ "${mode#ctrld2}" != "$mode" ]; then
   sed -n 's/.*bootstrap routes on http:\/\/\([^ ]*\) .*/\1/p' "$KVF_RUN/ctrld.log" | head -n1 > "$KVF_RUN/boot"
   boot=$(cat "$KVF_RUN/boot")
   [ -n "$boot" ] || { echo "FAIL: no bootstrap address in the prefill node's log"; cat "$KVF_RUN/ctrld.log"; exit 1; }
@@ -52,6 +57,74 @@ if [ "$mode" = ctrld2 ]; then
   KVF_PIDS+=($!)
   kvf_wait_log "$KVF_RUN/ctrld2.log" "serving " 60 || { echo "FAIL: the decode ctrld did not start"; cat "$KVF_RUN/ctrld2.log"; exit 1; }
   url2=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld2.log" | head -n1)
+  if [ "$mode" = ctrld2-lost ]; then
+    timeout 300 python3 - "$url2" "$url" "$pre_pid" <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, os, signal, sys, threading, time, urllib.error, urllib.request
+dec, pre, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def post(url, i):
+    body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(20 + i)], "max_tokens": 12,
+            "temperature": 0.0, "ignore_eos": True}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.load(r)["choices"][0]["text"]
+    except urllib.error.HTTPError as e:
+        return ("error", e.code, json.load(e)["error"]["message"])
+
+def pd_stats(url):
+    return json.load(urllib.request.urlopen(url + "/stats"))["backend"]
+
+fails = []
+assert post(dec, 0) == post(pre, 0), "the warm-up request differs"
+os.kill(pid, signal.SIGSTOP)
+t0 = time.time()
+out = [None] * 4
+th = [threading.Thread(target=lambda i=i: out.__setitem__(i, post(dec, 10 + i))) for i in range(4)]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+dt = time.time() - t0
+st = pd_stats(dec)["pd"]
+print("frozen prefill node: %.1f s until all 4 clients heard: %s" % (dt, out))
+print("decode node pd:", st)
+if not all(isinstance(o, tuple) and o[0] == "error" for o in out):
+    fails.append("a request to a lost prefill node did not end with an error")
+if not all("was lost" in o[2] for o in out if isinstance(o, tuple)):
+    fails.append("the error does not say the prefill node was lost")
+if dt > 2 * 2 + 2 * 1 + 6:  # interval x failures, a probe timeout each, slack for a 2-core machine
+    fails.append("the lost node took %.1f s to fail its rooms" % dt)
+if st["rooms_failed_total"] != 4 or st["prefill_nodes"][0]["healthy"]:
+    fails.append("exactly 4 rooms should have failed with the node marked lost")
+os.kill(pid, signal.SIGCONT)
+for _ in range(100):
+    if pd_stats(dec)["pd"]["prefill_nodes"][0]["healthy"]:
+        break
+    time.sleep(0.2)
+back = [post(dec, 20 + i) == post(pre, 20 + i) for i in range(4)]
+if not all(back):
+    fails.append("after the node came back the decode node's answers differ: %s" % back)
+for _ in range(100):
+    b = pd_stats(pre)
+    if b["replicas"][0]["blocks_in_use"] == 0:
+        break
+    time.sleep(0.1)
+print("prefill node after it ran again:", b["pd"], "blocks in use", b["replicas"][0]["blocks_in_use"])
+if b["replicas"][0]["blocks_in_use"] != 0:
+    fails.append("the prefill node kept KV blocks of the failed rooms")
+print("%s: a frozen prefill node failed exactly its 4 rooms in %.1f s and served again after; %s"
+      % ("FAIL" if fails else "PASS", dt, "; ".join(fails)))
+sys.exit(1 if fails else 0)
+PY
+    rc=$?
+    cat "$KVF_RUN/out.log"
+    kill -CONT "$pre_pid" 2>/dev/null
+    [ $rc = 0 ] || { for f in ctrld ctrld2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+    echo "PASS ($mode)"
+    exit 0
+  fi
   timeout 300 python3 - "$url2" "$url" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
 dec, pre = sys.argv[1], sys.argv[2]
