@@ -38,6 +38,7 @@ struct ctrl_pd_decode {
 	struct ctrl_pd_decode_opts o;
 	struct pd_dreq *reqs;
 	struct ctrl_pd_decode_stats st;
+	uint64_t now;              /* the caller's clock, as of its last submit or tick */
 };
 
 struct ctrl_pd_decode *ctrl_pd_decode_create(const struct ctrl_pd_decode_opts *o)
@@ -162,7 +163,7 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 			ctrl_room_bootstrapped(d->o.rooms, q->room);
 			send_all(d, q, 0, ev->kv_blocks, ev->n_kv_blocks);
 			if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
-				ctrl_room_waiting(d->o.rooms, q->room);
+				ctrl_room_waiting_since(d->o.rooms, q->room, d->now); /* the waiting timeout starts */
 		}
 		settle(d, q);
 		return;
@@ -198,6 +199,7 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 		free(q);
 		return -ENOMEM;
 	}
+	d->now = now_ns;
 	rc = ctrl_room_open(d->o.rooms, room, node, n_ranks, now_ns);
 	if (rc < 0) {
 		free(q->landed);
@@ -292,6 +294,7 @@ int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32
 
 void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 {
+	d->now = now_ns;
 	ctrl_rooms_expire(d->o.rooms, now_ns);
 	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
 		settle(d, q);

@@ -19,7 +19,8 @@
 
 struct room {
 	uint64_t id;
-	uint64_t opened_ns;
+	uint64_t opened_ns;   /* when the timeout began: the open, or the manifest */
+	uint8_t since_manifest;
 	uint64_t reported;    /* bit per rank */
 	uint32_t node, n_ranks;
 	int32_t first_token;  /* first valid token reported, else -1 */
@@ -179,6 +180,21 @@ int ctrl_room_waiting(struct ctrl_rooms *r, uint64_t id)
 	return 0;
 }
 
+int ctrl_room_waiting_since(struct ctrl_rooms *r, uint64_t id, uint64_t now_ns)
+{
+	struct room *x = find(r, id);
+	int rc;
+
+	if (x == NULL)
+		return -ENOENT;
+	rc = ctrl_room_waiting(r, id);
+	if (rc == 0) {
+		x->opened_ns = now_ns;
+		x->since_manifest = 1;
+	}
+	return rc;
+}
+
 int ctrl_room_report(struct ctrl_rooms *r, uint64_t id, uint32_t rank, int32_t first_token)
 {
 	struct room *x = find(r, id);
@@ -227,9 +243,9 @@ int ctrl_rooms_expire(struct ctrl_rooms *r, uint64_t now_ns)
 		struct room *x = &r->t[i];
 		if (!x->used || finished(x) || now_ns - x->opened_ns <= r->o.timeout_ns)
 			continue;
-		fail(x, "unfinished %.1f s after it opened (%s, %u of %u prefill ranks reported); raise %s (now %.1f s) if prefill queues run this long",
-		     (double)(now_ns - x->opened_ns) / 1e9, state_name(x->state), n_reported(x), x->n_ranks, r->knob,
-		     (double)r->o.timeout_ns / 1e9);
+		fail(x, "unfinished %.1f s after %s (%s, %u of %u prefill ranks reported); raise %s (now %.1f s) if prefill queues run this long",
+		     (double)(now_ns - x->opened_ns) / 1e9, x->since_manifest ? "its page manifest went out" : "it opened",
+		     state_name(x->state), n_reported(x), x->n_ranks, r->knob, (double)r->o.timeout_ns / 1e9);
 		n++;
 	}
 	return n;

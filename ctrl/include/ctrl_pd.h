@@ -81,6 +81,13 @@ int ctrl_room_bootstrapped(struct ctrl_rooms *r, uint64_t id);
 int ctrl_room_waiting(struct ctrl_rooms *r, uint64_t id);
 
 /**
+ * ctrl_room_waiting(), and the timeout now counts from @p now_ns (the
+ * manifest went out) instead of the open: a request that queued for
+ * admission is not charged for it.
+ */
+int ctrl_room_waiting_since(struct ctrl_rooms *r, uint64_t id, uint64_t now_ns);
+
+/**
  * Prefill rank @p rank has written its pages; @p first_token is the first
  * token when this rank carries it, else -1. A rank's second report is
  * ignored; so is any report to a finished room.

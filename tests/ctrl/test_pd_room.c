@@ -166,6 +166,15 @@ static void a_room_past_the_timeout_fails_naming_the_setting(void **state)
 	assert_int_equal(state_of(r, 2), CTRL_ROOM_BOOTSTRAPPING);
 	assert_int_equal(state_of(r, 3), CTRL_ROOM_SUCCESS);
 	assert_int_equal(ctrl_rooms_expire(r, 116 * S), 1);
+	/* with the manifest's time, a room that queued long is charged from then */
+	assert_int_equal(ctrl_room_open(r, 4, 0, 1, 100 * S), 0);
+	assert_int_equal(ctrl_room_bootstrapped(r, 4), 0);
+	assert_int_equal(ctrl_room_waiting_since(r, 4, 200 * S), 0);
+	assert_int_equal(ctrl_rooms_expire(r, 210 * S), 0);
+	assert_int_equal(ctrl_rooms_expire(r, 211 * S), 1);
+	assert_int_equal(ctrl_room_get(r, 4, &s, NULL, &why), 0);
+	assert_non_null(strstr(why, "after its page manifest went out"));
+	assert_int_equal(ctrl_room_waiting_since(r, 99, 0), -ENOENT);
 	ctrl_rooms_destroy(r);
 }
 
