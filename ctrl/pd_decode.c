@@ -24,6 +24,7 @@ struct pd_dreq {
 	int32_t streams_left;
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
+	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
 	int32_t n_top;
@@ -53,6 +54,8 @@ struct ctrl_pd_decode *ctrl_pd_decode_create(const struct ctrl_pd_decode_opts *o
 	if (d == NULL)
 		return NULL;
 	d->o = *o;
+	if (d->o.landing_ns == 0)
+		d->o.landing_ns = 30ull * 1000000000ull;
 	return d;
 }
 
@@ -88,8 +91,12 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	if (rs == CTRL_ROOM_FAILED) {
 		char msg[320];
 
-		snprintf(msg, sizeof(msg), "room %llu (prefill node %u): %s", (unsigned long long)q->room, q->node,
-			 why);
+		char num[16];
+		const char *name = d->o.node_name != NULL ? d->o.node_name(d->o.node_arg, q->node) : NULL;
+
+		snprintf(num, sizeof(num), "%u", q->node);
+		snprintf(msg, sizeof(msg), "room %llu (prefill node %s): %s", (unsigned long long)q->room,
+			 name != NULL ? name : num, why);
 		if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0)
 			q->told = 1;
 		d->st.rooms_failed += q->told;
@@ -270,14 +277,41 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 	settle(d, q);
 }
 
+/* End @p q's request with @p why whatever its room says (a room whose ranks
+ * all reported can still miss its pages). */
+static void fail_req(struct ctrl_pd_decode *d, struct pd_dreq *q, const char *why)
+{
+	enum ctrl_room_state rs;
+
+	if (q->told)
+		return;
+	ctrl_room_fail(d->o.rooms, q->room, why);
+	if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_FAILED) {
+		settle(d, q);
+		return;
+	}
+	/* Success already: the statuses came, the pages will not */
+	{
+		char msg[320];
+		char num[16];
+		const char *name = d->o.node_name != NULL ? d->o.node_name(d->o.node_arg, q->node) : NULL;
+
+		snprintf(num, sizeof(num), "%u", q->node);
+		snprintf(msg, sizeof(msg), "room %llu (prefill node %s): %s", (unsigned long long)q->room,
+			 name != NULL ? name : num, why);
+		if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0) {
+			q->told = 1;
+			d->st.rooms_failed++;
+		}
+	}
+}
+
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why)
 {
 	struct pd_dreq *q = by_room(d, room);
 
-	if (q == NULL)
-		return;
-	ctrl_room_fail(d->o.rooms, room, why);
-	settle(d, q);
+	if (q != NULL)
+		fail_req(d, q, why);
 }
 
 int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)
@@ -294,10 +328,25 @@ int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32
 
 void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 {
+	enum ctrl_room_state rs;
+
 	d->now = now_ns;
 	ctrl_rooms_expire(d->o.rooms, now_ns);
-	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next) {
 		settle(d, q);
+		if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) < 0 || rs != CTRL_ROOM_SUCCESS)
+			continue;
+		/* every rank reported but a page stream is still out */
+		if (q->t_ok == 0)
+			q->t_ok = now_ns ? now_ns : 1;
+		else if (now_ns - q->t_ok > d->o.landing_ns) {
+			char why[160];
+
+			snprintf(why, sizeof(why), "every prefill rank reported, but %d of its page streams did not land "
+				 "within %.1f s", (int)q->streams_left, (double)d->o.landing_ns / 1e9);
+			fail_req(d, q, why);
+		}
+	}
 }
 
 void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st)

@@ -348,6 +348,8 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 		if (wk_kvpage_import(&io, buf, len, &info, err, sizeof(err)) < 0) {
 			snprintf(l->refusal, sizeof(l->refusal), "%s", err);
 			l->st.kv_refused++;
+			if (h->refused != NULL) /* the room cannot land: it fails now, not at its timeout */
+				h->refused(h->arg, f.room, f.session, l->refusal);
 			return;
 		}
 		l->st.kv_received++;
@@ -355,9 +357,12 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 		h->pages(h->arg, info.room, info.session, k, info.last);
 		return;
 	}
-	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d",
-		 (int)f.layer_start, (int)f.layer_end, (int)f.layer_start);
+	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d: "
+		 "split the model into the same stages on both nodes", (int)f.layer_start, (int)f.layer_end,
+		 (int)f.layer_start);
 	l->st.kv_refused++;
+	if (h->refused != NULL)
+		h->refused(h->arg, f.room, f.session, l->refusal);
 }
 
 static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)

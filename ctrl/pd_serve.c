@@ -117,6 +117,21 @@ static void on_pages(void *arg, uint64_t room, uint32_t session, int32_t stream,
 	ctrl_pd_decode_on_pages(s->dec, room, session, stream, last);
 }
 
+static void on_refused(void *arg, uint64_t room, uint32_t session, const char *why)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	(void)session;
+	ctrl_pd_decode_fail(s->dec, room, why);
+}
+
+static const char *node_name(void *arg, uint32_t node)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	return ctrl_pd_peer_addr(s->peers, (int32_t)node);
+}
+
 static int probe(void *arg, const char *addr, double timeout_s, char *err, size_t errlen)
 {
 	(void)arg;
@@ -248,6 +263,8 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.send = send_ctl;
 	dopt.send_arg = s;
 	dopt.lock = &s->mu;
+	dopt.node_name = node_name;
+	dopt.node_arg = s;
 	s->dec = ctrl_pd_decode_create(&dopt);
 	s->multi = curl_multi_init();
 	if (s->dec == NULL || s->multi == NULL) {
@@ -291,7 +308,8 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 			goto fail;
 		}
 	}
-	s->h = (struct ctrl_pd_link_handlers){ .control = on_control, .expects = expects, .pages = on_pages, .arg = s,
+	s->h = (struct ctrl_pd_link_handlers){ .control = on_control, .expects = expects, .pages = on_pages,
+					       .refused = o->role == CTRL_PD_SERVE_DECODE ? on_refused : NULL, .arg = s,
 					       .chain = o->role == CTRL_PD_SERVE_DECODE ? o->chain : NULL,
 					       .n_stages = o->n_stages };
 	if (pthread_create(&s->th, NULL, poller, s) != 0) {

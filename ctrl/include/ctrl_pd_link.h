@@ -64,6 +64,8 @@ struct ctrl_pd_link_handlers {
 	int (*expects)(void *arg, uint64_t room, uint32_t session);
 	/** stage @p stream's pages of @p room are in (@p last: its last message) */
 	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last);
+	/** optional: a page message for a waiting room was refused (another layout...): @p why */
+	void (*refused)(void *arg, uint64_t room, uint32_t session, const char *why);
 	void *arg;
 	struct ctrl_chain *chain;  /**< where page messages land; NULL: they are refused */
 	int32_t n_stages;

@@ -62,6 +62,11 @@ struct ctrl_pd_decode_opts {
 	ctrl_pd_send_fn send;
 	void *send_arg;
 	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
+	/** a room whose ranks all reported fails if its pages are not all in this long after (0: 30 s) */
+	uint64_t landing_ns;
+	/** optional: a prefill node's name for messages (its address); NULL: its number */
+	const char *(*node_name)(void *arg, uint32_t node);
+	void *node_arg;
 };
 
 /** Counters. */

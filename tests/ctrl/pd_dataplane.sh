@@ -14,7 +14,10 @@
 # exactly those requests fail within the heartbeat's interval x failures,
 # their clients get an error, and once it runs again (SIGCONT) the decode
 # node serves through it again and the prefill node's KV blocks all return.
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost BUILD SOURCE
+# ctrld2-split gives the decode node another stage split than the prefill
+# node's: every request fails at once with an error that says to split the
+# model the same way on both nodes (not at the room timeout).
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -28,7 +31,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2|ctrld2-lost) ;;
+  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -51,16 +54,45 @@ if [ "${mode#ctrld2}" != "$mode" ]; then
   sed -n 's/.*bootstrap routes on http:\/\/\([^ ]*\) .*/\1/p' "$KVF_RUN/ctrld.log" | head -n1 > "$KVF_RUN/boot"
   boot=$(cat "$KVF_RUN/boot")
   [ -n "$boot" ] || { echo "FAIL: no bootstrap address in the prefill node's log"; cat "$KVF_RUN/ctrld.log"; exit 1; }
-  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 \
+  dstages=2
+  [ "$mode" = ctrld2-split ] && dstages=1
+  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages $dstages --backend cpu --threads 1 --port 0 \
     --admin-socket "$KVF_RUN/ctrl2.sock" --pd-role decode --pd-dataplane-region "$KVF_RB" --pd-prefill "$boot" \
     --pd-heartbeat-interval 2 --served-model-name tiny >"$KVF_RUN/ctrld2.log" 2>&1 &
   KVF_PIDS+=($!)
   kvf_wait_log "$KVF_RUN/ctrld2.log" "serving " 60 || { echo "FAIL: the decode ctrld did not start"; cat "$KVF_RUN/ctrld2.log"; exit 1; }
   url2=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld2.log" | head -n1)
+  if [ "$mode" = ctrld2-split ]; then
+    timeout 120 python3 - "$url2" <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, sys, time, urllib.error, urllib.request
+dec = sys.argv[1]
+t0, msgs = time.time(), []
+for i in range(4):
+    body = {"model": "tiny", "prompt": [5 + k for k in range(10 + i)], "max_tokens": 4, "temperature": 0.0}
+    req = urllib.request.Request(dec + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60)
+        msgs.append(None)
+    except urllib.error.HTTPError as e:
+        msgs.append(json.load(e)["error"]["message"])
+dt = time.time() - t0
+st = json.load(urllib.request.urlopen(dec + "/stats"))["backend"]
+print("4 requests in %.1f s: %s" % (dt, msgs[0]))
+ok = all(m is not None and "same stages on both nodes" in m for m in msgs) and dt < 20 \
+     and st["replicas"][0]["blocks_in_use"] == 0 and st["pd"]["rooms_failed_total"] == 4
+print("%s: another stage split fails every room at once with the advice" % ("PASS" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+PY
+    rc=$?
+    cat "$KVF_RUN/out.log"
+    [ $rc = 0 ] || { for f in ctrld ctrld2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+    echo "PASS ($mode)"
+    exit 0
+  fi
   if [ "$mode" = ctrld2-lost ]; then
-    timeout 300 python3 - "$url2" "$url" "$pre_pid" <<'PY' >"$KVF_RUN/out.log" 2>&1
+    timeout 300 python3 - "$url2" "$url" "$pre_pid" "$boot" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, os, signal, sys, threading, time, urllib.error, urllib.request
-dec, pre, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dec, pre, pid, boot = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
 def post(url, i):
     body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(20 + i)], "max_tokens": 12,
@@ -92,8 +124,8 @@ print("frozen prefill node: %.1f s until all 4 clients heard: %s" % (dt, out))
 print("decode node pd:", st)
 if not all(isinstance(o, tuple) and o[0] == "error" for o in out):
     fails.append("a request to a lost prefill node did not end with an error")
-if not all("was lost" in o[2] for o in out if isinstance(o, tuple)):
-    fails.append("the error does not say the prefill node was lost")
+if not all("was lost" in o[2] and boot in o[2] for o in out if isinstance(o, tuple)):
+    fails.append("the error does not say which prefill node (%s) was lost" % boot)
 if dt > 2 * 2 + 2 * 1 + 6:  # interval x failures, a probe timeout each, slack for a 2-core machine
     fails.append("the lost node took %.1f s to fail its rooms" % dt)
 if st["rooms_failed_total"] != 4 or st["prefill_nodes"][0]["healthy"]:

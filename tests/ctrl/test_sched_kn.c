@@ -736,6 +736,7 @@ struct xnet {
 	struct ctrl_chain *pchain, *dchain;
 	int32_t stages;
 	int pages_first;           /* deliver page messages before statuses */
+	int drop_pages;            /* lose them instead (what a dead link would do) */
 };
 
 static int x_push(struct xmsg *q, int *n, uint32_t node, const uint8_t *m, size_t len)
@@ -810,9 +811,11 @@ static int x_deliver(struct xnet *x, struct ctrl_pd_prefill *pp, struct ctrl_pd_
 
 				for (int32_t b = 0; b < pg->n; b++)
 					blk[b] = (int32_t)pg->dst[b];
-				assert_int_equal(ctrl_chain_kv_import(x->dchain, pg->stage, blk, pg->n, pg->data, pg->len,
-								      &pg->fmt), 0);
-				ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1);
+				if (!x->drop_pages) {
+					assert_int_equal(ctrl_chain_kv_import(x->dchain, pg->stage, blk, pg->n, pg->data,
+									      pg->len, &pg->fmt), 0);
+					ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1);
+				}
 				free(pg->data);
 			}
 			x->n_pages = 0;
@@ -1045,6 +1048,44 @@ static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_onl
 	x_pair_free(&x);
 }
 
+static void a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time(void **state)
+{
+	static struct rec got, pre;
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_decode_stats dst;
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	x_pair_init(&x, 1, 0);
+	x.net.drop_pages = 1;
+	memset(&got, 0, sizeof(got));
+	memset(&pre, 0, sizeof(pre));
+	request_of(&rq, 1);
+	rq.cb = rec_cb;
+	rq.cb_arg = &got;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 5, 0, 1, 0) > 0);
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 5, 7) > 0);
+	for (int k = 0; k < 2000; k++) {
+		ctrl_sched_poll(x.ps);
+		ctrl_sched_poll(x.ds);
+		x_deliver(&x.net, x.pp, x.pd);
+		ctrl_pd_decode_tick(x.pd, 1000);
+	}
+	assert_int_equal(got.done, 0); /* the status came, the pages did not: it waits */
+	ctrl_pd_decode_tick(x.pd, 1000 + 31ull * 1000000000ull);
+	for (int k = 0; k < 20; k++)
+		ctrl_sched_poll(x.ds);
+	assert_int_equal(got.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(got.msg, "page streams did not land"));
+	ctrl_pd_decode_stats(x.pd, &dst);
+	assert_int_equal(dst.rooms_failed, 1);
+	ctrl_sched_stats(x.ds, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	x_pair_free(&x);
+}
+
 static void a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes(void **state)
 {
 	static struct rec pre[2];
@@ -1102,6 +1143,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
 		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
 		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
+		cmocka_unit_test(a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time),
 	};
 
 	if (argc < 2) {
