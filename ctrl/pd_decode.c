@@ -78,6 +78,21 @@ static void unlink_req(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	free(q);
 }
 
+/* End @p q's request in the scheduler with @p why, naming its room and node. */
+static void tell_failed(struct ctrl_pd_decode *d, struct pd_dreq *q, const char *why)
+{
+	char msg[320], num[16];
+	const char *name = d->o.node_name != NULL ? d->o.node_name(d->o.node_arg, q->node) : NULL;
+
+	snprintf(num, sizeof(num), "%u", q->node);
+	snprintf(msg, sizeof(msg), "room %llu (prefill node %s): %s", (unsigned long long)q->room, name != NULL ? name : num,
+		 why);
+	if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0) {
+		q->told = 1;
+		d->st.rooms_failed++;
+	}
+}
+
 /* Tell the scheduler what the room came to, once: ready when it succeeded
  * and every stream landed, failed when it failed. */
 static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
@@ -89,17 +104,7 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, &first, &why) < 0)
 		return;
 	if (rs == CTRL_ROOM_FAILED) {
-		char msg[320];
-
-		char num[16];
-		const char *name = d->o.node_name != NULL ? d->o.node_name(d->o.node_arg, q->node) : NULL;
-
-		snprintf(num, sizeof(num), "%u", q->node);
-		snprintf(msg, sizeof(msg), "room %llu (prefill node %s): %s", (unsigned long long)q->room,
-			 name != NULL ? name : num, why);
-		if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0)
-			q->told = 1;
-		d->st.rooms_failed += q->told;
+		tell_failed(d, q, why);
 	} else if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
 		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;
@@ -290,20 +295,7 @@ static void fail_req(struct ctrl_pd_decode *d, struct pd_dreq *q, const char *wh
 		settle(d, q);
 		return;
 	}
-	/* Success already: the statuses came, the pages will not */
-	{
-		char msg[320];
-		char num[16];
-		const char *name = d->o.node_name != NULL ? d->o.node_name(d->o.node_arg, q->node) : NULL;
-
-		snprintf(num, sizeof(num), "%u", q->node);
-		snprintf(msg, sizeof(msg), "room %llu (prefill node %s): %s", (unsigned long long)q->room,
-			 name != NULL ? name : num, why);
-		if (ctrl_sched_kv_failed(d->o.sched, q->id, msg) == 0) {
-			q->told = 1;
-			d->st.rooms_failed++;
-		}
-	}
+	tell_failed(d, q, why); /* Success already: the statuses came, the pages will not */
 }
 
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why)
