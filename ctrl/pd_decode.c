@@ -25,6 +25,7 @@ struct pd_dreq {
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
+	int ok_seen;
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
 	int32_t n_top;
@@ -329,9 +330,10 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 		if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) < 0 || rs != CTRL_ROOM_SUCCESS)
 			continue;
 		/* every rank reported but a page stream is still out */
-		if (q->t_ok == 0)
-			q->t_ok = now_ns ? now_ns : 1;
-		else if (now_ns - q->t_ok > d->o.landing_ns) {
+		if (!q->ok_seen) {
+			q->ok_seen = 1;
+			q->t_ok = now_ns;
+		} else if (now_ns > q->t_ok && now_ns - q->t_ok > d->o.landing_ns) {
 			char why[160];
 
 			snprintf(why, sizeof(why), "every prefill rank reported, but %d of its page streams did not land "
