@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ctrl_admin.h"
+#include "kvf_config.h"
 #include "ctrl_config.h"
 
 static void usage(FILE *f)
@@ -189,6 +190,11 @@ int main(int argc, char **argv)
 	char err[512];
 
 	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--version")) {
+			printf("ctrlctl %s\n", KVF_VERSION);
+			json_decref(params);
+			return 0;
+		}
 		if (!strcmp(argv[i], "--json"))
 			as_json = 1;
 		else if (!strcmp(argv[i], "--wide"))

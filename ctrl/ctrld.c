@@ -735,9 +735,16 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (check_only) {
-		printf("configuration OK\n");
+		/* the model directory is part of the configuration: a --check that
+		 * passes must mean the daemon would start serving it */
+		rc = open_model(&d);
+		if (rc == 0)
+			printf("configuration OK (model %s: %d layers in %d stage(s), context %d)\n", d.model_name,
+			       kn_model_config(d.model)->n_layers, d.n_stages, d.max_context);
+		kn_tok_close(d.tok);
+		kn_model_close(d.model);
 		ctrl_config_free(d.cfg);
-		return 0;
+		return rc == 0 ? 0 : 2;
 	}
 	/* before any thread: libcurl's global set-up is not thread-safe */
 	curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kn_model.h"
+#include "kvf_config.h"
 #include "kn_stage.h"
 #include "kn_tok.h"
 
@@ -72,7 +73,8 @@ int main(int argc, char **argv)
 		{ "top-k", required_argument, 0, 'k' }, { "top-p", required_argument, 0, 'P' },
 		{ "seed", required_argument, 0, 's' }, { "threads", required_argument, 0, 't' },
 		{ "chunk", required_argument, 0, 'c' }, { "no-bos", no_argument, 0, 'B' },
-		{ "ignore-eos", no_argument, 0, 'E' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+		{ "ignore-eos", no_argument, 0, 'E' }, { "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' }, { 0, 0, 0, 0 }
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "m:p:i:n:h", lo, NULL)) != -1) {
@@ -102,6 +104,7 @@ int main(int argc, char **argv)
 		case 'B': add_bos = 0; break;
 		case 'E': ignore_eos = 1; break;
 		case 'h': usage(stdout); return 0;
+		case 'V': printf("kvferry-generate %s\n", KVF_VERSION); return 0;
 		default: usage(stderr); return 2;
 		}
 	}

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 
 #include "kn_mkmodel.h"
+#include "kvf_config.h"
 #include "kn_model.h"
 #include "kn_stage_impl.h"
 
@@ -258,7 +259,7 @@ int main(int argc, char **argv)
 		{ "config-style", required_argument, 0, 'c' }, { "tokenizer", required_argument, 0, 't' },
 		{ "shard-mb", required_argument, 0, 'm' }, { "merges", required_argument, 0, 'M' },
 		{ "embed-std", required_argument, 0, 'e' },
-		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 }
+		{ "help", no_argument, 0, 'h' }, { "version", no_argument, 0, 'V' }, { 0, 0, 0, 0 }
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "o:p:a:d:s:h", lo, NULL)) != -1) {
@@ -290,6 +291,7 @@ int main(int argc, char **argv)
 		case 'M': merges = atoi(optarg); break;
 		case 'e': embed_std = atof(optarg); break;
 		case 'h': usage(stdout); return 0;
+		case 'V': printf("kvferry-mkmodel %s\n", KVF_VERSION); return 0;
 		default: usage(stderr); return 2;
 		}
 	}

@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "kn_tok.h"
+#include "kvf_config.h"
 
 static void usage(void)
 {
@@ -77,6 +78,10 @@ int main(int argc, char **argv)
 	ssize_t len;
 	double spent = 0;
 
+	if (argc >= 2 && !strcmp(argv[1], "--version")) {
+		printf("kvferry-tok %s\n", KVF_VERSION);
+		return 0;
+	}
 	if (argc < 2) {
 		usage();
 		return 2;

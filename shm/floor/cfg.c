@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kvf_cfg.h"
+#include "kvf_config.h"
 
 #define ORIGIN_LEN 320
 
@@ -526,7 +527,7 @@ extern char **environ;
 int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char *const *argv,
 		    const char *const *skip, struct cfg **out, char *err, size_t errlen)
 {
-	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", NULL };
+	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", "--version", NULL };
 	const char *all_skip[8] = { "--config" }, *path = getenv("KVFERRY_CONFIG");
 	int must = path != NULL && *path, check = 0, rc;
 	size_t ns = 1;
@@ -541,13 +542,18 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 			       "options:\n"
 			       "  --config PATH            the configuration file (or KVFERRY_CONFIG)\n"
 			       "  --print-config           write a commented [%s] section with every default\n"
-			       "  --check                  check the configuration and exit\n",
+			       "  --check                  check the configuration and exit\n"
+			       "  --version                print the version and exit\n",
 			       usage, t->sections[0], t->env_prefix, t->sections[0]);
 			cfg_print_usage(t, stdout);
 			return 1;
 		}
 		if (!strcmp(argv[i], "--print-config")) {
 			cfg_print_defaults(t, stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--version")) {
+			printf("%s %s\n", t->program, KVF_VERSION);
 			return 1;
 		}
 		check |= !strcmp(argv[i], "--check");

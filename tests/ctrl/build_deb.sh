@@ -49,9 +49,15 @@ for k in listen_address port model_dir served_model_name stages backend threads 
          spec_depth spec_c_full spec_c_half replicas node_id peers drain_timeout; do
   grep -q "^#$k = " "$conf" || fail "key $k is missing from the packaged kvferry.conf"
 done
-"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" >/dev/null || fail "the packaged daemon rejects the packaged config"
+# --check opens the model directory too: a tiny model stands in for /var/lib/kvferry/model
+"$build/kvferry-mkmodel" --out "$tmp/model" --preset tiny >/dev/null || fail "kvferry-mkmodel"
+"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/model" >/dev/null \
+  || fail "the packaged daemon rejects the packaged config"
+"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/no-such-model" >"$tmp/nomodel.log" 2>&1 \
+  && fail "--check passes for a model directory that does not exist"
+grep -q "no-such-model" "$tmp/nomodel.log" || fail "--check does not name the missing model directory"
 sed 's/^#\([a-z_]* = \)/\1/' "$conf" > "$tmp/uncommented.conf"
-"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" >/dev/null \
+"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" --model-dir "$tmp/model" >/dev/null \
   || fail "the packaged config with every default uncommented is rejected"
 if [ -x "$tmp/root/usr/bin/kvferry-worker" ]; then
   grep -q "^\[worker\]" "$conf" || fail "the packaged kvferry.conf has no [worker] section"
