@@ -101,18 +101,34 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logat(int pri, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static void logmsg(const char *fmt, ...)
+/* One line on stderr. Under systemd (JOURNAL_STREAM names the journal as
+ * our stderr) it starts with the syslog priority, <3> error, <4> warning,
+ * <6> info, which journald takes as the entry's priority: `journalctl -p
+ * err` then shows the errors. In a terminal the lines stay plain. */
+static void logat(int pri, const char *fmt, ...)
 {
+	static int journal = -1;
 	va_list ap;
 
+	if (journal < 0) {
+		const char *js = getenv("JOURNAL_STREAM");
+
+		journal = js != NULL && *js != '\0';
+	}
 	va_start(ap, fmt);
+	if (journal)
+		fprintf(stderr, "<%d>", pri);
 	fputs("kvferry-ctrld: ", stderr);
 	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
 	va_end(ap);
 }
+
+#define logmsg(...) logat(6, __VA_ARGS__)
+#define logwarn(...) logat(4, __VA_ARGS__)
+#define logerr(...) logat(3, __VA_ARGS__)
 
 /* ---- admin commands ---- */
 
@@ -267,7 +283,7 @@ static int load_config(struct daemon *d, int argc, char **argv)
 	if (!rc)
 		rc = ctrl_config_check(d->cfg, err, sizeof(err));
 	if (rc) {
-		logmsg("configuration error: %s", err);
+		logerr("configuration error: %s", err);
 		return rc;
 	}
 	d->set = ctrl_config_settings(d->cfg);
@@ -281,26 +297,26 @@ static int open_model(struct daemon *d)
 
 	d->model = kn_model_open(d->set->model_dir, err, sizeof(err));
 	if (!d->model) {
-		logmsg("kn_model_open(%s) failed: %s (set model_dir in %s or --model-dir)", d->set->model_dir, err,
+		logerr("kn_model_open(%s) failed: %s (set model_dir in %s or --model-dir)", d->set->model_dir, err,
 		       CTRL_CONFIG_PATH);
 		return -errno;
 	}
 	d->tok = kn_tok_open(d->set->model_dir, err, sizeof(err));
 	if (!d->tok) {
-		logmsg("kn_tok_open(%s) failed: %s", d->set->model_dir, err);
+		logerr("kn_tok_open(%s) failed: %s", d->set->model_dir, err);
 		return -errno;
 	}
 	mc = kn_model_config(d->model);
 	if (ctrl_config_stages(d->set->stages, mc->n_layers, d->ends, &d->n_stages, err, sizeof(err))) {
 		const char *origin;
 		ctrl_config_source(d->cfg, "stages", &origin);
-		logmsg("stages = %s (from %s): %s", d->set->stages, origin, err);
+		logerr("stages = %s (from %s): %s", d->set->stages, origin, err);
 		return -EINVAL;
 	}
 	d->max_context = mc->max_position;
 	if (d->set->max_context) {
 		if (d->set->max_context > mc->max_position) {
-			logmsg("max_context %lld exceeds the model's max_position_embeddings %d; lower max_context",
+			logerr("max_context %lld exceeds the model's max_position_embeddings %d; lower max_context",
 			       (long long)d->set->max_context, mc->max_position);
 			return -EINVAL;
 		}
@@ -402,7 +418,7 @@ static int build_pipelines(struct daemon *d)
 		d->chains[r] = d->set->worker_region[0] ? worker_chain(d, &ko, err, sizeof(err))
 							 : ctrl_kn_chain_create(d->model, &ko, err, sizeof(err));
 		if (!d->chains[r]) {
-			logmsg("replica %d: ctrl_kn_chain_create(%d stages, %s) failed: %s", r, d->n_stages,
+			logerr("replica %d: ctrl_kn_chain_create(%d stages, %s) failed: %s", r, d->n_stages,
 			       ko.backend == KN_BACKEND_CUDA ? "cuda" : "cpu", err);
 			return -errno;
 		}
@@ -422,13 +438,13 @@ static int build_pipelines(struct daemon *d)
 		so.id_tag = (uint8_t)r;
 		d->scheds[r] = ctrl_sched_create(d->chains[r], &so, err, sizeof(err));
 		if (!d->scheds[r]) {
-			logmsg("replica %d: ctrl_sched_create failed: %s", r, err);
+			logerr("replica %d: ctrl_sched_create failed: %s", r, err);
 			return -errno;
 		}
 	}
 	d->disp = ctrl_dispatch_create(d->scheds, d->n_rep);
 	if (!d->disp) {
-		logmsg("ctrl_dispatch_create(%d replicas) failed: %s", d->n_rep, strerror(errno));
+		logerr("ctrl_dispatch_create(%d replicas) failed: %s", d->n_rep, strerror(errno));
 		return -errno;
 	}
 	return 0;
@@ -496,7 +512,7 @@ static int start_front(struct daemon *d)
 
 		d->pd = ctrl_pd_serve_start(&po, err, sizeof(err));
 		if (d->pd == NULL) {
-			logmsg("role %s: %s", dec ? "decode" : "prefill", err);
+			logerr("role %s: %s", dec ? "decode" : "prefill", err);
 			return -ENOENT;
 		}
 		ctrl_pd_serve_backend(d->pd, &be);
@@ -509,12 +525,12 @@ static int start_front(struct daemon *d)
 	}
 	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
 	if (!d->http) {
-		logmsg("%s", err);
+		logerr("%s", err);
 		return -errno;
 	}
 	d->admin = ctrl_admin_start(d->set->admin_socket, 0660, err, sizeof(err));
 	if (!d->admin) {
-		logmsg("%s", err);
+		logerr("%s", err);
 		return -errno;
 	}
 	return register_commands(d);
@@ -538,13 +554,13 @@ static int start_pd(struct daemon *d)
 	info.api_port = ctrl_http_port(d->http);
 	d->pd_boot = ctrl_pd_boot_create();
 	if (d->pd_boot == NULL) {
-		logmsg("out of memory creating the bootstrap registry");
+		logerr("out of memory creating the bootstrap registry");
 		return -ENOMEM;
 	}
 	d->pd_srv = ctrl_pd_boot_serve(d->pd_boot, d->set->listen_address, (int)d->set->bootstrap_port, err,
 				       sizeof(err));
 	if (d->pd_srv == NULL) {
-		logmsg("%s", err);
+		logerr("%s", err);
 		return -EADDRINUSE;
 	}
 	/* rank_address "host:port" ("[v6]:port"), or listen_address and the routes' port */
@@ -558,7 +574,7 @@ static int start_pd(struct daemon *d)
 		size_t hl = colon ? (size_t)(colon - h) : 0;
 
 		if (colon == NULL || *end || p < 0 || p > 65535 || hl == 0) {
-			logmsg("rank_address '%s' is not host:port (write e.g. 10.0.0.5:7000)", d->set->rank_address);
+			logerr("rank_address '%s' is not host:port (write e.g. 10.0.0.5:7000)", d->set->rank_address);
 			return -EINVAL;
 		}
 		if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
@@ -569,7 +585,7 @@ static int start_pd(struct daemon *d)
 		port = (int)p;
 	}
 	if (strlen(host) >= sizeof(((struct ctrl_pd_rank *)0)->ip)) {
-		logmsg("rank address host '%s' is longer than %zu bytes", host, sizeof(((struct ctrl_pd_rank *)0)->ip) - 1);
+		logerr("rank address host '%s' is longer than %zu bytes", host, sizeof(((struct ctrl_pd_rank *)0)->ip) - 1);
 		return -EINVAL;
 	}
 	for (int r = 0; r < d->n_rep; r++)
@@ -579,7 +595,7 @@ static int start_pd(struct daemon *d)
 
 			snprintf(rk.ip, sizeof(rk.ip), "%.63s", host);
 			if (ctrl_pd_boot_register(d->pd_boot, &info, &rk, err, sizeof(err))) {
-				logmsg("registering prefill rank dp %d pp %d: %s", r, k, err);
+				logerr("registering prefill rank dp %d pp %d: %s", r, k, err);
 				return -EINVAL;
 			}
 		}
@@ -619,7 +635,7 @@ static void poll_once(struct daemon *d)
 	int rc = ctrl_dispatch_poll(d->disp);
 
 	if (rc < 0 && !atomic_exchange(&reported, 1))
-		logmsg("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
+		logerr("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
 	if (rc != CTRL_SCHED_IDLE) {
 		last_busy = d->spin_s > 0 ? now_s() : 0;
 	} else if (d->spin_s > 0 && now_s() - last_busy < d->spin_s) {
@@ -658,12 +674,12 @@ static void serve(struct daemon *d)
 	while (ctrl_http_active(d->http) > 0) {
 		poll_once(d);
 		if (!cancelled && now_s() > deadline) {
-			logmsg("drain_timeout (%lld s) passed: cancelling %d request(s); raise drain_timeout to wait longer",
+			logwarn("drain_timeout (%lld s) passed: cancelling %d request(s); raise drain_timeout to wait longer",
 			       (long long)d->set->drain_timeout, ctrl_http_cancel_all(d->http));
 			cancelled = 1;
 			deadline = now_s() + 5;
 		} else if (cancelled && now_s() > deadline) {
-			logmsg("requests did not end 5 s after cancel: exiting anyway");
+			logwarn("requests did not end 5 s after cancel: exiting anyway");
 			break;
 		}
 	}
@@ -680,7 +696,7 @@ static void serve(struct daemon *d)
 			atomic_store(&d->stop_poller, 1);
 			pthread_join(th, NULL);
 		} else {
-			logmsg("pthread_create(poller) failed: leaving the HTTP server to process exit");
+			logerr("pthread_create(poller) failed: leaving the HTTP server to process exit");
 		}
 		d->http = NULL;
 	}
