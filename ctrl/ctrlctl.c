@@ -28,6 +28,7 @@ static void usage(FILE *f)
 		   "  pool      KV block pool per replica\n"
 		   "  peers     dataplane node and peers\n"
 		   "  bootstrap PD role; on a prefill node the bootstrap routes' port, ranks, counters\n"
+		   "  rooms     PD rooms in flight (decode: prefill node, state, age; prefill: KV held)\n"
 		   "  config    effective configuration and where each value came from\n"
 		   "  drain     stop admitting requests (503), finish those in flight\n"
 		   "  resume    admit requests again\n"

@@ -548,6 +548,8 @@ static int start_pd(struct daemon *d)
 	const char *colon;
 	int port;
 
+	if (d->pd != NULL && ctrl_pd_serve_admin_register(d->pd, d->admin) < 0)
+		logwarn("ctrlctl rooms: could not register the admin command");
 	if (d->set->pd_role != CTRL_CFG_PD_PREFILL)
 		return ctrl_pd_boot_admin_register(d->admin, NULL, (int)d->set->pd_role);
 	info.dataplane_node = ctrl_pd_serve_node(d->pd);

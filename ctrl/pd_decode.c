@@ -25,6 +25,7 @@ struct pd_dreq {
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
+	uint64_t t_open;           /* the caller's clock at submit */
 	int ok_seen;
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
@@ -221,6 +222,7 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 	}
 	q->room = room;
 	q->node = node;
+	q->t_open = now_ns;
 	q->n_ranks = n_ranks;
 	q->streams_left = d->o.n_streams;
 	q->cb = rq->cb;
@@ -346,6 +348,19 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st)
 {
 	*st = d->st;
+}
+
+void ctrl_pd_decode_rooms(const struct ctrl_pd_decode *d, void (*fn)(void *arg, const struct ctrl_pd_room_view *v),
+			  void *arg)
+{
+	for (const struct pd_dreq *q = d->reqs; q != NULL; q = q->next) {
+		struct ctrl_pd_room_view v = { .room = q->room, .id = q->id, .node = q->node, .streams_left = q->streams_left,
+					       .told = q->told, .state = CTRL_ROOM_BOOTSTRAPPING,
+					       .age_s = d->now > q->t_open ? (double)(d->now - q->t_open) / 1e9 : 0.0 };
+
+		ctrl_room_get(d->o.rooms, q->room, &v.state, NULL, NULL);
+		fn(arg, &v);
+	}
 }
 
 void ctrl_pd_decode_destroy(struct ctrl_pd_decode *d)

@@ -313,6 +313,18 @@ void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefi
 	*st = p->st;
 }
 
+void ctrl_pd_prefill_rooms(const struct ctrl_pd_prefill *p,
+			   void (*fn)(void *arg, const struct ctrl_pd_prefill_view *v), void *arg)
+{
+	for (const struct pd_preq *q = p->reqs; q != NULL; q = q->next) {
+		struct ctrl_pd_prefill_view v = { .room = q->room, .id = q->id, .node = q->node,
+						  .have_manifest = q->have_manifest, .prefilled = q->finished,
+						  .blocks = q->n_src };
+
+		fn(arg, &v);
+	}
+}
+
 void ctrl_pd_prefill_destroy(struct ctrl_pd_prefill *p)
 {
 	if (p == NULL)

@@ -51,6 +51,11 @@ static const char *state_name(uint8_t s)
 	return s <= CTRL_ROOM_FAILED ? n[s] : "?";
 }
 
+const char *ctrl_room_state_name(enum ctrl_room_state s)
+{
+	return state_name((uint8_t)s);
+}
+
 static uint32_t home(const struct ctrl_rooms *r, uint64_t id)
 {
 	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> 32) & r->mask;

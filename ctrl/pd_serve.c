@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctrl_admin.h"
 #include "ctrl_pd.h"
 #include "ctrl_pd_link.h"
 #include "ctrl_pd_serve.h"
@@ -573,6 +574,64 @@ void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be
 	be->cancel = be_cancel;
 	be->stats = be_stats;
 	be->ctx = s;
+}
+
+/* ---- ctrlctl rooms ---- */
+
+struct rooms_acc {
+	struct ctrl_pd_serve *s;
+	json_t *rows;
+};
+
+static void decode_row(void *arg, const struct ctrl_pd_room_view *v)
+{
+	struct rooms_acc *a = arg;
+	const char *peer = ctrl_pd_peer_addr(a->s->peers, (int32_t)v->node);
+
+	json_array_append_new(a->rows, json_pack("{s:I, s:I, s:s, s:s, s:f, s:i, s:b}", "room", (json_int_t)v->room,
+						 "request", (json_int_t)v->id, "prefill_node", peer != NULL ? peer : "?",
+						 "state", ctrl_room_state_name(v->state), "age_s", v->age_s,
+						 "streams_left", v->streams_left, "told", v->told));
+}
+
+static void prefill_row(void *arg, const struct ctrl_pd_prefill_view *v)
+{
+	struct rooms_acc *a = arg;
+
+	json_array_append_new(a->rows, json_pack("{s:I, s:I, s:i, s:s, s:i}", "room", (json_int_t)v->room, "request",
+						 (json_int_t)v->id, "decode_node", (int)v->node, "state",
+						 !v->have_manifest ? (v->prefilled ? "KV held, waiting for the manifest"
+										   : "prefilling, no manifest yet")
+								   : "prefilling, manifest in",
+						 "blocks_held", v->blocks));
+}
+
+static int cmd_rooms(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct rooms_acc a = { .s = arg, .rows = json_array() };
+
+	(void)cmd;
+	(void)params;
+	if (a.rows == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&a.s->mu);
+	if (a.s->dec != NULL)
+		ctrl_pd_decode_rooms(a.s->dec, decode_row, &a);
+	else
+		ctrl_pd_prefill_rooms(a.s->pre, prefill_row, &a);
+	pthread_mutex_unlock(&a.s->mu);
+	*data = a.rows;
+	return 0;
+}
+
+int ctrl_pd_serve_admin_register(struct ctrl_pd_serve *s, struct ctrl_admin *a)
+{
+	return ctrl_admin_register(a, "/pd/rooms",
+				   s->dec != NULL ? "rooms in flight: prefill node, state, age, page streams still out"
+						  : "rooms this prefill node holds: decode node, state, KV blocks held",
+				   cmd_rooms, s);
 }
 
 int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s)

@@ -117,6 +117,9 @@ int ctrl_room_get(const struct ctrl_rooms *r, uint64_t id, enum ctrl_room_state 
 /** Drop room @p id; later messages for it get -ENOENT. @return 0, -ENOENT. */
 int ctrl_room_forget(struct ctrl_rooms *r, uint64_t id);
 
+/** "Bootstrapping", "Bootstrapped", "WaitingForInput", "Success", "Failed". */
+const char *ctrl_room_state_name(enum ctrl_room_state s);
+
 /** @return the rooms held (open or finished, not forgotten). */
 uint32_t ctrl_rooms_count(const struct ctrl_rooms *r);
 

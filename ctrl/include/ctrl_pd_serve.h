@@ -70,6 +70,11 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 /** The HTTP backend: prefill routes bootstrap_room requests here and the rest to base; decode takes all. */
 void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be);
 
+struct ctrl_admin;
+
+/** Register `ctrlctl rooms` (/pd/rooms) on @p a. @return 0 or -errno. */
+int ctrl_pd_serve_admin_register(struct ctrl_pd_serve *s, struct ctrl_admin *a);
+
 /** This node's dataplane node id (what other nodes address), or -1. */
 int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s);
 

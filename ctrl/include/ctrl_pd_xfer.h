@@ -116,6 +116,20 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns);
 
 void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st);
 
+/** One of the decode end's rooms, for views. */
+struct ctrl_pd_room_view {
+	uint64_t room, id;         /**< the room and its scheduler request */
+	uint32_t node;             /**< prefill node (index) */
+	enum ctrl_room_state state;
+	double age_s;              /**< since the room opened (the caller's clock) */
+	int32_t streams_left;      /**< page streams not landed yet */
+	int told;                  /**< the scheduler was told ready or failed */
+};
+
+/** Call @p fn for every room a request still holds. */
+void ctrl_pd_decode_rooms(const struct ctrl_pd_decode *d, void (*fn)(void *arg, const struct ctrl_pd_room_view *v),
+			  void *arg);
+
 /* ---- prefill side ---- */
 
 /**
@@ -166,6 +180,18 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns);
 
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st);
+
+/** One of the prefill end's rooms, for views. */
+struct ctrl_pd_prefill_view {
+	uint64_t room;
+	int64_t id;                /**< its scheduler request, 0 if the prompt has not come */
+	uint32_t node;             /**< the decode node (dataplane id) */
+	int have_manifest, prefilled;
+	int32_t blocks;            /**< KV blocks held for it */
+};
+
+void ctrl_pd_prefill_rooms(const struct ctrl_pd_prefill *p,
+			   void (*fn)(void *arg, const struct ctrl_pd_prefill_view *v), void *arg);
 
 #ifdef __cplusplus
 }

@@ -90,9 +90,16 @@ PY
     exit 0
   fi
   if [ "$mode" = ctrld2-lost ]; then
-    timeout 300 python3 - "$url2" "$url" "$pre_pid" "$boot" <<'PY' >"$KVF_RUN/out.log" 2>&1
-import json, os, signal, sys, threading, time, urllib.error, urllib.request
-dec, pre, pid, boot = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    timeout 300 python3 - "$url2" "$url" "$pre_pid" "$boot" "$B/ctrlctl" "$KVF_RUN/ctrl2.sock" "$KVF_RUN/ctrl.sock" \
+      <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, os, signal, subprocess, sys, threading, time, urllib.error, urllib.request
+dec, pre, pid, boot, ctl, sock_d, sock_p = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], \
+    sys.argv[6], sys.argv[7]
+
+def rooms(sock):
+    out = subprocess.run([ctl, "--socket", sock, "--json", "rooms"], capture_output=True, text=True, timeout=10)
+    j = json.loads(out.stdout)
+    return j.get("data", j) if isinstance(j, dict) else j
 
 def post(url, i):
     body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(20 + i)], "max_tokens": 12,
@@ -116,6 +123,11 @@ out = [None] * 4
 th = [threading.Thread(target=lambda i=i: out.__setitem__(i, post(dec, 10 + i))) for i in range(4)]
 for t in th:
     t.start()
+time.sleep(1.0)
+during = rooms(sock_d)
+print("ctrlctl rooms on the decode node while the prefill node is frozen:", during)
+if len(during) != 4 or any(r["state"] != "WaitingForInput" or r["prefill_node"] != boot for r in during):
+    fails.append("ctrlctl rooms does not show the 4 rooms waiting on %s" % boot)
 for t in th:
     t.join()
 dt = time.time() - t0
@@ -144,6 +156,8 @@ for _ in range(100):
         break
     time.sleep(0.1)
 print("prefill node after it ran again:", b["pd"], "blocks in use", b["replicas"][0]["blocks_in_use"])
+if rooms(sock_d) != [] or rooms(sock_p) != []:
+    fails.append("rooms left after everything ended: decode %s, prefill %s" % (rooms(sock_d), rooms(sock_p)))
 if b["replicas"][0]["blocks_in_use"] != 0:
     fails.append("the prefill node kept KV blocks of the failed rooms")
 print("%s: a frozen prefill node failed exactly its 4 rooms in %.1f s and served again after; %s"
