@@ -61,6 +61,7 @@ struct ctrl_pd_serve {
 	struct pd_fwd *fwd_run;    /* in the multi handle (poller thread only) */
 	int fwd_running;
 	uint64_t forward_failures;
+	uint64_t nodes_lost;       /* prefill nodes the heartbeat lost, cumulative */
 };
 
 static uint64_t now_ns(void)
@@ -220,8 +221,12 @@ static void *poller(void *arg)
 			uint64_t t = now_ns();
 
 			/* a probe blocks while the lock is held: its timeout is short */
-			if (ctrl_pd_peers_tick(s->peers, (double)t / 1e9, s->rooms) > 0)
+			int lost = ctrl_pd_peers_tick(s->peers, (double)t / 1e9, s->rooms);
+
+			if (lost > 0) {
+				s->nodes_lost += (uint64_t)lost;
 				moved = 1;
+			}
 			ctrl_pd_decode_tick(s->dec, t);
 		}
 		pthread_mutex_unlock(&s->mu);
@@ -514,6 +519,14 @@ static int be_cancel(void *ctx, uint64_t id)
 	return s->o.base.cancel(s->o.base.ctx, id);
 }
 
+static void count_state(void *arg, const struct ctrl_pd_room_view *v)
+{
+	int64_t *n = arg;
+
+	if (v->state <= CTRL_ROOM_FAILED)
+		n[v->state]++;
+}
+
 static json_t *be_stats(void *ctx)
 {
 	struct ctrl_pd_serve *s = ctx;
@@ -549,7 +562,14 @@ static json_t *be_stats(void *ctx)
 							       "healthy", healthy, "heartbeat_misses", fails,
 							       "rooms_in_flight", rooms));
 		}
-		pd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "role", "decode",
+		int64_t by_state[CTRL_ROOM_FAILED + 1] = { 0 };
+		json_t *states = json_object();
+
+		ctrl_pd_decode_rooms(s->dec, count_state, by_state);
+		for (int k = 0; k <= CTRL_ROOM_FAILED; k++)
+			json_object_set_new(states, ctrl_room_state_name((enum ctrl_room_state)k), json_integer(by_state[k]));
+		pd = json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "role", "decode",
+			       "rooms", states, "prefill_nodes_lost_total", (json_int_t)s->nodes_lost,
 			       "rooms_opened_total", (json_int_t)ds.rooms_opened, "rooms_ok_total", (json_int_t)ds.rooms_ok,
 			       "rooms_failed_total", (json_int_t)ds.rooms_failed, "aborts_sent_total",
 			       (json_int_t)ds.aborts_sent, "kv_messages_received_total", (json_int_t)ls.kv_received,

@@ -128,6 +128,11 @@ during = rooms(sock_d)
 print("ctrlctl rooms on the decode node while the prefill node is frozen:", during)
 if len(during) != 4 or any(r["state"] != "WaitingForInput" or r["prefill_node"] != boot for r in during):
     fails.append("ctrlctl rooms does not show the 4 rooms waiting on %s" % boot)
+if pd_stats(dec)["pd"]["rooms"]["WaitingForInput"] != 4:
+    fails.append("/stats pd.rooms does not count the 4 waiting rooms")
+metrics = urllib.request.urlopen(dec + "/metrics").read().decode()
+if "kvferry_backend_pd_rooms_WaitingForInput 4" not in metrics:
+    fails.append("/metrics has no rooms-by-state gauge showing the 4 waiting rooms")
 for t in th:
     t.join()
 dt = time.time() - t0
@@ -140,8 +145,8 @@ if not all("was lost" in o[2] and boot in o[2] for o in out if isinstance(o, tup
     fails.append("the error does not say which prefill node (%s) was lost" % boot)
 if dt > 2 * 2 + 2 * 1 + 6:  # interval x failures, a probe timeout each, slack for a 2-core machine
     fails.append("the lost node took %.1f s to fail its rooms" % dt)
-if st["rooms_failed_total"] != 4 or st["prefill_nodes"][0]["healthy"]:
-    fails.append("exactly 4 rooms should have failed with the node marked lost")
+if st["rooms_failed_total"] != 4 or st["prefill_nodes"][0]["healthy"] or st["prefill_nodes_lost_total"] != 1:
+    fails.append("exactly 4 rooms should have failed with the node marked lost (once)")
 os.kill(pid, signal.SIGCONT)
 for _ in range(100):
     if pd_stats(dec)["pd"]["prefill_nodes"][0]["healthy"]:
