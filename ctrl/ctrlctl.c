@@ -15,12 +15,13 @@
 #include <string.h>
 
 #include "ctrl_admin.h"
+#include "ctrlctl_doctor.h"
 #include "kvf_config.h"
 #include "ctrl_config.h"
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: ctrlctl [--socket PATH] [--json] [--wide] COMMAND [key=value ...]\n"
+	fprintf(f, "usage: ctrlctl [--socket PATH] [--config PATH] [--json] [--wide] COMMAND [key=value ...]\n"
 		   "commands (ctrlctl help lists what the running daemon offers):\n"
 		   "  status    daemon, model and load summary\n"
 		   "  stages    per-stage steps, columns, busy time, pipeline occupancy\n"
@@ -32,6 +33,8 @@ static void usage(FILE *f)
 		   "  config    effective configuration and where each value came from\n"
 		   "  drain     stop admitting requests (503), finish those in flight\n"
 		   "  resume    admit requests again\n"
+		   "  doctor    check this node without the daemon: hugepages, NIC, memlock, model, ports,\n"
+		   "            runtime directory, GPU; each OK / WARN / FAIL with the fix (exit 1 on a FAIL)\n"
 		   "The socket is admin_socket from " CTRL_CONFIG_PATH ", KVFERRY_ADMIN_SOCKET or --socket.\n");
 }
 
@@ -200,6 +203,8 @@ int main(int argc, char **argv)
 			as_json = 1;
 		else if (!strcmp(argv[i], "--wide"))
 			wide = 1;
+		else if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			setenv("KVFERRY_CONFIG", argv[++i], 1); /* the socket's and the doctor's configuration */
 		else if (!strcmp(argv[i], "--socket") && i + 1 < argc)
 			sock = argv[++i];
 		else if (!strncmp(argv[i], "--socket=", 9))
@@ -230,6 +235,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		json_decref(params);
 		return 2;
+	}
+	if (!strcmp(cmd, "doctor")) {
+		json_decref(params);
+		return ctrlctl_doctor(argc, argv, as_json);
 	}
 	if (!sock)
 		sock = default_socket();

@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * `ctrlctl doctor`: checks a node before (or while) it serves, without the
+ * daemon. Each line is OK, WARN or FAIL with what was found and, when not
+ * OK, the command that fixes it. Exit 0 when nothing FAILs (a WARN is
+ * something a node may lack on purpose: a CPU node has no GPU, a node on
+ * memif binds no NIC), 1 when something does. --json prints the same as
+ * {"checks":[{check, result, detail, fix}], "failed": N, "warned": N}.
+ *
+ * What it reads: the configuration ctrld would (kvferry.conf, KVFERRY_*,
+ * --config), /proc/meminfo and /proc/mounts (hugepages), /sys (IOMMU
+ * groups, vfio-pci and the devices bound to it, NVIDIA devices), the
+ * process's memlock limit, the model directory (opened as ctrld opens it),
+ * the TCP ports (bound for a moment), the runtime directory.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <jansson.h>
+
+#include "ctrl_config.h"
+#include "ctrlctl_doctor.h"
+#include "kn_model.h"
+#include "kn_tok.h"
+
+enum { DR_OK = 0, DR_WARN = 1, DR_FAIL = 2 };
+
+struct doctor {
+	json_t *rows;
+	int failed, warned, as_json;
+};
+
+static void report(struct doctor *d, int result, const char *check, const char *fix, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+static void report(struct doctor *d, int result, const char *check, const char *fix, const char *fmt, ...)
+{
+	static const char *const names[] = { "OK", "WARN", "FAIL" };
+	char detail[768];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	d->failed += result == DR_FAIL;
+	d->warned += result == DR_WARN;
+	if (d->as_json) {
+		json_array_append_new(d->rows, json_pack("{s:s, s:s, s:s, s:s?}", "check", check, "result", names[result],
+							 "detail", detail, "fix", result != DR_OK ? fix : NULL));
+		return;
+	}
+	printf("%-4s  %-12s %s\n", names[result], check, detail);
+	if (result != DR_OK && fix != NULL)
+		printf("      %-12s fix: %s\n", "", fix);
+}
+
+static long meminfo(const char *key)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	long v = -1;
+	size_t kl = strlen(key);
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		if (!strncmp(line, key, kl) && line[kl] == ':') {
+			v = strtol(line + kl + 1, NULL, 10);
+			break;
+		}
+	if (f != NULL)
+		fclose(f);
+	return v;
+}
+
+static int hugetlbfs_mount(char *where, size_t n)
+{
+	FILE *f = fopen("/proc/mounts", "r");
+	char dev[256], dir[512], type[64];
+	int found = 0;
+
+	while (f != NULL && !found && fscanf(f, "%255s %511s %63s %*[^\n]", dev, dir, type) == 3)
+		if (!strcmp(type, "hugetlbfs")) {
+			snprintf(where, n, "%s", dir);
+			found = 1;
+		}
+	if (f != NULL)
+		fclose(f);
+	return found;
+}
+
+static int count_entries(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.' && (prefix == NULL || !strncmp(e->d_name, prefix, strlen(prefix)));
+	closedir(d);
+	return n;
+}
+
+static void check_hugepages(struct doctor *d)
+{
+	long total = meminfo("HugePages_Total"), freep = meminfo("HugePages_Free"), size = meminfo("Hugepagesize");
+	char where[512];
+
+	if (total <= 0)
+		report(d, DR_WARN, "hugepages", "dpdk-hugepages.py --setup 2G (or echo 1024 > /proc/sys/vm/nr_hugepages; "
+		       "persist it in /etc/dpdk/dpdk.conf)",
+		       "none reserved: the dataplane and the region fall back to ordinary shared memory");
+	else
+		report(d, freep > 0 ? DR_OK : DR_WARN, "hugepages", "dpdk-hugepages.py --setup 4G (reserve more)",
+		       "%ld pages of %ld kB reserved, %ld free", total, size, freep);
+	if (hugetlbfs_mount(where, sizeof(where)))
+		report(d, DR_OK, "hugetlbfs", NULL, "mounted on %s", where);
+	else
+		report(d, DR_WARN, "hugetlbfs", "mkdir -p /dev/hugepages && mount -t hugetlbfs none /dev/hugepages",
+		       "not mounted");
+}
+
+static void check_nic(struct doctor *d)
+{
+	int groups = count_entries("/sys/kernel/iommu_groups", NULL);
+	int bound = count_entries("/sys/bus/pci/drivers/vfio-pci", "0000:");
+
+	if (groups > 0)
+		report(d, DR_OK, "iommu", NULL, "%d IOMMU groups", groups);
+	else
+		report(d, DR_WARN, "iommu", "boot with intel_iommu=on (or amd_iommu=on) iommu=pt",
+		       "no IOMMU groups: vfio-pci cannot take a NIC (net_memif and net_af_packet still work)");
+	if (bound < 0)
+		report(d, DR_WARN, "vfio-pci", "modprobe vfio-pci", "the vfio-pci driver is not loaded");
+	else if (bound == 0)
+		report(d, DR_WARN, "nic", "dpdk-devbind.py --bind=vfio-pci IFACE (persist it in /etc/dpdk/interfaces)",
+		       "no device bound to vfio-pci: the dataplane needs a NIC, or a vdev (net_memif, net_af_packet)");
+	else
+		report(d, DR_OK, "nic", NULL, "%d device(s) bound to vfio-pci", bound);
+}
+
+static void check_memlock(struct doctor *d)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+		return;
+	if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)1 << 30)
+		report(d, DR_OK, "memlock", NULL, "%s", rl.rlim_cur == RLIM_INFINITY ? "unlimited" : ">= 1 GiB");
+	else
+		report(d, DR_WARN, "memlock", "LimitMEMLOCK=infinity in the units (the packaged ones set it); ulimit -l unlimited",
+		       "%llu kB for this shell: pinned buffers may fail to lock", (unsigned long long)rl.rlim_cur / 1024);
+}
+
+static void check_model(struct doctor *d, const struct ctrl_settings *s)
+{
+	char err[1024];
+	struct kn_model *m = kn_model_open(s->model_dir, err, sizeof(err));
+	struct kn_tok *t;
+
+	if (m == NULL) {
+		report(d, DR_FAIL, "model", "set model_dir in kvferry.conf ([model]) to a Hugging Face model directory",
+		       "%s: %s", s->model_dir, err);
+		return;
+	}
+	t = kn_tok_open(s->model_dir, err, sizeof(err));
+	if (t == NULL)
+		report(d, DR_FAIL, "model", "put the model's tokenizer.json beside its weights", "%s: %s", s->model_dir, err);
+	else
+		report(d, DR_OK, "model", NULL, "%s: %d layers, hidden %d, vocabulary %d", s->model_dir,
+		       kn_model_config(m)->n_layers, kn_model_config(m)->hidden_size, kn_model_config(m)->vocab_size);
+	kn_tok_close(t);
+	kn_model_close(m);
+}
+
+/* Bind @p port on @p addr for a moment: 0 free, -errno not. */
+static int try_bind(const char *addr, int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+		sa.sin_addr.s_addr = htonl(INADDR_ANY);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+static void check_port(struct doctor *d, const char *what, const char *addr, int port)
+{
+	int rc;
+
+	if (port == 0) {
+		report(d, DR_OK, what, NULL, "port 0: a free one is picked at start");
+		return;
+	}
+	rc = try_bind(addr, port);
+	if (rc == 0)
+		report(d, DR_OK, what, NULL, "%s:%d is free", addr, port);
+	else
+		report(d, rc == -EADDRINUSE ? DR_WARN : DR_FAIL, what,
+		       "ss -ltnp 'sport = :PORT' shows who holds it; stop it or change the port in kvferry.conf",
+		       "%s:%d: %s%s", addr, port, strerror(-rc),
+		       rc == -EADDRINUSE ? " (a running kvferry-ctrld holds it, or another program)" : "");
+}
+
+static void check_runtime(struct doctor *d, const struct ctrl_settings *s)
+{
+	char dir[CTRL_CFG_STRLEN], *slash;
+	struct stat st;
+	struct group *g;
+
+	snprintf(dir, sizeof(dir), "%s", s->admin_socket);
+	slash = strrchr(dir, '/');
+	if (slash == NULL || slash == dir)
+		return;
+	*slash = '\0';
+	if (stat(dir, &st) != 0) {
+		report(d, DR_WARN, "runtime dir", "systemd-tmpfiles --create /usr/lib/tmpfiles.d/kvferry.conf",
+		       "%s is missing: the admin socket cannot be made", dir);
+		return;
+	}
+	g = getgrgid(st.st_gid);
+	if (g != NULL && !strcmp(g->gr_name, "kvferry"))
+		report(d, DR_OK, "runtime dir", NULL, "%s, group kvferry", dir);
+	else
+		report(d, DR_WARN, "runtime dir", "chgrp kvferry DIR && chmod 0750 DIR (or systemd-tmpfiles --create)",
+		       "%s belongs to group %s, not kvferry: ctrlctl needs membership of the group that owns it", dir,
+		       g != NULL ? g->gr_name : "?");
+}
+
+static void check_gpu(struct doctor *d, const struct ctrl_settings *s)
+{
+	struct stat st;
+	int cuda = s->backend == CTRL_CFG_BACKEND_CUDA;
+
+	if (stat("/dev/nvidia0", &st) == 0)
+		report(d, DR_OK, "gpu", NULL, "/dev/nvidia0 present%s", cuda ? "" : " (backend = cpu: not used)");
+	else
+		report(d, cuda ? DR_FAIL : DR_OK, "gpu", "install NVIDIA's driver, or set backend = cpu",
+		       "no /dev/nvidia0%s", cuda ? ": backend = cuda cannot run here" : " (backend = cpu)");
+}
+
+int ctrlctl_doctor(int argc, char **argv, int as_json)
+{
+	extern char **environ;
+	struct doctor d = { .rows = json_array(), .as_json = as_json };
+	const char *path = getenv("KVFERRY_CONFIG");
+	struct ctrl_config *c = ctrl_config_new();
+	const struct ctrl_settings *s = NULL;
+	char err[1024];
+	int must = path != NULL && *path, rc;
+
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[++i], must = 1;
+	if (c == NULL || d.rows == NULL)
+		return 1;
+	rc = ctrl_config_load_file(c, path != NULL && *path ? path : CTRL_CONFIG_PATH, must, err, sizeof(err));
+	if (!rc)
+		rc = ctrl_config_load_env(c, environ, err, sizeof(err));
+	if (!rc)
+		rc = ctrl_config_check(c, err, sizeof(err));
+	if (rc)
+		report(&d, DR_FAIL, "config", "ctrlctl config shows each value's origin; kvferry-ctrld --check names the key",
+		       "%s", err);
+	else {
+		const char *f = path != NULL && *path ? path : CTRL_CONFIG_PATH;
+
+		s = ctrl_config_settings(c);
+		report(&d, DR_OK, "config", NULL, "%s%s", f, access(f, R_OK) == 0 ? "" : " (absent: the defaults)");
+	}
+	check_hugepages(&d);
+	check_nic(&d);
+	check_memlock(&d);
+	if (s != NULL) {
+		check_model(&d, s);
+		check_port(&d, "http port", s->listen_address, (int)s->port);
+		if (s->pd_role == CTRL_CFG_PD_PREFILL)
+			check_port(&d, "bootstrap", s->listen_address, (int)s->bootstrap_port);
+		check_runtime(&d, s);
+		check_gpu(&d, s);
+	}
+	if (as_json) {
+		json_t *o = json_pack("{s:o, s:i, s:i}", "checks", d.rows, "failed", d.failed, "warned", d.warned);
+		char *txt = json_dumps(o, JSON_INDENT(2));
+
+		printf("%s\n", txt != NULL ? txt : "null");
+		free(txt);
+		json_decref(o);
+	} else {
+		printf("%d failed, %d warned\n", d.failed, d.warned);
+		json_decref(d.rows);
+	}
+	ctrl_config_free(c);
+	return d.failed ? 1 : 0;
+}

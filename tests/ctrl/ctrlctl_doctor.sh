@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# ctrlctl doctor against hand-made good and bad states: a node with a
+# loadable model passes (exit 0); a missing model, a bad value and a port
+# another program holds are each named with the fix; --json says the same.
+#   ctrlctl_doctor.sh CTRLCTL KVFERRY_MKMODEL
+set -u
+ctl=$1 mk=$2
+tmp=$(mktemp -d /tmp/kvf-doctor-XXXXXX)
+lpid=
+trap '[ -n "$lpid" ] && kill "$lpid" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; [ -f "$tmp/out" ] && cat "$tmp/out"; exit 1; }
+"$mk" --out "$tmp/model" --preset tiny >/dev/null || fail "kvferry-mkmodel"
+mkdir -p "$tmp/run"
+conf() { # model_dir port
+  printf '[model]\nmodel_dir = %s\n[http]\nport = %s\n[ctrl]\nadmin_socket = %s/run/ctrl.sock\n' "$1" "$2" "$tmp" >"$tmp/k.conf"
+}
+doctor() { env -u KVFERRY_CONFIG "$@" "$ctl" --config "$tmp/k.conf" doctor >"$tmp/out" 2>&1; }
+
+conf "$tmp/model" 0
+doctor; rc=$?
+[ $rc = 0 ] || fail "a good node: exit $rc"
+grep -q "^OK    model .*3 layers" "$tmp/out" || fail "the model is not reported OK"
+grep -q "^OK    config" "$tmp/out" || fail "the config is not reported OK"
+grep -q "^0 failed" "$tmp/out" || fail "no summary line"
+echo "ok    a node with a loadable model passes"
+
+conf "$tmp/no-model" 0
+doctor; rc=$?
+[ $rc = 1 ] || fail "a missing model: exit $rc, not 1"
+grep -q "^FAIL  model .*no-model" "$tmp/out" || fail "the missing model is not named"
+grep -A1 "^FAIL  model" "$tmp/out" | grep -q "fix: set model_dir" || fail "no fix for the model"
+echo "ok    a missing model FAILs naming the directory and the fix"
+
+conf "$tmp/model" 0
+doctor KVFERRY_PORT=eighty; rc=$?
+[ $rc = 1 ] || fail "a bad value: exit $rc"
+grep -q "^FAIL  config .*port" "$tmp/out" || fail "the bad key is not named"
+echo "ok    a bad value FAILs naming the key"
+
+python3 -c 'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' >"$tmp/port" &
+lpid=$!
+for _ in $(seq 50); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+port=$(cat "$tmp/port")
+conf "$tmp/model" "$port"
+doctor; rc=$?
+grep -q "^WARN  http port .*127.0.0.1:$port: Address already in use" "$tmp/out" || fail "the held port is not named"
+echo "ok    a port another program holds is named"
+
+conf "$tmp/no-model" 0
+env -u KVFERRY_CONFIG "$ctl" --config "$tmp/k.conf" --json doctor >"$tmp/out" 2>&1
+python3 - "$tmp/out" <<'PY' || fail "--json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+model = [c for c in j["checks"] if c["check"] == "model"][0]
+assert model["result"] == "FAIL" and "no-model" in model["detail"] and model["fix"], model
+assert j["failed"] == sum(c["result"] == "FAIL" for c in j["checks"]) >= 1, j
+assert all(c["result"] in ("OK", "WARN", "FAIL") for c in j["checks"]), j
+PY
+echo "ok    --json carries each check, its result, detail and fix"
