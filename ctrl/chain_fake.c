@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "ctrl_chain.h"
+#include "kvf_clock.h"
 
 struct fake_group {
 	int busy;
@@ -77,14 +78,6 @@ static uint64_t mix64(uint64_t x)
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
 	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
 	return x ^ (x >> 31);
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void ctrl_fake_chain_opts_init(struct ctrl_fake_chain_opts *o)
@@ -272,7 +265,7 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 			if (f->slot_group[s] == (int32_t)group)
 				f->slot_group[s] = -1;
 	}
-	t = f->o.virtual_time ? f->now : mono_ns();
+	t = f->o.virtual_time ? f->now : kvf_mono_ns();
 	if (!f->started) {
 		f->started = 1;
 		f->t_first = t;
@@ -320,7 +313,7 @@ static int fake_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int ma
 			f->now = tmin;
 		now = f->now;
 	} else {
-		now = mono_ns();
+		now = kvf_mono_ns();
 	}
 	while (n < max) {
 		int32_t best = -1;

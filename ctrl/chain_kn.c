@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "ctrl_chain.h"
+#include "kvf_clock.h"
 
 struct kn_grp {
 	int busy;
@@ -76,14 +77,6 @@ struct kn_chain {
 	int started;
 };
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void ctrl_kn_chain_opts_init(struct ctrl_kn_chain_opts *o)
 {
 	memset(o, 0, sizeof(*o));
@@ -99,7 +92,7 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 {
 	struct kn_stg *s = &c->stg[k];
 	struct kn_grp *g = &c->g[gi];
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = kvf_mono_ns();
 	int rc = kn_stage_apply_ops(s->st, g->ops, (size_t)g->n_ops);
 
 	if (rc < 0 && g->status == 0) {
@@ -138,7 +131,7 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 	}
 	atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&s->cols, (uint64_t)g->n_cols, memory_order_relaxed);
-	t0 = mono_ns() - t0;
+	t0 = kvf_mono_ns() - t0;
 	atomic_fetch_add_explicit(&s->busy_ns, t0, memory_order_relaxed);
 	if (t0 > atomic_load_explicit(&g->step_ns, memory_order_relaxed))
 		atomic_store_explicit(&g->step_ns, t0, memory_order_relaxed);
@@ -158,7 +151,7 @@ static void push(pthread_mutex_t *mu, pthread_cond_t *cv, uint32_t *ring, int32_
 static void finish_group(struct kn_chain *c, uint32_t gi)
 {
 	pthread_mutex_lock(&c->done_mu);
-	c->t_last = mono_ns();
+	c->t_last = kvf_mono_ns();
 	c->done[(c->done_head + c->done_n) % c->o.max_groups] = gi;
 	c->done_n++;
 	pthread_mutex_unlock(&c->done_mu);
@@ -232,7 +225,7 @@ static int kc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	g->busy = 1;
 	if (!c->started) {
 		c->started = 1;
-		c->t_first = mono_ns();
+		c->t_first = kvf_mono_ns();
 	}
 	if (c->o.threaded) {
 		struct kn_stg *s0 = &c->stg[0];

@@ -89,7 +89,7 @@ void pc_push_done(struct proc_chain *c, uint32_t gi)
 	c->done[(c->done_head + c->done_n) % c->o.max_groups] = gi;
 	c->done_n++;
 	c->g[gi].done = 1;
-	c->t_last = mono_ns();
+	c->t_last = kvf_mono_ns();
 }
 
 /* ---- receiving ---- */
@@ -241,7 +241,7 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	g->n_failed = 0;
 	g->n_top = 0;
 	g->seq = ++c->seq;
-	g->t_submit = mono_ns();
+	g->t_submit = kvf_mono_ns();
 	g->status = 0;
 	g->err[0] = '\0';
 	if (c->t_first == 0)
@@ -316,7 +316,7 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
-	uint64_t now = mono_ns();
+	uint64_t now = kvf_mono_ns();
 	int n = 0;
 
 	if (c->state == PC_UP) {
@@ -433,7 +433,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	c->fp = kn_model_fingerprint(m);
 	c->n_layers = cfg->n_layers;
 	/* Unique per chain: a stale message of an earlier ctrld is never ours. */
-	c->epoch = mono_ns() | 1u;
+	c->epoch = kvf_mono_ns() | 1u;
 	memcpy(c->ends, o->layer_ends, sizeof(c->ends));
 	rc = ctrl_proc_chain_layers(cfg->n_layers, o->n_stages, c->ends, err, errlen);
 	if (rc < 0) {

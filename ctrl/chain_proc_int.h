@@ -16,6 +16,7 @@
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
+#include "kvf_clock.h"
 
 #define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
 #define PC_LIVE_EVERY_NS 50000000ull
@@ -81,14 +82,6 @@ struct proc_chain {
 
 /* The chain's vtable: a ctrl_chain is a worker chain when it points here. */
 extern const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl;
-
-static inline uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static inline void pc_sleep_us(long us)
 {

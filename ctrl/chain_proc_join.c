@@ -66,7 +66,7 @@ int pc_send_setup(struct proc_chain *c, enum shm_mb_kind kind)
 			       .seq = h->seq };
 	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1)
 		return -EBUSY;
-	c->setup_sent_ns = mono_ns();
+	c->setup_sent_ns = kvf_mono_ns();
 	return 0;
 }
 
@@ -172,25 +172,25 @@ int pc_setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, size_t
 /* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
 int pc_setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen)
 {
-	uint64_t t0 = mono_ns(), deadline = t0 + c->o.join_timeout_ms * 1000000ull;
+	uint64_t t0 = kvf_mono_ns(), deadline = t0 + c->o.join_timeout_ms * 1000000ull;
 	int rc;
 
 	c->state = kind == SHM_MB_JOIN ? PC_JOINING : PC_POOLING;
-	while ((rc = pc_send_setup(c, kind)) == -EBUSY && mono_ns() < deadline)
+	while ((rc = pc_send_setup(c, kind)) == -EBUSY && kvf_mono_ns() < deadline)
 		pc_sleep_us(1000);
 	if (rc < 0) {
 		pc_fmt(err, errlen, "ring %s stays full: is stage 0's worker running on region %s?",
 		       c->o.first_ring, c->o.region);
 		return -ETIMEDOUT;
 	}
-	while (mono_ns() < deadline) {
+	while (kvf_mono_ns() < deadline) {
 		rc = pc_drain(c, err, errlen);
 		if (rc != 0)
 			return rc < 0 ? rc : 0;
 		/* A message the dataplane took before its peer was up can be lost
 		 * with no completion we see here: ask again (stages answer a
 		 * repeated setup message the same way; extra answers are ignored). */
-		if (mono_ns() - c->setup_sent_ns > PC_RESEND_NS && shm_ring_count(c->first) == 0)
+		if (kvf_mono_ns() - c->setup_sent_ns > PC_RESEND_NS && shm_ring_count(c->first) == 0)
 			pc_send_setup(c, kind);
 		/* Idle wait: the ring's futex when we own the return ring. */
 		shm_ring_wait(c->ret, 50 * 1000000ll);

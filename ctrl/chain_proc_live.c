@@ -18,7 +18,7 @@
 static void go_down(struct proc_chain *c, const char *why)
 {
 	pc_fmt(c->down_why, sizeof(c->down_why), "%s", why);
-	c->down_ns = mono_ns();
+	c->down_ns = kvf_mono_ns();
 	fprintf(c->log, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
 		"answers again\n", why);
 	fflush(c->log);

@@ -40,7 +40,7 @@ int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_sta
 		 * join (its restarted worker loads its range first); the others
 		 * kept their weights and wait in the join. */
 		out->state = !c->stage_up[i] ? "down" : c->state == PC_JOINING ? "rejoining" : "pooling";
-		out->state_ms = c->down_ns != 0 ? (mono_ns() - c->down_ns) / 1000000u : 0;
+		out->state_ms = c->down_ns != 0 ? (kvf_mono_ns() - c->down_ns) / 1000000u : 0;
 	}
 	return 0;
 }

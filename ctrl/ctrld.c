@@ -54,6 +54,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "kn_model.h"
 #include "kn_tok.h"
 #include "kvf_config.h"
+#include "kvf_clock.h"
 
 /* Idle poll back-off: a poll that found nothing sleeps this long. The CPU
  * engine's steps take milliseconds, so 50 µs adds under 5% to a round
@@ -92,14 +93,6 @@ struct daemon {
 	atomic_int stopping;
 	atomic_int stop_poller;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void logat(int pri, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -175,7 +168,7 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
 			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
 			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
-			  "port", ctrl_http_port(d->http), "uptime_s", now_s() - d->t0,
+			  "port", ctrl_http_port(d->http), "uptime_s", kvf_mono_s() - d->t0,
 			  "active_requests", ctrl_http_active(d->http),
 			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
 	json_decref(st);
@@ -639,8 +632,8 @@ static void poll_once(struct daemon *d)
 	if (rc < 0 && !atomic_exchange(&reported, 1))
 		logerr("ctrl_dispatch_poll failed: %s (the requests involved were ended with an error)", strerror(-rc));
 	if (rc != CTRL_SCHED_IDLE) {
-		last_busy = d->spin_s > 0 ? now_s() : 0;
-	} else if (d->spin_s > 0 && now_s() - last_busy < d->spin_s) {
+		last_busy = d->spin_s > 0 ? kvf_mono_s() : 0;
+	} else if (d->spin_s > 0 && kvf_mono_s() - last_busy < d->spin_s) {
 		sched_yield();
 	} else {
 		struct timespec ts = {0, IDLE_SLEEP_NS};
@@ -672,15 +665,15 @@ static void serve(struct daemon *d)
 	sd_notify(0, "STOPPING=1\nSTATUS=draining before exit");
 	logmsg("SIGTERM: draining %d request(s), at most %lld s", ctrl_http_active(d->http),
 	       (long long)d->set->drain_timeout);
-	deadline = now_s() + (double)d->set->drain_timeout;
+	deadline = kvf_mono_s() + (double)d->set->drain_timeout;
 	while (ctrl_http_active(d->http) > 0) {
 		poll_once(d);
-		if (!cancelled && now_s() > deadline) {
+		if (!cancelled && kvf_mono_s() > deadline) {
 			logwarn("drain_timeout (%lld s) passed: cancelling %d request(s); raise drain_timeout to wait longer",
 			       (long long)d->set->drain_timeout, ctrl_http_cancel_all(d->http));
 			cancelled = 1;
-			deadline = now_s() + 5;
-		} else if (cancelled && now_s() > deadline) {
+			deadline = kvf_mono_s() + 5;
+		} else if (cancelled && kvf_mono_s() > deadline) {
 			logwarn("requests did not end 5 s after cancel: exiting anyway");
 			break;
 		}
@@ -719,7 +712,7 @@ int main(int argc, char **argv)
 	int check_only = 0, rc;
 
 	memset(&d, 0, sizeof(d));
-	d.t0 = now_s();
+	d.t0 = kvf_mono_s();
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--print-config")) {
 			return ctrl_config_print_defaults(stdout) ? 1 : 0;

@@ -19,6 +19,7 @@
 #include "shm_region.h"
 #include "shm_ring.h"
 #include "wk_kvpage.h"
+#include "kvf_clock.h"
 
 #define PD_STREAM_CTL 0
 #define PD_STREAM_KV 1
@@ -45,22 +46,14 @@ void ctrl_pd_link_opts_init(struct ctrl_pd_link_opts *o)
 	o->wait_s = 20.0;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static struct shm_ring *ring_wait(struct shm_region *r, const char *name, double wait_s)
 {
-	double t0 = now_s();
+	double t0 = kvf_mono_s();
 
 	for (;;) {
 		struct shm_ring *q = shm_ring_lookup(r, name);
 
-		if (q != NULL || now_s() - t0 > wait_s)
+		if (q != NULL || kvf_mono_s() - t0 > wait_s)
 			return q;
 		usleep(20000);
 	}
@@ -277,13 +270,13 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 		}
 		while (done < n) {
 			int32_t m = n - done < per ? n - done : per;
-			double t0 = now_s();
+			double t0 = kvf_mono_s();
 			uint32_t idx;
 			int64_t len;
 
 			while (shm_pool_get(l->pl, &idx) != 0) {
 				drain_txc(l);
-				if (now_s() - t0 > l->o.wait_s) {
+				if (kvf_mono_s() - t0 > l->o.wait_s) {
 					snprintf(err, errlen, "no page buffer came back from the dataplane in %.0f s",
 						 l->o.wait_s);
 					return -ETIMEDOUT;
@@ -297,7 +290,7 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				return (int)len;
 			}
 			while ((rc = enqueue(l, l->pl, idx, (uint32_t)len, DP_MT_KVPAGE, node, PD_STREAM_KV)) == -EAGAIN) {
-				if (now_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
+				if (kvf_mono_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
 					snprintf(err, errlen, "the dataplane's send ring stayed full");
 					return -ETIMEDOUT;
 				}

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "ctrl_pd_xfer.h"
+#include "kvf_clock.h"
 
 struct pd_preq {
 	struct pd_preq *next;
@@ -47,14 +48,6 @@ struct ctrl_pd_prefill {
 	uint64_t aborted[PD_ABORTED_KEEP]; /* rooms given up, a ring */
 	uint32_t n_aborted;
 };
-
-static uint64_t mono_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
 
 static int was_aborted(const struct ctrl_pd_prefill *p, uint64_t room)
 {
@@ -190,7 +183,7 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 		return;
 	}
 	q->finished = 1;
-	q->t_held = mono_ns();
+	q->t_held = kvf_mono_ns();
 	if (ev->n_kv_blocks > 0) {
 		q->src = malloc(sizeof(int32_t) * (size_t)ev->n_kv_blocks);
 		if (q->src != NULL) {

@@ -20,6 +20,7 @@
 #include "ctrl_pd_link.h"
 #include "ctrl_pd_serve.h"
 #include "ctrl_pd_xfer.h"
+#include "kvf_clock.h"
 
 /* What the decode end learned of a prefill node from its bootstrap routes. */
 struct pd_node {
@@ -63,14 +64,6 @@ struct ctrl_pd_serve {
 	uint64_t forward_failures;
 	uint64_t nodes_lost;       /* prefill nodes the heartbeat lost, cumulative */
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
 
 /* prefill: @p node is the decode node's dataplane id (the manifest's sender);
  * decode: the prefill node's index in [pd] prefill (what the rooms and the
@@ -216,9 +209,9 @@ static void *poller(void *arg)
 		pthread_mutex_lock(&s->mu);
 		moved = ctrl_pd_link_poll(s->link, &s->h);
 		if (s->pre != NULL)
-			ctrl_pd_prefill_tick(s->pre, now_ns());
+			ctrl_pd_prefill_tick(s->pre, kvf_mono_ns());
 		if (s->dec != NULL) {
-			uint64_t t = now_ns();
+			uint64_t t = kvf_mono_ns();
 
 			/* a probe blocks while the lock is held: its timeout is short */
 			int lost = ctrl_pd_peers_tick(s->peers, (double)t / 1e9, s->rooms);
@@ -245,7 +238,7 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	struct ctrl_pd_decode_opts dopt = { 0 };
 
 	if (getrandom(&s->session, sizeof(s->session), 0) != (ssize_t)sizeof(s->session))
-		s->session = (uint32_t)now_ns();
+		s->session = (uint32_t)kvf_mono_ns();
 	ctrl_rooms_opts_init(&ro);
 	ro.vocab_size = s->o.vocab_size;
 	ro.timeout_ns = (uint64_t)(s->o.room_timeout_s * 1e9);
@@ -440,7 +433,7 @@ static int64_t decode_submit(struct ctrl_pd_serve *s, const struct ctrl_request 
 	*w = (struct pd_wrap){ .cb = r->cb, .arg = r->cb_arg, .s = s, .peer = i };
 	mine.cb = wrap_cb;
 	mine.cb_arg = w;
-	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)i, 1, now_ns());
+	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)i, 1, kvf_mono_ns());
 	if (id < 0) {
 		free(w);
 		if (f != NULL)
@@ -477,7 +470,7 @@ static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 		return -EPROTO;
 	}
 	if (getrandom(&room, sizeof(room), 0) != (ssize_t)sizeof(room))
-		room = now_ns();
+		room = kvf_mono_ns();
 	room &= INT64_MAX; /* as SGLang draws them: 0 .. 2^63-1 */
 	id = decode_submit(s, r, i, room, 1);
 	pthread_mutex_unlock(&s->mu);

@@ -36,14 +36,7 @@
 #include "ctrl_sched.h"
 #include "sched_int.h"
 #include "shm_blkpool.h"
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "kvf_clock.h"
 
 static int32_t min32(int32_t a, int32_t b)
 {
@@ -524,7 +517,7 @@ static int group_submit(struct ctrl_sched *s, struct sched_group *g)
 		return rc;
 	}
 	g->state = GROUP_INFLIGHT;
-	g->t_launch = mono_ns();
+	g->t_launch = kvf_mono_ns();
 	s->n_inflight++;
 	s->launch_no++;
 	s->st.launches++;
@@ -551,7 +544,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		return; /* not ours: a chain bug; nothing to apply */
 	g = &s->groups[res->group];
 	s->n_inflight--;
-	s->rt_ns += mono_ns() - g->t_launch;
+	s->rt_ns += kvf_mono_ns() - g->t_launch;
 	s->rt_n++;
 	if (res->status == 0 && res->step_ns > 0 && s->one_launch)
 		sched_fit_add(&s->fit, g->n_cols, res->step_ns);

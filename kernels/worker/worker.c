@@ -124,7 +124,7 @@ static int handle(struct worker *w, const struct shm_desc *d)
 static int region_replaced(struct worker *w)
 {
 	struct stat now;
-	uint64_t t = mono_ns();
+	uint64_t t = kvf_mono_ns();
 
 	if (t - w->last_stat_ns < 1000000000ull)
 		return 0;
@@ -168,7 +168,7 @@ static int pin_region(struct worker *w)
 {
 #if KVF_HAVE_CUDA
 	char err[256];
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = kvf_mono_ns();
 	int rc = kn_cuda_host_register(shm_region_base(w->reg), shm_region_size(w->reg), err, sizeof(err));
 
 	if (rc < 0) {
@@ -180,7 +180,7 @@ static int pin_region(struct worker *w)
 	w->pinned = 1;
 	WK_LOG(w, "pinned region %s for CUDA DMA: %.1f MiB (%s) in %.1f ms", w->o.region,
 	       shm_region_size(w->reg) / 1048576.0, shm_region_is_huge(w->reg) ? "hugepages" : "4 KiB pages",
-	       (double)(mono_ns() - t0) / 1e6);
+	       (double)(kvf_mono_ns() - t0) / 1e6);
 	return 0;
 #else
 	/* kn_stage_create() refuses the cuda backend on this build with the
@@ -236,9 +236,9 @@ int main(int argc, char **argv)
 	sigaction(SIGUSR1, &sa, NULL);
 	/* Whoever creates the region (the dataplane, or ctrld on a node without
 	 * one) may start after us: wait for it rather than fail. */
-	t0 = mono_ns();
+	t0 = kvf_mono_ns();
 	while ((w.reg = shm_region_attach(w.o.region, err, sizeof(err))) == NULL && errno == ENOENT
-	       && !g_stop && mono_ns() - t0 < (uint64_t)w.o.wait_s * 1000000000ull) {
+	       && !g_stop && kvf_mono_ns() - t0 < (uint64_t)w.o.wait_s * 1000000000ull) {
 		struct timespec ts = { 0, 100000000 };
 
 		nanosleep(&ts, NULL);
@@ -264,7 +264,7 @@ int main(int argc, char **argv)
 	}
 	if (w.o.backend == KN_BACKEND_CUDA && pin_region(&w) < 0)
 		goto out_live;
-	t0 = mono_ns();
+	t0 = kvf_mono_ns();
 	w.m = kn_model_open(w.o.model, err, sizeof(err));
 	if (w.m == NULL) {
 		WK_LOG(&w, "kn_model_open(%s) failed: %s", w.o.model, err);
@@ -274,7 +274,7 @@ int main(int argc, char **argv)
 	w.fp = kn_model_fingerprint(w.m);
 	WK_LOG(&w, "model %s: %s, %d layers, hidden %d, vocab %d, fingerprint %016" PRIx64 ", opened in %.0f ms",
 	       w.o.model, kn_arch_name(cfg->arch), cfg->n_layers, cfg->hidden_size, cfg->vocab_size, w.fp,
-	       (double)(mono_ns() - t0) / 1e6);
+	       (double)(kvf_mono_ns() - t0) / 1e6);
 	w.in = wk_in_open(w.reg, w.o.in, err, sizeof(err));
 	if (w.in == NULL) {
 		WK_LOG(&w, "input hop %s: %s", w.o.in, err);
@@ -306,7 +306,7 @@ int main(int argc, char **argv)
 		 * poll, so a message that arrives while the device runs is queued
 		 * behind the running step at once */
 		if (w.j_n < w.depth) {
-			int spin = w.j_n > 0 || mono_ns() - w.last_done_ns < (uint64_t)w.o.spin_us * 1000u;
+			int spin = w.j_n > 0 || kvf_mono_ns() - w.last_done_ns < (uint64_t)w.o.spin_us * 1000u;
 
 			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll);
 			if (got > 0) {

@@ -24,6 +24,7 @@
 #include "shm_ring.h"
 #include "worker_cfg.h"
 #include "worker_hop.h"
+#include "kvf_clock.h"
 
 /* Most micro-batches a worker holds between submit and send. */
 #define WK_MAX_DEPTH KN_STEP_DEPTH
@@ -77,14 +78,6 @@ struct worker {
 
 /* SIGTERM / SIGINT: the main loop stops; a send waiting on a full hop gives up. */
 extern volatile sig_atomic_t g_stop;
-
-static inline uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 #define WK_LOG(w, ...)                                                                     \
 	do {                                                                               \

@@ -71,14 +71,14 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	       idx, a->layer_start, a->layer_end, cfg->n_layers, a->layer_start == 0 ? " + embedding" : "",
 	       a->layer_end == cfg->n_layers ? " + norm and LM head" : "", n_t, t_bytes / 1048576.0,
 	       w->o.model, w->o.backend == KN_BACKEND_CUDA ? "cuda" : "cpu");
-	t0 = mono_ns();
+	t0 = kvf_mono_ns();
 	w->st = kn_stage_create(w->m, w->o.backend, &so, err, errlen);
 	if (w->st == NULL)
 		return -errno;
 	kn_stage_info(w->st, &w->info);
 	w->capacity = w->info.n_blocks;
 	{
-		double ms = (double)(mono_ns() - t0) / 1e6;
+		double ms = (double)(kvf_mono_ns() - t0) / 1e6;
 
 		WK_LOG(w, "loaded stage %d in %.0f ms (%.0f MiB/s): resident weights %.1f MiB, KV pool %d blocks "
 		       "(%.1f MiB), workspace %.1f MiB", idx, ms, ms > 0 ? t_bytes / 1048576.0 / (ms / 1e3) : 0.0,
@@ -177,12 +177,12 @@ void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
 			       w->o.model, w->fp, s->fingerprint);
 			rc = -EPROTO;
 		} else {
-			uint64_t t0 = mono_ns();
+			uint64_t t0 = kvf_mono_ns();
 
 			rc = load_stage(w, s, idx, err, sizeof(err));
 			if (rc == 0)
 				rc = ensure_out_area(w, s, err, sizeof(err));
-			me->load_ns = mono_ns() - t0;
+			me->load_ns = kvf_mono_ns() - t0;
 		}
 		if (rc == 0) {
 			me->n_blocks = w->capacity;

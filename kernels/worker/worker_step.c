@@ -58,7 +58,7 @@ void wk_finish_head(struct worker *w)
 			snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", j->what, kn_stage_error(w->st));
 		}
 	}
-	t1 = mono_ns();
+	t1 = kvf_mono_ns();
 	if (oh->status != 0) {
 		oh->hidden = 0; /* no rows: later stages skip the step */
 		oh->n_logprobs = 0;
@@ -92,7 +92,7 @@ void wk_finish_head(struct worker *w)
 	wk_send_msg(w, oh);
 	w->j_head = (w->j_head + 1) % WK_MAX_DEPTH;
 	w->j_n--;
-	t2 = mono_ns();
+	t2 = kvf_mono_ns();
 	w->host_ns += t2 - t1;
 }
 
@@ -120,7 +120,7 @@ int wk_handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const st
 	struct shm_mb_hdr *oh;
 	struct wk_job *j;
 	enum shm_mb_kind okind = last ? SHM_MB_RESULT : SHM_MB_HIDDEN;
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = kvf_mono_ns();
 	int rc;
 
 	if (!w->joined || h->epoch != w->epoch) {
@@ -196,12 +196,12 @@ int wk_handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const st
 			       j->what, h->kind == SHM_MB_HIDDEN ? "hidden" : "token", h->hidden,
 			       w->info.first ? "token ids" : "hidden rows");
 		} else {
-			uint64_t ts = mono_ns();
+			uint64_t ts = kvf_mono_ns();
 
 			rc = kn_stage_step_submit(w->st, &j->st);
 			/* a synchronous engine (cpu) computes inside submit: not host overhead */
 			if (w->o.backend != KN_BACKEND_CUDA)
-				t0 += mono_ns() - ts;
+				t0 += kvf_mono_ns() - ts;
 			if (rc < 0) {
 				oh->status = rc;
 				snprintf(oh->err, sizeof(oh->err), "%s: kn_stage_step: %s", j->what,
@@ -212,6 +212,6 @@ int wk_handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const st
 		}
 	}
 	w->j_n++;
-	w->host_ns += mono_ns() - t0;
+	w->host_ns += kvf_mono_ns() - t0;
 	return 1;
 }
