@@ -12,6 +12,7 @@
 
 #include "ctrl_admin.h"
 #include "http_int.h"
+#include "kvf_config.h"
 
 json_t *ctrl_http_stats_json(struct ctrl_http *h)
 {
@@ -59,7 +60,9 @@ static void label_name(char *out, size_t cap, const char *key)
 	out[n] = 0;
 }
 
-static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const char *labels, double v)
+/* @p path: the field's place in /stats ("backend.replicas[].blocks_in_use"), for its HELP line */
+static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const char *path, const char *labels,
+		 double v)
 {
 	char line[128];
 	int counter = strlen(name) > 6 && !strcmp(name + strlen(name) - 6, "_total");
@@ -73,6 +76,11 @@ static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const ch
 	key[nl + 2] = 0;
 	if (!seen->p || !strstr(seen->p, key)) {
 		sbuf_add(seen, key, strlen(key));
+		sbuf_add(out, "# HELP ", 7);
+		sbuf_add(out, name, strlen(name));
+		sbuf_add(out, " /stats ", 8);
+		sbuf_add(out, path, strlen(path));
+		sbuf_add(out, " (ctrl/API.md)\n", 15);
 		sbuf_add(out, "# TYPE ", 7);
 		sbuf_add(out, name, strlen(name));
 		sbuf_add(out, counter ? " counter\n" : " gauge\n", counter ? 9 : 7);
@@ -88,22 +96,26 @@ static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const ch
 }
 
 /* Samples are grouped by name as Prometheus expects: walk once per name. */
-static void walk(const json_t *j, const char *prefix, const char *labels, struct sbuf *out, struct sbuf *seen)
+static void walk(const json_t *j, const char *prefix, const char *path, const char *labels, struct sbuf *out,
+		 struct sbuf *seen)
 {
 	const char *key;
 	json_t *v;
 
 	json_object_foreach((json_t *)j, key, v) {
 		struct sbuf name = {0};
+		char here[256];
+
+		snprintf(here, sizeof(here), "%s%s%s", path, path[0] ? "." : "", key);
 		metric_name(&name, prefix, key);
 		if (!name.p)
 			continue; /* out of memory: leave the sample out */
 		if (json_is_number(v))
-			emit(out, seen, name.p, labels, json_number_value(v));
+			emit(out, seen, name.p, here, labels, json_number_value(v));
 		else if (json_is_boolean(v))
-			emit(out, seen, name.p, labels, json_is_true(v));
+			emit(out, seen, name.p, here, labels, json_is_true(v));
 		else if (json_is_object(v))
-			walk(v, name.p, labels, out, seen);
+			walk(v, name.p, here, labels, out, seen);
 		else if (json_is_array(v)) {
 			size_t i;
 			json_t *e;
@@ -113,7 +125,9 @@ static void walk(const json_t *j, const char *prefix, const char *labels, struct
 				if (!json_is_object(e))
 					continue;
 				snprintf(lab, sizeof(lab), "%s%s%s=\"%zu\"", labels, labels[0] ? "," : "", ln, i);
-				walk(e, name.p, lab, out, seen);
+				strncat(here, "[]", sizeof(here) - strlen(here) - 1);
+				walk(e, name.p, here, lab, out, seen);
+				here[strlen(here) - 2] = '\0';
 			}
 		}
 		sbuf_free(&name);
@@ -127,15 +141,20 @@ char *ctrl_http_prometheus(const json_t *stats)
 	struct sbuf *groups = NULL;
 	size_t n_groups = 0;
 
-	walk(stats, "kvferry", "", &body, &seen);
+	walk(stats, "kvferry", "", "", &body, &seen);
 	if (!body.p) {
 		sbuf_free(&seen);
 		return strdup("");
 	}
-	/* Regroup: every sample of a name right after its TYPE line. */
+	/* Regroup: every sample of a name right after its HELP and TYPE lines. */
 	copy = body.p;
 	for (line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		if (!strncmp(line, "# TYPE ", 7)) {
+		if (!strncmp(line, "# TYPE ", 7) && n_groups > 0) {
+			sbuf_add(&groups[n_groups - 1], line, strlen(line)); /* right after its HELP */
+			sbuf_add(&groups[n_groups - 1], "\n", 1);
+			continue;
+		}
+		if (!strncmp(line, "# HELP ", 7)) {
 			struct sbuf *g = realloc(groups, (n_groups + 1) * sizeof(*g));
 			if (!g)
 				break;
@@ -161,6 +180,13 @@ char *ctrl_http_prometheus(const json_t *stats)
 		sbuf_free(&groups[i]);
 	}
 	free(groups);
+	{
+		static const char bi[] = "# HELP kvferry_build_info the running kvferry version (always 1)\n"
+					 "# TYPE kvferry_build_info gauge\n"
+					 "kvferry_build_info{version=\"" KVF_VERSION "\"} 1\n";
+
+		sbuf_add(&sorted, bi, sizeof(bi) - 1);
+	}
 	sbuf_free(&body);
 	sbuf_free(&seen);
 	return sorted.p ? sorted.p : strdup("");

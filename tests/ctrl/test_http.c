@@ -677,6 +677,21 @@ static void stats_metrics_and_dashboard_are_served(void **state)
 	assert_int_equal(request("GET", "/metrics", NULL, 0, &r), CURLE_OK);
 	assert_int_equal(r.status, 200);
 	assert_non_null(strstr(r.body, "# TYPE kvferry_http_requests_total counter\nkvferry_http_requests_total "));
+	/* every family has its HELP line (naming its /stats field) right before its TYPE line */
+	assert_non_null(strstr(r.body, "# HELP kvferry_http_requests_total /stats http.requests_total (ctrl/API.md)\n"
+				       "# TYPE kvferry_http_requests_total counter\n"));
+	assert_non_null(strstr(r.body, "# HELP kvferry_backend_replicas_stages_steps /stats "
+				       "backend.replicas[].stages[].steps"));
+	for (const char *t = strstr(r.body, "# TYPE "); t != NULL; t = strstr(t + 1, "# TYPE ")) {
+		const char *h = t - 1;
+
+		assert_true(t > r.body);
+		while (h > r.body && h[-1] != '\n')
+			h--; /* the start of the line before */
+		assert_true(!strncmp(h, "# HELP ", 7));
+		assert_int_equal(strncmp(h + 7, t + 7, strcspn(t + 7, " ")), 0);
+	}
+	assert_non_null(strstr(r.body, "kvferry_build_info{version=\""));
 	assert_non_null(strstr(r.body, "kvferry_backend_replicas_stages_steps{replica=\"0\",stage=\"1\"} 7\n"));
 	/* Every sample of a name follows its one TYPE line. */
 	assert_non_null(strstr(r.body, "# TYPE kvferry_backend_replicas_stages_steps gauge\n"
