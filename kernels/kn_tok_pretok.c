@@ -199,6 +199,19 @@ static int piece_add(uint32_t **v, size_t *n, size_t *cap, size_t off, size_t le
 	return 0;
 }
 
+/* Merged/Contiguous: emit the pending piece (if one is pending) and start
+ * the next one at @p off, @p len. @return 0 or -ENOMEM. */
+static int pend_restart(struct kn_tok_pre *c, size_t *n2, size_t *pend_off, size_t *pend_len, int *pend_match,
+			size_t off, size_t len, int match)
+{
+	if (*pend_match >= 0 && piece_add(&c->pieces2, n2, &c->pcap2, *pend_off, *pend_len))
+		return -ENOMEM;
+	*pend_off = off;
+	*pend_len = len;
+	*pend_match = match;
+	return 0;
+}
+
 /* Split every piece by one Split rule, the way tokenizers' split() does:
  * matches and the gaps between them, roles swapped by invert, then joined
  * according to the behaviour. */
@@ -261,12 +274,8 @@ static int split_pieces(struct kn_tok_pre *c, const struct kn_tok_pretok *p)
 						pend_match = 1;
 						break;
 					}
-					if (pend_match >= 0 &&
-					    piece_add(&c->pieces2, &n2, &c->pcap2, pend_off, pend_len))
+					if (pend_restart(c, &n2, &pend_off, &pend_len, &pend_match, base + a, b - a, is_match))
 						return -ENOMEM;
-					pend_off = base + a;
-					pend_len = b - a;
-					pend_match = is_match;
 					break;
 				case KN_SPLIT_MERGED_NEXT:
 					if (pend_match == 1) {
@@ -293,12 +302,8 @@ static int split_pieces(struct kn_tok_pre *c, const struct kn_tok_pretok *p)
 						pend_len += b - a;
 						break;
 					}
-					if (pend_match >= 0 &&
-					    piece_add(&c->pieces2, &n2, &c->pcap2, pend_off, pend_len))
+					if (pend_restart(c, &n2, &pend_off, &pend_len, &pend_match, base + a, b - a, is_match))
 						return -ENOMEM;
-					pend_off = base + a;
-					pend_len = b - a;
-					pend_match = is_match;
 					break;
 				}
 			}
