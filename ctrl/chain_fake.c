@@ -69,7 +69,7 @@ struct fake_chain {
 	int32_t *tokens;           /* [max_groups][max_cols] */
 	float *lps;                /* [max_groups][max_cols] */
 	int32_t *cst;              /* [max_groups][max_cols] column status */
-	uint8_t plan_used[8];
+	int32_t plan_used[8];       /* steps run in each plan */
 };
 
 static uint64_t mix64(uint64_t x)
@@ -275,8 +275,9 @@ static int fake_submit(struct ctrl_chain *c, uint32_t group, const struct kn_col
 	for (int32_t k = 0; k < f->o.n_plans && k < 8; k++)
 		if (f->o.plan_widths[k] >= n_cols) {
 			padded = f->o.plan_widths[k];
-			first = f->plan_used[k] ? 0 : f->o.plan_first_ns;
-			f->plan_used[k] = 1;
+			first = f->plan_used[k] < (f->o.plan_first_steps > 0 ? f->o.plan_first_steps : 1)
+				? f->o.plan_first_ns : 0;
+			f->plan_used[k]++;
 			break;
 		}
 	for (int32_t s = 0; s < f->o.n_stages; s++) {

@@ -38,11 +38,14 @@
 #define SCHED_FIT_MIN_VAR 16.0
 /* a plan's own average is trusted after this many steps */
 #define SCHED_PLAN_MIN_N 2
+#define SCHED_PLAN_WINDOW 8
 /* A plan's first step is left out (it includes the plan's graph capture:
- * 56 ms for plan 256 of the 1B on the H200, against 2.4 ms a step after);
- * after it the average follows a faster step quickly, a slower one slowly. */
-#define SCHED_PLAN_DOWN 0.5
-#define SCHED_PLAN_UP 0.125
+ * 56 ms for plan 256 of the 1B on the H200, against 2.4 ms a step after),
+ * and its time is the least of its last SCHED_PLAN_WINDOW steps: a step is
+ * slowed by what else the machine does, never sped up, so one slow step
+ * (a second capture, a host stall: 10 ms for plan 256 in one H200 run)
+ * must not stand for the plan. An EWMA kept that 10 ms long enough that the
+ * plan was never chosen again, so never measured again. */
 
 void sched_fit_plans(struct sched_fit *f, const int32_t *plans, int32_t n)
 {
@@ -67,14 +70,19 @@ void sched_fit_add(struct sched_fit *f, int32_t n_cols, uint64_t step_ns)
 	int32_t p = plan_of(f, n_cols);
 
 	if (p >= 0) {
-		double d = t - f->plan_ns[p];
+		uint32_t k, n_win;
 
 		if (f->plan_seen[p] == 0) {
 			f->plan_seen[p] = 1;
 			return;
 		}
-		f->plan_ns[p] = f->plan_n[p] == 0 ? t : f->plan_ns[p] + (d < 0 ? SCHED_PLAN_DOWN : SCHED_PLAN_UP) * d;
+		f->plan_recent[p][f->plan_n[p] % SCHED_PLAN_WINDOW] = t;
 		f->plan_n[p]++;
+		n_win = f->plan_n[p] < SCHED_PLAN_WINDOW ? f->plan_n[p] : SCHED_PLAN_WINDOW;
+		f->plan_ns[p] = f->plan_recent[p][0];
+		for (k = 1; k < n_win; k++)
+			if (f->plan_recent[p][k] < f->plan_ns[p])
+				f->plan_ns[p] = f->plan_recent[p][k];
 		n = (double)f->plan[p]; /* the line is fit to the widths the steps ran at */
 	}
 	f->w = f->w * SCHED_FIT_DECAY + 1.0;
@@ -104,18 +112,34 @@ static double line(const struct sched_fit *f, double n)
 	return f->fitted && t > 0.0 ? t : -1.0;
 }
 
-/* A plan's predicted step time, < 0 when unknown: its own average (or the
- * line's prediction), and never more than a wider plan's average — a plan
- * costs no more than one that computes more columns. The bound is what
- * frees a plan whose average a slow first step inflated: no launch would
- * run in it again to bring its average down. */
+/* A plan's predicted step time, < 0 when unknown: its own (or the line's
+ * prediction), never more than a wider plan's, and never more than the
+ * straight line between the nearest measured plans on either side (step
+ * time grows with width no faster than linearly between two widths on the
+ * H200: 128 / 256 / 512 at 1.80 / 2.26 / 3.90 ms). The bounds free a plan
+ * whose own figure is wrong: no launch would run in it again to mend it. */
 static double plan_cost(const struct sched_fit *f, int32_t p)
 {
 	double c = f->plan_n[p] >= SCHED_PLAN_MIN_N ? f->plan_ns[p] : line(f, (double)f->plan[p]);
+	int32_t lo = -1, hi = -1;
 
+	for (int32_t q = p - 1; q >= 0 && lo < 0; q--)
+		if (f->plan_n[q] >= SCHED_PLAN_MIN_N)
+			lo = q;
 	for (int32_t q = p + 1; q < f->n_plans; q++)
-		if (f->plan_n[q] >= SCHED_PLAN_MIN_N && (c < 0.0 || f->plan_ns[q] < c))
-			c = f->plan_ns[q];
+		if (f->plan_n[q] >= SCHED_PLAN_MIN_N) {
+			if (hi < 0)
+				hi = q;
+			if (c < 0.0 || f->plan_ns[q] < c)
+				c = f->plan_ns[q];
+		}
+	if (lo >= 0 && hi >= 0) {
+		double t = f->plan_ns[lo] + (f->plan_ns[hi] - f->plan_ns[lo]) * (double)(f->plan[p] - f->plan[lo])
+					   / (double)(f->plan[hi] - f->plan[lo]);
+
+		if (c < 0.0 || t < c)
+			c = t;
+	}
 	return c;
 }
 

@@ -155,7 +155,8 @@ struct sched_fit {
 	uint64_t samples;
 	int32_t n_plans;          /* 0: the chain's widths are not known */
 	int32_t plan[CTRL_SCHED_MAX_PLANS];
-	double plan_ns[CTRL_SCHED_MAX_PLANS];   /* moving average of its step times */
+	double plan_ns[CTRL_SCHED_MAX_PLANS];   /* the least of its recent step times */
+	double plan_recent[CTRL_SCHED_MAX_PLANS][8]; /* its last steps (SCHED_PLAN_WINDOW), a ring */
 	uint32_t plan_n[CTRL_SCHED_MAX_PLANS];  /* steps measured */
 	uint8_t plan_seen[CTRL_SCHED_MAX_PLANS]; /* its first step (a graph capture) went by */
 };

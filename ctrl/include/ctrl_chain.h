@@ -189,8 +189,10 @@ struct ctrl_fake_chain_opts {
 	int32_t plan_widths[8];      /**< n_plans > 0: a step costs as if it had the columns of
 	                                  the narrowest of these that holds it (a GPU's padding) */
 	int32_t n_plans;
-	uint64_t plan_first_ns;      /**< with plans: the first step in each costs this much more
-	                                  (a CUDA graph captured at first use) */
+	uint64_t plan_first_ns;      /**< with plans: the first plan_first_steps steps in each
+	                                  cost this much more (a CUDA graph captured at first use,
+	                                  then a host stall) */
+	int32_t plan_first_steps;    /**< 0 means 1 */
 	uint64_t link_ns;            /**< transport latency each way between the
 	                                  scheduler and the chain's ends (what makes
 	                                  n_stages groups leave bubbles) */
