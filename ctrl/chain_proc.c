@@ -181,6 +181,8 @@ int pc_drain(struct proc_chain *c, char *err, size_t errlen)
 				d.len >= 8 ? h->version : 0, SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 		} else if (h->kind == SHM_MB_RESULT) {
 			on_result(c, h, d.len);
+		} else if (h->kind == SHM_MB_KV) {
+			pc_kv_reply(c, h, d.len);
 		} else if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
 			int rc = pc_setup_reply(c, h, err, errlen);
 
@@ -213,8 +215,8 @@ static void fail_local(struct proc_chain *c, uint32_t gi, const char *why)
 	pc_push_done(c, gi);
 }
 
-static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_column *cols, int32_t n_cols,
-		     const struct kn_op *ops, int32_t n_ops)
+static int submit_locked(struct ctrl_chain *cc, uint32_t group, const struct kn_column *cols, int32_t n_cols,
+			 const struct kn_op *ops, int32_t n_ops)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
 	struct pc_grp *g;
@@ -313,7 +315,19 @@ static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	return 0;
 }
 
-static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max)
+static int pc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_column *cols, int32_t n_cols,
+		     const struct kn_op *ops, int32_t n_ops)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	rc = submit_locked(cc, group, cols, n_cols, ops, n_ops);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+static int poll_locked(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
 	uint64_t now = kvf_mono_ns();
@@ -352,6 +366,17 @@ static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 	return n;
 }
 
+static int pc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	int n;
+
+	pthread_mutex_lock(&c->mu);
+	n = poll_locked(cc, out, max);
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
 static int pc_stats(struct ctrl_chain *cc, struct ctrl_chain_stats *st)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
@@ -381,6 +406,8 @@ static void pc_destroy(struct ctrl_chain *cc)
 	free(c->done);
 	free(c->touched);
 	free(c->tainted);
+	pthread_mutex_destroy(&c->mu);
+	pthread_mutex_destroy(&c->kv_mu);
 	shm_ring_close(c->first);
 	shm_ring_close(c->ret);
 	shm_ring_close(c->ev);
@@ -401,6 +428,9 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.poll = pc_poll,
 	.stats = pc_stats,
 	.destroy = pc_destroy,
+	.kv_format = pc_kv_format,
+	.kv_export = pc_kv_export,
+	.kv_import = pc_kv_import,
 };
 
 struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct ctrl_proc_chain_opts *o,
@@ -428,6 +458,8 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	}
 	c->base.vt = &ctrl_proc_chain_vtbl;
 	c->o = *o;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_init(&c->kv_mu, NULL);
 	c->log = o->log != NULL ? o->log : stderr;
 	c->m = m;
 	c->fp = kn_model_fingerprint(m);
@@ -488,7 +520,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	if (bytes < shm_mb_size(SHM_MB_JOIN, 0, 0, 0))
 		bytes = shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
 	c->buf_bytes = shm_mb_align(bytes);
-	c->n_bufs = o->max_groups + 2;
+	c->n_bufs = o->max_groups + 3;
 	snprintf(name, sizeof(name), "serve.ctrl.out");
 	rc = shm_region_add_area(c->reg, name, c->buf_bytes * (size_t)c->n_bufs, 64, SHM_AREA_RAW, &c->out_off);
 	if (rc == -EEXIST) {

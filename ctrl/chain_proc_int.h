@@ -6,6 +6,7 @@
 #ifndef CTRL_CHAIN_PROC_INT_H
 #define CTRL_CHAIN_PROC_INT_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
@@ -78,7 +79,19 @@ struct proc_chain {
 	struct ctrl_chain_stage_stats sst[CTRL_CHAIN_MAX_STAGES];
 	char down_why[CTRL_CHAIN_ERRLEN];
 	uint64_t down_ns;    /* when the chain last went down */
+	/* KV pages (chain_proc_kv.c): mu guards the chain's state against a
+	 * KV call on another thread; kv_mu keeps one KV message in flight */
+	pthread_mutex_t mu, kv_mu;
+	uint64_t kv_seq;     /* the KV message waited for, 0: none */
+	int kv_done, kv_status;
+	struct shm_mb_kv kv_ans;
+	char kv_err[CTRL_CHAIN_ERRLEN];
+	struct kn_kv_format fmt[CTRL_CHAIN_MAX_STAGES];
+	uint64_t fmt_epoch[CTRL_CHAIN_MAX_STAGES]; /* the epoch fmt[k] was asked in */
 };
+
+/* Most blocks one KV message names (a page message carries at most 256). */
+#define PC_KV_MAX_BLOCKS 256
 
 /* The chain's vtable: a ctrl_chain is a worker chain when it points here. */
 extern const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl;
@@ -90,7 +103,8 @@ static inline void pc_sleep_us(long us)
 	nanosleep(&ts, NULL);
 }
 
-/* Buffer @p i of ctrld's output area: [0, max_groups) groups, then two for setup messages. */
+/* Buffer @p i of ctrld's output area: [0, max_groups) groups, then two for
+ * setup messages and one for KV messages. */
 static inline struct shm_mb_hdr *pc_buf_at(struct proc_chain *c, int32_t i)
 {
 	return shm_ptr(c->reg, c->out_off + (uint64_t)i * c->buf_bytes);
@@ -104,6 +118,16 @@ __attribute__((format(printf, 3, 4))) void pc_fmt(char *b, size_t n, const char 
 void pc_push_done(struct proc_chain *c, uint32_t gi);
 /* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */
 int pc_drain(struct proc_chain *c, char *err, size_t errlen);
+
+/* chain_proc_kv.c */
+
+/* The return hop brought a KV message back. */
+void pc_kv_reply(struct proc_chain *c, const struct shm_mb_hdr *h, size_t len);
+/* The vtable's KV calls (ctrl_chain.h). */
+int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f);
+int pc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, void *dst, size_t len);
+int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
+		 size_t len, const struct kn_kv_format *f);
 
 /* chain_proc_join.c */
 

@@ -105,3 +105,8 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 		out->tainted_slots += c->tainted[i] != 0;
 	return 0;
 }
+
+struct shm_region *ctrl_proc_chain_region(struct ctrl_chain *cc)
+{
+	return cc != NULL && cc->vt == &ctrl_proc_chain_vtbl ? ((struct proc_chain *)cc)->reg : NULL;
+}

@@ -739,9 +739,17 @@ int main(int argc, char **argv)
 		ctrl_config_free(d.cfg);
 		return 2;
 	}
-	if (d.set->pd_role == CTRL_CFG_PD_DECODE && (d.set->worker_region[0] || d.set->replicas > 1)) {
-		fprintf(stderr, "kvferry-ctrld: [pd] role = decode runs its stages inside ctrld on one replica "
-			"for now: unset worker_region and replicas\n");
+	if (d.set->pd_role == CTRL_CFG_PD_DECODE && d.set->replicas > 1) {
+		fprintf(stderr, "kvferry-ctrld: [pd] role = decode serves one replica for now: unset replicas\n");
+		ctrl_config_free(d.cfg);
+		return 2;
+	}
+	if (d.set->pd_role != CTRL_CFG_PD_BOTH && d.set->pd_dataplane_region[0] && d.set->worker_region[0]
+	    && strcmp(d.set->pd_dataplane_region, d.set->worker_region) != 0) {
+		/* the workers copy pages straight to and from the dataplane's buffers */
+		fprintf(stderr, "kvferry-ctrld: [pd] dataplane_region = %s but worker_region = %s: KV pages move "
+			"between the workers and the dataplane in one region: run the workers on the dataplane's "
+			"region and set both to it\n", d.set->pd_dataplane_region, d.set->worker_region);
 		ctrl_config_free(d.cfg);
 		return 2;
 	}

@@ -85,7 +85,7 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 		return NULL;
 	}
 	l->o = *o;
-	l->reg = shm_region_attach(o->region, rerr, sizeof(rerr));
+	l->reg = o->reg != NULL ? o->reg : shm_region_attach(o->region, rerr, sizeof(rerr));
 	if (l->reg == NULL) {
 		snprintf(err, errlen, "attaching the dataplane's region %s: %s (start kvferry-dataplane first)",
 			 o->region, rerr);
@@ -141,7 +141,7 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	shm_ring_close(l->txc_kv);
 	shm_ring_close(l->rx_ctl);
 	shm_ring_close(l->rx_kv);
-	if (l->reg != NULL)
+	if (l->reg != NULL && l->o.reg == NULL)
 		shm_region_detach(l->reg);
 	free(l);
 }

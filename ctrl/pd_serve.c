@@ -18,6 +18,7 @@
 #include "ctrl_admin.h"
 #include "ctrl_pd.h"
 #include "ctrl_pd_link.h"
+#include "ctrl_proc_chain.h"
 #include "ctrl_pd_serve.h"
 #include "ctrl_pd_xfer.h"
 #include "kvf_clock.h"
@@ -285,11 +286,12 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 	}
 	s->o = *o;
 	pthread_mutex_init(&s->mu, NULL);
-	if (ctrl_chain_kv_format(o->chain, 0, &f) == -ENOTSUP)
-		fprintf(stderr, "kvferry-ctrld: the stages run in worker processes: disaggregated requests will "
-			"fail their rooms (KV pages from workers are not available yet)\n");
+	if (ctrl_chain_kv_format(o->chain, 0, &f) < 0)
+		fprintf(stderr, "kvferry-ctrld: stage 0 cannot move KV pages (its format is unknown): disaggregated "
+			"requests will fail their rooms\n");
 	ctrl_pd_link_opts_init(&lo);
 	lo.region = o->region;
+	lo.reg = ctrl_proc_chain_region(o->chain); /* ctrld checked it is the same region */
 	s->link = ctrl_pd_link_open(&lo, err, errlen);
 	if (s->link == NULL)
 		goto fail;

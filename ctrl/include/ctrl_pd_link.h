@@ -24,12 +24,17 @@
 
 #include "ctrl_chain.h"
 
+struct shm_region;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 struct ctrl_pd_link_opts {
 	const char *region;        /**< the region kvferry-dataplane created */
+	/** that region already mapped (the workers' chain's: their page copies
+	 *  need buffers in its mapping), kept at close; NULL: attach region */
+	struct shm_region *reg;
 	uint32_t n_small;          /**< control buffers (default 256 of 64 KiB) */
 	uint32_t n_large;          /**< page buffers (default 16) ... */
 	size_t large_bytes;        /**< ... of this size (default 4 MiB) */

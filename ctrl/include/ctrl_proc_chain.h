@@ -147,6 +147,15 @@ struct ctrl_proc_shm {
  */
 int ctrl_proc_chain_shm(struct ctrl_chain *c, struct ctrl_proc_shm *out);
 
+struct shm_region;
+
+/**
+ * The region the chain's workers map (KV page buffers must lie in this
+ * mapping of it: ctrl_pd_link_opts.reg). @return it, or NULL when @p c is
+ * not a worker-process chain.
+ */
+struct shm_region *ctrl_proc_chain_region(struct ctrl_chain *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,7 +30,7 @@
  *    forwards k); they are forwarded strictly in arrival order, ops-only
  *    messages included, so the next stage applies the ops in the order this
  *    one did. An input buffer is released only after its step read it.
- *    Setup messages wait until every micro-batch before them is out.
+ *    Setup and KV messages wait until every micro-batch before them is out.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -113,6 +113,10 @@ static int handle(struct worker *w, const struct shm_desc *d)
 	case SHM_MB_TOKENS:
 	case SHM_MB_HIDDEN:
 		return wk_handle_batch(w, h, d->len, d);
+	case SHM_MB_KV:
+		wk_drain(w); /* an export reads what the steps before it wrote */
+		wk_handle_kv(w, h, d->len);
+		return 0;
 	default:
 		WK_LOG(w, "dropping a message of kind %u", h->kind);
 		return 0;

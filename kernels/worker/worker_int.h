@@ -2,7 +2,8 @@
 /*
  * Private to kvferry-worker: the worker's state and what its files share.
  * worker.c (the main loop, signals, the region, the report),
- * worker_join.c (JOIN and POOL), worker_step.c (the step path: take a
+ * worker_join.c (JOIN and POOL), worker_kv.c (KV page copies for
+ * prefill/decode disaggregation), worker_step.c (the step path: take a
  * micro-batch, finish the oldest, forward it).
  *
  * Threading: one thread (the main loop) runs every function.
@@ -102,6 +103,12 @@ __attribute__((format(printf, 3, 4))) void wk_fmt(char *b, size_t n, const char 
 /* JOIN and POOL: fill our entry of the stage table and forward. Nothing may
  * be in flight (the pool may move): the caller drains first. */
 void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len);
+
+/* worker_kv.c */
+
+/* A KV message (SHM_MB_KV): act on it if it targets this stage, forward it.
+ * Nothing may be in flight: the caller drains first. */
+void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len);
 
 /* worker_step.c */
 

@@ -19,6 +19,7 @@
  *                    (n_logprobs > 0, version 2) int32 top ids [n_cols][n_logprobs]
  *                    and f32 top logprobs [n_cols][n_logprobs]
  *     SHM_MB_JOIN, SHM_MB_POOL  struct shm_mb_setup
+ *     SHM_MB_KV      struct shm_mb_kv, then int32 blocks [n_blocks]
  *
  * Frozen across versions: magic, version, kind, status and err sit at the
  * same offsets in every version, so a process of another version can still
@@ -77,6 +78,7 @@ enum shm_mb_kind {
 	SHM_MB_RESULT = 3, /**< last stage to ctrld: tokens + logprobs */
 	SHM_MB_JOIN = 4,   /**< setup: assignment down, each stage's report back */
 	SHM_MB_POOL = 5,   /**< setup: the negotiated KV block count for every stage */
+	SHM_MB_KV = 6,     /**< one stage's KV pages out of or into a buffer of the region (proto 3) */
 };
 
 /** shm_mb_hdr.flags */
@@ -123,8 +125,9 @@ static_assert(offsetof(struct shm_mb_hdr, err) == 96, "err at 96");
 static_assert(offsetof(struct shm_mb_hdr, busy_us) == 256, "busy_us at 256");
 static_assert(sizeof(struct shm_mb_hdr) == 384, "header is 384 bytes");
 
-/** The wire protocol of the stage chain (join refuses another). 2: up to 8 plans. */
-#define SHM_MB_PROTO 2u
+/** The wire protocol of the stage chain (join refuses another). 2: up to 8 plans.
+ *  3: SHM_MB_KV messages. */
+#define SHM_MB_PROTO 3u
 
 /** What ctrld assigns to stage i, and what stage i reports back (JOIN, POOL). */
 struct shm_mb_stage {
@@ -201,6 +204,54 @@ static inline void shm_mb_setup_set_plan(struct shm_mb_setup *s, int32_t i, int3
 		s->plan_widths_hi[i - 4] = w;
 }
 static_assert(sizeof(struct shm_mb_setup) == 96 + 264 * SHM_MB_MAX_STAGES, "setup size");
+
+/*
+ * SHM_MB_KV: what a node's ctrld asks of one stage's KV pool for
+ * prefill/decode disaggregation, in order with the micro-batches (a stage
+ * finishes every step before it, so an export reads what they wrote and an
+ * import lands before anything after it runs). The pages sit in a buffer of
+ * the region that ctrld owns and names by offset (a page message it sends
+ * or received over the dataplane): the stage copies straight between its
+ * pool and that buffer. Only stage `target` acts; the others forward it
+ * untouched, and the last returns it to ctrld with status (and err) set.
+ * The target must map the buffer's region: a stage on ctrld's node.
+ */
+#define SHM_MB_KV_FORMAT 1u /**< report the stage's page format (the fields below) */
+#define SHM_MB_KV_EXPORT 2u /**< blocks[0..n) of the pool into the buffer, back to back */
+#define SHM_MB_KV_IMPORT 3u /**< the buffer (in the format below) into blocks[0..n) */
+
+struct shm_mb_kv {
+	uint32_t op;             /**< SHM_MB_KV_* */
+	int32_t target;          /**< the stage that acts */
+	uint64_t buf_off;        /**< the pages: region offset ... */
+	uint64_t buf_len;        /**< ... and bytes (EXPORT: room for them) */
+	int32_t n_blocks;        /**< entries of the blocks array after this record */
+	/* the page format: the target's answer to FORMAT; what IMPORT's pages are in */
+	int32_t dtype;           /**< KN_DT_F32 or KN_DT_BF16 */
+	int32_t layer_start, layer_end;
+	int32_t n_kv_heads, head_dim;
+	uint64_t block_bytes;    /**< one block, every layer of the range, K and V */
+	uint8_t reserved[8];
+};
+static_assert(offsetof(struct shm_mb_kv, buf_off) == 8, "buf_off at 8");
+static_assert(offsetof(struct shm_mb_kv, n_blocks) == 24, "n_blocks at 24");
+static_assert(offsetof(struct shm_mb_kv, block_bytes) == 48, "block_bytes at 48");
+static_assert(sizeof(struct shm_mb_kv) == 64, "shm_mb_kv is 64 bytes");
+
+/** @return the bytes of a KV message naming @p n_blocks blocks. */
+static inline size_t shm_mb_kv_size(int32_t n_blocks)
+{
+	return sizeof(struct shm_mb_hdr) + sizeof(struct shm_mb_kv) + (size_t)n_blocks * sizeof(int32_t);
+}
+
+/** @return 1 if @p len bytes hold the KV message at @p h whole (n_blocks in 0 .. @p max_blocks). */
+static inline int shm_mb_kv_whole(const struct shm_mb_hdr *h, size_t len, int32_t max_blocks)
+{
+	const struct shm_mb_kv *k = (const struct shm_mb_kv *)(h + 1);
+
+	return h->n_cols == 0 && h->n_ops == 0 && len >= shm_mb_kv_size(0) && k->n_blocks >= 0
+	       && k->n_blocks <= max_blocks && h->total_len >= shm_mb_kv_size(k->n_blocks) && len >= h->total_len;
+}
 
 /** @return @p x rounded up to 64. */
 static inline size_t shm_mb_align(size_t x)

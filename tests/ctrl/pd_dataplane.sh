@@ -17,7 +17,10 @@
 # ctrld2-split gives the decode node another stage split than the prefill
 # node's: every request fails at once with an error that says to split the
 # model the same way on both nodes (not at the room timeout).
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split BUILD SOURCE
+# ctrld2-workers runs each node's two stages in kvferry-worker processes on
+# the node's dataplane region: the workers copy the pages between their KV
+# pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -31,7 +34,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split) ;;
+  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -40,8 +43,23 @@ KVF_DP_REGION=160
 kvf_dataplanes "$topo" || { echo "FAIL: the dataplanes did not start"; exit 1; }
 "$B/kvferry-mkmodel" --out "$KVF_RUN/model" --preset tiny >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
 extra=()
+# ctrld2-workers: stage k of node N (region R) in its own process, over shm rings
+wargs() { :; }
+if [ "$mode" = ctrld2-workers ]; then
+  for node in 1 2; do
+    reg=$KVF_RA; [ $node = 2 ] && reg=$KVF_RB
+    for k in 0 1; do
+      out="ring:serve.s$((k + 1)).in"; [ $k = 1 ] && out="ring:serve.ret"
+      "$B/kvferry-worker" --region "$reg" --model "$KVF_RUN/model" --in "ring:serve.s$k.in" --out "$out" \
+        --role "stage$k" --node $node --backend cpu --threads 1 >"$KVF_RUN/worker$node.$k.log" 2>&1 &
+      KVF_PIDS+=($!)
+    done
+  done
+  wargs() { echo --worker-region "$1" --worker-return ring --worker-join-timeout 60 --kv-memory 64M; }
+fi
 if [ "$mode" = ctrld ] || [ "${mode#ctrld2}" != "$mode" ]; then
-  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 \
+  # shellcheck disable=SC2046
+  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages 2 --backend cpu --threads 1 --port 0 $(wargs "$KVF_RA") \
     --admin-socket "$KVF_RUN/ctrl.sock" --pd-role prefill --bootstrap-port 0 --pd-dataplane-region "$KVF_RA" \
     --served-model-name tiny >"$KVF_RUN/ctrld.log" 2>&1 &
   KVF_PIDS+=($!)
@@ -56,7 +74,8 @@ if [ "${mode#ctrld2}" != "$mode" ]; then
   [ -n "$boot" ] || { echo "FAIL: no bootstrap address in the prefill node's log"; cat "$KVF_RUN/ctrld.log"; exit 1; }
   dstages=2
   [ "$mode" = ctrld2-split ] && dstages=1
-  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages $dstages --backend cpu --threads 1 --port 0 \
+  # shellcheck disable=SC2046
+  "$B/kvferry-ctrld" --model-dir "$KVF_RUN/model" --stages $dstages --backend cpu --threads 1 --port 0 $(wargs "$KVF_RB") \
     --admin-socket "$KVF_RUN/ctrl2.sock" --pd-role decode --pd-dataplane-region "$KVF_RB" --pd-prefill "$boot" \
     --pd-heartbeat-interval 2 --served-model-name tiny >"$KVF_RUN/ctrld2.log" 2>&1 &
   KVF_PIDS+=($!)
@@ -238,7 +257,8 @@ sys.exit(0 if ok else 1)
 PY
   rc=$?
   cat "$KVF_RUN/out.log"
-  [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+  [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2 worker1.0 worker1.1 worker2.0 worker2.1; do
+                     [ -f "$KVF_RUN/$f.log" ] && { echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; }; done; exit 1; }
   echo "PASS ($mode)"
   exit 0
 fi

@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The worker chain's KV pages (ctrl_chain kv_format / kv_export /
+ * kv_import): each call is one SHM_MB_KV message down the chain, in order
+ * with the micro-batches, answered when it comes back on the return hop.
+ * The pages never pass through ctrld: the target stage copies between its
+ * pool and the caller's buffer, which must lie in the chain's region (a
+ * dataplane page buffer: ctrl/pd_link.c), and the stage must run on this
+ * node.
+ *
+ * Threading: the calls may come from any thread (the PD poller imports,
+ * the scheduler's thread exports). One KV message is in flight at a time
+ * (kv_mu); the chain's state is shared with submit and poll under mu; the
+ * caller drains the return hop itself while it waits, so a scheduler thread
+ * that is busy elsewhere cannot hold the answer back (the results it drains
+ * for groups wait in the done queue for the next poll).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "chain_proc_int.h"
+#include "shm_mb.h"
+#include "shm_region.h"
+#include "shm_ring.h"
+
+/* The return hop brought back our KV message: keep its answer. */
+void pc_kv_reply(struct proc_chain *c, const struct shm_mb_hdr *h, size_t len)
+{
+	if (h->epoch != c->epoch || h->seq != c->kv_seq || c->kv_done || !shm_mb_kv_whole(h, len, PC_KV_MAX_BLOCKS))
+		return; /* an answer to a call that already gave up */
+	c->kv_status = h->status;
+	memcpy(c->kv_err, h->err, sizeof(c->kv_err) < sizeof(h->err) ? sizeof(c->kv_err) : sizeof(h->err));
+	c->kv_err[sizeof(c->kv_err) - 1] = '\0';
+	memcpy(&c->kv_ans, h + 1, sizeof(c->kv_ans));
+	c->kv_done = 1;
+}
+
+/* Put @p q (its blocks after it) in the KV buffer and on the first hop.
+ * @return 1 sent, 0 the hop is full. Called with mu held. */
+static int kv_send(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, const int32_t *blocks)
+{
+	struct shm_mb_hdr *h = pc_buf_at(c, c->o.max_groups + 2);
+	struct shm_desc d;
+
+	memset(h, 0, sizeof(*h));
+	h->magic = SHM_MB_MAGIC;
+	h->version = c->wire_version;
+	h->kind = SHM_MB_KV;
+	h->epoch = c->epoch;
+	h->seq = ++c->seq;
+	h->n_stages = c->o.n_stages;
+	h->total_len = (uint32_t)shm_mb_kv_size(q->n_blocks);
+	q->target = stage;
+	memcpy(h + 1, q, sizeof(*q));
+	if (q->n_blocks > 0)
+		memcpy((char *)(h + 1) + sizeof(*q), blocks, sizeof(int32_t) * (size_t)q->n_blocks);
+	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = SHM_MB_KV, .seq = h->seq };
+	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1)
+		return 0;
+	c->kv_seq = h->seq;
+	c->kv_done = 0;
+	return 1;
+}
+
+static const char *kv_op_name(uint32_t op)
+{
+	return op == SHM_MB_KV_FORMAT ? "format" : op == SHM_MB_KV_EXPORT ? "export" : "import";
+}
+
+/* Send @p q to stage @p stage and wait for the answer into @p q.
+ * @return 0 or -errno (the stage's; -EPIPE: the chain went down;
+ * -ETIMEDOUT). Called with kv_mu held. */
+static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, const int32_t *blocks)
+{
+	uint64_t t0 = kvf_mono_ns(), limit = (uint64_t)c->o.group_timeout_ms * 1000000ull;
+	uint32_t op = q->op;
+	int sent = 0, rc = 1; /* 1: waiting */
+	char err[CTRL_CHAIN_ERRLEN];
+
+	while (rc == 1) {
+		pthread_mutex_lock(&c->mu);
+		if (c->state != PC_UP) {
+			rc = -EPIPE;
+		} else if (!sent) {
+			sent = kv_send(c, stage, q, blocks);
+		} else {
+			pc_drain(c, err, sizeof(err));
+			pc_check_live(c, kvf_mono_ns()); /* a stage that died answers nothing */
+			if (c->kv_done) {
+				rc = c->kv_status;
+				*q = c->kv_ans;
+			}
+		}
+		if (rc == 1 && kvf_mono_ns() - t0 > limit)
+			rc = -ETIMEDOUT;
+		if (rc != 1)
+			c->kv_seq = 0; /* a late answer is dropped */
+		pthread_mutex_unlock(&c->mu);
+		if (rc == 1)
+			pc_sleep_us(sent ? 20 : 200);
+	}
+	if (rc < 0)
+		fprintf(c->log, "chain: KV %s on stage %d failed: %s\n", kv_op_name(op), (int)stage,
+			rc == -EPIPE ? "the chain is down" : rc == -ETIMEDOUT ? "no answer within the group timeout"
+			: c->kv_err);
+	return rc;
+}
+
+/* Where stage @p stage may take pages: on this node, at offset *off of the region. */
+static int kv_check(struct proc_chain *c, int32_t stage, const void *buf, size_t len, int32_t n, uint64_t *off)
+{
+	const char *base = shm_region_base(c->reg);
+
+	if (stage < 0 || stage >= c->o.n_stages || n < 0 || n > PC_KV_MAX_BLOCKS
+	    || shm_mb_kv_size(n) > c->buf_bytes)
+		return -EINVAL;
+	if (c->st[stage].node != c->st[0].node) {
+		fprintf(c->log, "chain: KV pages of stage %d: it runs on node %d, ctrld on node %d: pages move "
+			"only to and from stages on ctrld's node\n", (int)stage, c->st[stage].node, c->st[0].node);
+		return -EXDEV;
+	}
+	if (buf == NULL)
+		return 0;
+	if ((const char *)buf < base || len > shm_region_size(c->reg)
+	    || (size_t)((const char *)buf - base) > shm_region_size(c->reg) - len) {
+		fprintf(c->log, "chain: KV pages of stage %d: the buffer is outside region %s: the PD dataplane "
+			"region must be the workers' region\n", (int)stage, c->o.region);
+		return -EFAULT;
+	}
+	*off = (uint64_t)((const char *)buf - base);
+	return 0;
+}
+
+int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	struct shm_mb_kv q = { .op = SHM_MB_KV_FORMAT };
+	uint64_t off = 0;
+	int rc = kv_check(c, stage, NULL, 0, 0, &off);
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&c->kv_mu);
+	if (c->fmt_epoch[stage] != c->epoch) {
+		rc = kv_call(c, stage, &q, NULL);
+		if (rc == 0) {
+			c->fmt[stage] = (struct kn_kv_format){ .dtype = q.dtype, .layer_start = q.layer_start,
+							       .layer_end = q.layer_end, .n_kv_heads = q.n_kv_heads,
+							       .head_dim = q.head_dim, .block_bytes = (size_t)q.block_bytes };
+			c->fmt_epoch[stage] = c->epoch; /* a re-formed chain may have another backend */
+		}
+	}
+	if (rc == 0)
+		*f = c->fmt[stage];
+	pthread_mutex_unlock(&c->kv_mu);
+	return rc;
+}
+
+static int kv_copy(struct proc_chain *c, uint32_t op, int32_t stage, const int32_t *blocks, int32_t n,
+		   const void *buf, size_t len, const struct kn_kv_format *f)
+{
+	struct shm_mb_kv q = { .op = op, .buf_len = len, .n_blocks = n };
+	int rc = kv_check(c, stage, buf, len, n, &q.buf_off);
+
+	if (rc < 0)
+		return rc;
+	if (f != NULL) {
+		q.dtype = f->dtype;
+		q.layer_start = f->layer_start;
+		q.layer_end = f->layer_end;
+		q.n_kv_heads = f->n_kv_heads;
+		q.head_dim = f->head_dim;
+		q.block_bytes = f->block_bytes;
+	}
+	pthread_mutex_lock(&c->kv_mu);
+	rc = kv_call(c, stage, &q, blocks);
+	pthread_mutex_unlock(&c->kv_mu);
+	return rc;
+}
+
+int pc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, void *dst,
+			size_t len)
+{
+	return kv_copy((struct proc_chain *)cc, SHM_MB_KV_EXPORT, stage, blocks, n, dst, len, NULL);
+}
+
+int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
+			size_t len, const struct kn_kv_format *f)
+{
+	return kv_copy((struct proc_chain *)cc, SHM_MB_KV_IMPORT, stage, blocks, n, src, len, f);
+}
