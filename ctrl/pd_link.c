@@ -347,7 +347,7 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 		}
 		l->st.kv_received++;
 		l->st.kv_bytes_received += len;
-		h->pages(h->arg, info.room, info.session, k, info.last);
+		h->pages(h->arg, info.room, info.session, k, info.last, len);
 		return;
 	}
 	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d: "
@@ -388,6 +388,11 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		moved = 1;
 	}
 	return moved;
+}
+
+void ctrl_pd_link_wait(struct ctrl_pd_link *l, int64_t timeout_ns)
+{
+	shm_ring_wait(l->rx_ctl, timeout_ns);
 }
 
 void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats *st)

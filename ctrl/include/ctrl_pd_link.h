@@ -62,13 +62,16 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t n, char *err,
 		      size_t errlen);
 
+/** Sleep until a control message is in or @p timeout_ns passes (an idle poller's wait). */
+void ctrl_pd_link_wait(struct ctrl_pd_link *l, int64_t timeout_ns);
+
 /** What a poll hands on. */
 struct ctrl_pd_link_handlers {
 	void (*control)(void *arg, uint32_t node, const uint8_t *msg, size_t len);
 	/** may a page message for (room, session) land? */
 	int (*expects)(void *arg, uint64_t room, uint32_t session);
 	/** stage @p stream's pages of @p room are in (@p last: its last message) */
-	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last);
+	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint64_t bytes);
 	/** optional: a page message for a waiting room was refused (another layout...): @p why */
 	void (*refused)(void *arg, uint64_t room, uint32_t session, const char *why);
 	void *arg;
