@@ -22,6 +22,7 @@ struct pd_dreq {
 	uint64_t room, id;
 	uint32_t node, n_ranks;
 	int32_t streams_left;
+	uint64_t bytes_landed;
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
@@ -270,7 +271,8 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
 	}
 }
 
-void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last)
+void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last,
+			     uint64_t bytes)
 {
 	struct pd_dreq *q = by_room(d, room);
 
@@ -278,6 +280,7 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 		d->st.stale_pages++;
 		return;
 	}
+	q->bytes_landed += bytes;
 	if (last && !q->landed[stream]) {
 		q->landed[stream] = 1;
 		q->streams_left--;
@@ -355,6 +358,7 @@ void ctrl_pd_decode_rooms(const struct ctrl_pd_decode *d, void (*fn)(void *arg, 
 {
 	for (const struct pd_dreq *q = d->reqs; q != NULL; q = q->next) {
 		struct ctrl_pd_room_view v = { .room = q->room, .id = q->id, .node = q->node, .streams_left = q->streams_left,
+					       .bytes_landed = q->bytes_landed,
 					       .told = q->told, .state = CTRL_ROOM_BOOTSTRAPPING,
 					       .age_s = d->now > q->t_open ? (double)(d->now - q->t_open) / 1e9 : 0.0 };
 

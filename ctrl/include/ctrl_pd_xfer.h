@@ -95,11 +95,12 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, size_t len);
 
 /**
- * Page stream @p stream of room @p room is in place (@p last: its last
- * message imported). A room this node forgot, another session, or a
- * stream out of range is counted and ignored.
+ * A page message of stream @p stream of room @p room (@p bytes long) is in
+ * place (@p last: the stream's last). A room this node forgot, another
+ * session, or a stream out of range is counted and ignored.
  */
-void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last);
+void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last,
+			     uint64_t bytes);
 
 /** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
@@ -123,6 +124,7 @@ struct ctrl_pd_room_view {
 	enum ctrl_room_state state;
 	double age_s;              /**< since the room opened (the caller's clock) */
 	int32_t streams_left;      /**< page streams not landed yet */
+	uint64_t bytes_landed;     /**< page message bytes imported so far */
 	int told;                  /**< the scheduler was told ready or failed */
 };
 

@@ -145,7 +145,8 @@ for t in th:
 time.sleep(1.0)
 during = rooms(sock_d)
 print("ctrlctl rooms on the decode node while the prefill node is frozen:", during)
-if len(during) != 4 or any(r["state"] != "WaitingForInput" or r["prefill_node"] != boot for r in during):
+if len(during) != 4 or any(r["state"] != "WaitingForInput" or r["prefill_node"] != boot or r["bytes_landed"] != 0
+                           for r in during):
     fails.append("ctrlctl rooms does not show the 4 rooms waiting on %s" % boot)
 if pd_stats(dec)["pd"]["rooms"]["WaitingForInput"] != 4:
     fails.append("/stats pd.rooms does not count the 4 waiting rooms")

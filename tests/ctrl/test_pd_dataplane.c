@@ -172,11 +172,11 @@ static int expects_d(void *arg, uint64_t room, uint32_t session)
 	return ctrl_pd_decode_expects(n->dec, room, session);
 }
 
-static void pages_d(void *arg, uint64_t room, uint32_t session, int32_t stream, int last)
+static void pages_d(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint64_t bytes)
 {
 	struct node *n = arg;
 
-	ctrl_pd_decode_on_pages(n->dec, room, session, stream, last);
+	ctrl_pd_decode_on_pages(n->dec, room, session, stream, last, bytes);
 }
 
 /* ---- the prefill node as a kvferry-ctrld: prompts to its API, as a router sends them ---- */

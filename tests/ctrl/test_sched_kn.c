@@ -814,7 +814,7 @@ static int x_deliver(struct xnet *x, struct ctrl_pd_prefill *pp, struct ctrl_pd_
 				if (!x->drop_pages) {
 					assert_int_equal(ctrl_chain_kv_import(x->dchain, pg->stage, blk, pg->n, pg->data,
 									      pg->len, &pg->fmt), 0);
-					ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1);
+					ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1, 4096);
 				}
 				free(pg->data);
 			}
@@ -1015,7 +1015,7 @@ static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_onl
 	/* room 3: its one rank lands without a first token */
 	len = ctrl_pd_encode_status(buf, sizeof(buf), 3, 42, 0, 0, -1, 0, NULL);
 	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
-	ctrl_pd_decode_on_pages(x.pd, 3, 42, 0, 1);
+	ctrl_pd_decode_on_pages(x.pd, 3, 42, 0, 1, 4096);
 	/* node 0 is lost: exactly its two unfinished rooms fail */
 	assert_int_equal(ctrl_rooms_node_lost(x.rooms, 0), 2);
 	ctrl_pd_decode_tick(x.pd, 0);
