@@ -27,6 +27,7 @@ struct pd_preq {
 	int32_t n_src;
 	int finished;              /* the request ended (src set when it holds its KV) */
 	int aborted;               /* the decode node gave the room up: drop at the finish */
+	int ready;                 /* defer_ship: both halves in, tick ships it */
 	uint64_t t_held;           /* when the finished request's KV began to wait for its manifest */
 	int32_t first_token;
 	float first_lp;            /* its logprob and the top logprobs at its position */
@@ -129,7 +130,8 @@ static void send_status(struct ctrl_pd_prefill *p, struct pd_preq *q, int failed
 		p->st.rooms_done++;
 }
 
-/* Both halves in: ship the pages and report, or report why not. */
+/* Both halves in: ship the pages and report, or report why not. With
+ * defer_ship the record is only marked: ctrl_pd_prefill_tick ships it. */
 static void try_ship(struct ctrl_pd_prefill *p, struct pd_preq *q)
 {
 	char err[256] = "";
@@ -137,6 +139,10 @@ static void try_ship(struct ctrl_pd_prefill *p, struct pd_preq *q)
 
 	if (!q->have_manifest || !q->finished)
 		return;
+	if (p->o.defer_ship && q->src != NULL && q->n_dst == (uint32_t)q->n_src) {
+		q->ready = 1;
+		return;
+	}
 	if (q->src == NULL) {
 		send_status(p, q, 1, q->why[0] ? q->why : "the prefill request ended without its KV");
 	} else if (q->n_dst != (uint32_t)q->n_src) {
@@ -288,13 +294,48 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 	try_ship(p, q);
 }
 
+/* Ship one ready record with the lock released (the pages move while the
+ * scheduler goes on). Only the caller's thread ships, aborts and expires
+ * records, so @p q outlives the unlocked part; other threads may add or
+ * drop others meanwhile. */
+static void ship_unlocked(struct ctrl_pd_prefill *p, struct pd_preq *q)
+{
+	char err[256] = "";
+	int rc;
+
+	q->ready = 0;
+	if (p->o.lock != NULL)
+		pthread_mutex_unlock(p->o.lock);
+	rc = p->o.ship(p->o.ship_arg, q->node, q->room, q->session, q->src, q->dst, q->n_src, err, sizeof(err));
+	if (p->o.lock != NULL)
+		pthread_mutex_lock(p->o.lock);
+	if (rc < 0) {
+		send_status(p, q, 1, err[0] ? err : strerror(-rc));
+	} else {
+		p->st.pages_shipped += (uint64_t)q->n_src;
+		send_status(p, q, 0, NULL);
+	}
+	drop(p, q);
+}
+
 void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns)
 {
-	struct pd_preq *q = p->reqs, *next;
+	struct pd_preq *q, *next;
 
-	for (; q != NULL; q = next) {
+	for (int more = 1; more;) {
+		more = 0;
+		for (q = p->reqs; q != NULL; q = q->next)
+			if (q->ready) {
+				ship_unlocked(p, q);
+				more = 1; /* the list may have changed meanwhile: walk it again */
+				break;
+			}
+	}
+	for (q = p->reqs; q != NULL; q = next) {
 		next = q->next;
-		if (q->finished && !q->have_manifest && now_ns - q->t_held > p->o.hold_ns) {
+		/* a room that finished while a ship had the lock released may be
+		 * newer than now_ns */
+		if (q->finished && !q->have_manifest && now_ns > q->t_held && now_ns - q->t_held > p->o.hold_ns) {
 			p->st.expired++;
 			drop(p, q); /* gives the held blocks back */
 		}

@@ -310,7 +310,7 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 			goto fail;
 	} else {
 		struct ctrl_pd_prefill_opts po = { .sched = o->sched, .rank = o->rank, .send = send_ctl, .send_arg = s,
-						   .ship = ship, .ship_arg = s, .lock = &s->mu,
+						   .ship = ship, .ship_arg = s, .lock = &s->mu, .defer_ship = 1,
 						   .hold_ns = (uint64_t)(o->room_timeout_s * 1e9) };
 
 		s->pre = ctrl_pd_prefill_create(&po);

@@ -151,6 +151,11 @@ struct ctrl_pd_prefill_opts {
 	void *ship_arg;
 	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
 	uint64_t hold_ns;          /**< a prompt's KV waits this long for its manifest (0: 300 s) */
+	/** 1: a room whose halves are in is shipped by ctrl_pd_prefill_tick, with
+	 *  the lock released while its pages move (the scheduler's thread, whose
+	 *  finish callback completes a room, never waits on a transfer); the
+	 *  thread that ticks must be the one that passes control messages in */
+	int defer_ship;
 };
 
 struct ctrl_pd_prefill_stats {
@@ -176,8 +181,9 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const uint8_t *buf, size_t len);
 
 /**
- * Give back the KV of rooms whose manifest did not come within hold_ns
- * (the decode node is gone or gave up); call every loop.
+ * Ship the rooms that are ready (defer_ship) and give back the KV of rooms
+ * whose manifest did not come within hold_ns (the decode node is gone or
+ * gave up); call every loop.
  */
 void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns);
 
