@@ -4,7 +4,11 @@
  * The packaged kvferry.conf, --help, `ctrlctl config` and the error messages
  * are all generated from it, so a key added here is documented everywhere.
  */
+#include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "config_int.h"
 #include "ctrl_config.h"
@@ -22,6 +26,17 @@ static int check_plans(const char *value, char *err, size_t errlen)
 	int32_t w[8], n;
 
 	return ctrl_config_plans(value, w, &n, err, errlen);
+}
+
+/* "" (the model's own), "none", or a file we can read: a typo fails at
+ * start naming the key and where it came from, not at the first chat. */
+static int check_chat_template(const char *value, char *err, size_t errlen)
+{
+	if (!value[0] || !strcmp(value, "none") || access(value, R_OK) == 0)
+		return 0;
+	snprintf(err, errlen, "access(%s, R_OK) failed: %s; give a readable Jinja template file, "
+		 "none, or nothing for the model's own", value, strerror(errno));
+	return -EINVAL;
 }
 
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
@@ -64,6 +79,12 @@ const struct cfg_key g_cfg_keys[] = {
 	{"max_context", "model", CFG_INT, OFF(max_context), "0", 0, 1 << 24,
 	 "KVFERRY_MAX_CONTEXT", "--max-context", NULL, NULL,
 	 "longest sequence (prompt + output) in tokens; 0 = the model's max_position_embeddings"},
+	{"chat_template", "model", CFG_STRING, OFF(chat_template), "", 0, 0,
+	 "KVFERRY_CHAT_TEMPLATE", "--chat-template", NULL, check_chat_template,
+	 "chat template file (Jinja text, or JSON with a chat_template key) used instead of the "
+	 "model's tokenizer_config.json one; none = no chat (/v1/chat/completions answers 400); "
+	 "empty = the model's. kvferry renders the ChatML (Qwen) and Llama 3 families; a model whose "
+	 "template is of another family is refused at start until this names one of theirs"},
 	/* [engine] */
 	{"stages", "engine", CFG_STRING, OFF(stages), "1", 0, 0,
 	 "KVFERRY_STAGES", "--stages", NULL, check_stages,

@@ -283,10 +283,42 @@ static int load_config(struct daemon *d, int argc, char **argv)
 	return 0;
 }
 
+/* The chat template: the model's, or the file chat_template names (none:
+ * no chat). One of a family kn_tok cannot render refuses the start rather
+ * than serving a 400 to every chat request: the operator learns it from
+ * --check and the journal, not from clients. A model without any template (a
+ * base model) still serves, chat answering 400 as API.md says. */
+static int open_chat_template(struct daemon *d)
+{
+	const char *ct = d->set->chat_template, *origin = NULL;
+	char err[1024];
+	int rc = 0;
+
+	ctrl_config_source(d->cfg, "chat_template", &origin);
+	if (!strcmp(ct, "none"))
+		rc = kn_tok_set_chat_template(d->tok, NULL, "chat_template = none");
+	else if (ct[0])
+		rc = kn_tok_load_chat_template(d->tok, ct, err, sizeof(err));
+	if (rc) {
+		logerr("chat_template = %s (from %s): %s", ct, origin ? origin : "default",
+		       rc == -ENOMEM ? "out of memory" : err);
+		return rc;
+	}
+	if (kn_tok_chat_family(d->tok) == KN_CHAT_UNKNOWN) {
+		logerr("%s; refusing to start, as no chat request could be served. Pass --chat-template FILE "
+		       "(chat_template in [model] of %s, or KVFERRY_CHAT_TEMPLATE) with a ChatML or Llama 3 "
+		       "template written for this model, or --chat-template none to serve completions only",
+		       kn_tok_chat_error(d->tok), CTRL_CONFIG_PATH);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
 static int open_model(struct daemon *d)
 {
 	const struct kn_model_config *mc;
 	char err[1024], dirbuf[CTRL_CFG_STRLEN];
+	int rc;
 
 	d->model = kn_model_open(d->set->model_dir, err, sizeof(err));
 	if (!d->model) {
@@ -299,6 +331,9 @@ static int open_model(struct daemon *d)
 		logerr("kn_tok_open(%s) failed: %s", d->set->model_dir, err);
 		return -errno;
 	}
+	rc = open_chat_template(d);
+	if (rc)
+		return rc;
 	mc = kn_model_config(d->model);
 	if (ctrl_config_stages(d->set->stages, mc->n_layers, d->ends, &d->n_stages, err, sizeof(err))) {
 		const char *origin;

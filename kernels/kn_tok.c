@@ -8,7 +8,8 @@
  *   kn_tok_pretok.c  normalizer and pre-tokenizer (read here, run at encode)
  *   kn_tok_encode.c  added tokens and BPE: kn_tok_encode()
  *   kn_tok_decode.c  kn_tok_decode() and the streaming decoder
- *   kn_tok_chat.c    chat prompts
+ *   kn_tok_chat.c    chat templates: the family read off the template text,
+ *                    prompts rendered by it
  *
  * Pipeline of kn_tok_encode(), in the order Hugging Face tokenizers applies it:
  *   1. added tokens are cut out of the raw text, leftmost then longest first
@@ -23,14 +24,17 @@
  *     undone once at load, so a token's bytes_* entry is exactly what it
  *     decodes to and BPE runs on the UTF-8 of the text. Breaking this makes
  *     decode(encode(s)) != s.
- *   - The struct is never written after kn_tok_open(): the per-pre-token BPE
- *     cache lives in each encode call, so concurrent encodes need no lock.
+ *   - The struct is never written after kn_tok_open() (and the
+ *     kn_tok_set_chat_template() that may follow it before the tokenizer is
+ *     shared): the per-pre-token BPE cache lives in each encode call, so
+ *     concurrent encodes need no lock.
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <unistr.h>
@@ -315,7 +319,10 @@ static int index_added(struct kn_tok *t)
 	return 0;
 }
 
-static void load_config(struct kn_tok *t, const json_t *cfg)
+/* BOS/EOS and the chat template of tokenizer_config.json (read from
+ * @p path); the template's family is kn_tok_chat.c's to tell. Returns 0 or
+ * -ENOMEM. */
+static int load_config(struct kn_tok *t, const json_t *cfg, const char *path)
 {
 	const char *bos = token_text(json_object_get(cfg, "bos_token"));
 	const char *eos = token_text(json_object_get(cfg, "eos_token"));
@@ -323,8 +330,8 @@ static void load_config(struct kn_tok *t, const json_t *cfg)
 	const char *tmpl = NULL;
 
 	t->bos_id = bos ? kn_tok_token_to_id(t, bos) : -1;
-	if (t->bos_id >= 0)
-		t->bos_text = strdup(bos);
+	if (t->bos_id >= 0 && !(t->bos_text = strdup(bos)))
+		return -ENOMEM;
 	t->eos_id = eos ? kn_tok_token_to_id(t, eos) : -1;
 	if (json_is_string(ct)) {
 		tmpl = json_string_value(ct);
@@ -340,50 +347,12 @@ static void load_config(struct kn_tok *t, const json_t *cfg)
 		}
 	}
 	if (!tmpl) {
-		snprintf(t->chat_err, sizeof(t->chat_err), "tokenizer_config.json has no "
-			 "chat_template; this model has no chat format (use plain completion)");
-		return;
+		kn_tok_chat_detect(t, NULL, path);
+		snprintf(t->chat_err, sizeof(t->chat_err), "%s has no chat_template; this model has "
+			 "no chat format (use plain completion)", path);
+		return 0;
 	}
-	if (strstr(tmpl, "<|im_start|>")) {
-		const char *s = strstr(tmpl, "<|im_start|>system\\n");
-
-		t->chat = KN_CHAT_CHATML;
-		t->chat_think = strstr(tmpl, "</think>") != NULL;
-		t->eot_id = kn_tok_token_to_id(t, "<|im_end|>");
-		/* A template that writes a fixed system block when the caller gives
-		 * none (Qwen2, Qwen2.5) spells it as one literal; find it. */
-		for (; s; s = strstr(s + 1, "<|im_start|>system\\n")) {
-			const char *b = s + strlen("<|im_start|>system\\n");
-			const char *e = strstr(b, "<|im_end|>");
-			struct kn_tok_buf sys = { 0 };
-
-			if (!e || *b == '\'' || *b == '"' || memchr(b, '\'', (size_t)(e - b)) ||
-			    memchr(b, '{', (size_t)(e - b)))
-				continue;
-			for (const char *c = b; c < e; c++) {
-				if (c[0] == '\\' && c + 1 < e && c[1] == 'n') {
-					kn_tok_buf_add(&sys, "\n", 1);
-					c++;
-				} else {
-					kn_tok_buf_add(&sys, c, 1);
-				}
-			}
-			t->chat_system = sys.p;
-			break;
-		}
-	} else if (strstr(tmpl, "<|start_header_id|>")) {
-		t->chat = KN_CHAT_LLAMA3;
-		/* Llama 3.0's template has no add_generation_prompt test: it always
-		 * ends with the assistant header. */
-		t->chat_gen_always = strstr(tmpl, "add_generation_prompt") == NULL;
-		t->chat_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
-		t->eot_id = kn_tok_token_to_id(t, "<|eot_id|>");
-	} else {
-		snprintf(t->chat_err, sizeof(t->chat_err), "chat_template in "
-			 "tokenizer_config.json is of an unknown family (neither ChatML "
-			 "<|im_start|> nor Llama 3 <|start_header_id|>); render the prompt "
-			 "yourself and encode it with special tokens");
-	}
+	return kn_tok_chat_detect(t, tmpl, path);
 }
 
 static int load_added(struct kn_tok *t, const json_t *arr, char *err, size_t errlen)
@@ -596,10 +565,8 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 	t->chat = KN_CHAT_NONE;
 	snprintf(t->chat_err, sizeof(t->chat_err), "no tokenizer_config.json was given, "
 		 "so there is no chat template");
-	if (cfg)
-		load_config(t, cfg);
-	if (t->chat != KN_CHAT_NONE)
-		t->chat_err[0] = '\0';
+	if (cfg && load_config(t, cfg, config_path))
+		goto nomem;
 	free(tmp);
 	free(vocab_ids);
 	json_decref(cfg);
@@ -652,6 +619,18 @@ struct kn_tok *kn_tok_open(const char *model_dir, char *err, size_t errlen)
 	eno = errno;
 	free(jp);
 	free(cp);
+	/* Recent transformers save the template beside the config, in
+	 * chat_template.jinja, and read it in preference to the config's. */
+	if (t && asprintf(&cp, "%s/chat_template.jinja", model_dir) >= 0) {
+		int rc = access(cp, F_OK) == 0 ? kn_tok_load_chat_template(t, cp, err, errlen) : 0;
+
+		free(cp);
+		if (rc) {
+			kn_tok_close(t);
+			t = NULL;
+			eno = -rc;
+		}
+	}
 	errno = eno;
 	return t;
 }

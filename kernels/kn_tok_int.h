@@ -95,10 +95,21 @@ struct kn_tok {
 	enum kn_chat_family chat;
 	char *chat_system;        /* ChatML default system prompt, or NULL */
 	int chat_think;           /* ChatML template splits <think> off replies (Qwen3) */
+	int chat_tools;           /* ChatML: Qwen 2.5/3 tool turns; unknown roles refused */
 	int chat_gen_always;      /* template ends with the assistant header always */
 	int chat_dated;           /* Llama 3.1+ template: dated system block */
-	char chat_err[256];
+	int chat_today;           /* ... dated today (strftime_now, Llama 3.2) */
+	char chat_err[512];       /* why kn_tok_apply_chat() says -ENOTSUP */
 };
+
+/* ---- chat templates (kn_tok_chat.c) ------------------------------------ */
+
+/* Read the family and its variants off a chat template (NULL: none) and
+ * reset every chat field of @p t to them: t->chat (KN_CHAT_UNKNOWN for a
+ * template of no family we render), the flags, chat_system, eot_id and
+ * chat_err, whose messages name @p origin (the file it came from). Returns
+ * 0 or -ENOMEM. */
+int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin);
 
 /* ---- lookup tables (kn_tok_table.c) ------------------------------------ */
 

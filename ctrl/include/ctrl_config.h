@@ -73,6 +73,7 @@ struct ctrl_settings {
 	char served_model_name[CTRL_CFG_STRLEN]; /**< "" = the model dir's basename */
 	int64_t max_tokens_default;
 	int64_t max_context;          /**< 0 = the model's max_position */
+	char chat_template[CTRL_CFG_STRLEN]; /**< "" = the model's; "none"; else a template file */
 	/* [engine] */
 	char stages[CTRL_CFG_STRLEN]; /**< "N" or "0-8,8-16" */
 	int64_t backend;              /**< enum ctrl_cfg_backend */

@@ -7,11 +7,14 @@
  * with Unicode properties), merges by rank, and the GPT-2 byte mapping.
  * Decoding is byte exact; a streaming decoder never emits a partial UTF-8
  * character. Chat prompts are rendered for the ChatML (Qwen) and Llama 3
- * header families, chosen from the chat_template string.
+ * header families, chosen from the chat_template string (or from a template
+ * the caller gives: kn_tok_load_chat_template()).
  *
- * Threading: a kn_tok is read-only after kn_tok_open(); any number of threads
- * may encode, decode and render chats with it at once. A kn_tok_stream
- * belongs to one thread at a time.
+ * Threading: a kn_tok is read-only after kn_tok_open() and any
+ * kn_tok_set_chat_template() / kn_tok_load_chat_template() call made before
+ * it is shared; from then on any number of threads may encode, decode and
+ * render chats with it at once. A kn_tok_stream belongs to one thread at a
+ * time.
  */
 #ifndef KN_TOK_H
 #define KN_TOK_H
@@ -34,13 +37,20 @@ extern "C" {
 /** Chat template families kn_tok_apply_chat() renders. */
 enum kn_chat_family {
 	KN_CHAT_NONE = 0,   /**< no chat_template in tokenizer_config.json */
-	KN_CHAT_CHATML = 1, /**< Qwen: <|im_start|>role\n...<|im_end|>\n */
+	KN_CHAT_CHATML = 1, /**< ChatML, Qwen: <|im_start|>role\n...<|im_end|>\n */
 	KN_CHAT_LLAMA3 = 2, /**< <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+	KN_CHAT_UNKNOWN = 3, /**< a chat_template of no family above: not rendered */
 };
 
-/** One chat message; both strings are UTF-8 and NUL-terminated. */
+/**
+ * One chat message; both strings are UTF-8 and NUL-terminated. Roles are
+ * the template's: "system", "user", "assistant", and "tool" (Qwen 2.5/3: a
+ * tool result in a user turn; Llama 3.1+: an ipython turn, as "ipython");
+ * a template that writes every message as it comes (plain ChatML, Llama 3.0)
+ * takes any role.
+ */
 struct kn_chat_msg {
-	const char *role;    /**< "system", "user", "assistant" (ChatML also "tool") */
+	const char *role;
 	const char *content;
 };
 
@@ -49,14 +59,16 @@ struct kn_tok_stream;
 
 /**
  * Open the tokenizer of a model directory (tokenizer.json, and
- * tokenizer_config.json when present).
+ * tokenizer_config.json when present; a chat_template.jinja beside them
+ * replaces the config's chat_template, as in transformers).
  * @param model_dir  directory holding tokenizer.json
  * @param err        receives a message naming the problem and the fix
  * @param errlen     size of @p err
  * @return the tokenizer, or NULL with errno set: ENOENT (no tokenizer.json),
  *         EINVAL (malformed JSON, unsupported model/normalizer/pre-tokenizer
- *         type, bad regex, merge naming a token missing from the vocab),
- *         ENOMEM; @p err is filled.
+ *         type, bad regex, merge naming a token missing from the vocab,
+ *         chat_template.jinja not UTF-8), EACCES/EIO (chat_template.jinja
+ *         unreadable), ENOMEM; @p err is filled.
  */
 struct kn_tok *kn_tok_open(const char *model_dir, char *err, size_t errlen);
 
@@ -177,20 +189,51 @@ int32_t kn_tok_bos_id(const struct kn_tok *tok);
  */
 size_t kn_tok_eos_ids(const struct kn_tok *tok, int32_t *out, size_t cap);
 
-/** @return the chat template family detected at open. */
+/** @return the chat template family detected at open (or set since). */
 enum kn_chat_family kn_tok_chat_family(const struct kn_tok *tok);
 
 /**
- * Render a conversation as the model's chat template would.
+ * Replace the chat template read from tokenizer_config.json, e.g. with one
+ * an operator gives; its family is read off the text as at open, and the
+ * chat family's end-of-turn id (kn_tok_eos_ids()) follows it.
+ * Threading: only before @p tok is shared with other threads.
+ * @param tok     the tokenizer
+ * @param tmpl    the Jinja template text, or NULL for none (chat is then
+ *                refused as for a model without a template)
+ * @param origin  where it came from (a path), named in kn_tok_chat_error()
+ * @return 0 — also for a template of an unknown family, which
+ *         kn_tok_chat_family() then reports as KN_CHAT_UNKNOWN —, -EINVAL
+ *         (NULL @p tok), -ENOMEM.
+ */
+int kn_tok_set_chat_template(struct kn_tok *tok, const char *tmpl, const char *origin);
+
+/**
+ * kn_tok_set_chat_template() with a template read from a file: Jinja text,
+ * or a JSON object with a "chat_template" string (a tokenizer_config.json).
+ * Threading: only before @p tok is shared with other threads.
+ * @param tok     the tokenizer
+ * @param path    the file
+ * @param err     receives a message naming the file and the problem
+ * @param errlen  size of @p err
+ * @return 0, -errno of fopen() (ENOENT, EACCES, ...), -EIO, -EINVAL (not
+ *         UTF-8 text, or JSON without a chat_template string), -ENOMEM.
+ */
+int kn_tok_load_chat_template(struct kn_tok *tok, const char *path, char *err, size_t errlen);
+
+/**
+ * Render a conversation as the model's chat template would (byte for byte
+ * what transformers' apply_chat_template renders with it).
  * @param tok                    the tokenizer
  * @param msgs                   messages in order
  * @param n                      number of messages
  * @param add_generation_prompt  nonzero: end with the assistant header
  * @param out                    receives a malloc'd NUL-terminated prompt;
  *                               encode it with KN_TOK_SPECIAL
- * @return 0, -ENOTSUP (no chat_template, or one of an unknown family: the
+ * @return 0, -ENOTSUP (no chat template, or one of an unknown family: the
  *         message is available from kn_tok_chat_error()), -EINVAL (NULL
- *         argument or a role the family does not know), -ENOMEM.
+ *         argument, or — Qwen 2.5/3 templates — a role other than system,
+ *         user, assistant and tool, which the template would silently drop),
+ *         -ENOMEM.
  */
 int kn_tok_apply_chat(const struct kn_tok *tok, const struct kn_chat_msg *msgs,
 		      size_t n, int add_generation_prompt, char **out);

@@ -7,10 +7,11 @@
  *       in:  "text" or {"text": "..."}      out: {"ids": [..]}
  *   kvferry-tok decode --model DIR [--skip-special]
  *       in:  [ids] or {"ids": [..]}        out: {"text": "..."}
- *   kvferry-tok chat --model DIR [--gen]
+ *   kvferry-tok chat --model DIR [--gen] [--chat-template FILE|none]
  *       in:  [{"role": .., "content": ..}]  out: {"prompt": "...", "ids": [..]}
  *
- * --tokenizer FILE [--config FILE] replace --model. A line that fails gives
+ * --tokenizer FILE [--config FILE] replace --model. --chat-template replaces
+ * the model's template as kvferry-ctrld's does. A line that fails gives
  * {"error": "..."} and the exit status is 1 at the end.
  */
 #include <errno.h>
@@ -29,7 +30,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: kvferry-tok encode|decode|chat (--model DIR | --tokenizer FILE "
 		"[--config FILE])\n"
-		"       [--no-special] [--bos] [--skip-special] [--gen] [--time]\n"
+		"       [--no-special] [--bos] [--skip-special] [--gen] [--chat-template FILE|none] [--time]\n"
 		"JSON lines on stdin, one JSON object per line on stdout.\n");
 }
 
@@ -68,7 +69,7 @@ static void put_error(const char *what, int rc)
 
 int main(int argc, char **argv)
 {
-	const char *model = NULL, *tjson = NULL, *tcfg = NULL, *cmd;
+	const char *model = NULL, *tjson = NULL, *tcfg = NULL, *chat_tmpl = NULL, *cmd;
 	unsigned eflags = KN_TOK_SPECIAL, dflags = 0;
 	int gen = 0, timing = 0, failed = 0;
 	char err[512];
@@ -94,6 +95,8 @@ int main(int argc, char **argv)
 			tjson = argv[++i];
 		else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
 			tcfg = argv[++i];
+		else if (strcmp(argv[i], "--chat-template") == 0 && i + 1 < argc)
+			chat_tmpl = argv[++i];
 		else if (strcmp(argv[i], "--no-special") == 0)
 			eflags &= ~KN_TOK_SPECIAL;
 		else if (strcmp(argv[i], "--bos") == 0)
@@ -118,6 +121,14 @@ int main(int argc, char **argv)
 		      kn_tok_open_file(tjson, tcfg, err, sizeof(err));
 	if (!tok) {
 		fprintf(stderr, "kvferry-tok: %s\n", err);
+		return 1;
+	}
+	if (chat_tmpl && (strcmp(chat_tmpl, "none") == 0 ?
+			  kn_tok_set_chat_template(tok, NULL, "--chat-template none") :
+			  kn_tok_load_chat_template(tok, chat_tmpl, err, sizeof(err)))) {
+		fprintf(stderr, "kvferry-tok: --chat-template %s: %s\n", chat_tmpl,
+			strcmp(chat_tmpl, "none") == 0 ? "out of memory" : err);
+		kn_tok_close(tok);
 		return 1;
 	}
 	while ((len = getline(&line, &cap, stdin)) >= 0) {
@@ -196,7 +207,8 @@ int main(int argc, char **argv)
 			}
 			rc = m ? kn_tok_apply_chat(tok, m, n, gen, &prompt) : -ENOMEM;
 			if (rc == -ENOTSUP) {
-				printf("{\"error\":\"%s\"}\n", kn_tok_chat_error(tok));
+				put_string(stdout, "error", kn_tok_chat_error(tok), strlen(kn_tok_chat_error(tok)));
+				fputc('\n', stdout);
 				failed = 1;
 			} else if (rc) {
 				put_error("kn_tok_apply_chat", rc);

@@ -336,13 +336,133 @@ static void an_unknown_chat_template_is_refused_by_name(void **state)
 	assert_non_null(t);
 	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &out), -ENOTSUP);
 	assert_null(out);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_UNKNOWN);
 	assert_non_null(strstr(kn_tok_chat_error(t), "unknown family"));
 	assert_non_null(strstr(kn_tok_chat_error(t), "<|im_start|>"));
+	/* the message names the file and shows the template's start */
+	assert_non_null(strstr(kn_tok_chat_error(t), "tok_unknown_template_config.json"));
+	assert_non_null(strstr(kn_tok_chat_error(t), "[INST]"));
 	kn_tok_close(t);
 	/* no config at all: no chat either */
 	t = kn_tok_open_file(data("tok_tiny/tokenizer.json"), NULL, err, sizeof(err));
 	assert_non_null(t);
 	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &out), -ENOTSUP);
+	kn_tok_close(t);
+}
+
+/* An operator's template (ctrld's --chat-template) replaces the model's:
+ * the family, the default system prompt and the end-of-turn id follow the
+ * new one; a file that cannot be read changes nothing. */
+static void a_chat_template_file_replaces_the_models_template(void **state)
+{
+	char err[512];
+	struct kn_tok *t = kn_tok_open_file(data("tok_tiny/tokenizer.json"),
+					    data("tok_tiny_llama3_config.json"), err, sizeof(err));
+	struct kn_chat_msg m[] = { { "user", "hi" } };
+	int32_t eos[4];
+	char *out;
+
+	(void)state;
+	assert_non_null(t);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_LLAMA3);
+	assert_int_equal(kn_tok_eos_ids(t, eos, 4), 1);
+	assert_int_equal(eos[0], id_of(t, "<|eot_id|>"));
+
+	/* a Jinja file */
+	assert_int_equal(kn_tok_load_chat_template(t, data("chat/chatml_text.jinja"), err, sizeof(err)), 0);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_CHATML);
+	assert_int_equal(kn_tok_eos_ids(t, eos, 4), 2);
+	assert_int_equal(eos[1], id_of(t, "<|im_end|>"));
+	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &out), 0);
+	assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+	free(out);
+
+	/* a tokenizer_config.json: its chat_template, default system prompt included */
+	assert_int_equal(kn_tok_load_chat_template(t, data("tok_tiny/tokenizer_config.json"), err,
+						   sizeof(err)), 0);
+	assert_int_equal(kn_tok_apply_chat(t, m, 1, 0, &out), 0);
+	assert_string_equal(out, "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
+			    "<|im_start|>user\nhi<|im_end|>\n");
+	free(out);
+
+	/* a file that is not there: named, and the template in use stays */
+	assert_int_equal(kn_tok_load_chat_template(t, data("no-such.jinja"), err, sizeof(err)), -ENOENT);
+	assert_non_null(strstr(err, "no-such.jinja"));
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_CHATML);
+	/* JSON without a chat_template is refused */
+	assert_int_equal(kn_tok_load_chat_template(t, data("tok_tiny/tokenizer.json"), err, sizeof(err)),
+			 -EINVAL);
+	assert_non_null(strstr(err, "chat_template"));
+
+	/* a template of an unknown family loads, and is reported by its file */
+	assert_int_equal(kn_tok_load_chat_template(t, data("tok_unknown_template_config.json"), err,
+						   sizeof(err)), 0);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_UNKNOWN);
+	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &out), -ENOTSUP);
+	assert_non_null(strstr(kn_tok_chat_error(t), "tok_unknown_template_config.json"));
+	assert_int_equal(kn_tok_eos_ids(t, eos, 4), 1);
+
+	/* none: chat refused, as for a model without a template */
+	assert_int_equal(kn_tok_set_chat_template(t, NULL, "--chat-template none"), 0);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_NONE);
+	assert_int_equal(kn_tok_apply_chat(t, m, 1, 1, &out), -ENOTSUP);
+	assert_non_null(strstr(kn_tok_chat_error(t), "--chat-template none"));
+	kn_tok_close(t);
+}
+
+/* A chat_template.jinja beside tokenizer_config.json wins over the
+ * config's chat_template, as transformers reads them. */
+static void a_chat_template_jinja_file_in_the_model_directory_wins(void **state)
+{
+	char dir[] = "/tmp/kvf-tok-jinja-XXXXXX";
+	char cmd[4096], err[512];
+	struct kn_tok *t;
+
+	(void)state;
+	assert_non_null(mkdtemp(dir));
+	snprintf(cmd, sizeof(cmd), "cp %s %s/tokenizer.json && cp %s %s/tokenizer_config.json",
+		 data("tok_tiny/tokenizer.json"), dir, data("tok_tiny_llama3_config.json"), dir);
+	assert_int_equal(system(cmd), 0);
+	t = kn_tok_open(dir, err, sizeof(err));
+	assert_non_null(t);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_LLAMA3);
+	kn_tok_close(t);
+	snprintf(cmd, sizeof(cmd), "cp %s %s/chat_template.jinja", data("chat/chatml.jinja"), dir);
+	assert_int_equal(system(cmd), 0);
+	t = kn_tok_open(dir, err, sizeof(err));
+	assert_non_null(t);
+	assert_int_equal(kn_tok_chat_family(t), KN_CHAT_CHATML);
+	kn_tok_close(t);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+/* The template's own rules, where they differ from writing every message as
+ * it comes (the reference comparison, chat_reference.py, covers the rest). */
+static void roles_follow_what_the_template_does_with_them(void **state)
+{
+	char err[512];
+	struct kn_tok *t = open_tiny();
+	struct kn_chat_msg dev[] = { { "developer", "x" }, { "user", "hi" } };
+	struct kn_chat_msg tool[] = { { "user", "hi" }, { "tool", "a \"b\"\n" } };
+	char *out;
+
+	(void)state;
+	/* plain ChatML writes any role */
+	assert_int_equal(kn_tok_apply_chat(t, dev, 2, 0, &out), 0);
+	assert_non_null(strstr(out, "<|im_start|>developer\nx<|im_end|>\n"));
+	free(out);
+	/* Qwen 2.5 would drop it: refused instead */
+	assert_int_equal(kn_tok_load_chat_template(t, data("chat/qwen25.jinja"), err, sizeof(err)), 0);
+	assert_int_equal(kn_tok_apply_chat(t, dev, 2, 0, &out), -EINVAL);
+	assert_int_equal(kn_tok_apply_chat(t, tool, 2, 0, &out), 0);
+	assert_non_null(strstr(out, "<|im_start|>user\n<tool_response>\na \"b\"\n\n</tool_response><|im_end|>\n"));
+	free(out);
+	/* Llama 3.1 writes a tool result as a JSON string in an ipython turn */
+	assert_int_equal(kn_tok_load_chat_template(t, data("chat/llama31.jinja"), err, sizeof(err)), 0);
+	assert_int_equal(kn_tok_apply_chat(t, tool, 2, 0, &out), 0);
+	assert_non_null(strstr(out, "<|start_header_id|>ipython<|end_header_id|>\n\n\"a \\\"b\\\"\\n\"<|eot_id|>"));
+	free(out);
 	kn_tok_close(t);
 }
 
@@ -463,6 +583,9 @@ int main(void)
 		cmocka_unit_test(chatml_renders_default_system_and_generation_prompt),
 		cmocka_unit_test(llama3_renders_bos_headers_and_trimmed_content),
 		cmocka_unit_test(an_unknown_chat_template_is_refused_by_name),
+		cmocka_unit_test(a_chat_template_file_replaces_the_models_template),
+		cmocka_unit_test(a_chat_template_jinja_file_in_the_model_directory_wins),
+		cmocka_unit_test(roles_follow_what_the_template_does_with_them),
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
 		cmocka_unit_test(the_generated_models_tokenizer_loads_and_round_trips),
