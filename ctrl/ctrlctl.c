@@ -30,6 +30,8 @@ static void usage(FILE *f)
 		   "  peers     dataplane node and peers\n"
 		   "  bootstrap PD role; on a prefill node the bootstrap routes' port, ranks, counters\n"
 		   "  rooms     PD rooms in flight (decode: prefill node, state, age; prefill: KV held)\n"
+		   "  pd release / pd restore  a decode node stops opening rooms (refused while any can\n"
+		   "            still land) / opens them again under a fresh session id\n"
 		   "  config    effective configuration and where each value came from\n"
 		   "  drain     stop admitting requests (503), finish those in flight\n"
 		   "  resume    admit requests again\n"
@@ -189,6 +191,7 @@ static const char *default_socket(void)
 int main(int argc, char **argv)
 {
 	const char *sock = NULL, *cmd = NULL;
+	char two_word[128];
 	int as_json = 0, wide = 0, i, rc;
 	json_t *params = json_object(), *reply;
 	char err[512];
@@ -220,7 +223,17 @@ int main(int argc, char **argv)
 			return 2;
 		} else if (!cmd)
 			cmd = argv[i];
-		else {
+		else if (!strchr(argv[i], '=') && !strchr(cmd, '/') && cmd != two_word) {
+			/* "pd release": a module's command in two words, the daemon's /pd/release */
+			if (strlen(cmd) + strlen(argv[i]) + 3 > sizeof(two_word)) {
+				fprintf(stderr, "ctrlctl: command '%s %s' is too long\n", cmd, argv[i]);
+				json_decref(params);
+				return 2;
+			}
+			strcpy(two_word, "/");
+			strcat(strcat(strcat(two_word, cmd), "/"), argv[i]);
+			cmd = two_word;
+		} else {
 			char *eq = strchr(argv[i], '=');
 			if (!eq) {
 				fprintf(stderr, "ctrlctl: argument '%s' is not key=value\n", argv[i]);

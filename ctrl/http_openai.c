@@ -443,6 +443,14 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 		if (id == -EAGAIN)
 			bad(&e, 503, NULL, "queue_full",
 			    "the request queue is full (max_queue); retry later or raise max_queue");
+		else if (id == -ENETDOWN)
+			bad(&e, 503, NULL, "no_prefill_node",
+			    "no prefill node is healthy (every [pd] prefill node missed its heartbeats); retry "
+			    "later, or check the prefill nodes (ctrlctl bootstrap, /stats backend.pd)");
+		else if (id == -ESHUTDOWN)
+			bad(&e, 503, NULL, "pd_released",
+			    "this decode node released its prefill registrations (ctrlctl pd release): "
+			    "ctrlctl pd restore serves again");
 		else
 			bad(&e, id == -EINVAL ? 400 : 500, NULL, NULL, "the scheduler refused the request: %s",
 			    strerror((int)-id));

@@ -375,3 +375,11 @@ void ctrl_pd_decode_destroy(struct ctrl_pd_decode *d)
 		unlink_req(d, d->reqs);
 	free(d);
 }
+
+int ctrl_pd_decode_set_session(struct ctrl_pd_decode *d, uint32_t session)
+{
+	if (d->reqs != NULL)
+		return -EBUSY;
+	d->o.session = session;
+	return 0;
+}

@@ -58,6 +58,7 @@ struct ctrl_pd_serve {
 	struct ctrl_pd_peers *peers;
 	struct pd_node node[CTRL_PD_MAX_PEERS];
 	uint32_t session;
+	int released;              /* ctrlctl pd release: no new rooms until restore */
 	CURLM *multi;
 	struct pd_fwd *fwd_new;    /* queued by the HTTP threads (under mu) */
 	struct pd_fwd *fwd_run;    /* in the multi handle (poller thread only) */
@@ -471,10 +472,14 @@ static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 	if (s->pre != NULL)
 		return s->o.base.submit(s->o.base.ctx, r);
 	pthread_mutex_lock(&s->mu);
+	if (s->released) {
+		pthread_mutex_unlock(&s->mu);
+		return -ESHUTDOWN; /* ctrlctl pd release: 503 until restore */
+	}
 	i = ctrl_pd_peers_pick(s->peers);
 	if (i < 0) {
 		pthread_mutex_unlock(&s->mu);
-		return -EAGAIN; /* no healthy prefill node: 503, retry */
+		return -ENETDOWN; /* no healthy prefill node: 503, retry */
 	}
 	if (node_ready(s, i, err, sizeof(err)) < 0) {
 		pthread_mutex_unlock(&s->mu);
@@ -499,6 +504,8 @@ static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struc
 	if (s->pre != NULL) {
 		id = ctrl_pd_prefill_submit(s->pre, r, pd->room, 0);
 		id = id == -EEXIST ? -EINVAL : id;
+	} else if (s->released) {
+		id = -ESHUTDOWN;
 	} else {
 		/* a router drives the pair: its prefill node is the one bootstrap_host names */
 		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++) {
@@ -606,6 +613,7 @@ void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be
 struct rooms_acc {
 	struct ctrl_pd_serve *s;
 	json_t *rows;
+	int n;
 };
 
 static void decode_row(void *arg, const struct ctrl_pd_room_view *v)
@@ -652,12 +660,99 @@ static int cmd_rooms(void *arg, const char *cmd, json_t *params, json_t **data, 
 	return 0;
 }
 
+static void list_room(void *arg, const struct ctrl_pd_room_view *v)
+{
+	struct rooms_acc *a = arg;
+
+	if (json_array_size(a->rows) < 8)
+		json_array_append_new(a->rows, json_integer((json_int_t)v->room));
+	a->n++;
+}
+
+/* ctrlctl pd release: refused while any room can still land (its pages
+ * would write blocks of a session about to be forgotten). */
+static int cmd_release(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct rooms_acc a = { .s = arg, .rows = json_array() };
+	struct ctrl_pd_serve *s = arg;
+	int rc = 0;
+
+	(void)cmd;
+	(void)params;
+	if (s->dec == NULL) {
+		json_decref(a.rows);
+		snprintf(err, errlen, "pd release is a decode node's command: this node is a prefill node");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&s->mu);
+	ctrl_pd_decode_rooms(s->dec, list_room, &a);
+	if (a.n > 0) {
+		char *ids = json_dumps(a.rows, JSON_COMPACT);
+
+		snprintf(err, errlen, "refused: %d room(s) can still land: %s%s; wait for them (ctrlctl rooms), or "
+			 "ctrlctl drain first", a.n, ids != NULL ? ids : "?", a.n > 8 ? " ..." : "");
+		free(ids);
+		rc = -EBUSY;
+	} else {
+		s->released = 1;
+	}
+	pthread_mutex_unlock(&s->mu);
+	json_decref(a.rows);
+	if (rc == 0)
+		*data = json_pack("{s:b, s:I}", "released", 1, "session", (json_int_t)s->session);
+	return rc;
+}
+
+/* ctrlctl pd restore: a fresh session id; every prefill node's route is
+ * fetched and checked again before its next room. */
+static int cmd_restore(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct ctrl_pd_serve *s = arg;
+	uint32_t old = s->session, fresh;
+	int rc;
+
+	(void)cmd;
+	(void)params;
+	if (s->dec == NULL) {
+		snprintf(err, errlen, "pd restore is a decode node's command: this node is a prefill node");
+		return -EINVAL;
+	}
+	if (getrandom(&fresh, sizeof(fresh), 0) != (ssize_t)sizeof(fresh))
+		fresh = (uint32_t)kvf_mono_ns();
+	if (fresh == old)
+		fresh ^= 1u;
+	pthread_mutex_lock(&s->mu);
+	rc = ctrl_pd_decode_set_session(s->dec, fresh);
+	if (rc == 0) {
+		s->session = fresh;
+		s->released = 0;
+		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++)
+			s->node[i].ready = 0;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (rc < 0) {
+		snprintf(err, errlen, "refused: rooms are in flight under session %u (ctrlctl rooms)", old);
+		return rc;
+	}
+	*data = json_pack("{s:b, s:I, s:I}", "released", 0, "session", (json_int_t)fresh, "old_session",
+			  (json_int_t)old);
+	return 0;
+}
+
 int ctrl_pd_serve_admin_register(struct ctrl_pd_serve *s, struct ctrl_admin *a)
 {
-	return ctrl_admin_register(a, "/pd/rooms",
-				   s->dec != NULL ? "rooms in flight: prefill node, state, age, page streams still out"
-						  : "rooms this prefill node holds: decode node, state, KV blocks held",
-				   cmd_rooms, s);
+	int rc = ctrl_admin_register(a, "/pd/rooms",
+				     s->dec != NULL ? "rooms in flight: prefill node, state, age, page streams still out"
+						    : "rooms this prefill node holds: decode node, state, KV blocks held",
+				     cmd_rooms, s);
+
+	if (rc == 0 && s->dec != NULL)
+		rc = ctrl_admin_register(a, "/pd/release", "stop opening rooms (refused while any can still land)",
+					 cmd_release, s);
+	if (rc == 0 && s->dec != NULL)
+		rc = ctrl_admin_register(a, "/pd/restore", "open rooms again under a fresh session id",
+					 cmd_restore, s);
+	return rc;
 }
 
 int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s)

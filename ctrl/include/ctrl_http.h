@@ -50,7 +50,9 @@ struct ctrl_http_backend {
 	/**
 	 * Start a request (ctrl_sched_submit() semantics: buffers copied; the
 	 * callback runs once per token and once at the end).
-	 * @return an id > 0, or -EAGAIN (queue full: 503), -EINVAL, -ENOMEM.
+	 * @return an id > 0, or -EAGAIN (queue full: 503), -ENETDOWN (PD: no
+	 *         healthy prefill node: 503), -ESHUTDOWN (PD: the decode node
+	 *         released its registrations: 503), -EINVAL, -ENOMEM.
 	 */
 	int64_t (*submit)(void *ctx, const struct ctrl_request *r);
 	/** Cancel request @p id (its finish event still comes). @return 0 or -errno. */

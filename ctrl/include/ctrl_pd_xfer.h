@@ -117,6 +117,13 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns);
 
 void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st);
 
+/**
+ * Register under @p session from now on (ctrlctl pd restore): page and
+ * status messages of the old session are ignored. @return 0, or -EBUSY
+ * while any request holds a room.
+ */
+int ctrl_pd_decode_set_session(struct ctrl_pd_decode *d, uint32_t session);
+
 /** One of the decode end's rooms, for views. */
 struct ctrl_pd_room_view {
 	uint64_t room, id;         /**< the room and its scheduler request */

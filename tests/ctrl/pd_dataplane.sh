@@ -10,7 +10,9 @@
 # processes (role = prefill, role = decode): clients talk to the decode
 # node's API and get, for 64 concurrent requests (greedy and seeded,
 # streamed and not), what the prefill node serves on its own co-located.
-# ctrld2-lost freezes the prefill node (SIGSTOP) with requests in flight:
+# ctrld2-lost freezes the prefill node (SIGSTOP) with requests in flight
+# (ctrlctl pd release is refused naming them; after: release, a 503, restore
+# under a fresh session, served again):
 # exactly those requests fail within the heartbeat's interval x failures,
 # their clients get an error, and once it runs again (SIGCONT) the decode
 # node serves through it again and the prefill node's KV blocks all return.
@@ -112,13 +114,16 @@ PY
     timeout 300 python3 - "$url2" "$url" "$pre_pid" "$boot" "$B/ctrlctl" "$KVF_RUN/ctrl2.sock" "$KVF_RUN/ctrl.sock" \
       <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, os, signal, subprocess, sys, threading, time, urllib.error, urllib.request
-dec, pre, pid, boot, ctl, sock_d, sock_p = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], \
+dec, pre, pid, boot, ctl_bin, sock_d, sock_p = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], \
     sys.argv[6], sys.argv[7]
 
 def rooms(sock):
-    out = subprocess.run([ctl, "--socket", sock, "--json", "rooms"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run([ctl_bin, "--socket", sock, "--json", "rooms"], capture_output=True, text=True, timeout=10)
     j = json.loads(out.stdout)
     return j.get("data", j) if isinstance(j, dict) else j
+
+def ctl(sock, *args):
+    return subprocess.run([ctl_bin, "--socket", sock] + list(args), capture_output=True, text=True, timeout=10)
 
 def post(url, i):
     body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(20 + i)], "max_tokens": 12,
@@ -150,6 +155,10 @@ if len(during) != 4 or any(r["state"] != "WaitingForInput" or r["prefill_node"] 
     fails.append("ctrlctl rooms does not show the 4 rooms waiting on %s" % boot)
 if pd_stats(dec)["pd"]["rooms"]["WaitingForInput"] != 4:
     fails.append("/stats pd.rooms does not count the 4 waiting rooms")
+rel = ctl(sock_d, "pd", "release")
+print("ctrlctl pd release while 4 rooms wait:", rel.returncode, (rel.stdout + rel.stderr).strip())
+if rel.returncode == 0 or "4 room(s) can still land" not in rel.stderr or str(during[0]["room"]) not in rel.stderr:
+    fails.append("pd release was not refused naming the 4 rooms that can still land")
 metrics = urllib.request.urlopen(dec + "/metrics").read().decode()
 if "kvferry_backend_pd_rooms_WaitingForInput 4" not in metrics:
     fails.append("/metrics has no rooms-by-state gauge showing the 4 waiting rooms")
@@ -181,6 +190,19 @@ for _ in range(100):
         break
     time.sleep(0.1)
 print("prefill node after it ran again:", b["pd"], "blocks in use", b["replicas"][0]["blocks_in_use"])
+# release, a refused request, restore under a fresh session, served again
+rel = ctl(sock_d, "--json", "pd", "release")
+res = post(dec, 30)
+sess = json.loads(rel.stdout)["data"]["session"] if rel.returncode == 0 else None
+rst = ctl(sock_d, "--json", "pd", "restore")
+print("pd release:", rel.stdout.strip().replace("\n", " "), "then a request:", res, "then pd restore:",
+      rst.stdout.strip().replace("\n", " "), rst.stderr.strip())
+if rel.returncode != 0 or not (isinstance(res, tuple) and res[1] == 503 and "pd restore" in res[2]):
+    fails.append("after pd release a request was not refused (503 naming pd restore)")
+if rst.returncode != 0 or json.loads(rst.stdout)["data"]["session"] == sess:
+    fails.append("pd restore did not register under a fresh session")
+if post(dec, 31) != post(pre, 31):
+    fails.append("after pd restore the decode node's answer differs from the prefill node's")
 if rooms(sock_d) != [] or rooms(sock_p) != []:
     fails.append("rooms left after everything ended: decode %s, prefill %s" % (rooms(sock_d), rooms(sock_p)))
 if b["replicas"][0]["blocks_in_use"] != 0:
