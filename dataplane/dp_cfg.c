@@ -33,8 +33,9 @@ static const struct cfg_key keys[] = {
 	{ "node_id", "dp", CFG_INT, OFF(node_id), "0", 0, DP_MAX_PEERS - 1, "KVFERRY_DP_NODE_ID", "--node-id",
 	  NULL, NULL, "this node's id on the wire" },
 	{ "port", "dp", CFG_STRING, OFF(port), "", 0, 0, "KVFERRY_DP_PORT", "--port", NULL, NULL,
-	  "the NIC: a vdev (net_memif0,role=server,socket=/run/x.sock; net_af_packet0,iface=veth0) or a "
-	  "PCI address bound to vfio-pci; required" },
+	  "the NIC: a vdev (net_memif0,role=server,socket=/run/kvferry/x.sock: a file socket, "
+	  "socket-abstract=no unless given; net_af_packet0,iface=veth0) or a PCI address bound to "
+	  "vfio-pci; required" },
 	{ "peers", "dp", CFG_STRING, OFF(peers), "", 0, 0, "KVFERRY_DP_PEERS", "--peers", NULL, NULL,
 	  "the other nodes, space-separated ID=[MAC,]IP[,PORT] (--peer adds one at a time); a MAC is "
 	  "learned from hellos if omitted" },

@@ -70,7 +70,14 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	argv[argc++] = prefix;
 	argv[argc++] = (char *)"--log-level=lib.eal:warning";
 	int is_vdev = strncmp(spec, "net_", 4) == 0;
-	if (is_vdev) {
+	if (is_vdev && strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "socket-abstract=") == NULL) {
+		/* DPDK's memif control socket is abstract by default: any local
+		 * user could connect to it. A file socket takes its directory's
+		 * permissions (the runtime directory, 0700). */
+		snprintf(vdev, sizeof(vdev), "--vdev=%s,socket-abstract=no", spec);
+		argv[argc++] = (char *)"--no-pci";
+		argv[argc++] = vdev;
+	} else if (is_vdev) {
 		snprintf(vdev, sizeof(vdev), "--vdev=%s", spec);
 		argv[argc++] = (char *)"--no-pci";
 		argv[argc++] = vdev;

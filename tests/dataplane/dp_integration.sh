@@ -80,6 +80,12 @@ pidA=$!
 if [ -n "${portA##net_af_packet*}" ]; then
   # memif: the client connects only once the server's socket exists
   for _ in $(seq 100); do [ -S "$tmp/memif.sock" ] && break; sleep 0.1; done
+  # a file socket in this 0700 directory, not one in the abstract namespace
+  # that any local user could connect to
+  if [ ! -S "$tmp/memif.sock" ] || ss -xl 2>/dev/null | grep -qF "@$tmp/memif.sock"; then
+    echo "FAIL: the memif control socket is not a file socket in $tmp"; ss -xl | grep memif; exit 1
+  fi
+  echo "ok    the memif control socket is a file socket in the test's own 0700 directory"
 fi
 startB
 # Wait until A has heard B; a memif client that raced the server's listen()
