@@ -86,6 +86,14 @@ static enum MHD_Result route_post(struct ctrl_http *h, struct MHD_Connection *c,
 	return ret;
 }
 
+/* The routes monitoring polls (the dashboard each second, Prometheus each
+ * scrape): counted apart, so requests_total counts clients' requests. */
+static int monitor_route(const char *method, const char *url)
+{
+	return (!strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD)) &&
+	       (!strcmp(url, "/stats") || !strcmp(url, "/dashboard") || !strcmp(url, "/metrics"));
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_size, void **con_cls)
@@ -101,7 +109,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		if (!cs)
 			return MHD_NO;
 		*con_cls = cs;
-		atomic_fetch_add(&h->n_req, 1);
+		atomic_fetch_add(monitor_route(method, url) ? &h->n_monitor : &h->n_req, 1);
 		cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
 		if (cl && strtoull(cl, NULL, 10) > h->body_limit) {
 			cs->first_done = 1;

@@ -17,6 +17,14 @@
  * where the token's text starts, so a streamed chunk carries exactly the
  * tokens whose text starts in it, and tokens past a stop-string cut are not
  * reported.
+ *
+ * Latency: the backend thread stamps each event as it queues it (one
+ * clock_gettime, ~20 ns through the vDSO: the only cost on the scheduler's
+ * thread); the pump, on the connection's thread, turns the stamps into
+ * histogram observations (http_reply.c): time to first token and queue time
+ * once per request, inter-token latency once per token after the first,
+ * end-to-end latency once per request answered (not failed, not abandoned
+ * by its client). All are measured from the request's arrival (g->t_start).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -67,8 +75,8 @@ void gen_unref(struct gen *g)
 void gen_on_event(void *arg, const struct ctrl_event *ev)
 {
 	struct gen *g = arg;
-	struct http_ev e = {.token = ev->token, .logprob = ev->logprob, .n_generated = ev->n_generated,
-			    .finish = (int32_t)ev->finish};
+	struct http_ev e = {.t = http_now(), .t_admitted_ns = ev->t_admitted_ns, .token = ev->token,
+			    .logprob = ev->logprob, .n_generated = ev->n_generated, .finish = (int32_t)ev->finish};
 
 	if (ev->finish == CTRL_FINISH_NONE && ev->n_top > 0 && ev->top_ids && ev->top_logprobs) {
 		e.n_top = ev->n_top < HTTP_MAX_LOGPROBS ? ev->n_top : HTTP_MAX_LOGPROBS;
@@ -199,6 +207,22 @@ static void lp_add(struct gen *g, const struct http_ev *e)
 	memcpy(x->top_lps, e->top_lps, sizeof(float) * (size_t)x->n_top);
 }
 
+/* Latency of one event, as the pump takes it (see the top of the file). */
+static void note_latency(struct gen *g, const struct http_ev *e)
+{
+	if (e->t_admitted_ns && !g->queue_noted) {
+		http_hist_observe(g->h, HTTP_HIST_QUEUE, (double)e->t_admitted_ns * 1e-9 - g->t_start);
+		g->queue_noted = 1;
+	}
+	if (e->finish != CTRL_FINISH_NONE)
+		return;
+	if (g->n_gen == 0)
+		http_hist_observe(g->h, HTTP_HIST_TTFT, e->t - g->t_start);
+	else
+		http_hist_observe(g->h, HTTP_HIST_ITL, e->t - g->t_last);
+	g->t_last = e->t;
+}
+
 /* Connection thread: take queued events, decode them, apply stop strings. */
 void gen_pump(struct gen *g)
 {
@@ -206,6 +230,7 @@ void gen_pump(struct gen *g)
 	size_t n;
 	char *berr;
 	char buf[512];
+	double t_end = 0;
 
 	pthread_mutex_lock(&g->mu);
 	q = g->q;
@@ -219,6 +244,8 @@ void gen_pump(struct gen *g)
 		const struct http_ev *e = &q[i];
 		ssize_t w;
 
+		note_latency(g, e);
+		t_end = e->t;
 		if (e->finish == CTRL_FINISH_NONE) {
 			g->n_gen++;
 			if (g->lp_on)
@@ -257,6 +284,12 @@ void gen_pump(struct gen *g)
 	else
 		free(berr);
 	free(q);
+	if (g->done && !g->failed && !g->e2e_noted) {
+		/* the answer is complete at the event that completed it (a finish,
+		 * or the token that brought a stop string) */
+		http_hist_observe(g->h, HTTP_HIST_E2E, (t_end > 0 ? t_end : http_now()) - g->t_start);
+		g->e2e_noted = 1;
+	}
 }
 
 /* 0: suspended; 1: events arrived meanwhile (pump again); -1: shutting down. */

@@ -28,6 +28,8 @@ void sbuf_free(struct sbuf *b);
 #define HTTP_MAX_LOGPROBS CTRL_CHAIN_MAX_LOGPROBS
 
 struct http_ev {
+	double t;                    /* http_now() when the backend handed it over */
+	uint64_t t_admitted_ns;      /* ctrl_event's: when the scheduler admitted the request */
 	int32_t token;
 	float logprob;
 	int32_t n_generated;
@@ -48,6 +50,42 @@ struct lp_ent {
 };
 
 enum gen_kind { GEN_COMPLETION, GEN_CHAT };
+
+/*
+ * Latency histograms (http_reply.c observes, http_stats.c renders). Each
+ * bucket is one relaxed atomic counter, not cumulative; the sum is kept in
+ * nanoseconds so it too is one fetch_add. Observing is a search over at most
+ * HTTP_HIST_MAX bounds and two atomic adds, from any thread, with no lock; a
+ * scrape reads the buckets one by one and derives the count from the same
+ * reads, so _count always equals the +Inf bucket (the sum may lag by the
+ * observations racing the scrape).
+ */
+enum http_hist_id {
+	HTTP_HIST_TTFT,              /* arrival -> first token handed over by the backend */
+	HTTP_HIST_ITL,               /* one token -> the next, per token after the first */
+	HTTP_HIST_E2E,               /* arrival -> the answer complete */
+	HTTP_HIST_QUEUE,             /* arrival -> admitted by the scheduler */
+	HTTP_HIST_N
+};
+
+#define HTTP_HIST_MAX 24
+
+struct http_hist_desc {
+	const char *name;            /* the /stats latency key; kvferry_<name> in /metrics */
+	const double *le;            /* upper bounds in seconds, ascending */
+	int n_le;                    /* <= HTTP_HIST_MAX */
+};
+
+extern const struct http_hist_desc g_http_hist[HTTP_HIST_N];
+
+struct http_hist {
+	atomic_uint_fast64_t n[HTTP_HIST_MAX + 1]; /* [i]: le[i-1] < x <= le[i]; [n_le]: above all */
+	atomic_uint_fast64_t sum_ns;
+};
+
+/* Count one observation of @p seconds (negative counts as 0) in @p h's
+ * histogram @p id. Any thread, no lock. */
+void http_hist_observe(struct ctrl_http *h, enum http_hist_id id, double seconds);
 
 /*
  * One generation request. Fields above `mu`'s line are shared with the
@@ -73,7 +111,9 @@ struct gen {
 	int stream, include_usage;
 	char rid[48];
 	int64_t created;
-	double t_start;
+	double t_start;              /* arrival: the handler began with the whole body */
+	double t_last;               /* the latest token's http_ev.t (inter-token latency) */
+	int queue_noted, e2e_noted;  /* queue time / end-to-end latency observed */
 	int32_t n_prompt, n_gen, max_tokens;
 	char **stops;
 	int n_stops;
@@ -111,6 +151,8 @@ struct ctrl_http {
 	atomic_int draining, stopping, active;
 	atomic_uint_fast64_t n_req, n_4xx, n_5xx, n_completions, n_chat, n_streams,
 		prompt_tokens, completion_tokens, client_cancels, tokenize_calls;
+	atomic_uint_fast64_t n_monitor; /* GET /stats, /dashboard, /metrics: not in n_req */
+	struct http_hist hist[HTTP_HIST_N];
 	atomic_uint_fast64_t seq;
 	pthread_mutex_t mu;          /* gens list */
 	struct gen *gens;

@@ -296,6 +296,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	g->h = h;
 	g->conn = c;
 	g->kind = kind;
+	g->t_start = http_now(); /* arrival: validation, templating and tokenizing count in its latency */
 	atomic_fetch_add(&h->active, 1);
 
 	if (check_model(h, req, 1, &e))
@@ -409,7 +410,6 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	g->n_prompt = (int32_t)n_ids;
 	g->max_tokens = (int32_t)max_tokens;
 	g->created = (int64_t)time(NULL);
-	g->t_start = http_now();
 	snprintf(g->rid, sizeof(g->rid), "%s-%016llx", kind == GEN_CHAT ? "chatcmpl" : "cmpl",
 		 (unsigned long long)(seed ^ (uint64_t)g->created));
 

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The HTTP layer's floor: the byte buffer, the clock, and the replies every
- * endpoint queues (text, JSON, OpenAI error objects). The router (http.c) and
- * the handlers (http_openai.c, http_stats.c) call down into it, and it calls
+ * The HTTP layer's floor: the byte buffer, the clock, the latency histograms'
+ * bounds and their observe call, and the replies every endpoint queues (text,
+ * JSON, OpenAI error objects). The router (http.c) and the handlers
+ * (http_openai.c, http_gen.c, http_stats.c) call down into it, and it calls
  * nothing above it, so no two files of the layer call each other.
  */
 #include <errno.h>
@@ -47,6 +48,59 @@ double http_now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Bucket bounds, in seconds. One table per histogram, at most HTTP_HIST_MAX
+ * bounds; /metrics and /stats show them as they are here.
+ *  - inter-token: the floor is one pipeline step, ~1.5 ms on the H200 (1B,
+ *    64 clients; sched.c's measurement), a mean of 0.23-0.52 ms for the CPU
+ *    test model (3 stages, 2 cores: tests/ctrl/ctrld_metrics.sh); tokens of
+ *    one accepted draft arrive together and land in the first bucket. Above
+ *    100 ms a client sees the stream stutter.
+ *  - time to first token and end to end: prefill of a long prompt under load
+ *    takes seconds, and a request of max_tokens 4096 at 20 ms a token runs
+ *    80 s, so both reach into minutes, with the fine steps where an
+ *    interactive request lives (10 ms .. 1 s).
+ *  - queue: an idle server admits at its next poll (a mean of 0.07-0.19 ms
+ *    in the same test, tokenizing included); a full KV pool holds requests
+ *    for as long as the running ones take.
+ */
+static const double g_le_ttft[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25,
+				   0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80};
+static const double g_le_itl[] = {0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+				  0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5};
+static const double g_le_e2e[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60,
+				  120, 300, 600};
+static const double g_le_queue[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+				    0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+#define HIST(id, nm, t) [id] = {nm, t, (int)(sizeof(t) / sizeof(t[0]))}
+const struct http_hist_desc g_http_hist[HTTP_HIST_N] = {
+	HIST(HTTP_HIST_TTFT, "time_to_first_token_seconds", g_le_ttft),
+	HIST(HTTP_HIST_ITL, "inter_token_latency_seconds", g_le_itl),
+	HIST(HTTP_HIST_E2E, "e2e_request_latency_seconds", g_le_e2e),
+	HIST(HTTP_HIST_QUEUE, "request_queue_time_seconds", g_le_queue),
+};
+#undef HIST
+
+_Static_assert(sizeof(g_le_ttft) / sizeof(double) <= HTTP_HIST_MAX, "too many TTFT buckets");
+_Static_assert(sizeof(g_le_itl) / sizeof(double) <= HTTP_HIST_MAX, "too many inter-token buckets");
+_Static_assert(sizeof(g_le_e2e) / sizeof(double) <= HTTP_HIST_MAX, "too many end-to-end buckets");
+_Static_assert(sizeof(g_le_queue) / sizeof(double) <= HTTP_HIST_MAX, "too many queue buckets");
+
+void http_hist_observe(struct ctrl_http *h, enum http_hist_id id, double seconds)
+{
+	const struct http_hist_desc *d = &g_http_hist[id];
+	struct http_hist *hh = &h->hist[id];
+	int i = 0;
+
+	if (!(seconds > 0))
+		seconds = 0; /* NaN (every stamp is CLOCK_MONOTONIC): the fastest bucket, not a wrapped sum */
+	while (i < d->n_le && seconds > d->le[i])
+		i++;
+	atomic_fetch_add_explicit(&hh->n[i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hh->sum_ns, (uint_fast64_t)(seconds * 1e9 + 0.5), memory_order_relaxed);
 }
 
 static enum MHD_Result queue(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * /stats (JSON), the live dashboard page, and /metrics (Prometheus text).
- * One JSON object is the source of all three, so a counter the backend adds
- * shows up on the dashboard's raw view and in Prometheus with no code here.
+ * /stats (JSON), the live dashboard page (http_dashboard.h), and /metrics
+ * (Prometheus text). One JSON object is the source of all three, so a
+ * counter the backend adds shows up on the dashboard's raw view and in
+ * Prometheus with no code here; the latency histograms are in it too
+ * ("latency"), as bounds and cumulative counts.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -11,14 +13,33 @@
 #include <string.h>
 
 #include "ctrl_admin.h"
+#include "http_dashboard.h"
 #include "http_int.h"
 #include "kvf_config.h"
 
+/* Histogram @p id as /stats has it: bounds, cumulative counts at each, count, sum. */
+static json_t *hist_json(struct ctrl_http *h, enum http_hist_id id)
+{
+	const struct http_hist_desc *d = &g_http_hist[id];
+	json_t *le = json_array(), *b = json_array();
+	uint64_t cum = 0;
+
+	for (int i = 0; i <= d->n_le; i++) {
+		cum += atomic_load_explicit(&h->hist[id].n[i], memory_order_relaxed);
+		if (i < d->n_le) {
+			json_array_append_new(le, json_real(d->le[i]));
+			json_array_append_new(b, json_integer((json_int_t)cum));
+		}
+	}
+	return json_pack("{s:o, s:o, s:I, s:f}", "le", le, "buckets", b, "count", (json_int_t)cum, "sum",
+			 (double)atomic_load_explicit(&h->hist[id].sum_ns, memory_order_relaxed) / 1e9);
+}
+
 json_t *ctrl_http_stats_json(struct ctrl_http *h)
 {
-	json_t *http, *be = h->be.stats ? h->be.stats(h->be.ctx) : NULL;
+	json_t *http, *lat, *be = h->be.stats ? h->be.stats(h->be.ctx) : NULL;
 
-	http = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}",
+	http = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I}",
 			 "requests_total", (json_int_t)atomic_load(&h->n_req),
 			 "client_errors_total", (json_int_t)atomic_load(&h->n_4xx),
 			 "server_errors_total", (json_int_t)atomic_load(&h->n_5xx),
@@ -29,167 +50,361 @@ json_t *ctrl_http_stats_json(struct ctrl_http *h)
 			 "completion_tokens_total", (json_int_t)atomic_load(&h->completion_tokens),
 			 "client_cancels_total", (json_int_t)atomic_load(&h->client_cancels),
 			 "tokenize_total", (json_int_t)atomic_load(&h->tokenize_calls),
-			 "active", atomic_load(&h->active));
-	return json_pack("{s:s, s:f, s:b, s:i, s:o, s:o}", "model", h->model, "uptime_s",
+			 "active", atomic_load(&h->active),
+			 "monitor_requests_total", (json_int_t)atomic_load(&h->n_monitor));
+	lat = json_object();
+	for (int i = 0; i < HTTP_HIST_N; i++)
+		json_object_set_new(lat, g_http_hist[i].name, hist_json(h, (enum http_hist_id)i));
+	return json_pack("{s:s, s:f, s:b, s:i, s:o, s:o, s:o}", "model", h->model, "uptime_s",
 			 http_now() - h->t0, "draining", atomic_load(&h->draining), "max_context",
-			 h->max_context, "http", http, "backend", be ? be : json_object());
+			 h->max_context, "http", http, "latency", lat, "backend", be ? be : json_object());
 }
 
 /* ---- Prometheus text ---- */
 
-static void metric_name(struct sbuf *b, const char *prefix, const char *key)
+/*
+ * Names: kvferry_<path>, the path's keys joined by '_', lower case. Arrays of
+ * objects become a label per element ("replicas" -> replica="0"). The type
+ * follows the key: a counter ends in _total, anything else is a gauge. Units
+ * are Prometheus's base units: a key in microseconds ("mean_step_us") becomes
+ * _seconds with its value scaled, a fraction (_frac) a _ratio. An object of
+ * the histogram's shape ({"le","buckets","count","sum"}) is a histogram. What
+ * these rules would get wrong is in g_rules, matched by the field's path.
+ * ctrl/API.md lists every renamed family.
+ */
+static const struct prom_rule {
+	const char *path;            /* the field's place in /stats */
+	const char *key;             /* the name's last part instead of the field's key, or NULL;
+	                                "": an object whose fields are named as its parent's */
+	const char *label;           /* an object of numbers: one family, its keys as this label's values */
+	const char *help;            /* said in HELP before the field's path, or NULL */
+} g_rules[] = {
+	/* a pool's size is a gauge, and a gauge's name must not end in _total */
+	{"backend.replicas[].blocks_total", "blocks_capacity", NULL, "KV blocks in the pool"},
+	/* the latency histograms: kvferry_time_to_first_token_seconds, not
+	 * kvferry_latency_time_to_first_token_seconds */
+	{"latency", "", NULL, NULL},
+	{"latency.time_to_first_token_seconds", NULL, NULL, "a request's arrival to its first token"},
+	{"latency.inter_token_latency_seconds", NULL, NULL, "one token to the next of a request"},
+	{"latency.e2e_request_latency_seconds", NULL, NULL, "a request's arrival to its complete answer"},
+	{"latency.request_queue_time_seconds", NULL, NULL, "a request's arrival to its admission (KV reserved)"},
+	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics (not in requests_total)"},
+	/* rooms by state: the states (CamelCase) as a label, not a family each */
+	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state"},
+};
+
+static const struct prom_unit {
+	const char *suffix, *to;
+	double scale;                /* field value * scale = the sample */
+	const char *was;             /* for HELP, where the value is scaled */
+} g_units[] = {
+	{"_us", "_seconds", 1e-6, "microseconds"}, {"_ms", "_seconds", 1e-3, "milliseconds"},
+	{"_ns", "_seconds", 1e-9, "nanoseconds"},  {"_s", "_seconds", 1.0, NULL},
+	{"_frac", "_ratio", 1.0, NULL},
+};
+
+/* A field's family: its name, whether it counts, the unit it was renamed from. */
+struct prom_name {
+	char name[192];
+	int counter;
+	const struct prom_unit *unit; /* NULL: no unit suffix */
+};
+
+/* One metric family: its HELP and TYPE lines, then its samples. */
+struct prom_fam {
+	char *name;
+	const char *type;            /* "counter", "gauge", "histogram" */
+	char *help;
+	struct sbuf samples;
+};
+
+struct prom {
+	struct prom_fam *f;
+	size_t n, cap;
+	int oom;
+};
+
+static const struct prom_rule *rule_for(const char *path)
 {
-	sbuf_add(b, prefix, strlen(prefix));
-	sbuf_add(b, "_", 1);
-	for (const char *p = key; *p; p++) {
-		char ch = isalnum((unsigned char)*p) ? *p : '_';
-		sbuf_add(b, &ch, 1);
+	for (size_t i = 0; i < sizeof(g_rules) / sizeof(g_rules[0]); i++)
+		if (!strcmp(g_rules[i].path, path))
+			return &g_rules[i];
+	return NULL;
+}
+
+/* The first @p n bytes of @p key as a name: lower case, '_' for anything else than [a-z0-9]. */
+static void snake(char *out, size_t cap, const char *key, size_t n)
+{
+	size_t j = 0;
+
+	for (size_t i = 0; i < n && j + 1 < cap; i++)
+		out[j++] = isalnum((unsigned char)key[i]) ? (char)tolower((unsigned char)key[i]) : '_';
+	out[j] = 0;
+}
+
+static int ends_with(const char *s, size_t n, const char *suffix)
+{
+	size_t k = strlen(suffix);
+
+	return n > k && !memcmp(s + n - k, suffix, k);
+}
+
+/* The family of field @p key under @p prefix. */
+static void family_name(struct prom_name *pn, const char *prefix, const char *key)
+{
+	char k[128];
+	size_t n = strlen(key), j;
+	int counter = ends_with(key, n, "_total");
+
+	pn->counter = counter;
+	pn->unit = NULL;
+	if (n >= sizeof(k))
+		n = sizeof(k) - 1;
+	memcpy(k, key, n);
+	k[n] = 0;
+	if (counter)
+		k[n -= 6] = 0; /* the unit sits before _total */
+	for (size_t i = 0; i < sizeof(g_units) / sizeof(g_units[0]); i++) {
+		if (ends_with(k, n, g_units[i].suffix) &&
+		    n - strlen(g_units[i].suffix) + strlen(g_units[i].to) < sizeof(k)) {
+			n -= strlen(g_units[i].suffix);
+			memcpy(k + n, g_units[i].to, strlen(g_units[i].to) + 1);
+			n += strlen(g_units[i].to);
+			pn->unit = &g_units[i];
+			break;
+		}
+	}
+	j = (size_t)snprintf(pn->name, sizeof(pn->name), "%s_", prefix);
+	if (j < sizeof(pn->name))
+		snake(pn->name + j, sizeof(pn->name) - j, k, n);
+	if (counter)
+		strncat(pn->name, "_total", sizeof(pn->name) - strlen(pn->name) - 1);
+}
+
+/* The family @p name, added with its HELP (from @p path, @p r, @p unit) if new. */
+static struct prom_fam *fam_get(struct prom *p, const char *name, const char *type, const char *path,
+				const struct prom_rule *r, const struct prom_unit *unit)
+{
+	char help[320], was[64] = "";
+	struct prom_fam *f;
+
+	for (size_t i = 0; i < p->n; i++)
+		if (!strcmp(p->f[i].name, name))
+			return &p->f[i];
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? p->cap * 2 : 64;
+		struct prom_fam *nf = realloc(p->f, cap * sizeof(*nf));
+
+		if (!nf)
+			goto oom;
+		p->f = nf;
+		p->cap = cap;
+	}
+	if (unit && unit->was)
+		snprintf(was, sizeof(was), " in seconds (it is in %s)", unit->was);
+	snprintf(help, sizeof(help), "%s%s/stats %s%s (ctrl/API.md)", r && r->help ? r->help : "",
+		 r && r->help ? ": " : "", path, was);
+	f = &p->f[p->n];
+	memset(f, 0, sizeof(*f));
+	f->name = strdup(name);
+	f->help = strdup(help);
+	f->type = type;
+	if (!f->name || !f->help) {
+		free(f->name);
+		free(f->help);
+		goto oom;
+	}
+	p->n++;
+	return f;
+oom:
+	p->oom = 1;
+	return NULL;
+}
+
+/* @p v in the fewest digits that read back as the same double ("0.0025", not
+ * "0.0025000000000000001"; integers without an exponent up to 2^53). */
+static void fmt_num(char *out, size_t cap, double v)
+{
+	for (int prec = 6; prec <= 17; prec++) {
+		snprintf(out, cap, "%.*g", prec, v);
+		if (strtod(out, NULL) == v)
+			return;
 	}
 }
 
-/* A label name from an array's key: "stages" -> "stage". */
-static void label_name(char *out, size_t cap, const char *key)
+/* Append `name{labels[,extra]} value` to @p f. */
+static void sample(struct prom *p, struct prom_fam *f, const char *name, const char *labels, const char *extra,
+		   double v)
 {
-	size_t n = strlen(key);
+	char num[40];
+	int rc = 0;
 
-	if (n > 1 && key[n - 1] == 's')
-		n--;
-	if (n >= cap)
-		n = cap - 1;
-	memcpy(out, key, n);
-	out[n] = 0;
+	if (!f)
+		return;
+	rc |= sbuf_add(&f->samples, name, strlen(name));
+	if (labels[0] || (extra && extra[0])) {
+		rc |= sbuf_add(&f->samples, "{", 1);
+		rc |= sbuf_add(&f->samples, labels, strlen(labels));
+		if (labels[0] && extra && extra[0])
+			rc |= sbuf_add(&f->samples, ",", 1);
+		if (extra)
+			rc |= sbuf_add(&f->samples, extra, strlen(extra));
+		rc |= sbuf_add(&f->samples, "}", 1);
+	}
+	fmt_num(num, sizeof(num), v);
+	rc |= sbuf_add(&f->samples, " ", 1);
+	rc |= sbuf_add(&f->samples, num, strlen(num));
+	rc |= sbuf_add(&f->samples, "\n", 1);
+	if (rc)
+		p->oom = 1;
 }
 
-/* @p path: the field's place in /stats ("backend.replicas[].blocks_in_use"), for its HELP line */
-static void emit(struct sbuf *out, struct sbuf *seen, const char *name, const char *path, const char *labels,
-		 double v)
+/* `name="value"` with the value escaped as the text format wants. */
+static void label_pair(char *out, size_t cap, const char *name, const char *value)
 {
-	char line[128];
-	int counter = strlen(name) > 6 && !strcmp(name + strlen(name) - 6, "_total");
-	char key[512];
-	/* One TYPE line per metric name, before its first sample. */
-	size_t nl = strlen(name) < sizeof(key) - 3 ? strlen(name) : sizeof(key) - 3;
+	size_t j = (size_t)snprintf(out, cap, "%s=\"", name);
 
-	key[0] = '\n';
-	memcpy(key + 1, name, nl);
-	key[nl + 1] = '\n';
-	key[nl + 2] = 0;
-	if (!seen->p || !strstr(seen->p, key)) {
-		sbuf_add(seen, key, strlen(key));
-		sbuf_add(out, "# HELP ", 7);
-		sbuf_add(out, name, strlen(name));
-		sbuf_add(out, " /stats ", 8);
-		sbuf_add(out, path, strlen(path));
-		sbuf_add(out, " (ctrl/API.md)\n", 15);
-		sbuf_add(out, "# TYPE ", 7);
-		sbuf_add(out, name, strlen(name));
-		sbuf_add(out, counter ? " counter\n" : " gauge\n", counter ? 9 : 7);
+	for (const char *c = value; *c && j + 3 < cap; c++) {
+		if (*c == '\\' || *c == '"' || *c == '\n') {
+			out[j++] = '\\';
+			out[j++] = *c == '\n' ? 'n' : *c;
+		} else {
+			out[j++] = *c;
+		}
 	}
-	sbuf_add(out, name, strlen(name));
-	if (labels[0]) {
-		sbuf_add(out, "{", 1);
-		sbuf_add(out, labels, strlen(labels));
-		sbuf_add(out, "}", 1);
+	if (j + 1 < cap) {
+		out[j++] = '"';
+		out[j] = 0;
+	} else {
+		out[cap - 1] = 0;
 	}
-	snprintf(line, sizeof(line), " %.17g\n", v);
-	sbuf_add(out, line, strlen(line));
 }
 
-/* Samples are grouped by name as Prometheus expects: walk once per name. */
-static void walk(const json_t *j, const char *prefix, const char *path, const char *labels, struct sbuf *out,
-		 struct sbuf *seen)
+static int is_histogram(const json_t *v)
+{
+	const json_t *le = json_object_get(v, "le"), *b = json_object_get(v, "buckets");
+
+	return json_is_array(le) && json_is_array(b) && json_array_size(le) == json_array_size(b) &&
+	       json_is_number(json_object_get(v, "count")) && json_is_number(json_object_get(v, "sum"));
+}
+
+static void histogram(struct prom *p, const json_t *v, const char *name, const char *path, const char *labels)
+{
+	struct prom_fam *f = fam_get(p, name, "histogram", path, rule_for(path), NULL);
+	char sname[192], le[48], lab[64];
+	size_t i;
+	json_t *e;
+
+	snprintf(sname, sizeof(sname), "%s_bucket", name);
+	json_array_foreach(json_object_get(v, "le"), i, e) {
+		fmt_num(le, sizeof(le), json_number_value(e));
+		label_pair(lab, sizeof(lab), "le", le);
+		sample(p, f, sname, labels, lab,
+		       json_number_value(json_array_get(json_object_get(v, "buckets"), i)));
+	}
+	sample(p, f, sname, labels, "le=\"+Inf\"", json_number_value(json_object_get(v, "count")));
+	snprintf(sname, sizeof(sname), "%s_sum", name);
+	sample(p, f, sname, labels, NULL, json_number_value(json_object_get(v, "sum")));
+	snprintf(sname, sizeof(sname), "%s_count", name);
+	sample(p, f, sname, labels, NULL, json_number_value(json_object_get(v, "count")));
+}
+
+/* Samples are grouped by family as Prometheus expects, in first-seen order. */
+static void walk(struct prom *p, const json_t *j, const char *prefix, const char *path, const char *labels)
 {
 	const char *key;
 	json_t *v;
 
 	json_object_foreach((json_t *)j, key, v) {
-		struct sbuf name = {0};
+		const struct prom_rule *r;
+		struct prom_name pn;
+		const char *type;
+		double scale;
 		char here[256];
 
 		snprintf(here, sizeof(here), "%s%s%s", path, path[0] ? "." : "", key);
-		metric_name(&name, prefix, key);
-		if (!name.p)
-			continue; /* out of memory: leave the sample out */
-		if (json_is_number(v))
-			emit(out, seen, name.p, here, labels, json_number_value(v));
-		else if (json_is_boolean(v))
-			emit(out, seen, name.p, here, labels, json_is_true(v));
-		else if (json_is_object(v))
-			walk(v, name.p, here, labels, out, seen);
-		else if (json_is_array(v)) {
-			size_t i;
+		r = rule_for(here);
+		family_name(&pn, prefix, r && r->key ? r->key : key);
+		type = pn.counter ? "counter" : "gauge";
+		scale = pn.unit ? pn.unit->scale : 1.0;
+		if (json_is_number(v) || json_is_boolean(v)) {
+			double x = json_is_number(v) ? json_number_value(v) : json_is_true(v);
+
+			sample(p, fam_get(p, pn.name, type, here, r, pn.unit), pn.name, labels, NULL, x * scale);
+		} else if (json_is_object(v) && is_histogram(v)) {
+			histogram(p, v, pn.name, here, labels);
+		} else if (json_is_object(v) && r && r->label) {
+			const char *k2;
+			json_t *x;
+			char lab[160];
+
+			json_object_foreach(v, k2, x) {
+				if (!json_is_number(x))
+					continue;
+				label_pair(lab, sizeof(lab), r->label, k2);
+				sample(p, fam_get(p, pn.name, type, here, r, pn.unit), pn.name, labels, lab,
+				       json_number_value(x) * scale);
+			}
+		} else if (json_is_object(v)) {
+			walk(p, v, r && r->key && !r->key[0] ? prefix : pn.name, here, labels);
+		} else if (json_is_array(v)) {
+			size_t i, n = strlen(key);
 			json_t *e;
-			char ln[64], lab[512];
-			label_name(ln, sizeof(ln), key);
+			char ln[64], idx[24], lab[512];
+
+			/* a label name from the array's key: "stages" -> "stage" */
+			if (n > 1 && key[n - 1] == 's')
+				n--;
+			snake(ln, sizeof(ln), key, n);
+			strncat(here, "[]", sizeof(here) - strlen(here) - 1);
 			json_array_foreach(v, i, e) {
 				if (!json_is_object(e))
 					continue;
-				snprintf(lab, sizeof(lab), "%s%s%s=\"%zu\"", labels, labels[0] ? "," : "", ln, i);
-				strncat(here, "[]", sizeof(here) - strlen(here) - 1);
-				walk(e, name.p, here, lab, out, seen);
-				here[strlen(here) - 2] = '\0';
+				snprintf(idx, sizeof(idx), "%zu", i);
+				snprintf(lab, sizeof(lab), "%s%s", labels, labels[0] ? "," : "");
+				label_pair(lab + strlen(lab), sizeof(lab) - strlen(lab), ln, idx);
+				walk(p, e, pn.name, here, lab);
 			}
 		}
-		sbuf_free(&name);
 	}
 }
 
 char *ctrl_http_prometheus(const json_t *stats)
 {
-	struct sbuf body = {0}, seen = {0}, sorted = {0};
-	char *line, *save, *copy;
-	struct sbuf *groups = NULL;
-	size_t n_groups = 0;
+	static const char bi[] = "# HELP kvferry_build_info the running kvferry version (always 1)\n"
+				 "# TYPE kvferry_build_info gauge\n"
+				 "kvferry_build_info{version=\"" KVF_VERSION "\"} 1\n";
+	struct prom p = {0};
+	struct sbuf out = {0};
+	int rc = 0;
 
-	walk(stats, "kvferry", "", "", &body, &seen);
-	if (!body.p) {
-		sbuf_free(&seen);
-		return strdup("");
-	}
-	/* Regroup: every sample of a name right after its HELP and TYPE lines. */
-	copy = body.p;
-	for (line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		if (!strncmp(line, "# TYPE ", 7) && n_groups > 0) {
-			sbuf_add(&groups[n_groups - 1], line, strlen(line)); /* right after its HELP */
-			sbuf_add(&groups[n_groups - 1], "\n", 1);
-			continue;
-		}
-		if (!strncmp(line, "# HELP ", 7)) {
-			struct sbuf *g = realloc(groups, (n_groups + 1) * sizeof(*g));
-			if (!g)
-				break;
-			groups = g;
-			memset(&groups[n_groups], 0, sizeof(groups[0]));
-			sbuf_add(&groups[n_groups], line, strlen(line));
-			sbuf_add(&groups[n_groups], "\n", 1);
-			n_groups++;
-			continue;
-		}
-		for (size_t i = 0; i < n_groups; i++) {
-			const char *nm = groups[i].p + 7;
-			size_t nl = strcspn(nm, " ");
-			if (!strncmp(line, nm, nl) && (line[nl] == ' ' || line[nl] == '{')) {
-				sbuf_add(&groups[i], line, strlen(line));
-				sbuf_add(&groups[i], "\n", 1);
-				break;
-			}
-		}
-	}
-	for (size_t i = 0; i < n_groups; i++) {
-		sbuf_add(&sorted, groups[i].p, groups[i].len);
-		sbuf_free(&groups[i]);
-	}
-	free(groups);
-	{
-		static const char bi[] = "# HELP kvferry_build_info the running kvferry version (always 1)\n"
-					 "# TYPE kvferry_build_info gauge\n"
-					 "kvferry_build_info{version=\"" KVF_VERSION "\"} 1\n";
+	walk(&p, stats, "kvferry", "", "");
+	for (size_t i = 0; i < p.n; i++) {
+		struct prom_fam *f = &p.f[i];
 
-		sbuf_add(&sorted, bi, sizeof(bi) - 1);
+		rc |= sbuf_add(&out, "# HELP ", 7);
+		rc |= sbuf_add(&out, f->name, strlen(f->name));
+		rc |= sbuf_add(&out, " ", 1);
+		rc |= sbuf_add(&out, f->help, strlen(f->help));
+		rc |= sbuf_add(&out, "\n# TYPE ", 8);
+		rc |= sbuf_add(&out, f->name, strlen(f->name));
+		rc |= sbuf_add(&out, " ", 1);
+		rc |= sbuf_add(&out, f->type, strlen(f->type));
+		rc |= sbuf_add(&out, "\n", 1);
+		if (f->samples.p)
+			rc |= sbuf_add(&out, f->samples.p, f->samples.len);
+		sbuf_free(&f->samples);
+		free(f->name);
+		free(f->help);
 	}
-	sbuf_free(&body);
-	sbuf_free(&seen);
-	return sorted.p ? sorted.p : strdup("");
+	free(p.f);
+	rc |= sbuf_add(&out, bi, sizeof(bi) - 1);
+	if (rc || p.oom) {
+		sbuf_free(&out);
+		errno = ENOMEM;
+		return NULL;
+	}
+	return out.p;
 }
 
 enum MHD_Result http_metrics(struct ctrl_http *h, struct MHD_Connection *c)
@@ -206,37 +421,20 @@ enum MHD_Result http_metrics(struct ctrl_http *h, struct MHD_Connection *c)
 	return ret;
 }
 
-/* The dashboard: a static page that polls /stats once a second. */
-static const char g_dashboard[] =
-	"<!doctype html><html><head><meta charset=\"utf-8\"><title>kvferry</title>\n"
-	"<style>body{font:14px system-ui,sans-serif;margin:2em;color:#222}"
-	"table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 10px;text-align:right}"
-	"th{background:#f4f4f4}.bar{background:#e8e8e8;width:240px;height:14px;display:inline-block}"
-	".bar>div{background:#3a7;height:14px}h2{font-size:16px;margin:1em 0 .2em}#err{color:#b00}</style></head>\n"
-	"<body><h1>kvferry-ctrld</h1><div id=\"hdr\"></div><div id=\"err\"></div><div id=\"reps\"></div>\n"
-	"<h2>HTTP</h2><table id=\"http\"></table>\n"
-	"<script>\n"
-	"function bar(f){f=Math.max(0,Math.min(1,f||0));return '<span class=\"bar\"><div style=\"width:'+(f*100).toFixed(1)+'%\"></div></span> '+(f*100).toFixed(1)+'%';}\n"
-	"function num(v){return typeof v==='number'?(Number.isInteger(v)?v:v.toFixed(2)):v;}\n"
-	"function kv(o){let s='';for(const k in o){if(typeof o[k]!=='object')s+='<tr><th>'+k+'</th><td>'+num(o[k])+'</td></tr>';}return s;}\n"
-	"async function tick(){try{const r=await fetch('/stats');const s=await r.json();\n"
-	" document.getElementById('err').textContent='';\n"
-	" document.getElementById('hdr').innerHTML='model <b>'+s.model+'</b>, up '+s.uptime_s.toFixed(0)+' s'+(s.draining?' &mdash; <b>draining</b>':'');\n"
-	" let h='';const reps=(s.backend&&s.backend.replicas)||[];\n"
-	" reps.forEach((p,i)=>{h+='<h2>replica '+i+': '+p.n_stages+' stages, '+p.n_groups+' groups</h2>';\n"
-	"  h+='<p>pipeline occupancy '+bar(p.occupancy)+' (ideal '+((p.ideal_occupancy||0)*100).toFixed(1)+'%), round trip '+num(p.mean_round_trip_us)+' &micro;s, live '+p.live+', queued '+p.queued+', KV blocks '+p.blocks_in_use+'/'+p.blocks_total+'</p>';\n"
-	"  h+='<table><tr><th>stage</th><th>steps</th><th>columns</th><th>cols/step</th><th>mean step &micro;s</th><th>busy</th></tr>';\n"
-	"  (p.stages||[]).forEach((st,j)=>{h+='<tr><td>'+j+'</td><td>'+st.steps_total+'</td><td>'+st.cols_total+'</td><td>'+(st.steps_total?(st.cols_total/st.steps_total).toFixed(1):'-')+'</td><td>'+num(st.mean_step_us)+'</td><td style=\"text-align:left\">'+bar(st.busy_frac)+'</td></tr>';});\n"
-	"  h+='</table>';});\n"
-	" document.getElementById('reps').innerHTML=h;document.getElementById('http').innerHTML=kv(s.http);\n"
-	"}catch(e){document.getElementById('err').textContent='cannot fetch /stats: '+e;}}\n"
-	"tick();setInterval(tick,1000);\n"
-	"</script></body></html>\n";
-
 enum MHD_Result http_stats(struct ctrl_http *h, struct MHD_Connection *c, int html)
 {
-	if (html)
-		return http_text(h, c, MHD_HTTP_OK, "text/html; charset=utf-8", g_dashboard, sizeof(g_dashboard) - 1);
+	if (html) {
+		struct sbuf page = {0};
+		enum MHD_Result ret;
+		int rc = 0;
+
+		for (size_t i = 0; i < sizeof(g_dashboard) / sizeof(g_dashboard[0]); i++)
+			rc |= sbuf_add(&page, g_dashboard[i], strlen(g_dashboard[i]));
+		ret = rc ? http_error(h, c, 500, "server_error", NULL, NULL, "out of memory rendering the dashboard")
+			 : http_text(h, c, MHD_HTTP_OK, "text/html; charset=utf-8", page.p, page.len);
+		sbuf_free(&page);
+		return ret;
+	}
 	return http_json(h, c, MHD_HTTP_OK, ctrl_http_stats_json(h));
 }
 

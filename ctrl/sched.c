@@ -165,7 +165,7 @@ static void req_finish_kv(struct ctrl_sched *s, struct sched_req *r, enum ctrl_f
 		.id = r->id, .finish = why, .token = token, .logprob = 0.0f,
 		.n_generated = r->n_gen, .message = msg,
 		.kv_blocks = h != NULL ? h->blk : NULL, .n_kv_blocks = h != NULL ? h->n : 0,
-		.kv_positions = h != NULL ? kv_pos : 0,
+		.kv_positions = h != NULL ? kv_pos : 0, .t_admitted_ns = r->t_admitted_ns,
 	};
 
 	s->st.finished++;
@@ -245,6 +245,7 @@ int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, stru
 		.id = r->id, .finish = CTRL_FINISH_NONE, .token = tok, .logprob = lp,
 		.n_generated = r->n_gen, .message = NULL,
 		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
+		.t_admitted_ns = r->t_admitted_ns,
 	};
 	sched_emit(s, r->cb, r->cb_arg, &ev);
 	if (r->n_gen >= r->max_tokens) {
@@ -291,6 +292,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->n_logprobs = rq->n_logprobs;
 	r->hold_kv = rq->hold_kv != 0;
 	r->kv_remote = rq->kv_remote != 0;
+	r->t_admitted_ns = 0;
 	r->cb = rq->cb;
 	r->cb_arg = rq->cb_arg;
 	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
@@ -472,6 +474,7 @@ static int admit(struct ctrl_sched *s)
 		s->n_live++;
 		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
 		s->st.admitted++;
+		r->t_admitted_ns = kvf_mono_ns(); /* the request's queue time ends (HTTP's histogram) */
 		if (r->kv_remote)
 			sched_kv_reserve(s, i);
 	}

@@ -31,6 +31,7 @@ struct sched_req {
 	uint32_t seed;
 	int32_t n_logprobs;
 	uint8_t hold_kv, kv_remote;
+	uint64_t t_admitted_ns;   /* kvf_mono_ns() at admission, 0 while queued (ctrl_event's) */
 	ctrl_token_cb cb;
 	void *cb_arg;
 	int32_t *toks;            /* prompt, then generated tokens */

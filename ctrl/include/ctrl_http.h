@@ -130,14 +130,17 @@ json_t *ctrl_http_requests_json(struct ctrl_http *h);
 
 /**
  * Everything /stats serves: {"model","uptime_s","draining","http":{...},
- * "backend":{...}}. @return a new reference or NULL.
+ * "latency":{<histogram>: {"le","buckets","count","sum"}},"backend":{...}}.
+ * @return a new reference or NULL.
  */
 json_t *ctrl_http_stats_json(struct ctrl_http *h);
 
 /**
  * Render a stats object as Prometheus text: every number becomes a
- * kvferry_* sample; arrays of objects become a label per element.
- * @return a malloc'd string, or NULL (ENOMEM).
+ * kvferry_* sample in base units (ctrl/API.md "Metrics"); arrays of objects
+ * become a label per element; an object shaped {"le","buckets","count","sum"}
+ * a histogram. Every family has HELP and TYPE. Thread-safe (no state).
+ * @return a malloc'd string, or NULL with errno ENOMEM.
  */
 char *ctrl_http_prometheus(const json_t *stats);
 

@@ -79,6 +79,9 @@ struct ctrl_event {
 	                                during the callback) */
 	int32_t n_kv_blocks;
 	int32_t kv_positions;      /**< positions whose KV those blocks hold (or will) */
+	uint64_t t_admitted_ns;    /**< when the scheduler admitted the request (kvf_mono_ns(),
+	                                CLOCK_MONOTONIC): the end of its queue time; 0 if it
+	                                never was (rejected or cancelled while waiting) */
 };
 
 /**

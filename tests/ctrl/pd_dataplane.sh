@@ -160,7 +160,7 @@ print("ctrlctl pd release while 4 rooms wait:", rel.returncode, (rel.stdout + re
 if rel.returncode == 0 or "4 room(s) can still land" not in rel.stderr or str(during[0]["room"]) not in rel.stderr:
     fails.append("pd release was not refused naming the 4 rooms that can still land")
 metrics = urllib.request.urlopen(dec + "/metrics").read().decode()
-if "kvferry_backend_pd_rooms_WaitingForInput 4" not in metrics:
+if 'kvferry_backend_pd_rooms{state="WaitingForInput"} 4' not in metrics:
     fails.append("/metrics has no rooms-by-state gauge showing the 4 waiting rooms")
 for t in th:
     t.join()

@@ -32,6 +32,7 @@ struct fake_req {
 	ctrl_token_cb cb;
 	void *arg;
 	atomic_int cancel;
+	uint64_t t_admitted_ns;  /* the fake admits at submit */
 	struct fake_req *next;
 };
 
@@ -71,6 +72,12 @@ static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
 	q->max_tokens = r->max_tokens;
 	q->cb = r->cb;
 	q->arg = r->cb_arg;
+	{
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		q->t_admitted_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
 	pthread_mutex_lock(&f->mu);
 	q->id = ++f->next_id;
 	q->next = f->reqs;
@@ -98,8 +105,12 @@ static json_t *fake_stats(void *ctx)
 {
 	struct fake *f = ctx;
 
-	return json_pack("{s:i, s:[{s:i, s:[{s:i},{s:i}]}]}", "live", atomic_load(&f->live), "replicas",
-			 "n_stages", 2, "stages", "steps", 5, "steps", 7);
+	/* with the fields /metrics renames: a time in microseconds, a fraction, a
+	 * pool's size ending in _total, rooms by (CamelCase) state */
+	return json_pack("{s:i, s:[{s:i, s:i, s:[{s:i, s:i, s:f},{s:i, s:i, s:f}]}], s:{s:{s:i, s:i}}}", "live",
+			 atomic_load(&f->live), "replicas", "n_stages", 2, "blocks_total", 64, "stages", "steps", 5,
+			 "mean_step_us", 1500, "busy_frac", 0.25, "steps", 7, "mean_step_us", 250, "busy_frac", 0.5,
+			 "pd", "rooms", "Bootstrapping", 1, "WaitingForInput", 4);
 }
 
 static void *fake_thread(void *arg)
@@ -116,7 +127,8 @@ static void *fake_thread(void *arg)
 		pthread_mutex_unlock(&f->mu);
 		for (int i = 0; i < n; i++) {
 			struct fake_req *q = snap[i];
-			struct ctrl_event ev = {.id = q->id, .finish = CTRL_FINISH_NONE, .token = -1, .n_generated = q->emitted};
+			struct ctrl_event ev = {.id = q->id, .finish = CTRL_FINISH_NONE, .token = -1, .n_generated = q->emitted,
+						.t_admitted_ns = q->t_admitted_ns};
 
 			if (atomic_load(&q->cancel)) {
 				ev.finish = CTRL_FINISH_CANCELLED;
@@ -134,7 +146,8 @@ static void *fake_thread(void *arg)
 			}
 			q->cb(q->arg, &ev);
 			if (ev.finish == CTRL_FINISH_NONE && q->emitted == q->max_tokens) {
-				struct ctrl_event end = {.id = q->id, .finish = CTRL_FINISH_LENGTH, .token = -1, .n_generated = q->emitted};
+				struct ctrl_event end = {.id = q->id, .finish = CTRL_FINISH_LENGTH, .token = -1, .n_generated = q->emitted,
+							 .t_admitted_ns = q->t_admitted_ns};
 				q->cb(q->arg, &end);
 				ev.finish = CTRL_FINISH_LENGTH;
 			}
@@ -704,6 +717,99 @@ static void stats_metrics_and_dashboard_are_served(void **state)
 	resp_free(&r);
 }
 
+/* /stats latency.<name>.count, and the sample @p name of /metrics. */
+static int64_t hist_count(json_t *st, const char *name)
+{
+	return json_integer_value(json_object_get(json_object_get(json_object_get(st, "latency"), name), "count"));
+}
+
+static json_t *get_stats(void)
+{
+	struct resp r;
+	json_t *j;
+
+	assert_int_equal(request("GET", "/stats", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_non_null(r.json);
+	j = json_incref(r.json);
+	resp_free(&r);
+	return j;
+}
+
+static int64_t http_counter(json_t *st, const char *k)
+{
+	return json_integer_value(json_object_get(json_object_get(st, "http"), k));
+}
+
+static void latency_histograms_count_what_was_served_and_polls_are_not_client_requests(void **state)
+{
+	json_t *a, *b, *j;
+	struct resp r;
+	const char *p;
+	char want[160];
+
+	(void)state;
+	fake_reset();
+	wait_idle();
+	a = get_stats();
+	/* 3 answered, 1 streamed, 1 that fails after its second token; 5 tokens each */
+	for (int i = 0; i < 3; i++) {
+		j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"count me in\",\"max_tokens\":5}");
+		assert_int_equal(usage(j, "completion_tokens"), 5);
+		json_decref(j);
+	}
+	assert_int_equal(request("POST", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"streamed\","
+				 "\"max_tokens\":5,\"stream\":true}", 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "data: [DONE]"));
+	resp_free(&r);
+	atomic_store(&g_fake.fail_after, 2);
+	j = post("/v1/completions", 500, "{\"model\":\"tiny\",\"prompt\":\"doomed\",\"max_tokens\":5}");
+	json_decref(j);
+	atomic_store(&g_fake.fail_after, -1);
+	wait_idle();
+	b = get_stats();
+	/* first tokens and queue times of all 5, the tokens after the first (4 x 4 + 1),
+	 * end to end of the 4 answered: a failed request has no answer to time */
+	assert_int_equal(hist_count(b, "time_to_first_token_seconds") - hist_count(a, "time_to_first_token_seconds"), 5);
+	assert_int_equal(hist_count(b, "request_queue_time_seconds") - hist_count(a, "request_queue_time_seconds"), 5);
+	assert_int_equal(hist_count(b, "inter_token_latency_seconds") - hist_count(a, "inter_token_latency_seconds"), 17);
+	assert_int_equal(hist_count(b, "e2e_request_latency_seconds") - hist_count(a, "e2e_request_latency_seconds"), 4);
+	/* 5 client requests between the two GET /stats, which are monitoring
+	 * (each counts itself: the second is the one between) */
+	assert_int_equal(http_counter(b, "requests_total") - http_counter(a, "requests_total"), 5);
+	assert_int_equal(http_counter(b, "monitor_requests_total") - http_counter(a, "monitor_requests_total"), 1);
+
+	assert_int_equal(request("GET", "/metrics", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_non_null(strstr(r.body, "# TYPE kvferry_time_to_first_token_seconds histogram\n"
+				       "kvferry_time_to_first_token_seconds_bucket{le=\"0.001\"} "));
+	snprintf(want, sizeof(want), "kvferry_e2e_request_latency_seconds_bucket{le=\"+Inf\"} %lld\n",
+		 (long long)hist_count(b, "e2e_request_latency_seconds"));
+	assert_non_null(p = strstr(r.body, want));
+	snprintf(want, sizeof(want), "kvferry_e2e_request_latency_seconds_count %lld\n",
+		 (long long)hist_count(b, "e2e_request_latency_seconds"));
+	assert_non_null(strstr(p, want));
+	/* base units, the pool's size a gauge, rooms by state a label */
+	assert_non_null(strstr(r.body, "# TYPE kvferry_backend_replicas_stages_mean_step_seconds gauge\n"
+				       "kvferry_backend_replicas_stages_mean_step_seconds{replica=\"0\",stage=\"0\"} 0.0015\n"
+				       "kvferry_backend_replicas_stages_mean_step_seconds{replica=\"0\",stage=\"1\"} 0.00025\n"));
+	assert_non_null(strstr(r.body, "kvferry_backend_replicas_stages_busy_ratio{replica=\"0\",stage=\"1\"} 0.5\n"));
+	assert_non_null(strstr(r.body, "# TYPE kvferry_backend_replicas_blocks_capacity gauge\n"
+				       "kvferry_backend_replicas_blocks_capacity{replica=\"0\"} 64\n"));
+	assert_non_null(strstr(r.body, "# TYPE kvferry_backend_pd_rooms gauge\n"
+				       "kvferry_backend_pd_rooms{state=\"Bootstrapping\"} 1\n"
+				       "kvferry_backend_pd_rooms{state=\"WaitingForInput\"} 4\n"));
+	assert_non_null(strstr(r.body, "# TYPE kvferry_uptime_seconds gauge\n"));
+	/* (HELP lines still name the /stats fields: _us and blocks_total appear there) */
+	assert_null(strstr(r.body, "_us{"));
+	assert_null(strstr(r.body, "_us gauge"));
+	assert_null(strstr(r.body, "\nkvferry_backend_replicas_blocks_total"));
+	resp_free(&r);
+	json_decref(a);
+	json_decref(b);
+}
+
 static int setup(void **state)
 {
 	struct ctrl_http_opts o;
@@ -764,6 +870,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(backend_failures_and_a_full_queue_become_5xx),
 		cmocka_unit_test(models_tokenize_and_detokenize_agree),
 		cmocka_unit_test(stats_metrics_and_dashboard_are_served),
+		cmocka_unit_test(latency_histograms_count_what_was_served_and_polls_are_not_client_requests),
 	};
 	int rc;
 
