@@ -3,98 +3,47 @@
  * Batched matrix-vector kernels of the CPU engine. Each weight row is read
  * once per step and applied to every column of the micro-batch: decode at
  * batch 32 reads the weights once instead of 32 times, which is where batch
- * throughput comes from.
+ * throughput comes from. The kernels themselves are in kn_cpu_mm_body.h.
  *
- * Register blocking: 4 weight rows x 2 columns = 8 accumulators of 8 lanes
- * (AVX2 has 16 ymm registers: 8 acc + 4 w + 1 x fit). A column left over
- * runs 4 x 1 with the very same per-element operation sequence, so results
- * are bitwise equal whichever block a column lands in.
+ * Run-time dispatch. The package is built for the distribution's baseline
+ * (-Dnative=false: x86-64, SSE2 only), so nothing here may depend on
+ * -march. kn_cpu_mm_body.h is compiled twice: a baseline copy, and on x86 an
+ * AVX2+FMA+F16C copy under #pragma GCC target; the first call picks the copy
+ * the CPU runs (__builtin_cpu_supports), once per process. The AVX2 copy is
+ * the code a -march=native build compiled before the dispatch existed, so
+ * its results are bitwise what they were; the baseline copy rounds a * b + c
+ * twice where FMA rounds once, so a CPU without FMA computes other (equally
+ * deterministic) bits — mixing such a node with FMA nodes in one pipeline
+ * breaks "batched x sharded equals solo" across them, never on one node.
+ * Cost of the dispatch (one relaxed load and an indirect call per kernel
+ * call): bench_kn_cpu, small preset bf16, medians of 4 runs on a 16-core
+ * Xeon VM, -march=native before -> dispatched -Dnative=false: 8 threads
+ * prefill 974 -> 1031 tok/s, decode b1 305 -> 333, b8 739 -> 745, b32
+ * 856 -> 834; 2 threads 482 -> 470, 81 -> 81, 259 -> 257, 340 -> 340 —
+ * inside the runs' own +-20% spread. kn_dot + kn_axpy at 64 lanes: 24.4 ->
+ * 24.9 ns (best of 7, CI machine). The baseline copy runs at 0.4-0.65x.
+ *
+ * KVFERRY_CPU_ISA=baseline forces the baseline copy on any CPU (to test
+ * it, or to rule the AVX2 copy out when diagnosing a node).
  */
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kn_cpu_mm.h"
 #include "kn_stage_impl.h"
 
-#if defined(__FMA__)
+#if defined(__x86_64__) || defined(__i386__)
+#define KN_MM_X86 1
 #include <immintrin.h>
+#else
+#define KN_MM_X86 0
 #endif
 
 typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-static inline v8 ld8(const float *p)
-{
-	v8 v;
-	memcpy(&v, p, sizeof(v));
-	return v;
-}
-
-static inline v8 fma8(v8 a, v8 b, v8 c)
-{
-#if defined(__FMA__)
-	return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-	return a * b + c;
-#endif
-}
-
-static inline float hsum8(v8 a)
-{
-	float s0 = (a[0] + a[4]) + (a[2] + a[6]);
-	float s1 = (a[1] + a[5]) + (a[3] + a[7]);
-	return s0 + s1;
-}
-
-void kn_row_to_f32(const void *src, enum kn_dtype dt, int32_t k, float *dst)
-{
-	int32_t i = 0, kp = kn_pad(k);
-	if (dt == KN_DT_F32) {
-		memcpy(dst, src, (size_t)k * sizeof(float));
-		i = k;
-	} else if (dt == KN_DT_BF16) {
-		const uint16_t *s = src;
-		for (; i + 8 <= k; i += 8) {
-			u16x8 h;
-			memcpy(&h, s + i, sizeof(h));
-			u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-			memcpy(dst + i, &w, sizeof(w));
-		}
-		for (; i < k; i++)
-			dst[i] = kn_bf16_to_f32(s[i]);
-	} else {
-		const uint16_t *s = src;
-#if defined(__F16C__)
-		for (; i + 8 <= k; i += 8) {
-			__m128i h;
-			memcpy(&h, s + i, sizeof(h));
-			__m256 f = _mm256_cvtph_ps(h);
-			memcpy(dst + i, &f, sizeof(f));
-		}
-#endif
-		for (; i < k; i++)
-			dst[i] = kn_f16_to_f32(s[i]);
-	}
-	for (; i < kp; i++)
-		dst[i] = 0.0f;
-}
-
-float kn_dot(const float *a, const float *b, int32_t kp)
-{
-	v8 acc = { 0 };
-	for (int32_t k = 0; k < kp; k += 8)
-		acc = fma8(ld8(a + k), ld8(b + k), acc);
-	return hsum8(acc);
-}
-
-void kn_axpy(float a, const float *x, float *y, int32_t kp)
-{
-	v8 av = { a, a, a, a, a, a, a, a };
-	for (int32_t k = 0; k < kp; k += 8) {
-		v8 r = fma8(av, ld8(x + k), ld8(y + k));
-		memcpy(y + k, &r, sizeof(r));
-	}
-}
 
 static inline void store(const struct kn_mm *mm, int32_t j, int32_t o, int32_t i, float v, const float *bias)
 {
@@ -104,73 +53,97 @@ static inline void store(const struct kn_mm *mm, int32_t j, int32_t o, int32_t i
 	*y = mm->accumulate ? *y + v : v;
 }
 
+#define KN_MM_ISA baseline
+#define KN_MM_FMA 0
+#include "kn_cpu_mm_body.h"
+#undef KN_MM_FMA
+#undef KN_MM_ISA
+
+#if KN_MM_X86
+/* clang (the fuzz build) spells the target region its own way. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#define KN_MM_ISA avx2
+#define KN_MM_FMA 1
+#include "kn_cpu_mm_body.h"
+#undef KN_MM_FMA
+#undef KN_MM_ISA
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+/* One copy of the kernels. */
+struct kn_mm_isa {
+	const char *name;
+	void (*row_to_f32)(const void *src, enum kn_dtype dt, int32_t k, float *dst);
+	float (*dot)(const float *a, const float *b, int32_t kp);
+	void (*axpy)(float a, const float *x, float *y, int32_t kp);
+	void (*mm_rows)(const struct kn_mm *mm, int32_t o0, int32_t o1, float *wbuf);
+};
+
+static const struct kn_mm_isa isa_baseline = { "baseline", row_to_f32_baseline, dot_baseline, axpy_baseline,
+					       mm_rows_baseline };
+#if KN_MM_X86
+static const struct kn_mm_isa isa_avx2 = { "avx2", row_to_f32_avx2, dot_avx2, axpy_avx2, mm_rows_avx2 };
+#endif
+
+/* The chosen copy. Written once per process by the first caller; a race
+ * between two first callers stores the same pointer to static const data,
+ * so relaxed order suffices. */
+static _Atomic(const struct kn_mm_isa *) g_isa;
+
+static const struct kn_mm_isa *isa_pick(void)
+{
+	const struct kn_mm_isa *p = &isa_baseline;
+#if KN_MM_X86
+	__builtin_cpu_init();
+	const char *want = getenv("KVFERRY_CPU_ISA");
+	int can = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#if !defined(__clang__)
+	/* clang 14 has no "f16c" string here; no AVX2+FMA CPU lacks F16C. */
+	can = can && __builtin_cpu_supports("f16c");
+#endif
+	if (can && !(want && !strcmp(want, "baseline")))
+		p = &isa_avx2;
+#endif
+	atomic_store_explicit(&g_isa, p, memory_order_relaxed);
+	return p;
+}
+
+static inline const struct kn_mm_isa *isa(void)
+{
+	const struct kn_mm_isa *p = atomic_load_explicit(&g_isa, memory_order_relaxed);
+	return p ? p : isa_pick();
+}
+
+const char *kn_cpu_isa(void)
+{
+	return isa()->name;
+}
+
+void kn_row_to_f32(const void *src, enum kn_dtype dt, int32_t k, float *dst)
+{
+	isa()->row_to_f32(src, dt, k, dst);
+}
+
+float kn_dot(const float *a, const float *b, int32_t kp)
+{
+	return isa()->dot(a, b, kp);
+}
+
+void kn_axpy(float a, const float *x, float *y, int32_t kp)
+{
+	isa()->axpy(a, x, y, kp);
+}
+
 void kn_mm_rows(const struct kn_mm *mm, int32_t o0, int32_t o1, float *wbuf)
 {
-	const int32_t kp = kn_pad(mm->K);
-	const size_t esz = mm->w->dtype == KN_DT_F32 ? 4 : 2;
-	const uint8_t *wbase = mm->w->data;
-	float bias_f[4];
-
-	for (int32_t o = o0; o < o1; o += 4) {
-		int32_t r = o1 - o < 4 ? o1 - o : 4;
-		const float *w[4];
-		for (int32_t i = 0; i < 4; i++) {
-			int32_t row = o + (i < r ? i : 0);
-			float *dst = wbuf + (size_t)i * (size_t)kp;
-			if (i >= r) {
-				w[i] = w[0];
-				continue;
-			}
-			kn_row_to_f32(wbase + (size_t)row * (size_t)mm->K * esz, mm->w->dtype, mm->K, dst);
-			w[i] = dst;
-		}
-		const float *bias = NULL;
-		if (mm->bias) {
-			for (int32_t i = 0; i < r; i++) {
-				float tmp[KN_LANES];
-				size_t bs = mm->bias->dtype == KN_DT_F32 ? 4 : 2;
-				kn_row_to_f32((const uint8_t *)mm->bias->data + (size_t)(o + i) * bs, mm->bias->dtype, 1, tmp);
-				bias_f[i] = tmp[0];
-			}
-			bias = bias_f;
-		}
-		int32_t j = 0;
-		for (; j + 2 <= mm->n; j += 2) {
-			const float *x0 = mm->x + (size_t)j * (size_t)mm->ldx, *x1 = x0 + mm->ldx;
-			v8 a00 = { 0 }, a01 = { 0 }, a10 = { 0 }, a11 = { 0 };
-			v8 a20 = { 0 }, a21 = { 0 }, a30 = { 0 }, a31 = { 0 };
-			for (int32_t k = 0; k < kp; k += 8) {
-				v8 xa = ld8(x0 + k), xb = ld8(x1 + k);
-				v8 w0 = ld8(w[0] + k), w1 = ld8(w[1] + k), w2 = ld8(w[2] + k), w3 = ld8(w[3] + k);
-				a00 = fma8(w0, xa, a00);
-				a01 = fma8(w0, xb, a01);
-				a10 = fma8(w1, xa, a10);
-				a11 = fma8(w1, xb, a11);
-				a20 = fma8(w2, xa, a20);
-				a21 = fma8(w2, xb, a21);
-				a30 = fma8(w3, xa, a30);
-				a31 = fma8(w3, xb, a31);
-			}
-			float s[4][2] = { { hsum8(a00), hsum8(a01) }, { hsum8(a10), hsum8(a11) },
-					  { hsum8(a20), hsum8(a21) }, { hsum8(a30), hsum8(a31) } };
-			for (int32_t i = 0; i < r; i++) {
-				store(mm, j, o, i, s[i][0], bias);
-				store(mm, j + 1, o, i, s[i][1], bias);
-			}
-		}
-		for (; j < mm->n; j++) {
-			const float *x0 = mm->x + (size_t)j * (size_t)mm->ldx;
-			v8 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
-			for (int32_t k = 0; k < kp; k += 8) {
-				v8 xa = ld8(x0 + k);
-				a0 = fma8(ld8(w[0] + k), xa, a0);
-				a1 = fma8(ld8(w[1] + k), xa, a1);
-				a2 = fma8(ld8(w[2] + k), xa, a2);
-				a3 = fma8(ld8(w[3] + k), xa, a3);
-			}
-			float s[4] = { hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3) };
-			for (int32_t i = 0; i < r; i++)
-				store(mm, j, o, i, s[i], bias);
-		}
-	}
+	isa()->mm_rows(mm, o0, o1, wbuf);
 }

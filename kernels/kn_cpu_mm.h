@@ -50,4 +50,12 @@ float kn_dot(const float *a, const float *b, int32_t kp);
 /** y[0..kp) += a * x[0..kp). */
 void kn_axpy(float a, const float *x, float *y, int32_t kp);
 
+/**
+ * The instruction set the kernels above run on in this process: "avx2"
+ * (AVX2 + FMA + F16C) or "baseline", chosen at the first call from the CPU
+ * and KVFERRY_CPU_ISA=baseline. Thread-safe; the choice never changes.
+ * @return a static string
+ */
+const char *kn_cpu_isa(void);
+
 #endif /* KN_CPU_MM_H */

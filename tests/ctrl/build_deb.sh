@@ -1,48 +1,133 @@
 #!/usr/bin/env bash
-# Builds the .deb with scripts/build-deb and checks what it would install,
-# without installing it: dpkg-deb -I/-c, then dpkg-deb -x into a temp dir
-# where the packaged daemon must accept the packaged config file.
+# The Debian package, built the way a release is: scripts/build-deb runs
+# `dpkg-buildpackage -b` on the source package in pkg/debian (a scratch copy
+# of the tree with debian -> pkg/debian). Then, without installing anything
+# on this machine:
+#  - lintian --pedantic on the .debs: no error, no warning;
+#  - Depends comes from ${shlibs:Depends} (libhugetlbfs0, libisal2,
+#    librte-*, ...) and names nothing of CUDA; no binary has a RUNPATH; the
+#    build used the distribution's baseline, not -march=native;
+#  - a man page for every program and kvferry.conf(5), each listing exactly
+#    the options the program's --help lists;
+#  - systemd-analyze verify accepts the units (their man: links resolve);
+#  - maintainer scripts: debhelper's systemd handling, purge keeps models;
+#  - the packaged daemons accept the packaged configuration.
 #   build_deb.sh SOURCE_ROOT BUILD_DIR
+# Exit 77 when the packaging tools or build dependencies are missing.
 set -uo pipefail
-root=$1 build=$2
-command -v dpkg-deb >/dev/null || { echo "dpkg-deb not found: skipping"; exit 77; }
+root=$1
+for t in dpkg-buildpackage dh lintian scdoc man systemd-analyze; do
+  command -v "$t" >/dev/null || { echo "SKIP: $t not found (scripts/install-deps installs it)"; exit 77; }
+done
+dpkg-checkbuilddeps "$root/pkg/debian/control" 2>/dev/null \
+  || { echo "SKIP: build dependencies of pkg/debian/control missing (scripts/install-deps)"; exit 77; }
 tmp=$(mktemp -d /tmp/kvf-deb-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-deb=$("$root/scripts/build-deb" "$build" "$tmp" 2>/dev/null | tail -1)
-[ -f "$deb" ] || fail "scripts/build-deb produced no .deb"
-info=$(dpkg-deb -I "$deb")
-grep -q "^ Package: kvferry$" <<<"$info" || fail "control has no Package: kvferry"
-grep -q "^ Version: " <<<"$info" || fail "control has no Version"
-[ "$(dpkg-deb -f "$deb" Package)" = kvferry ] || fail "dpkg-deb -f Package"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -x /etc/kvferry/kvferry.conf >/dev/null \
-  || fail "/etc/kvferry/kvferry.conf is not a conffile"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst | grep "adduser --system" >/dev/null \
-  || fail "postinst does not create the kvferry system user"
-list=$(dpkg-deb -c "$deb")
-for p in ./usr/bin/kvferry-ctrld ./usr/bin/ctrlctl ./etc/kvferry/kvferry.conf \
-         ./lib/systemd/system/kvferry-ctrld.service ./lib/systemd/system/kvferry-dataplane.service \
-         ./lib/systemd/system/kvferry-worker@.service ./usr/lib/tmpfiles.d/kvferry.conf; do
-  grep -q " $p\$" <<<"$list" || fail "$p is not in the package"
-done
-echo "$list" | awk '$1 ~ /^d/ && $1 != "drwxr-xr-x" { bad = 1; print "bad mode:", $0 } END { exit bad }' \
-  || fail "a directory is not 0755"
-echo "ok    the package holds the binaries, units, tmpfiles.d and a conffile"
+# nocheck: this suite runs the unit tests itself
+DEB_BUILD_OPTIONS="nocheck parallel=$(nproc)" "$root/scripts/build-deb" "$tmp/out" >"$tmp/build-deb.out" 2>&1 \
+  || { tail -n 30 "$tmp/build-deb.out"; fail "scripts/build-deb (dpkg-buildpackage -b) failed"; }
+deb=$(grep '/kvferry_[^/]*\.deb$' "$tmp/build-deb.out" | tail -1)
+[ -f "$deb" ] || fail "scripts/build-deb produced no kvferry .deb"
+debs=$(grep '\.deb$' "$tmp/build-deb.out")
+log=$tmp/out/kvferry-build.log
+ver=$(sed -n "s/^  version: '\([^']*\)',$/\1/p" "$root/meson.build")
+[ "$(dpkg-deb -f "$deb" Version)" = "$ver" ] || fail "package version $(dpkg-deb -f "$deb" Version) is not meson's $ver (pkg/debian/changelog)"
+echo "ok    dpkg-buildpackage -b built $(echo "$debs" | xargs -n1 basename | tr '\n' ' ')"
 
+# lintian as root warns about running as root; that line is not about the package
+# shellcheck disable=SC2086
+lintian --pedantic --display-info $debs >"$tmp/lintian.out" 2>&1
+grep -v '^running with root privileges' "$tmp/lintian.out" | sed 's/^/      /'
+grep -qE '^[EW]: ' "$tmp/lintian.out" && fail "lintian --pedantic reports errors or warnings"
+echo "ok    lintian --pedantic: no error, no warning ($(grep -cE '^[PI]: ' "$tmp/lintian.out") info/pedantic notes)"
+
+dep=$(dpkg-deb -f "$deb" Depends)
+for d in libhugetlbfs0 libisal2 librte-eal librte-ethdev librte-ring libjansson4 libmicrohttpd12 libsystemd0 adduser; do
+  grep -q "\b$d" <<<"$dep" || fail "Depends lacks $d: $dep"
+done
+grep -qiE 'cuda|cublas' <<<"$dep" && fail "kvferry depends on CUDA ($dep): it must install on a node without a GPU"
+grep -q -- '-march=native' "$log" && fail "the package was compiled with -march=native (meson -Dnative=false)"
+grep -q 'native *: *false' "$log" || fail "the build log does not show meson's native: false"
 dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x"
-grep -q "^Type=notify" "$tmp/root/lib/systemd/system/kvferry-ctrld.service" || fail "kvferry-ctrld.service is not Type=notify"
+for b in "$tmp"/root/usr/bin/*; do
+  readelf -d "$b" 2>/dev/null | grep -qE 'RUNPATH|RPATH' && fail "$(basename "$b") has a RUNPATH: $(readelf -d "$b" | grep PATH)"
+  readelf -d "$b" 2>/dev/null | grep -qE 'libcu(da|blas)' && fail "$(basename "$b") links CUDA"
+done
+echo "ok    Depends from shlibs: $dep"
+
+# Every program has a man page, listing each option its --help lists; each
+# option a page defines (an entry's first line, "--flag ...") is one the
+# program accepts. kvferry.conf(5) lists every key of every daemon.
+bin=$tmp/root/usr/bin man=$tmp/root/usr/share/man
+render() { MANWIDTH=400 man --nh --nj -l "$1" 2>/dev/null; }
+flags() { grep -oE -- '--[a-z][a-z0-9-]*[a-z0-9]' | sort -u; }
+for b in "$bin"/*; do
+  p=$(basename "$b")
+  page=$(ls "$man"/man[18]/"$p".[18].gz 2>/dev/null | head -1)
+  [ -n "$page" ] || fail "$p has no man page"
+  text=$(render "$page")
+  help=$(env -u KVFERRY_CONFIG "$b" --help 2>&1)
+  for f in $(flags <<<"$help"); do
+    grep -qE -- "^ {7}(.*, )?$f( |,|$)" <<<"$text" || fail "$(basename "$page"): $f of $p --help is not an option there"
+  done
+  for f in $(grep -E '^ {7}--' <<<"$text" | flags); do
+    [ "$f" = --help ] || [ "$f" = --version ] || grep -q -- "$f\b" <<<"$help" \
+      || grep -q -- "--${f#--no-}\b" <<<"$help" || fail "$(basename "$page") defines $f, which $p --help does not list"
+  done
+done
+[ -f "$man/man5/kvferry.conf.5.gz" ] || fail "kvferry.conf(5) is not in the package"
+conf_page=$(render "$man/man5/kvferry.conf.5.gz")
+for d in kvferry-ctrld kvferry-worker kvferry-dataplane; do
+  for k in $("$bin/$d" --print-config | sed -n 's/^#\([a-z0-9_]*\) = .*/\1/p'); do
+    grep -qE "^ {7}$k = " <<<"$conf_page" || fail "kvferry.conf(5) has no entry for $d's key $k"
+  done
+done
+echo "ok    a man page for each of $(ls "$bin" | wc -l) programs and kvferry.conf(5), matching --help and --print-config"
+
+# systemd-analyze verify, in a root holding the package and this machine's
+# own units; man: links resolve against the package's pages only.
+mkdir -p "$tmp/root/lib/systemd/system"
+cp -an /lib/systemd/system/. "$tmp/root/lib/systemd/system/" 2>/dev/null
+units=$(dpkg-deb -c "$deb" | grep -oE 'lib/systemd/system/[^/]+\.(service|target|socket|timer|path)$')
+[ -n "$units" ] || fail "the package has no systemd units"
+# shellcheck disable=SC2046
+MANPATH=$man systemd-analyze --root="$tmp/root" verify $(sed "s|^|$tmp/root/|" <<<"$units") >"$tmp/verify.out" 2>&1 \
+  || { cat "$tmp/verify.out"; fail "systemd-analyze verify rejects the packaged units"; }
+[ -s "$tmp/verify.out" ] && { cat "$tmp/verify.out"; fail "systemd-analyze verify complains about the packaged units"; }
+echo "ok    systemd-analyze verify: $(echo $units | xargs -n1 basename | tr '\n' ' ')"
+
+# Maintainer scripts: the conffile, the system user, debhelper's unit
+# handling (deb-systemd-helper / -invoke, try-restart after an upgrade), and
+# a purge that leaves /var/lib/kvferry (the models) alone.
+dpkg-deb -e "$deb" "$tmp/ctl" || fail "dpkg-deb -e"
+grep -qx /etc/kvferry/kvferry.conf "$tmp/ctl/conffiles" || fail "/etc/kvferry/kvferry.conf is not a conffile"
+grep -q "adduser --system" "$tmp/ctl/postinst" || fail "postinst does not create the kvferry system user"
+grep -q "deb-systemd-helper" "$tmp/ctl/postinst" || fail "postinst lacks debhelper's deb-systemd-helper snippet"
+grep -q "deb-systemd-invoke try-restart" "$tmp/ctl/postinst" || fail "postinst does not restart the daemons after an upgrade"
+grep -q "deb-systemd-invoke stop" "$tmp/ctl/prerm" || fail "prerm does not stop the daemons on remove"
+grep -q "systemd-tmpfiles.*--create kvferry.conf" "$tmp/ctl/postinst" || fail "postinst does not create /run/kvferry (tmpfiles.d)"
+code=$(grep -v '^[[:space:]]*#' "$tmp/ctl/postrm")
+grep -q "/var/lib/kvferry" <<<"$code" && fail "postrm touches /var/lib/kvferry (the models)"
+grep -q "deluser" <<<"$code" && fail "postrm removes the kvferry user, which owns the models"
+echo "$(dpkg-deb -c "$deb")" | awk '$1 ~ /^d/ && $1 != "drwxr-xr-x" { bad = 1; print "bad mode:", $0 } END { exit bad }' \
+  || fail "a directory is not 0755"
+echo "ok    conffile, system user, deb-systemd-helper/-invoke, restart after upgrade, purge keeps /var/lib/kvferry"
+
+r=$tmp/root
+grep -q "^Type=notify" "$r/lib/systemd/system/kvferry-ctrld.service" || fail "kvferry-ctrld.service is not Type=notify"
 for u in kvferry-ctrld kvferry-dataplane kvferry-worker@; do
   # a configuration error (exit 2) is not retried every 2 s forever; the daemons read kvferry.conf
-  grep -q "^RestartPreventExitStatus=2" "$tmp/root/lib/systemd/system/$u.service" || fail "$u.service restarts on a config error"
-  grep -q "^ExecStart=.*--config /etc/kvferry/kvferry.conf" "$tmp/root/lib/systemd/system/$u.service" \
+  grep -q "^RestartPreventExitStatus=2" "$r/lib/systemd/system/$u.service" || fail "$u.service restarts on a config error"
+  grep -q "^ExecStart=.*--config /etc/kvferry/kvferry.conf" "$r/lib/systemd/system/$u.service" \
     || fail "$u.service does not read /etc/kvferry/kvferry.conf"
 done
 # only ctrld's unit owns /run/kvferry: a root dataplane start must not chown it away from ctrlctl's group
-! grep -q "^RuntimeDirectory=" "$tmp/root/lib/systemd/system/kvferry-dataplane.service" \
+! grep -q "^RuntimeDirectory=" "$r/lib/systemd/system/kvferry-dataplane.service" \
   || fail "kvferry-dataplane.service takes /run/kvferry (RuntimeDirectory)"
-grep -q "^d /run/kvferry 0750 kvferry kvferry" "$tmp/root/usr/lib/tmpfiles.d/kvferry.conf" || fail "tmpfiles.d does not create /run/kvferry"
-conf=$tmp/root/etc/kvferry/kvferry.conf
+grep -q "^d /run/kvferry 0750 kvferry kvferry" "$r/usr/lib/tmpfiles.d/kvferry.conf" || fail "tmpfiles.d does not create /run/kvferry"
+conf=$r/etc/kvferry/kvferry.conf
 # Every key is there, commented, with its default: uncommented it must still parse.
 for k in listen_address port model_dir served_model_name stages backend threads kv_blocks kv_memory \
          max_slots mb_k step_budget groups max_tokens_default max_context request_body_limit admin_socket \
@@ -50,27 +135,25 @@ for k in listen_address port model_dir served_model_name stages backend threads 
   grep -q "^#$k = " "$conf" || fail "key $k is missing from the packaged kvferry.conf"
 done
 # --check opens the model directory too: a tiny model stands in for /var/lib/kvferry/model
-"$build/kvferry-mkmodel" --out "$tmp/model" --preset tiny >/dev/null || fail "kvferry-mkmodel"
-"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/model" >/dev/null \
+"$bin/kvferry-mkmodel" --out "$tmp/model" --preset tiny >/dev/null || fail "the packaged kvferry-mkmodel"
+"$bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/model" >/dev/null \
   || fail "the packaged daemon rejects the packaged config"
-"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/no-such-model" >"$tmp/nomodel.log" 2>&1 \
+"$bin/kvferry-ctrld" --check --config "$conf" --model-dir "$tmp/no-such-model" >"$tmp/nomodel.log" 2>&1 \
   && fail "--check passes for a model directory that does not exist"
 grep -q "no-such-model" "$tmp/nomodel.log" || fail "--check does not name the missing model directory"
 sed 's/^#\([a-z_]* = \)/\1/' "$conf" > "$tmp/uncommented.conf"
-"$tmp/root/usr/bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" --model-dir "$tmp/model" >/dev/null \
+"$bin/kvferry-ctrld" --check --config "$tmp/uncommented.conf" --model-dir "$tmp/model" >/dev/null \
   || fail "the packaged config with every default uncommented is rejected"
-if [ -x "$tmp/root/usr/bin/kvferry-worker" ]; then
-  grep -q "^\[worker\]" "$conf" || fail "the packaged kvferry.conf has no [worker] section"
-  for c in "$conf" "$tmp/uncommented.conf"; do
-    env -u KVFERRY_CONFIG "$tmp/root/usr/bin/kvferry-worker" --check --config "$c" --region r --model m --in ring:a \
-      --out ring:b >/dev/null || fail "the packaged worker rejects $c"
-  done
-fi
-if [ -x "$tmp/root/usr/bin/kvferry-dataplane" ]; then
-  grep -q "^\[dp\]" "$conf" || fail "the packaged kvferry.conf has no [dp] section"
-  for c in "$conf" "$tmp/uncommented.conf"; do
-    env -u KVFERRY_CONFIG "$tmp/root/usr/bin/kvferry-dataplane" --check --config "$c" --port net_null0 --region r \
-      >/dev/null || fail "the packaged dataplane rejects $c"
-  done
-fi
-echo "ok    the packaged config lists every key and the packaged daemons accept it"
+grep -q "^\[worker\]" "$conf" || fail "the packaged kvferry.conf has no [worker] section"
+grep -q "^\[dp\]" "$conf" || fail "the packaged kvferry.conf has no [dp] section"
+for c in "$conf" "$tmp/uncommented.conf"; do
+  env -u KVFERRY_CONFIG "$bin/kvferry-worker" --check --config "$c" --region r --model m --in ring:a \
+    --out ring:b >/dev/null || fail "the packaged worker rejects $c"
+  env -u KVFERRY_CONFIG "$bin/kvferry-dataplane" --check --config "$c" --port net_null0 --region r \
+    >/dev/null || fail "the packaged dataplane rejects $c"
+done
+# the CPU engine runs from the package on this machine (no GPU, no CUDA libraries)
+out=$("$bin/kvferry-generate" --model "$tmp/model" --prompt "Hello" --max-tokens 4 2>&1) \
+  || fail "the packaged kvferry-generate: $out"
+grep -q "^ids:" <<<"$out" || fail "the packaged kvferry-generate printed no ids: $out"
+echo "ok    units, tmpfiles.d, the packaged config and the packaged CPU engine"
