@@ -17,7 +17,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +54,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "kn_tok.h"
 #include "kvf_config.h"
 #include "kvf_clock.h"
+#include "kvf_log.h"
 
 /* Idle poll back-off: a poll that found nothing sleeps this long. The CPU
  * engine's steps take milliseconds, so 50 µs adds under 5% to a round
@@ -94,34 +94,13 @@ struct daemon {
 	atomic_int stop_poller;
 };
 
-static void logat(int pri, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* One line on stderr. Under systemd (JOURNAL_STREAM names the journal as
- * our stderr) it starts with the syslog priority, <3> error, <4> warning,
- * <6> info, which journald takes as the entry's priority: `journalctl -p
- * err` then shows the errors. In a terminal the lines stay plain. */
-static void logat(int pri, const char *fmt, ...)
-{
-	static int journal = -1;
-	va_list ap;
-
-	if (journal < 0) {
-		const char *js = getenv("JOURNAL_STREAM");
-
-		journal = js != NULL && *js != '\0';
-	}
-	va_start(ap, fmt);
-	if (journal)
-		fprintf(stderr, "<%d>", pri);
-	fputs("kvferry-ctrld: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-}
-
-#define logmsg(...) logat(6, __VA_ARGS__)
-#define logwarn(...) logat(4, __VA_ARGS__)
-#define logerr(...) logat(3, __VA_ARGS__)
+/* One line on stderr at its syslog priority (kvf_log.h): under systemd it
+ * starts with <3> error, <4> warning, <6> info, which journald takes as the
+ * entry's priority, so `journalctl -p err` shows the errors; in a terminal
+ * the lines stay plain. */
+#define logmsg(...) kvf_log(KVF_LOG_INFO, "kvferry-ctrld", __VA_ARGS__)
+#define logwarn(...) kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", __VA_ARGS__)
+#define logerr(...) kvf_log(KVF_LOG_ERR, "kvferry-ctrld", __VA_ARGS__)
 
 /* ---- admin commands ---- */
 

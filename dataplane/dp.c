@@ -35,6 +35,7 @@
 
 #include "dp.h"
 #include "dp_ipc.h"
+#include "kvf_log.h"
 #include "port.h"
 #include "shm_live.h"
 #include "shm_pool.h"
@@ -118,8 +119,8 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 	d->cur_stream->partial--;
 	/* each receive ring holds every pool buffer (see invariants): cannot fail */
 	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1)
-		fprintf(stderr, "dataplane: the receive ring of type %u is full: a message from node %u is "
-			"lost (ring sized below the pools?)\n", m->type, d->cur_peer->node);
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: the receive ring of type %u is full: a message from node %u is "
+			"lost (ring sized below the pools?)", m->type, d->cur_peer->node);
 	cnt_add(&d->cur_peer->stats->msgs_received, 1);
 }
 
@@ -352,7 +353,10 @@ static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
 			     .seq = p->remote_epoch, .aux = DP_AUX(p->node, 0)};
 	shm_ring_enqueue_burst(d->r_ev, &e, 1); /* events are advisory when nobody reads */
 	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted" : "unreachable";
-	fprintf(stderr, "dataplane %u: peer %u %s (epoch %llu), %llu in-flight messages reported failed\n",
+	/* up is progress; a restart or a loss is an error when it failed messages
+	 * (their senders lose that work), else a warning */
+	kvf_log(type == DP_EV_PEER_UP ? KVF_LOG_INFO : failed > 0 ? KVF_LOG_ERR : KVF_LOG_WARNING, NULL,
+		"dataplane %u: peer %u %s (epoch %llu), %llu in-flight messages reported failed",
 		d->o->node, p->node, what, (unsigned long long)p->remote_epoch,
 		(unsigned long long)failed);
 }

@@ -20,6 +20,7 @@
 
 #include "dp.h"
 #include "dp_ipc.h"
+#include "kvf_log.h"
 #include "port.h"
 #include "shm_live.h"
 #include "shm_pool.h"
@@ -35,8 +36,8 @@ static struct shm_ring *ring_get(struct shm_region *r, const char *name, unsigne
 	if (!q && errno == EEXIST)
 		q = shm_ring_lookup(r, name);
 	if (!q)
-		fprintf(stderr, "shm_ring_create(%s, %u) failed: %s: make the region larger "
-			"(--region-size)\n", name, count, strerror(errno));
+		kvf_log(KVF_LOG_ERR, NULL, "shm_ring_create(%s, %u) failed: %s: make the region larger "
+			"(--region-size)", name, count, strerror(errno));
 	return q;
 }
 
@@ -46,8 +47,8 @@ static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_
 	if (!p && errno == EEXIST)
 		p = shm_pool_lookup(r, name);
 	if (!p)
-		fprintf(stderr, "shm_pool_create(%s, %u x %zu) failed: %s: make the region larger "
-			"(--region-size) or the pools smaller\n", name, n, sz, strerror(errno));
+		kvf_log(KVF_LOG_ERR, NULL, "shm_pool_create(%s, %u x %zu) failed: %s: make the region larger "
+			"(--region-size) or the pools smaller", name, n, sz, strerror(errno));
 	return p;
 }
 
@@ -57,6 +58,18 @@ static unsigned pow2_at_least(unsigned x)
 	while (p < x)
 		p <<= 1;
 	return p;
+}
+
+/* " reason=count" for each reason that counted, into @p b (cut to @p n). */
+static void fmt_drops(char *b, size_t n, const uint64_t drops[DP_DROP_MAX_])
+{
+	size_t at = 0;
+
+	b[0] = '\0';
+	for (unsigned k = 1; k < DP_DROP_MAX_ && at < n; k++)
+		if (drops[k])
+			at += (size_t)snprintf(b + at, n - at, " %s=%llu", dp_drop_reason_name(k),
+					       (unsigned long long)drops[k]);
 }
 
 static int setup_shm(struct dp *d)
@@ -73,7 +86,7 @@ static int setup_shm(struct dp *d)
 		d->reg = shm_region_attach(o->region, err, sizeof(err));
 	}
 	if (!d->reg) {
-		fprintf(stderr, "dataplane: region '%s': %s\n", o->region, err);
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: region '%s': %s", o->region, err);
 		return -errno;
 	}
 	unsigned bufs = o->rx_small_n + o->rx_large_n;
@@ -95,7 +108,7 @@ static int setup_shm(struct dp *d)
 	int r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64,
 				    SHM_AREA_RAW, &off);
 	if (r && r != -EEXIST) {
-		fprintf(stderr, "shm_region_add_area(%s) failed: %s\n", DP_AREA_STATS, strerror(-r));
+		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s", DP_AREA_STATS, strerror(-r));
 		return r;
 	}
 	d->stats = shm_ptr(d->reg, off);
@@ -111,14 +124,14 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 {
 	if (o->node >= DP_MAX_PEERS || !o->port || !o->region || o->frame_size < DP_FRAME_HLEN + 64 ||
 	    o->frame_size > DP_FRAME_MAX) {
-		fprintf(stderr, "dataplane: bad options: need --node-id < %u, --port, --region, "
-			"--frame-size in [%u, %u]\n", DP_MAX_PEERS, DP_FRAME_HLEN + 64, DP_FRAME_MAX);
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: bad options: need --node-id < %u, --port, --region, "
+			"--frame-size in [%u, %u]", DP_MAX_PEERS, DP_FRAME_HLEN + 64, DP_FRAME_MAX);
 		return -EINVAL;
 	}
 	struct dp_opts eff = *o;
 	eff.rel.frame_payload = o->frame_size - DP_FRAME_HLEN;
 	if (dp_rel_opts_check(&eff.rel)) {
-		fprintf(stderr, "dataplane: bad reliability options (window, max-msgs)\n");
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: bad reliability options (window, max-msgs)");
 		return -EINVAL;
 	}
 	struct dp *d = calloc(1, sizeof(*d));
@@ -162,11 +175,11 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
 			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
 	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
-	fprintf(stderr,
+	kvf_log(KVF_LOG_INFO, NULL,
 		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
 		"idle %s, epoch %llu\n"
 		"  memory: mbuf pools %.1f MiB (DPDK hugepages), region '%s' %.1f MiB (%s, reassembly "
-		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start\n",
+		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
 		d->port.multiseg ? "zero-copy (ext buffers)" : "copy", eff.idle ? "sleep" : "poll",
@@ -181,8 +194,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	/* The default 50 µs timer slack turned every 1 µs back-off sleep into
 	 * ~60 µs, which the peer saw as RTT. */
 	if (eff.idle == DP_IDLE_SLEEP && prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0))
-		fprintf(stderr, "dataplane: prctl(PR_SET_TIMERSLACK, 1000) failed: %s (sleeps "
-			"will overshoot)\n", strerror(errno));
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: prctl(PR_SET_TIMERSLACK, 1000) failed: %s (sleeps "
+			"will overshoot)", strerror(errno));
 	while (!*stop) {
 		uint64_t now = now_ns(d);
 		unsigned work = dp_poll_once(d, now);
@@ -216,28 +229,27 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 			}
 		}
 	}
-	fprintf(stderr, "dataplane %u: stopping\n", eff.node);
+	kvf_log(KVF_LOG_INFO, NULL, "dataplane %u: stopping", eff.node);
 	for (unsigned i = 0; i < d->stats->n_peers; i++) {
 		const struct dp_peer_stats *ps = &d->stats->peer[i];
-		fprintf(stderr, "  peer %u: tx %llu frames %llu B, rx %llu frames %llu B, retransmits %llu, "
-			"timeouts %llu, sent %llu, failed %llu, received %llu, restarts %llu, rtt %llu ns\n   drops:",
+		char drops[DP_DROP_MAX_ * 32];
+
+		fmt_drops(drops, sizeof(drops), ps->drops);
+		kvf_log(KVF_LOG_INFO, NULL, "  peer %u: tx %llu frames %llu B, rx %llu frames %llu B, retransmits %llu, "
+			"timeouts %llu, sent %llu, failed %llu, received %llu, restarts %llu, rtt %llu ns\n   drops:%s",
 			ps->node, (unsigned long long)ps->tx_frames, (unsigned long long)ps->tx_bytes,
 			(unsigned long long)ps->rx_frames, (unsigned long long)ps->rx_bytes,
 			(unsigned long long)ps->retransmits, (unsigned long long)ps->timeouts,
 			(unsigned long long)ps->msgs_sent, (unsigned long long)ps->msgs_failed,
 			(unsigned long long)ps->msgs_received, (unsigned long long)ps->restarts,
-			(unsigned long long)ps->rtt_ns);
-		for (unsigned k = 1; k < DP_DROP_MAX_; k++)
-			if (ps->drops[k])
-				fprintf(stderr, " %s=%llu", dp_drop_reason_name(k), (unsigned long long)ps->drops[k]);
-		fprintf(stderr, "\n");
+			(unsigned long long)ps->rtt_ns, drops);
 	}
-	fprintf(stderr, "  unattributed drops:");
-	for (unsigned k = 1; k < DP_DROP_MAX_; k++)
-		if (d->stats->drops_unknown[k])
-			fprintf(stderr, " %s=%llu", dp_drop_reason_name(k),
-				(unsigned long long)d->stats->drops_unknown[k]);
-	fprintf(stderr, "\n");
+	{
+		char drops[DP_DROP_MAX_ * 32];
+
+		fmt_drops(drops, sizeof(drops), d->stats->drops_unknown);
+		kvf_log(KVF_LOG_INFO, NULL, "  unattributed drops:%s", drops);
+	}
 	r = 0;
 out:
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++)

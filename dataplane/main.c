@@ -8,6 +8,7 @@
 
 #include "dp.h"
 #include "kvf_cfg.h"
+#include "kvf_log.h"
 
 static volatile sig_atomic_t g_stop, g_outage;
 
@@ -38,7 +39,7 @@ int main(int argc, char **argv)
 		cfg_free(cfg);
 		if (rc > 0)
 			return 0;
-		fprintf(stderr, "kvferry-dataplane: %s\n", err);
+		kvf_log(KVF_LOG_ERR, "kvferry-dataplane", "%s", err);
 		return 2;
 	}
 	struct sigaction sa;

@@ -21,9 +21,11 @@
 #include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
+#include <rte_log.h>
 #include <rte_mbuf.h>
 #include <rte_memory.h>
 
+#include "kvf_log.h"
 #include "port.h"
 
 #define RX_DESC 1024
@@ -35,6 +37,33 @@ static void ext_free_noop(void *addr, void *opaque)
 	/* Region memory outlives every mbuf: nothing to free. */
 	(void)addr;
 	(void)opaque;
+}
+
+/* DPDK's own log under journald: its default stream (22.11) writes each
+ * message to stderr with no priority, which the journal files at 6, and
+ * again to syslog, so every EAL error showed up twice, once as info.
+ * Through kvf_log() instead it is one line on stderr at its own priority
+ * (rte_log levels are syslog's plus one: RTE_LOG_ERR = 4 is syslog's 3).
+ * In a terminal DPDK's stream stays as it is. */
+static ssize_t eal_log_write(void *cookie, const char *buf, size_t size)
+{
+	int lvl = rte_log_cur_msg_loglevel();
+
+	(void)cookie;
+	kvf_log(lvl >= (int)RTE_LOG_EMERG && lvl <= (int)RTE_LOG_DEBUG ? lvl - 1 : KVF_LOG_INFO, NULL, "%.*s", (int)size,
+		buf);
+	return (ssize_t)size;
+}
+
+static void eal_log_to_journal(void)
+{
+	static FILE *f;
+
+	if (f != NULL || !kvf_log_journal())
+		return;
+	f = fopencookie(NULL, "w", (cookie_io_functions_t){ .write = eal_log_write });
+	if (f != NULL)
+		rte_openlog_stream(f); /* before rte_eal_init(): its own default stream then stays unused */
 }
 
 /* net_af_packet frames pass the kernel interface: its MTU, not the PMD's
@@ -51,8 +80,8 @@ static void check_iface_mtu(const char *spec, uint32_t frame_size)
 	if (!f)
 		return;
 	if (fscanf(f, "%u", &mtu) == 1 && mtu + RTE_ETHER_HDR_LEN < frame_size)
-		fprintf(stderr, "dataplane: %s has MTU %u, below the %u-byte frames (--frame-size): "
-			"frames will be dropped; raise it (ip link set %s mtu %u)\n", ifname, mtu,
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: %s has MTU %u, below the %u-byte frames (--frame-size): "
+			"frames will be dropped; raise it (ip link set %s mtu %u)", ifname, mtu,
 			frame_size, ifname, frame_size - RTE_ETHER_HDR_LEN);
 	fclose(f);
 }
@@ -94,9 +123,10 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		argv[argc++] = (char *)"0";
 	}
 	argv[argc] = NULL;
+	eal_log_to_journal();
 	if (rte_eal_init(argc, argv) < 0) {
-		fprintf(stderr, "rte_eal_init(%s) failed: %s: reserve hugepages (echo 512 > "
-			"/proc/sys/vm/nr_hugepages) and check the port spec\n", spec,
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eal_init(%s) failed: %s: reserve hugepages (echo 512 > "
+			"/proc/sys/vm/nr_hugepages) and check the port spec", spec,
 			rte_strerror(rte_errno));
 		free(extra_dup);
 		return -ENODEV;
@@ -110,7 +140,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		break;
 	}
 	if (pid == RTE_MAX_ETHPORTS) {
-		fprintf(stderr, "no DPDK port for '%s': bind the NIC to vfio-pci or give a vdev spec\n",
+		kvf_log(KVF_LOG_ERR, NULL, "no DPDK port for '%s': bind the NIC to vfio-pci or give a vdev spec",
 			spec);
 		return -ENODEV;
 	}
@@ -118,7 +148,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	struct rte_eth_dev_info info;
 	int r = rte_eth_dev_info_get(pid, &info);
 	if (r) {
-		fprintf(stderr, "rte_eth_dev_info_get(%u) failed: %s\n", pid, rte_strerror(-r));
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_info_get(%u) failed: %s", pid, rte_strerror(-r));
 		return r;
 	}
 	p->multiseg = !force_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
@@ -141,8 +171,8 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	p->ext_pool = rte_pktmbuf_pool_create(name, n_mbufs < 65000 ? n_mbufs : 65000, POOL_CACHE, 0,
 					      0, socket);
 	if (!p->rx_pool || !p->hdr_pool || !p->ext_pool) {
-		fprintf(stderr, "rte_pktmbuf_pool_create(%u mbufs of %u bytes) failed: %s: reserve "
-			"more hugepages or lower --mbufs\n", n_mbufs, room, rte_strerror(rte_errno));
+		kvf_log(KVF_LOG_ERR, NULL, "rte_pktmbuf_pool_create(%u mbufs of %u bytes) failed: %s: reserve "
+			"more hugepages or lower --mbufs", n_mbufs, room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
 	p->mbuf_bytes = (uint64_t)n_mbufs * (room + 128) + (uint64_t)n_mbufs * (RTE_PKTMBUF_HEADROOM + 256 + 128) +
@@ -175,7 +205,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		r = rte_eth_dev_configure(pid, 1, 1, &conf);
 	}
 	if (r) {
-		fprintf(stderr, "rte_eth_dev_configure(port %u) failed: %s\n", pid, rte_strerror(-r));
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_configure(port %u) failed: %s", pid, rte_strerror(-r));
 		return r;
 	}
 	uint16_t nrx = RX_DESC, ntx = TX_DESC;
@@ -184,7 +214,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	if (!r)
 		r = rte_eth_tx_queue_setup(pid, 0, ntx, (unsigned)socket, NULL);
 	if (r) {
-		fprintf(stderr, "rte_eth_{rx,tx}_queue_setup(port %u, %u/%u desc) failed: %s\n", pid,
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_{rx,tx}_queue_setup(port %u, %u/%u desc) failed: %s", pid,
 			nrx, ntx, rte_strerror(-r));
 		return r;
 	}
@@ -196,12 +226,12 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		if (!r || !p->reconnects || tries >= 300)
 			break;
 		if (tries == 0)
-			fprintf(stderr, "rte_eth_dev_start(port %u, %s) failed: %s: waiting up to 30 s "
-				"for the memif server\n", pid, spec, rte_strerror(-r));
+			kvf_log(KVF_LOG_WARNING, NULL, "rte_eth_dev_start(port %u, %s) failed: %s: waiting up to 30 s "
+				"for the memif server", pid, spec, rte_strerror(-r));
 		usleep(100000);
 	}
 	if (r) {
-		fprintf(stderr, "rte_eth_dev_start(port %u) failed: %s\n", pid, rte_strerror(-r));
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_start(port %u) failed: %s", pid, rte_strerror(-r));
 		return r;
 	}
 	p->started = 1;
@@ -231,7 +261,7 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
 	}
 	int r = rte_extmem_register(base, len, iova, (unsigned)n, page);
 	if (r && rte_errno != EEXIST) {
-		fprintf(stderr, "rte_extmem_register(%p, %zu, %zu pages of %zu) failed: %s\n", base,
+		kvf_log(KVF_LOG_ERR, NULL, "rte_extmem_register(%p, %zu, %zu pages of %zu) failed: %s", base,
 			len, n, page, rte_strerror(rte_errno));
 		free(iova);
 		return -rte_errno;
@@ -248,8 +278,8 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
 			r = rte_dev_dma_map(info.device, (char *)base + i * page, iova[i], page);
 			if (r) {
 				if (rte_errno != ENOTSUP && rte_errno != ENODEV)
-					fprintf(stderr, "rte_dev_dma_map(page %zu) failed: %s (the NIC "
-						"will copy instead)\n", i, rte_strerror(rte_errno));
+					kvf_log(KVF_LOG_WARNING, NULL, "rte_dev_dma_map(page %zu) failed: %s (the NIC "
+						"will copy instead)", i, rte_strerror(rte_errno));
 				break;
 			}
 			p->dma_mapped = i + 1;
@@ -274,7 +304,7 @@ int dp_port_watch(struct dp_port *p, uint64_t now_ns)
 	}
 	if (!p->reconnects || now_ns - p->down_since < 1000000000ull)
 		return 0;
-	fprintf(stderr, "dataplane: memif link down for %.1f s: reconnecting (stop and start port %u)\n",
+	kvf_log(KVF_LOG_WARNING, NULL, "dataplane: memif link down for %.1f s: reconnecting (stop and start port %u)",
 		(now_ns - p->down_since) / 1e9, p->port);
 	if (p->started)
 		rte_eth_dev_stop(p->port);

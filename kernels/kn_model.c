@@ -701,7 +701,11 @@ const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *na
 	return bsearch(&key, m->tensors, m->n_tensors, sizeof(key), tensor_cmp);
 }
 
-void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t *n, uint64_t *bytes)
+/* Call @p fn for each tensor a stage of layers [ls, le) reads (the list
+ * kn_model_range_tensors() documents), each once; stop at the first
+ * nonzero return. @return that return, or 0. */
+static int range_foreach(const struct kn_model *m, int32_t ls, int32_t le,
+			 int (*fn)(void *arg, const struct kn_tensor *t), void *arg)
 {
 	static const char *const per_layer[] = {
 		"input_layernorm.weight", "post_attention_layernorm.weight",
@@ -713,17 +717,13 @@ void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, in
 	const struct kn_tensor *t;
 	char name[128];
 	const char *extra[3];
-	int n_extra = 0;
+	int n_extra = 0, rc;
 
-	*n = 0;
-	*bytes = 0;
 	for (int32_t l = ls; l < le; l++)
 		for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
 			snprintf(name, sizeof(name), "model.layers.%d.%s", l, per_layer[i]);
-			if ((t = kn_model_tensor(m, name)) != NULL) {
-				(*n)++;
-				*bytes += t->nbytes;
-			}
+			if ((t = kn_model_tensor(m, name)) != NULL && (rc = fn(arg, t)) != 0)
+				return rc;
 		}
 	if (ls == 0)
 		extra[n_extra++] = "model.embed_tokens.weight";
@@ -734,10 +734,122 @@ void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, in
 				   : ls != 0 ? "model.embed_tokens.weight" : NULL;
 	}
 	for (int i = 0; i < n_extra; i++)
-		if (extra[i] != NULL && (t = kn_model_tensor(m, extra[i])) != NULL) {
-			(*n)++;
-			*bytes += t->nbytes;
+		if (extra[i] != NULL && (t = kn_model_tensor(m, extra[i])) != NULL && (rc = fn(arg, t)) != 0)
+			return rc;
+	return 0;
+}
+
+struct range_count {
+	int32_t n;
+	uint64_t bytes;
+};
+
+static int count_tensor(void *arg, const struct kn_tensor *t)
+{
+	struct range_count *c = arg;
+
+	c->n++;
+	c->bytes += t->nbytes;
+	return 0;
+}
+
+void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t *n, uint64_t *bytes)
+{
+	struct range_count c = { 0, 0 };
+
+	range_foreach(m, ls, le, count_tensor, &c);
+	*n = c.n;
+	*bytes = c.bytes;
+}
+
+/* Bytes read between progress calls, and the unit of read-ahead: large
+ * enough that one madvise() moves a disk's worth of I/O, small enough that
+ * a progress line is at most ~1/10 s late at 200 MB/s. */
+#define READ_CHUNK ((size_t)16 << 20)
+
+struct range_read {
+	const struct kn_model *m;
+	uint64_t done, total;
+	int (*progress)(void *arg, uint64_t done, uint64_t total);
+	void *arg;
+	char *err;
+	size_t errlen;
+};
+
+static const char *map_path(const struct kn_model *m, const void *p)
+{
+	for (size_t i = 0; i < m->n_maps; i++)
+		if ((const char *)p >= (const char *)m->maps[i].base
+		    && (const char *)p < (const char *)m->maps[i].base + m->maps[i].size)
+			return m->maps[i].path;
+	return "?";
+}
+
+/* Bring [p, p + n) of a mapping into memory with large reads, reporting a
+ * read error instead of leaving it to a SIGBUS in the middle of a step.
+ * MADV_POPULATE_READ (Linux 5.14) reads and maps the pages and fails with
+ * EFAULT / EIO where a touch would fault; an older kernel gets MADV_WILLNEED
+ * (read-ahead only). @return 0 or -errno. */
+static int populate(const void *p, size_t n)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = (uintptr_t)p & ~(pg - 1), b = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
+
+#ifdef MADV_POPULATE_READ
+	for (;;) {
+		if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0)
+			return 0;
+		if (errno != EINTR && errno != EAGAIN)
+			break;
+	}
+	if (errno != EINVAL)
+		return -errno;
+#endif
+	(void)madvise((void *)a, b - a, MADV_WILLNEED); /* advice: a failure only loses read-ahead */
+	return 0;
+}
+
+static int read_tensor(void *arg, const struct kn_tensor *t)
+{
+	struct range_read *c = arg;
+	const uint8_t *p = t->data, *end = p + t->nbytes;
+
+	while (p < end) {
+		size_t n = (size_t)(end - p) < READ_CHUNK ? (size_t)(end - p) : READ_CHUNK;
+		int rc = populate(p, n);
+
+		if (rc < 0) {
+			kn_seterr(c->err, c->errlen, "reading tensor %s (bytes %zu..%zu of it) from %s failed: %s: the file "
+				  "shrank or its disk failed since the model was opened; check it and restart",
+				  t->name, (size_t)(p - (const uint8_t *)t->data),
+				  (size_t)(p - (const uint8_t *)t->data) + n, map_path(c->m, p), strerror(-rc));
+			return rc;
 		}
+		/* one load per 64-byte line pulls every byte through the caches:
+		 * the read is real on a kernel that only read ahead, and the
+		 * time is that of reading the weights, not of mapping them */
+		for (const volatile uint8_t *q = p; q < p + n; q += 64)
+			(void)*q;
+		p += n;
+		c->done += n;
+		if (c->progress != NULL && c->progress(c->arg, c->done, c->total) != 0) {
+			kn_seterr(c->err, c->errlen, "reading the stage's weights: stopped by the caller after %llu of "
+				  "%llu bytes", (unsigned long long)c->done, (unsigned long long)c->total);
+			return -ECANCELED;
+		}
+	}
+	return 0;
+}
+
+int kn_model_read_range(const struct kn_model *m, int32_t ls, int32_t le,
+			int (*progress)(void *arg, uint64_t done, uint64_t total), void *arg, char *err,
+			size_t errlen)
+{
+	struct range_read c = { .m = m, .progress = progress, .arg = arg, .err = err, .errlen = errlen };
+	int32_t n;
+
+	kn_model_range_tensors(m, ls, le, &n, &c.total);
+	return range_foreach(m, ls, le, read_tensor, &c);
 }
 
 uint64_t kn_model_fingerprint(const struct kn_model *m)

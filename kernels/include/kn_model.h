@@ -112,6 +112,29 @@ const struct kn_tensor *kn_model_tensor(const struct kn_model *m, const char *na
 void kn_model_range_tensors(const struct kn_model *m, int32_t ls, int32_t le, int32_t *n, uint64_t *bytes);
 
 /**
+ * Read the weights of a stage holding layers [@p ls, @p le): every byte of
+ * the tensors kn_model_range_tensors() counts, through the mapping, in
+ * chunks read ahead from the file, so they sit in memory (page cache and
+ * this process's page tables) before the stage's first step instead of
+ * being faulted in during it, and a loader can time how fast they came.
+ * An engine that reads its weights lazily (the CPU engine computes over
+ * the mapping) calls this at load; one that uploads them reads them anyway.
+ * @param progress  NULL, or called after each chunk (at most 16 MiB) with
+ *                  the bytes read so far and the total; a nonzero return
+ *                  stops the read (a daemon asked to stop mid-load)
+ * @param arg       passed to @p progress
+ * @param err       receives a message naming the tensor and file on failure
+ * @param errlen    size of @p err
+ * @return 0, or -errno: -EFAULT / -EIO a file could not be read (it shrank
+ *         since kn_model_open(), or its disk failed), -ENOMEM, -ECANCELED
+ *         @p progress stopped it.
+ * Threading: read-only on @p m; any thread; @p progress runs on the caller's.
+ */
+int kn_model_read_range(const struct kn_model *m, int32_t ls, int32_t le,
+			int (*progress)(void *arg, uint64_t done, uint64_t total), void *arg, char *err,
+			size_t errlen);
+
+/**
  * A stable 64-bit identity of the model (config + tensor names, shapes and a
  * sample of weight bytes): two processes holding different models disagree.
  */

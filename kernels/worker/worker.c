@@ -81,13 +81,24 @@ void wk_fmt(char *b, size_t n, const char *f, ...)
 	va_end(ap);
 }
 
+void wk_log(const struct worker *w, int pri, const char *fmt, ...)
+{
+	char who[SHM_ROLE_MAX + 24];
+	va_list ap;
+
+	snprintf(who, sizeof(who), "kvferry-worker[%s]", w->o.role);
+	va_start(ap, fmt);
+	kvf_vlog(pri, who, fmt, ap);
+	va_end(ap);
+}
+
 /* @return 1 if a queued micro-batch now owns @p d, else 0 (release it). */
 static int handle(struct worker *w, const struct shm_desc *d)
 {
 	struct shm_mb_hdr *h;
 
 	if (d->off + d->len > shm_region_size(w->reg) || d->len < sizeof(struct shm_mb_hdr)) {
-		WK_LOG(w, "dropping a descriptor outside the region (offset %llu, %u bytes)",
+		WK_ERR(w, "dropping a descriptor outside the region (offset %llu, %u bytes)",
 		       (unsigned long long)d->off, d->len);
 		return 0;
 	}
@@ -95,13 +106,13 @@ static int handle(struct worker *w, const struct shm_desc *d)
 	if (h->magic != SHM_MB_MAGIC || !shm_mb_version_ok(h->version)) {
 		/* magic, version, status and err sit at frozen offsets: say so in
 		 * the message itself when it can still travel on. */
-		WK_LOG(w, "refusing a micro-batch message of version %u (magic %08x): this worker speaks "
+		WK_ERR(w, "refusing a micro-batch message of version %u (magic %08x): this worker speaks "
 		       "versions %u..%u: run the same kvferry version on every node", h->version, h->magic,
 		       SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 		return 0;
 	}
 	if (h->total_len > d->len) {
-		WK_LOG(w, "dropping a truncated message (%u of %u bytes)", d->len, h->total_len);
+		WK_ERR(w, "dropping a truncated message (%u of %u bytes)", d->len, h->total_len);
 		return 0;
 	}
 	switch (h->kind) {
@@ -118,7 +129,7 @@ static int handle(struct worker *w, const struct shm_desc *d)
 		wk_handle_kv(w, h, d->len);
 		return 0;
 	default:
-		WK_LOG(w, "dropping a message of kind %u", h->kind);
+		WK_ERR(w, "dropping a message of kind %u", h->kind);
 		return 0;
 	}
 }
@@ -155,12 +166,12 @@ static void report(struct worker *w, const char *when)
 	wk_hop_report(w->in, w->out, hops, sizeof(hops));
 	if (w->trace != NULL)
 		fflush(w->trace);
-	WK_LOG(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu idle_ns=%llu idle_long_ns=%llu "
-	       "vmrss_kb=%ld host_us_per_step=%.1f busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps,
-	       (unsigned long long)w->cols, (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns,
-	       (unsigned long long)w->idle_ns, (unsigned long long)w->idle_long_ns, rss_kb,
-	       w->steps ? (double)w->host_ns / 1e3 / (double)w->steps : 0.0,
-	       w->steps ? (double)w->busy_ns / 1e3 / (double)w->steps : 0.0, hops);
+	WK_INFO(w, "report (%s): steps=%llu cols=%llu host_ns=%llu busy_ns=%llu idle_ns=%llu idle_long_ns=%llu "
+	        "vmrss_kb=%ld host_us_per_step=%.1f busy_us_per_step=%.1f %s", when, (unsigned long long)w->steps,
+	        (unsigned long long)w->cols, (unsigned long long)w->host_ns, (unsigned long long)w->busy_ns,
+	        (unsigned long long)w->idle_ns, (unsigned long long)w->idle_long_ns, rss_kb,
+	        w->steps ? (double)w->host_ns / 1e3 / (double)w->steps : 0.0,
+	        w->steps ? (double)w->busy_ns / 1e3 / (double)w->steps : 0.0, hops);
 }
 
 /* --backend cuda: pin the whole region (cudaHostRegister) so hidden rows
@@ -176,20 +187,20 @@ static int pin_region(struct worker *w)
 	int rc = kn_cuda_host_register(shm_region_base(w->reg), shm_region_size(w->reg), err, sizeof(err));
 
 	if (rc < 0) {
-		WK_LOG(w, "kn_cuda_host_register(region %s, %zu bytes) failed: %s: check the CUDA driver "
+		WK_ERR(w, "kn_cuda_host_register(region %s, %zu bytes) failed: %s: check the CUDA driver "
 		       "(nvidia-smi) and that the region fits the pinned-memory limit (ulimit -l)", w->o.region,
 		       shm_region_size(w->reg), err);
 		return rc;
 	}
 	w->pinned = 1;
-	WK_LOG(w, "pinned region %s for CUDA DMA: %.1f MiB (%s) in %.1f ms", w->o.region,
-	       shm_region_size(w->reg) / 1048576.0, shm_region_is_huge(w->reg) ? "hugepages" : "4 KiB pages",
-	       (double)(kvf_mono_ns() - t0) / 1e6);
+	WK_INFO(w, "pinned region %s for CUDA DMA: %.1f MiB (%s) in %.1f ms", w->o.region,
+	        shm_region_size(w->reg) / 1048576.0, shm_region_is_huge(w->reg) ? "hugepages" : "4 KiB pages",
+	        (double)(kvf_mono_ns() - t0) / 1e6);
 	return 0;
 #else
 	/* kn_stage_create() refuses the cuda backend on this build with the
 	 * rebuild hint; nothing to pin. */
-	WK_LOG(w, "region %s not pinned: this build has no CUDA engine (KVF_HAVE_CUDA=0)", w->o.region);
+	WK_WARN(w, "region %s not pinned: this build has no CUDA engine (KVF_HAVE_CUDA=0)", w->o.region);
 	return 0;
 #endif
 }
@@ -219,7 +230,7 @@ int main(int argc, char **argv)
 		cfg_free(w.cfg);
 		if (rc > 0)
 			return 0;
-		fprintf(stderr, "kvferry-worker: %s\n", err);
+		kvf_log(KVF_LOG_ERR, "kvferry-worker", "%s", err);
 		return 2;
 	}
 	rc = 1;
@@ -229,7 +240,7 @@ int main(int argc, char **argv)
 		 * load generator's clock (scripts/gpu-serve-check TRACE=1) */
 		w.trace = fopen(w.o.trace, "w");
 		if (w.trace == NULL)
-			fprintf(stderr, "kvferry-worker: trace %s: %s (no trace)\n", w.o.trace, strerror(errno));
+			kvf_log(KVF_LOG_WARNING, "kvferry-worker", "trace %s: %s (no trace)", w.o.trace, strerror(errno));
 	}
 	/* 1 us timer slack: the futex sleep's wake-up is otherwise late by up to 50 us */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
@@ -248,7 +259,7 @@ int main(int argc, char **argv)
 		nanosleep(&ts, NULL);
 	}
 	if (w.reg == NULL) {
-		fprintf(stderr, "kvferry-worker[%s]: shm_region_attach(%s) failed: %s\n", w.o.role, w.o.region, err);
+		WK_ERR(&w, "shm_region_attach(%s) failed: %s", w.o.region, err);
 		if (w.trace != NULL)
 			fclose(w.trace);
 		cfg_free(w.cfg);
@@ -262,7 +273,7 @@ int main(int argc, char **argv)
 	}
 	w.live = shm_live_register(w.reg, w.o.role);
 	if (w.live < 0) {
-		WK_LOG(&w, "shm_live_register(%s, %s) failed: %s: too many processes on this region",
+		WK_ERR(&w, "shm_live_register(%s, %s) failed: %s: too many processes on this region",
 		       w.o.region, w.o.role, strerror(-w.live));
 		goto out_region;
 	}
@@ -271,26 +282,26 @@ int main(int argc, char **argv)
 	t0 = kvf_mono_ns();
 	w.m = kn_model_open(w.o.model, err, sizeof(err));
 	if (w.m == NULL) {
-		WK_LOG(&w, "kn_model_open(%s) failed: %s", w.o.model, err);
+		WK_ERR(&w, "kn_model_open(%s) failed: %s", w.o.model, err);
 		goto out_live;
 	}
 	cfg = kn_model_config(w.m);
 	w.fp = kn_model_fingerprint(w.m);
-	WK_LOG(&w, "model %s: %s, %d layers, hidden %d, vocab %d, fingerprint %016" PRIx64 ", opened in %.0f ms",
-	       w.o.model, kn_arch_name(cfg->arch), cfg->n_layers, cfg->hidden_size, cfg->vocab_size, w.fp,
-	       (double)(kvf_mono_ns() - t0) / 1e6);
+	WK_INFO(&w, "model %s: %s, %d layers, hidden %d, vocab %d, fingerprint %016" PRIx64 ", opened in %.0f ms",
+	        w.o.model, kn_arch_name(cfg->arch), cfg->n_layers, cfg->hidden_size, cfg->vocab_size, w.fp,
+	        (double)(kvf_mono_ns() - t0) / 1e6);
 	w.in = wk_in_open(w.reg, w.o.in, err, sizeof(err));
 	if (w.in == NULL) {
-		WK_LOG(&w, "input hop %s: %s", w.o.in, err);
+		WK_ERR(&w, "input hop %s: %s", w.o.in, err);
 		goto out_model;
 	}
 	w.out = wk_out_open(w.reg, w.o.out, err, sizeof(err));
 	if (w.out == NULL) {
-		WK_LOG(&w, "output hop %s: %s", w.o.out, err);
+		WK_ERR(&w, "output hop %s: %s", w.o.out, err);
 		goto out_in;
 	}
-	WK_LOG(&w, "ready: region %s (%s), in %s, out %s, pid %d, waiting for ctrld's join", w.o.region,
-	       shm_region_is_huge(w.reg) ? "hugepages" : "not hugepages", w.o.in, w.o.out, (int)getpid());
+	WK_INFO(&w, "ready: region %s (%s), in %s, out %s, pid %d, waiting for ctrld's join", w.o.region,
+	        shm_region_is_huge(w.reg) ? "hugepages" : "not hugepages", w.o.in, w.o.out, (int)getpid());
 	while (!g_stop) {
 		struct shm_desc d;
 		int got;
@@ -322,8 +333,8 @@ int main(int argc, char **argv)
 				if (spin)
 					continue;
 				if (region_replaced(&w)) {
-					WK_LOG(&w, "region %s was re-created (its owner restarted): restarting to "
-					       "attach the new one", w.o.region);
+					WK_WARN(&w, "region %s was re-created (its owner restarted): restarting to "
+					        "attach the new one", w.o.region);
 					reexec = 1;
 					break;
 				}
@@ -336,9 +347,9 @@ int main(int argc, char **argv)
 	}
 	wk_drain(&w);
 	report(&w, "stopping");
-	WK_LOG(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %.1f us host CPU per step, %llu stale "
-	       "messages dropped", (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
-	       w.steps ? (double)w.host_ns / 1e3 / (double)w.steps : 0.0, (unsigned long long)w.dropped);
+	WK_INFO(&w, "stopping: %llu steps, %llu columns, %.1f ms busy, %.1f us host CPU per step, %llu stale "
+	        "messages dropped", (unsigned long long)w.steps, (unsigned long long)w.cols, (double)w.busy_ns / 1e6,
+	        w.steps ? (double)w.host_ns / 1e3 / (double)w.steps : 0.0, (unsigned long long)w.dropped);
 	rc = 0;
 	wk_out_close(w.out);
 out_in:
@@ -355,7 +366,7 @@ out_region:
 		fclose(w.trace);
 	if (reexec) {
 		execv("/proc/self/exe", argv);
-		fprintf(stderr, "kvferry-worker[%s]: execv(/proc/self/exe) failed: %s\n", w.o.role, strerror(errno));
+		WK_ERR(&w, "execv(/proc/self/exe) failed: %s", strerror(errno));
 		rc = 1;
 	}
 	cfg_free(w.cfg);

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "dp_ipc.h"
+#include "kvf_log.h"
 #include "shm_pool.h"
 #include "worker_hop.h"
 
@@ -195,7 +196,7 @@ unsigned wk_out_poll(struct wk_out *o)
 				snprintf(o->why, sizeof(o->why), "the dataplane could not deliver to node %u: %s",
 					 o->peer, strerror(c[i].flags & 0xff));
 				/* ctrld fails the group (its peer event or deadline); say why here. */
-				fprintf(stderr, "kvferry-worker: send of message %llu failed: %s\n",
+				kvf_log(KVF_LOG_ERR, "kvferry-worker", "send of message %llu failed: %s",
 					(unsigned long long)c[i].seq, o->why);
 			}
 		}

@@ -26,6 +26,7 @@
 #include "worker_cfg.h"
 #include "worker_hop.h"
 #include "kvf_clock.h"
+#include "kvf_log.h"
 
 /* Most micro-batches a worker holds between submit and send. */
 #define WK_MAX_DEPTH KN_STEP_DEPTH
@@ -80,12 +81,15 @@ struct worker {
 /* SIGTERM / SIGINT: the main loop stops; a send waiting on a full hop gives up. */
 extern volatile sig_atomic_t g_stop;
 
-#define WK_LOG(w, ...)                                                                     \
-	do {                                                                               \
-		fprintf(stderr, "kvferry-worker[%s]: ", (w)->o.role);                     \
-		fprintf(stderr, __VA_ARGS__);                                              \
-		fputc('\n', stderr);                                                       \
-	} while (0)
+/* One line of this worker's log, "kvferry-worker[ROLE]: ...", at a syslog
+ * priority (kvf_log.h: <3>/<4>/<6> under journald, plain elsewhere).
+ * WK_ERR: this worker cannot do what was asked (a refusal, a failed call, a
+ * dropped message whose work is lost); WK_WARN: degraded but going on;
+ * WK_INFO: progress. */
+__attribute__((format(printf, 3, 4))) void wk_log(const struct worker *w, int pri, const char *fmt, ...);
+#define WK_ERR(w, ...) wk_log((w), KVF_LOG_ERR, __VA_ARGS__)
+#define WK_WARN(w, ...) wk_log((w), KVF_LOG_WARNING, __VA_ARGS__)
+#define WK_INFO(w, ...) wk_log((w), KVF_LOG_INFO, __VA_ARGS__)
 
 /* Buffer @p i of the output area: [0, max_groups) groups, then two for setup messages. */
 static inline struct shm_mb_hdr *wk_out_buf(struct worker *w, int32_t i)

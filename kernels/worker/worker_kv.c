@@ -80,7 +80,7 @@ void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		return; /* ctrld gave up on it (see worker.c's invariants) */
 	}
 	if (!shm_mb_kv_whole(h, len, WK_KV_MAX_BLOCKS) || h->stage != w->idx || h->total_len > w->buf_bytes) {
-		WK_LOG(w, "dropping a malformed KV message (stage %d, %zu bytes): ctrld fails it at its deadline",
+		WK_ERR(w, "dropping a malformed KV message (stage %d, %zu bytes): ctrld fails it at its deadline",
 		       h->stage, len);
 		return;
 	}
@@ -96,7 +96,7 @@ void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		if (rc < 0) {
 			oh->status = rc;
 			memcpy(oh->err, err, sizeof(oh->err));
-			WK_LOG(w, "%s", err);
+			WK_ERR(w, "%s", err);
 		}
 	}
 	oh->stage = w->idx + 1;

@@ -19,7 +19,7 @@
 void wk_send_msg(struct worker *w, struct shm_mb_hdr *oh)
 {
 	if (wk_out_send(w->out, shm_off(w->reg, oh), oh->total_len, oh->kind, oh->seq, &g_stop) < 0)
-		WK_LOG(w, "stopping with message %llu of group %u unsent", (unsigned long long)oh->seq, oh->group);
+		WK_WARN(w, "stopping with message %llu of group %u unsent", (unsigned long long)oh->seq, oh->group);
 }
 
 /* Sequences decoding in a micro-batch (for the trace): a slot's columns are
@@ -129,7 +129,7 @@ int wk_handle_batch(struct worker *w, struct shm_mb_hdr *h, size_t len, const st
 	}
 	if (shm_mb_check(h, len, w->max_cols, w->max_ops) < 0 || h->group >= (uint32_t)w->max_groups
 	    || h->stage != w->idx || nc < 1) {
-		WK_LOG(w, "dropping a malformed micro-batch (group %u, stage %d, %d columns, %d ops, %zu bytes): "
+		WK_ERR(w, "dropping a malformed micro-batch (group %u, stage %d, %d columns, %d ops, %zu bytes): "
 		       "ctrld fails the group at its deadline", h->group, h->stage, nc, no, len);
 		return 0;
 	}

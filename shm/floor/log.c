@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Log lines at syslog priorities (kvf_log.h). Priorities travel as the
+ * "<N>" line prefix journald's stream reader understands rather than
+ * through sd_journal_print(): the daemons' stderr already is the journal
+ * under systemd (StandardError=journal), the prefix keeps every message in
+ * order with whatever else the process writes there (DPDK's EAL, a crash
+ * message), and no daemon but ctrld links libsystemd.
+ */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvf_log.h"
+
+static atomic_int g_journal = -1;
+
+int kvf_log_journal(void)
+{
+	int j = atomic_load_explicit(&g_journal, memory_order_relaxed);
+
+	if (j < 0) {
+		const char *js = getenv("JOURNAL_STREAM");
+
+		/* two threads racing here compute the same answer */
+		j = js != NULL && *js != '\0';
+		atomic_store_explicit(&g_journal, j, memory_order_relaxed);
+	}
+	return j;
+}
+
+/* Lay out @p msg (@p ml bytes, no final newline) into @p out, which holds
+ * at least ml + strlen(who) + 2 + 4 * lines + 1 bytes. @return bytes. */
+static size_t lay_out(char *out, int pri, const char *who, const char *msg, size_t ml, int journal)
+{
+	size_t n = 0;
+	const char *p = msg, *end = msg + ml;
+
+	for (int first = 1;; first = 0) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		size_t len = nl != NULL ? (size_t)(nl - p) : (size_t)(end - p);
+
+		if (journal) {
+			out[n++] = '<';
+			out[n++] = (char)('0' + pri);
+			out[n++] = '>';
+		}
+		if (first && who != NULL) {
+			size_t wl = strlen(who);
+
+			memcpy(out + n, who, wl);
+			n += wl;
+			out[n++] = ':';
+			out[n++] = ' ';
+		}
+		memcpy(out + n, p, len);
+		n += len;
+		out[n++] = '\n';
+		if (nl == NULL)
+			return n;
+		p = nl + 1;
+	}
+}
+
+void kvf_vlog(int pri, const char *who, const char *fmt, va_list ap)
+{
+	char sbuf[1024], obuf[1536];
+	char *msg = sbuf, *out = obuf;
+	size_t ml, lines = 1, cap;
+	va_list aq;
+	int len;
+
+	if (pri < 0)
+		pri = 0;
+	if (pri > 7)
+		pri = 7;
+	va_copy(aq, ap);
+	len = vsnprintf(sbuf, sizeof(sbuf), fmt, aq);
+	va_end(aq);
+	if (len < 0)
+		return;
+	if ((size_t)len >= sizeof(sbuf)) {
+		msg = malloc((size_t)len + 1);
+		if (msg == NULL) {
+			msg = sbuf; /* out of memory: the message cut to the buffer */
+			len = (int)sizeof(sbuf) - 1;
+		} else {
+			vsnprintf(msg, (size_t)len + 1, fmt, ap);
+		}
+	}
+	ml = (size_t)len;
+	if (ml > 0 && msg[ml - 1] == '\n')
+		ml--;
+	for (size_t i = 0; i < ml; i++)
+		lines += msg[i] == '\n';
+	cap = ml + (who != NULL ? strlen(who) + 2 : 0) + 4 * lines + 1;
+	if (cap > sizeof(obuf)) {
+		out = malloc(cap);
+		if (out == NULL) {
+			/* out of memory: the same lines, written one by one */
+			for (const char *p = msg, *end = msg + ml, *nl;; p = nl + 1) {
+				nl = memchr(p, '\n', (size_t)(end - p));
+				if (kvf_log_journal())
+					fprintf(stderr, "<%d>", pri);
+				if (p == msg && who != NULL)
+					fprintf(stderr, "%s: ", who);
+				fwrite(p, 1, (size_t)((nl != NULL ? nl : end) - p), stderr);
+				fputc('\n', stderr);
+				if (nl == NULL)
+					break;
+			}
+			goto out;
+		}
+	}
+	fwrite(out, 1, lay_out(out, pri, who, msg, ml, kvf_log_journal()), stderr);
+	if (out != obuf)
+		free(out);
+out:
+	if (msg != sbuf)
+		free(msg);
+}
+
+void kvf_log(int pri, const char *who, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	kvf_vlog(pri, who, fmt, ap);
+	va_end(ap);
+}
