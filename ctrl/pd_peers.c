@@ -166,6 +166,26 @@ int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms 
 	return lost;
 }
 
+int ctrl_pd_peers_unreachable(struct ctrl_pd_peers *p, int32_t node, const char *why, struct ctrl_rooms *rooms)
+{
+	struct peer *e;
+
+	if (node < 0 || node >= p->n)
+		return -ENOENT;
+	e = &p->peer[node];
+	snprintf(e->last_err, sizeof(e->last_err), "%s", why);
+	if (e->failures < p->o.max_failures)
+		e->failures = p->o.max_failures;
+	if (!e->healthy)
+		return 0;
+	e->healthy = 0;
+	if (rooms != NULL)
+		ctrl_rooms_node_lost(rooms, (uint32_t)node);
+	fprintf(stderr, "kvferry-ctrld: prefill node %s lost: %s: its unfinished rooms failed; it is picked again "
+		"once it answers a heartbeat\n", e->addr, why);
+	return 1;
+}
+
 int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p)
 {
 	int32_t best = -1;

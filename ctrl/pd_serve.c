@@ -35,6 +35,7 @@ struct pd_node {
 struct pd_fwd {
 	struct pd_fwd *next;
 	uint64_t room;
+	int32_t peer;              /* the prefill node's index */
 	char *body;
 	char url[300];
 	CURL *e;
@@ -185,6 +186,14 @@ static int forward_step(struct ctrl_pd_serve *s)
 			if (msg->data.result == CURLE_OK)
 				snprintf(why + strlen(why), sizeof(why) - strlen(why), " (HTTP %ld)", code);
 			pthread_mutex_lock(&s->mu);
+			/* a refused or reset connection: the node's process is gone;
+			 * waiting for its heartbeats to miss would send it every
+			 * request meanwhile (its rooms end at once, so it always has
+			 * the fewest) */
+			if ((msg->data.result == CURLE_COULDNT_CONNECT || msg->data.result == CURLE_RECV_ERROR
+			     || msg->data.result == CURLE_SEND_ERROR || msg->data.result == CURLE_GOT_NOTHING)
+			    && ctrl_pd_peers_unreachable(s->peers, f->peer, why, s->rooms) > 0)
+				s->nodes_lost++;
 			ctrl_pd_decode_fail(s->dec, f->room, why);
 			s->forward_failures++;
 			pthread_mutex_unlock(&s->mu);
@@ -401,6 +410,7 @@ static struct pd_fwd *forward_of(struct ctrl_pd_serve *s, int32_t i, const struc
 		json_decref(ids);
 		return NULL;
 	}
+	f->peer = i;
 	for (int32_t k = 0; k < r->n_prompt; k++)
 		json_array_append_new(ids, json_integer(r->prompt[k]));
 	b = json_pack("{s:s, s:o, s:i, s:f, s:f, s:i, s:I, s:b, s:s, s:i, s:I}", "model", s->o.model_name, "prompt", ids,

@@ -180,6 +180,15 @@ int ctrl_pd_peer_state(const struct ctrl_pd_peers *p, int32_t node, int *healthy
  */
 int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms *rooms);
 
+/**
+ * Node @p node could not be reached (a prompt's connection was refused or
+ * reset: its process is gone): lost now, as if it had missed max_failures
+ * heartbeats, and its unfinished rooms in @p rooms (may be NULL) fail; the
+ * heartbeats bring it back once it answers. @p why is kept as its last
+ * error. @return 1 if it was healthy until now, 0, or -ENOENT.
+ */
+int ctrl_pd_peers_unreachable(struct ctrl_pd_peers *p, int32_t node, const char *why, struct ctrl_rooms *rooms);
+
 /** The healthy node with the fewest rooms in flight (lowest index on ties), or -1. */
 int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p);
 

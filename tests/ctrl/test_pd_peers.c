@@ -155,6 +155,48 @@ static void intervals_and_failures_are_clamped_and_an_answer_resets_the_count(vo
 	ctrl_pd_peers_destroy(p);
 }
 
+/* A node whose prompt connection was refused is lost at once (its rooms
+ * fail), the pick skips it, and its next answered heartbeat brings it back. */
+static void an_unreachable_node_is_lost_at_once_and_a_heartbeat_brings_it_back(void **state)
+{
+	struct script s = { { NULL }, 0 };
+	struct ctrl_pd_peers *p = peers("10.0.0.1:80, 10.0.0.2:80", &s, 5, 2);
+	struct ctrl_rooms_opts ro;
+	struct ctrl_rooms *r;
+	enum ctrl_room_state st;
+	int healthy;
+	int32_t failures;
+
+	(void)state;
+	assert_non_null(p);
+	ctrl_rooms_opts_init(&ro);
+	ro.vocab_size = 100;
+	r = ctrl_rooms_create(&ro);
+	assert_non_null(r);
+	assert_int_equal(ctrl_room_open(r, 1, 0, 1, 0), 0);
+	assert_int_equal(ctrl_room_open(r, 2, 1, 1, 0), 0);
+	assert_int_equal(ctrl_pd_peers_tick(p, 0.0, r), 0); /* both answer */
+	assert_int_equal(ctrl_pd_peers_pick(p), 0);
+	assert_int_equal(ctrl_pd_peers_unreachable(p, 0, "connection refused", r), 1);
+	assert_int_equal(ctrl_pd_peers_unreachable(p, 0, "connection refused", r), 0); /* once */
+	assert_int_equal(ctrl_pd_peers_unreachable(p, 7, "x", r), -ENOENT);
+	ctrl_pd_peer_state(p, 0, &healthy, &failures, NULL);
+	assert_int_equal(healthy, 0);
+	assert_int_equal(failures, 2);
+	ctrl_room_get(r, 1, &st, NULL, NULL);
+	assert_int_equal(st, CTRL_ROOM_FAILED);
+	ctrl_room_get(r, 2, &st, NULL, NULL);
+	assert_int_equal(st, CTRL_ROOM_BOOTSTRAPPING);
+	assert_int_equal(ctrl_pd_peers_pick(p), 1);
+	assert_int_equal(ctrl_pd_peers_tick(p, 5.0, r), 0); /* it answers again */
+	ctrl_pd_peer_state(p, 0, &healthy, &failures, NULL);
+	assert_int_equal(healthy, 1);
+	assert_int_equal(failures, 0);
+	assert_int_equal(ctrl_pd_peers_pick(p), 0);
+	ctrl_rooms_destroy(r);
+	ctrl_pd_peers_destroy(p);
+}
+
 static void the_pick_is_the_healthy_node_with_the_fewest_rooms(void **state)
 {
 	struct script s = { { NULL }, 0 };
@@ -186,6 +228,7 @@ int main(void)
 		cmocka_unit_test(losing_a_node_fails_exactly_its_rooms_not_a_longer_address),
 		cmocka_unit_test(intervals_and_failures_are_clamped_and_an_answer_resets_the_count),
 		cmocka_unit_test(the_pick_is_the_healthy_node_with_the_fewest_rooms),
+		cmocka_unit_test(an_unreachable_node_is_lost_at_once_and_a_heartbeat_brings_it_back),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
