@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "chain_proc_int.h"
+#include "kvf_log.h"
 #include "ctrl_proc_chain.h"
 #include "dp_ipc.h"
 #include "shm_mb.h"
@@ -82,6 +83,20 @@ static struct shm_ring *ring_open(struct shm_region *r, const char *name)
 		pc_sleep_us(1000);
 	}
 	return NULL;
+}
+
+void pc_log(struct proc_chain *c, int pri, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	if (c->log == stderr) {
+		kvf_vlog(pri, NULL, fmt, ap); /* ctrld's stderr: a priority under the journal */
+	} else {
+		vfprintf(c->log, fmt, ap);
+		fputc('\n', c->log);
+	}
+	va_end(ap);
 }
 
 void pc_push_done(struct proc_chain *c, uint32_t gi)
@@ -176,8 +191,8 @@ int pc_drain(struct proc_chain *c, char *err, size_t errlen)
 
 		if (d.off + d.len > shm_region_size(c->reg) || d.len < sizeof(*h) || h->magic != SHM_MB_MAGIC
 		    || !shm_mb_version_ok(h->version) || h->total_len > d.len) {
-			fprintf(c->log, "chain: dropping a message of %u bytes (magic %08x, version %u; ctrld "
-				"speaks versions %u..%u)\n", d.len, d.len >= 8 ? h->magic : 0,
+			pc_log(c, KVF_LOG_ERR, "chain: dropping a message of %u bytes (magic %08x, version %u; "
+			       "ctrld speaks versions %u..%u)", d.len, d.len >= 8 ? h->magic : 0,
 				d.len >= 8 ? h->version : 0, SHM_MB_VERSION_MIN, SHM_MB_VERSION);
 		} else if (h->kind == SHM_MB_RESULT) {
 			on_result(c, h, d.len);

@@ -114,6 +114,9 @@ static inline struct shm_mb_hdr *pc_buf_at(struct proc_chain *c, int32_t i)
 
 /* snprintf into a fixed error field, cut to it on purpose. */
 __attribute__((format(printf, 3, 4))) void pc_fmt(char *b, size_t n, const char *f, ...);
+/* One line of the chain's log at syslog priority @p pri (kvf_log.h's rule
+ * when the log is stderr; a test's file gets the plain line). */
+__attribute__((format(printf, 3, 4))) void pc_log(struct proc_chain *c, int pri, const char *fmt, ...);
 /* Queue group @p gi's result for the next poll. */
 void pc_push_done(struct proc_chain *c, uint32_t gi);
 /* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */

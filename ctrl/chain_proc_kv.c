@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "chain_proc_int.h"
+#include "kvf_log.h"
 #include "shm_mb.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -101,8 +102,8 @@ static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 			pc_sleep_us(sent ? 20 : 200);
 	}
 	if (rc < 0)
-		fprintf(c->log, "chain: KV %s on stage %d failed: %s\n", kv_op_name(op), (int)stage,
-			rc == -EPIPE ? "the chain is down" : rc == -ETIMEDOUT ? "no answer within the group timeout"
+		pc_log(c, KVF_LOG_ERR, "chain: KV %s on stage %d failed: %s", kv_op_name(op), (int)stage,
+		       rc == -EPIPE ? "the chain is down" : rc == -ETIMEDOUT ? "no answer within the group timeout"
 			: c->kv_err);
 	return rc;
 }
@@ -116,16 +117,16 @@ static int kv_check(struct proc_chain *c, int32_t stage, const void *buf, size_t
 	    || shm_mb_kv_size(n) > c->buf_bytes)
 		return -EINVAL;
 	if (c->st[stage].node != c->st[0].node) {
-		fprintf(c->log, "chain: KV pages of stage %d: it runs on node %d, ctrld on node %d: pages move "
-			"only to and from stages on ctrld's node\n", (int)stage, c->st[stage].node, c->st[0].node);
+		pc_log(c, KVF_LOG_ERR, "chain: KV pages of stage %d: it runs on node %d, ctrld on node %d: pages "
+		       "move only to and from stages on ctrld's node", (int)stage, c->st[stage].node, c->st[0].node);
 		return -EXDEV;
 	}
 	if (buf == NULL)
 		return 0;
 	if ((const char *)buf < base || len > shm_region_size(c->reg)
 	    || (size_t)((const char *)buf - base) > shm_region_size(c->reg) - len) {
-		fprintf(c->log, "chain: KV pages of stage %d: the buffer is outside region %s: the PD dataplane "
-			"region must be the workers' region\n", (int)stage, c->o.region);
+		pc_log(c, KVF_LOG_ERR, "chain: KV pages of stage %d: the buffer is outside region %s: the PD "
+		       "dataplane region must be the workers' region", (int)stage, c->o.region);
 		return -EFAULT;
 	}
 	*off = (uint64_t)((const char *)buf - base);

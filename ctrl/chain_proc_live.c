@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "chain_proc_int.h"
+#include "kvf_log.h"
 #include "dp_ipc.h"
 #include "shm_live.h"
 #include "shm_mb.h"
@@ -19,8 +20,8 @@ static void go_down(struct proc_chain *c, const char *why)
 {
 	pc_fmt(c->down_why, sizeof(c->down_why), "%s", why);
 	c->down_ns = kvf_mono_ns();
-	fprintf(c->log, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
-		"answers again\n", why);
+	pc_log(c, KVF_LOG_ERR, "chain: %s: failing the groups in flight; the chain re-forms when every stage "
+	       "answers again", why);
 	fflush(c->log);
 	for (int32_t i = 0; i < c->o.max_groups; i++) {
 		struct pc_grp *g = &c->g[i];
@@ -102,7 +103,7 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 	int rc = pc_drain(c, err, sizeof(err));
 
 	if (rc < 0) {
-		fprintf(c->log, "chain: re-forming refused: %s (retrying)\n", err);
+		pc_log(c, KVF_LOG_WARNING, "chain: re-forming refused: %s (retrying)", err);
 		c->state = PC_JOINING;
 		c->setup_sent_ns = now; /* retry after the interval */
 		return;

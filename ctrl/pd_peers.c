@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ctrl_pd.h"
+#include "kvf_log.h"
 
 struct peer {
 	char addr[128];
@@ -160,8 +161,8 @@ int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms 
 		lost++;
 		if (rooms != NULL)
 			ctrl_rooms_node_lost(rooms, (uint32_t)k);
-		fprintf(stderr, "kvferry-ctrld: prefill node %s lost after %d missed heartbeats (%s): its "
-			"unfinished rooms failed\n", e->addr, (int)e->failures, e->last_err);
+		kvf_log(KVF_LOG_ERR, "kvferry-ctrld", "prefill node %s lost after %d missed heartbeats (%s): its "
+			"unfinished rooms failed", e->addr, (int)e->failures, e->last_err);
 	}
 	return lost;
 }
@@ -181,8 +182,8 @@ int ctrl_pd_peers_unreachable(struct ctrl_pd_peers *p, int32_t node, const char 
 	e->healthy = 0;
 	if (rooms != NULL)
 		ctrl_rooms_node_lost(rooms, (uint32_t)node);
-	fprintf(stderr, "kvferry-ctrld: prefill node %s lost: %s: its unfinished rooms failed; it is picked again "
-		"once it answers a heartbeat\n", e->addr, why);
+	kvf_log(KVF_LOG_ERR, "kvferry-ctrld", "prefill node %s lost: %s: its unfinished rooms failed; it is "
+		"picked again once it answers a heartbeat", e->addr, why);
 	return 1;
 }
 

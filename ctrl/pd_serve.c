@@ -17,6 +17,7 @@
 
 #include "ctrl_admin.h"
 #include "ctrl_pd.h"
+#include "kvf_log.h"
 #include "ctrl_pd_link.h"
 #include "ctrl_proc_chain.h"
 #include "ctrl_pd_serve.h"
@@ -307,8 +308,8 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 	s->o = *o;
 	pthread_mutex_init(&s->mu, NULL);
 	if (ctrl_chain_kv_format(o->chain, 0, &f) < 0)
-		fprintf(stderr, "kvferry-ctrld: stage 0 cannot move KV pages (its format is unknown): disaggregated "
-			"requests will fail their rooms\n");
+		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "stage 0 cannot move KV pages (its format is unknown): "
+			"disaggregated requests will fail their rooms");
 	ctrl_pd_link_opts_init(&lo);
 	lo.region = o->region;
 	lo.reg = ctrl_proc_chain_region(o->chain); /* ctrld checked it is the same region */
@@ -493,7 +494,7 @@ static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 	}
 	if (node_ready(s, i, err, sizeof(err)) < 0) {
 		pthread_mutex_unlock(&s->mu);
-		fprintf(stderr, "kvferry-ctrld: %s\n", err);
+		kvf_log(KVF_LOG_ERR, "kvferry-ctrld", "%s", err);
 		return -EPROTO;
 	}
 	if (getrandom(&room, sizeof(room), 0) != (ssize_t)sizeof(room))
