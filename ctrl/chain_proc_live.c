@@ -68,14 +68,15 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 	while (c->ev != NULL && shm_ring_dequeue_burst(c->ev, &ev, 1) == 1) {
 		uint16_t peer = DP_AUX_PEER(ev.aux);
 
-		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART)
+		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART && ev.type != DP_EV_PEER_SILENT)
 			continue;
 		for (int32_t k = 0; k < c->o.n_stages; k++)
 			if (c->st[k].node == (int32_t)peer && c->state == PC_UP) {
 				char why[CTRL_CHAIN_ERRLEN];
 
 				pc_fmt(why, sizeof(why), "the dataplane reports node %u %s: stage %d (%s, layers %d..%d) "
-				       "lost", peer, ev.type == DP_EV_PEER_DEAD ? "dead" : "restarted", k, c->st[k].role,
+				       "lost", peer, ev.type == DP_EV_PEER_DEAD ? "dead" : ev.type == DP_EV_PEER_SILENT ? "silent"
+				       : "restarted", k, c->st[k].role,
 				       c->st[k].layer_start, c->st[k].layer_end);
 				c->stage_up[k] = 0;
 				go_down(c, why);

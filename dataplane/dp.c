@@ -347,12 +347,16 @@ static uint64_t end_session(struct dp *d, struct peer *p, int status)
 	return d->failed_now;
 }
 
+#define DP_SILENT_TEXT "3 s (no frame, not even a hello)"
+static_assert(DP_PEER_SILENT_MS == 3000u, "DP_SILENT_TEXT names the silence");
+
 static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
 {
 	struct shm_desc e = {.off = 0, .len = (uint32_t)failed, .type = type,
 			     .seq = p->remote_epoch, .aux = DP_AUX(p->node, 0)};
 	shm_ring_enqueue_burst(d->r_ev, &e, 1); /* events are advisory when nobody reads */
-	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted" : "unreachable";
+	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted"
+			   : type == DP_EV_PEER_SILENT ? "silent for " DP_SILENT_TEXT : "unreachable";
 	/* up is progress; a restart or a loss is an error when it failed messages
 	 * (their senders lose that work), else a warning */
 	kvf_log(type == DP_EV_PEER_UP ? KVF_LOG_INFO : failed > 0 ? KVF_LOG_ERR : KVF_LOG_WARNING, NULL,
@@ -447,6 +451,14 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 		return;
 	}
 	cnt_add(&p->stats->rx_frames, 1);
+	p->last_rx = now_ns(d);
+	if (p->silent) {
+		/* heard again: the same incarnation (a link that came back, a
+		 * process that was stopped); a new one reports RESTART below */
+		p->silent = 0;
+		__atomic_store_n(&p->stats->up, 1, __ATOMIC_RELAXED);
+		event(d, p, DP_EV_PEER_UP, 0);
+	}
 	cnt_add(&p->stats->rx_bytes, v.h.payload_len);
 	memcpy(p->addr.mac, v.src.mac, 6); /* learn (or follow) the peer's MAC */
 	d->cur_peer = p;
@@ -631,6 +643,15 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 		if (now >= p->next_hello) {
 			send_hello(d, p, 0);
 			p->next_hello = now + (p->remote_epoch ? HELLO_UP_NS : HELLO_DOWN_NS);
+		}
+		/* now was read before this poll's frames: a frame just heard is newer */
+		if (p->remote_epoch && !p->silent && p->last_rx && now > p->last_rx
+		    && now - p->last_rx > (uint64_t)DP_PEER_SILENT_MS * 1000000ull) {
+			/* an idle link has nothing to retransmit, so nothing else
+			 * would ever notice that the peer went away */
+			p->silent = 1;
+			__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
+			event(d, p, DP_EV_PEER_SILENT, 0);
 		}
 		uint64_t rtt = 0;
 		struct dp_rel_tx_stats agg = {0};

@@ -46,6 +46,8 @@ struct peer {
 	uint64_t local_epoch;     /* our epoch toward this peer */
 	uint64_t next_hello;
 	uint64_t last_stale_hello;
+	uint64_t last_rx;         /* the last frame heard from it */
+	int silent;               /* DP_EV_PEER_SILENT reported, nothing heard since */
 	struct stream *st[DP_MAX_STREAMS];
 	struct dp_peer_stats *stats;
 };
