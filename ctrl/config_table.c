@@ -66,6 +66,24 @@ const struct cfg_key g_cfg_keys[] = {
 	{"request_body_limit", "http", CFG_SIZE, OFF(request_body_limit), "1M", KIB, 1024 * KIB * KIB,
 	 "KVFERRY_REQUEST_BODY_LIMIT", "--request-body-limit", NULL, NULL,
 	 "largest request body accepted; bigger ones get 413"},
+	{"connection_timeout", "http", CFG_INT, OFF(connection_timeout), "30", 0, 86400,
+	 "KVFERRY_CONNECTION_TIMEOUT", "--connection-timeout", NULL, NULL,
+	 "seconds an HTTP connection may send and receive nothing before it is closed: an idle "
+	 "keep-alive connection, a client that stopped mid-request (a Content-Length larger than its "
+	 "body); a request waiting for its tokens is not idle. Keep it above the idle timeout of a "
+	 "load balancer that reuses connections to ctrld; 0 = never"},
+	{"request_timeout", "http", CFG_INT, OFF(request_timeout), "60", 0, 86400,
+	 "KVFERRY_REQUEST_TIMEOUT", "--request-timeout", NULL, NULL,
+	 "seconds a connection may take to deliver a whole request (headers and body), counted from "
+	 "its opening or its previous answer's end, however slowly it trickles; later ones are "
+	 "closed unanswered. It also ends an idle keep-alive connection if connection_timeout has "
+	 "not; 0 = no deadline"},
+	{"max_connections", "http", CFG_INT, OFF(max_connections), "1024", 0, 1 << 20,
+	 "KVFERRY_MAX_CONNECTIONS", "--max-connections", NULL, NULL,
+	 "open HTTP connections served; a request arriving while more are open gets 503 "
+	 "too_many_connections and its connection is closed (64 more are accepted to say so; "
+	 "beyond those, connections wait in the listen backlog). Each takes a file descriptor; "
+	 "0 = no 503, libmicrohttpd's own limit (1020)"},
 	/* [model] */
 	{"model_dir", "model", CFG_STRING, OFF(model_dir), "/var/lib/kvferry/model", 0, 0,
 	 "KVFERRY_MODEL_DIR", "--model-dir", NULL, NULL,

@@ -92,7 +92,18 @@ struct daemon {
 	double t0;
 	atomic_int stopping;
 	atomic_int stop_poller;
+	/* readiness (GET /health, /readyz): the last answer, kept READY_KEEP_S */
+	pthread_mutex_t ready_mu;
+	int ready;
+	char ready_why[512];
+	double ready_at;
 };
+
+/* A readiness answer serves the probes of the next 100 ms: looking at the
+ * chains counts each stage's tensors by name (kn_model_range_tensors():
+ * 118 us for a 32-layer range, 448 names looked up, on this 2-core CI
+ * machine), so a flood of probes costs at most that 10 times a second. */
+#define READY_KEEP_S 0.1
 
 /* One line on stderr at its syslog priority (kvf_log.h): under systemd it
  * starts with <3> error, <4> warning, <6> info, which journald takes as the
@@ -457,6 +468,61 @@ static int build_pipelines(struct daemon *d)
 	return 0;
 }
 
+/* ---- readiness ---- */
+
+/*
+ * Can every replica serve? Not while a stage of its worker chain is down or
+ * the chain re-forms (in-process chains have no stage that can fail alone).
+ * Fills @p why with each stage that is not ready. The chains' state belongs
+ * to the scheduler thread; this reads it from an HTTP thread as /ctrl/status
+ * (status_workers) reads it from the admin thread: plain loads of words the
+ * scheduler writes, so a probe racing a re-form may see it one step old. It
+ * is not done on the scheduler thread, where counting the tensors of every
+ * stage (READY_KEEP_S's measurement) would hold a launch back.
+ */
+static int chains_ready(struct daemon *d, char *why, size_t whylen)
+{
+	size_t n = 0;
+	int ok = 1, down = 0;
+	struct ctrl_proc_stage ps;
+
+	why[0] = 0;
+	for (int r = 0; r < d->n_rep; r++)
+		for (int s = 0; ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0; s++) {
+			if (ps.up)
+				continue;
+			ok = 0;
+			if (n < whylen)
+				n += (size_t)snprintf(why + n, whylen - n, "%s replica %d stage %d (layers %d-%d, "
+						      "kvferry-worker pid %d) %s for %.1f s",
+						      down++ ? ";" : "the stage chain cannot serve:", r, s, ps.layer_start,
+						      ps.layer_end, ps.pid, ps.state, (double)ps.state_ms / 1e3);
+		}
+	if (!ok && n < whylen)
+		snprintf(why + n, whylen - n, " (it re-forms by itself once every stage's worker answers; "
+			 "ctrlctl stages)");
+	return ok;
+}
+
+/* HTTP threads: the backend's ready callback (ctrl_http.h). */
+static int daemon_ready(void *ctx, char *why, size_t whylen)
+{
+	struct daemon *d = ctx;
+	double now = kvf_mono_s();
+	int ok;
+
+	pthread_mutex_lock(&d->ready_mu);
+	if (d->ready_at == 0 || now - d->ready_at >= READY_KEEP_S) {
+		d->ready = chains_ready(d, d->ready_why, sizeof(d->ready_why));
+		d->ready_at = now;
+	}
+	ok = d->ready;
+	if (!ok)
+		snprintf(why, whylen, "%s", d->ready_why);
+	pthread_mutex_unlock(&d->ready_mu);
+	return ok;
+}
+
 /* This node's page layout, as a prefill node's bootstrap info says its own. */
 static struct ctrl_pd_info local_pd_info(const struct daemon *d)
 {
@@ -498,6 +564,9 @@ static int start_front(struct daemon *d)
 	ho.port = (uint16_t)d->set->port;
 	ho.threads = (int32_t)d->set->http_threads;
 	ho.body_limit = (size_t)d->set->request_body_limit;
+	ho.connection_timeout_s = (int32_t)d->set->connection_timeout;
+	ho.request_timeout_s = (double)d->set->request_timeout;
+	ho.max_connections = (int32_t)d->set->max_connections;
 	ho.model_name = d->model_name;
 	ho.max_context = d->max_context;
 	ho.max_tokens_default = (int32_t)d->set->max_tokens_default;
@@ -530,6 +599,9 @@ static int start_front(struct daemon *d)
 			logmsg("role prefill: rooms' KV pages leave over the dataplane on region %s",
 			       d->set->pd_dataplane_region);
 	}
+	/* after the PD wrap, which replaces the backend's ctx but not these */
+	be.ready = daemon_ready;
+	be.ready_ctx = d;
 	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
 	if (!d->http) {
 		logerr("%s", err);
@@ -727,6 +799,7 @@ int main(int argc, char **argv)
 
 	memset(&d, 0, sizeof(d));
 	d.t0 = kvf_mono_s();
+	pthread_mutex_init(&d.ready_mu, NULL);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--print-config")) {
 			return ctrl_config_print_defaults(stdout) ? 1 : 0;

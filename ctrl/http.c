@@ -9,7 +9,20 @@
  * ticker thread therefore resumes every suspended connection every
  * HTTP_TICK_MS; the connection then peeks at its socket (recv MSG_PEEK
  * returns 0 once the peer closed) and cancels its request if the client is
- * gone. 250 ms bounds how long a dead client keeps its KV blocks.
+ * gone. 250 ms bounds how long a dead client keeps its KV blocks. The same
+ * tick enforces request_timeout (http_conn.c).
+ *
+ * Probes: GET /livez answers 200 while this process serves HTTP at all (a
+ * liveness probe: restarting ctrld would not bring a dead worker back);
+ * GET /readyz and GET /health (what existing users poll) answer 200 only
+ * when requests can be served: 503 while draining, or while the backend
+ * says it cannot serve (a stage of its chain down), naming what is down.
+ *
+ * Framing: libmicrohttpd takes the first of several Content-Length headers
+ * and lets Transfer-Encoding win over Content-Length. Behind a proxy that
+ * reads them the other way a request could hide another in its body
+ * (request smuggling), so a request with two Content-Lengths that disagree,
+ * or with both headers, is refused (400) and its connection closed.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,12 +31,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "http_int.h"
 
 #define HTTP_TICK_MS 250
+/* Connections MHD accepts beyond max_connections, so the ones beyond are
+ * answered 503 rather than left in the backlog (http_conn.c). */
+#define HTTP_CONN_SPARE 64
 
 void ctrl_http_opts_init(struct ctrl_http_opts *o)
 {
@@ -35,22 +55,111 @@ void ctrl_http_opts_init(struct ctrl_http_opts *o)
 	o->model_name = "kvferry";
 	o->max_context = 4096;
 	o->max_tokens_default = 256;
+	o->connection_timeout_s = 30;
+	o->request_timeout_s = 60;
+	o->max_connections = 1024;
+}
+
+static json_t *model_json(const struct ctrl_http *h)
+{
+	return json_pack("{s:s, s:s, s:I, s:s, s:s, s:i}", "id", h->model, "object", "model", "created",
+			 (json_int_t)h->started, "owned_by", "kvferry", "root", h->model, "max_model_len",
+			 h->max_context);
 }
 
 static enum MHD_Result serve_models(struct ctrl_http *h, struct MHD_Connection *c)
 {
-	json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i}]}", "object", "list", "data",
-			      "id", h->model, "object", "model", "created", (json_int_t)h->started,
-			      "owned_by", "kvferry", "root", h->model, "max_model_len", h->max_context);
-	return http_json(h, c, MHD_HTTP_OK, j);
+	return http_json(h, c, MHD_HTTP_OK, json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(h)));
 }
 
-static enum MHD_Result serve_health(struct ctrl_http *h, struct MHD_Connection *c)
+/* GET /v1/models/{id} (MHD has unescaped the path: "org%2Fname" is "org/name"). */
+static enum MHD_Result serve_model(struct ctrl_http *h, struct MHD_Connection *c, const char *id)
 {
-	int dr = atomic_load(&h->draining);
+	if (strcmp(id, h->model))
+		return http_error(h, c, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
+				  "The model '%s' does not exist; this server serves '%s' (GET /v1/models)", id,
+				  h->model);
+	return http_json(h, c, MHD_HTTP_OK, model_json(h));
+}
 
-	return http_json(h, c, dr ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
-			 json_pack("{s:s}", "status", dr ? "draining" : "ok"));
+int ctrl_http_ready(struct ctrl_http *h, char *why, size_t whylen)
+{
+	char buf[512];
+
+	buf[0] = 0;
+	if (atomic_load(&h->draining))
+		snprintf(buf, sizeof(buf), "kvferry-ctrld is draining (ctrlctl drain, or SIGTERM) and admits no new requests");
+	else if (h->be.ready && !h->be.ready(h->be.ready_ctx, buf, sizeof(buf)) && !buf[0])
+		snprintf(buf, sizeof(buf), "the backend cannot serve");
+	if (why && whylen)
+		snprintf(why, whylen, "%s", buf);
+	return !buf[0];
+}
+
+/* /livez: the process answers. /readyz and /health: it can serve requests. */
+static enum MHD_Result serve_probe(struct ctrl_http *h, struct MHD_Connection *c, int live)
+{
+	char why[512];
+
+	if (live)
+		return http_json(h, c, MHD_HTTP_OK, json_pack("{s:s}", "status", "alive"));
+	if (ctrl_http_ready(h, why, sizeof(why)))
+		return http_json(h, c, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+	return http_json(h, c, MHD_HTTP_SERVICE_UNAVAILABLE,
+			 json_pack("{s:s, s:s}", "status", atomic_load(&h->draining) ? "draining" : "unavailable",
+				   "reason", why));
+}
+
+/* The request's framing headers, gathered over all of them (MHD's lookup
+ * returns the first of a repeated header only). */
+struct framing {
+	int n_cl;
+	const char *cl, *cl2;        /* the first Content-Length, and one that disagrees */
+	const char *te;
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	struct framing *f = cls;
+
+	(void)kind;
+	if (!key)
+		return MHD_YES;
+	if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+		if (f->n_cl++ == 0)
+			f->cl = value ? value : "";
+		else if (!f->cl2 && strcmp(f->cl, value ? value : ""))
+			f->cl2 = value ? value : "";
+	} else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+		f->te = value ? value : "";
+	}
+	return MHD_YES;
+}
+
+/* Refuse a request whose body two readers could frame differently (see the
+ * top of the file). @return MHD_YES/MHD_NO when it was answered, -1 when it is fine. */
+static int refuse_framing(struct ctrl_http *h, struct MHD_Connection *c)
+{
+	struct framing f = {0};
+
+	MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+	if (f.cl2)
+		return http_error_close(h, c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
+					"invalid_content_length",
+					"the request has Content-Length headers that disagree (%.40s and %.40s): refused, "
+					"as a proxy in front could read its body differently (request smuggling); send one",
+					f.cl, f.cl2);
+	if (f.te && f.n_cl)
+		return http_error_close(h, c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL,
+					"invalid_content_length",
+					"the request has both Content-Length and Transfer-Encoding: refused, as a proxy "
+					"in front could read its body differently (request smuggling); send one");
+	if (f.te && strcasecmp(f.te, "chunked"))
+		return http_error_close(h, c, MHD_HTTP_NOT_IMPLEMENTED, "invalid_request_error", NULL,
+					"unsupported_transfer_encoding",
+					"Transfer-Encoding '%.40s' is not supported: send the body with Content-Length, or "
+					"chunked", f.te);
+	return -1;
 }
 
 static enum MHD_Result route_post(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs,
@@ -91,7 +200,8 @@ static enum MHD_Result route_post(struct ctrl_http *h, struct MHD_Connection *c,
 static int monitor_route(const char *method, const char *url)
 {
 	return (!strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD)) &&
-	       (!strcmp(url, "/stats") || !strcmp(url, "/dashboard") || !strcmp(url, "/metrics"));
+	       (!strcmp(url, "/stats") || !strcmp(url, "/dashboard") || !strcmp(url, "/metrics") ||
+		!strcmp(url, "/health") || !strcmp(url, "/livez") || !strcmp(url, "/readyz"));
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -105,19 +215,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	(void)version;
 	if (!cs) {
 		const char *cl;
+		int rc;
+
 		cs = calloc(1, sizeof(*cs));
 		if (!cs)
 			return MHD_NO;
 		*con_cls = cs;
 		atomic_fetch_add(monitor_route(method, url) ? &h->n_monitor : &h->n_req, 1);
-		cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-		if (cl && strtoull(cl, NULL, 10) > h->body_limit) {
-			cs->first_done = 1;
-			return http_error(h, c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
-					  "request_too_large", "request body of %s bytes exceeds request_body_limit (%zu bytes); raise request_body_limit in kvferry.conf",
-					  cl, h->body_limit);
+		/* Answered now, before any body is read (MHD then discards it
+		 * and closes): the framing, the limit, the size. */
+		rc = refuse_framing(h, c);
+		if (rc < 0 && http_conn_over_limit(h) && strcmp(url, "/livez")) {
+			atomic_fetch_add(&h->n_conn_refused, 1);
+			rc = http_error_close(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, "service_unavailable", NULL,
+					      "too_many_connections",
+					      "kvferry-ctrld has more than max_connections (%d) connections open; retry "
+					      "later, reuse a connection, or raise max_connections", h->max_connections);
 		}
-		return MHD_YES;
+		cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (rc < 0 && cl && strtoull(cl, NULL, 10) > h->body_limit)
+			rc = http_error(h, c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
+					"request_too_large", "request body of %s bytes exceeds request_body_limit (%zu bytes); raise request_body_limit in kvferry.conf",
+					cl, h->body_limit);
+		if (rc < 0)
+			return MHD_YES; /* the body, if any, comes next */
+		cs->first_done = 1;
+		http_conn_arrived(h, c);
+		return (enum MHD_Result)rc;
 	}
 	if (cs->gen)
 		return http_generate_resume(h, c, cs);
@@ -134,6 +258,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (cs->first_done)
 		return MHD_YES;
 	cs->first_done = 1;
+	http_conn_arrived(h, c);
 	if (cs->too_big)
 		return http_error(h, c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
 				  "request_too_large", "request body exceeds request_body_limit (%zu bytes); raise request_body_limit in kvferry.conf",
@@ -145,8 +270,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				  "method_not_allowed", "method %s is not allowed on %s", method, url);
 	if (!strcmp(url, "/v1/models"))
 		return serve_models(h, c);
-	if (!strcmp(url, "/health"))
-		return serve_health(h, c);
+	if (!strncmp(url, "/v1/models/", 11))
+		return serve_model(h, c, url + 11);
+	if (!strcmp(url, "/health") || !strcmp(url, "/readyz") || !strcmp(url, "/livez"))
+		return serve_probe(h, c, !strcmp(url, "/livez"));
 	if (!strcmp(url, "/stats")) {
 		const char *f = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
 		return http_stats(h, c, f && !strcmp(f, "html"));
@@ -166,11 +293,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 			 enum MHD_RequestTerminationCode toe)
 {
+	struct ctrl_http *h = cls;
 	struct conn_state *cs = *con_cls;
 
-	(void)cls;
-	(void)c;
 	(void)toe;
+	http_conn_answered(h, c); /* a next request on this connection: its deadline runs */
 	if (!cs)
 		return;
 	if (cs->gen)
@@ -212,6 +339,7 @@ static void *ticker(void *arg)
 		}
 		pthread_cond_timedwait(&h->tick_cv, &h->tick_mu, &ts);
 		resume_all(h);
+		http_conn_sweep(h);
 	}
 	pthread_mutex_unlock(&h->tick_mu);
 	return NULL;
@@ -226,12 +354,15 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_AUTO |
 			 MHD_USE_ERROR_LOG;
 	const union MHD_DaemonInfo *di;
+	unsigned mhd_limit;
 	int e;
 
 	memset(&ss, 0, sizeof(ss));
 	if (!o || !be || !be->submit || !be->cancel || !o->tok || !o->model_name || o->threads < 1 ||
-	    o->max_context < 2) {
-		snprintf(err, errlen, "ctrl_http_start: missing backend, tokenizer or model name, or bad threads/context");
+	    o->max_context < 2 || o->max_connections < 0 || o->connection_timeout_s < 0 ||
+	    o->request_timeout_s < 0) {
+		snprintf(err, errlen, "ctrl_http_start: missing backend, tokenizer or model name, or bad "
+			 "threads/context/connection limits");
 		errno = EINVAL;
 		return NULL;
 	}
@@ -253,6 +384,11 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 		return NULL;
 	}
 	(void)sl;
+	/* max_connections 0 (no 503): MHD's own default, FD_SETSIZE - 4. Each
+	 * of MHD's threads takes an equal share of its limit. */
+	mhd_limit = o->max_connections > 0 ? (unsigned)o->max_connections + HTTP_CONN_SPARE : FD_SETSIZE - 4;
+	if (mhd_limit < 4u * (unsigned)o->threads)
+		mhd_limit = 4u * (unsigned)o->threads;
 	h = calloc(1, sizeof(*h));
 	if (!h)
 		goto nomem;
@@ -270,16 +406,24 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h->max_tokens_default = o->max_tokens_default;
 	h->body_limit = o->body_limit;
 	h->tok = o->tok;
+	h->max_connections = o->max_connections;
+	h->request_timeout_s = o->request_timeout_s;
 	h->started = (int64_t)time(NULL);
 	h->t0 = http_now();
+	if (getrandom(&h->id_salt, sizeof(h->id_salt), GRND_NONBLOCK) != (ssize_t)sizeof(h->id_salt))
+		h->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
 	pthread_mutex_init(&h->mu, NULL);
+	pthread_mutex_init(&h->conn_mu, NULL);
 	pthread_mutex_init(&h->tick_mu, NULL);
 	pthread_cond_init(&h->tick_cv, NULL);
 	h->d = MHD_start_daemon(flags, o->port, NULL, NULL, on_request, h,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 				MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads,
 				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+				MHD_OPTION_NOTIFY_CONNECTION, http_conn_notify, h,
 				MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->connection_timeout_s,
+				MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
 				MHD_OPTION_END);
 	if (!h->d) {
 		e = errno ? errno : EADDRINUSE;
@@ -301,6 +445,7 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 fail_sync:
 	pthread_cond_destroy(&h->tick_cv);
 	pthread_mutex_destroy(&h->tick_mu);
+	pthread_mutex_destroy(&h->conn_mu);
 	pthread_mutex_destroy(&h->mu);
 	free(h->stop_ids);
 	free(h->model);
@@ -365,6 +510,7 @@ void ctrl_http_stop(struct ctrl_http *h)
 	}
 	pthread_cond_destroy(&h->tick_cv);
 	pthread_mutex_destroy(&h->tick_mu);
+	pthread_mutex_destroy(&h->conn_mu);
 	pthread_mutex_destroy(&h->mu);
 	free(h->stop_ids);
 	free(h->model);

@@ -22,6 +22,11 @@ static json_t *be_stats(void *ctx)
 	return ctrl_http_sched_stats_json(ctx);
 }
 
+static int32_t be_admissible(void *ctx, int32_t n_prompt, int32_t max_tokens, char *err, size_t errlen)
+{
+	return ctrl_dispatch_admissible(ctx, n_prompt, max_tokens, err, errlen);
+}
+
 void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch *d)
 {
 	be->submit = be_submit;
@@ -29,6 +34,10 @@ void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch 
 	be->cancel = be_cancel;
 	be->stats = be_stats;
 	be->ctx = d;
+	be->ready = NULL;
+	be->ready_ctx = NULL;
+	be->admissible = be_admissible;
+	be->admit_ctx = d;
 }
 
 static json_t *replica_json(const struct ctrl_sched_stats *st)

@@ -151,9 +151,19 @@ struct ctrl_http {
 	atomic_int draining, stopping, active;
 	atomic_uint_fast64_t n_req, n_4xx, n_5xx, n_completions, n_chat, n_streams,
 		prompt_tokens, completion_tokens, client_cancels, tokenize_calls;
-	atomic_uint_fast64_t n_monitor; /* GET /stats, /dashboard, /metrics: not in n_req */
+	atomic_uint_fast64_t n_monitor; /* GET /stats, /dashboard, /metrics, the probes: not in n_req */
+	atomic_uint_fast64_t n_conn_refused; /* requests answered 503 beyond max_connections */
+	atomic_uint_fast64_t n_slow_closed;  /* connections shut down by request_timeout */
 	struct http_hist hist[HTTP_HIST_N];
-	atomic_uint_fast64_t seq;
+	atomic_uint_fast64_t seq;    /* seeds of unseeded requests */
+	atomic_uint_fast64_t ids;    /* response ids */
+	uint64_t id_salt;            /* response ids: a bijection of (salt + seq), random per server */
+	/* connections (http_conn.c) */
+	int32_t max_connections;
+	double request_timeout_s;
+	atomic_int n_conns;          /* open now */
+	pthread_mutex_t conn_mu;     /* conns */
+	struct http_conn *conns;
 	pthread_mutex_t mu;          /* gens list */
 	struct gen *gens;
 	pthread_t ticker;
@@ -176,6 +186,11 @@ double http_now(void);
 enum MHD_Result http_error(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
 			   const char *type, const char *param, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 7, 8)));
+/* http_error() and "Connection: close": nothing more is read from the
+ * connection (its framing cannot be trusted, or it is to be shed). */
+enum MHD_Result http_error_close(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
+				 const char *type, const char *param, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
 /* Queue @j (stolen) as application/json. */
 enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j);
 /* Queue a text body with a content type. */
@@ -197,6 +212,20 @@ int http_peer_closed(struct MHD_Connection *c);
 /* http_body.c: MHD's reader of a streamed body. */
 ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
 void gen_connection_closed(struct gen *g);
+
+/* http_conn.c: open connections, request_timeout, the limit (see there). */
+struct http_conn;
+/* MHD_OPTION_NOTIFY_CONNECTION (cls: the server). */
+void http_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+		      enum MHD_ConnectionNotificationCode code);
+/* The connection's request has fully arrived (its deadline no longer runs). */
+void http_conn_arrived(struct ctrl_http *h, struct MHD_Connection *c);
+/* Its answer ended: the next request's deadline starts now. */
+void http_conn_answered(struct ctrl_http *h, struct MHD_Connection *c);
+/* @return 1 while more than max_connections are open. */
+int http_conn_over_limit(struct ctrl_http *h);
+/* The ticker: shut down every connection whose request is late. */
+void http_conn_sweep(struct ctrl_http *h);
 
 /* http_stats.c */
 enum MHD_Result http_stats(struct ctrl_http *h, struct MHD_Connection *c, int html);

@@ -106,6 +106,95 @@ static int check_model(struct ctrl_http *h, json_t *req, int required, struct ve
 	return 0;
 }
 
+/*
+ * Parameters of OpenAI's API (and vLLM's) that kvferry does not implement.
+ * Each is accepted at its default, which asks for nothing, and refused with
+ * 400 unsupported_parameter naming it at any other value: a client must
+ * never believe a penalty, a bias, a tool or a format was applied when it was
+ * not. (Penalties and logit_bias would be cheap in the CPU sampler, but the
+ * CUDA backend samples on the device, kernels/cuda/sample.cu, and both must
+ * draw the same token: they stay refused until both have them.) Fields not
+ * listed here and not read elsewhere are ignored (user, metadata, store...):
+ * none of them changes what is generated.
+ */
+enum neutral {
+	NEUTRAL_NULL,                /* only null */
+	NEUTRAL_ZERO,                /* 0 */
+	NEUTRAL_ONE,                 /* 1 */
+	NEUTRAL_FALSE,               /* false */
+	NEUTRAL_EMPTY,               /* "", [] or {} */
+	NEUTRAL_NONE_AUTO,           /* "none" or "auto" (no tools: nothing to call) */
+	NEUTRAL_TEXT_FORMAT,         /* {"type": "text"} */
+	NEUTRAL_TEXT_ONLY,           /* ["text"] */
+};
+
+static const struct unsupported {
+	const char *key;
+	enum neutral ok;
+	const char *want;            /* the accepted value, as the message says it */
+} g_unsupported[] = {
+	{"logit_bias", NEUTRAL_EMPTY, "{}"},
+	{"presence_penalty", NEUTRAL_ZERO, "0"},
+	{"frequency_penalty", NEUTRAL_ZERO, "0"},
+	{"best_of", NEUTRAL_ONE, "1"},
+	{"echo", NEUTRAL_FALSE, "false"},
+	{"suffix", NEUTRAL_EMPTY, "\"\""},
+	{"response_format", NEUTRAL_TEXT_FORMAT, "{\"type\": \"text\"}"},
+	{"tools", NEUTRAL_EMPTY, "[]"},
+	{"tool_choice", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"functions", NEUTRAL_EMPTY, "[]"},
+	{"function_call", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"modalities", NEUTRAL_TEXT_ONLY, "[\"text\"]"},
+	{"audio", NEUTRAL_NULL, "null"},
+	/* vLLM's sampling extensions */
+	{"repetition_penalty", NEUTRAL_ONE, "1"},
+	{"min_p", NEUTRAL_ZERO, "0"},
+	{"min_tokens", NEUTRAL_ZERO, "0"},
+	{"use_beam_search", NEUTRAL_FALSE, "false"},
+	{"guided_json", NEUTRAL_NULL, "null"},
+	{"guided_regex", NEUTRAL_NULL, "null"},
+	{"guided_choice", NEUTRAL_NULL, "null"},
+	{"guided_grammar", NEUTRAL_NULL, "null"},
+};
+
+static int is_neutral(json_t *v, enum neutral ok)
+{
+	const char *str = json_string_value(v);
+
+	switch (ok) {
+	case NEUTRAL_NULL: return 0;
+	case NEUTRAL_ZERO: return json_is_number(v) && json_number_value(v) == 0.0;
+	case NEUTRAL_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
+	case NEUTRAL_FALSE: return json_is_false(v);
+	case NEUTRAL_EMPTY:
+		return (json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v))
+		       || (json_is_object(v) && !json_object_size(v));
+	case NEUTRAL_NONE_AUTO: return str && (!strcmp(str, "none") || !strcmp(str, "auto"));
+	case NEUTRAL_TEXT_FORMAT:
+		str = json_string_value(json_object_get(v, "type"));
+		return json_is_object(v) && json_object_size(v) == 1 && str && !strcmp(str, "text");
+	case NEUTRAL_TEXT_ONLY:
+		str = json_string_value(json_array_get(v, 0));
+		return json_is_array(v) && json_array_size(v) == 1 && str && !strcmp(str, "text");
+	}
+	return 0;
+}
+
+static int check_unsupported(json_t *req, struct verr *e)
+{
+	for (size_t i = 0; i < sizeof(g_unsupported) / sizeof(g_unsupported[0]); i++) {
+		const struct unsupported *u = &g_unsupported[i];
+		json_t *v = json_object_get(req, u->key);
+
+		if (!v || json_is_null(v) || is_neutral(v, u->ok))
+			continue;
+		return bad(e, 400, u->key, "unsupported_parameter",
+			   "'%s' is not supported by kvferry: only %s (its default) is accepted; remove it, or "
+			   "send the default", u->key, u->want);
+	}
+	return 0;
+}
+
 /* Gather the text of a message's content: a string, or an array of parts. */
 static int message_text(json_t *content, struct sbuf *out, struct verr *e)
 {
@@ -233,6 +322,43 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 	}
 }
 
+/* splitmix64's finalizer: a bijection of 64-bit words. */
+static uint64_t mix64(uint64_t x)
+{
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/*
+ * Can the backend ever carry the prompt and *max_tokens? Checked before the
+ * request is submitted (and before a stream's 200), so a request the KV pool
+ * could never hold is a 400 with the scheduler's own words rather than a
+ * 500, or an error event after a 200. One that did not ask for a max_tokens
+ * gets at most what fits. A PD request (bootstrap_room) is prefilled here:
+ * only its prompt and first token must fit. @return 0, or -1 with @p e set.
+ */
+static int admissible(struct ctrl_http *h, int32_t n_prompt, int64_t *max_tokens, int asked, int pd,
+		      enum gen_kind kind, struct verr *e)
+{
+	char why[320];
+	int32_t want = pd ? 1 : (int32_t)*max_tokens, most;
+
+	if (!h->be.admissible)
+		return 0;
+	most = h->be.admissible(h->be.admit_ctx, n_prompt, want, why, sizeof(why));
+	if (most >= want)
+		return 0;
+	if (most >= 1 && !asked && !pd) {
+		*max_tokens = most;
+		return 0;
+	}
+	if (most < 1) /* the prompt itself does not fit: say so for one token */
+		h->be.admissible(h->be.admit_ctx, n_prompt, 1, why, sizeof(why));
+	return bad(e, 400, most >= 1 ? "max_tokens" : kind == GEN_CHAT ? "messages" : "prompt",
+		   "context_length_exceeded", "%s", why[0] ? why : "the KV pool cannot hold this request");
+}
+
 static int read_stops(json_t *req, struct gen *g, struct verr *e)
 {
 	json_t *s = json_object_get(req, "stop"), *v;
@@ -284,7 +410,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	int64_t top_k = 0, n = 1, max_tokens = 0;
 	uint64_t seed;
 	json_t *so, *lp, *bhost;
-	int stream = 0, ignore_eos = 0;
+	int stream = 0, ignore_eos = 0, asked;
 	int64_t room = -1, bport = 0;
 
 	memset(&e, 0, sizeof(e));
@@ -299,7 +425,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	g->t_start = http_now(); /* arrival: validation, templating and tokenizing count in its latency */
 	atomic_fetch_add(&h->active, 1);
 
-	if (check_model(h, req, 1, &e))
+	if (check_model(h, req, 1, &e) || check_unsupported(req, &e))
 		goto reject;
 	if (opt_int(req, "n", 1, 128, &n, &e) < 0)
 		goto reject;
@@ -397,11 +523,14 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 		    h->max_context, (long long)n_ids + max_tokens, n_ids, (long long)max_tokens);
 		goto reject;
 	}
+	asked = max_tokens != 0;
 	if (!max_tokens) {
 		max_tokens = h->max_context - (int64_t)n_ids;
 		if (max_tokens > h->max_tokens_default)
 			max_tokens = h->max_tokens_default;
 	}
+	if (admissible(h, (int32_t)n_ids, &max_tokens, asked, room >= 0 && h->be.submit_pd != NULL, kind, &e))
+		goto reject;
 	g->ds = kn_tok_stream_new(h->tok, KN_TOK_SKIP_SPECIAL);
 	if (!g->ds) {
 		bad(&e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));
@@ -410,8 +539,11 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	g->n_prompt = (int32_t)n_ids;
 	g->max_tokens = (int32_t)max_tokens;
 	g->created = (int64_t)time(NULL);
+	/* Not from the seed: two requests of one seed in one second would
+	 * share it. A bijection of a per-server counter never repeats within
+	 * the server's life; the random salt keeps two servers' apart. */
 	snprintf(g->rid, sizeof(g->rid), "%s-%016llx", kind == GEN_CHAT ? "chatcmpl" : "cmpl",
-		 (unsigned long long)(seed ^ (uint64_t)g->created));
+		 (unsigned long long)mix64(h->id_salt + atomic_fetch_add(&h->ids, 1)));
 
 	memset(&r, 0, sizeof(r));
 	r.prompt = ids;

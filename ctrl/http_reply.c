@@ -130,31 +130,60 @@ enum MHD_Result http_text(struct ctrl_http *h, struct MHD_Connection *c, unsigne
 	return queue(h, c, status, r);
 }
 
-enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j)
+static enum MHD_Result reply_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j,
+				  int close)
 {
 	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-	enum MHD_Result ret;
+	struct MHD_Response *r;
 
 	json_decref(j);
 	if (!s)
 		return MHD_NO;
-	ret = http_text(h, c, status, "application/json", s, strlen(s));
-	free(s);
-	return ret;
+	r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(s);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	if (close)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+	return queue(h, c, status, r);
+}
+
+enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j)
+{
+	return reply_json(h, c, status, j, 0);
+}
+
+static json_t *error_json(const char *type, const char *param, const char *code, const char *fmt, va_list ap)
+{
+	char msg[1024];
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	return json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
+			 param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null());
 }
 
 enum MHD_Result http_error(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
 			   const char *type, const char *param, const char *code, const char *fmt, ...)
 {
-	char msg[1024];
 	va_list ap;
 	json_t *j;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	j = error_json(type, param, code, fmt, ap);
 	va_end(ap);
-	j = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
-		      param ? json_string(param) : json_null(), "code",
-		      code ? json_string(code) : json_null());
-	return http_json(h, c, status, j);
+	return reply_json(h, c, status, j, 0);
+}
+
+enum MHD_Result http_error_close(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
+				 const char *type, const char *param, const char *code, const char *fmt, ...)
+{
+	va_list ap;
+	json_t *j;
+
+	va_start(ap, fmt);
+	j = error_json(type, param, code, fmt, ap);
+	va_end(ap);
+	return reply_json(h, c, status, j, 1);
 }

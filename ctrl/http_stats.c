@@ -52,12 +52,15 @@ json_t *ctrl_http_stats_json(struct ctrl_http *h)
 			 "tokenize_total", (json_int_t)atomic_load(&h->tokenize_calls),
 			 "active", atomic_load(&h->active),
 			 "monitor_requests_total", (json_int_t)atomic_load(&h->n_monitor));
+	json_object_update_new(http, json_pack("{s:i, s:I, s:I}", "connections", atomic_load(&h->n_conns),
+					       "connections_refused_total", (json_int_t)atomic_load(&h->n_conn_refused),
+					       "slow_requests_closed_total", (json_int_t)atomic_load(&h->n_slow_closed)));
 	lat = json_object();
 	for (int i = 0; i < HTTP_HIST_N; i++)
 		json_object_set_new(lat, g_http_hist[i].name, hist_json(h, (enum http_hist_id)i));
-	return json_pack("{s:s, s:f, s:b, s:i, s:o, s:o, s:o}", "model", h->model, "uptime_s",
-			 http_now() - h->t0, "draining", atomic_load(&h->draining), "max_context",
-			 h->max_context, "http", http, "latency", lat, "backend", be ? be : json_object());
+	return json_pack("{s:s, s:f, s:b, s:b, s:i, s:o, s:o, s:o}", "model", h->model, "uptime_s",
+			 http_now() - h->t0, "draining", atomic_load(&h->draining), "ready", ctrl_http_ready(h, NULL, 0),
+			 "max_context", h->max_context, "http", http, "latency", lat, "backend", be ? be : json_object());
 }
 
 /* ---- Prometheus text ---- */
@@ -88,7 +91,11 @@ static const struct prom_rule {
 	{"latency.inter_token_latency_seconds", NULL, NULL, "one token to the next of a request"},
 	{"latency.e2e_request_latency_seconds", NULL, NULL, "a request's arrival to its complete answer"},
 	{"latency.request_queue_time_seconds", NULL, NULL, "a request's arrival to its admission (KV reserved)"},
-	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics (not in requests_total)"},
+	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics, /health, /livez, /readyz (not in requests_total)"},
+	{"http.connections", NULL, NULL, "HTTP connections open"},
+	{"http.connections_refused_total", NULL, NULL, "requests answered 503 beyond max_connections"},
+	{"http.slow_requests_closed_total", NULL, NULL, "connections closed as their request took over request_timeout to arrive"},
+	{"ready", NULL, NULL, "1 when /readyz answers 200: not draining, every stage up"},
 	/* rooms by state: the states (CamelCase) as a label, not a family each */
 	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state"},
 };

@@ -339,6 +339,53 @@ out:
 	return rc;
 }
 
+/*
+ * Could a request of @p n_prompt + @p max_tokens positions ever be admitted?
+ * Only if its worst case fits the whole pool and a sequence's block-table row
+ * (its context). @return 1 and the refusal in @p msg when it never could, 0
+ * when it could. Reads what create() fixed: any thread.
+ */
+static int never_fits(const struct ctrl_sched *s, int32_t n_prompt, int32_t max_tokens, char *msg, size_t len)
+{
+	int64_t pos = (int64_t)n_prompt + max_tokens;
+	int64_t need = (pos - 1 + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+
+	if (need > s->n_blocks) {
+		snprintf(msg, len,
+			 "request needs %lld KV blocks (prompt %d + max_tokens %d at %d positions per block) but "
+			 "the pool holds %d blocks: lower max_tokens or give the workers a larger KV pool",
+			 (long long)need, n_prompt, max_tokens, KN_PAGE_BLK, s->n_blocks);
+		return 1;
+	}
+	if (pos > s->ctx) {
+		snprintf(msg, len,
+			 "request needs %lld positions (prompt %d + max_tokens %d) but a sequence holds at most "
+			 "%d: lower max_tokens or raise max_blocks_per_slot",
+			 (long long)pos, n_prompt, max_tokens, s->ctx);
+		return 1;
+	}
+	return 0;
+}
+
+int32_t ctrl_sched_admissible(const struct ctrl_sched *s, int32_t n_prompt, int32_t max_tokens, char *err,
+			      size_t errlen)
+{
+	/* worst_blocks() <= n_blocks  <=>  n_prompt + max_tokens - 1 <= n_blocks * KN_PAGE_BLK */
+	int64_t by_pool = (int64_t)s->n_blocks * KN_PAGE_BLK + 1 - n_prompt;
+	int64_t by_ctx = (int64_t)s->ctx - n_prompt;
+	int64_t most = by_pool < by_ctx ? by_pool : by_ctx;
+
+	if (most < 0)
+		most = 0;
+	if (most > INT32_MAX)
+		most = INT32_MAX;
+	if (err != NULL && errlen > 0) {
+		err[0] = 0;
+		never_fits(s, n_prompt, max_tokens > 0 ? max_tokens : 1, err, errlen);
+	}
+	return (int32_t)most;
+}
+
 /* Move new requests to the FIFO (or reject them) and apply cancellations. */
 static int drain_inbox(struct ctrl_sched *s)
 {
@@ -358,24 +405,13 @@ static int drain_inbox(struct ctrl_sched *s)
 
 	while ((r = head) != NULL) {
 		char msg[256];
-		int32_t ctx = s->ctx;
 
 		head = r->next;
 		r->next = NULL;
 		busy = 1;
 		s->st.submitted++;
-		if (r->need > s->n_blocks || r->n_prompt + r->max_tokens > ctx) {
-			if (r->need > s->n_blocks)
-				snprintf(msg, sizeof(msg),
-					 "request needs %d KV blocks (prompt %d + max_tokens %d at %d positions "
-					 "per block) but the pool holds %d blocks: lower max_tokens or give the "
-					 "workers a larger KV pool",
-					 r->need, r->n_prompt, r->max_tokens, KN_PAGE_BLK, s->n_blocks);
-			else
-				snprintf(msg, sizeof(msg),
-					 "request needs %d positions (prompt %d + max_tokens %d) but a sequence "
-					 "holds at most %d: lower max_tokens or raise max_blocks_per_slot",
-					 r->n_prompt + r->max_tokens, r->n_prompt, r->max_tokens, ctx);
+		if (never_fits(s, r->n_prompt, r->max_tokens, msg, sizeof(msg))) {
+			/* (the HTTP layer refuses these before they come: ctrl_sched_admissible()) */
 			s->st.rejected++;
 			atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
 			req_finish(s, r, CTRL_FINISH_ERROR, -1, msg);

@@ -4,7 +4,9 @@
  * the replica with the least worst-case block load (waiting + live, over its
  * pool), so a replica full of long requests stops receiving new ones before
  * its queue grows. Request ids carry the replica index in their low 8 bits
- * (each replica's id_tag), so cancel needs no lookup table.
+ * (each replica's id_tag), so cancel needs no lookup table. A request
+ * goes only to a replica whose pool could ever carry it, when one can
+ * (ctrl_sched_admissible()); the HTTP layer refuses one that none can.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -53,19 +55,43 @@ void ctrl_dispatch_destroy(struct ctrl_dispatch *d)
 int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request *r)
 {
 	unsigned start = atomic_fetch_add_explicit(&d->rr, 1, memory_order_relaxed);
-	int best = -1;
+	int best = -1, fits_any = 0;
 	double best_load = 0.0;
 
+	/* Replicas whose pools differ (devices of different memory): only one
+	 * that could ever carry the request is a candidate, if any can. */
+	for (int i = 0; i < d->n && !fits_any; i++)
+		fits_any = r != NULL && ctrl_sched_admissible(d->r[i], r->n_prompt, r->max_tokens, NULL, 0) >= r->max_tokens;
 	for (int k = 0; k < d->n; k++) {
 		int i = (int)((start + (unsigned)k) % (unsigned)d->n);
 		double l = ctrl_sched_load(d->r[i]);
 
+		if (fits_any && ctrl_sched_admissible(d->r[i], r->n_prompt, r->max_tokens, NULL, 0) < r->max_tokens)
+			continue;
 		if (best < 0 || l < best_load) {
 			best = i;
 			best_load = l;
 		}
 	}
 	return ctrl_sched_submit(d->r[best], r);
+}
+
+int32_t ctrl_dispatch_admissible(const struct ctrl_dispatch *d, int32_t n_prompt, int32_t max_tokens, char *err,
+				 size_t errlen)
+{
+	int32_t most = -1;
+	int best = 0;
+
+	for (int i = 0; i < d->n; i++) {
+		int32_t m = ctrl_sched_admissible(d->r[i], n_prompt, max_tokens, NULL, 0);
+
+		if (m > most) {
+			most = m;
+			best = i;
+		}
+	}
+	/* the refusal the largest replica would give */
+	return ctrl_sched_admissible(d->r[best], n_prompt, max_tokens, err, errlen);
 }
 
 int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id)

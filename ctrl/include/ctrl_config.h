@@ -68,6 +68,9 @@ struct ctrl_settings {
 	int64_t port;                 /**< 0: an ephemeral port (tests) */
 	int64_t http_threads;
 	int64_t request_body_limit;   /**< bytes */
+	int64_t connection_timeout;   /**< seconds a connection may stay silent; 0 = never closed */
+	int64_t request_timeout;      /**< seconds a request may take to arrive; 0 = no deadline */
+	int64_t max_connections;      /**< beyond it: 503 and closed; 0 = libmicrohttpd's own */
 	/* [model] */
 	char model_dir[CTRL_CFG_STRLEN];
 	char served_model_name[CTRL_CFG_STRLEN]; /**< "" = the model dir's basename */

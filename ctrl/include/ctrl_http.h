@@ -3,7 +3,8 @@
  * @file ctrl_http.h
  * The OpenAI-compatible HTTP API of kvferry-ctrld (libmicrohttpd):
  * POST /v1/completions, POST /v1/chat/completions (JSON or SSE streaming),
- * GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
+ * GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize,
+ * GET /health and /readyz (readiness), GET /livez (liveness),
  * GET /stats (JSON; ?format=html or /dashboard for a live page),
  * GET /metrics (Prometheus text). ctrl/API.md documents each route.
  *
@@ -65,6 +66,30 @@ struct ctrl_http_backend {
 	 * semantics). NULL: such a request is served like any other.
 	 */
 	int64_t (*submit_pd)(void *ctx, const struct ctrl_request *r, const struct ctrl_http_pd *pd);
+	/*
+	 * The two below have contexts of their own: a backend that wraps
+	 * another (ctrl_pd_serve_backend()) replaces ctx and keeps them.
+	 */
+	/**
+	 * Optional: can the backend serve now (GET /health, /readyz, /stats
+	 * "ready")? Called on an HTTP thread at every probe: it answers from
+	 * what the backend already knows, never waiting on the backend's
+	 * threads. NULL: always ready.
+	 * @param why  when not ready: what is down, for the 503's "reason"
+	 * @return 1 ready, 0 not.
+	 */
+	int (*ready)(void *ready_ctx, char *why, size_t whylen);
+	void *ready_ctx;
+	/**
+	 * Optional: the most max_tokens a prompt of @p n_prompt tokens could
+	 * ever be admitted with (ctrl_sched_admissible()'s contract: @p err
+	 * gets the refusal when @p max_tokens is above it). A request asking
+	 * for more is answered 400 before anything is streamed; a request that
+	 * does not say gets at most that many. Called on an HTTP thread:
+	 * cheap, never blocks. NULL: every request is submitted.
+	 */
+	int32_t (*admissible)(void *admit_ctx, int32_t n_prompt, int32_t max_tokens, char *err, size_t errlen);
+	void *admit_ctx;
 };
 
 /** Server options. */
@@ -79,9 +104,21 @@ struct ctrl_http_opts {
 	const struct kn_tok *tok;    /**< borrowed; must outlive the server */
 	const int32_t *stop_ids;     /**< ids that end generation (EOS); copied */
 	int32_t n_stop;
+	int32_t connection_timeout_s; /**< a connection that sends and receives nothing this
+	                                   long is closed (MHD_OPTION_CONNECTION_TIMEOUT); 0: never */
+	double request_timeout_s;    /**< a connection's request (headers and body) must arrive
+	                                   within this long of its opening or its previous answer's
+	                                   end, however it trickles; 0: no deadline */
+	int32_t max_connections;     /**< requests on connections beyond this many open get 503
+	                                   too_many_connections and the connection is closed; 0: no
+	                                   such limit (libmicrohttpd's own, FD_SETSIZE - 4) */
 };
 
-/** Fill @p o with defaults: 127.0.0.1:8000, 4 threads, 1 MiB bodies, context 4096, 256 tokens. */
+/**
+ * Fill @p o with defaults: 127.0.0.1:8000, 4 threads, 1 MiB bodies, context
+ * 4096, 256 tokens, connections idle 30 s closed, a request's 60 s deadline,
+ * 1024 connections.
+ */
 void ctrl_http_opts_init(struct ctrl_http_opts *o);
 
 struct ctrl_http;
@@ -112,6 +149,14 @@ uint16_t ctrl_http_port(const struct ctrl_http *h);
  * requests in flight continue. Resume (0). Thread-safe.
  */
 void ctrl_http_set_draining(struct ctrl_http *h, int draining);
+
+/**
+ * Readiness, as GET /readyz and /health answer it: not draining, and the
+ * backend's ready callback (if any) says it can serve. Thread-safe.
+ * @param why  when not ready: why (may be NULL)
+ * @return 1 ready, 0 not.
+ */
+int ctrl_http_ready(struct ctrl_http *h, char *why, size_t whylen);
 
 /** @return 1 while draining. */
 int ctrl_http_draining(const struct ctrl_http *h);
@@ -149,7 +194,8 @@ char *ctrl_http_prometheus(const json_t *stats);
 /**
  * Fill @p be with an adapter over the dispatcher @p d (borrowed: it must
  * outlive the server): submit and cancel go to ctrl_dispatch_*, stats to
- * ctrl_http_sched_stats_json().
+ * ctrl_http_sched_stats_json(), admissible to ctrl_dispatch_admissible().
+ * ready is left NULL: the daemon, which owns the chains, sets it.
  */
 void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch *d);
 

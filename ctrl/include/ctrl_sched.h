@@ -255,9 +255,28 @@ struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl
 void ctrl_sched_destroy(struct ctrl_sched *s);
 
 /**
+ * The most max_tokens a request of @p n_prompt prompt tokens could ever be
+ * admitted with: its worst case (prompt + max_tokens positions) within the
+ * whole block pool and within a sequence's positions (a slot's block-table
+ * row, the model's context). A caller refuses a request above it at once,
+ * before it answers anything, instead of submitting one that would end with
+ * an error at the next poll. Thread-safe: it reads what ctrl_sched_create()
+ * fixed, no lock.
+ * @param max_tokens  what the request asks for
+ * @param err         when @p max_tokens is above the result: the message the
+ *                    scheduler would end the request with ("request needs 251
+ *                    KV blocks ... but the pool holds 128 blocks: ..."); else
+ *                    "". May be NULL.
+ * @return that many max_tokens, 0 when even the prompt does not fit.
+ */
+int32_t ctrl_sched_admissible(const struct ctrl_sched *s, int32_t n_prompt, int32_t max_tokens, char *err,
+			      size_t errlen);
+
+/**
  * Queue a request. Thread-safe; cheap (one copy, one lock). A request that can
  * never fit (more blocks than the pool, longer than a slot's context) ends on
- * the next poll with CTRL_FINISH_ERROR and a message naming the pool.
+ * the next poll with CTRL_FINISH_ERROR and a message naming the pool
+ * (ctrl_sched_admissible() says so before submitting).
  * @return the request id (> 0), or -EINVAL (no prompt, max_tokens < 1, no
  *         callback, n_logprobs out of range), -EAGAIN (max_queue requests already waiting), -ENOMEM.
  */
@@ -315,9 +334,19 @@ void ctrl_dispatch_destroy(struct ctrl_dispatch *d);
 
 /**
  * Send @p r to the least-loaded replica (ctrl_sched_load(); ties go round
- * robin). Thread-safe. @return as ctrl_sched_submit().
+ * robin) among those whose pool could ever carry it (all of them when none
+ * can: the request then ends with the scheduler's error). Thread-safe.
+ * @return as ctrl_sched_submit().
  */
 int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request *r);
+
+/**
+ * ctrl_sched_admissible() over the replicas: the most any of them could
+ * admit (the largest pool), and that replica's refusal in @p err.
+ * Thread-safe, no lock.
+ */
+int32_t ctrl_dispatch_admissible(const struct ctrl_dispatch *d, int32_t n_prompt, int32_t max_tokens, char *err,
+				 size_t errlen);
 
 /** Cancel by id (routed by its tag). Thread-safe. @return 0, -EINVAL (bad tag), -ENOMEM. */
 int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id);

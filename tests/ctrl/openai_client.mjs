@@ -95,6 +95,26 @@ check('models lists the served model', async () => {
   assert.deepEqual(list.data.map((m) => m.id), [model]);
 });
 
+check('models.retrieve gives the served model, and another id a 404', async () => {
+  const m = await client.models.retrieve(model);
+  assert.equal(m.id, model);
+  assert.equal(m.object, 'model');
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => e.status === 404 && e.code === 'model_not_found');
+});
+
+check('parameters kvferry does not implement are refused by name, and accepted at their defaults', async () => {
+  for (const [k, v] of [['presence_penalty', 0.5], ['frequency_penalty', 1], ['logit_bias', { 5: 10 }],
+    ['response_format', { type: 'json_object' }], ['tools', [{ type: 'function', function: { name: 'f', parameters: {} } }]]])
+    await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2, [k]: v }),
+      (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);
+  for (const [k, v] of [['echo', true], ['best_of', 2]])
+    await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 2, [k]: v }),
+      (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 2, temperature: 0,
+    presence_penalty: 0, frequency_penalty: 0, logit_bias: {}, response_format: { type: 'text' }, n: 1 });
+  assert.equal(r.choices.length, 1);
+});
+
 check('bad requests get the right 4xx through the client', async () => {
   await assert.rejects(client.completions.create({ model: 'no-such-model', prompt: 'x' }),
     (e) => e.status === 404 && e.code === 'model_not_found');

@@ -5,7 +5,10 @@
  * The server runs on an ephemeral loopback port; requests go through libcurl.
  * argv[1]: a tokenizer directory (tests/kernels/data/tok_tiny).
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +50,8 @@ struct fake {
 	atomic_int eos_after;    /* emit the stop token after this many (-1 never) */
 	atomic_int fail_after;   /* fail after this many (-1 never) */
 	atomic_int refuse;       /* submit returns -EAGAIN */
+	atomic_int down;         /* the ready callback says stage 1 is down */
+	atomic_int pool;         /* > 0: positions (prompt + max_tokens) the fake's pool holds */
 	atomic_int submits, cancels, live;
 	int32_t eos;
 };
@@ -99,6 +105,33 @@ static int fake_cancel(void *ctx, uint64_t id)
 	pthread_mutex_unlock(&f->mu);
 	atomic_fetch_add(&f->cancels, 1);
 	return 0;
+}
+
+static int fake_ready(void *ctx, char *why, size_t whylen)
+{
+	struct fake *f = ctx;
+
+	if (!atomic_load(&f->down))
+		return 1;
+	snprintf(why, whylen, "replica 0 stage 1 (kvferry-worker pid 4242) down for 1.5 s");
+	return 0;
+}
+
+/* As ctrl_sched_admissible() answers, for a pool of f->pool positions. */
+static int32_t fake_admissible(void *ctx, int32_t n_prompt, int32_t max_tokens, char *err, size_t errlen)
+{
+	struct fake *f = ctx;
+	int32_t pool = atomic_load(&f->pool), most = pool - n_prompt;
+
+	if (pool <= 0)
+		return INT32_MAX;
+	if (most < 0)
+		most = 0;
+	err[0] = 0;
+	if (max_tokens > most)
+		snprintf(err, errlen, "request needs %d positions (prompt %d + max_tokens %d) but the pool holds %d",
+			 n_prompt + max_tokens, n_prompt, max_tokens, pool);
+	return most;
 }
 
 static json_t *fake_stats(void *ctx)
@@ -176,6 +209,8 @@ static void fake_reset(void)
 	atomic_store(&g_fake.eos_after, -1);
 	atomic_store(&g_fake.fail_after, -1);
 	atomic_store(&g_fake.refuse, 0);
+	atomic_store(&g_fake.down, 0);
+	atomic_store(&g_fake.pool, 0);
 	ctrl_http_set_draining(g_http, 0);
 }
 
@@ -810,10 +845,485 @@ static void latency_histograms_count_what_was_served_and_polls_are_not_client_re
 	json_decref(b);
 }
 
+/* ---- probes, admission, ids, parameters, models ---- */
+
+static void health_answers_503_naming_what_is_down_while_livez_stays_200(void **state)
+{
+	struct resp r;
+	json_t *st;
+
+	(void)state;
+	fake_reset();
+	for (int i = 0; i < 3; i++) {
+		const char *path = i == 0 ? "/health" : i == 1 ? "/readyz" : "/livez";
+
+		assert_int_equal(request("GET", path, NULL, 0, &r), CURLE_OK);
+		assert_int_equal(r.status, 200);
+		assert_string_equal(json_string_value(json_object_get(r.json, "status")), i == 2 ? "alive" : "ok");
+		resp_free(&r);
+	}
+	/* a stage goes down: readiness says so, by name; liveness does not */
+	atomic_store(&g_fake.down, 1);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(request("GET", i ? "/readyz" : "/health", NULL, 0, &r), CURLE_OK);
+		assert_int_equal(r.status, 503);
+		assert_string_equal(json_string_value(json_object_get(r.json, "status")), "unavailable");
+		assert_non_null(strstr(json_string_value(json_object_get(r.json, "reason")), "stage 1 (kvferry-worker pid 4242) down"));
+		resp_free(&r);
+	}
+	assert_int_equal(request("GET", "/livez", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	resp_free(&r);
+	st = get_stats();
+	assert_true(json_is_false(json_object_get(st, "ready")));
+	json_decref(st);
+	atomic_store(&g_fake.down, 0);
+	/* draining: not ready either, and says why; still alive */
+	ctrl_http_set_draining(g_http, 1);
+	assert_int_equal(request("GET", "/readyz", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 503);
+	assert_string_equal(json_string_value(json_object_get(r.json, "status")), "draining");
+	resp_free(&r);
+	assert_int_equal(request("GET", "/livez", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	resp_free(&r);
+	ctrl_http_set_draining(g_http, 0);
+	st = get_stats();
+	assert_true(json_is_true(json_object_get(st, "ready")));
+	json_decref(st);
+}
+
+static void a_request_the_kv_pool_could_never_hold_is_a_400_before_any_byte_is_streamed(void **state)
+{
+	int n = count_tokens("hello world"), submits = atomic_load(&g_fake.submits);
+	struct resp r;
+	json_t *j;
+
+	(void)state;
+	fake_reset();
+	atomic_store(&g_fake.pool, n + 10); /* the prompt and 10 tokens */
+	for (int stream = 0; stream < 2; stream++) {
+		char body[256];
+		json_t *e;
+
+		snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"hello world\",\"max_tokens\":11%s}",
+			 stream ? ",\"stream\":true" : "");
+		assert_int_equal(request("POST", "/v1/completions", body, 0, &r), CURLE_OK);
+		assert_int_equal(r.status, 400); /* not a 200 and an error event */
+		assert_non_null(r.json);
+		e = json_object_get(r.json, "error");
+		assert_string_equal(json_string_value(json_object_get(e, "code")), "context_length_exceeded");
+		assert_string_equal(json_string_value(json_object_get(e, "param")), "max_tokens");
+		/* the backend's own words */
+		assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "but the pool holds"));
+		resp_free(&r);
+	}
+	assert_int_equal(atomic_load(&g_fake.submits), submits);
+	/* what fits is served */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"hello world\",\"max_tokens\":10}");
+	assert_int_equal(usage(j, "completion_tokens"), 10);
+	json_decref(j);
+	/* a request that does not say gets what fits, not the default 16 */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"hello world\"}");
+	assert_int_equal(usage(j, "completion_tokens"), 10);
+	json_decref(j);
+	/* a prompt the pool cannot hold at all: 400 naming the prompt */
+	atomic_store(&g_fake.pool, n - 1);
+	assert_error(400, "prompt", "context_length_exceeded", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"hello world\"}");
+	wait_idle();
+}
+
+static void response_ids_are_unique_even_for_seeded_requests_in_one_second(void **state)
+{
+	char seen[24][48];
+
+	(void)state;
+	fake_reset();
+	for (int i = 0; i < 24; i++) {
+		json_t *j = post(i % 2 ? "/v1/chat/completions" : "/v1/completions", 200,
+				 i % 2 ? "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,\"seed\":7}"
+				       : "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":1,\"seed\":7}");
+		const char *id = json_string_value(json_object_get(j, "id"));
+
+		assert_non_null(id);
+		assert_true(!strncmp(id, i % 2 ? "chatcmpl-" : "cmpl-", i % 2 ? 9 : 5));
+		snprintf(seen[i], sizeof(seen[i]), "%s", strchr(id, '-'));
+		for (int k = 0; k < i; k++)
+			assert_string_not_equal(seen[k], seen[i]);
+		json_decref(j);
+	}
+	wait_idle();
+}
+
+static void parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default(void **state)
+{
+	static const char *const refused[][2] = {
+		{"logit_bias", "{\"50256\":-100}"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "-1"},
+		{"best_of", "3"}, {"echo", "true"}, {"suffix", "\"tail\""},
+		{"response_format", "{\"type\":\"json_object\"}"},
+		{"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"}, {"tool_choice", "\"required\""},
+		{"functions", "[{\"name\":\"f\"}]"}, {"modalities", "[\"text\",\"audio\"]"},
+		{"repetition_penalty", "1.1"}, {"min_tokens", "4"}, {"guided_json", "{}"},
+	};
+	static const char *const neutral =
+		"\"logit_bias\":{},\"presence_penalty\":0,\"frequency_penalty\":0.0,\"best_of\":1,\"echo\":false,"
+		"\"suffix\":null,\"response_format\":{\"type\":\"text\"},\"tools\":[],\"tool_choice\":\"none\","
+		"\"functions\":null,\"function_call\":\"auto\",\"modalities\":[\"text\"],\"repetition_penalty\":1,"
+		"\"min_p\":0,\"user\":\"someone\"";
+	char body[512];
+	json_t *j;
+
+	(void)state;
+	fake_reset();
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"%s\":[{\"role\":\"user\",\"content\":\"x\"}],\"%s\":%s}",
+			 i % 2 ? "messages" : "prompt", refused[i][0], refused[i][1]);
+		if (i % 2 == 0)
+			snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"x\",\"%s\":%s}", refused[i][0],
+				 refused[i][1]);
+		assert_error(400, refused[i][0], "unsupported_parameter",
+			     i % 2 ? "/v1/chat/completions" : "/v1/completions", body);
+	}
+	assert_error(400, "n", "unsupported_value", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}");
+	assert_int_equal(atomic_load(&g_fake.live), 0);
+	/* the defaults ask for nothing: served */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,%s}", neutral);
+	assert_int_equal(usage(j, "completion_tokens"), 2);
+	json_decref(j);
+	j = post("/v1/chat/completions", 200,
+		 "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,%s}", neutral);
+	assert_int_equal(usage(j, "completion_tokens"), 2);
+	json_decref(j);
+	wait_idle();
+}
+
+static void a_model_is_retrieved_by_its_id_and_another_id_is_a_404(void **state)
+{
+	struct resp r;
+
+	(void)state;
+	fake_reset();
+	assert_int_equal(request("GET", "/v1/models/tiny", NULL, 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(json_string_value(json_object_get(r.json, "id")), "tiny");
+	assert_string_equal(json_string_value(json_object_get(r.json, "object")), "model");
+	assert_int_equal(json_integer_value(json_object_get(r.json, "max_model_len")), CTX);
+	resp_free(&r);
+	assert_error(404, "model", "model_not_found", "/v1/models/gpt-9", NULL);
+	assert_error(404, "model", "model_not_found", "/v1/models/tiny%2Fother", NULL);
+}
+
+/* ---- the wire: framing, timeouts, the connection limit (raw sockets) ---- */
+
+static double mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int raw_connect(uint16_t port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	assert_true(fd >= 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+struct wire {
+	char out[16384];
+	size_t n;
+	int closed;                  /* the server closed (or reset) the connection */
+	double secs;                 /* until it closed, or the wait ended */
+};
+
+/* Write @p req on @p fd while reading what comes back, until the server closes
+ * the connection or @p wait_s passes. A server that answers and closes
+ * before it read everything is fine: the rest is not sent. */
+static void wire_talk(int fd, const char *req, size_t len, double wait_s, struct wire *w)
+{
+	double t0 = mono_s();
+	size_t sent = 0;
+
+	memset(w, 0, sizeof(*w));
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = POLLIN | (sent < len ? POLLOUT : 0)};
+		double left = t0 + wait_s - mono_s();
+
+		if (left <= 0)
+			break;
+		if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
+			continue;
+		if ((p.revents & POLLOUT) && sent < len) {
+			ssize_t k = send(fd, req + sent, len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+			if (k > 0)
+				sent += (size_t)k;
+			else if (k < 0 && errno != EAGAIN)
+				sent = len; /* the server is gone: read what it said */
+		}
+		if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+			ssize_t k = recv(fd, w->out + w->n, sizeof(w->out) - 1 - w->n, MSG_DONTWAIT);
+
+			if (k > 0) {
+				w->n += (size_t)k;
+				w->out[w->n] = 0;
+			} else if (k == 0 || (errno != EAGAIN && errno != EINTR)) {
+				w->closed = 1;
+				break;
+			}
+		}
+	}
+	w->secs = mono_s() - t0;
+}
+
+static void wire(uint16_t port, const char *req, size_t len, double wait_s, struct wire *w)
+{
+	int fd = raw_connect(port);
+
+	wire_talk(fd, req, len, wait_s, w);
+	close(fd);
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+		n++;
+	return n;
+}
+
+/* The one answer's JSON error code (asserts there is exactly one answer). */
+static void assert_one_json_error(const struct wire *w, const char *status_line, const char *code)
+{
+	const char *b = strstr(w->out, "\r\n\r\n");
+	json_t *j;
+
+	if (strncmp(w->out, status_line, strlen(status_line)))
+		fprintf(stderr, "got: %.300s\n", w->out);
+	assert_true(!strncmp(w->out, status_line, strlen(status_line)));
+	assert_int_equal(count_of(w->out, "HTTP/1.1 "), 1);
+	assert_non_null(strcasestr(w->out, "\r\nContent-Type: application/json\r\n"));
+	assert_non_null(b);
+	j = json_loads(b + 4, 0, NULL);
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), code);
+	json_decref(j);
+}
+
+static void content_lengths_two_readers_could_frame_differently_are_refused_and_closed(void **state)
+{
+	uint16_t port = ctrl_http_port(g_http);
+	const char *smuggled = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+	char req[1024];
+	struct wire w;
+	int n;
+
+	(void)state;
+	fake_reset();
+	/* A proxy that takes the last Content-Length sees one request; MHD
+	 * would take the first and run the body as a second request. */
+	n = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+		     "Content-Length: %zu\r\n\r\n%s", strlen(smuggled), smuggled);
+	wire(port, req, (size_t)n, 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 400 ", "invalid_content_length");
+	assert_non_null(strcasestr(w.out, "\r\nConnection: close\r\n"));
+	assert_true(w.closed);
+	n = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+		     "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+	wire(port, req, (size_t)n, 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 400 ", "invalid_content_length");
+	assert_true(w.closed);
+	n = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n");
+	wire(port, req, (size_t)n, 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 501 ", "unsupported_transfer_encoding");
+	/* the same length twice frames the body one way only: served */
+	n = snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n"
+		     "Connection: close\r\n\r\n");
+	wire(port, req, (size_t)n, 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	assert_int_equal(atomic_load(&g_fake.live), 0);
+}
+
+/*
+ * libmicrohttpd refuses these itself, before any handler runs: the status is
+ * right and the connection closed, but the body is its own HTML (and for a
+ * bad Content-Length, 0.9.75 writes its status line twice): ctrl/API.md
+ * "Errors" says so. Pinned here: the status and the close.
+ */
+static void malformed_lengths_and_huge_headers_or_urls_are_refused_and_closed(void **state)
+{
+	uint16_t port = ctrl_http_port(g_http);
+	static const char *const cl[][2] = {
+		{"-5", "HTTP/1.1 400 "}, {"abc", "HTTP/1.1 400 "}, {"99999999999999999999999", "HTTP/1.1 413 "},
+		{"99999999999", "HTTP/1.1 413 "}, /* fits in 64 bits: ours, JSON */
+	};
+	size_t big = 1 << 20;
+	char *req = malloc(big + 256);
+	struct wire w;
+	int n;
+
+	(void)state;
+	fake_reset();
+	for (size_t i = 0; i < sizeof(cl) / sizeof(cl[0]); i++) {
+		n = snprintf(req, 256, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n{}", cl[i][0]);
+		wire(port, req, (size_t)n, 5, &w);
+		assert_true(!strncmp(w.out, cl[i][1], strlen(cl[i][1])));
+		assert_true(w.closed);
+		if (i == 3)
+			assert_one_json_error(&w, cl[i][1], "request_too_large");
+	}
+	/* a 1 MiB header, a 1 MiB URL */
+	n = snprintf(req, 256, "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ");
+	memset(req + n, 'a', big);
+	memcpy(req + n + big, "\r\n\r\n", 4);
+	wire(port, req, (size_t)n + big + 4, 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 431 ", 13));
+	assert_true(w.closed);
+	n = snprintf(req, 256, "GET /");
+	memset(req + n, 'a', big);
+	n += snprintf(req + n + big, 64, " HTTP/1.1\r\nHost: x\r\n\r\n");
+	wire(port, req, (size_t)n + big, 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 414 ", 13));
+	assert_true(w.closed);
+	free(req);
+}
+
+/* A server of its own, with small limits. */
+static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeout_s, double req_timeout_s)
+{
+	struct ctrl_http_opts o;
+	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
+				       fake_ready, &g_fake, fake_admissible, &g_fake};
+	struct ctrl_http *h;
+	char err[256];
+
+	ctrl_http_opts_init(&o);
+	o.port = 0;
+	o.threads = 2;
+	o.model_name = "tiny";
+	o.max_context = CTX;
+	o.tok = g_tok;
+	o.max_connections = max_connections;
+	o.connection_timeout_s = conn_timeout_s;
+	o.request_timeout_s = req_timeout_s;
+	h = ctrl_http_start(&o, &be, err, sizeof(err));
+	if (!h)
+		fprintf(stderr, "%s\n", err);
+	assert_non_null(h);
+	return h;
+}
+
+static void idle_stalled_and_trickling_connections_are_closed_in_time(void **state)
+{
+	struct ctrl_http *h = start_small(64, 1, 2.5);
+	uint16_t port = ctrl_http_port(h);
+	const char *stalled = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":";
+	const char *slow = "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+	double t0;
+	struct wire w;
+	json_t *st;
+	int fd, closed = 0;
+
+	(void)state;
+	fake_reset();
+	/* idle: nothing sent */
+	wire(port, "", 0, 10, &w);
+	assert_true(w.closed);
+	assert_int_equal(w.n, 0);
+	assert_true(w.secs > 0.8 && w.secs < 3);
+	/* a Content-Length larger than the body: closed, not answered after 40 s */
+	wire(port, stalled, strlen(stalled), 10, &w);
+	assert_true(w.closed);
+	assert_true(w.secs > 0.8 && w.secs < 3);
+	/* a byte every 0.3 s is never idle for 1 s: the request deadline ends it */
+	fd = raw_connect(port);
+	t0 = mono_s();
+	for (size_t i = 0; i < strlen(slow) && mono_s() - t0 < 10; i++) {
+		if (send(fd, slow + i, 1, MSG_NOSIGNAL) != 1) {
+			closed = 1;
+			break;
+		}
+		wire_talk(fd, "", 0, 0.3, &w);
+		if (w.closed) {
+			closed = 1;
+			break;
+		}
+	}
+	close(fd);
+	assert_true(closed);
+	assert_true(mono_s() - t0 > 2.3 && mono_s() - t0 < 4.5);
+	/* a request waiting for its tokens longer than both is not idle */
+	{
+		char body[256], req[512];
+		int n = snprintf(body, sizeof(body), "{\"model\":\"tiny\",\"prompt\":\"slow\",\"max_tokens\":200}");
+
+		atomic_store(&g_fake.token_us, 20000); /* 200 tokens: 4 s */
+		n = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", n, body);
+		wire(port, req, (size_t)n, 15, &w);
+		assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+		assert_non_null(strstr(w.out, "\"completion_tokens\":200"));
+		atomic_store(&g_fake.token_us, 200);
+	}
+	{
+		struct ctrl_http *keep = g_http;
+
+		g_http = h;
+		wait_idle();
+		g_http = keep;
+	}
+	st = ctrl_http_stats_json(h);
+	assert_true(json_integer_value(json_object_get(json_object_get(st, "http"), "slow_requests_closed_total")) >= 1);
+	json_decref(st);
+	ctrl_http_stop(h);
+}
+
+static void connections_beyond_max_connections_get_a_503_json_and_are_closed(void **state)
+{
+	struct ctrl_http *h = start_small(3, 30, 30);
+	uint16_t port = ctrl_http_port(h);
+	const char *get = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+	const char *live = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n";
+	int idle[3];
+	struct wire w;
+	json_t *st;
+
+	(void)state;
+	fake_reset();
+	for (int i = 0; i < 3; i++)
+		idle[i] = raw_connect(port);
+	usleep(100000); /* MHD accepts them */
+	wire(port, get, strlen(get), 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 503 ", "too_many_connections");
+	assert_non_null(strcasestr(w.out, "\r\nConnection: close\r\n"));
+	assert_true(w.closed);
+	/* a liveness probe still answers */
+	wire(port, live, strlen(live), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	/* at the limit again: served */
+	close(idle[0]);
+	usleep(100000);
+	wire(port, get, strlen(get), 2, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	close(idle[1]);
+	close(idle[2]);
+	st = ctrl_http_stats_json(h);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(st, "http"), "connections_refused_total")), 1);
+	json_decref(st);
+	ctrl_http_stop(h);
+}
+
 static int setup(void **state)
 {
 	struct ctrl_http_opts o;
-	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL};
+	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
+				       fake_ready, &g_fake, fake_admissible, &g_fake};
 	char err[256];
 	int32_t eos[4];
 
@@ -871,6 +1381,15 @@ int main(int argc, char **argv)
 		cmocka_unit_test(models_tokenize_and_detokenize_agree),
 		cmocka_unit_test(stats_metrics_and_dashboard_are_served),
 		cmocka_unit_test(latency_histograms_count_what_was_served_and_polls_are_not_client_requests),
+		cmocka_unit_test(health_answers_503_naming_what_is_down_while_livez_stays_200),
+		cmocka_unit_test(a_request_the_kv_pool_could_never_hold_is_a_400_before_any_byte_is_streamed),
+		cmocka_unit_test(response_ids_are_unique_even_for_seeded_requests_in_one_second),
+		cmocka_unit_test(parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default),
+		cmocka_unit_test(a_model_is_retrieved_by_its_id_and_another_id_is_a_404),
+		cmocka_unit_test(content_lengths_two_readers_could_frame_differently_are_refused_and_closed),
+		cmocka_unit_test(malformed_lengths_and_huge_headers_or_urls_are_refused_and_closed),
+		cmocka_unit_test(idle_stalled_and_trickling_connections_are_closed_in_time),
+		cmocka_unit_test(connections_beyond_max_connections_get_a_503_json_and_are_closed),
 	};
 	int rc;
 

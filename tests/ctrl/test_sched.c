@@ -172,6 +172,91 @@ static void a_small_pool_carries_48_requests_to_the_end_and_a_huge_one_is_reject
 	ctrl_chain_destroy(c);
 }
 
+/* ctrl_sched_admissible() says at once what drain_inbox would reject, in
+ * the same words; the dispatcher answers for its largest pool and sends a
+ * request only where it fits. */
+static void what_could_never_be_admitted_is_said_before_submit_in_the_words_of_the_rejection(void **state)
+{
+	struct ctrl_fake_chain_opts fo;
+	struct ctrl_chain *c = fake(2, 8, 8), *cs, *cd[2];
+	struct ctrl_sched *s, *ss, *sd[2];
+	struct ctrl_dispatch *d;
+	struct ctrl_sched_opts o;
+	static struct rec ok, no, via[8];
+	int32_t prompt[16];
+	char err[320];
+
+	(void)state;
+	ctrl_sched_opts_init(&o);
+	o.spec = 0;
+	s = sched(c, &o);
+	make_prompt(prompt, 9, 5, 64);
+	/* 8 blocks of 16: 9 + 120 - 1 = 128 positions fit, one more needs a 9th block */
+	assert_int_equal(ctrl_sched_admissible(s, 9, 120, err, sizeof(err)), 120);
+	assert_string_equal(err, "");
+	assert_int_equal(ctrl_sched_admissible(s, 9, 121, err, sizeof(err)), 120);
+	assert_non_null(strstr(err, "needs 9 KV blocks"));
+	assert_non_null(strstr(err, "pool holds 8 blocks"));
+	assert_int_equal(ctrl_sched_admissible(s, 129, 1, NULL, 0), 0);
+	memset(&ok, 0, sizeof(ok));
+	memset(&no, 0, sizeof(no));
+	assert_true(submit_rec(s, &ok, prompt, 9, 120, 0.0f, 0) > 0);
+	assert_true(submit_rec(s, &no, prompt, 9, 121, 0.0f, 0) > 0);
+	assert_true(drive(s, 100000) > 0);
+	assert_int_equal(ok.finish, CTRL_FINISH_LENGTH);
+	assert_int_equal(ok.n, 120);
+	assert_int_equal(no.finish, CTRL_FINISH_ERROR);
+	assert_string_equal(no.msg, err);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+
+	/* a sequence's positions: 4 blocks a slot hold 64 */
+	ctrl_fake_chain_opts_init(&fo);
+	fo.max_blocks_per_slot = 4;
+	cs = ctrl_fake_chain_create(&fo);
+	assert_non_null(cs);
+	ss = sched(cs, &o);
+	assert_int_equal(ctrl_sched_admissible(ss, 9, 56, err, sizeof(err)), 55);
+	assert_non_null(strstr(err, "needs 65 positions"));
+	ctrl_sched_destroy(ss);
+	ctrl_chain_destroy(cs);
+
+	/* replicas of 4 and 8 blocks: 100 positions fit only the second, which gets them all */
+	for (int k = 0; k < 2; k++) {
+		o.id_tag = (uint8_t)k;
+		cd[k] = fake(1, 8, k ? 8 : 4);
+		sd[k] = sched(cd[k], &o);
+	}
+	d = ctrl_dispatch_create(sd, 2);
+	assert_non_null(d);
+	assert_int_equal(ctrl_dispatch_admissible(d, 9, 100, err, sizeof(err)), 120);
+	assert_int_equal(ctrl_dispatch_admissible(d, 9, 130, err, sizeof(err)), 120);
+	assert_non_null(strstr(err, "pool holds 8 blocks"));
+	memset(via, 0, sizeof(via));
+	for (int i = 0; i < 8; i++) {
+		struct ctrl_request rq;
+
+		ctrl_request_init(&rq);
+		rq.prompt = prompt;
+		rq.n_prompt = 9;
+		rq.max_tokens = 91;
+		rq.cb = rec_cb;
+		rq.cb_arg = &via[i];
+		via[i].id = ctrl_dispatch_submit(d, &rq);
+		assert_true(via[i].id > 0);
+		assert_int_equal(via[i].id & 0xff, 1);
+	}
+	for (long k = 0; k < 1000000 && !ctrl_dispatch_drained(d); k++)
+		assert_true(ctrl_dispatch_poll(d) >= 0);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(via[i].finish, CTRL_FINISH_LENGTH);
+	ctrl_dispatch_destroy(d);
+	for (int k = 0; k < 2; k++) {
+		ctrl_sched_destroy(sd[k]);
+		ctrl_chain_destroy(cd[k]);
+	}
+}
+
 static void every_request_matches_its_solo_greedy_run_with_and_without_speculation(void **state)
 {
 	enum { N = 24 };
@@ -903,6 +988,7 @@ int main(void)
 		cmocka_unit_test(replicas_share_the_load_and_each_output_matches_its_solo_run),
 		cmocka_unit_test(submit_and_cancel_from_four_threads_while_the_scheduler_runs),
 		cmocka_unit_test(bad_requests_are_refused_at_submit),
+		cmocka_unit_test(what_could_never_be_admitted_is_said_before_submit_in_the_words_of_the_rejection),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
