@@ -256,10 +256,11 @@ const struct cfg_key g_cfg_keys[] = {
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
 
-/* The file also holds the worker's [worker] and the dataplane's [dp] sections; their variables
+/* The file also holds the worker's [worker] (and each instance's [worker.K]) and the dataplane's
+ * [dp] sections; their variables
  * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (KVFERRY_CUDA_PDL, the shm
  * fallback directory, the ring fence) are not ctrld's. */
-static const char *const foreign_sections[] = {"worker", "dp", NULL};
+static const char *const foreign_sections[] = {"worker", "worker.", "dp", NULL};
 static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_PDL", "KVFERRY_SHM_DIR",
 				       "KVFERRY_RING_FENCE", NULL};
 

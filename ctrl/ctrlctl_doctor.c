@@ -118,16 +118,17 @@ static void check_hugepages(struct doctor *d)
 	char where[512];
 
 	if (total <= 0)
-		report(d, DR_WARN, "hugepages", "dpdk-hugepages.py --setup 2G (or echo 1024 > /proc/sys/vm/nr_hugepages; "
-		       "persist it in /etc/dpdk/dpdk.conf)",
+		report(d, DR_WARN, "hugepages", "kvferry-setup hugepages reserve 2G (dpdk-hugepages.py, persisted in "
+		       "/etc/dpdk/dpdk.conf)",
 		       "none reserved: the dataplane and the region fall back to ordinary shared memory");
 	else
-		report(d, freep > 0 ? DR_OK : DR_WARN, "hugepages", "dpdk-hugepages.py --setup 4G (reserve more)",
+		report(d, freep > 0 ? DR_OK : DR_WARN, "hugepages", "kvferry-setup hugepages reserve 4G (reserve more)",
 		       "%ld pages of %ld kB reserved, %ld free", total, size, freep);
 	if (hugetlbfs_mount(where, sizeof(where)))
 		report(d, DR_OK, "hugetlbfs", NULL, "mounted on %s", where);
 	else
-		report(d, DR_WARN, "hugetlbfs", "mkdir -p /dev/hugepages && mount -t hugetlbfs none /dev/hugepages",
+		report(d, DR_WARN, "hugetlbfs", "kvferry-setup hugepages reserve 2G (mounts /dev/hugepages for the kvferry "
+		       "group)",
 		       "not mounted");
 }
 
@@ -142,9 +143,11 @@ static void check_nic(struct doctor *d)
 		report(d, DR_WARN, "iommu", "boot with intel_iommu=on (or amd_iommu=on) iommu=pt",
 		       "no IOMMU groups: vfio-pci cannot take a NIC (net_memif and net_af_packet still work)");
 	if (bound < 0)
-		report(d, DR_WARN, "vfio-pci", "modprobe vfio-pci", "the vfio-pci driver is not loaded");
+		report(d, DR_WARN, "vfio-pci", "modprobe vfio-pci (kvferry-setup nic bind IFACE loads it)",
+		       "the vfio-pci driver is not loaded");
 	else if (bound == 0)
-		report(d, DR_WARN, "nic", "dpdk-devbind.py --bind=vfio-pci IFACE (persist it in /etc/dpdk/interfaces)",
+		report(d, DR_WARN, "nic", "kvferry-setup nic bind IFACE (dpdk-devbind.py --bind=vfio-pci, persisted in "
+		       "/etc/dpdk/interfaces)",
 		       "no device bound to vfio-pci: the dataplane needs a NIC, or a vdev (net_memif, net_af_packet)");
 	else
 		report(d, DR_OK, "nic", NULL, "%d device(s) bound to vfio-pci", bound);

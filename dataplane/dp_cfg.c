@@ -72,9 +72,9 @@ static const struct cfg_key keys[] = {
 };
 
 static const char *const sections[] = { "dp", NULL };
-/* ctrld's and the worker's sections of the same file */
+/* ctrld's and the worker's sections of the same file ([worker.K]: kvferry-worker@K's own) */
 static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "dataplane", "pd", "worker",
-				       NULL };
+				       "worker.", NULL };
 
 static const struct cfg_table table = {
 	.program = "kvferry-dataplane",

@@ -2,6 +2,12 @@
 /*
  * kvferry-worker's configuration table ([worker] in kvferry.conf,
  * KVFERRY_WK_* variables, flags) and its reading (worker_cfg.h).
+ *
+ * One node runs one worker per stage, each from the same file:
+ * kvferry-worker@K.service passes --instance K, which reads [worker.K] over
+ * [worker] (the settings every stage shares there, its hops and device in
+ * its own section), and makes "stageK" its role unless one is set: two
+ * workers of one role would claim one liveness slot and one area prefix.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -64,7 +70,7 @@ static const struct cfg_key keys[] = {
 };
 
 static const char *const sections[] = { "worker", NULL };
-/* ctrld's sections of the same file */
+/* ctrld's and the dataplane's sections of the same file */
 static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "dataplane", "pd", "dp", NULL };
 
 static const struct cfg_table table = {
@@ -76,6 +82,7 @@ static const struct cfg_table table = {
 	.env_prefix = "KVFERRY_WK_",
 	.env_skip = NULL,
 	.settings_size = sizeof(struct wk_settings),
+	.instances = 1,
 };
 
 int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct cfg **cfgp, char *err,
@@ -87,6 +94,7 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	} required[] = { { "region", "KVFERRY_WK_REGION", OFF(region) }, { "model", "KVFERRY_WK_MODEL", OFF(model) },
 			 { "in", "KVFERRY_WK_IN", OFF(in) }, { "out", "KVFERRY_WK_OUT", OFF(out) } };
 	const struct wk_settings *s;
+	const char *inst;
 	struct cfg *c;
 	int done = cfg_load_daemon(&table, "usage: kvferry-worker --region NAME --model DIR --in HOP --out HOP "
 				   "[options]", argc, argv, NULL, &c, err, errlen);
@@ -94,11 +102,26 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	*cfgp = NULL;
 	if (done < 0 || c == NULL)
 		return done;
+	inst = cfg_instance(c);
+	if (inst != NULL && cfg_source(c, "role", NULL) == CFG_SRC_DEFAULT) {
+		char role[CFG_INSTANCE_MAX + 8];
+
+		snprintf(role, sizeof(role), "stage%s", inst);
+		if (cfg_set(c, "role", role, CFG_SRC_DEFAULT, "--instance", err, errlen)) {
+			cfg_free(c);
+			return -EINVAL;
+		}
+	}
 	s = cfg_settings(c);
 	for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++) {
 		if (!*((const char *)s + required[k].off)) {
-			snprintf(err, errlen, "%s is not set: give --%s, %s or [worker] %s", required[k].key,
-				 required[k].key, required[k].env, required[k].key);
+			if (inst != NULL)
+				snprintf(err, errlen, "%s is not set: give --%s, %s, [worker] %s or [worker.%s] %s",
+					 required[k].key, required[k].key, required[k].env, required[k].key, inst,
+					 required[k].key);
+			else
+				snprintf(err, errlen, "%s is not set: give --%s, %s or [worker] %s", required[k].key,
+					 required[k].key, required[k].env, required[k].key);
 			cfg_free(c);
 			return -EINVAL;
 		}

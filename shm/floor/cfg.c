@@ -7,7 +7,9 @@
  * Every key holds its value in the program's settings struct plus the layer
  * and the origin text that set it. A set from a weaker layer than the
  * current one is ignored, which makes the result independent of the order
- * layers are read.
+ * layers are read. An instance's section ([worker.0]) is one more pass over
+ * the file after the base sections, at the file's layer: it wins over
+ * [worker] whichever comes first in the file.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -27,6 +29,7 @@ struct cfg {
 	void *v;                       /* [settings_size] */
 	enum cfg_source *src;          /* [n_keys] */
 	char (*origin)[ORIGIN_LEN];    /* [n_keys] */
+	char instance[CFG_INSTANCE_MAX]; /* --instance NAME, or "" */
 };
 
 void cfg_errf(char *err, size_t errlen, const char *f, ...)
@@ -306,22 +309,53 @@ static char *trim(char *s)
 	return s;
 }
 
+/* Is @p s one of @p list: a name, or a prefix ending in '.' ("worker.")? */
 static int in_names(const char *const *list, const char *s)
 {
-	for (; list && *list; list++)
-		if (strcmp(*list, s) == 0)
+	for (; list && *list; list++) {
+		size_t l = strlen(*list);
+
+		if ((*list)[l - 1] == '.' ? strncmp(*list, s, l) == 0 && s[l] : strcmp(*list, s) == 0)
 			return 1;
+	}
 	return 0;
 }
 
-int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, size_t errlen)
+static int instance_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n >= CFG_INSTANCE_MAX)
+		return 0;
+	for (; *s; s++)
+		if (!isalnum((unsigned char)*s) && *s != '_' && *s != '-')
+			return 0;
+	return 1;
+}
+
+/* The instance NAME of section @p sec when it is [BASE.NAME] of a table with
+ * instances (BASE: its first section), else NULL. */
+static const char *instance_of(const struct cfg_table *t, const char *sec)
+{
+	size_t l = strlen(t->sections[0]);
+
+	if (!t->instances || strncmp(sec, t->sections[0], l) != 0 || sec[l] != '.')
+		return NULL;
+	return sec + l + 1;
+}
+
+/* One pass over the file: @p instance NULL reads the table's sections and
+ * skips every instance's; otherwise only [BASE.instance] is read. */
+static int load_file(struct cfg *c, const char *path, int must_exist, const char *instance, char *err,
+		     size_t errlen)
 {
 	const struct cfg_table *t = c->t;
 	FILE *f = fopen(path, "r");
 	char *line = NULL, *section = NULL;
+	const char *inst;
 	size_t cap = 0;
 	ssize_t n;
-	int lineno = 0, rc = 0, foreign = 0;
+	int lineno = 0, rc = 0, foreign = instance != NULL;
 	char origin[ORIGIN_LEN];
 
 	if (!f) {
@@ -355,8 +389,19 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 				rc = -ENOMEM;
 				goto out;
 			}
-			foreign = in_names(t->foreign_sections, section);
-			if (!foreign && !in_names(t->sections, section)) {
+			inst = instance_of(t, section);
+			if (inst != NULL && !instance_name_ok(inst)) {
+				cfg_errf(err, errlen, "%s: malformed section header [%s]: an instance's section is "
+				    "[%s.NAME], NAME of letters, digits, '_' and '-'", origin, section, t->sections[0]);
+				rc = -EINVAL;
+				goto out;
+			}
+			/* the base pass skips every instance, an instance's pass all but its own */
+			if (instance != NULL)
+				foreign = inst == NULL || strcmp(inst, instance) != 0;
+			else
+				foreign = inst != NULL || in_names(t->foreign_sections, section);
+			if (!foreign && inst == NULL && !in_names(t->sections, section)) {
 				char list[256];
 				size_t o = 0;
 
@@ -393,7 +438,8 @@ int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, si
 			val++;
 		}
 		k = find_key(t, key, NULL);
-		if (k && section && strcmp(k->section, section) != 0) {
+		if (k && section && strcmp(k->section, section) != 0
+		    && (instance == NULL || strcmp(k->section, t->sections[0]) != 0)) {
 			cfg_errf(err, errlen, "%s: key '%s' belongs in section [%s], not [%s]", origin, key,
 			    k->section, section);
 			rc = -EINVAL;
@@ -412,6 +458,37 @@ out:
 	free(line);
 	fclose(f);
 	return rc;
+}
+
+int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, size_t errlen)
+{
+	return load_file(c, path, must_exist, NULL, err, errlen);
+}
+
+int cfg_load_file_instance(struct cfg *c, const char *path, int must_exist, const char *instance, char *err,
+			   size_t errlen)
+{
+	int rc;
+
+	if (instance == NULL || !*instance)
+		return load_file(c, path, must_exist, NULL, err, errlen);
+	if (!c->t->instances) {
+		cfg_errf(err, errlen, "%s has no instances (--instance %s)", c->t->program, instance);
+		return -EINVAL;
+	}
+	if (!instance_name_ok(instance)) {
+		cfg_errf(err, errlen, "invalid instance name '%s' (--instance): 1-%d letters, digits, '_' or '-'",
+			 instance, CFG_INSTANCE_MAX - 1);
+		return -EINVAL;
+	}
+	snprintf(c->instance, sizeof(c->instance), "%s", instance);
+	rc = load_file(c, path, must_exist, NULL, err, errlen);
+	return rc ? rc : load_file(c, path, must_exist, instance, err, errlen);
+}
+
+const char *cfg_instance(const struct cfg *c)
+{
+	return c->instance[0] ? c->instance : NULL;
 }
 
 /* Is variable @p e (its name @p nl bytes long) one of @p list: a name, or a
@@ -528,13 +605,15 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 		    const char *const *skip, struct cfg **out, char *err, size_t errlen)
 {
 	static const char *const bare[] = { "--help", "-h", "--print-config", "--check", "--version", NULL };
-	const char *all_skip[8] = { "--config" }, *path = getenv("KVFERRY_CONFIG");
+	const char *all_skip[9] = { "--config" }, *path = getenv("KVFERRY_CONFIG"), *instance = NULL;
 	int must = path != NULL && *path, check = 0, rc;
 	size_t ns = 1;
 	struct cfg *c;
 
 	*out = NULL;
-	for (; skip != NULL && *skip != NULL && ns < 7; skip++)
+	if (t->instances)
+		all_skip[ns++] = "--instance";
+	for (; skip != NULL && *skip != NULL && ns < 8; skip++)
 		all_skip[ns++] = *skip;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -545,6 +624,9 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 			       "  --check                  check the configuration and exit\n"
 			       "  --version                print the version and exit\n",
 			       usage, t->sections[0], t->env_prefix, t->sections[0]);
+			if (t->instances)
+				printf("  --instance NAME          also read [%s.NAME], over [%s] (%s@NAME.service)\n",
+				       t->sections[0], t->sections[0], t->program);
 			cfg_print_usage(t, stdout);
 			return 1;
 		}
@@ -565,6 +647,14 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 			path = argv[++i], must = 1;
 		} else if (!strncmp(argv[i], "--config=", 9)) {
 			path = argv[i] + 9, must = 1;
+		} else if (t->instances && !strcmp(argv[i], "--instance")) {
+			if (i + 1 == argc) {
+				cfg_errf(err, errlen, "option --instance needs a name");
+				return -EINVAL;
+			}
+			instance = argv[++i];
+		} else if (t->instances && !strncmp(argv[i], "--instance=", 11)) {
+			instance = argv[i] + 11;
 		}
 	}
 	c = cfg_new(t);
@@ -572,7 +662,8 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 		cfg_errf(err, errlen, "out of memory reading the configuration");
 		return -ENOMEM;
 	}
-	rc = cfg_load_file(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, err, errlen);
+	rc = cfg_load_file_instance(c, path != NULL && *path ? path : "/etc/kvferry/kvferry.conf", must, instance,
+				    err, errlen);
 	if (!rc)
 		rc = cfg_load_env(c, environ, err, errlen);
 	if (!rc)

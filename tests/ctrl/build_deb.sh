@@ -10,6 +10,8 @@
 #  - a man page for every program and kvferry.conf(5), each listing exactly
 #    the options the program's --help lists;
 #  - systemd-analyze verify accepts the units (their man: links resolve);
+#    kvferry.target holds the node's units, none root, ctrld and the
+#    workers within exposure 5 (systemd-analyze security);
 #  - maintainer scripts: debhelper's systemd handling, purge keeps models;
 #  - the packaged daemons accept the packaged configuration.
 #   build_deb.sh SOURCE_ROOT BUILD_DIR
@@ -44,14 +46,16 @@ grep -qE '^[EW]: ' "$tmp/lintian.out" && fail "lintian --pedantic reports errors
 echo "ok    lintian --pedantic: no error, no warning ($(grep -cE '^[PI]: ' "$tmp/lintian.out") info/pedantic notes)"
 
 dep=$(dpkg-deb -f "$deb" Depends)
-for d in libhugetlbfs0 libisal2 librte-eal librte-ethdev librte-ring libjansson4 libmicrohttpd12 libsystemd0 adduser; do
+# ... and the DPDK drivers the dataplane dlopen()s, which shlibs cannot see
+for d in libhugetlbfs0 libisal2 librte-eal librte-ethdev librte-ring libjansson4 libmicrohttpd12 libsystemd0 adduser \
+         librte-mempool-ring librte-net-memif librte-net-af-packet; do
   grep -q "\b$d" <<<"$dep" || fail "Depends lacks $d: $dep"
 done
 grep -qiE 'cuda|cublas' <<<"$dep" && fail "kvferry depends on CUDA ($dep): it must install on a node without a GPU"
 grep -q -- '-march=native' "$log" && fail "the package was compiled with -march=native (meson -Dnative=false)"
 grep -q 'native *: *false' "$log" || fail "the build log does not show meson's native: false"
 dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x"
-for b in "$tmp"/root/usr/bin/*; do
+for b in "$tmp"/root/usr/bin/* "$tmp"/root/usr/sbin/*; do
   readelf -d "$b" 2>/dev/null | grep -qE 'RUNPATH|RPATH' && fail "$(basename "$b") has a RUNPATH: $(readelf -d "$b" | grep PATH)"
   readelf -d "$b" 2>/dev/null | grep -qE 'libcu(da|blas)' && fail "$(basename "$b") links CUDA"
 done
@@ -63,7 +67,7 @@ echo "ok    Depends from shlibs: $dep"
 bin=$tmp/root/usr/bin man=$tmp/root/usr/share/man
 render() { MANWIDTH=400 man --nh --nj -l "$1" 2>/dev/null; }
 flags() { grep -oE -- '--[a-z][a-z0-9-]*[a-z0-9]' | sort -u; }
-for b in "$bin"/*; do
+for b in "$bin"/* "$tmp"/root/usr/sbin/*; do
   p=$(basename "$b")
   page=$(ls "$man"/man[18]/"$p".[18].gz 2>/dev/null | head -1)
   [ -n "$page" ] || fail "$p has no man page"
@@ -84,7 +88,9 @@ for d in kvferry-ctrld kvferry-worker kvferry-dataplane; do
     grep -qE "^ {7}$k = " <<<"$conf_page" || fail "kvferry.conf(5) has no entry for $d's key $k"
   done
 done
-echo "ok    a man page for each of $(ls "$bin" | wc -l) programs and kvferry.conf(5), matching --help and --print-config"
+[ -x "$tmp/root/usr/sbin/kvferry-setup" ] || fail "kvferry-setup is not in /usr/sbin"
+progs=("$bin"/* "$tmp"/root/usr/sbin/*)
+echo "ok    a man page for each of ${#progs[@]} programs and kvferry.conf(5), matching --help and --print-config"
 
 # systemd-analyze verify, in a root holding the package and this machine's
 # own units; man: links resolve against the package's pages only.
@@ -107,6 +113,11 @@ grep -q "adduser --system" "$tmp/ctl/postinst" || fail "postinst does not create
 grep -q "deb-systemd-helper" "$tmp/ctl/postinst" || fail "postinst lacks debhelper's deb-systemd-helper snippet"
 grep -q "deb-systemd-invoke try-restart" "$tmp/ctl/postinst" || fail "postinst does not restart the daemons after an upgrade"
 grep -q "deb-systemd-invoke stop" "$tmp/ctl/prerm" || fail "prerm does not stop the daemons on remove"
+# the node's target is stopped on remove and restarted (with the workers, PartOf=) after an upgrade
+grep -q "deb-systemd-invoke stop kvferry.target 'kvferry-worker@\*.service'" "$tmp/ctl/prerm" \
+  || fail "prerm does not stop kvferry.target and the worker instances"
+grep -A3 "try-restart" "$tmp/ctl/postinst" | grep -q "kvferry.target" || fail "postinst does not try-restart kvferry.target"
+grep -q "kvferry-worker@\*.service" "$tmp/ctl/postrm" || fail "purge leaves the enabled worker instances' links"
 grep -q "systemd-tmpfiles.*--create kvferry.conf" "$tmp/ctl/postinst" || fail "postinst does not create /run/kvferry (tmpfiles.d)"
 code=$(grep -v '^[[:space:]]*#' "$tmp/ctl/postrm")
 grep -q "/var/lib/kvferry" <<<"$code" && fail "postrm touches /var/lib/kvferry (the models)"
@@ -117,15 +128,34 @@ echo "ok    conffile, system user, deb-systemd-helper/-invoke, restart after upg
 
 r=$tmp/root
 grep -q "^Type=notify" "$r/lib/systemd/system/kvferry-ctrld.service" || fail "kvferry-ctrld.service is not Type=notify"
+[ -f "$r/lib/systemd/system/kvferry.target" ] || fail "no kvferry.target"
+grep -q "^Wants=kvferry-ctrld.service" "$r/lib/systemd/system/kvferry.target" || fail "kvferry.target does not want ctrld"
 for u in kvferry-ctrld kvferry-dataplane kvferry-worker@; do
   # a configuration error (exit 2) is not retried every 2 s forever; the daemons read kvferry.conf
   grep -q "^RestartPreventExitStatus=2" "$r/lib/systemd/system/$u.service" || fail "$u.service restarts on a config error"
   grep -q "^ExecStart=.*--config /etc/kvferry/kvferry.conf" "$r/lib/systemd/system/$u.service" \
     || fail "$u.service does not read /etc/kvferry/kvferry.conf"
+  # one target brings up the node, and stops it
+  grep -q "^WantedBy=kvferry.target" "$r/lib/systemd/system/$u.service" || fail "$u.service is not enabled into kvferry.target"
+  grep -q "^PartOf=kvferry.target" "$r/lib/systemd/system/$u.service" || fail "$u.service is not PartOf=kvferry.target"
+  # none is root: /run/kvferry keeps its owner, the regions are the group's
+  grep -q "^User=kvferry" "$r/lib/systemd/system/$u.service" || fail "$u.service runs as root"
 done
-# only ctrld's unit owns /run/kvferry: a root dataplane start must not chown it away from ctrlctl's group
-! grep -q "^RuntimeDirectory=" "$r/lib/systemd/system/kvferry-dataplane.service" \
-  || fail "kvferry-dataplane.service takes /run/kvferry (RuntimeDirectory)"
+grep -q "^ExecStart=.* --instance %i" "$r/lib/systemd/system/kvferry-worker@.service" \
+  || fail "kvferry-worker@.service does not read its instance's [worker.%i]"
+# only ctrld's unit owns /run/kvferry: another unit's RuntimeDirectory would reset its owner or mode
+for u in kvferry-dataplane kvferry-worker@; do
+  ! grep -q "^RuntimeDirectory=" "$r/lib/systemd/system/$u.service" \
+    || fail "$u.service takes a RuntimeDirectory (only ctrld's unit owns /run/kvferry)"
+done
+# confined: systemd-analyze security rates ctrld and the workers at most 5 (tests/pkg pins each unit)
+for u in kvferry-ctrld.service kvferry-worker@.service; do
+  e=$(cd "$r/lib/systemd/system" && systemd-analyze security --offline=yes "$u" 2>/dev/null |
+      sed -n 's/^→ Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
+  [ -n "$e" ] || { echo "      (systemd-analyze security --offline is not available: exposure not checked)"; break; }
+  awk -v e="$e" 'BEGIN { exit !(e <= 5) }' || fail "$u is exposed at $e (systemd-analyze security), above 5"
+done
+[ -f "$r/usr/share/doc/kvferry/examples/kvferry-worker@.service.d/cuda.conf" ] || fail "no CUDA drop-in in the examples"
 grep -q "^d /run/kvferry 0750 kvferry kvferry" "$r/usr/lib/tmpfiles.d/kvferry.conf" || fail "tmpfiles.d does not create /run/kvferry"
 conf=$r/etc/kvferry/kvferry.conf
 # Every key is there, commented, with its default: uncommented it must still parse.
@@ -156,4 +186,4 @@ done
 out=$("$bin/kvferry-generate" --model "$tmp/model" --prompt "Hello" --max-tokens 4 2>&1) \
   || fail "the packaged kvferry-generate: $out"
 grep -q "^ids:" <<<"$out" || fail "the packaged kvferry-generate printed no ids: $out"
-echo "ok    units, tmpfiles.d, the packaged config and the packaged CPU engine"
+echo "ok    kvferry.target and its units, tmpfiles.d, the packaged config and the packaged CPU engine"

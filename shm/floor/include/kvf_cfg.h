@@ -16,6 +16,10 @@
  *  - One file serves every program: the sections another program owns
  *    (cfg_table.foreign_sections) are skipped, an unknown one is an error;
  *    so are the variables of another program's prefix (env_skip).
+ *  - A program with instances (cfg_table.instances: one process per
+ *    instance, like kvferry-worker@NAME.service) reads [SECTION.NAME] over
+ *    [SECTION] when started with --instance NAME, wherever the two stand in
+ *    the file; the other instances' sections are skipped.
  *
  * Threading: a configuration is built by one thread; once built, any number
  * of threads may read it.
@@ -81,11 +85,16 @@ struct cfg_table {
 	const struct cfg_key *keys;
 	size_t n_keys;
 	const char *const *sections;         /**< its own, in the order --print-config writes them */
-	const char *const *foreign_sections; /**< other programs' sections in the same file: skipped */
+	const char *const *foreign_sections; /**< other programs' sections in the same file: skipped; an
+					      *   entry ending in '.' names a prefix ("worker.": [worker.0] ...) */
 	const char *env_prefix;              /**< its variables start so ("KVFERRY_WK_") */
 	const char *const *env_skip;         /**< names or prefixes (ending in _) of others: skipped */
 	size_t settings_size;                /**< sizeof its settings struct */
+	int instances;                       /**< 1: [sections[0].NAME] are per-instance (--instance NAME) */
 };
+
+/** Longest instance name (--instance), NUL included: [A-Za-z0-9_-], as a systemd instance. */
+#define CFG_INSTANCE_MAX 64
 
 struct cfg;
 
@@ -111,10 +120,21 @@ int cfg_set(struct cfg *c, const char *key, const char *value, enum cfg_source s
 /**
  * Read an INI file (`key = value`, `[section]`, `#`/`;` comments, values in
  * optional double quotes). @p must_exist 0: a missing file is not an error.
+ * In a table with instances, every [SECTION.NAME] is skipped.
  * @return 0, -ENOENT, -EIO, -EINVAL (syntax, unknown key or section, bad
  *         value), -ERANGE; @p err is "path:line: ...".
  */
 int cfg_load_file(struct cfg *c, const char *path, int must_exist, char *err, size_t errlen);
+
+/**
+ * cfg_load_file(), then the file's [SECTION.@p instance] (SECTION: the
+ * table's first section) over what [SECTION] set: an instance's own value
+ * wins wherever its section stands. @p instance NULL or "" is
+ * cfg_load_file(). A table without instances refuses an instance.
+ * @return as cfg_load_file(); -EINVAL also for a bad instance name.
+ */
+int cfg_load_file_instance(struct cfg *c, const char *path, int must_exist, const char *instance, char *err,
+			   size_t errlen);
 
 /** Apply the program's KVFERRY_* variables of @p envp; one of its prefix naming no key is an error. */
 int cfg_load_env(struct cfg *c, char *const *envp, char *err, size_t errlen);
@@ -131,14 +151,18 @@ int cfg_load_args(struct cfg *c, int argc, char *const *argv, const char *const 
  * A daemon's whole start-up read, in one call: --help (usage line @p usage,
  * the standard flags, then every key), --print-config, or the layers: the
  * file (--config PATH, else KVFERRY_CONFIG, else /etc/kvferry/kvferry.conf
- * when it exists), the program's variables, the flags (@p skip: the
- * caller's own flags that take a value, besides --config).
+ * when it exists; with --instance NAME in a table with instances, its
+ * [SECTION.NAME] too), the program's variables, the flags (@p skip: the
+ * caller's own flags that take a value, besides --config and --instance).
  * @return 0 with @p *out set; 1 when --help / --print-config was served
  *         (@p *out NULL) or --check was asked (@p *out set: check, then say
  *         so); < 0 with @p err filled (@p *out NULL).
  */
 int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char *const *argv,
 		    const char *const *skip, struct cfg **out, char *err, size_t errlen);
+
+/** The instance cfg_load_daemon() read (--instance NAME), or NULL. */
+const char *cfg_instance(const struct cfg *c);
 
 /** Where @p key came from (@p origin may be NULL). @return the source, or -ENOENT. */
 int cfg_source(const struct cfg *c, const char *key, const char **origin);
