@@ -137,6 +137,10 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_CUDA_ATTN", "--cuda-attn", cuda_attn_names, NULL,
 	 "cuda: attention kernel: auto (tensor-core tile kernel on plans > 16 columns, column kernel "
 	 "below), column or tile everywhere"},
+	{"cuda_module", "engine", CFG_STRING, OFF(cuda_module), "", 0, 0,
+	 "KVFERRY_CUDA_MODULE", "--cuda-module", NULL, NULL,
+	 "cuda: the CUDA backend's module, kvferry-cuda.so (empty: beside the program, else the "
+	 "kvferry-cuda package's)"},
 	{"plans", "engine", CFG_STRING, OFF(plans), "auto", 0, 0,
 	 "KVFERRY_PLANS", "--plans", NULL, check_plans,
 	 "step widths each stage compiles (a launch pads to the next one; prefill-only launches "

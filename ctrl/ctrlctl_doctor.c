@@ -11,7 +11,9 @@
  * --config), /proc/meminfo and /proc/mounts (hugepages), /sys (IOMMU
  * groups, vfio-pci and the devices bound to it, NVIDIA devices), the
  * process's memlock limit, the model directory (opened as ctrld opens it),
- * the TCP ports (bound for a moment), the runtime directory.
+ * the TCP ports (bound for a moment), the runtime directory, the units'
+ * memlock limits (systemctl show), the CUDA backend's module (kvferry-cuda:
+ * loaded, the driver's and runtime's CUDA versions, the GPUs it sees).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +34,7 @@
 #include "ctrl_config.h"
 #include "ctrlctl_doctor.h"
 #include "kn_model.h"
+#include "kn_stage.h"
 #include "kn_tok.h"
 
 enum { DR_OK = 0, DR_WARN = 1, DR_FAIL = 2 };
@@ -166,6 +169,44 @@ static void check_memlock(struct doctor *d)
 		       "%llu kB for this shell: pinned buffers may fail to lock", (unsigned long long)rl.rlim_cur / 1024);
 }
 
+/* The units' own limits, as systemd will apply them (only where systemd runs
+ * and the units are installed): the dataplane (vfio DMA mappings) and the
+ * workers (the CUDA engine pins the region) lock what they map. */
+static void check_unit_memlock(struct doctor *d)
+{
+	static const char *const units[] = { "kvferry-dataplane.service", "kvferry-worker@0.service", NULL };
+
+	if (access("/run/systemd/system", F_OK) != 0)
+		return;
+	for (int i = 0; units[i]; i++) {
+		char cmd[160], line[160] = "";
+		snprintf(cmd, sizeof(cmd), "systemctl show -P LoadState -P LimitMEMLOCK %s 2>/dev/null", units[i]);
+		FILE *f = popen(cmd, "r");
+		char state[160] = "";
+		if (!f)
+			return;
+		/* systemctl show prints the properties in its own order; the
+		 * load state is a word, the limit a number or "infinity" */
+		for (int k = 0; k < 2 && fgets(cmd, sizeof(cmd), f); k++) {
+			cmd[strcspn(cmd, "\n")] = '\0';
+			if (!strcmp(cmd, "loaded") || !strcmp(cmd, "not-found") || !strcmp(cmd, "masked")
+			    || !strcmp(cmd, "error") || !strcmp(cmd, "bad-setting"))
+				snprintf(state, sizeof(state), "%s", cmd);
+			else
+				snprintf(line, sizeof(line), "%s", cmd);
+		}
+		pclose(f);
+		if (strcmp(state, "loaded") != 0)
+			continue;
+		if (!strcmp(line, "infinity") || strtoull(line, NULL, 10) >= (1ull << 30))
+			report(d, DR_OK, "unit memlock", NULL, "%s: LimitMEMLOCK=%s", units[i], line);
+		else
+			report(d, DR_WARN, "unit memlock",
+			       "systemctl edit UNIT: [Service] LimitMEMLOCK=infinity (the packaged units set it)",
+			       "%s: LimitMEMLOCK=%s: pinned buffers may fail to lock", units[i], line);
+	}
+}
+
 static void check_model(struct doctor *d, const struct ctrl_settings *s)
 {
 	char err[1024];
@@ -258,6 +299,45 @@ static void check_gpu(struct doctor *d, const struct ctrl_settings *s)
 		       "no /dev/nvidia0%s", cuda ? ": backend = cuda cannot run here" : " (backend = cpu)");
 }
 
+/* The CUDA backend's module (package kvferry-cuda), loaded as a stage
+ * would load it: where from, the driver's and the runtime's CUDA, GPUs. */
+static void check_cuda(struct doctor *d, const struct ctrl_settings *s)
+{
+	int cuda = s->backend == CTRL_CFG_BACKEND_CUDA;
+	struct kn_cuda_info ci;
+	char err[768];
+	int rc = kn_cuda_open(s->cuda_module, &ci, err, sizeof(err));
+
+	if (rc == -ENODEV && !cuda) {
+		report(d, DR_OK, "cuda", NULL, "kvferry-cuda not installed (backend = cpu: not needed)");
+		return;
+	}
+	if (rc < 0) {
+		report(d, cuda ? DR_FAIL : DR_WARN, "cuda",
+		       rc == -ENODEV ? "apt install kvferry-cuda (with NVIDIA's cuda-cudart-13-0 and libcublas-13-0)"
+		       : rc == -ENOENT ? "set [engine] cuda_module to the module's path, or empty to search"
+				       : "install NVIDIA's CUDA 13 runtime and cuBLAS, and kvferry-cuda of kvferry's version",
+		       "%s", err);
+		return;
+	}
+	if (ci.driver_version == 0 || ci.devices == 0) {
+		report(d, cuda ? DR_FAIL : DR_WARN, "cuda", "install NVIDIA's driver (nvidia-smi lists the GPUs), or set backend = cpu",
+		       "%s: runtime CUDA %d.%d, but %s", ci.module, ci.runtime_version / 1000,
+		       ci.runtime_version % 1000 / 10, ci.driver_version == 0 ? "no driver" : "no GPU visible");
+		return;
+	}
+	if (ci.driver_version < ci.runtime_version) {
+		report(d, cuda ? DR_FAIL : DR_WARN, "cuda", "upgrade NVIDIA's driver to one for CUDA 13 or later",
+		       "%s: the driver supports CUDA %d.%d, the runtime needs %d.%d", ci.module,
+		       ci.driver_version / 1000, ci.driver_version % 1000 / 10, ci.runtime_version / 1000,
+		       ci.runtime_version % 1000 / 10);
+		return;
+	}
+	report(d, DR_OK, "cuda", NULL, "%s: driver CUDA %d.%d, runtime %d.%d, %d GPU(s)%s", ci.module,
+	       ci.driver_version / 1000, ci.driver_version % 1000 / 10, ci.runtime_version / 1000,
+	       ci.runtime_version % 1000 / 10, ci.devices, cuda ? "" : " (backend = cpu: not used)");
+}
+
 int ctrlctl_doctor(int argc, char **argv, int as_json)
 {
 	extern char **environ;
@@ -290,6 +370,7 @@ int ctrlctl_doctor(int argc, char **argv, int as_json)
 	check_hugepages(&d);
 	check_nic(&d);
 	check_memlock(&d);
+	check_unit_memlock(&d);
 	if (s != NULL) {
 		check_model(&d, s);
 		check_port(&d, "http port", s->listen_address, (int)s->port);
@@ -297,6 +378,7 @@ int ctrlctl_doctor(int argc, char **argv, int as_json)
 			check_port(&d, "bootstrap", s->listen_address, (int)s->bootstrap_port);
 		check_runtime(&d, s);
 		check_gpu(&d, s);
+		check_cuda(&d, s);
 	}
 	if (as_json) {
 		json_t *o = json_pack("{s:o, s:i, s:i}", "checks", d.rows, "failed", d.failed, "warned", d.warned);

@@ -2,8 +2,9 @@
 /*
  * The kn_stage API: option and input checks shared by every backend, the host
  * block table, and dispatch through the backend vtable (kn_stage_impl.h).
- * It sits above the backends (kn_cpu.c, cuda/engine.cu), which build on the
- * base in kn_stage_base.c: no backend calls back into this file.
+ * It sits above the backends (kn_cpu.c, and cuda/engine.cu in the module
+ * kvferry-cuda.so that kn_cuda_load.c opens), which build on the base in
+ * kn_stage_base.c: no backend calls back into this file.
  * Doing the checks here, once, is what makes "a bad step is refused the same
  * way on CPU and CUDA" hold.
  */
@@ -14,7 +15,7 @@
 #include <string.h>
 
 #include "kn_err.h"
-#include "kvf_config.h"
+#include "kn_cuda_module.h"
 #include "kn_stage_impl.h"
 
 struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
@@ -55,14 +56,11 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 	switch (be) {
 	case KN_BACKEND_CPU:
 		return kn_cpu_stage_create(m, o, err, errlen);
-	case KN_BACKEND_CUDA:
-#if KVF_HAVE_CUDA
-		return kn_cuda_stage_create(m, o, err, errlen);
-#else
-		kn_seterr(err, errlen, "kn_stage_create: this build has no CUDA engine (rebuild with -Dcuda=enabled and /usr/local/cuda present, or use the cpu backend)");
-		errno = ENODEV;
-		return NULL;
-#endif
+	case KN_BACKEND_CUDA: {
+		/* the engine is a module of its own (kn_cuda_load.c) */
+		const struct kn_cuda_module *cm = kn_cuda_module_get(o->cuda_module, err, errlen);
+		return cm ? cm->stage_create(m, o, err, errlen) : NULL;
+	}
 	}
 	kn_seterr(err, errlen, "kn_stage_create: unknown backend %d", (int)be);
 	errno = EINVAL;

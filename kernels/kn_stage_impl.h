@@ -124,7 +124,7 @@ static inline int32_t kn_stage_block(const struct kn_stage *s, int32_t slot, int
 struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_stage_opts *o,
 				     char *err, size_t errlen);
 
-/** The CUDA engine (kernels/cuda/), present when KVF_HAVE_CUDA. */
+/** The CUDA engine (kernels/cuda/), in the module kvferry-cuda.so or linked into the CUDA tests. */
 struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_stage_opts *o,
 				      char *err, size_t errlen);
 

@@ -121,6 +121,10 @@ struct kn_stage_opts {
 	                                   1 = column kernel everywhere; 2 = tile kernel everywhere
 	                                   (head_dim 256 always runs the column kernel).
 	                                   KVFERRY_CUDA_ATTN=column|tile overrides */
+	const char *cuda_module;      /**< the CUDA backend's module (kvferry-cuda.so): NULL or ""
+	                                   to look beside the program, in the build tree it runs
+	                                   from, then in the installed module folder; the first
+	                                   kn_stage_create() of the process that needs it loads it */
 };
 
 /** Fill @p o with defaults: whole model, 64 slots, 256 blocks/slot, plans {8, 64}, auto pool. */
@@ -139,6 +143,42 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 
 /** Destroy a stage; NULL is a no-op. */
 void kn_stage_destroy(struct kn_stage *s);
+
+/**
+ * The CUDA backend lives in a loadable module, kvferry-cuda.so (package
+ * kvferry-cuda), so that no program of the kvferry package needs NVIDIA's
+ * libraries: a node without a GPU runs every daemon. A program linked with
+ * the engine itself (the CUDA tests and benchmarks) uses that copy.
+ */
+struct kn_cuda_info {
+	char module[512];    /**< where the module was loaded from ("linked in" when static) */
+	int devices;         /**< GPUs the CUDA runtime sees (0: none, or no driver) */
+	int driver_version;  /**< cudaDriverGetVersion(): 13000 is CUDA 13.0; 0 without a driver */
+	int runtime_version; /**< cudaRuntimeGetVersion() of the module's runtime */
+};
+
+/**
+ * Load the CUDA backend's module (once per process; later calls answer from
+ * the first) and describe it.
+ * @param path  the module's file (kn_stage_opts.cuda_module), or NULL/"" to search
+ * @param info  filled on success (may be NULL)
+ * @return 0, or -ENODEV (not installed: @p err names where it looked and the
+ *         package to install), -ENOENT (@p path does not exist), -ELIBBAD (it
+ *         cannot be loaded, e.g. NVIDIA's runtime is missing, or it was built
+ *         for another kvferry: @p err names both versions).
+ * Thread-safe.
+ */
+int kn_cuda_open(const char *path, struct kn_cuda_info *info, char *err, size_t errlen);
+
+/**
+ * Pin @p len bytes at @p p for the CUDA engine's DMA (cudaHostRegister), or
+ * undo it. Loads the module as kn_cuda_open() does.
+ * @return 0, or a kn_cuda_open() error, or -EIO (@p err has CUDA's message).
+ * Thread-safe.
+ */
+int kn_stage_pin(void *p, size_t len, const char *cuda_module, char *err, size_t errlen);
+/** @return 0, or -ENODEV when no module was loaded. Thread-safe. */
+int kn_stage_unpin(void *p);
 
 /** What a stage holds, for reporting and for pool negotiation. */
 struct kn_stage_info {

@@ -52,9 +52,6 @@
 #include "worker_cfg.h"
 #include "worker_hop.h"
 #include "worker_int.h"
-#if KVF_HAVE_CUDA
-#include "kn_cuda.h"
-#endif
 
 static_assert(sizeof(struct kn_column) == SHM_MB_COL_BYTES, "column record size");
 static_assert(sizeof(struct kn_op) == SHM_MB_OP_BYTES, "op record size");
@@ -181,15 +178,18 @@ static void report(struct worker *w, const char *when)
  * start, proportional to the region (page-table walk). @return 0 or -errno. */
 static int pin_region(struct worker *w)
 {
-#if KVF_HAVE_CUDA
-	char err[256];
+	char err[512];
 	uint64_t t0 = kvf_mono_ns();
-	int rc = kn_cuda_host_register(shm_region_base(w->reg), shm_region_size(w->reg), err, sizeof(err));
+	int rc = kn_stage_pin(shm_region_base(w->reg), shm_region_size(w->reg), w->o.cuda_module, err, sizeof(err));
 
-	if (rc < 0) {
-		WK_ERR(w, "kn_cuda_host_register(region %s, %zu bytes) failed: %s: check the CUDA driver "
-		       "(nvidia-smi) and that the region fits the pinned-memory limit (ulimit -l)", w->o.region,
+	if (rc == -EIO) {
+		WK_ERR(w, "pinning region %s (%zu bytes) failed: %s: check the CUDA driver (nvidia-smi) and "
+		       "that the region fits the pinned-memory limit (ulimit -l, LimitMEMLOCK=)", w->o.region,
 		       shm_region_size(w->reg), err);
+		return rc;
+	}
+	if (rc < 0) {
+		WK_ERR(w, "%s", err);
 		return rc;
 	}
 	w->pinned = 1;
@@ -197,20 +197,12 @@ static int pin_region(struct worker *w)
 	        shm_region_size(w->reg) / 1048576.0, shm_region_is_huge(w->reg) ? "hugepages" : "4 KiB pages",
 	        (double)(kvf_mono_ns() - t0) / 1e6);
 	return 0;
-#else
-	/* kn_stage_create() refuses the cuda backend on this build with the
-	 * rebuild hint; nothing to pin. */
-	WK_WARN(w, "region %s not pinned: this build has no CUDA engine (KVF_HAVE_CUDA=0)", w->o.region);
-	return 0;
-#endif
 }
 
 static void unpin_region(struct worker *w)
 {
-#if KVF_HAVE_CUDA
 	if (w->pinned)
-		kn_cuda_host_unregister(shm_region_base(w->reg));
-#endif
+		kn_stage_unpin(shm_region_base(w->reg));
 	w->pinned = 0;
 }
 

@@ -57,6 +57,9 @@ static const struct cfg_key keys[] = {
 	{ "cuda_attn", "worker", CFG_ENUM, OFF(cuda_attn), "auto", 0, 2, "KVFERRY_WK_CUDA_ATTN", "--cuda-attn",
 	  cuda_attn_names, NULL, "cuda: attention kernel: auto (tile kernel on plans > 16 columns, column "
 	  "kernel below), column or tile everywhere" },
+	{ "cuda_module", "worker", CFG_STRING, OFF(cuda_module), "", 0, 0, "KVFERRY_WK_CUDA_MODULE",
+	  "--cuda-module", NULL, NULL, "cuda: the CUDA backend's module, kvferry-cuda.so (empty: beside the "
+	  "program, else the kvferry-cuda package's)" },
 	{ "wait", "worker", CFG_INT, OFF(wait_s), "60", 0, 86400, "KVFERRY_WK_WAIT", "--wait", NULL, NULL,
 	  "seconds to wait for the region to appear" },
 	{ "depth", "worker", CFG_INT, OFF(depth), "0", 0, KN_STEP_DEPTH, "KVFERRY_WK_DEPTH", "--depth", NULL,
@@ -141,6 +144,7 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->out = s->out;
 	o->role = s->role;
 	o->trace = s->trace;
+	o->cuda_module = s->cuda_module;
 	o->backend = s->backend == 1 ? KN_BACKEND_CUDA : KN_BACKEND_CPU;
 	o->node = (int32_t)s->node;
 	o->threads = (int32_t)s->threads;

@@ -19,12 +19,12 @@ struct wk_settings {
 	int64_t backend;  /* 0 cpu, 1 cuda */
 	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
 	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /* kn_stage_opts' CUDA kernel choices */
-	char trace[CFG_STRLEN];
+	char trace[CFG_STRLEN], cuda_module[CFG_STRLEN];
 };
 
 /* What the daemon runs with, defaults resolved for the backend. */
 struct wk_opts {
-	const char *region, *model, *in, *out, *role, *trace;
+	const char *region, *model, *in, *out, *role, *trace, *cuda_module;
 	enum kn_backend backend;
 	int32_t node, threads, device, wait_s, depth, spin_us;
 	int32_t cuda_gemv, cuda_wide_x, cuda_attn;

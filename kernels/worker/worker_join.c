@@ -95,6 +95,7 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	so.cuda_gemv = w->o.cuda_gemv;
 	so.cuda_wide_x = w->o.cuda_wide_x;
 	so.cuda_attn = w->o.cuda_attn;
+	so.cuda_module = w->o.cuda_module;
 	kn_model_range_tensors(w->m, a->layer_start, a->layer_end, &n_t, &t_bytes);
 	WK_INFO(w, "loading stage %d: layers %d..%d of %d%s%s: %d tensors, %.1f MiB from %s (%s backend)",
 	        idx, a->layer_start, a->layer_end, cfg->n_layers, a->layer_start == 0 ? " + embedding" : "",

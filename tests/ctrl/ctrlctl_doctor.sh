@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ctrlctl doctor against hand-made good and bad states: a node with a
 # loadable model passes (exit 0); a missing model, a bad value and a port
-# another program holds are each named with the fix; --json says the same.
+# another program holds are each named with the fix; --json says the same;
+# the CUDA backend's module, missing or unloadable, FAILs for backend = cuda
+# naming the path and NVIDIA's packages, and only WARNs for backend = cpu.
 #   ctrlctl_doctor.sh CTRLCTL KVFERRY_MKMODEL
 set -u
 ctl=$1 mk=$2
@@ -57,3 +59,19 @@ assert j["failed"] == sum(c["result"] == "FAIL" for c in j["checks"]) >= 1, j
 assert all(c["result"] in ("OK", "WARN", "FAIL") for c in j["checks"]), j
 PY
 echo "ok    --json carries each check, its result, detail and fix"
+
+# the CUDA backend's module (package kvferry-cuda), loaded as a stage loads it
+conf "$tmp/model" 0
+doctor KVFERRY_BACKEND=cuda KVFERRY_CUDA_MODULE="$tmp/none/kvferry-cuda.so"; rc=$?
+[ $rc = 1 ] || fail "backend = cuda without its module: exit $rc, not 1"
+grep -q "^FAIL  cuda .*$tmp/none/kvferry-cuda.so: No such file" "$tmp/out" || fail "the missing module is not named"
+grep -A1 "^FAIL  cuda" "$tmp/out" | grep -q "fix: set \[engine\] cuda_module" || fail "no fix for the module path"
+echo "not a module" >"$tmp/bad.so"
+doctor KVFERRY_BACKEND=cuda KVFERRY_CUDA_MODULE="$tmp/bad.so"; rc=$?
+[ $rc = 1 ] || fail "backend = cuda with a bad module: exit $rc, not 1"
+grep -q "^FAIL  cuda .*dlopen($tmp/bad.so) failed: .*cuda-cudart-13-0 and libcublas-13-0" "$tmp/out" \
+  || fail "a module that does not load is not named with NVIDIA's packages"
+doctor KVFERRY_CUDA_MODULE="$tmp/none/kvferry-cuda.so"; rc=$?
+[ $rc = 0 ] || fail "backend = cpu: a missing CUDA module must not fail the node (exit $rc)"
+grep -q "^WARN  cuda" "$tmp/out" || fail "backend = cpu: the missing configured module is not a WARN"
+echo "ok    the CUDA module: missing or unloadable FAILs for backend = cuda naming the path and the packages, WARNs for cpu"

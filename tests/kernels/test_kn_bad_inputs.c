@@ -418,6 +418,34 @@ static void bad_stage_options_are_refused(void **state)
 	kn_model_close(m);
 }
 
+/* The CUDA backend's module (kvferry-cuda.so): a path that is not there, or
+ * a file that is not a module, is refused naming it, and nothing is loaded
+ * (a later call may still find the real one). */
+static void a_cuda_module_that_is_missing_or_not_a_module_is_named(void **state)
+{
+	struct fixture *f = *state;
+	char err[768], bad[600];
+	struct kn_cuda_info ci;
+
+	assert_int_equal(kn_cuda_open("/nonexistent/kvferry-cuda.so", &ci, err, sizeof(err)), -ENOENT);
+	assert_non_null(strstr(err, "/nonexistent/kvferry-cuda.so"));
+	snprintf(bad, sizeof(bad), "%s/config.json", f->good); /* a file, not a module */
+	assert_int_equal(kn_cuda_open(bad, &ci, err, sizeof(err)), -ELIBBAD);
+	assert_non_null(strstr(err, bad));
+	assert_non_null(strstr(err, "libcublas"));
+	/* a stage asked for on it fails the same way, with errno */
+	struct kn_model *m = kn_model_open(f->good, err, sizeof(err));
+	assert_non_null(m);
+	struct kn_stage_opts o;
+	kn_stage_opts_init(&o);
+	o.cuda_module = "/nonexistent/kvferry-cuda.so";
+	errno = 0;
+	assert_null(kn_stage_create(m, KN_BACKEND_CUDA, &o, err, sizeof(err)));
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(err, "cuda_module /nonexistent/kvferry-cuda.so"));
+	kn_model_close(m);
+}
+
 int main(void)
 {
 	if (kt_need_mkmodel())
@@ -437,6 +465,7 @@ int main(void)
 		T(bad_columns_and_ops_are_refused_and_write_nothing),
 		T(bad_stage_options_are_refused),
 		T(steps_in_flight_are_bounded_and_misuse_is_refused_by_name),
+		T(a_cuda_module_that_is_missing_or_not_a_module_is_named),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
