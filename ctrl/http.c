@@ -248,9 +248,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (*upload_size) {
 		if (!cs->too_big && cs->body.len + *upload_size > h->body_limit) {
 			cs->too_big = 1;
-			sbuf_free(&cs->body);
+			kvf_buf_free(&cs->body);
 		}
-		if (!cs->too_big && sbuf_add(&cs->body, upload, *upload_size))
+		if (!cs->too_big && kvf_buf_add(&cs->body, upload, *upload_size))
 			return MHD_NO;
 		*upload_size = 0;
 		return MHD_YES;
@@ -302,7 +302,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 		return;
 	if (cs->gen)
 		gen_connection_closed(cs->gen);
-	sbuf_free(&cs->body);
+	kvf_buf_free(&cs->body);
 	free(cs);
 	*con_cls = NULL;
 }
