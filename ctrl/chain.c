@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chain_out.h"
+#include "chain_int.h"
 #include "ctrl_chain.h"
 
 int ctrl_chain_info(struct ctrl_chain *c, struct ctrl_chain_info *info)
@@ -89,7 +89,29 @@ int ctrl_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, siz
 	return 0;
 }
 
-/* ---- a group's output, for the chains that keep one per group ---- */
+/* ---- the chains of kn_ stages (chain_int.h) ---- */
+
+int32_t chain_widest_plan(const struct kn_stage_opts *so)
+{
+	int32_t w = 0;
+
+	for (int32_t p = 0; p < so->n_plans; p++)
+		if (so->plan_widths[p] > w)
+			w = so->plan_widths[p];
+	return w;
+}
+
+void chain_info_init(struct ctrl_chain_info *info, const struct kn_model_config *cfg,
+		     const struct kn_stage_opts *so, int32_t n_stages, int32_t max_groups)
+{
+	info->n_stages = n_stages;
+	info->n_slots = so->n_slots;
+	info->max_blocks_per_slot = so->max_blocks_per_slot;
+	info->max_cols = chain_widest_plan(so);
+	info->max_groups = max_groups;
+	info->max_position = cfg->max_position;
+	info->vocab_size = cfg->vocab_size;
+}
 
 int chain_out_alloc(struct chain_out *o, int32_t max_cols)
 {

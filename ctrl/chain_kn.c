@@ -8,7 +8,7 @@
  *
  * Per-group buffers: columns, ops, two hidden-state buffers (stage i reads
  * hid[i % 2] and writes hid[(i + 1) % 2]), and the group's output
- * (chain_out.h): tokens, logprobs and the top logprobs ([n_cols][k], k the
+ * (chain_int.h): tokens, logprobs and the top logprobs ([n_cols][k], k the
  * most any column's KN_COL_TOPK asks for). A group is
  * at one stage at a time (one micro-batch per group in flight), so stages
  * never share a buffer at the same moment; the queue mutexes order the
@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "chain_out.h"
+#include "chain_int.h"
 #include "ctrl_chain.h"
 #include "kvf_clock.h"
 
@@ -428,17 +428,8 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		kn_stage_info(s->st, &s->info);
 	}
 	c->hidden = c->stg[0].info.hidden_size;
-	c->max_cols = 0;
-	for (int32_t p = 0; p < o->stage.n_plans; p++)
-		if (o->stage.plan_widths[p] > c->max_cols)
-			c->max_cols = o->stage.plan_widths[p];
-	c->info.n_stages = c->n_stages;
-	c->info.n_slots = o->stage.n_slots;
-	c->info.max_blocks_per_slot = o->stage.max_blocks_per_slot;
-	c->info.max_cols = c->max_cols;
-	c->info.max_groups = o->max_groups;
-	c->info.max_position = cfg->max_position;
-	c->info.vocab_size = cfg->vocab_size;
+	c->max_cols = chain_widest_plan(&o->stage);
+	chain_info_init(&c->info, cfg, &o->stage, c->n_stages, o->max_groups);
 	c->info.n_blocks = c->stg[0].info.n_blocks;
 	for (int32_t k = 1; k < c->n_stages; k++)
 		if (c->stg[k].info.n_blocks < c->info.n_blocks)

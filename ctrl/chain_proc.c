@@ -473,9 +473,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	for (int32_t k = 0; k < o->n_stages; k++)
 		fprintf(c->log, " stage %d = %d..%d", k, k == 0 ? 0 : c->ends[k - 1], c->ends[k]);
 	fprintf(c->log, "\n");
-	for (int32_t p = 0; p < o->stage.n_plans; p++)
-		if (o->stage.plan_widths[p] > c->max_cols)
-			c->max_cols = o->stage.plan_widths[p];
+	c->max_cols = chain_widest_plan(&o->stage);
 	c->max_ops = 4 * c->max_cols + 16; /* the scheduler's bound per micro-batch */
 	if (o->region_bytes > 0) {
 		struct shm_region_opts ro;
@@ -532,13 +530,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		e = -rc;
 		goto fail;
 	}
-	c->info.n_stages = o->n_stages;
-	c->info.n_slots = o->stage.n_slots;
-	c->info.max_blocks_per_slot = o->stage.max_blocks_per_slot;
-	c->info.max_cols = c->max_cols;
-	c->info.max_groups = o->max_groups;
-	c->info.max_position = cfg->max_position;
-	c->info.vocab_size = cfg->vocab_size;
+	chain_info_init(&c->info, cfg, &o->stage, o->n_stages, o->max_groups);
 	c->g = calloc((size_t)o->max_groups, sizeof(*c->g));
 	c->done = calloc((size_t)o->max_groups, sizeof(*c->done));
 	c->touched = calloc((size_t)o->stage.n_slots, 1);

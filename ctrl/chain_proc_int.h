@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "chain_out.h"
+#include "chain_int.h"
 #include "ctrl_chain.h"
 #include "ctrl_proc_chain.h"
 #include "shm_mb.h"
