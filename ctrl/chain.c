@@ -6,8 +6,10 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "chain_int.h"
 #include "ctrl_chain.h"
 
 int ctrl_chain_info(struct ctrl_chain *c, struct ctrl_chain_info *info)
@@ -85,4 +87,79 @@ int ctrl_chain_layers(int32_t n_layers, int32_t n, int32_t *ends, char *err, siz
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* ---- the chains of kn_ stages (chain_int.h) ---- */
+
+int32_t chain_widest_plan(const struct kn_stage_opts *so)
+{
+	int32_t w = 0;
+
+	for (int32_t p = 0; p < so->n_plans; p++)
+		if (so->plan_widths[p] > w)
+			w = so->plan_widths[p];
+	return w;
+}
+
+void chain_info_init(struct ctrl_chain_info *info, const struct kn_model_config *cfg,
+		     const struct kn_stage_opts *so, int32_t n_stages, int32_t max_groups)
+{
+	info->n_stages = n_stages;
+	info->n_slots = so->n_slots;
+	info->max_blocks_per_slot = so->max_blocks_per_slot;
+	info->max_cols = chain_widest_plan(so);
+	info->max_groups = max_groups;
+	info->max_position = cfg->max_position;
+	info->vocab_size = cfg->vocab_size;
+}
+
+int chain_out_alloc(struct chain_out *o, int32_t max_cols)
+{
+	size_t n = (size_t)max_cols;
+
+	o->tokens = calloc(n, sizeof(int32_t));
+	o->lps = calloc(n, sizeof(float));
+	o->cst = calloc(n, sizeof(int32_t));
+	o->top_ids = calloc(n * CTRL_CHAIN_MAX_LOGPROBS, sizeof(int32_t));
+	o->top_lps = calloc(n * CTRL_CHAIN_MAX_LOGPROBS, sizeof(float));
+	if (o->tokens == NULL || o->lps == NULL || o->cst == NULL || o->top_ids == NULL || o->top_lps == NULL)
+		return -ENOMEM;
+	return 0;
+}
+
+void chain_out_free(struct chain_out *o)
+{
+	free(o->tokens);
+	free(o->lps);
+	free(o->cst);
+	free(o->top_ids);
+	free(o->top_lps);
+}
+
+void chain_out_start(struct chain_out *o, int32_t n_cols)
+{
+	o->status = 0;
+	o->n_cols = n_cols;
+	o->n_failed = 0;
+	o->n_top = 0;
+	o->step_ns = 0;
+	o->err[0] = '\0';
+}
+
+void chain_out_fill(const struct chain_out *o, uint32_t group, struct ctrl_chain_result *r)
+{
+	int ok = o->status == 0;
+
+	r->group = group;
+	r->status = o->status;
+	r->n_cols = o->n_cols;
+	r->tokens = o->tokens;
+	r->logprobs = o->lps;
+	r->col_status = ok && o->n_failed > 0 ? o->cst : NULL;
+	r->n_failed_cols = ok ? o->n_failed : 0;
+	r->n_logprobs = ok ? o->n_top : 0;
+	r->top_ids = o->top_ids;
+	r->top_logprobs = o->top_lps;
+	r->step_ns = ok ? o->step_ns : 0;
+	memcpy(r->err, o->err, sizeof(r->err));
 }

@@ -7,8 +7,9 @@
  * micro-batches at once; otherwise submit() runs every stage inline.
  *
  * Per-group buffers: columns, ops, two hidden-state buffers (stage i reads
- * hid[i % 2] and writes hid[(i + 1) % 2]), tokens and logprobs, and the
- * top logprobs ([n_cols][k], k the most any column's KN_COL_TOPK asks for). A group is
+ * hid[i % 2] and writes hid[(i + 1) % 2]), and the group's output
+ * (chain_int.h): tokens, logprobs and the top logprobs ([n_cols][k], k the
+ * most any column's KN_COL_TOPK asks for). A group is
  * at one stage at a time (one micro-batch per group in flight), so stages
  * never share a buffer at the same moment; the queue mutexes order the
  * hand-offs.
@@ -25,23 +26,18 @@
 #include <string.h>
 #include <time.h>
 
+#include "chain_int.h"
 #include "ctrl_chain.h"
 #include "kvf_clock.h"
 
 struct kn_grp {
 	int busy;
-	int32_t n_cols, n_ops, ops_cap;
+	int32_t n_ops, ops_cap;
 	struct kn_column *cols;
 	struct kn_op *ops;
 	float *hid[2];
-	int32_t *tokens;
-	float *lps;
-	int32_t n_top;             /* k of the last step */
-	_Atomic uint64_t step_ns;  /* the slowest stage's step time */
-	int32_t *top_ids;          /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
-	float *top_lps;
-	int status;
-	char err[CTRL_CHAIN_ERRLEN];
+	_Atomic uint64_t step_ns;  /* the slowest stage's step time (out.step_ns once polled) */
+	struct chain_out out;      /* out.n_top: k of the last step; no column fails alone */
 };
 
 struct kn_chain;
@@ -95,42 +91,42 @@ static void stage_run(struct kn_chain *c, int32_t k, uint32_t gi)
 	uint64_t t0 = kvf_mono_ns();
 	int rc = kn_stage_apply_ops(s->st, g->ops, (size_t)g->n_ops);
 
-	if (rc < 0 && g->status == 0) {
-		g->status = rc;
-		snprintf(g->err, sizeof(g->err), "stage %d (layers %d..%d): kn_stage_apply_ops: %s", k,
+	if (rc < 0 && g->out.status == 0) {
+		g->out.status = rc;
+		snprintf(g->out.err, sizeof(g->out.err), "stage %d (layers %d..%d): kn_stage_apply_ops: %s", k,
 			 s->info.layer_start, s->info.layer_end, kn_stage_error(s->st));
 	}
-	if (g->status == 0) {
+	if (g->out.status == 0) {
 		int32_t k_top = 0;
 
-		for (int32_t i = 0; s->info.last && i < g->n_cols; i++)
+		for (int32_t i = 0; s->info.last && i < g->out.n_cols; i++)
 			if ((g->cols[i].flags & KN_COL_NEED_LOGIT) && KN_COL_TOPK(g->cols[i].flags) > k_top)
 				k_top = KN_COL_TOPK(g->cols[i].flags);
 		if (k_top > CTRL_CHAIN_MAX_LOGPROBS)
 			k_top = CTRL_CHAIN_MAX_LOGPROBS;
-		g->n_top = k_top;
+		g->out.n_top = k_top;
 
 		struct kn_step st = {
-			.n_cols = g->n_cols,
+			.n_cols = g->out.n_cols,
 			.cols = g->cols,
 			.hidden_in = s->info.first ? NULL : g->hid[k % 2],
 			.hidden_out = s->info.last ? NULL : g->hid[(k + 1) % 2],
-			.tokens_out = s->info.last ? g->tokens : NULL,
-			.token_logprob_out = s->info.last ? g->lps : NULL,
+			.tokens_out = s->info.last ? g->out.tokens : NULL,
+			.token_logprob_out = s->info.last ? g->out.lps : NULL,
 			.n_logprobs = k_top,
-			.top_ids_out = k_top > 0 ? g->top_ids : NULL,
-			.top_logprobs_out = k_top > 0 ? g->top_lps : NULL,
+			.top_ids_out = k_top > 0 ? g->out.top_ids : NULL,
+			.top_logprobs_out = k_top > 0 ? g->out.top_lps : NULL,
 		};
 
 		rc = kn_stage_step(s->st, &st);
 		if (rc < 0) {
-			g->status = rc;
-			snprintf(g->err, sizeof(g->err), "stage %d (layers %d..%d): kn_stage_step: %s", k,
+			g->out.status = rc;
+			snprintf(g->out.err, sizeof(g->out.err), "stage %d (layers %d..%d): kn_stage_step: %s", k,
 				 s->info.layer_start, s->info.layer_end, kn_stage_error(s->st));
 		}
 	}
 	atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&s->cols, (uint64_t)g->n_cols, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->cols, (uint64_t)g->out.n_cols, memory_order_relaxed);
 	t0 = kvf_mono_ns() - t0;
 	atomic_fetch_add_explicit(&s->busy_ns, t0, memory_order_relaxed);
 	if (t0 > atomic_load_explicit(&g->step_ns, memory_order_relaxed))
@@ -216,12 +212,9 @@ static int kc_submit(struct ctrl_chain *cc, uint32_t group, const struct kn_colu
 	memcpy(g->cols, cols, sizeof(*cols) * (size_t)n_cols);
 	if (n_ops > 0)
 		memcpy(g->ops, ops, sizeof(*ops) * (size_t)n_ops);
-	g->n_cols = n_cols;
+	chain_out_start(&g->out, n_cols);
 	g->n_ops = n_ops;
-	g->status = 0;
-	g->n_top = 0;
 	atomic_store_explicit(&g->step_ns, 0, memory_order_relaxed);
-	g->err[0] = '\0';
 	g->busy = 1;
 	if (!c->started) {
 		c->started = 1;
@@ -256,16 +249,8 @@ static int kc_poll(struct ctrl_chain *cc, struct ctrl_chain_result *out, int max
 		c->done_head = (c->done_head + 1) % c->o.max_groups;
 		c->done_n--;
 		g->busy = 0;
-		r->group = gi;
-		r->status = g->status;
-		r->n_cols = g->n_cols;
-		r->tokens = g->tokens;
-		r->logprobs = g->lps;
-		r->n_logprobs = g->status == 0 ? g->n_top : 0;
-		r->top_ids = g->top_ids;
-		r->top_logprobs = g->top_lps;
-		r->step_ns = atomic_load_explicit(&g->step_ns, memory_order_relaxed);
-		memcpy(r->err, g->err, sizeof(r->err));
+		g->out.step_ns = atomic_load_explicit(&g->step_ns, memory_order_relaxed);
+		chain_out_fill(&g->out, gi, r);
 	}
 	pthread_mutex_unlock(&c->done_mu);
 	return n;
@@ -361,10 +346,7 @@ static void kc_destroy(struct ctrl_chain *cc)
 			free(g->ops);
 			free(g->hid[0]);
 			free(g->hid[1]);
-			free(g->tokens);
-			free(g->lps);
-			free(g->top_ids);
-			free(g->top_lps);
+			chain_out_free(&g->out);
 		}
 	pthread_mutex_destroy(&c->done_mu);
 	free(c->done);
@@ -446,17 +428,8 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		kn_stage_info(s->st, &s->info);
 	}
 	c->hidden = c->stg[0].info.hidden_size;
-	c->max_cols = 0;
-	for (int32_t p = 0; p < o->stage.n_plans; p++)
-		if (o->stage.plan_widths[p] > c->max_cols)
-			c->max_cols = o->stage.plan_widths[p];
-	c->info.n_stages = c->n_stages;
-	c->info.n_slots = o->stage.n_slots;
-	c->info.max_blocks_per_slot = o->stage.max_blocks_per_slot;
-	c->info.max_cols = c->max_cols;
-	c->info.max_groups = o->max_groups;
-	c->info.max_position = cfg->max_position;
-	c->info.vocab_size = cfg->vocab_size;
+	c->max_cols = chain_widest_plan(&o->stage);
+	chain_info_init(&c->info, cfg, &o->stage, c->n_stages, o->max_groups);
 	c->info.n_blocks = c->stg[0].info.n_blocks;
 	for (int32_t k = 1; k < c->n_stages; k++)
 		if (c->stg[k].info.n_blocks < c->info.n_blocks)
@@ -470,12 +443,8 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		g->ops = malloc(sizeof(*g->ops) * (size_t)g->ops_cap);
 		g->hid[0] = malloc(hb);
 		g->hid[1] = malloc(hb);
-		g->tokens = malloc(sizeof(int32_t) * (size_t)c->max_cols);
-		g->lps = malloc(sizeof(float) * (size_t)c->max_cols);
-		g->top_ids = malloc(sizeof(int32_t) * (size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS);
-		g->top_lps = malloc(sizeof(float) * (size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS);
-		if (g->cols == NULL || g->ops == NULL || g->hid[0] == NULL || g->hid[1] == NULL
-		    || g->tokens == NULL || g->lps == NULL || g->top_ids == NULL || g->top_lps == NULL)
+		if (chain_out_alloc(&g->out, c->max_cols) < 0 || g->cols == NULL || g->ops == NULL
+		    || g->hid[0] == NULL || g->hid[1] == NULL)
 			goto fail_chain_nomem;
 	}
 	if (o->threaded) {

@@ -137,44 +137,45 @@ static void on_result(struct proc_chain *c, struct shm_mb_hdr *h, size_t len)
 	if (!g->busy || g->done || g->seq != h->seq)
 		return; /* a result for a group already failed */
 	if (shm_mb_check(h, len, c->max_cols, c->max_ops) < 0 || h->n_cols != g->n_sent) {
-		g->status = -EPROTO;
-		pc_fmt(g->err, sizeof(g->err), "a malformed result came back for group %u (%d columns, %zu bytes)",
+		g->out.status = -EPROTO;
+		pc_fmt(g->out.err, sizeof(g->out.err), "a malformed result came back for group %u (%d columns, %zu bytes)",
 		       h->group, h->n_cols, len);
 	} else {
 		const int32_t *t = shm_mb_payload(h);
 		const float *lp = (const float *)(t + h->n_cols);
 
-		g->status = h->status;
-		if (h->status < 0 || g->n_failed == 0) {
-			memcpy(g->err, h->err, sizeof(g->err) < sizeof(h->err) ? sizeof(g->err) : sizeof(h->err));
-			g->err[sizeof(g->err) - 1] = '\0';
+		g->out.status = h->status;
+		if (h->status < 0 || g->out.n_failed == 0) {
+			memcpy(g->out.err, h->err,
+			       sizeof(g->out.err) < sizeof(h->err) ? sizeof(g->out.err) : sizeof(h->err));
+			g->out.err[sizeof(g->out.err) - 1] = '\0';
 		}
 		int32_t k = h->version >= 2 && h->status == 0 ? h->n_logprobs : 0;
 
 		/* Back to the submitted order; left-out columns keep -1. */
 		for (int32_t j = 0; j < h->n_cols; j++) {
-			g->tokens[g->sent[j]] = t[j];
-			g->lps[g->sent[j]] = lp[j];
+			g->out.tokens[g->sent[j]] = t[j];
+			g->out.lps[g->sent[j]] = lp[j];
 		}
-		g->n_top = k;
+		g->out.n_top = k;
 		if (k > 0) {
 			const int32_t *ti = shm_mb_top_ids(h);
 			const float *tl = shm_mb_top_logprobs(h);
 
 			for (int32_t j = 0; j < h->n_cols; j++) {
-				memcpy(g->top_ids + (size_t)g->sent[j] * (size_t)k, ti + (size_t)j * (size_t)k,
+				memcpy(g->out.top_ids + (size_t)g->sent[j] * (size_t)k, ti + (size_t)j * (size_t)k,
 				       sizeof(int32_t) * (size_t)k);
-				memcpy(g->top_lps + (size_t)g->sent[j] * (size_t)k, tl + (size_t)j * (size_t)k,
+				memcpy(g->out.top_lps + (size_t)g->sent[j] * (size_t)k, tl + (size_t)j * (size_t)k,
 				       sizeof(float) * (size_t)k);
 			}
 		}
-		g->step_ns = 0;
+		g->out.step_ns = 0;
 		for (int32_t k = 0; k < c->o.n_stages; k++) {
 			c->sst[k].steps++;
 			c->sst[k].cols += (uint64_t)h->n_cols;
 			c->sst[k].busy_ns += (uint64_t)h->busy_us[k] * 1000u;
-			if ((uint64_t)h->busy_us[k] * 1000u > g->step_ns)
-				g->step_ns = (uint64_t)h->busy_us[k] * 1000u;
+			if ((uint64_t)h->busy_us[k] * 1000u > g->out.step_ns)
+				g->out.step_ns = (uint64_t)h->busy_us[k] * 1000u;
 		}
 	}
 	pc_push_done(c, h->group);
@@ -223,10 +224,10 @@ static void fail_local(struct proc_chain *c, uint32_t gi, const char *why)
 {
 	struct pc_grp *g = &c->g[gi];
 
-	g->status = -EPIPE;
-	pc_fmt(g->err, sizeof(g->err), "%s", why);
-	for (int32_t i = 0; i < g->n_cols; i++)
-		g->tokens[i] = -1;
+	g->out.status = -EPIPE;
+	pc_fmt(g->out.err, sizeof(g->out.err), "%s", why);
+	for (int32_t i = 0; i < g->out.n_cols; i++)
+		g->out.tokens[i] = -1;
 	pc_push_done(c, gi);
 }
 
@@ -253,14 +254,10 @@ static int submit_locked(struct ctrl_chain *cc, uint32_t group, const struct kn_
 	g = &c->g[group];
 	g->busy = 1;
 	g->done = 0;
-	g->n_cols = n_cols;
+	chain_out_start(&g->out, n_cols);
 	g->n_sent = n_cols;
-	g->n_failed = 0;
-	g->n_top = 0;
 	g->seq = ++c->seq;
 	g->t_submit = kvf_mono_ns();
-	g->status = 0;
-	g->err[0] = '\0';
 	if (c->t_first == 0)
 		c->t_first = g->t_submit;
 	for (int32_t i = 0; i < n_ops; i++)
@@ -279,18 +276,18 @@ static int submit_locked(struct ctrl_chain *cc, uint32_t group, const struct kn_
 			c->tainted[ops[i].slot] = 0;
 	h = pc_buf_at(c, (int32_t)group);
 	for (int32_t i = 0; i < n_cols; i++) {
-		g->tokens[i] = -1;
-		g->lps[i] = 0.0f;
-		g->cst[i] = 0;
+		g->out.tokens[i] = -1;
+		g->out.lps[i] = 0.0f;
+		g->out.cst[i] = 0;
 		if (!c->tainted[cols[i].slot]) {
 			g->sent[n_sent] = i;
 			memcpy((struct kn_column *)shm_mb_cols(h) + n_sent++, &cols[i], sizeof(*cols));
 			continue;
 		}
-		g->cst[i] = -EPIPE;
-		if (g->n_failed++ == 0) {
+		g->out.cst[i] = -EPIPE;
+		if (g->out.n_failed++ == 0) {
 			bad_slot = cols[i].slot;
-			pc_fmt(g->err, sizeof(g->err), "slot %d lost its KV cache when the chain re-formed after: %s",
+			pc_fmt(g->out.err, sizeof(g->out.err), "slot %d lost its KV cache when the chain re-formed after: %s",
 			       bad_slot, c->down_why);
 		}
 	}
@@ -309,7 +306,7 @@ static int submit_locked(struct ctrl_chain *cc, uint32_t group, const struct kn_
 		for (int32_t i = 0; i < n_cols; i++)
 			g->sent[i] = i;
 		n_sent = n_cols;
-		g->n_failed = 0;
+		g->out.n_failed = 0;
 		h->flags = SHM_MB_F_OPS_ONLY;
 		h->status = -EPIPE;
 		pc_fmt(h->err, sizeof(h->err), "slot %d lost its KV cache when the chain re-formed after: %s",
@@ -365,18 +362,7 @@ static int poll_locked(struct ctrl_chain *cc, struct ctrl_chain_result *out, int
 		c->done_n--;
 		g->busy = 0;
 		g->done = 0;
-		r->group = gi;
-		r->status = g->status;
-		r->n_cols = g->n_cols;
-		r->tokens = g->tokens;
-		r->logprobs = g->lps;
-		r->col_status = g->status == 0 && g->n_failed > 0 ? g->cst : NULL;
-		r->n_logprobs = g->status == 0 ? g->n_top : 0;
-		r->top_ids = g->top_ids;
-		r->top_logprobs = g->top_lps;
-		r->n_failed_cols = g->status == 0 ? g->n_failed : 0;
-		r->step_ns = g->status == 0 ? g->step_ns : 0;
-		memcpy(r->err, g->err, sizeof(r->err));
+		chain_out_fill(&g->out, gi, r);
 	}
 	return n;
 }
@@ -410,12 +396,8 @@ static void pc_destroy(struct ctrl_chain *cc)
 
 	if (c->g != NULL)
 		for (int32_t i = 0; i < c->o.max_groups; i++) {
-			free(c->g[i].tokens);
-			free(c->g[i].lps);
-			free(c->g[i].cst);
+			chain_out_free(&c->g[i].out);
 			free(c->g[i].sent);
-			free(c->g[i].top_ids);
-			free(c->g[i].top_lps);
 		}
 	free(c->g);
 	free(c->done);
@@ -491,9 +473,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	for (int32_t k = 0; k < o->n_stages; k++)
 		fprintf(c->log, " stage %d = %d..%d", k, k == 0 ? 0 : c->ends[k - 1], c->ends[k]);
 	fprintf(c->log, "\n");
-	for (int32_t p = 0; p < o->stage.n_plans; p++)
-		if (o->stage.plan_widths[p] > c->max_cols)
-			c->max_cols = o->stage.plan_widths[p];
+	c->max_cols = chain_widest_plan(&o->stage);
 	c->max_ops = 4 * c->max_cols + 16; /* the scheduler's bound per micro-batch */
 	if (o->region_bytes > 0) {
 		struct shm_region_opts ro;
@@ -550,13 +530,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		e = -rc;
 		goto fail;
 	}
-	c->info.n_stages = o->n_stages;
-	c->info.n_slots = o->stage.n_slots;
-	c->info.max_blocks_per_slot = o->stage.max_blocks_per_slot;
-	c->info.max_cols = c->max_cols;
-	c->info.max_groups = o->max_groups;
-	c->info.max_position = cfg->max_position;
-	c->info.vocab_size = cfg->vocab_size;
+	chain_info_init(&c->info, cfg, &o->stage, o->n_stages, o->max_groups);
 	c->g = calloc((size_t)o->max_groups, sizeof(*c->g));
 	c->done = calloc((size_t)o->max_groups, sizeof(*c->done));
 	c->touched = calloc((size_t)o->stage.n_slots, 1);
@@ -564,14 +538,8 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	if (c->g == NULL || c->done == NULL || c->touched == NULL || c->tainted == NULL)
 		goto fail_nomem;
 	for (int32_t i = 0; i < o->max_groups; i++) {
-		c->g[i].tokens = calloc((size_t)c->max_cols, sizeof(int32_t));
-		c->g[i].lps = calloc((size_t)c->max_cols, sizeof(float));
-		c->g[i].cst = calloc((size_t)c->max_cols, sizeof(int32_t));
 		c->g[i].sent = calloc((size_t)c->max_cols, sizeof(int32_t));
-		c->g[i].top_ids = calloc((size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS, sizeof(int32_t));
-		c->g[i].top_lps = calloc((size_t)c->max_cols * CTRL_CHAIN_MAX_LOGPROBS, sizeof(float));
-		if (c->g[i].tokens == NULL || c->g[i].lps == NULL || c->g[i].cst == NULL
-		    || c->g[i].sent == NULL || c->g[i].top_ids == NULL || c->g[i].top_lps == NULL)
+		if (chain_out_alloc(&c->g[i].out, c->max_cols) < 0 || c->g[i].sent == NULL)
 			goto fail_nomem;
 	}
 	/* Drop whatever a previous ctrld left in the return ring: we own it. */

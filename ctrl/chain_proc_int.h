@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "chain_int.h"
 #include "ctrl_chain.h"
 #include "ctrl_proc_chain.h"
 #include "shm_mb.h"
@@ -33,19 +34,9 @@ enum pc_state {
 struct pc_grp {
 	int busy, done;
 	uint64_t seq, t_submit;
-	int32_t n_cols;
 	int32_t n_sent;      /* columns in the message (tainted ones left out) */
-	int32_t n_failed;    /* columns failed alone: cst[i] < 0 */
-	int status;
-	int32_t *tokens;
-	float *lps;
-	int32_t *cst;        /* [max_cols] per-column status */
-	int32_t n_top;       /* top logprobs per column in the result */
-	uint64_t step_ns;    /* the slowest stage's busy time (the workers' busy_us) */
-	int32_t *top_ids;    /* [max_cols][CTRL_CHAIN_MAX_LOGPROBS] room, [n_cols][n_top] used */
-	float *top_lps;
 	int32_t *sent;       /* [max_cols] original index of each sent column */
-	char err[CTRL_CHAIN_ERRLEN];
+	struct chain_out out; /* out.step_ns: the slowest stage's busy time (the workers' busy_us) */
 };
 
 struct proc_chain {

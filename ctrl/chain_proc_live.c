@@ -27,8 +27,8 @@ static void go_down(struct proc_chain *c, const char *why)
 		struct pc_grp *g = &c->g[i];
 
 		if (g->busy && !g->done) {
-			g->status = -EPIPE;
-			pc_fmt(g->err, sizeof(g->err), "%s", why);
+			g->out.status = -EPIPE;
+			pc_fmt(g->out.err, sizeof(g->out.err), "%s", why);
 			pc_push_done(c, (uint32_t)i);
 		}
 	}

@@ -9,7 +9,7 @@
  * listen. SIGTERM/SIGINT drain: new requests get 503, requests in flight
  * finish (or are cancelled after drain_timeout), then everything closes in
  * reverse order of opening. `ctrlctl drain` / `resume` toggle admission
- * without exiting.
+ * without exiting (the daemon's own admin commands: ctrld_admin.c).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -25,23 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#if __has_include(<systemd/sd-daemon.h>)
-#include <systemd/sd-daemon.h>
-#else
-static int sd_notify(int unset, const char *state)
-{
-	(void)unset;
-	(void)state;
-	return 0;
-}
-static int sd_notifyf(int unset, const char *fmt, ...)
-{
-	(void)unset;
-	(void)fmt;
-	return 0;
-}
-#endif
-
 #include "ctrl_admin.h"
 #include "ctrl_chain.h"
 #include "ctrl_config.h"
@@ -55,6 +38,7 @@ static int sd_notifyf(int unset, const char *fmt, ...)
 #include "kvf_config.h"
 #include "kvf_clock.h"
 #include "kvf_log.h"
+#include "ctrld_int.h"
 
 /* Idle poll back-off: a poll that found nothing sleeps this long. The CPU
  * engine's steps take milliseconds, so 50 µs adds under 5% to a round
@@ -69,171 +53,11 @@ static void on_signal(int sig)
 	g_term = 1;
 }
 
-struct daemon {
-	double spin_s;                /* poll_spin_us, resolved for the backend */
-	struct ctrl_config *cfg;
-	const struct ctrl_settings *set;
-	struct kn_model *model;
-	struct kn_tok *tok;
-	char model_name[CTRL_CFG_STRLEN];
-	int32_t max_context;
-	int32_t n_stages;
-	int32_t ends[CTRL_CFG_MAX_STAGES];
-	int n_rep;
-	struct ctrl_chain *chains[CTRL_DISPATCH_MAX];
-	struct ctrl_sched *scheds[CTRL_DISPATCH_MAX];
-	struct ctrl_dispatch *disp;
-	struct ctrl_http *http;
-	struct ctrl_admin *admin;
-	struct ctrl_pd_boot *pd_boot;         /* role = prefill: this node's ranks ... */
-	struct ctrl_pd_boot_server *pd_srv;   /* ... and the routes that answer for them */
-	struct ctrl_pd_serve *pd;             /* role = prefill with a dataplane: rooms' KV out */
-	struct ctrl_sched_view sv;            /* what /sched/stages and /sched/pool read */
-	double t0;
-	atomic_int stopping;
-	atomic_int stop_poller;
-	/* readiness (GET /health, /readyz): the last answer, kept READY_KEEP_S */
-	pthread_mutex_t ready_mu;
-	int ready;
-	char ready_why[512];
-	double ready_at;
-};
-
 /* A readiness answer serves the probes of the next 100 ms: looking at the
  * chains counts each stage's tensors by name (kn_model_range_tensors():
  * 118 us for a 32-layer range, 448 names looked up, on this 2-core CI
  * machine), so a flood of probes costs at most that 10 times a second. */
 #define READY_KEEP_S 0.1
-
-/* One line on stderr at its syslog priority (kvf_log.h): under systemd it
- * starts with <3> error, <4> warning, <6> info, which journald takes as the
- * entry's priority, so `journalctl -p err` shows the errors; in a terminal
- * the lines stay plain. */
-#define logmsg(...) kvf_log(KVF_LOG_INFO, "kvferry-ctrld", __VA_ARGS__)
-#define logwarn(...) kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", __VA_ARGS__)
-#define logerr(...) kvf_log(KVF_LOG_ERR, "kvferry-ctrld", __VA_ARGS__)
-
-/* ---- admin commands ---- */
-
-/* Stages in worker processes: what each loaded (tensors and bytes of its
- * range, resident bytes, load time and rate) and where it stands, so an
- * operator sees a slow or stuck load without reading worker logs. */
-static void status_workers(struct daemon *d, json_t *data)
-{
-	json_t *ws = json_array();
-	struct ctrl_proc_stage ps;
-
-	for (int r = 0; r < d->n_rep; r++)
-		for (int s = 0; ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0; s++) {
-			char layers[32];
-			double ms = (double)ps.load_ns / 1e6;
-
-			snprintf(layers, sizeof(layers), "%d-%d", ps.layer_start, ps.layer_end);
-			json_array_append_new(ws, json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:s, s:I, s:i, s:f, s:f, "
-				"s:f, s:f, s:I}", "stage", s, "worker", ps.role, "pid", ps.pid, "node", ps.node, "layers",
-				layers, "backend", ps.backend, "state", ps.state, "state_ms", (json_int_t)ps.state_ms,
-				"tensors", ps.n_tensors, "tensor_mib", (double)ps.tensor_bytes / 1048576.0,
-				"resident_mib", (double)ps.weight_bytes / 1048576.0, "load_ms", ms, "load_mib_s",
-				ms > 0 ? (double)ps.tensor_bytes / 1048576.0 / (ms / 1e3) : 0.0,
-				"kv_blocks", (json_int_t)ps.n_blocks));
-		}
-	if (json_array_size(ws) > 0)
-		json_object_set_new(data, "workers", ws);
-	else
-		json_decref(ws);
-}
-
-static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	const struct kn_model_config *mc = kn_model_config(d->model);
-	json_t *st = ctrl_http_sched_stats_json(d->disp);
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O}",
-			  "state", atomic_load(&d->stopping) ? "stopping" : ctrl_http_draining(d->http) ? "draining" : "serving",
-			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
-			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
-			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
-			  "port", ctrl_http_port(d->http), "uptime_s", kvf_mono_s() - d->t0,
-			  "active_requests", ctrl_http_active(d->http),
-			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
-	json_decref(st);
-	status_workers(d, *data);
-	return 0;
-}
-
-static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	json_t *peers = json_array();
-	char buf[CTRL_CFG_STRLEN], *save, *tok;
-
-	(void)cmd;
-	(void)params;
-	(void)err;
-	(void)errlen;
-	snprintf(buf, sizeof(buf), "%s", d->set->peers);
-	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-		char *eq = strchr(tok, '=');
-		if (eq)
-			*eq = 0;
-		json_array_append_new(peers, json_pack("{s:s, s:s, s:s}", "name", tok, "address", eq ? eq + 1 : "",
-						       "state", "configured"));
-	}
-	*data = json_pack("{s:s, s:s, s:o}", "node_id", d->set->node_id[0] ? d->set->node_id : "(single node)",
-			  "dataplane", "not attached: stages run in this process", "peers", peers);
-	return 0;
-}
-
-static int cmd_drain(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
-{
-	struct daemon *d = arg;
-	int on = !strcmp(cmd, "/ctrl/drain");
-
-	(void)params;
-	(void)err;
-	(void)errlen;
-	ctrl_http_set_draining(d->http, on);
-	sd_notifyf(0, "STATUS=%s %s on %s:%u", on ? "draining;" : "serving", d->model_name,
-		   d->set->listen_address, ctrl_http_port(d->http));
-	logmsg("%s (admin socket)", on ? "draining: new requests get 503" : "resumed admitting requests");
-	*data = json_pack("{s:s, s:i}", "state", on ? "draining" : "serving", "active_requests",
-			  ctrl_http_active(d->http));
-	return 0;
-}
-
-static int register_commands(struct daemon *d)
-{
-	static const struct {
-		const char *cmd, *help;
-		ctrl_admin_fn fn;
-	} t[] = {
-		{"/ctrl/status", "daemon, model and load summary", cmd_status},
-		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
-		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
-		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
-	};
-	int rc;
-
-	/* the daemon's own; each module registers its views (/pd/bootstrap
-	 * once start_pd() knows the role's server) */
-	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-		rc = ctrl_admin_register(d->admin, t[i].cmd, t[i].help, t[i].fn, d);
-		if (rc)
-			return rc;
-	}
-	d->sv = (struct ctrl_sched_view){ .scheds = d->scheds, .chains = d->chains, .n = d->n_rep, .ends = d->ends };
-	rc = ctrl_sched_admin_register(d->admin, &d->sv);
-	if (!rc)
-		rc = ctrl_http_admin_register(d->admin, d->http);
-	if (!rc)
-		rc = ctrl_config_admin_register(d->admin, d->cfg);
-	return rc;
-}
 
 /* ---- startup ---- */
 
@@ -613,7 +437,7 @@ static int start_front(struct daemon *d)
 		logerr("%s", err);
 		return -errno;
 	}
-	return register_commands(d);
+	return ctrld_admin_register(d);
 }
 
 /*

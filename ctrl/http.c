@@ -248,9 +248,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (*upload_size) {
 		if (!cs->too_big && cs->body.len + *upload_size > h->body_limit) {
 			cs->too_big = 1;
-			sbuf_free(&cs->body);
+			kvf_buf_free(&cs->body);
 		}
-		if (!cs->too_big && sbuf_add(&cs->body, upload, *upload_size))
+		if (!cs->too_big && kvf_buf_add(&cs->body, upload, *upload_size))
 			return MHD_NO;
 		*upload_size = 0;
 		return MHD_YES;
@@ -302,7 +302,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 		return;
 	if (cs->gen)
 		gen_connection_closed(cs->gen);
-	sbuf_free(&cs->body);
+	kvf_buf_free(&cs->body);
 	free(cs);
 	*con_cls = NULL;
 }
@@ -343,6 +343,20 @@ static void *ticker(void *arg)
 	}
 	pthread_mutex_unlock(&h->tick_mu);
 	return NULL;
+}
+
+/* Free what ctrl_http_start() sets up before the daemon starts: the locks
+ * and the copies of the options. */
+static void http_free(struct ctrl_http *h)
+{
+	pthread_cond_destroy(&h->tick_cv);
+	pthread_mutex_destroy(&h->tick_mu);
+	pthread_mutex_destroy(&h->conn_mu);
+	pthread_mutex_destroy(&h->mu);
+	free(h->stop_ids);
+	free(h->model);
+	free(h->address);
+	free(h);
 }
 
 struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct ctrl_http_backend *be,
@@ -392,12 +406,18 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h = calloc(1, sizeof(*h));
 	if (!h)
 		goto nomem;
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_mutex_init(&h->conn_mu, NULL);
+	pthread_mutex_init(&h->tick_mu, NULL);
+	pthread_cond_init(&h->tick_cv, NULL);
 	h->be = *be;
 	h->address = strdup(o->address);
 	h->model = strdup(o->model_name);
 	h->stop_ids = calloc((size_t)o->n_stop + 1, sizeof(int32_t));
-	if (!h->address || !h->model || !h->stop_ids)
-		goto fail_free;
+	if (!h->address || !h->model || !h->stop_ids) {
+		http_free(h);
+		goto nomem;
+	}
 	if (o->n_stop)
 		memcpy(h->stop_ids, o->stop_ids, (size_t)o->n_stop * sizeof(int32_t));
 	h->n_stop = o->n_stop;
@@ -412,10 +432,6 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h->t0 = http_now();
 	if (getrandom(&h->id_salt, sizeof(h->id_salt), GRND_NONBLOCK) != (ssize_t)sizeof(h->id_salt))
 		h->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
-	pthread_mutex_init(&h->mu, NULL);
-	pthread_mutex_init(&h->conn_mu, NULL);
-	pthread_mutex_init(&h->tick_mu, NULL);
-	pthread_cond_init(&h->tick_cv, NULL);
 	h->d = MHD_start_daemon(flags, o->port, NULL, NULL, on_request, h,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 				MHD_OPTION_THREAD_POOL_SIZE, (unsigned)o->threads,
@@ -443,21 +459,9 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h->ticker_started = 1;
 	return h;
 fail_sync:
-	pthread_cond_destroy(&h->tick_cv);
-	pthread_mutex_destroy(&h->tick_mu);
-	pthread_mutex_destroy(&h->conn_mu);
-	pthread_mutex_destroy(&h->mu);
-	free(h->stop_ids);
-	free(h->model);
-	free(h->address);
-	free(h);
+	http_free(h);
 	errno = e;
 	return NULL;
-fail_free:
-	free(h->stop_ids);
-	free(h->model);
-	free(h->address);
-	free(h);
 nomem:
 	snprintf(err, errlen, "ctrl_http_start: out of memory");
 	errno = ENOMEM;
@@ -508,14 +512,7 @@ void ctrl_http_stop(struct ctrl_http *h)
 		struct timespec ts = {0, 1000000};
 		nanosleep(&ts, NULL);
 	}
-	pthread_cond_destroy(&h->tick_cv);
-	pthread_mutex_destroy(&h->tick_mu);
-	pthread_mutex_destroy(&h->conn_mu);
-	pthread_mutex_destroy(&h->mu);
-	free(h->stop_ids);
-	free(h->model);
-	free(h->address);
-	free(h);
+	http_free(h);
 }
 
 uint16_t ctrl_http_port(const struct ctrl_http *h)

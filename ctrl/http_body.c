@@ -142,9 +142,9 @@ static void sse(struct gen *g, json_t *j)
 	json_decref(j);
 	if (!s)
 		return;
-	sbuf_add(&g->out, "data: ", 6);
-	sbuf_add(&g->out, s, strlen(s));
-	sbuf_add(&g->out, "\n\n", 2);
+	kvf_buf_add(&g->out, "data: ", 6);
+	kvf_buf_str(&g->out, s);
+	kvf_buf_add(&g->out, "\n\n", 2);
 	free(s);
 }
 
@@ -215,7 +215,7 @@ static void stream_build(struct gen *g)
 			sse(g, u);
 		}
 	}
-	sbuf_add(&g->out, "data: [DONE]\n\n", 14);
+	kvf_buf_add(&g->out, "data: [DONE]\n\n", 14);
 	g->final_sent = 1;
 	note_done(g);
 }

@@ -58,8 +58,8 @@ static void gen_free(struct gen *g)
 	free(g->backend_err);
 	free(g->fail_msg);
 	kn_tok_stream_free(g->ds);
-	sbuf_free(&g->text);
-	sbuf_free(&g->out);
+	kvf_buf_free(&g->text);
+	kvf_buf_free(&g->out);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
 	atomic_fetch_sub(&h->active, 1);
@@ -173,7 +173,7 @@ static void append_text(struct gen *g, const char *s, size_t n)
 
 	if (!n)
 		return;
-	sbuf_add(&g->text, s, n);
+	kvf_buf_add(&g->text, s, n);
 	if (!g->n_stops || g->done)
 		return;
 	from = old >= g->max_stop ? old - (g->max_stop - 1) : 0;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the HTTP layer: the server, a generation request, and the
- * helpers http.c, http_openai.c and http_stats.c share (the byte buffer, the
- * clock and the replies live in http_reply.c, below all three). */
+ * helpers http.c, http_openai.c and http_stats.c share (the clock and the
+ * replies live in http_reply.c, below all three; the byte buffer is the
+ * floor's, kvf_buf.h). */
 #ifndef CTRL_HTTP_INT_H
 #define CTRL_HTTP_INT_H
 
@@ -14,15 +15,7 @@
 #include <microhttpd.h>
 
 #include "ctrl_http.h"
-
-/* A growable byte buffer. */
-struct sbuf {
-	char *p;
-	size_t len, cap;
-};
-
-int sbuf_add(struct sbuf *b, const void *data, size_t n);
-void sbuf_free(struct sbuf *b);
+#include "kvf_buf.h"
 
 /* Most top logprobs a request may ask for (OpenAI's limit, the chain's). */
 #define HTTP_MAX_LOGPROBS CTRL_CHAIN_MAX_LOGPROBS
@@ -119,7 +112,7 @@ struct gen {
 	int n_stops;
 	size_t max_stop;
 	struct kn_tok_stream *ds;
-	struct sbuf text;            /* decoded output so far (truncated at a stop string) */
+	struct kvf_buf text;            /* decoded output so far (truncated at a stop string) */
 	size_t emitted;              /* bytes of text already streamed */
 	int done;                    /* the answer is complete (finish is set) */
 	const char *finish;          /* "stop", "length", "abort" */
@@ -130,7 +123,7 @@ struct gen {
 	struct lp_ent *lp;           /* one per generated token */
 	size_t lp_n, lp_cap, lp_sent;
 	int cut;                     /* a stop string cut the text: tokens past it are not reported */
-	struct sbuf out;             /* SSE bytes waiting to be read by MHD */
+	struct kvf_buf out;             /* SSE bytes waiting to be read by MHD */
 	size_t out_off;
 	int role_sent, final_sent;
 	struct gen *next, *prev;     /* h->gens, under h->mu */
@@ -174,7 +167,7 @@ struct ctrl_http {
 
 /* Per-connection state (MHD's con_cls). */
 struct conn_state {
-	struct sbuf body;
+	struct kvf_buf body;
 	int too_big;
 	int first_done;
 	struct gen *gen;

@@ -196,25 +196,25 @@ static int check_unsupported(json_t *req, struct verr *e)
 }
 
 /* Gather the text of a message's content: a string, or an array of parts. */
-static int message_text(json_t *content, struct sbuf *out, struct verr *e)
+static int message_text(json_t *content, struct kvf_buf *out, struct verr *e)
 {
 	size_t i;
 	json_t *part;
 
 	if (json_is_string(content))
-		return sbuf_add(out, json_string_value(content), json_string_length(content)) ? -1 : 0;
+		return kvf_buf_add(out, json_string_value(content), json_string_length(content)) ? -1 : 0;
 	if (json_is_null(content))
-		return sbuf_add(out, "", 0) ? -1 : 0;
+		return kvf_buf_add(out, "", 0) ? -1 : 0;
 	if (!json_is_array(content))
 		return bad(e, 400, "messages", "invalid_type", "a message's 'content' must be a string or an array of text parts");
-	sbuf_add(out, "", 0);
+	kvf_buf_add(out, "", 0);
 	json_array_foreach(content, i, part) {
 		json_t *t = json_object_get(part, "text");
 		const char *type = json_string_value(json_object_get(part, "type"));
 		if (!type || strcmp(type, "text") || !json_is_string(t))
 			return bad(e, 400, "messages", "invalid_value",
 				   "only text content parts are supported ({\"type\":\"text\",\"text\":...})");
-		sbuf_add(out, json_string_value(t), json_string_length(t));
+		kvf_buf_add(out, json_string_value(t), json_string_length(t));
 	}
 	return 0;
 }
@@ -266,7 +266,7 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 	} else {
 		json_t *msgs = json_object_get(req, "messages"), *m;
 		struct kn_chat_msg *cm;
-		struct sbuf *texts;
+		struct kvf_buf *texts;
 		size_t i, cnt;
 		char *prompt = NULL;
 		int ret = 0;
@@ -315,7 +315,7 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 	chat_out:
 		free(prompt);
 		for (i = 0; i < cnt; i++)
-			sbuf_free(&texts[i]);
+			kvf_buf_free(&texts[i]);
 		free(texts);
 		free(cm);
 		return ret;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The HTTP layer's floor: the byte buffer, the clock, the latency histograms'
- * bounds and their observe call, and the replies every endpoint queues (text,
- * JSON, OpenAI error objects). The router (http.c) and the handlers
+ * The HTTP layer's floor: the clock, the latency histograms' bounds and
+ * their observe call, and the replies every endpoint queues (text, JSON,
+ * OpenAI error objects). The router (http.c) and the handlers
  * (http_openai.c, http_gen.c, http_stats.c) call down into it, and it calls
  * nothing above it, so no two files of the layer call each other.
  */
@@ -15,32 +15,6 @@
 #include <time.h>
 
 #include "http_int.h"
-
-int sbuf_add(struct sbuf *b, const void *data, size_t n)
-{
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		char *p;
-		while (cap < b->len + n + 1)
-			cap *= 2;
-		p = realloc(b->p, cap);
-		if (!p)
-			return -ENOMEM;
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, data, n);
-	b->len += n;
-	b->p[b->len] = 0;
-	return 0;
-}
-
-void sbuf_free(struct sbuf *b)
-{
-	free(b->p);
-	b->p = NULL;
-	b->len = b->cap = 0;
-}
 
 double http_now(void)
 {

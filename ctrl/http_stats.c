@@ -122,7 +122,7 @@ struct prom_fam {
 	char *name;
 	const char *type;            /* "counter", "gauge", "histogram" */
 	char *help;
-	struct sbuf samples;
+	struct kvf_buf samples;
 };
 
 struct prom {
@@ -248,20 +248,20 @@ static void sample(struct prom *p, struct prom_fam *f, const char *name, const c
 
 	if (!f)
 		return;
-	rc |= sbuf_add(&f->samples, name, strlen(name));
+	rc |= kvf_buf_str(&f->samples, name);
 	if (labels[0] || (extra && extra[0])) {
-		rc |= sbuf_add(&f->samples, "{", 1);
-		rc |= sbuf_add(&f->samples, labels, strlen(labels));
+		rc |= kvf_buf_add(&f->samples, "{", 1);
+		rc |= kvf_buf_str(&f->samples, labels);
 		if (labels[0] && extra && extra[0])
-			rc |= sbuf_add(&f->samples, ",", 1);
+			rc |= kvf_buf_add(&f->samples, ",", 1);
 		if (extra)
-			rc |= sbuf_add(&f->samples, extra, strlen(extra));
-		rc |= sbuf_add(&f->samples, "}", 1);
+			rc |= kvf_buf_str(&f->samples, extra);
+		rc |= kvf_buf_add(&f->samples, "}", 1);
 	}
 	fmt_num(num, sizeof(num), v);
-	rc |= sbuf_add(&f->samples, " ", 1);
-	rc |= sbuf_add(&f->samples, num, strlen(num));
-	rc |= sbuf_add(&f->samples, "\n", 1);
+	rc |= kvf_buf_add(&f->samples, " ", 1);
+	rc |= kvf_buf_str(&f->samples, num);
+	rc |= kvf_buf_add(&f->samples, "\n", 1);
 	if (rc)
 		p->oom = 1;
 }
@@ -382,32 +382,32 @@ char *ctrl_http_prometheus(const json_t *stats)
 				 "# TYPE kvferry_build_info gauge\n"
 				 "kvferry_build_info{version=\"" KVF_VERSION "\"} 1\n";
 	struct prom p = {0};
-	struct sbuf out = {0};
+	struct kvf_buf out = {0};
 	int rc = 0;
 
 	walk(&p, stats, "kvferry", "", "");
 	for (size_t i = 0; i < p.n; i++) {
 		struct prom_fam *f = &p.f[i];
 
-		rc |= sbuf_add(&out, "# HELP ", 7);
-		rc |= sbuf_add(&out, f->name, strlen(f->name));
-		rc |= sbuf_add(&out, " ", 1);
-		rc |= sbuf_add(&out, f->help, strlen(f->help));
-		rc |= sbuf_add(&out, "\n# TYPE ", 8);
-		rc |= sbuf_add(&out, f->name, strlen(f->name));
-		rc |= sbuf_add(&out, " ", 1);
-		rc |= sbuf_add(&out, f->type, strlen(f->type));
-		rc |= sbuf_add(&out, "\n", 1);
+		rc |= kvf_buf_add(&out, "# HELP ", 7);
+		rc |= kvf_buf_str(&out, f->name);
+		rc |= kvf_buf_add(&out, " ", 1);
+		rc |= kvf_buf_str(&out, f->help);
+		rc |= kvf_buf_add(&out, "\n# TYPE ", 8);
+		rc |= kvf_buf_str(&out, f->name);
+		rc |= kvf_buf_add(&out, " ", 1);
+		rc |= kvf_buf_str(&out, f->type);
+		rc |= kvf_buf_add(&out, "\n", 1);
 		if (f->samples.p)
-			rc |= sbuf_add(&out, f->samples.p, f->samples.len);
-		sbuf_free(&f->samples);
+			rc |= kvf_buf_add(&out, f->samples.p, f->samples.len);
+		kvf_buf_free(&f->samples);
 		free(f->name);
 		free(f->help);
 	}
 	free(p.f);
-	rc |= sbuf_add(&out, bi, sizeof(bi) - 1);
+	rc |= kvf_buf_add(&out, bi, sizeof(bi) - 1);
 	if (rc || p.oom) {
-		sbuf_free(&out);
+		kvf_buf_free(&out);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -431,15 +431,15 @@ enum MHD_Result http_metrics(struct ctrl_http *h, struct MHD_Connection *c)
 enum MHD_Result http_stats(struct ctrl_http *h, struct MHD_Connection *c, int html)
 {
 	if (html) {
-		struct sbuf page = {0};
+		struct kvf_buf page = {0};
 		enum MHD_Result ret;
 		int rc = 0;
 
 		for (size_t i = 0; i < sizeof(g_dashboard) / sizeof(g_dashboard[0]); i++)
-			rc |= sbuf_add(&page, g_dashboard[i], strlen(g_dashboard[i]));
+			rc |= kvf_buf_str(&page, g_dashboard[i]);
 		ret = rc ? http_error(h, c, 500, "server_error", NULL, NULL, "out of memory rendering the dashboard")
 			 : http_text(h, c, MHD_HTTP_OK, "text/html; charset=utf-8", page.p, page.len);
-		sbuf_free(&page);
+		kvf_buf_free(&page);
 		return ret;
 	}
 	return http_json(h, c, MHD_HTTP_OK, ctrl_http_stats_json(h));

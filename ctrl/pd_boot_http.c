@@ -16,6 +16,7 @@
 
 #include "ctrl_admin.h"
 #include "ctrl_pd_boot.h"
+#include "kvf_buf.h"
 
 /* A PUT body past this is refused: a rank's registration is a few hundred bytes. */
 #define BOOT_BODY_MAX 65536
@@ -28,8 +29,7 @@ struct ctrl_pd_boot_server {
 };
 
 struct boot_conn {
-	char *body;
-	size_t len;
+	struct kvf_buf body;
 	int too_big;
 };
 
@@ -68,26 +68,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return MHD_YES;
 	}
 	if (*upload_size > 0) {
-		if (!bc->too_big && bc->len + *upload_size <= BOOT_BODY_MAX) {
-			char *nb = realloc(bc->body, bc->len + *upload_size + 1);
-
-			if (nb == NULL) {
-				bc->too_big = 1;
-			} else {
-				bc->body = nb;
-				memcpy(bc->body + bc->len, upload, *upload_size);
-				bc->len += *upload_size;
-				bc->body[bc->len] = '\0';
-			}
-		} else {
+		if (bc->too_big || bc->body.len + *upload_size > BOOT_BODY_MAX
+		    || kvf_buf_add(&bc->body, upload, *upload_size) < 0)
 			bc->too_big = 1;
-		}
 		*upload_size = 0;
 		return MHD_YES;
 	}
 	if (bc->too_big)
 		return send_reply(c, 413, "text/plain", "request body over 64 KiB: a rank registration is a small JSON object");
-	ctrl_pd_boot_handle(s->b, method, url, query_get, c, bc->body, bc->len, &rep);
+	ctrl_pd_boot_handle(s->b, method, url, query_get, c, bc->body.p, bc->body.len, &rep);
 	ok = send_reply(c, rep.status, rep.content_type != NULL ? rep.content_type : "text/plain",
 			rep.body != NULL ? rep.body : "out of memory");
 	free(rep.body);
@@ -102,7 +91,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
 	(void)c;
 	(void)toe;
 	if (bc != NULL) {
-		free(bc->body);
+		kvf_buf_free(&bc->body);
 		free(bc);
 		*ctx = NULL;
 	}

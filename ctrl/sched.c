@@ -717,6 +717,26 @@ int ctrl_sched_drained(struct ctrl_sched *s)
 
 /* ---- create / destroy ---- */
 
+/* Free what ctrl_sched_create() allocates (a part of it after a failure):
+ * the groups' buffers, the slots, the block pool and @p s itself. */
+static void sched_free(struct ctrl_sched *s)
+{
+	if (s->groups != NULL)
+		for (int32_t k = 0; k < s->n_groups; k++) {
+			free(s->groups[k].cols);
+			free(s->groups[k].ops);
+			free(s->groups[k].ent);
+		}
+	free(s->draft);
+	free(s->res);
+	free(s->groups);
+	free(s->free_slots);
+	free(s->blk_mem);
+	free(s->slots);
+	shm_blkpool_destroy(s->pool);
+	free(s);
+}
+
 struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl_sched_opts *o,
 				     char *err, size_t errlen)
 {
@@ -822,20 +842,7 @@ fail_nomem_sched:
 		 s->n_slots, s->n_groups, s->n_blocks);
 	errno = ENOMEM;
 fail_sched:
-	if (s->groups != NULL)
-		for (int32_t k = 0; k < s->n_groups; k++) {
-			free(s->groups[k].cols);
-			free(s->groups[k].ops);
-			free(s->groups[k].ent);
-		}
-	free(s->draft);
-	free(s->res);
-	free(s->groups);
-	free(s->free_slots);
-	free(s->blk_mem);
-	free(s->slots);
-	shm_blkpool_destroy(s->pool);
-	free(s);
+	sched_free(s);
 	return NULL;
 fail_nomem:
 	snprintf(err, errlen, "ctrl_sched_create: out of memory");
@@ -859,22 +866,10 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 	}
 	for (int32_t i = 0; i < s->n_slots; i++)
 		req_free(s->slots[i].r);
-	for (int32_t k = 0; k < s->n_groups; k++) {
-		free(s->groups[k].cols);
-		free(s->groups[k].ops);
-		free(s->groups[k].ent);
-	}
 	free(s->cancels);
 	sched_kv_destroy(s);
 	free(s->pend);
 	pthread_mutex_destroy(&s->st_lock);
 	pthread_mutex_destroy(&s->lock);
-	free(s->draft);
-	free(s->res);
-	free(s->groups);
-	free(s->free_slots);
-	free(s->blk_mem);
-	free(s->slots);
-	shm_blkpool_destroy(s->pool);
-	free(s);
+	sched_free(s);
 }

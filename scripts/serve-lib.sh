@@ -8,6 +8,8 @@
 #                              pair between them; root only) or shm (one node,
 #                              worker processes over shm rings)
 #   kvf_down                   SIGTERM everything started, in reverse order
+#   kvf_ctrld_port LOG PID     the port a kvferry-ctrld started by the caller
+#                              listens on, once its log names it
 #
 # Inputs (variables): KVF_BIN (build dir), KVF_MODEL, KVF_BACKEND (cpu|cuda),
 # KVF_RUN (run dir for logs and sockets), KVF_THREADS (CPU threads per
@@ -45,6 +47,21 @@ kvf_wait_log() {
     grep -q -- "$pat" "$f" 2>/dev/null && return 0
     sleep 0.1; i=$((i + 1))
   done
+  return 1
+}
+
+# Wait until kvferry-ctrld (pid @2) names the port its API listens on in its
+# log @1 (the first http://127.0.0.1:PORT there), 10 s at most; print the
+# port. Return 1, printing why instead, when it exits first or names none.
+kvf_ctrld_port() {
+  local log=$1 pid=$2 port= i
+  for ((i = 0; i < 100; i++)); do
+    port=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" | head -1 | cut -d: -f3)
+    [ -n "$port" ] && { echo "$port"; return 0; }
+    kill -0 "$pid" 2>/dev/null || { echo "kvferry-ctrld exited at start"; return 1; }
+    sleep 0.1
+  done
+  echo "no listening line in the log"
   return 1
 }
 

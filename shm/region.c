@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <hugetlbfs.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvf_cfg.h"
 #include "region_abi.h"
 #include "shm_region.h"
 
@@ -33,17 +33,6 @@ struct shm_region {
 	int huge;
 	char path[256];
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err == NULL || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static int name_ok(const char *name)
 {
@@ -105,14 +94,14 @@ static void *map_new(const char *path, size_t size, int huge, char *err, size_t 
 	if (fd < 0) {
 		int e = errno;
 
-		seterr(err, errlen, "open(%s) failed: %s", path, strerror(e));
+		cfg_errf(err, errlen, "open(%s) failed: %s", path, strerror(e));
 		errno = e;
 		return MAP_FAILED;
 	}
 	if (ftruncate(fd, (off_t)size) != 0) {
 		int e = errno;
 
-		seterr(err, errlen, "ftruncate(%s, %zu) failed: %s", path, size, strerror(e));
+		cfg_errf(err, errlen, "ftruncate(%s, %zu) failed: %s", path, size, strerror(e));
 		close(fd);
 		unlink(path);
 		errno = e;
@@ -124,7 +113,7 @@ static void *map_new(const char *path, size_t size, int huge, char *err, size_t 
 	if (p == MAP_FAILED) {
 		int e = errno;
 
-		seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(e));
+		cfg_errf(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(e));
 		close(fd);
 		unlink(path);
 		errno = e;
@@ -143,7 +132,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	char tmp[300];
 
 	if (o == NULL || !name_ok(o->name) || o->size == 0) {
-		seterr(err, errlen, "shm_region_create: bad name '%s' or size %zu (names are 1-%d "
+		cfg_errf(err, errlen, "shm_region_create: bad name '%s' or size %zu (names are 1-%d "
 		       "characters of [A-Za-z0-9_.-])", o && o->name ? o->name : "(null)",
 		       o ? o->size : 0, SHM_NAME_MAX - 1);
 		errno = EINVAL;
@@ -152,7 +141,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	page = o->page_size ? o->page_size : (2u << 20);
 	r = calloc(1, sizeof(*r));
 	if (r == NULL) {
-		seterr(err, errlen, "shm_region_create: out of memory");
+		cfg_errf(err, errlen, "shm_region_create: out of memory");
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -172,7 +161,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	if (p == MAP_FAILED) {
 		if (!o->allow_fallback) {
 			if (dir == NULL)
-				seterr(err, errlen, "no hugetlbfs mount for %zu KiB pages: reserve "
+				cfg_errf(err, errlen, "no hugetlbfs mount for %zu KiB pages: reserve "
 				       "hugepages (echo 512 > /proc/sys/vm/nr_hugepages) and mount "
 				       "hugetlbfs (mount -t hugetlbfs none /dev/hugepages)", page >> 10);
 			free(r);
@@ -224,7 +213,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	if (rename(tmp, r->path) != 0) {
 		int e = errno;
 
-		seterr(err, errlen, "rename(%s, %s) failed: %s", tmp, r->path, strerror(e));
+		cfg_errf(err, errlen, "rename(%s, %s) failed: %s", tmp, r->path, strerror(e));
 		munmap(p, size);
 		unlink(tmp);
 		free(r);
@@ -264,7 +253,7 @@ struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen)
 	int fd, e;
 
 	if (!name_ok(name)) {
-		seterr(err, errlen, "shm_region_attach: bad region name '%s'", name ? name : "(null)");
+		cfg_errf(err, errlen, "shm_region_attach: bad region name '%s'", name ? name : "(null)");
 		errno = EINVAL;
 		return NULL;
 	}
@@ -275,14 +264,14 @@ struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen)
 	}
 	fd = open_existing(name, r->path, sizeof(r->path));
 	if (fd < 0) {
-		seterr(err, errlen, "no region named '%s' (looked on hugetlbfs and in %s): start the "
+		cfg_errf(err, errlen, "no region named '%s' (looked on hugetlbfs and in %s): start the "
 		       "process that creates it first", name, fallback_dir());
 		free(r);
 		errno = ENOENT;
 		return NULL;
 	}
 	if (fstat(fd, &st) != 0 || (size_t)st.st_size < SHM_HDR_BYTES) {
-		seterr(err, errlen, "region '%s' at %s is truncated (%lld bytes, header needs %u)",
+		cfg_errf(err, errlen, "region '%s' at %s is truncated (%lld bytes, header needs %u)",
 		       name, r->path, (long long)st.st_size, SHM_HDR_BYTES);
 		e = EPROTO;
 		goto fail_fd;
@@ -290,7 +279,7 @@ struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen)
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		e = errno;
-		seterr(err, errlen, "mmap(%s, %lld) failed: %s", r->path, (long long)st.st_size,
+		cfg_errf(err, errlen, "mmap(%s, %lld) failed: %s", r->path, (long long)st.st_size,
 		       strerror(e));
 		goto fail_fd;
 	}
@@ -300,7 +289,7 @@ struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen)
 	/* A0: pairs with R0 in shm_region_create(). */
 	magic = __atomic_load_n(&r->hdr->magic, __ATOMIC_ACQUIRE);
 	if (magic != SHM_REGION_MAGIC || r->hdr->abi_version != SHM_ABI_VERSION) {
-		seterr(err, errlen, "region '%s' (%s) has magic 0x%016llx ABI version %u; this "
+		cfg_errf(err, errlen, "region '%s' (%s) has magic 0x%016llx ABI version %u; this "
 		       "program speaks magic 0x%016llx ABI version %u: restart every kvferry "
 		       "process from the same release", name, r->path, (unsigned long long)magic,
 		       r->hdr->abi_version, (unsigned long long)SHM_REGION_MAGIC, SHM_ABI_VERSION);

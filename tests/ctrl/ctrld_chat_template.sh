@@ -11,6 +11,8 @@
 set -u
 ctrld=$1 mkmodel=$2 tok=$3 root=$4
 chat=$root/tests/kernels/data/chat
+# shellcheck source=scripts/serve-lib.sh
+. "$root/scripts/serve-lib.sh"
 
 command -v curl >/dev/null || { echo "curl not found: skipping"; exit 77; }
 tmp=$(mktemp -d /tmp/kvf-chat-tmpl-XXXXXX)
@@ -71,14 +73,7 @@ start() {  # LOG MODEL [OPTION ...]
   "$ctrld" --config /dev/null --model-dir "$model" --served-model-name m --port 0 --admin-socket "$tmp/ctrl.sock" \
     --stages 1 --threads 1 --kv-memory 16M "$@" >"$tmp/$log" 2>&1 &
   pid=$!
-  port=
-  for _ in $(seq 100); do
-    port=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/$log" | head -1 | cut -d: -f3)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || fail "kvferry-ctrld exited at start ($log)"
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "no listening line in $log"
+  port=$(kvf_ctrld_port "$tmp/$log" "$pid") || fail "$port ($log)"
 }
 msgs='[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there"}]'
 post() {  # ROUTE BODY -> $tmp/body, prints the status

@@ -11,9 +11,11 @@
 #    request_timeout; connections beyond max_connections: a 503 JSON;
 #  - a malformed Content-Length, a 1 MiB header or URL: refused and closed;
 #  - GET /v1/models/{id}, the probes, unique response ids for one seed.
-#   ctrld_http_hardening.sh KVFERRY_CTRLD KVFERRY_MKMODEL
+#   ctrld_http_hardening.sh KVFERRY_CTRLD KVFERRY_MKMODEL SOURCE_ROOT
 set -u
-ctrld=$1 mkmodel=$2
+ctrld=$1 mkmodel=$2 root=$3
+# shellcheck source=scripts/serve-lib.sh
+. "$root/scripts/serve-lib.sh"
 command -v python3 >/dev/null || { echo "python3 not found: skipping"; exit 77; }
 command -v curl >/dev/null || { echo "curl not found: skipping"; exit 77; }
 
@@ -28,14 +30,7 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -n 30 "$tmp/ctrld.log"; ex
   --stages 2 --threads 1 --kv-blocks 8 --max-slots 4 --config /dev/null \
   --connection-timeout 1 --request-timeout 3 --max-connections 4 >"$tmp/ctrld.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/ctrld.log" | head -1 | cut -d: -f3)
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "kvferry-ctrld exited at start"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no listening line in the log"
+port=$(kvf_ctrld_port "$tmp/ctrld.log" "$pid") || fail "$port"
 
 python3 - "$port" <<'EOF' || fail "see above"
 import json, socket, sys, threading, time, urllib.request, urllib.error

@@ -5,10 +5,12 @@
 # `promtool check metrics` with nothing to say, every family must have HELP
 # and TYPE, the four latency histograms must count exactly the requests (and
 # tokens) served, and the monitoring polls must not count as client requests.
-#   ctrld_metrics.sh KVFERRY_CTRLD KVFERRY_MKMODEL
+#   ctrld_metrics.sh KVFERRY_CTRLD KVFERRY_MKMODEL SOURCE_ROOT
 # Exits 77 (skip) when promtool (Debian's prometheus), curl or python3 is missing.
 set -u
-ctrld=$1 mkmodel=$2
+ctrld=$1 mkmodel=$2 root=$3
+# shellcheck source=scripts/serve-lib.sh
+. "$root/scripts/serve-lib.sh"
 
 command -v promtool >/dev/null || { echo "promtool not found (apt-get install prometheus; scripts/install-deps): skipping"; exit 77; }
 command -v curl >/dev/null || { echo "curl not found: skipping"; exit 77; }
@@ -24,14 +26,7 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$tmp/ctrld.log"; exit 1; }
 "$ctrld" --model-dir "$tmp/model" --served-model-name tiny --port 0 --admin-socket "$tmp/ctrl.sock" \
   --stages 3 --threads 1 --kv-memory 16M --config /dev/null >"$tmp/ctrld.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/ctrld.log" | head -1 | cut -d: -f3)
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "kvferry-ctrld exited at start"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no listening line in the log"
+port=$(kvf_ctrld_port "$tmp/ctrld.log" "$pid") || fail "$port"
 base=http://127.0.0.1:$port
 
 # Served: 3 completions, 1 chat, 1 streamed completion, 1 streamed chat, each

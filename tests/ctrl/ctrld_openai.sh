@@ -7,6 +7,8 @@
 set -u  # no pipefail: `producer | grep -q` may SIGPIPE the producer
 ctrld=$1 mkmodel=$2 ctrlctl=$3 root=$4
 ref=$root/tests/reference
+# shellcheck source=scripts/serve-lib.sh
+. "$root/scripts/serve-lib.sh"
 
 command -v node >/dev/null || { echo "node not found: skipping"; exit 77; }
 [ -d "$ref/node_modules/openai" ] || { echo "$ref/node_modules/openai missing (scripts/install-deps): skipping"; exit 77; }
@@ -24,14 +26,7 @@ KVFERRY_MAX_SLOTS=8 "$ctrld" --model-dir "$tmp/model" --served-model-name tiny -
   --admin-socket "$sock" --stages 3 --threads 1 --kv-memory 16M --drain-timeout 20 \
   --config /dev/null >"$tmp/ctrld.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/ctrld.log" | head -1 | cut -d: -f3)
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "kvferry-ctrld exited at start"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no listening line in the log"
+port=$(kvf_ctrld_port "$tmp/ctrld.log" "$pid") || fail "$port"
 base=http://127.0.0.1:$port
 
 node "$root/tests/ctrl/openai_client.mjs" "$base" tiny "$ref" "$(dirname "$ctrld")/kvferry-generate" "$tmp/model" \

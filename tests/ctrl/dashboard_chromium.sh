@@ -11,6 +11,8 @@
 # chromium), curl or python3 is found.
 set -u
 ctrld=$1 mkmodel=$2 root=$3
+# shellcheck source=scripts/serve-lib.sh
+. "$root/scripts/serve-lib.sh"
 
 chrome=
 for c in chromium-headless-shell chromium chromium-browser google-chrome; do
@@ -30,14 +32,7 @@ fail() { echo "FAIL: $*"; echo "--- daemon log"; cat "$tmp/ctrld.log"; echo "---
 "$ctrld" --model-dir "$tmp/model" --served-model-name tiny --port 0 --admin-socket "$tmp/ctrl.sock" \
   --stages 3 --threads 1 --kv-memory 16M --config /dev/null >"$tmp/ctrld.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/ctrld.log" | head -1 | cut -d: -f3)
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "kvferry-ctrld exited at start"
-  sleep 0.1
-done
-[ -n "$port" ] || fail "no listening line in the log"
+port=$(kvf_ctrld_port "$tmp/ctrld.log" "$pid") || fail "$port"
 base=http://127.0.0.1:$port
 
 # Work for the pipeline to show (6 requests, one streamed), and one client error.

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvferry-ctrld's own admin commands: /ctrl/status (daemon, model, load,
+ * each worker process's stage), /dp/peers, /ctrl/drain and /ctrl/resume;
+ * and the registration of every module's views (the scheduler's, the HTTP
+ * layer's, the configuration's) on the admin socket. Each runs on the admin
+ * socket's thread.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "ctrl_proc_chain.h"
+#include "ctrld_int.h"
+#include "kvf_clock.h"
+#include "kvf_config.h"
+
+/* Stages in worker processes: what each loaded (tensors and bytes of its
+ * range, resident bytes, load time and rate) and where it stands, so an
+ * operator sees a slow or stuck load without reading worker logs. */
+static void status_workers(struct daemon *d, json_t *data)
+{
+	json_t *ws = json_array();
+	struct ctrl_proc_stage ps;
+
+	for (int r = 0; r < d->n_rep; r++)
+		for (int s = 0; ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0; s++) {
+			char layers[32];
+			double ms = (double)ps.load_ns / 1e6;
+
+			snprintf(layers, sizeof(layers), "%d-%d", ps.layer_start, ps.layer_end);
+			json_array_append_new(ws, json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:s, s:I, s:i, s:f, s:f, "
+				"s:f, s:f, s:I}", "stage", s, "worker", ps.role, "pid", ps.pid, "node", ps.node, "layers",
+				layers, "backend", ps.backend, "state", ps.state, "state_ms", (json_int_t)ps.state_ms,
+				"tensors", ps.n_tensors, "tensor_mib", (double)ps.tensor_bytes / 1048576.0,
+				"resident_mib", (double)ps.weight_bytes / 1048576.0, "load_ms", ms, "load_mib_s",
+				ms > 0 ? (double)ps.tensor_bytes / 1048576.0 / (ms / 1e3) : 0.0,
+				"kv_blocks", (json_int_t)ps.n_blocks));
+		}
+	if (json_array_size(ws) > 0)
+		json_object_set_new(data, "workers", ws);
+	else
+		json_decref(ws);
+}
+
+static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	const struct kn_model_config *mc = kn_model_config(d->model);
+	json_t *st = ctrl_http_sched_stats_json(d->disp);
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O}",
+			  "state", atomic_load(&d->stopping) ? "stopping" : ctrl_http_draining(d->http) ? "draining" : "serving",
+			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
+			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
+			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
+			  "port", ctrl_http_port(d->http), "uptime_s", kvf_mono_s() - d->t0,
+			  "active_requests", ctrl_http_active(d->http),
+			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
+	json_decref(st);
+	status_workers(d, *data);
+	return 0;
+}
+
+static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	json_t *peers = json_array();
+	char buf[CTRL_CFG_STRLEN], *save, *tok;
+
+	(void)cmd;
+	(void)params;
+	(void)err;
+	(void)errlen;
+	snprintf(buf, sizeof(buf), "%s", d->set->peers);
+	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		char *eq = strchr(tok, '=');
+		if (eq)
+			*eq = 0;
+		json_array_append_new(peers, json_pack("{s:s, s:s, s:s}", "name", tok, "address", eq ? eq + 1 : "",
+						       "state", "configured"));
+	}
+	*data = json_pack("{s:s, s:s, s:o}", "node_id", d->set->node_id[0] ? d->set->node_id : "(single node)",
+			  "dataplane", "not attached: stages run in this process", "peers", peers);
+	return 0;
+}
+
+static int cmd_drain(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	int on = !strcmp(cmd, "/ctrl/drain");
+
+	(void)params;
+	(void)err;
+	(void)errlen;
+	ctrl_http_set_draining(d->http, on);
+	sd_notifyf(0, "STATUS=%s %s on %s:%u", on ? "draining;" : "serving", d->model_name,
+		   d->set->listen_address, ctrl_http_port(d->http));
+	logmsg("%s (admin socket)", on ? "draining: new requests get 503" : "resumed admitting requests");
+	*data = json_pack("{s:s, s:i}", "state", on ? "draining" : "serving", "active_requests",
+			  ctrl_http_active(d->http));
+	return 0;
+}
+
+int ctrld_admin_register(struct daemon *d)
+{
+	static const struct {
+		const char *cmd, *help;
+		ctrl_admin_fn fn;
+	} t[] = {
+		{"/ctrl/status", "daemon, model and load summary", cmd_status},
+		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
+		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
+		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
+	};
+	int rc;
+
+	/* the daemon's own; each module registers its views (/pd/bootstrap
+	 * once start_pd() knows the role's server) */
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		rc = ctrl_admin_register(d->admin, t[i].cmd, t[i].help, t[i].fn, d);
+		if (rc)
+			return rc;
+	}
+	d->sv = (struct ctrl_sched_view){ .scheds = d->scheds, .chains = d->chains, .n = d->n_rep, .ends = d->ends };
+	rc = ctrl_sched_admin_register(d->admin, &d->sv);
+	if (!rc)
+		rc = ctrl_http_admin_register(d->admin, d->http);
+	if (!rc)
+		rc = ctrl_config_admin_register(d->admin, d->cfg);
+	return rc;
+}

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to a ctrld's PD service: pd_serve.c (the rooms' ends, the
+ * poller, the forwards to prefill nodes, the HTTP backend) and
+ * pd_serve_view.c (what /stats and ctrlctl show of it, pd release and
+ * restore). */
+#ifndef CTRL_PD_SERVE_INT_H
+#define CTRL_PD_SERVE_INT_H
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "ctrl_pd.h"
+#include "ctrl_pd_link.h"
+#include "ctrl_pd_serve.h"
+#include "ctrl_pd_xfer.h"
+
+/* What the decode end learned of a prefill node from its bootstrap routes. */
+struct pd_node {
+	int ready;
+	int32_t dp_node, api_port;
+	char host[128];            /* of its bootstrap address */
+	char err[384];             /* why it is not usable */
+};
+
+/* A prompt on its way to a prefill node's API. */
+struct pd_fwd {
+	struct pd_fwd *next;
+	uint64_t room;
+	int32_t peer;              /* the prefill node's index */
+	char *body;
+	char url[300];
+	CURL *e;
+	struct curl_slist *hd;
+	char errbuf[CURL_ERROR_SIZE];
+};
+
+struct ctrl_pd_serve {
+	struct ctrl_pd_serve_opts o;
+	pthread_mutex_t mu;
+	struct ctrl_pd_link *link;
+	struct ctrl_pd_link_handlers h;
+	pthread_t th;
+	int started;
+	atomic_int stop;
+	/* prefill */
+	struct ctrl_pd_prefill *pre;
+	/* decode */
+	struct ctrl_rooms *rooms;
+	struct ctrl_pd_decode *dec;
+	struct ctrl_pd_peers *peers;
+	struct pd_node node[CTRL_PD_MAX_PEERS];
+	uint32_t session;
+	int released;              /* ctrlctl pd release: no new rooms until restore */
+	CURLM *multi;
+	struct pd_fwd *fwd_new;    /* queued by the HTTP threads (under mu) */
+	struct pd_fwd *fwd_run;    /* in the multi handle (poller thread only) */
+	int fwd_running;
+	uint64_t forward_failures;
+	uint64_t nodes_lost;       /* prefill nodes the heartbeat lost, cumulative */
+};
+
+/* pd_serve_view.c */
+
+/* The HTTP backend's stats (ctrl_http_backend.stats): the base backend's,
+ * with a "pd" object of this end's rooms, counters and prefill nodes. */
+json_t *pd_serve_stats(void *ctx);
+
+#endif /* CTRL_PD_SERVE_INT_H */
