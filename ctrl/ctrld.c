@@ -153,14 +153,16 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 	(void)params;
 	(void)err;
 	(void)errlen;
-	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O}",
+	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O, s:O, s:O}",
 			  "state", atomic_load(&d->stopping) ? "stopping" : ctrl_http_draining(d->http) ? "draining" : "serving",
 			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
 			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
 			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
 			  "port", ctrl_http_port(d->http), "uptime_s", kvf_mono_s() - d->t0,
 			  "active_requests", ctrl_http_active(d->http),
-			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
+			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"),
+			  "replaying", json_object_get(st, "replaying"),
+			  "requests_replayed", json_object_get(st, "requests_replayed_total"));
 	json_decref(st);
 	status_workers(d, *data);
 	return 0;
@@ -453,6 +455,8 @@ static int build_pipelines(struct daemon *d)
 		so.spec_depth = (int32_t)d->set->spec_depth;
 		so.spec_c_full = (int32_t)d->set->spec_c_full;
 		so.spec_c_half = (int32_t)d->set->spec_c_half;
+		so.replay_max = (int32_t)d->set->replay_max;
+		so.replay_timeout_ms = (uint64_t)d->set->replay_timeout * 1000u;
 		so.id_tag = (uint8_t)r;
 		d->scheds[r] = ctrl_sched_create(d->chains[r], &so, err, sizeof(err));
 		if (!d->scheds[r]) {
