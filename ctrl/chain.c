@@ -30,6 +30,13 @@ int ctrl_chain_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int max
 	return c->vt->poll(c, out, max);
 }
 
+int ctrl_chain_ready(struct ctrl_chain *c, char *why, size_t whylen)
+{
+	if (why != NULL && whylen > 0)
+		why[0] = '\0';
+	return c->vt->ready != NULL ? c->vt->ready(c, why, whylen) : 1;
+}
+
 int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st)
 {
 	if (c->vt->stats == NULL)

@@ -428,6 +428,7 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.kv_format = pc_kv_format,
 	.kv_export = pc_kv_export,
 	.kv_import = pc_kv_import,
+	.ready = pc_ready,
 };
 
 struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct ctrl_proc_chain_opts *o,

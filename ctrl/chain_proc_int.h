@@ -141,5 +141,8 @@ int pc_setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t
 void pc_check_live(struct proc_chain *c, uint64_t now);
 /* Re-forming after a death: resend JOIN when it got lost, then POOL. */
 void pc_rejoin_step(struct proc_chain *c, uint64_t now);
+/* The vtable's ready(): 1 while the chain is up; 0 while it re-forms, with
+ * what took it down in @p why. */
+int pc_ready(struct ctrl_chain *cc, char *why, size_t whylen);
 
 #endif /* CTRL_CHAIN_PROC_INT_H */

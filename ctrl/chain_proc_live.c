@@ -3,7 +3,9 @@
  * The worker chain's failure handling: liveness (each stage's heartbeat
  * slot, the dataplane's peer events, the group timeout), going down (fail
  * the groups in flight, bump the epoch, send a JOIN) and re-forming (JOIN
- * answered, then POOL; every slot touched before is tainted).
+ * answered, then POOL; every slot touched before is tainted), and whether
+ * the chain can compute meanwhile (pc_ready: the scheduler holds its
+ * requests for a replay until it can).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -132,4 +134,17 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 		if (pc_send_setup(c, SHM_MB_JOIN) < 0)
 			c->setup_sent_ns = now;
 	}
+}
+
+int pc_ready(struct ctrl_chain *cc, char *why, size_t whylen)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	int up;
+
+	pthread_mutex_lock(&c->mu);
+	up = c->state == PC_UP;
+	if (!up && why != NULL && whylen > 0)
+		pc_fmt(why, whylen, "%s", c->down_why);
+	pthread_mutex_unlock(&c->mu);
+	return up;
 }

@@ -182,6 +182,17 @@ const struct cfg_key g_cfg_keys[] = {
 	{"spec_c_half", "sched", CFG_INT, OFF(spec_c_half), "32", 0, 4096,
 	 "KVFERRY_SPEC_C_HALF", "--spec-c-half", NULL, NULL,
 	 "depth min(spec_depth, 4) while at most this many are live; no speculation above"},
+	{"replay_max", "sched", CFG_INT, OFF(replay_max), "2", 0, 100,
+	 "KVFERRY_REPLAY_MAX", "--replay-max", NULL, NULL,
+	 "a request whose stage died under it runs again from its prompt plus the tokens it already "
+	 "generated, once the chain re-forms (the restarted worker answers); its client sees a pause, "
+	 "the same tokens as an undisturbed run (greedy and seeded sampling alike) and no error. At "
+	 "most this many times per request, then it fails naming the stage; 0 = it fails at once"},
+	{"replay_timeout", "sched", CFG_INT, OFF(replay_timeout), "30", 1, 86400,
+	 "KVFERRY_REPLAY_TIMEOUT", "--replay-timeout", NULL, NULL,
+	 "seconds a request waits for a chain that re-forms after a stage died (replay_max > 0) before "
+	 "it fails naming the stage; set it above the time a worker takes to restart and load its "
+	 "layers"},
 	/* [ctrl] */
 	{"admin_socket", "ctrl", CFG_STRING, OFF(admin_socket), CTRL_ADMIN_PATH, 0, 0,
 	 "KVFERRY_ADMIN_SOCKET", "--admin-socket", NULL, NULL,

@@ -54,14 +54,16 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 	(void)params;
 	(void)err;
 	(void)errlen;
-	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O}",
+	*data = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:O, s:O, s:O, s:O}",
 			  "state", atomic_load(&d->stopping) ? "stopping" : ctrl_http_draining(d->http) ? "draining" : "serving",
 			  "version", KVF_VERSION, "model", d->model_name, "model_dir", d->set->model_dir,
 			  "arch", kn_arch_name(mc->arch), "layers", mc->n_layers, "stages", d->n_stages,
 			  "replicas", d->n_rep, "max_context", d->max_context, "listen", d->set->listen_address,
 			  "port", ctrl_http_port(d->http), "uptime_s", kvf_mono_s() - d->t0,
 			  "active_requests", ctrl_http_active(d->http),
-			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"));
+			  "live", json_object_get(st, "live"), "queued", json_object_get(st, "queued"),
+			  "replaying", json_object_get(st, "replaying"),
+			  "requests_replayed", json_object_get(st, "requests_replayed_total"));
 	json_decref(st);
 	status_workers(d, *data);
 	return 0;

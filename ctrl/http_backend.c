@@ -69,6 +69,9 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 	for (int32_t k = 0; k < st->n_plans; k++)
 		json_array_append_new(plans, json_pack("{s:i, s:f, s:I}", "width", st->plan_width[k],
 			"mean_step_us", st->plan_step_us[k], "steps_total", (json_int_t)st->plan_steps[k]));
+	json_object_update_new(r, json_pack("{s:I, s:I, s:i}",
+		"requests_replayed_total", (json_int_t)st->replayed,
+		"replay_failures_total", (json_int_t)st->replay_failures, "replaying", st->replaying));
 	json_object_update_new(r, json_pack("{s:I, s:f, s:f, s:o}",
 		"prefill_capped_total", (json_int_t)st->prefill_capped,
 		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us, "plans", plans));
@@ -79,7 +82,7 @@ json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d)
 {
 	json_t *reps = json_array();
 	int n = ctrl_dispatch_count(d);
-	int64_t live = 0, queued = 0;
+	int64_t live = 0, queued = 0, replaying = 0, replayed = 0;
 
 	for (int i = 0; i < n; i++) {
 		struct ctrl_sched_stats st;
@@ -87,8 +90,11 @@ json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d)
 			continue;
 		live += st.live;
 		queued += st.queued;
+		replaying += st.replaying;
+		replayed += (int64_t)st.replayed;
 		json_array_append_new(reps, replica_json(&st));
 	}
-	return json_pack("{s:I, s:I, s:o}", "live", (json_int_t)live, "queued", (json_int_t)queued,
+	return json_pack("{s:I, s:I, s:I, s:I, s:o}", "live", (json_int_t)live, "queued", (json_int_t)queued,
+			 "replaying", (json_int_t)replaying, "requests_replayed_total", (json_int_t)replayed,
 			 "replicas", reps);
 }

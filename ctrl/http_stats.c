@@ -81,23 +81,28 @@ static const struct prom_rule {
 	                                "": an object whose fields are named as its parent's */
 	const char *label;           /* an object of numbers: one family, its keys as this label's values */
 	const char *help;            /* said in HELP before the field's path, or NULL */
+	const char *name;            /* the family's whole name instead of the path's, or NULL */
 } g_rules[] = {
 	/* a pool's size is a gauge, and a gauge's name must not end in _total */
-	{"backend.replicas[].blocks_total", "blocks_capacity", NULL, "KV blocks in the pool"},
+	{"backend.replicas[].blocks_total", "blocks_capacity", NULL, "KV blocks in the pool", NULL},
 	/* the latency histograms: kvferry_time_to_first_token_seconds, not
 	 * kvferry_latency_time_to_first_token_seconds */
-	{"latency", "", NULL, NULL},
-	{"latency.time_to_first_token_seconds", NULL, NULL, "a request's arrival to its first token"},
-	{"latency.inter_token_latency_seconds", NULL, NULL, "one token to the next of a request"},
-	{"latency.e2e_request_latency_seconds", NULL, NULL, "a request's arrival to its complete answer"},
-	{"latency.request_queue_time_seconds", NULL, NULL, "a request's arrival to its admission (KV reserved)"},
-	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics, /health, /livez, /readyz (not in requests_total)"},
-	{"http.connections", NULL, NULL, "HTTP connections open"},
-	{"http.connections_refused_total", NULL, NULL, "requests answered 503 beyond max_connections"},
-	{"http.slow_requests_closed_total", NULL, NULL, "connections closed as their request took over request_timeout to arrive"},
-	{"ready", NULL, NULL, "1 when /readyz answers 200: not draining, every stage up"},
+	{"latency", "", NULL, NULL, NULL},
+	{"latency.time_to_first_token_seconds", NULL, NULL, "a request's arrival to its first token", NULL},
+	{"latency.inter_token_latency_seconds", NULL, NULL, "one token to the next of a request", NULL},
+	{"latency.e2e_request_latency_seconds", NULL, NULL, "a request's arrival to its complete answer", NULL},
+	{"latency.request_queue_time_seconds", NULL, NULL, "a request's arrival to its admission (KV reserved)", NULL},
+	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics, /health, /livez, /readyz (not in requests_total)", NULL},
+	{"http.connections", NULL, NULL, "HTTP connections open", NULL},
+	{"http.connections_refused_total", NULL, NULL, "requests answered 503 beyond max_connections", NULL},
+	{"http.slow_requests_closed_total", NULL, NULL, "connections closed as their request took over request_timeout to arrive", NULL},
+	{"ready", NULL, NULL, "1 when /readyz answers 200: not draining, every stage up", NULL},
+	/* every replica's replays, one family of its own at the top */
+	{"backend.requests_replayed_total", NULL, NULL, "requests run again after a stage died under them",
+	 "kvferry_requests_replayed_total"},
+	{"backend.replaying", NULL, NULL, "requests waiting to run again (for their chain to re-form)", NULL},
 	/* rooms by state: the states (CamelCase) as a label, not a family each */
-	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state"},
+	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state", NULL},
 };
 
 static const struct prom_unit {
@@ -332,6 +337,8 @@ static void walk(struct prom *p, const json_t *j, const char *prefix, const char
 		snprintf(here, sizeof(here), "%s%s%s", path, path[0] ? "." : "", key);
 		r = rule_for(here);
 		family_name(&pn, prefix, r && r->key ? r->key : key);
+		if (r && r->name)
+			snprintf(pn.name, sizeof(pn.name), "%s", r->name);
 		type = pn.counter ? "counter" : "gauge";
 		scale = pn.unit ? pn.unit->scale : 1.0;
 		if (json_is_number(v) || json_is_boolean(v)) {

@@ -23,6 +23,10 @@
  * SET_BLOCK for new rows) go into the micro-batch that carries the slot's
  * next columns, ahead of them; chains keep submission order, so every stage
  * sees the same table at the same step.
+ *
+ * Replays (sched_replay.c): a sequence the chain lost leaves its slot and
+ * waits on rp_head with n_prompt = its prompt + generated tokens; admission
+ * takes those before the FIFO, and it prefills them all in a fresh slot.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -74,6 +78,8 @@ void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
 	o->spec_ngram_min = 2;
 	o->spec_ngram_max = 4;
 	o->spec_window = 4096;
+	o->replay_max = 2;
+	o->replay_timeout_ms = 30000;
 }
 
 static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)
@@ -85,17 +91,35 @@ static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)
 
 /* ---- request lifetime ---- */
 
-static size_t req_queued_bytes(const struct sched_req *r)
-{
-	return sizeof(*r) + sizeof(int32_t) * (size_t)(r->n_prompt + r->n_stop);
-}
-
 static void req_free(struct sched_req *r)
 {
 	if (r == NULL)
 		return;
+	free(r->why);
 	free(r->toks);
 	free(r);
+}
+
+void sched_queue_push(struct sched_req **head, struct sched_req **tail, struct sched_req *r)
+{
+	r->next = NULL;
+	if (*tail != NULL)
+		(*tail)->next = r;
+	else
+		*head = r;
+	*tail = r;
+}
+
+void sched_queue_unlink(struct sched_req **head, struct sched_req **tail, struct sched_req *prev,
+			struct sched_req *r)
+{
+	if (prev != NULL)
+		prev->next = r->next;
+	else
+		*head = r->next;
+	if (*tail == r)
+		*tail = prev;
+	r->next = NULL;
 }
 
 /*
@@ -178,24 +202,19 @@ static void req_finish_kv(struct ctrl_sched *s, struct sched_req *r, enum ctrl_f
 	req_free(r);
 }
 
-static void req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
-		       const char *msg)
+void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
+		      const char *msg)
 {
 	req_finish_kv(s, r, why, token, msg, NULL, 0);
 }
 
-/* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
-void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
-			const char *msg)
+/* Free slot @p i (its blocks go back unless @p kept: a hold_kv request's). */
+static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
-	const struct sched_held *h = NULL;
-	int32_t kv_pos = sl->n_fed;
 
-	if (r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
-		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
-	if (h == NULL)
+	if (!kept)
 		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
 	sl->n_blk = 0;
 	sl->n_set = 0;
@@ -210,6 +229,26 @@ void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, in
 	sl->cancelled = 0;
 	sl->rollback_to = -1;
 	s->free_slots[s->n_free_slots++] = i;
+	return r;
+}
+
+struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i)
+{
+	return slot_free(s, i, 0);
+}
+
+/* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
+void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
+			const char *msg)
+{
+	struct sched_slot *sl = &s->slots[i];
+	const struct sched_held *h = NULL;
+	int32_t kv_pos = sl->n_fed;
+	struct sched_req *r;
+
+	if (sl->r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
+		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
+	r = slot_free(s, i, h != NULL);
 	req_finish_kv(s, r, why, token, msg, h, kv_pos);
 }
 
@@ -293,6 +332,9 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->hold_kv = rq->hold_kv != 0;
 	r->kv_remote = rq->kv_remote != 0;
 	r->t_admitted_ns = 0;
+	r->t_wait_ns = 0;
+	r->n_replays = 0;
+	r->why = NULL;
 	r->cb = rq->cb;
 	r->cb_arg = rq->cb_arg;
 	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
@@ -386,6 +428,23 @@ int32_t ctrl_sched_admissible(const struct ctrl_sched *s, int32_t n_prompt, int3
 	return (int32_t)most;
 }
 
+/* End request @p id if it waits in the queue @p head: @return 1 if it did. */
+static int cancel_queued(struct ctrl_sched *s, struct sched_req **head, struct sched_req **tail, int32_t *n,
+			 uint64_t id)
+{
+	for (struct sched_req *r = *head, *prev = NULL; r != NULL; prev = r, r = r->next) {
+		if (r->id != id)
+			continue;
+		sched_queue_unlink(head, tail, prev, r);
+		(*n)--;
+		s->queued_bytes -= sched_req_queued_bytes(r);
+		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+		sched_req_finish(s, r, CTRL_FINISH_CANCELLED, -1, NULL);
+		return 1;
+	}
+	return 0;
+}
+
 /* Move new requests to the FIFO (or reject them) and apply cancellations. */
 static int drain_inbox(struct ctrl_sched *s)
 {
@@ -414,40 +473,21 @@ static int drain_inbox(struct ctrl_sched *s)
 			/* (the HTTP layer refuses these before they come: ctrl_sched_admissible()) */
 			s->st.rejected++;
 			atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
-			req_finish(s, r, CTRL_FINISH_ERROR, -1, msg);
+			sched_req_finish(s, r, CTRL_FINISH_ERROR, -1, msg);
 			continue;
 		}
-		if (s->q_tail != NULL)
-			s->q_tail->next = r;
-		else
-			s->q_head = r;
-		s->q_tail = r;
+		sched_queue_push(&s->q_head, &s->q_tail, r);
 		s->n_queued++;
-		s->queued_bytes += req_queued_bytes(r);
+		s->queued_bytes += sched_req_queued_bytes(r);
+		r->t_wait_ns = kvf_mono_ns();
 	}
 
 	for (size_t k = 0; k < n_cancel; k++) {
 		uint64_t id = cancels[k];
-		struct sched_req **pp = &s->q_head, *prev = NULL;
-		int found = 0;
+		int found = cancel_queued(s, &s->q_head, &s->q_tail, &s->n_queued, id)
+			    || cancel_queued(s, &s->rp_head, &s->rp_tail, &s->n_replaying, id);
 
 		busy = 1;
-		while (*pp != NULL) {
-			r = *pp;
-			if (r->id == id) {
-				*pp = r->next;
-				if (s->q_tail == r)
-					s->q_tail = prev;
-				s->n_queued--;
-				s->queued_bytes -= req_queued_bytes(r);
-				atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
-				req_finish(s, r, CTRL_FINISH_CANCELLED, -1, NULL);
-				found = 1;
-				break;
-			}
-			prev = r;
-			pp = &r->next;
-		}
 		for (int32_t i = 0; !found && i < s->n_slots; i++) {
 			struct sched_slot *sl = &s->slots[i];
 
@@ -470,30 +510,35 @@ static int admit(struct ctrl_sched *s)
 {
 	int busy = 0;
 
-	while (s->q_head != NULL && s->n_free_slots > 0) {
-		struct sched_req *r = s->q_head;
+	/* Requests the chain lost first: they were admitted before any that waits. */
+	while ((s->rp_head != NULL || s->q_head != NULL) && s->n_free_slots > 0) {
+		int replay = s->rp_head != NULL;
+		struct sched_req *r = replay ? s->rp_head : s->q_head;
 		struct sched_slot *sl;
 		int32_t *toks;
 		int32_t i;
 
 		if (s->reserved + r->need > s->n_blocks)
 			break; /* FIFO: nobody overtakes the head */
-		s->q_head = r->next;
-		if (s->q_head == NULL)
-			s->q_tail = NULL;
-		r->next = NULL;
-		s->n_queued--;
-		s->queued_bytes -= req_queued_bytes(r);
+		if (replay) {
+			sched_queue_unlink(&s->rp_head, &s->rp_tail, NULL, r);
+			s->n_replaying--;
+		} else {
+			sched_queue_unlink(&s->q_head, &s->q_tail, NULL, r);
+			s->n_queued--;
+		}
+		s->queued_bytes -= sched_req_queued_bytes(r);
 		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
 		busy = 1;
-		toks = realloc(r->toks, sizeof(int32_t) * (size_t)(r->n_prompt + r->max_tokens));
+		/* (a replayed request's n_prompt holds its n_gen tokens: the same size) */
+		toks = realloc(r->toks, sizeof(int32_t) * (size_t)(r->n_prompt + r->max_tokens - r->n_gen));
 		if (toks == NULL) {
-			req_finish(s, r, CTRL_FINISH_ERROR, -1,
+			sched_req_finish(s, r, CTRL_FINISH_ERROR, -1,
 				   "realloc of the token buffer failed at admission: the scheduler is out of memory");
 			continue;
 		}
 		r->toks = toks;
-		r->cap = r->n_prompt + r->max_tokens;
+		r->cap = r->n_prompt + r->max_tokens - r->n_gen;
 		i = s->free_slots[--s->n_free_slots];
 		sl = &s->slots[i];
 		sl->r = r;
@@ -509,8 +554,10 @@ static int admit(struct ctrl_sched *s)
 		s->reserved += r->need;
 		s->n_live++;
 		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
-		s->st.admitted++;
-		r->t_admitted_ns = kvf_mono_ns(); /* the request's queue time ends (HTTP's histogram) */
+		if (r->n_replays == 0) {
+			s->st.admitted++;
+			r->t_admitted_ns = kvf_mono_ns(); /* the request's queue time ends (HTTP's histogram) */
+		}
 		if (r->kv_remote)
 			sched_kv_reserve(s, i);
 	}
@@ -519,8 +566,8 @@ static int admit(struct ctrl_sched *s)
 
 /* ---- launches ---- */
 
-/* End every sequence of group @p g with an error (a failed group). */
-static void group_fail(struct ctrl_sched *s, struct sched_group *g, const char *why)
+/* Replay, or end with an error, every sequence of group @p g (a failed group). */
+void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *why)
 {
 	char msg[320];
 
@@ -531,7 +578,7 @@ static void group_fail(struct ctrl_sched *s, struct sched_group *g, const char *
 
 		s->slots[i].inflight = 0;
 		if (s->slots[i].r != NULL)
-			sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1, msg);
+			sched_slot_lost(s, i, msg);
 	}
 	g->n_ent = 0;
 	g->state = GROUP_IDLE;
@@ -552,7 +599,7 @@ static int group_submit(struct ctrl_sched *s, struct sched_group *g)
 
 		snprintf(why, sizeof(why), "ctrl_chain_submit(%s, %d columns) failed: %s",
 			 s->chain->vt->name, g->n_cols, strerror(-rc));
-		group_fail(s, g, why);
+		sched_group_fail(s, g, why);
 		return rc;
 	}
 	g->state = GROUP_INFLIGHT;
@@ -588,7 +635,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 	if (res->status == 0 && res->step_ns > 0 && s->one_launch)
 		sched_fit_add(&s->fit, g->n_cols, res->step_ns);
 	if (res->status < 0 || res->n_cols != g->n_cols) {
-		group_fail(s, g, res->status < 0 ? res->err : "result has a different column count");
+		sched_group_fail(s, g, res->status < 0 ? res->err : "result has a different column count");
 		return;
 	}
 	for (int32_t e = 0; e < g->n_ent; e++) {
@@ -608,10 +655,11 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			char msg[320];
 
 			/* Its KV is gone on some stage: no later round could be
-			 * right. The slot's next owner starts with ZERO_SLOT. */
+			 * right, so it starts again elsewhere (or ends). The
+			 * slot's next owner starts with ZERO_SLOT. */
 			snprintf(msg, sizeof(msg), "the stage chain lost this request's KV cache (group %d): %s",
 				 (int)(g - s->groups), res->err);
-			sched_slot_finish(s, en->slot, CTRL_FINISH_ERROR, -1, msg);
+			sched_slot_lost(s, en->slot, msg);
 			continue;
 		}
 		switch (en->kind) {
@@ -674,7 +722,7 @@ static int poll_body(struct ctrl_sched *s)
 			for (int32_t k = 0; k < s->n_groups; k++)
 				if (s->groups[k].state == GROUP_INFLIGHT) {
 					s->n_inflight--;
-					group_fail(s, &s->groups[k], why);
+					sched_group_fail(s, &s->groups[k], why);
 				}
 			sched_publish(s);
 			return n;
@@ -687,6 +735,11 @@ static int poll_body(struct ctrl_sched *s)
 		 * chain that watches its stages (worker processes) notices a death
 		 * and re-forms while the scheduler idles, not at the next request. */
 		ctrl_chain_poll(s->chain, s->res, 0);
+	}
+	if (sched_replay_hold(s)) {
+		/* the chain re-forms: requests wait (and end past replay_timeout) */
+		sched_publish(s);
+		return busy ? CTRL_SCHED_BUSY : CTRL_SCHED_IDLE;
 	}
 	busy |= admit(s);
 	for (int32_t k = 0; k < s->n_groups; k++) {
@@ -862,6 +915,10 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 	}
 	while ((r = s->q_head) != NULL) {
 		s->q_head = r->next;
+		req_free(r);
+	}
+	while ((r = s->rp_head) != NULL) {
+		s->rp_head = r->next;
 		req_free(r);
 	}
 	for (int32_t i = 0; i < s->n_slots; i++)

@@ -2,8 +2,9 @@
 /*
  * Private: the scheduler's state, shared by sched.c (requests, admission,
  * results, the poll loop), sched_pack.c (packing), sched_budget.c (the
- * step budget), sched_kv.c (the PD handoff), sched_stats.c (counters) and
- * the scheduler's tests and bench.
+ * step budget), sched_kv.c (the PD handoff), sched_replay.c (requests the
+ * chain lost, run again), sched_stats.c (counters) and the scheduler's
+ * tests and bench.
  */
 #ifndef CTRL_SCHED_INT_H
 #define CTRL_SCHED_INT_H
@@ -20,7 +21,8 @@ struct shm_blkpool;
 struct sched_req {
 	struct sched_req *next;   /* inbox / FIFO link */
 	uint64_t id;
-	int32_t n_prompt;
+	int32_t n_prompt;         /* positions to prefill: the prompt, and after a replay the
+	                             tokens it generated before too (toks[0 .. n_prompt)) */
 	int32_t max_tokens;
 	int32_t n_gen;
 	int32_t need;             /* worst-case blocks */
@@ -32,6 +34,9 @@ struct sched_req {
 	int32_t n_logprobs;
 	uint8_t hold_kv, kv_remote;
 	uint64_t t_admitted_ns;   /* kvf_mono_ns() at admission, 0 while queued (ctrl_event's) */
+	uint64_t t_wait_ns;       /* when it last began to wait in a queue (replay_timeout) */
+	int32_t n_replays;        /* times the chain lost it and it was put back */
+	char *why;                /* after a replay: how the chain lost it (NULL before) */
 	ctrl_token_cb cb;
 	void *cb_arg;
 	int32_t *toks;            /* prompt, then generated tokens */
@@ -117,7 +122,7 @@ struct sched_pend {
 	struct ctrl_event ev;
 	int32_t top_ids[CTRL_CHAIN_MAX_LOGPROBS];
 	float top_lps[CTRL_CHAIN_MAX_LOGPROBS];
-	char msg[320];
+	char msg[512];
 };
 
 /* Top logprobs of one column of a result, as a token event carries them. */
@@ -132,6 +137,35 @@ struct col_top {
 void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
+
+/* Heap a waiting request holds (cap: n_prompt while it first waits; a
+ * replayed request keeps its whole token buffer). */
+static inline size_t sched_req_queued_bytes(const struct sched_req *r)
+{
+	return sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
+}
+
+/* sched.c: replay, or end with an error, every sequence of group @p g (@p why: the chain's message). */
+void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *why);
+/* sched.c: take the sequence out of slot @p i without a word to its client
+ * (its blocks and slot go back): @return its request. */
+struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i);
+/* sched.c: tell the client and drop a request that is in no slot or queue. */
+void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
+		      const char *msg);
+/* sched.c: append @p r to the queue @p head .. @p tail. */
+void sched_queue_push(struct sched_req **head, struct sched_req **tail, struct sched_req *r);
+/* sched.c: unlink @p r from the queue @p head .. @p tail (@p prev before it, or NULL). */
+void sched_queue_unlink(struct sched_req **head, struct sched_req **tail, struct sched_req *prev,
+			struct sched_req *r);
+
+/* sched_replay.c: requests the chain lost. */
+/* The chain lost the sequence in slot @p i (@p msg: how); replay it or end it. */
+void sched_slot_lost(struct ctrl_sched *s, int32_t i, const char *msg);
+/* Before admitting and launching: @return 1 when the chain is not ready and
+ * nothing may be admitted or launched (live sequences not in flight are put
+ * back, waits past replay_timeout end), 0 to go on. */
+int sched_replay_hold(struct ctrl_sched *s);
 
 /* sched_stats.c: publish the counters ctrl_sched_stats() reads. */
 void sched_publish(struct ctrl_sched *s);
@@ -197,6 +231,10 @@ struct ctrl_sched {
 	int32_t n_inflight;
 	struct sched_req *q_head, *q_tail;  /* FIFO of admitted-to-wait requests */
 	int32_t n_queued;
+	struct sched_req *rp_head, *rp_tail; /* requests the chain lost, admitted before q_head */
+	int32_t n_replaying;
+	uint64_t down_since;      /* replay on: when the chain was first seen not ready, 0 ready */
+	char down_why[CTRL_CHAIN_ERRLEN];
 	int32_t n_live;
 	int32_t reserved;         /* sum of worst-case blocks of live sequences */
 	uint64_t launch_no;

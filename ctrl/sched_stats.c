@@ -20,6 +20,7 @@ void sched_publish(struct ctrl_sched *s)
 
 	st->n_groups = s->n_groups;
 	st->queued = s->n_queued;
+	st->replaying = s->n_replaying;
 	st->live = s->n_live;
 	st->blocks_total = s->n_blocks;
 	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool);

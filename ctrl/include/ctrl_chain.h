@@ -114,6 +114,8 @@ struct ctrl_chain_vtbl {
 			 size_t len);
 	int (*kv_import)(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
 			 size_t len, const struct kn_kv_format *f);
+	/* optional: can the chain compute now (ctrl_chain_ready())? NULL: always */
+	int (*ready)(struct ctrl_chain *c, char *why, size_t whylen);
 };
 
 /** Embed as the first member of an implementation's struct. */
@@ -146,6 +148,19 @@ int ctrl_chain_submit(struct ctrl_chain *c, uint32_t group, const struct kn_colu
  * @return the number of results (0 if none is ready), or -errno.
  */
 int ctrl_chain_poll(struct ctrl_chain *c, struct ctrl_chain_result *out, int max);
+
+/**
+ * Can the chain compute now? A chain that re-forms after a failure (worker
+ * processes: a stage died and every stage must answer again) is not ready
+ * until it has; what it had in flight already failed, the KV its stages
+ * held may be gone, and a micro-batch submitted meanwhile fails. The
+ * scheduler holds its requests while a chain is not ready instead
+ * (ctrl_sched_opts.replay_max).
+ * @param why receives what took the chain down when it is not ready
+ *            ("stage 1 (stage1, pid 4031, layers 1..2) died"); may be NULL
+ * @return 1 ready (a chain without the notion always is), 0 not ready.
+ */
+int ctrl_chain_ready(struct ctrl_chain *c, char *why, size_t whylen);
 
 /** Fill @p st with the chain's counters. @return 0 or -errno. */
 int ctrl_chain_stats(struct ctrl_chain *c, struct ctrl_chain_stats *st);

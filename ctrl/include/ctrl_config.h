@@ -99,6 +99,8 @@ struct ctrl_settings {
 	int64_t spec_depth;
 	int64_t spec_c_full;
 	int64_t spec_c_half;
+	int64_t replay_max;           /**< replays of a request its chain lost; 0 = none */
+	int64_t replay_timeout;       /**< seconds a request waits for its chain to re-form */
 	/* [ctrl] */
 	char admin_socket[CTRL_CFG_STRLEN];
 	int64_t drain_timeout;        /**< seconds */

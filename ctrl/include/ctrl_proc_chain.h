@@ -21,10 +21,11 @@
  * reports its node dead or restarted, or a group overstays the group
  * timeout) fails every group in flight with status < 0 and a message naming
  * the stage. The chain then re-forms by itself (JOIN + POOL again, as soon
- * as a restarted worker answers); until it has, submitted groups fail at
- * once. Sequences that had KV on the lost stage fail when next submitted
- * (their KV is gone); a slot is whole again once the scheduler zeroes it for
- * a new sequence.
+ * as a restarted worker answers); until it has, ctrl_chain_ready() says
+ * so, naming the stage, and submitted groups fail at once. Sequences that
+ * had KV on the lost stage fail when next submitted (their KV is gone); a
+ * slot is whole again once the scheduler zeroes it for a new sequence (the
+ * scheduler replays such sequences in fresh slots: ctrl_sched.h).
  *
  * Threading: as every chain, one thread calls every function.
  */

@@ -24,6 +24,16 @@
  *    the cursor and moves the cursor past it); a waiting request is admitted
  *    as soon as the requests ahead of it are admitted and enough admitted
  *    sequences finished, which each does within its max_tokens rounds.
+ *  - A replay changes no token: a request the chain lost (its micro-batch
+ *    or its column failed, or the chain stopped being ready while it was
+ *    live) goes back to the head of the queue as a request whose prompt is
+ *    its prompt plus every token it generated, with what is left of its
+ *    max_tokens and the same sampling settings; draws are keyed by (seed,
+ *    position), so its continuation is the one an undisturbed run produces.
+ *    Its client sees a pause, never a token twice. It is replayed at most
+ *    replay_max times and waits at most replay_timeout_ms for a chain that
+ *    is not ready; then it ends with the chain's error, naming the stage
+ *    and the setting to raise.
  *
  * Threading: one thread (the scheduler thread) calls ctrl_sched_poll() in a
  * loop and destroys the scheduler; ctrl_sched_submit(), ctrl_sched_cancel()
@@ -151,12 +161,19 @@ struct ctrl_sched_opts {
 	int32_t spec_ngram_max;    /**< longest suffix n-gram tried first */
 	int32_t spec_window;       /**< lookup searches the last this many tokens */
 	uint8_t id_tag;            /**< low 8 bits of every request id (replica index) */
+	int32_t replay_max;        /**< a request whose micro-batch the chain failed (a stage
+	                                died) is replayed from its prompt plus the tokens it
+	                                generated, at most this many times, then ends with the
+	                                chain's error; 0: it ends at once (no replay) */
+	uint64_t replay_timeout_ms; /**< with replay_max > 0: how long a request may wait for a
+	                                chain that is not ready (ctrl_chain_ready()) before it
+	                                ends with the chain's error */
 };
 
 /**
  * Fill @p o with defaults: 0 extra groups (so n_stages + 1), mb_cols 32, wide
  * plan = chain max, spec on with depth 8, c_full 8, c_half 32, n-grams 2..4,
- * window 4096, queue 65536.
+ * window 4096, queue 65536, replay_max 2, replay_timeout 30 s.
  */
 void ctrl_sched_opts_init(struct ctrl_sched_opts *o);
 
@@ -204,6 +221,11 @@ struct ctrl_sched_stats {
 	int32_t kv_waiting;        /**< kv_remote requests waiting for their KV */
 	uint64_t kv_imported;      /**< kv_remote requests that started decoding */
 	uint64_t kv_stale;         /**< kv_ready / failed / release for no such request */
+	uint64_t replayed;         /**< requests put back to run again after the chain lost
+	                                them (each replay counts) */
+	uint64_t replay_failures;  /**< requests that ended with the chain's error although
+	                                replay was on: past replay_max, or past replay_timeout */
+	int32_t replaying;         /**< requests waiting to run again now */
 	double step_fixed_us;      /**< the step model: fixed time of a launch (0: no fit) */
 	double step_col_us;        /**< the step model: time per column */
 	int32_t n_plans;           /**< the step model's plans (ctrl_sched_opts.plans) */

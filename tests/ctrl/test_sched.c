@@ -431,6 +431,7 @@ static void a_dead_stage_fails_exactly_the_requests_in_its_micro_batch(void **st
 	rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
 	ctrl_sched_opts_init(&o);
 	o.mb_cols = 4;
+	o.replay_max = 0; /* the behaviour without replays */
 	s = sched(&rc->base, &o);
 	memset(r, 0, sizeof(r));
 	for (int i = 0; i < 16; i++) {
@@ -481,6 +482,7 @@ static void a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go
 	rc->watch_slot = -1;
 	ctrl_sched_opts_init(&o);
 	o.mb_cols = 8;
+	o.replay_max = 0; /* the behaviour without replays */
 	s = sched(&rc->base, &o);
 	memset(r, 0, sizeof(r));
 	/* Request i lands in slot i: the scheduler hands out free slots from 0. */

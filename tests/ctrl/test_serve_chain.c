@@ -4,9 +4,11 @@
  * on the tiny generated model: the scheduler's output through 2 and 3
  * worker processes equals each request's solo run token for token; the KV
  * pool is negotiated to one count on every stage; a worker holding another
- * model is refused at join naming both; a worker killed mid-request ends its
- * requests with an error within a bound, and the chain re-forms under an idle
- * scheduler's polls alone and serves again once the worker is restarted.
+ * model is refused at join naming both; without replays a worker killed
+ * mid-request ends its requests with an error within a bound, and the chain
+ * re-forms under an idle scheduler's polls alone and serves again once the
+ * worker is restarted; with replays those requests run again once it is,
+ * and each still equals its solo run.
  * Usage: test_serve_chain PATH-TO-kvferry-worker PATH-TO-kvferry-mkmodel
  */
 #include <errno.h>
@@ -222,7 +224,8 @@ static struct ctrl_chain *chain(int n, const int32_t *ends, char *err, size_t er
 	return ctrl_proc_chain_create(g_m, &o, err, errlen);
 }
 
-static struct ctrl_sched *sched(struct ctrl_chain *c)
+/* @p replay_max: ctrl_sched_opts'; -1 its default. */
+static struct ctrl_sched *sched(struct ctrl_chain *c, int32_t replay_max)
 {
 	struct ctrl_sched_opts o;
 	struct ctrl_sched *s;
@@ -230,6 +233,8 @@ static struct ctrl_sched *sched(struct ctrl_chain *c)
 
 	ctrl_sched_opts_init(&o);
 	o.mb_cols = 8;
+	if (replay_max >= 0)
+		o.replay_max = replay_max;
 	s = ctrl_sched_create(c, &o, err, sizeof(err));
 	if (s == NULL)
 		fail_msg("ctrl_sched_create: %s", err);
@@ -280,7 +285,7 @@ static void run_equal(int n, const int32_t *ends)
 	c = chain(n, ends, err, sizeof(err));
 	if (c == NULL)
 		fail_msg("ctrl_proc_chain_create: %s", err);
-	s = sched(c);
+	s = sched(c, -1);
 	submit_all(s, got);
 	assert_int_equal(drain(s, 60000), 0);
 	check_all(got);
@@ -378,26 +383,24 @@ static void a_worker_holding_another_model_is_refused_at_join_naming_both(void *
 		assert_int_equal(stop_worker(g_pids[k]), 0);
 }
 
-static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart(void **state)
+/* Two workers, every request submitted through a scheduler of @p replay_max;
+ * once some tokens flowed, SIGKILL the stage-1 worker and reap it.
+ * @return the scheduler (its chain in @p c), the tokens by then in @p tokens. */
+static struct ctrl_sched *kill_stage1_mid_request(int32_t replay_max, struct rec *got, struct ctrl_chain **c,
+						  long *tokens_out)
 {
-	static struct rec got[N];
-	struct ctrl_chain *c;
 	struct ctrl_sched *s;
-	struct ctrl_proc_stage ps;
 	char err[512];
-	uint64_t t_kill, t_end;
-	int errors = 0, st;
 	long tokens;
+	int st;
 
-	(void)state;
 	for (int k = 0; k < 2; k++)
 		g_pids[k] = start_worker(k, 2, g_model, "4");
-	c = chain(2, NULL, err, sizeof(err));
-	if (c == NULL)
+	*c = chain(2, NULL, err, sizeof(err));
+	if (*c == NULL)
 		fail_msg("ctrl_proc_chain_create: %s", err);
-	s = sched(c);
+	s = sched(*c, replay_max);
 	submit_all(s, got);
-	/* Let some tokens flow, then kill stage 1 mid-request. */
 	do {
 		struct timespec ts = { 0, 50000 };
 
@@ -409,6 +412,22 @@ static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serv
 	} while (tokens < 12);
 	kill(g_pids[1], SIGKILL);
 	waitpid(g_pids[1], &st, 0);
+	*tokens_out = tokens;
+	return s;
+}
+
+static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart(void **state)
+{
+	static struct rec got[N];
+	struct ctrl_chain *c;
+	struct ctrl_sched *s;
+	struct ctrl_proc_stage ps;
+	uint64_t t_kill, t_end;
+	int errors = 0;
+	long tokens;
+
+	(void)state;
+	s = kill_stage1_mid_request(0, got, &c, &tokens); /* the behaviour without replays */
 	g_pids[1] = 0;
 	t_kill = now_ns();
 	assert_int_equal(drain(s, 10000), 0);
@@ -445,6 +464,45 @@ static void a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serv
 	submit_all(s, got);
 	assert_int_equal(drain(s, 60000), 0);
 	check_all(got);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
+static void a_killed_workers_requests_run_again_once_it_is_restarted_and_equal_their_solo_runs(void **state)
+{
+	static struct rec got[N];
+	struct ctrl_chain *c;
+	struct ctrl_sched *s;
+	struct ctrl_sched_stats st;
+	uint64_t t_kill, t_end;
+	long tokens;
+
+	(void)state;
+	s = kill_stage1_mid_request(2, got, &c, &tokens);
+	t_kill = now_ns();
+	/* about the time systemd takes to restart it (RestartSec=1 would be more) */
+	while (now_ns() - t_kill < 300000000ull) {
+		struct timespec ts = { 0, 1000000 };
+
+		assert_true(ctrl_sched_poll(s) >= 0);
+		nanosleep(&ts, NULL);
+	}
+	for (int i = 0; i < N; i++)
+		if (got[i].done)
+			assert_int_equal(got[i].finish, CTRL_FINISH_LENGTH); /* nothing failed meanwhile */
+	g_pids[1] = start_worker(1, 2, g_model, "4");
+	assert_int_equal(drain(s, 60000), 0);
+	t_end = now_ns();
+	check_all(got); /* every request: its solo tokens, each once */
+	ctrl_sched_stats(s, &st);
+	printf("killed stage 1 after %ld tokens, restarted it 0.3 s later: %llu requests replayed, all %d ended "
+	       "as their solo runs %.0f ms after the kill\n", tokens, (unsigned long long)st.replayed, N,
+	       (double)(t_end - t_kill) / 1e6);
+	assert_true(st.replayed > 0);
+	assert_int_equal(st.errors, 0);
+	assert_int_equal(st.blocks_in_use, 0);
 	ctrl_sched_destroy(s);
 	ctrl_chain_destroy(c);
 	for (int k = 0; k < 2; k++)
@@ -555,6 +613,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(a_worker_holding_another_model_is_refused_at_join_naming_both, reap_workers),
 		cmocka_unit_test_teardown(a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart, reap_workers),
 		cmocka_unit_test_teardown(after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbour_is_computed, reap_workers),
+		cmocka_unit_test_teardown(a_killed_workers_requests_run_again_once_it_is_restarted_and_equal_their_solo_runs, reap_workers),
 	};
 
 	if (argc < 3) {

@@ -19,6 +19,10 @@ skip() { echo "SKIP: $*"; exit 77; }
 command -v python3 >/dev/null || skip "python3 missing"
 
 KVF_BIN=$B KVF_BACKEND=cpu KVF_THREADS=1 KVF_GROUP_TIMEOUT=3
+# part 2 is about what a client sees when its request dies with the worker:
+# [sched] replay_max = 0 (ctrld would otherwise run those requests again
+# once the worker is back; tests/ctrl/ctrld_replay.sh covers that)
+export KVFERRY_REPLAY_MAX=0
 KVF_RUN=$(mktemp -d /tmp/kvferry-serve-it.XXXXXX)
 KVF_MODEL=$KVF_RUN/tiny
 . "$S/scripts/serve-lib.sh"
