@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The scheduler core: inbox, admission, packing, result application.
+ * The scheduler core: inbox, admission, launches, result application
+ * (tokens and finishes toward the clients: sched_emit.c).
  *
  * A sequence lives in a slot (its block-table row on every stage). Its state:
  *   toks[0 .. n_toks)  prompt then generated tokens
@@ -91,7 +92,7 @@ static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)
 
 /* ---- request lifetime ---- */
 
-static void req_free(struct sched_req *r)
+void sched_req_free(struct sched_req *r)
 {
 	if (r == NULL)
 		return;
@@ -120,178 +121,6 @@ void sched_queue_unlink(struct sched_req **head, struct sched_req **tail, struct
 	if (*tail == r)
 		*tail = prev;
 	r->next = NULL;
-}
-
-/*
- * Hand an event to its request's callback, or, inside a poll, keep a copy for
- * flush(), which runs once the poll's launches are out: measured on the H200
- * (1B, 64 clients) the callbacks of one round (a mutex, a queue push and an
- * MHD resume each) held the next launch back by ~0.3 ms, a fifth of a step.
- * Events keep their order, one request's finish after its tokens.
- */
-void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev)
-{
-	struct sched_pend *p;
-
-	if (!s->defer)
-		goto now;
-	if (s->n_pend == s->cap_pend) {
-		int32_t cap = s->cap_pend ? s->cap_pend * 2 : 64;
-		struct sched_pend *np = realloc(s->pend, sizeof(*np) * (size_t)cap);
-
-		if (np == NULL) {
-			/* out of memory: deliver what is held, then this one, in order */
-			for (int32_t i = 0; i < s->n_pend; i++)
-				s->pend[i].cb(s->pend[i].cb_arg, &s->pend[i].ev);
-			s->n_pend = 0;
-			goto now;
-		}
-		s->pend = np;
-		s->cap_pend = cap;
-	}
-	p = &s->pend[s->n_pend++];
-	p->cb = cb;
-	p->cb_arg = arg;
-	p->ev = *ev;
-	if (ev->n_top > 0 && ev->top_ids != NULL && ev->top_logprobs != NULL) {
-		int32_t n = ev->n_top < CTRL_CHAIN_MAX_LOGPROBS ? ev->n_top : CTRL_CHAIN_MAX_LOGPROBS;
-
-		memcpy(p->top_ids, ev->top_ids, sizeof(int32_t) * (size_t)n);
-		memcpy(p->top_lps, ev->top_logprobs, sizeof(float) * (size_t)n);
-		p->ev.n_top = n;
-	}
-	if (ev->message != NULL)
-		snprintf(p->msg, sizeof(p->msg), "%s", ev->message);
-	return;
-now:
-	cb(arg, ev);
-}
-
-static void flush(struct ctrl_sched *s)
-{
-	for (int32_t i = 0; i < s->n_pend; i++) {
-		struct sched_pend *p = &s->pend[i];
-
-		p->ev.top_ids = p->ev.n_top > 0 ? p->top_ids : NULL;
-		p->ev.top_logprobs = p->ev.n_top > 0 ? p->top_lps : NULL;
-		p->ev.message = p->ev.message != NULL ? p->msg : NULL;
-		p->cb(p->cb_arg, &p->ev);
-	}
-	s->n_pend = 0;
-}
-
-/* Tell the client and drop a request that is not in a slot; @p h: the
- * blocks it keeps (hold_kv), holding @p kv_pos positions. */
-static void req_finish_kv(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
-			  const char *msg, const struct sched_held *h, int32_t kv_pos)
-{
-	struct ctrl_event ev = {
-		.id = r->id, .finish = why, .token = token, .logprob = 0.0f,
-		.n_generated = r->n_gen, .message = msg,
-		.kv_blocks = h != NULL ? h->blk : NULL, .n_kv_blocks = h != NULL ? h->n : 0,
-		.kv_positions = h != NULL ? kv_pos : 0, .t_admitted_ns = r->t_admitted_ns,
-	};
-
-	s->st.finished++;
-	if (why == CTRL_FINISH_CANCELLED)
-		s->st.cancelled++;
-	if (why == CTRL_FINISH_ERROR)
-		s->st.errors++;
-	atomic_fetch_sub_explicit(&s->load, r->need, memory_order_relaxed);
-	sched_emit(s, r->cb, r->cb_arg, &ev);
-	req_free(r);
-}
-
-void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
-		      const char *msg)
-{
-	req_finish_kv(s, r, why, token, msg, NULL, 0);
-}
-
-/* Free slot @p i (its blocks go back unless @p kept: a hold_kv request's). */
-static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
-{
-	struct sched_slot *sl = &s->slots[i];
-	struct sched_req *r = sl->r;
-
-	if (!kept)
-		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
-	sl->n_blk = 0;
-	sl->n_set = 0;
-	if (sl->kv_wait)
-		s->st.kv_waiting--;
-	sl->kv_wait = 0;
-	s->reserved -= r->need;
-	s->n_live--;
-	s->live_bytes -= sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
-	sl->r = NULL;
-	sl->fresh = 1;
-	sl->cancelled = 0;
-	sl->rollback_to = -1;
-	s->free_slots[s->n_free_slots++] = i;
-	return r;
-}
-
-struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i)
-{
-	return slot_free(s, i, 0);
-}
-
-/* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
-void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token,
-			const char *msg)
-{
-	struct sched_slot *sl = &s->slots[i];
-	const struct sched_held *h = NULL;
-	int32_t kv_pos = sl->n_fed;
-	struct sched_req *r;
-
-	if (sl->r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
-		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
-	r = slot_free(s, i, h != NULL);
-	req_finish_kv(s, r, why, token, msg, h, kv_pos);
-}
-
-static struct col_top col_top(const struct ctrl_chain_result *res, const struct sched_req *r, int32_t col)
-{
-	struct col_top t = { 0, NULL, NULL };
-
-	if (res->n_logprobs > 0 && r->n_logprobs > 0 && res->top_ids != NULL && res->top_logprobs != NULL) {
-		t.n = r->n_logprobs < res->n_logprobs ? r->n_logprobs : res->n_logprobs;
-		t.ids = res->top_ids + (size_t)col * (size_t)res->n_logprobs;
-		t.lps = res->top_logprobs + (size_t)col * (size_t)res->n_logprobs;
-	}
-	return t;
-}
-
-/* Append a generated token; @return 1 if the sequence ended. */
-int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top)
-{
-	struct sched_slot *sl = &s->slots[i];
-	struct sched_req *r = sl->r;
-	struct ctrl_event ev;
-
-	r->toks[sl->n_toks++] = tok;
-	r->n_gen++;
-	s->st.tokens++;
-	for (int32_t k = 0; k < r->n_stop; k++) {
-		if (r->stop[k] == tok) {
-			sched_slot_finish(s, i, CTRL_FINISH_STOP, tok, NULL);
-			return 1;
-		}
-	}
-	ev = (struct ctrl_event){
-		.id = r->id, .finish = CTRL_FINISH_NONE, .token = tok, .logprob = lp,
-		.n_generated = r->n_gen, .message = NULL,
-		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
-		.t_admitted_ns = r->t_admitted_ns,
-	};
-	sched_emit(s, r->cb, r->cb_arg, &ev);
-	if (r->n_gen >= r->max_tokens) {
-		sched_slot_finish(s, i, CTRL_FINISH_LENGTH, -1, NULL);
-		return 1;
-	}
-	return 0;
 }
 
 /* ---- inbox (any thread) ---- */
@@ -669,7 +498,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		case ENT_PREFILL_LAST:
 			sl->n_fed += en->n;
 			sched_slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
-				  col_top(res, sl->r, en->col + en->n - 1));
+				  sched_col_top(res, sl->r, en->col + en->n - 1));
 			break;
 		case ENT_DECODE:
 			while (a < en->draft && out[a] == g->cols[en->col + 1 + a].token)
@@ -679,7 +508,7 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			s->st.spec_accepted += (uint64_t)a;
 			for (int32_t j = 0; j <= a; j++)
 				if (sched_slot_emit(s, en->slot, out[j], lp != NULL ? lp[j] : 0.0f,
-					      col_top(res, sl->r, en->col + j)))
+					      sched_col_top(res, sl->r, en->col + j)))
 					goto next;
 			if (a < en->draft)
 				sl->rollback_to = old + 1 + a;
@@ -702,7 +531,7 @@ int ctrl_sched_poll(struct ctrl_sched *s)
 	s->defer = 1;
 	rc = poll_body(s);
 	s->defer = 0;
-	flush(s);
+	sched_flush(s);
 	return rc;
 }
 
@@ -911,18 +740,18 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 		return;
 	while ((r = s->in_head) != NULL) {
 		s->in_head = r->next;
-		req_free(r);
+		sched_req_free(r);
 	}
 	while ((r = s->q_head) != NULL) {
 		s->q_head = r->next;
-		req_free(r);
+		sched_req_free(r);
 	}
 	while ((r = s->rp_head) != NULL) {
 		s->rp_head = r->next;
-		req_free(r);
+		sched_req_free(r);
 	}
 	for (int32_t i = 0; i < s->n_slots; i++)
-		req_free(s->slots[i].r);
+		sched_req_free(s->slots[i].r);
 	free(s->cancels);
 	sched_kv_destroy(s);
 	free(s->pend);

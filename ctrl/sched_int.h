@@ -132,9 +132,15 @@ struct col_top {
 	const float *lps;
 };
 
-/* sched.c, for its companions: deliver an event (deferred inside a poll),
+/* sched_emit.c, for the scheduler's files: deliver an event (deferred inside a poll),
  * end the sequence in a slot, append a generated token (1: it ended). */
 void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct ctrl_event *ev);
+/* Deliver the events sched_emit() held during a poll, in order (sched_emit.c). */
+void sched_flush(struct ctrl_sched *s);
+/* The top logprobs of column @p col of @p res that request @p r asked for. */
+struct col_top sched_col_top(const struct ctrl_chain_result *res, const struct sched_req *r, int32_t col);
+/* Free a request record (NULL: nothing). */
+void sched_req_free(struct sched_req *r);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
 
