@@ -50,7 +50,7 @@ static const char *const cuda_attn_names[] = {"auto", "column", "tile", NULL};
 #define KIB 1024.0
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-const char *const g_cfg_sections[] = {"http", "model", "engine", "sched", "ctrl", "dataplane", "pd", NULL};
+const char *const g_cfg_sections[] = {"http", "model", "engine", "sched", "ctrl", "pd", NULL};
 
 const struct cfg_key g_cfg_keys[] = {
 	/* [http] */
@@ -205,13 +205,6 @@ const struct cfg_key g_cfg_keys[] = {
 	 "the scheduler keeps polling (one core busy) this long after its last work before it "
 	 "sleeps between polls; -1 = 2000 on cuda (a step returns within ms), 0 on cpu (leave the "
 	 "cores to the CPU engine)"},
-	/* [dataplane] */
-	{"node_id", "dataplane", CFG_STRING, OFF(node_id), "", 0, 0,
-	 "KVFERRY_NODE_ID", "--node-id", NULL, NULL,
-	 "this node's name on the dataplane (empty: single node)"},
-	{"peers", "dataplane", CFG_STRING, OFF(peers), "", 0, 0,
-	 "KVFERRY_PEERS", "--peers", NULL, NULL,
-	 "other nodes, comma-separated name=address pairs"},
 	/* [engine] stages in kvferry-worker processes (ctrl_proc_chain.h) */
 	{"worker_region", "engine", CFG_STRING, OFF(worker_region), "", 0, 0,
 	 "KVFERRY_WORKER_REGION", "--worker-region", NULL, NULL,

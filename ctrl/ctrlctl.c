@@ -27,7 +27,7 @@ static void usage(FILE *f)
 		   "  stages    per-stage steps, columns, busy time, pipeline occupancy\n"
 		   "  requests  requests in flight\n"
 		   "  pool      KV block pool per replica\n"
-		   "  peers     dataplane node and peers\n"
+		   "  peers     dataplane peers: link state, RTT, credit, traffic, loss\n"
 		   "  bootstrap PD role; on a prefill node the bootstrap routes' port, ranks, counters\n"
 		   "  rooms     PD rooms in flight (decode: prefill node, state, age; prefill: KV held)\n"
 		   "  pd release / pd restore  a decode node stops opening rooms (refused while any can\n"

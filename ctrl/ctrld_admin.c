@@ -11,10 +11,13 @@
 
 #include <jansson.h>
 
+#include "ctrl_pd_serve.h"
 #include "ctrl_proc_chain.h"
 #include "ctrld_int.h"
+#include "dp_ipc.h"
 #include "kvf_clock.h"
 #include "kvf_config.h"
+#include "shm_region.h"
 
 /* Stages in worker processes: what each loaded (tensors and bytes of its
  * range, resident bytes, load time and rate) and where it stands, so an
@@ -69,26 +72,81 @@ static int cmd_status(void *arg, const char *cmd, json_t *params, json_t **data,
 	return 0;
 }
 
+/* The dataplane's stats area in this node's region (the workers' chain's,
+ * else the PD link's), or NULL when ctrld runs without a dataplane. */
+static const struct dp_stats_shm *dp_stats(struct daemon *d, const char **region)
+{
+	struct shm_region *reg = NULL;
+	uint64_t off;
+	size_t size;
+	const struct dp_stats_shm *st;
+
+	if (d->set->worker_region[0] && d->chains[0] != NULL) {
+		reg = ctrl_proc_chain_region(d->chains[0]);
+		*region = d->set->worker_region;
+	} else if (d->pd != NULL) {
+		reg = ctrl_pd_serve_region(d->pd);
+		*region = d->set->pd_dataplane_region;
+	}
+	if (reg == NULL || shm_region_find_area(reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
+		return NULL;
+	st = shm_ptr(reg, off);
+	return st->magic == DP_STATS_MAGIC && st->version == DP_STATS_VERSION ? st : NULL;
+}
+
+#define LD(field) __atomic_load_n(&ps->field, __ATOMIC_RELAXED)
+
+/* One peer as the dataplane sees it: the link's state, RTT and RTO, the
+ * credit it grants, traffic, and what was lost on the way (resent frames
+ * over frames sent, the sender's estimate of the link's loss). */
+static json_t *peer_json(const struct dp_peer_stats *ps)
+{
+	uint64_t drops = 0, tx = LD(tx_frames), rtx = LD(retransmits);
+	uint32_t up = LD(up), silent = LD(silent);
+	uint64_t epoch = LD(epoch);
+
+	for (unsigned k = 0; k < DP_DROP_MAX_; k++)
+		drops += LD(drops[k]);
+	return json_pack("{s:i, s:s, s:o, s:f, s:f, s:I, s:i, s:f, s:f, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "node", (int)ps->node,
+			 "state", up ? "up" : silent ? "silent" : epoch ? "down" : "never heard",
+			 "heard_ms_ago", epoch ? json_integer((json_int_t)LD(heard_ago_ms)) : json_null(),
+			 "rtt_us", (double)LD(rtt_ns) / 1e3, "rto_ms", (double)LD(rto_ns) / 1e6,
+			 "credit_msgs", (json_int_t)LD(credit), "streams", (int)LD(streams),
+			 "tx_mb", (double)LD(tx_bytes) / 1e6, "rx_mb", (double)LD(rx_bytes) / 1e6,
+			 "retransmits", (json_int_t)rtx, "loss_pct", tx ? 100.0 * (double)rtx / (double)tx : 0.0,
+			 "timeouts", (json_int_t)LD(timeouts), "restarts", (json_int_t)LD(restarts),
+			 "msgs_sent", (json_int_t)LD(msgs_sent), "msgs_failed", (json_int_t)LD(msgs_failed),
+			 "msgs_received", (json_int_t)LD(msgs_received), "drops", (json_int_t)drops);
+}
+
+#undef LD
+
 static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
 {
 	struct daemon *d = arg;
+	const char *region = "";
+	const struct dp_stats_shm *st = dp_stats(d, &region);
 	json_t *peers = json_array();
-	char buf[CTRL_CFG_STRLEN], *save, *tok;
+	char where[CTRL_CFG_STRLEN + 64];
 
 	(void)cmd;
 	(void)params;
 	(void)err;
 	(void)errlen;
-	snprintf(buf, sizeof(buf), "%s", d->set->peers);
-	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-		char *eq = strchr(tok, '=');
-		if (eq)
-			*eq = 0;
-		json_array_append_new(peers, json_pack("{s:s, s:s, s:s}", "name", tok, "address", eq ? eq + 1 : "",
-						       "state", "configured"));
+	if (st != NULL) {
+		uint32_t n = __atomic_load_n(&st->n_peers, __ATOMIC_ACQUIRE);
+
+		for (uint32_t i = 0; i < n && i < DP_MAX_PEERS; i++)
+			json_array_append_new(peers, peer_json(&st->peer[i]));
+		snprintf(where, sizeof(where), "kvferry-dataplane on region %s", region);
+		*data = json_pack("{s:i, s:s, s:o}", "node", (int)st->self_node, "dataplane", where, "peers", peers);
+		return 0;
 	}
-	*data = json_pack("{s:s, s:s, s:o}", "node_id", d->set->node_id[0] ? d->set->node_id : "(single node)",
-			  "dataplane", "not attached: stages run in this process", "peers", peers);
+	*data = json_pack("{s:s, s:s, s:o}", "node", "(single node)", "dataplane",
+			  d->set->worker_region[0] || d->pd != NULL ? "its region holds no dataplane stats"
+								   : "not attached: stages run in this process",
+			  "peers", peers);
 	return 0;
 }
 
@@ -116,7 +174,7 @@ int ctrld_admin_register(struct daemon *d)
 		ctrl_admin_fn fn;
 	} t[] = {
 		{"/ctrl/status", "daemon, model and load summary", cmd_status},
-		{"/dp/peers", "dataplane node id and configured peers", cmd_peers},
+		{"/dp/peers", "this node's dataplane peers: link state, RTT, credit, traffic and loss", cmd_peers},
 		{"/ctrl/drain", "stop admitting requests (503); requests in flight finish", cmd_drain},
 		{"/ctrl/resume", "admit requests again after drain", cmd_drain},
 	};

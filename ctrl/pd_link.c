@@ -400,6 +400,11 @@ void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats 
 	*st = l->st;
 }
 
+struct shm_region *ctrl_pd_link_region(const struct ctrl_pd_link *l)
+{
+	return l != NULL ? l->reg : NULL;
+}
+
 int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l)
 {
 	uint64_t off;

@@ -513,6 +513,11 @@ int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s)
 	return s != NULL ? ctrl_pd_link_self_node(s->link) : -1;
 }
 
+struct shm_region *ctrl_pd_serve_region(const struct ctrl_pd_serve *s)
+{
+	return s != NULL ? ctrl_pd_link_region(s->link) : NULL;
+}
+
 void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 {
 	if (s == NULL)

@@ -653,7 +653,8 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 			__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
 			event(d, p, DP_EV_PEER_SILENT, 0);
 		}
-		uint64_t rtt = 0;
+		uint64_t rtt = 0, rto = 0, credit = UINT64_MAX;
+		uint32_t streams = 0;
 		struct dp_rel_tx_stats agg = {0};
 		for (unsigned j = 0; j < DP_MAX_STREAMS; j++) {
 			struct stream *s = p->st[j];
@@ -666,8 +667,13 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 			dp_rel_tx_get_stats(s->tx, &st);
 			agg.retransmits += st.retransmits;
 			agg.timeouts += st.timeouts;
-			if (st.srtt_ns > rtt)
+			if (st.srtt_ns > rtt) {
 				rtt = st.srtt_ns;
+				rto = st.rto_ns;
+			}
+			if (st.credit < credit)
+				credit = st.credit;
+			streams++;
 			if (dp_rel_tx_timer(s->tx, now) == -ETIMEDOUT) {
 				uint64_t failed = end_session(d, p, -ETIMEDOUT);
 				p->local_epoch++; /* the peer sees a new session from us */
@@ -678,6 +684,12 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 		__atomic_store_n(&p->stats->retransmits, agg.retransmits, __ATOMIC_RELAXED);
 		__atomic_store_n(&p->stats->timeouts, agg.timeouts, __ATOMIC_RELAXED);
 		__atomic_store_n(&p->stats->rtt_ns, rtt, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->rto_ns, rto, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->credit, streams ? credit : 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->streams, streams, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->silent, (uint32_t)p->silent, __ATOMIC_RELAXED);
+		__atomic_store_n(&p->stats->heard_ago_ms,
+				 p->last_rx && now > p->last_rx ? (now - p->last_rx) / 1000000u : 0, __ATOMIC_RELAXED);
 	}
 	if (d->live_slot >= 0)
 		shm_live_beat(d->reg, d->live_slot);

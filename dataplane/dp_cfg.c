@@ -73,7 +73,7 @@ static const struct cfg_key keys[] = {
 
 static const char *const sections[] = { "dp", NULL };
 /* ctrld's and the worker's sections of the same file ([worker.K]: kvferry-worker@K's own) */
-static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "dataplane", "pd", "worker",
+static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "pd", "worker",
 				       "worker.", NULL };
 
 static const struct cfg_table table = {

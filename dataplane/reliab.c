@@ -480,6 +480,7 @@ void dp_rel_tx_get_stats(const struct dp_rel_tx *tx, struct dp_rel_tx_stats *s)
 	*s = tx->st;
 	s->srtt_ns = tx->srtt;
 	s->rto_ns = tx->rto;
+	s->credit = tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
 }
 
 /* ----------------------------------------------------------------- receive */

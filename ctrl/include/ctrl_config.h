@@ -105,9 +105,6 @@ struct ctrl_settings {
 	char admin_socket[CTRL_CFG_STRLEN];
 	int64_t drain_timeout;        /**< seconds */
 	int64_t poll_spin_us;         /**< -1 = auto (cuda 2000, cpu 0) */
-	/* [dataplane] */
-	char node_id[CTRL_CFG_STRLEN];
-	char peers[CTRL_CFG_STRLEN];
 	/* [engine] stages in kvferry-worker processes */
 	char worker_region[CTRL_CFG_STRLEN]; /**< "" = stages run inside ctrld */
 	int64_t worker_region_size;   /**< bytes; > 0: ctrld creates the region */

@@ -90,6 +90,9 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 
 void ctrl_pd_link_stats(const struct ctrl_pd_link *l, struct ctrl_pd_link_stats *st);
 
+/** The region the link maps (the dataplane's). */
+struct shm_region *ctrl_pd_link_region(const struct ctrl_pd_link *l);
+
 /** This node's id on the dataplane (its stats area says), or -1. */
 int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l);
 

@@ -63,6 +63,7 @@ struct ctrl_pd_serve_opts {
 };
 
 struct ctrl_pd_serve;
+struct shm_region;
 
 /** @return the service (its poller running), or NULL with @p err (no dataplane on the region...). */
 struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, char *err, size_t errlen);
@@ -77,6 +78,9 @@ int ctrl_pd_serve_admin_register(struct ctrl_pd_serve *s, struct ctrl_admin *a);
 
 /** This node's dataplane node id (what other nodes address), or -1. */
 int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s);
+
+/** The dataplane's region as the service maps it (its stats area), or NULL. */
+struct shm_region *ctrl_pd_serve_region(const struct ctrl_pd_serve *s);
 
 /** Stop the poller and free everything (NULL is a no-op); the scheduler must be stopped first. */
 void ctrl_pd_serve_stop(struct ctrl_pd_serve *s);

@@ -100,6 +100,7 @@ struct dp_rel_tx_stats {
 	uint64_t timeouts;    /**< RTO expiries */
 	uint64_t srtt_ns;     /**< smoothed RTT (0 until the first sample) */
 	uint64_t rto_ns;      /**< current RTO */
+	uint64_t credit;      /**< messages the receiver still accepts beyond those submitted */
 };
 
 struct dp_rel_tx;

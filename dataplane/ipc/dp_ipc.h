@@ -114,9 +114,9 @@ enum dp_event {
 };
 
 #define DP_STATS_MAGIC 0x53545044u /* "DPTS" */
-#define DP_STATS_VERSION 1u
+#define DP_STATS_VERSION 2u /* 2: the link state after up (heard_ago_ms .. streams) */
 
-/** Counters for one peer (all monotonic except rtt_ns, epoch, up). */
+/** Counters for one peer (monotonic, except the link's state: rtt_ns, epoch, up and what follows up). */
 struct dp_peer_stats {
 	uint64_t tx_frames;
 	uint64_t tx_bytes;
@@ -132,7 +132,12 @@ struct dp_peer_stats {
 	uint64_t epoch;          /**< the peer's current epoch */
 	uint64_t drops[DP_DROP_MAX_];
 	uint32_t node;
-	uint32_t up;             /**< 1 once a hello arrived */
+	uint32_t up;             /**< 1 once a hello arrived; 0 again while silent or dead */
+	uint64_t heard_ago_ms;   /**< since the last frame from it, as of the last housekeeping pass */
+	uint64_t credit;         /**< messages it still lets us send: the least over our streams to it */
+	uint64_t rto_ns;         /**< retransmission timeout of the busiest stream */
+	uint32_t silent;         /**< 1 from DP_EV_PEER_SILENT until it is heard again */
+	uint32_t streams;        /**< streams open to it */
 };
 
 /** The DP_AREA_STATS area. */
@@ -149,7 +154,7 @@ struct dp_stats_shm {
 static_assert(offsetof(struct dp_stats_shm, epoch) == 16, "epoch at 16");
 static_assert(offsetof(struct dp_stats_shm, drops_unknown) == 32, "drops_unknown at 32");
 static_assert(offsetof(struct dp_stats_shm, peer) == 32 + 8 * DP_DROP_MAX_, "peer table");
-static_assert(sizeof(struct dp_peer_stats) == 8 * (12 + DP_DROP_MAX_) + 8, "peer stats size");
+static_assert(sizeof(struct dp_peer_stats) == 8 * (12 + DP_DROP_MAX_) + 8 + 8 * 3 + 8, "peer stats size");
 
 /**
  * @return 1 if a received message of @p len bytes sits in DP_POOL_RX_SMALL,

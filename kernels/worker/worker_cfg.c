@@ -74,7 +74,7 @@ static const struct cfg_key keys[] = {
 
 static const char *const sections[] = { "worker", NULL };
 /* ctrld's and the dataplane's sections of the same file */
-static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "dataplane", "pd", "dp", NULL };
+static const char *const foreign[] = { "http", "model", "engine", "sched", "ctrl", "pd", "dp", NULL };
 
 static const struct cfg_table table = {
 	.program = "kvferry-worker",

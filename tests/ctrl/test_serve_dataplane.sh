@@ -67,6 +67,24 @@ complete "$KVF_URL" tiny "$KVF_RUN/out.txt" || fail "completions through the pip
 cmp -s "$KVF_RUN/ref.txt" "$KVF_RUN/out.txt" || { diff "$KVF_RUN/ref.txt" "$KVF_RUN/out.txt"; fail "output differs from the solo run"; }
 echo "PASS: $(wc -l <"$KVF_RUN/ref.txt") greedy completions over two nodes ($topo) equal the solo run"
 
+# ctrlctl peers: node 1's dataplane sees node 2 up, with the traffic the
+# completions made (the dataplane's stats area, read by ctrld)
+"$B/ctrlctl" --socket "$KVF_SOCK" --json peers >"$KVF_RUN/peers.json" || fail "ctrlctl peers"
+python3 - "$KVF_RUN/peers.json" <<'EOF' || { cat "$KVF_RUN/peers.json"; fail "ctrlctl peers does not show node 2's link"; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+d = d.get("data", d)
+assert d["node"] == 1, d
+p = [x for x in d["peers"] if x["node"] == 2]
+assert p, d
+p = p[0]
+assert p["state"] == "up" and p["heard_ms_ago"] is not None and p["heard_ms_ago"] < 2000, p
+assert p["rtt_us"] > 0 and p["msgs_sent"] > 0 and p["msgs_received"] > 0 and p["tx_mb"] > 0, p
+assert p["streams"] >= 1 and p["credit_msgs"] >= 0 and 0 <= p["loss_pct"] <= 100, p
+print("PASS: ctrlctl peers: node 2 up, rtt %.0f us, %d messages sent, %d received, credit %d, loss %.2f%%"
+      % (p["rtt_us"], p["msgs_sent"], p["msgs_received"], p["credit_msgs"], p["loss_pct"]))
+EOF
+
 # 2. kill the node-2 worker mid-request
 # Enough requests that some are mid-stream whenever the kill lands (the tiny
 # model often ends a completion in under a second at EOS): kill once ctrld
