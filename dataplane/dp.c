@@ -268,7 +268,13 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 				.dst_epoch = p->remote_epoch, .msg_id = f->msg_id, .seq = f->seq,
 				.msg_len = f->msg_len, .frag_off = f->frag_off,
 				.frag_idx = f->frag_idx, .frag_count = f->frag_count, .tsval = now};
-	h.payload_csum = dp_crc32c(0, payload, f->payload_len);
+	if (f->have_csum) {
+		h.payload_csum = f->csum; /* computed when it was first built */
+	} else {
+		h.payload_csum = dp_crc32c(0, payload, f->payload_len);
+		cnt_add(&d->stats->crc_read_bytes, f->payload_len);
+		dp_rel_tx_note_csum(s->tx, f->seq, h.payload_csum);
+	}
 	if (!d->port.multiseg) {
 		struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.rx_pool);
 		if (!m)
@@ -280,6 +286,7 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 		}
 		dp_wire_build(buf, &d->self, &p->addr, &h);
 		memcpy(buf + DP_FRAME_HLEN, payload, f->payload_len);
+		cnt_add(&d->stats->copy_tx_bytes, f->payload_len); /* per build: a refused frame is copied again */
 		return m;
 	}
 	struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.hdr_pool);
@@ -329,6 +336,7 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 		dp_rel_tx_unsent(s->tx, f + sent, n - sent);
 	cnt_add(&p->stats->tx_frames, sent);
 	cnt_add(&p->stats->tx_bytes, bytes);
+	cnt_add(&d->stats->payload_tx_bytes, bytes); /* what the driver takes (and copies) */
 	return sent;
 }
 
@@ -511,6 +519,8 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 	}
 	uint32_t crc;
 	copy_payload(shm_ptr(d->reg, dst), m, v.payload_off, v.h.payload_len, &crc);
+	cnt_add(&d->stats->payload_rx_bytes, v.h.payload_len);
+	cnt_add(&d->stats->copy_rx_bytes, v.h.payload_len); /* the CRC rides on this copy */
 	if (crc != v.h.payload_csum) {
 		drop(d, p, DP_DROP_PAYLOAD_CSUM);
 		return;

@@ -175,6 +175,12 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
 			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
 	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
+	/* the driver's own copies per payload byte (dp_ipc.h) */
+	if (!strncmp(eff.port, "net_memif", 9) || !strncmp(eff.port, "net_af_packet", 13)) {
+		int zc = strstr(eff.port, "zero-copy=yes") != NULL;
+		d->stats->pmd_tx_copies = zc ? 0 : 1;
+		d->stats->pmd_rx_copies = zc ? 0 : 1;
+	}
 	kvf_log(KVF_LOG_INFO, NULL,
 		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
 		"idle %s, epoch %llu\n"

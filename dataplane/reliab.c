@@ -31,6 +31,7 @@
 #define F_SACKED 0x2u /* receiver has it beyond a hole */
 #define F_INQ 0x4u    /* on the resend deque */
 #define F_RESENT 0x8u /* sent more than once */
+#define F_CSUM 0x10u  /* csum holds the payload's CRC32C */
 #define RACK_SCAN 1024u /* frames one ACK's loss detection looks at */
 
 static inline int seq_lt(uint32_t a, uint32_t b)
@@ -94,6 +95,7 @@ struct tx_frame {
 	uint64_t msg;      /* message counter (index into msgs with mask) */
 	uint32_t frag_idx;
 	uint32_t flags;
+	uint32_t csum;     /* with F_CSUM */
 };
 
 struct dp_rel_tx {
@@ -227,6 +229,17 @@ static void fill_frame(struct dp_rel_tx *tx, uint32_t seq, struct dp_rel_frame *
 	f->payload_len = (uint16_t)plen;
 	f->type = m->type;
 	f->retx = (t->flags & F_SENT) ? 1 : 0;
+	f->have_csum = (t->flags & F_CSUM) ? 1 : 0;
+	f->csum = t->csum;
+}
+
+void dp_rel_tx_note_csum(struct dp_rel_tx *tx, uint32_t seq, uint32_t csum)
+{
+	if (seq_lt(seq, tx->snd_una) || !seq_lt(seq, tx->snd_nxt))
+		return;
+	struct tx_frame *t = fr(tx, seq);
+	t->csum = csum;
+	t->flags |= F_CSUM;
 }
 
 unsigned dp_rel_tx_burst(struct dp_rel_tx *tx, uint64_t now, struct dp_rel_frame *f, unsigned max)

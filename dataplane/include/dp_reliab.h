@@ -78,6 +78,8 @@ struct dp_rel_frame {
 	uint16_t payload_len;
 	uint8_t type;
 	uint8_t retx;         /**< 1: this frame was sent before */
+	uint8_t have_csum;    /**< 1: csum holds the payload's CRC32C (dp_rel_tx_note_csum()) */
+	uint32_t csum;
 };
 
 /** A message completed or failed (transmit side) or delivered (receive side). */
@@ -137,6 +139,15 @@ unsigned dp_rel_tx_burst(struct dp_rel_tx *tx, uint64_t now, struct dp_rel_frame
  * not count as retransmissions.
  */
 void dp_rel_tx_unsent(struct dp_rel_tx *tx, const struct dp_rel_frame *f, unsigned n);
+
+/**
+ * Remember the CRC32C of frame @p seq's payload, so that a frame handed out
+ * again (the TX queue refused it, or it is resent) comes back with it
+ * (have_csum) and its payload is not read again. A frame's payload never
+ * changes while it is in the window. @p seq must be one burst() handed out
+ * and not yet acknowledged; otherwise nothing happens.
+ */
+void dp_rel_tx_note_csum(struct dp_rel_tx *tx, uint32_t seq, uint32_t csum);
 
 /**
  * Apply an ACK: slide the window, record SACKs, take the credit, sample the

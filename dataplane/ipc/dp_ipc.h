@@ -118,7 +118,7 @@ enum dp_event {
 };
 
 #define DP_STATS_MAGIC 0x53545044u /* "DPTS" */
-#define DP_STATS_VERSION 2u /* 2: the link state after up (heard_ago_ms .. streams) */
+#define DP_STATS_VERSION 2u /* 2: the link state after up (heard_ago_ms .. streams), the copy counters */
 
 /** Counters for one peer (monotonic, except the link's state: rtt_ns, epoch, up and what follows up). */
 struct dp_peer_stats {
@@ -154,10 +154,25 @@ struct dp_stats_shm {
 	uint64_t hugepage_bytes; /**< DPDK + region memory this dataplane sized at start */
 	uint64_t drops_unknown[DP_DROP_MAX_]; /**< drops not attributable to a peer */
 	struct dp_peer_stats peer[DP_MAX_PEERS];
+	/* Where the payload's bytes are copied (all monotonic, all peers): what
+	 * the dataplane's own code copies and reads, and what its port's driver
+	 * copies per byte (known from the driver: 1 for net_memif in copy mode
+	 * and net_af_packet, which copy between mbufs and their shared rings —
+	 * the kernel's copies behind net_af_packet are not counted; 0 for a
+	 * NIC, whose DMA reads and writes the buffers). */
+	uint64_t payload_tx_bytes; /**< payload handed to the driver (first sends and resends) */
+	uint64_t payload_rx_bytes; /**< payload placed in receive buffers (accepted frames) */
+	uint64_t copy_tx_bytes;    /**< of payload_tx, copied by the dataplane into frame buffers */
+	uint64_t copy_rx_bytes;    /**< of payload_rx, copied by the dataplane into the region */
+	uint64_t crc_read_bytes;   /**< read by a CRC pass of its own (not fused with a copy) */
+	uint32_t pmd_tx_copies;    /**< copies per payload byte the driver makes sending */
+	uint32_t pmd_rx_copies;    /**< ... and receiving */
 };
 static_assert(offsetof(struct dp_stats_shm, epoch) == 16, "epoch at 16");
 static_assert(offsetof(struct dp_stats_shm, drops_unknown) == 32, "drops_unknown at 32");
 static_assert(offsetof(struct dp_stats_shm, peer) == 32 + 8 * DP_DROP_MAX_, "peer table");
+static_assert(offsetof(struct dp_stats_shm, payload_tx_bytes)
+	      == offsetof(struct dp_stats_shm, peer) + DP_MAX_PEERS * sizeof(struct dp_peer_stats), "copy counters");
 static_assert(sizeof(struct dp_peer_stats) == 8 * (12 + DP_DROP_MAX_) + 8 + 8 * 3 + 8, "peer stats size");
 
 /**

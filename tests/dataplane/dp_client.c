@@ -134,6 +134,48 @@ static const char *txc_name(unsigned type)
 	return type == DP_MT_KVPAGE ? DP_RING_TXC_KV : type == DP_MT_CONTROL ? DP_RING_TXC_CTL : DP_RING_TXC;
 }
 
+/* This node's dataplane's copy counters (its stats area: dp_ipc.h). */
+struct copies {
+	double copy_tx, copy_rx, crc, drv_tx, drv_rx;
+};
+
+static int read_copies(struct shm_region *r, struct copies *k)
+{
+	uint64_t off;
+	size_t size;
+	const struct dp_stats_shm *st;
+	uint64_t rx_frames_bytes = 0;
+
+	memset(k, 0, sizeof(*k));
+	if (shm_region_find_area(r, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
+		return -1;
+	st = shm_ptr(r, off);
+	if (st->magic != DP_STATS_MAGIC || st->version != DP_STATS_VERSION)
+		return -1;
+	for (uint32_t i = 0; i < st->n_peers && i < DP_MAX_PEERS; i++)
+		rx_frames_bytes += st->peer[i].rx_bytes;
+	k->copy_tx = (double)st->copy_tx_bytes;
+	k->copy_rx = (double)st->copy_rx_bytes;
+	k->crc = (double)st->crc_read_bytes;
+	k->drv_tx = (double)st->pmd_tx_copies * (double)st->payload_tx_bytes;
+	k->drv_rx = (double)st->pmd_rx_copies * (double)rx_frames_bytes;
+	return 0;
+}
+
+/* What the dataplane copied and read since @p k0, per payload byte the
+ * client moved, for dp-bench's copies column. */
+static void print_copies(const char *who, struct shm_region *r, const struct copies *k0, uint64_t bytes)
+{
+	struct copies k;
+
+	if (!bytes || read_copies(r, &k) < 0)
+		return;
+	double b = (double)bytes;
+	printf("copies %s: per payload byte: dataplane copy tx %.3f rx %.3f, CRC pass %.3f, driver tx %.3f rx %.3f\n",
+	       who, (k.copy_tx - k0->copy_tx) / b, (k.copy_rx - k0->copy_rx) / b, (k.crc - k0->crc) / b,
+	       (k.drv_tx - k0->drv_tx) / b, (k.drv_rx - k0->drv_rx) / b);
+}
+
 static int do_send(const struct cfg *c, struct shm_region *r)
 {
 	struct shm_ring *tx = ring_wait(r, DP_RING_TX), *txc = ring_wait(r, txc_name(c->type));
@@ -149,6 +191,8 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 		next_done[s] = s;
 	uint64_t k = 0, ok = 0, failed = 0, bytes = 0, out = 0, failed_rep = 0, restarts = 0;
 	int bad = 0;
+	struct copies k0;
+	read_copies(r, &k0);
 	double t0 = now_s(), last_progress = t0;
 	while (!g_stop) {
 		int work = 0;
@@ -216,6 +260,7 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	       "%.3f s, %.3f GB/s, %.0f msg/s\n",
 	       (unsigned long long)ok, (unsigned long long)failed, (unsigned long long)failed_rep,
 	       (unsigned long long)restarts, (unsigned long long)bytes, dt, bytes / dt / 1e9, ok / dt);
+	print_copies("send", r, &k0, bytes);
 	if (!c->until_stop && failed)
 		bad = 1;
 	if (c->until_stop && failed != failed_rep) {
@@ -243,6 +288,11 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	uint8_t *scratch = malloc(4 * 1024 * 1024);
 	uint64_t got = 0, bytes = 0;
 	int bad = 0;
+	struct copies k0;
+	read_copies(r, &k0);
+	/* the counters are read: a script may start the sender now */
+	printf("recv: ready\n");
+	fflush(stdout);
 	double t0 = 0, last = now_s();
 	while (!g_stop && (c->until_stop || got < c->count)) {
 		struct shm_desc d[32];
@@ -292,6 +342,7 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	printf("recv: %llu messages, %llu bytes, %.3f s, %.3f GB/s, %.0f msg/s%s\n",
 	       (unsigned long long)got, (unsigned long long)bytes, dt, bytes / dt / 1e9, got / dt,
 	       c->verify ? ", verified in order and byte-identical" : "");
+	print_copies("recv", r, &k0, bytes);
 	free(scratch);
 	free(next);
 	return bad || (!c->until_stop && got != c->count);

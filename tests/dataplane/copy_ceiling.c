@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cost of exactly one copy, for dp-bench's fair ceiling: one core
+ * copies messages of --size bytes from one half of a buffer of
+ * --region-mib MiB (hugepages when it can have them, as the dataplane's
+ * region) to the other, each message from and to the next slot in turn so
+ * that the bytes come from and go to DRAM, not cache, for --seconds.
+ *   copy_ceiling --size BYTES [--region-mib 320] [--seconds 3]
+ * Prints: copy: SIZE B messages, N MiB region, S s, X GB/s, M msg/s
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	size_t size = 0, region = (size_t)320 << 20;
+	double seconds = 3.0;
+
+	for (int i = 1; i + 1 < argc; i += 2) {
+		if (!strcmp(argv[i], "--size"))
+			size = strtoull(argv[i + 1], NULL, 0);
+		else if (!strcmp(argv[i], "--region-mib"))
+			region = strtoull(argv[i + 1], NULL, 0) << 20;
+		else if (!strcmp(argv[i], "--seconds"))
+			seconds = strtod(argv[i + 1], NULL);
+	}
+	if (size == 0 || region < 4 * size || seconds <= 0) {
+		fprintf(stderr, "usage: copy_ceiling --size BYTES [--region-mib MIB >= 4 messages] [--seconds S > 0]\n");
+		return 2;
+	}
+	int huge = 1;
+	uint8_t *buf = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (buf == MAP_FAILED) {
+		huge = 0;
+		buf = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (buf == MAP_FAILED) {
+			perror("mmap");
+			return 1;
+		}
+	}
+	memset(buf, 0x5a, region); /* fault every page in before timing */
+	size_t half = region / 2, slots = half / size;
+	uint64_t n = 0;
+	double t0 = now_s(), t = t0;
+	while (t - t0 < seconds) {
+		for (int k = 0; k < 16; k++, n++) {
+			size_t i = (size_t)(n % slots), j = (size_t)((n * 7 + 3) % slots);
+			memcpy(buf + half + j * size, buf + i * size, size);
+		}
+		t = now_s();
+	}
+	double dt = t - t0;
+	printf("copy: %zu B messages, %zu MiB region (%s), %.3f s, %.3f GB/s, %.0f msg/s\n", size, region >> 20,
+	       huge ? "hugepages" : "4 KiB pages", dt, (double)n * (double)size / dt / 1e9, (double)n / dt);
+	munmap(buf, region);
+	return 0;
+}
