@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ctrl_pd_xfer.h"
+#include "kvf_clock.h"
 
 struct pd_dreq {
 	struct pd_dreq *next;
@@ -23,6 +24,7 @@ struct pd_dreq {
 	uint32_t node, n_ranks;
 	int32_t streams_left;
 	uint64_t bytes_landed;
+	uint64_t t_page0, t_page1; /* CLOCK_MONOTONIC of its first and last page message */
 	uint8_t *landed;           /* [n_streams] */
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
@@ -112,6 +114,11 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;
 		d->st.rooms_ok += q->told;
+		if (q->told && q->t_page1 > q->t_page0) {
+			d->st.xfer_rooms++;
+			d->st.xfer_bytes += q->bytes_landed;
+			d->st.xfer_ns += q->t_page1 - q->t_page0;
+		}
 	}
 }
 
@@ -281,6 +288,9 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 		return;
 	}
 	q->bytes_landed += bytes;
+	q->t_page1 = kvf_mono_ns();
+	if (q->t_page0 == 0)
+		q->t_page0 = q->t_page1;
 	if (last && !q->landed[stream]) {
 		q->landed[stream] = 1;
 		q->streams_left--;

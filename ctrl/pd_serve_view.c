@@ -74,6 +74,10 @@ json_t *pd_serve_stats(void *ctx)
 			       "kv_bytes_received_total", (json_int_t)ls.kv_bytes_received, "kv_refused_total",
 			       (json_int_t)ls.kv_refused, "forward_failures_total", (json_int_t)s->forward_failures,
 			       "prefill_nodes", nodes);
+		/* each landed room's pages from its first message to its last */
+		json_object_set_new(pd, "kv_rooms_timed_total", json_integer((json_int_t)ds.xfer_rooms));
+		json_object_set_new(pd, "kv_room_bytes_total", json_integer((json_int_t)ds.xfer_bytes));
+		json_object_set_new(pd, "kv_room_seconds_total", json_real((double)ds.xfer_ns / 1e9));
 	}
 	if (pd != NULL) {
 		json_object_set_new(pd, "control_sent_total", json_integer((json_int_t)ls.ctl_sent));

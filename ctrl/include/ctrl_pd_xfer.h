@@ -72,6 +72,9 @@ struct ctrl_pd_decode_opts {
 /** Counters. */
 struct ctrl_pd_decode_stats {
 	uint64_t rooms_opened, rooms_ok, rooms_failed, aborts_sent, manifests_sent, stale_pages;
+	/* the pages of rooms that landed whole, each room timed from its first
+	 * page message to its last (rooms of one message have no span) */
+	uint64_t xfer_rooms, xfer_bytes, xfer_ns;
 	struct ctrl_pd_msg_stats msg;
 };
 

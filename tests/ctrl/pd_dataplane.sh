@@ -273,6 +273,17 @@ for i in bad[:5]:
 st = json.load(urllib.request.urlopen(dec + "/stats"))["backend"]["pd"]
 print("decode node /stats pd:", st)
 ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
+# each landed room timed from its first page message to its last: rooms of
+# more than one message (every prompt here spans several layers' pages)
+timed = st.get("kv_rooms_timed_total", 0)
+if not (0 < timed <= 64 and 0 < st["kv_room_bytes_total"] <= st["kv_bytes_received_total"]
+        and st["kv_room_seconds_total"] > 0):
+    errs.append("per-room transfer figures missing or inconsistent: %r" % {k: st.get(k) for k in
+                ("kv_rooms_timed_total", "kv_room_bytes_total", "kv_room_seconds_total", "kv_bytes_received_total")})
+    ok = False
+else:
+    print("per room: %.3f GB/s from a room's first page message to its last (%d rooms)"
+          % (st["kv_room_bytes_total"] / st["kv_room_seconds_total"] / 1e9, timed))
 print("%s: 64 requests to the decode node (%d streamed, %d with logprobs) equal the prefill node's own co-located "
       "answers; %s" % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")),
                        sum(1 for r in reqs if r.get("logprobs")), "; ".join(errs[:3])))
