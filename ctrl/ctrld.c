@@ -429,6 +429,8 @@ static int start_front(struct daemon *d)
 	/* after the PD wrap, which replaces the backend's ctx but not these */
 	be.ready = daemon_ready;
 	be.ready_ctx = d;
+	be.node_stats = ctrld_dataplane_json;
+	be.node_ctx = d;
 	d->http = ctrl_http_start(&ho, &be, err, sizeof(err));
 	if (!d->http) {
 		logerr("%s", err);

@@ -98,55 +98,67 @@ static const struct dp_stats_shm *dp_stats(struct daemon *d, const char **region
 
 /* One peer as the dataplane sees it: the link's state, RTT and RTO, the
  * credit it grants, traffic, and what was lost on the way (resent frames
- * over frames sent, the sender's estimate of the link's loss). */
+ * over frames sent: the sender's estimate of the link's loss). Names as
+ * /metrics wants them (counters end in _total). */
 static json_t *peer_json(const struct dp_peer_stats *ps)
 {
 	uint64_t drops = 0, tx = LD(tx_frames), rtx = LD(retransmits);
 	uint32_t up = LD(up), silent = LD(silent);
 	uint64_t epoch = LD(epoch);
+	json_t *j;
 
 	for (unsigned k = 0; k < DP_DROP_MAX_; k++)
 		drops += LD(drops[k]);
-	return json_pack("{s:i, s:s, s:o, s:f, s:f, s:I, s:i, s:f, s:f, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
-			 "node", (int)ps->node,
-			 "state", up ? "up" : silent ? "silent" : epoch ? "down" : "never heard",
-			 "heard_ms_ago", epoch ? json_integer((json_int_t)LD(heard_ago_ms)) : json_null(),
-			 "rtt_us", (double)LD(rtt_ns) / 1e3, "rto_ms", (double)LD(rto_ns) / 1e6,
-			 "credit_msgs", (json_int_t)LD(credit), "streams", (int)LD(streams),
-			 "tx_mb", (double)LD(tx_bytes) / 1e6, "rx_mb", (double)LD(rx_bytes) / 1e6,
-			 "retransmits", (json_int_t)rtx, "loss_pct", tx ? 100.0 * (double)rtx / (double)tx : 0.0,
-			 "timeouts", (json_int_t)LD(timeouts), "restarts", (json_int_t)LD(restarts),
-			 "msgs_sent", (json_int_t)LD(msgs_sent), "msgs_failed", (json_int_t)LD(msgs_failed),
-			 "msgs_received", (json_int_t)LD(msgs_received), "drops", (json_int_t)drops);
+	j = json_pack("{s:i, s:s, s:b, s:f, s:f, s:I, s:i, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
+		      "node", (int)ps->node,
+		      "state", up ? "up" : silent ? "silent" : epoch ? "down" : "never heard", "up", (int)up,
+		      "rtt_us", (double)LD(rtt_ns) / 1e3, "rto_ms", (double)LD(rto_ns) / 1e6,
+		      "credit_msgs", (json_int_t)LD(credit), "streams", (int)LD(streams),
+		      "tx_bytes_total", (json_int_t)LD(tx_bytes), "rx_bytes_total", (json_int_t)LD(rx_bytes),
+		      "retransmits_total", (json_int_t)rtx, "loss_frac", tx ? (double)rtx / (double)tx : 0.0,
+		      "timeouts_total", (json_int_t)LD(timeouts), "restarts_total", (json_int_t)LD(restarts),
+		      "msgs_sent_total", (json_int_t)LD(msgs_sent), "msgs_failed_total", (json_int_t)LD(msgs_failed),
+		      "msgs_received_total", (json_int_t)LD(msgs_received), "drops_total", (json_int_t)drops);
+	if (j != NULL && epoch)
+		json_object_set_new(j, "heard_ms", json_integer((json_int_t)LD(heard_ago_ms)));
+	return j;
 }
 
 #undef LD
 
-static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+json_t *ctrld_dataplane_json(void *arg)
 {
 	struct daemon *d = arg;
 	const char *region = "";
 	const struct dp_stats_shm *st = dp_stats(d, &region);
-	json_t *peers = json_array();
-	char where[CTRL_CFG_STRLEN + 64];
+	json_t *peers;
+
+	if (st == NULL)
+		return NULL;
+	peers = json_array();
+	uint32_t n = __atomic_load_n(&st->n_peers, __ATOMIC_ACQUIRE);
+	for (uint32_t i = 0; i < n && i < DP_MAX_PEERS; i++)
+		json_array_append_new(peers, peer_json(&st->peer[i]));
+	return json_pack("{s:i, s:s, s:o}", "node", (int)st->self_node, "region", region, "peers", peers);
+}
+
+static int cmd_peers(void *arg, const char *cmd, json_t *params, json_t **data, char *err, size_t errlen)
+{
+	struct daemon *d = arg;
+	json_t *dp = ctrld_dataplane_json(d);
 
 	(void)cmd;
 	(void)params;
 	(void)err;
 	(void)errlen;
-	if (st != NULL) {
-		uint32_t n = __atomic_load_n(&st->n_peers, __ATOMIC_ACQUIRE);
-
-		for (uint32_t i = 0; i < n && i < DP_MAX_PEERS; i++)
-			json_array_append_new(peers, peer_json(&st->peer[i]));
-		snprintf(where, sizeof(where), "kvferry-dataplane on region %s", region);
-		*data = json_pack("{s:i, s:s, s:o}", "node", (int)st->self_node, "dataplane", where, "peers", peers);
+	if (dp != NULL) {
+		*data = dp;
 		return 0;
 	}
 	*data = json_pack("{s:s, s:s, s:o}", "node", "(single node)", "dataplane",
 			  d->set->worker_region[0] || d->pd != NULL ? "its region holds no dataplane stats"
 								   : "not attached: stages run in this process",
-			  "peers", peers);
+			  "peers", json_array());
 	return 0;
 }
 

@@ -82,4 +82,9 @@ struct daemon {
  * @return 0 or -errno from ctrl_admin_register(). */
 int ctrld_admin_register(struct daemon *d);
 
+/* This node's dataplane (its stats area) as /stats "dataplane" and ctrlctl
+ * peers show it: a new object, or NULL without a dataplane (@p arg: the
+ * daemon; an HTTP thread or the admin socket's may call it). */
+json_t *ctrld_dataplane_json(void *arg);
+
 #endif /* CTRL_CTRLD_INT_H */

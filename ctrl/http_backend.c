@@ -38,6 +38,8 @@ void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch 
 	be->ready_ctx = NULL;
 	be->admissible = be_admissible;
 	be->admit_ctx = d;
+	be->node_stats = NULL;
+	be->node_ctx = NULL;
 }
 
 static json_t *replica_json(const struct ctrl_sched_stats *st)

@@ -58,9 +58,15 @@ json_t *ctrl_http_stats_json(struct ctrl_http *h)
 	lat = json_object();
 	for (int i = 0; i < HTTP_HIST_N; i++)
 		json_object_set_new(lat, g_http_hist[i].name, hist_json(h, (enum http_hist_id)i));
-	return json_pack("{s:s, s:f, s:b, s:b, s:i, s:o, s:o, s:o}", "model", h->model, "uptime_s",
-			 http_now() - h->t0, "draining", atomic_load(&h->draining), "ready", ctrl_http_ready(h, NULL, 0),
-			 "max_context", h->max_context, "http", http, "latency", lat, "backend", be ? be : json_object());
+	json_t *st = json_pack("{s:s, s:f, s:b, s:b, s:i, s:o, s:o, s:o}", "model", h->model, "uptime_s",
+			       http_now() - h->t0, "draining", atomic_load(&h->draining), "ready",
+			       ctrl_http_ready(h, NULL, 0), "max_context", h->max_context, "http", http, "latency", lat,
+			       "backend", be ? be : json_object());
+	json_t *dp = h->be.node_stats ? h->be.node_stats(h->be.node_ctx) : NULL;
+
+	if (dp != NULL && (st == NULL || json_object_set_new(st, "dataplane", dp) < 0))
+		json_decref(dp);
+	return st;
 }
 
 /* ---- Prometheus text ---- */
@@ -103,6 +109,11 @@ static const struct prom_rule {
 	{"backend.replaying", NULL, NULL, "requests waiting to run again (for their chain to re-form)", NULL},
 	/* rooms by state: the states (CamelCase) as a label, not a family each */
 	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state", NULL},
+	{"dataplane.peers[].up", NULL, NULL, "1 while the dataplane hears the peer (0: silent, down, never heard)", NULL},
+	{"dataplane.peers[].rtt_us", NULL, NULL, "smoothed RTT of the busiest stream to the peer", NULL},
+	{"dataplane.peers[].credit_msgs", NULL, NULL, "messages the peer still accepts (least over the streams)", NULL},
+	{"dataplane.peers[].restarts_total", NULL, NULL, "new epochs of the peer seen (its dataplane restarted)", NULL},
+	{"dataplane.peers[].retransmits_total", NULL, NULL, "frames sent to the peer again", NULL},
 };
 
 static const struct prom_unit {
@@ -372,9 +383,15 @@ static void walk(struct prom *p, const json_t *j, const char *prefix, const char
 			snake(ln, sizeof(ln), key, n);
 			strncat(here, "[]", sizeof(here) - strlen(here) - 1);
 			json_array_foreach(v, i, e) {
+				json_t *node = json_object_get(e, "node");
+
 				if (!json_is_object(e))
 					continue;
-				snprintf(idx, sizeof(idx), "%zu", i);
+				/* dataplane peers by their node id, not their place */
+				if (!strcmp(here, "dataplane.peers[]") && json_is_integer(node))
+					snprintf(idx, sizeof(idx), "%lld", (long long)json_integer_value(node));
+				else
+					snprintf(idx, sizeof(idx), "%zu", i);
 				snprintf(lab, sizeof(lab), "%s%s", labels, labels[0] ? "," : "");
 				label_pair(lab + strlen(lab), sizeof(lab) - strlen(lab), ln, idx);
 				walk(p, e, pn.name, here, lab);

@@ -90,6 +90,13 @@ struct ctrl_http_backend {
 	 */
 	int32_t (*admissible)(void *admit_ctx, int32_t n_prompt, int32_t max_tokens, char *err, size_t errlen);
 	void *admit_ctx;
+	/**
+	 * Optional: this node's dataplane as /stats "dataplane" (and so
+	 * /metrics kvferry_dataplane_*): a new JSON object, or NULL when the
+	 * node has none. Called on an HTTP thread; reads shared counters only.
+	 */
+	json_t *(*node_stats)(void *node_ctx);
+	void *node_ctx;
 };
 
 /** Server options. */

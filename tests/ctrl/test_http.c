@@ -1200,7 +1200,7 @@ static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeo
 {
 	struct ctrl_http_opts o;
 	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
-				       fake_ready, &g_fake, fake_admissible, &g_fake};
+				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
 	struct ctrl_http *h;
 	char err[256];
 
@@ -1323,7 +1323,7 @@ static int setup(void **state)
 {
 	struct ctrl_http_opts o;
 	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
-				       fake_ready, &g_fake, fake_admissible, &g_fake};
+				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
 	char err[256];
 	int32_t eos[4];
 

@@ -80,12 +80,22 @@ assert d["node"] == 1, d
 p = [x for x in d["peers"] if x["node"] == 2]
 assert p, d
 p = p[0]
-assert p["state"] == "up" and p["heard_ms_ago"] is not None and p["heard_ms_ago"] < 2000, p
-assert p["rtt_us"] > 0 and p["msgs_sent"] > 0 and p["msgs_received"] > 0 and p["tx_mb"] > 0, p
-assert p["streams"] >= 1 and p["credit_msgs"] >= 0 and 0 <= p["loss_pct"] <= 100, p
-print("PASS: ctrlctl peers: node 2 up, rtt %.0f us, %d messages sent, %d received, credit %d, loss %.2f%%"
-      % (p["rtt_us"], p["msgs_sent"], p["msgs_received"], p["credit_msgs"], p["loss_pct"]))
+assert p["state"] == "up" and p["up"] and p["heard_ms"] < 2000, p
+assert p["rtt_us"] > 0 and p["msgs_sent_total"] > 0 and p["msgs_received_total"] > 0 and p["tx_bytes_total"] > 0, p
+assert p["streams"] >= 1 and p["credit_msgs"] >= 0 and 0 <= p["loss_frac"] <= 1, p
+print("PASS: ctrlctl peers: node 2 up, rtt %.0f us, %d messages sent, %d received, credit %d, loss %.4f"
+      % (p["rtt_us"], p["msgs_sent_total"], p["msgs_received_total"], p["credit_msgs"], p["loss_frac"]))
 EOF
+# the same on /metrics, labelled by the peer's node id, promtool-clean
+curl -s "$KVF_URL/metrics" >"$KVF_RUN/metrics.txt" || fail "GET /metrics"
+grep -q '^kvferry_dataplane_peers_up{peer="2"} 1$' "$KVF_RUN/metrics.txt" \
+  || { grep dataplane "$KVF_RUN/metrics.txt"; fail "/metrics does not show peer 2 up"; }
+grep -q '^kvferry_dataplane_peers_msgs_received_total{peer="2"} [1-9]' "$KVF_RUN/metrics.txt" \
+  || fail "/metrics does not count the messages from peer 2"
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$KVF_RUN/metrics.txt" || fail "promtool check metrics with the dataplane's families"
+fi
+echo "PASS: /metrics shows the dataplane's peers (kvferry_dataplane_peers_*{peer=\"2\"})"
 
 # 2. kill the node-2 worker mid-request
 # Enough requests that some are mid-stream whenever the kill lands (the tiny
