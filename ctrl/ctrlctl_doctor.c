@@ -224,6 +224,35 @@ static void check_model(struct doctor *d, const struct ctrl_settings *s)
 	else
 		report(d, DR_OK, "model", NULL, "%s: %d layers, hidden %d, vocabulary %d", s->model_dir,
 		       kn_model_config(m)->n_layers, kn_model_config(m)->hidden_size, kn_model_config(m)->vocab_size);
+	/* the CPU backend computes over the weights where they are mapped: they
+	 * must fit the memory left, beside the KV pool, or the node swaps
+	 * (a GPU node holds them in device memory instead) */
+	if (s->backend == CTRL_CFG_BACKEND_CPU) {
+		int32_t nt;
+		uint64_t wb;
+		long avail_kb = meminfo("MemAvailable");
+		double need;
+
+		/* kv_memory is each stage's: stages = "N", or ranges "a-b,b-c" */
+		int stages = strchr(s->stages, '-') != NULL ? 1 : atoi(s->stages);
+
+		for (const char *c = s->stages; strchr(s->stages, '-') != NULL && *c; c++)
+			stages += *c == ',';
+		if (stages < 1)
+			stages = 1;
+		kn_model_range_tensors(m, 0, kn_model_config(m)->n_layers, &nt, &wb);
+		need = (double)wb + (double)s->kv_memory * stages;
+		if (avail_kb < 0)
+			report(d, DR_WARN, "model memory", NULL, "no MemAvailable in /proc/meminfo: not checked");
+		else if (need <= (double)avail_kb * 1024.0)
+			report(d, DR_OK, "model memory", NULL, "weights %.1f MiB + KV pools %d x %.1f MiB fit the %.1f MiB available",
+			       (double)wb / 1048576.0, stages, (double)s->kv_memory / 1048576.0, (double)avail_kb / 1024.0);
+		else
+			report(d, DR_WARN, "model memory",
+			       "a smaller model, a smaller kv_memory ([engine]), the stages split over nodes, or more memory",
+			       "weights %.1f MiB + KV pools %d x %.1f MiB exceed the %.1f MiB available: the node would swap",
+			       (double)wb / 1048576.0, stages, (double)s->kv_memory / 1048576.0, (double)avail_kb / 1024.0);
+	}
 	kn_tok_close(t);
 	kn_model_close(m);
 }

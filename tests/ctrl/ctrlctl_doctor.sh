@@ -75,3 +75,13 @@ doctor KVFERRY_CUDA_MODULE="$tmp/none/kvferry-cuda.so"; rc=$?
 [ $rc = 0 ] || fail "backend = cpu: a missing CUDA module must not fail the node (exit $rc)"
 grep -q "^WARN  cuda" "$tmp/out" || fail "backend = cpu: the missing configured module is not a WARN"
 echo "ok    the CUDA module: missing or unloadable FAILs for backend = cuda naming the path and the packages, WARNs for cpu"
+
+# the weights and the KV pools against the memory available (CPU backend)
+conf "$tmp/model" 0
+doctor; rc=$?
+grep -q "^OK    model memory weights .* fit the .* MiB available" "$tmp/out" || fail "a small model is not reported to fit"
+doctor KVFERRY_KV_MEMORY=1024G KVFERRY_STAGES=2; rc=$?
+[ $rc = 0 ] || fail "too little memory is a WARN, not a FAIL (exit $rc)"
+grep -q "^WARN  model memory weights .* KV pools 2 x 1048576.0 MiB exceed the .* MiB available" "$tmp/out" \
+  || fail "KV pools larger than the memory available are not named"
+echo "ok    the weights and each stage's KV pool are checked against the memory available"
