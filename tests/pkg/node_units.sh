@@ -95,7 +95,10 @@ start() {
   case $unit in kvferry-worker@*) [ ${#wconfine[@]} -gt 0 ] && pre=("${wconfine[@]}" "${pre[@]}");; esac
   [ ${#mdwe[@]} -gt 0 ] && pre+=("${mdwe[@]}")
   [ $strace_ok = 1 ] && pre+=(strace -f -qq -o "$tmp/run/$name.strace")
-  (cd / && exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${pre[@]}" "${cmd[@]}") >"$tmp/$name.log" 2>&1 &
+  # emptied here, not by the background job's redirection: a wait_log right
+  # after must not read a previous run's "serving" line before the job starts
+  : >"$tmp/$name.log"
+  (cd / && exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${pre[@]}" "${cmd[@]}") >>"$tmp/$name.log" 2>&1 &
   pids+=($!)
 }
 wait_log() { # FILE PATTERN SECONDS: 1 also as soon as a daemon started here has exited
