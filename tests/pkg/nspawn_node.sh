@@ -131,6 +131,9 @@ systemctl restart kvferry.target
 if wait_serving && active $units && [ "$(systemctl show -p MainPID --value kvferry-ctrld kvferry-worker@0 | tr '\n' ' ')" != "$before" ]; then
   ok "restarting kvferry.target restarts its units, and the node serves again"; else no "restart of kvferry.target"; fi
 systemctl stop kvferry.target
+# systemctl waits for the target's own job; the units' stops (PartOf=)
+# run beside it and may still be deactivating: each must end within 30 s
+for _ in $(seq 300); do [ "$(systemctl is-active $units | sort -u)" = inactive ] && break; sleep 0.1; done
 if [ "$(systemctl is-active $units | sort -u)" = inactive ]; then ok "stopping kvferry.target stops every unit"
 else no "after stop: $(systemctl is-active $units | tr '\n' ' ')"; fi
 cp /etc/kvferry/kvferry.conf /etc/kvferry/kvferry.conf.node
