@@ -70,22 +70,6 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 	while (c->ev != NULL && shm_ring_dequeue_burst(c->ev, &ev, 1) == 1) {
 		uint16_t peer = DP_AUX_PEER(ev.aux);
 
-		if (ev.type == DP_EV_PEER_PROC_LOST) {
-			/* a process of that node's region went: one of our stages
-			 * if its pid says so (len 0: several went, any may be ours) */
-			for (int32_t k = 0; k < c->o.n_stages; k++)
-				if (c->st[k].node == (int32_t)peer && c->state == PC_UP
-				    && (ev.len == 0 || ev.len == (uint32_t)c->st[k].pid)) {
-					char why[CTRL_CHAIN_ERRLEN];
-
-					pc_fmt(why, sizeof(why), "the dataplane of node %u reports stage %d (%s, pid %d, "
-					       "layers %d..%d) gone", peer, k, c->st[k].role, c->st[k].pid,
-					       c->st[k].layer_start, c->st[k].layer_end);
-					c->stage_up[k] = 0;
-					go_down(c, why);
-				}
-			continue;
-		}
 		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART && ev.type != DP_EV_PEER_SILENT)
 			continue;
 		for (int32_t k = 0; k < c->o.n_stages; k++)

@@ -202,9 +202,8 @@ static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 
 static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
 {
-	/* body: our MAC is in the Ethernet header; the body names the base epoch
-	 * and how many processes of our region died, with the last one's pid */
-	uint64_t body[2] = {d->base_epoch, (uint64_t)d->live_deaths << 32 | (uint32_t)d->live_last_pid};
+	/* body: our MAC is in the Ethernet header; the body names the base epoch */
+	uint64_t body[2] = {d->base_epoch, 0};
 	tx_ctl(d, p, ctl_frame(d, p, DP_MT_HELLO, 0, flags, body, sizeof(body)));
 }
 
@@ -364,11 +363,6 @@ static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
 	struct shm_desc e = {.off = 0, .len = (uint32_t)failed, .type = type,
 			     .seq = p->remote_epoch, .aux = DP_AUX(p->node, 0)};
 	shm_ring_enqueue_burst(d->r_ev, &e, 1); /* events are advisory when nobody reads */
-	if (type == DP_EV_PEER_PROC_LOST) {
-		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: peer %u reports %s of its node's processes gone (pid %llu)",
-			d->o->node, p->node, failed ? "one" : "several", (unsigned long long)failed);
-		return;
-	}
 	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted"
 			   : type == DP_EV_PEER_SILENT ? "silent for " DP_SILENT_TEXT : "unreachable";
 	/* up is progress; a restart or a loss is an error when it failed messages
@@ -482,17 +476,6 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 		return;
 	}
 	if (v.h.type == DP_MT_HELLO) {
-		if (v.h.payload_len >= 2 * sizeof(uint64_t)) {
-			uint64_t body[2];
-			memcpy(body, f + v.payload_off, sizeof(body));
-			uint32_t deaths = (uint32_t)(body[1] >> 32);
-			/* a new epoch counts from 0 again: its RESTART says the rest */
-			if (p->deaths_epoch == p->remote_epoch && deaths != p->remote_deaths)
-				event(d, p, DP_EV_PEER_PROC_LOST,
-				      deaths - p->remote_deaths == 1 ? (uint32_t)body[1] : 0);
-			p->remote_deaths = deaths;
-			p->deaths_epoch = p->remote_epoch;
-		}
 		if (!(v.h.flags & DP_WF_REPLY))
 			send_hello(d, p, DP_WF_REPLY);
 		return;
@@ -657,44 +640,8 @@ unsigned dp_poll_once(struct dp *d, uint64_t now)
 	return work;
 }
 
-/* A process of this node's region that went (its slot dead, released, or
- * taken by another pid) is counted, and every peer hears it at once. A
- * peer's ctrld learns so that a stage on this node died within a scan and a
- * hello, instead of after its group timeout. Runs every LIVE_SCAN_NS. */
-static void scan_live(struct dp *d, uint64_t now)
-{
-	uint32_t gone = 0;
-	int32_t pid = 0;
-
-	if (now < d->next_live_scan)
-		return;
-	d->next_live_scan = now + LIVE_SCAN_NS;
-	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
-		struct shm_live_info li = {0};
-		int st = i == d->live_slot ? SHM_LIVE_EMPTY : shm_live_check(d->reg, i, UINT64_MAX, &li);
-		int alive = st == SHM_LIVE_ALIVE || st == SHM_LIVE_SLOW;
-
-		if (d->live_seen[i].pid && (!alive || li.pid != d->live_seen[i].pid || li.epoch != d->live_seen[i].epoch)) {
-			gone++;
-			pid = d->live_seen[i].pid;
-		}
-		d->live_seen[i].pid = alive ? li.pid : 0;
-		d->live_seen[i].epoch = alive ? li.epoch : 0;
-	}
-	if (!gone)
-		return;
-	d->live_deaths += gone;
-	d->live_last_pid = gone == 1 ? pid : 0;
-	for (unsigned i = 0; i < DP_MAX_PEERS; i++)
-		if (d->peers[i].configured)
-			d->peers[i].next_hello = now; /* tell them now, not at the next keepalive */
-	kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: %u process(es) of region %s gone (pid %d%s): telling the peers",
-		d->o->node, gone, d->o->region, pid, gone > 1 ? " and others" : "");
-}
-
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 {
-	scan_live(d, now);
 	int winupd = now >= *next_winupd;
 	if (winupd)
 		*next_winupd = now + WINUPD_NS;

@@ -15,7 +15,6 @@
 #include "dp.h"
 #include "dp_ipc.h"
 #include "port.h"
-#include "shm_live.h"
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -25,7 +24,6 @@
 #define TICK_NS 100000ull     /* timer work every 100 µs */
 #define HELLO_UP_NS 100000000ull   /* keepalive to a known peer */
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
-#define LIVE_SCAN_NS 100000000ull  /* this node's liveness slots, scanned for deaths */
 #define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
 #define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
 
@@ -50,8 +48,6 @@ struct peer {
 	uint64_t last_stale_hello;
 	uint64_t last_rx;         /* the last frame heard from it */
 	int silent;               /* DP_EV_PEER_SILENT reported, nothing heard since */
-	uint64_t deaths_epoch;    /* remote_epoch when remote_deaths was heard; 0: not yet */
-	uint32_t remote_deaths;   /* its count of processes gone from its region (hello body) */
 	struct stream *st[DP_MAX_STREAMS];
 	struct dp_peer_stats *stats;
 };
@@ -65,13 +61,6 @@ struct dp {
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;
 	int live_slot;
-	/* The processes of this node's region (liveness slots), scanned every
-	 * LIVE_SCAN_NS: a pid seen alive that is gone counts as a death, told to
-	 * every peer in the hellos (DP_EV_PEER_PROC_LOST on their side). */
-	struct { int32_t pid; uint64_t epoch; } live_seen[SHM_LIVE_SLOTS];
-	uint64_t next_live_scan;
-	uint32_t live_deaths;     /* processes gone since start */
-	int32_t live_last_pid;    /* the last one's pid; 0 when the last scan saw several */
 	struct dp_wire_addr self;
 	uint64_t base_epoch;
 	struct peer peers[DP_MAX_PEERS];

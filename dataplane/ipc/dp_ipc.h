@@ -111,10 +111,6 @@ enum dp_event {
 	DP_EV_PEER_SILENT = 4,  /**< nothing (not even a hello) heard from an up peer for DP_PEER_SILENT_MS:
 	                             its process or link is gone; messages in flight are kept and resent
 	                             if it comes back (DP_EV_PEER_UP again, or RESTART with a new epoch) */
-	DP_EV_PEER_PROC_LOST = 5, /**< a process of the peer's node that held a liveness slot in its region
-	                               (a worker, ctrld) died or left, as the peer's dataplane saw it; its
-	                               keepalives carry the count. len = that process's pid, or 0 when
-	                               several went since the last keepalive */
 };
 
 #define DP_STATS_MAGIC 0x53545044u /* "DPTS" */
