@@ -111,7 +111,19 @@ void pc_push_done(struct proc_chain *c, uint32_t gi)
 
 static int recv_desc(struct proc_chain *c, struct shm_desc *d)
 {
-	return shm_ring_dequeue_burst(c->ret, d, 1) == 1;
+	struct shm_pool *p;
+	int64_t idx;
+
+	if (shm_ring_dequeue_burst(c->ret, d, 1) != 1)
+		return 0;
+	if (c->rx_small == NULL)
+		return 1;
+	/* ours now: reclaimed by the dataplane if ctrld dies holding it */
+	p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(c->rx_small)) ? c->rx_small : c->rx_large;
+	idx = shm_pool_idx_of(p, d->off);
+	if (idx >= 0)
+		shm_pool_take(p, (uint32_t)idx);
+	return 1;
 }
 
 static void release_desc(struct proc_chain *c, const struct shm_desc *d)
@@ -210,6 +222,58 @@ int pc_drain(struct proc_chain *c, char *err, size_t errlen)
 			break;
 	}
 	return setup;
+}
+
+/* ---- the region's rings, pools and buffers ---- */
+
+int pc_open_shm(struct proc_chain *c, char *err, size_t errlen)
+{
+	const struct ctrl_proc_chain_opts *o = &c->o;
+	const char *name = "serve.ctrl.out";
+	int rc;
+
+	c->first = ring_open(c->reg, o->first_ring);
+	if (o->return_ring != NULL) {
+		c->ret = ring_open(c->reg, o->return_ring);
+	} else {
+		c->ret = shm_ring_lookup(c->reg, DP_RING_RX);
+		c->rx_small = shm_pool_lookup(c->reg, DP_POOL_RX_SMALL);
+		c->rx_large = shm_pool_lookup(c->reg, DP_POOL_RX_LARGE);
+		if (c->rx_small == NULL || c->rx_large == NULL) {
+			snprintf(err, errlen, "ctrl_proc_chain_create: no dataplane pools %s/%s in region %s: start "
+				 "kvferry-dataplane on it first", DP_POOL_RX_SMALL, DP_POOL_RX_LARGE, o->region);
+			return -ENOENT;
+		}
+	}
+	if (c->first == NULL || c->ret == NULL) {
+		rc = errno != 0 ? -errno : -ENOENT;
+		snprintf(err, errlen, "ctrl_proc_chain_create: rings %s / %s in region %s: %s", o->first_ring,
+			 o->return_ring != NULL ? o->return_ring : DP_RING_RX, o->region, strerror(-rc));
+		return rc;
+	}
+	c->ev = shm_ring_lookup(c->reg, DP_RING_EV); /* only where a dataplane runs */
+	rc = shm_region_add_area(c->reg, name, c->buf_bytes * (size_t)c->n_bufs, 64, SHM_AREA_RAW, &c->out_off);
+	if (rc == -EEXIST) {
+		size_t have = 0;
+
+		shm_region_find_area(c->reg, name, &c->out_off, &have);
+		rc = have >= c->buf_bytes * (size_t)c->n_bufs ? 0 : -ENOSPC;
+	}
+	if (rc < 0)
+		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) in region %s failed: %s: make the "
+			 "region larger", name, c->buf_bytes * (size_t)c->n_bufs, o->region, strerror(-rc));
+	return rc;
+}
+
+void pc_close_shm(struct proc_chain *c)
+{
+	shm_ring_close(c->first);
+	shm_ring_close(c->ret);
+	shm_ring_close(c->ev);
+	shm_pool_close(c->rx_small);
+	shm_pool_close(c->rx_large);
+	c->first = c->ret = c->ev = NULL;
+	c->rx_small = c->rx_large = NULL;
 }
 
 /* ---- the vtable ---- */
@@ -405,11 +469,7 @@ static void pc_destroy(struct ctrl_chain *cc)
 	free(c->tainted);
 	pthread_mutex_destroy(&c->mu);
 	pthread_mutex_destroy(&c->kv_mu);
-	shm_ring_close(c->first);
-	shm_ring_close(c->ret);
-	shm_ring_close(c->ev);
-	shm_pool_close(c->rx_small);
-	shm_pool_close(c->rx_large);
+	pc_close_shm(c);
 	if (c->reg != NULL) {
 		if (c->created)
 			shm_region_unlink(c->o.region);
@@ -436,7 +496,6 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 {
 	const struct kn_model_config *cfg;
 	struct proc_chain *c;
-	char name[SHM_NAME_MAX + 16];
 	int e = ENOMEM, rc;
 	size_t bytes;
 
@@ -491,46 +550,17 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 		e = errno;
 		goto fail;
 	}
-	c->first = ring_open(c->reg, o->first_ring);
-	if (o->return_ring != NULL) {
-		c->ret = ring_open(c->reg, o->return_ring);
-	} else {
-		c->ret = shm_ring_lookup(c->reg, DP_RING_RX);
-		c->rx_small = shm_pool_lookup(c->reg, DP_POOL_RX_SMALL);
-		c->rx_large = shm_pool_lookup(c->reg, DP_POOL_RX_LARGE);
-		if (c->rx_small == NULL || c->rx_large == NULL) {
-			snprintf(err, errlen, "ctrl_proc_chain_create: no dataplane pools %s/%s in region %s: start "
-				 "kvferry-dataplane on it first", DP_POOL_RX_SMALL, DP_POOL_RX_LARGE, o->region);
-			e = ENOENT;
-			goto fail;
-		}
-	}
-	if (c->first == NULL || c->ret == NULL) {
-		snprintf(err, errlen, "ctrl_proc_chain_create: rings %s / %s in region %s: %s", o->first_ring,
-			 o->return_ring != NULL ? o->return_ring : DP_RING_RX, o->region, strerror(errno));
-		e = errno != 0 ? errno : ENOENT;
-		goto fail;
-	}
-	c->ev = shm_ring_lookup(c->reg, DP_RING_EV); /* only where a dataplane runs */
 	bytes = shm_mb_size(SHM_MB_TOKENS, c->max_cols, c->max_ops, 0);
 	if (bytes < shm_mb_size(SHM_MB_JOIN, 0, 0, 0))
 		bytes = shm_mb_size(SHM_MB_JOIN, 0, 0, 0);
 	c->buf_bytes = shm_mb_align(bytes);
 	c->n_bufs = o->max_groups + 3;
-	snprintf(name, sizeof(name), "serve.ctrl.out");
-	rc = shm_region_add_area(c->reg, name, c->buf_bytes * (size_t)c->n_bufs, 64, SHM_AREA_RAW, &c->out_off);
-	if (rc == -EEXIST) {
-		size_t have = 0;
-
-		shm_region_find_area(c->reg, name, &c->out_off, &have);
-		rc = have >= c->buf_bytes * (size_t)c->n_bufs ? 0 : -ENOSPC;
-	}
+	rc = pc_open_shm(c, err, errlen);
 	if (rc < 0) {
-		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) in region %s failed: %s: make the "
-			 "region larger", name, c->buf_bytes * (size_t)c->n_bufs, o->region, strerror(-rc));
 		e = -rc;
 		goto fail;
 	}
+	pc_region_seen(c);
 	chain_info_init(&c->info, cfg, &o->stage, o->n_stages, o->max_groups);
 	c->g = calloc((size_t)o->max_groups, sizeof(*c->g));
 	c->done = calloc((size_t)o->max_groups, sizeof(*c->done));

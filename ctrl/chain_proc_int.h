@@ -24,6 +24,7 @@
 #define PC_LIVE_EVERY_NS 50000000ull
 #define PC_REJOIN_NS 3000000000ull
 #define PC_RESEND_NS 5000000000ull
+#define PC_REGION_EVERY_NS 1000000000ull /* whether the region was re-created: a stat() or three */
 
 enum pc_state {
 	PC_UP = 0,
@@ -48,6 +49,10 @@ struct proc_chain {
 	int32_t n_layers;
 	struct shm_region *reg;
 	int created;
+	struct shm_region *lent;  /* the region ctrl_proc_chain_region() handed out (PD): never unmapped */
+	uint64_t last_region_ns;  /* when the region was last checked for a re-creation */
+	int dp_slot;              /* the node's kvferry-dataplane in the liveness table, -1: none seen */
+	int32_t dp_pid;
 	struct shm_ring *first, *ret, *ev;
 	struct shm_pool *rx_small, *rx_large;
 	uint64_t out_off;
@@ -113,6 +118,12 @@ void pc_push_done(struct proc_chain *c, uint32_t gi);
 /* Drain the return hop. @return 1 if a setup message came back ok, <0 refused, 0 otherwise. */
 int pc_drain(struct proc_chain *c, char *err, size_t errlen);
 
+/* Open the rings, pools and output buffers of c->reg (the region attached).
+ * @return 0, or -errno with @p err naming what is missing. */
+int pc_open_shm(struct proc_chain *c, char *err, size_t errlen);
+/* Close the handles pc_open_shm() opened (not the region). */
+void pc_close_shm(struct proc_chain *c);
+
 /* chain_proc_kv.c */
 
 /* The return hop brought a KV message back. */
@@ -136,8 +147,12 @@ int pc_setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t
 
 /* chain_proc_live.c */
 
-/* Every PC_LIVE_EVERY_NS: a stage's heartbeat, the dataplane's peer events and
- * the group timeout; a death takes the chain down (fails the groups in flight). */
+/* After the region is attached: look for this node's dataplane in its liveness table. */
+void pc_region_seen(struct proc_chain *c);
+/* Every PC_LIVE_EVERY_NS: a stage's heartbeat, this node's dataplane's, the
+ * dataplane's peer events, the group timeout, and whether the region was
+ * re-created (re-attached then); a death takes the chain down (fails the
+ * groups in flight). */
 void pc_check_live(struct proc_chain *c, uint64_t now);
 /* Re-forming after a death: resend JOIN when it got lost, then POOL. */
 void pc_rejoin_step(struct proc_chain *c, uint64_t now);

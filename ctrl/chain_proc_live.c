@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The worker chain's failure handling: liveness (each stage's heartbeat
- * slot, the dataplane's peer events, the group timeout), going down (fail
- * the groups in flight, bump the epoch, send a JOIN) and re-forming (JOIN
- * answered, then POOL; every slot touched before is tainted), and whether
- * the chain can compute meanwhile (pc_ready: the scheduler holds its
+ * slot, this node's dataplane's, the dataplane's peer events, the group
+ * timeout), a region its dataplane created again (re-attached), going down
+ * (fail the groups in flight, bump the epoch, send a JOIN) and re-forming
+ * (JOIN answered, then POOL; every slot touched before is tainted), and
+ * whether the chain can compute meanwhile (pc_ready: the scheduler holds its
  * requests for a replay until it can).
  */
 #include <errno.h>
@@ -40,6 +41,79 @@ static void go_down(struct proc_chain *c, const char *why)
 	pc_send_setup(c, SHM_MB_JOIN);
 }
 
+/* This node's kvferry-dataplane: the live slot of role "dataplane" whose pid
+ * is alive (a killed one's slot stays behind, dead, until it is reused). */
+void pc_region_seen(struct proc_chain *c)
+{
+	c->dp_slot = -1;
+	c->dp_pid = 0;
+	if (c->ev == NULL)
+		return; /* no dataplane on this region */
+	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
+		struct shm_live_info li;
+		int rc = shm_live_check(c->reg, i, UINT64_MAX, &li);
+
+		if (rc == SHM_LIVE_ALIVE && strcmp(li.role, "dataplane") == 0) {
+			c->dp_slot = i;
+			c->dp_pid = li.pid;
+			return;
+		}
+	}
+}
+
+/* The dataplane that created our region made it again (it restarted): what
+ * we map is an orphan nothing reads. Attach the new one, open its rings,
+ * pools and buffers, and go down, so the JOIN leaves on the new first ring
+ * (the stages' workers re-execute themselves when their region is re-created
+ * and find it there). Before this ctrld kept the old mapping, and its chain
+ * never re-formed after a restart of its own node's dataplane (the fault
+ * drill's local-dataplane-kill: every request failed until ctrld restarted).
+ * The new region may still be filling (its creator renames it into place
+ * before it adds its rings): a failed attempt keeps the old one and is
+ * retried at the next check. */
+static void reattach(struct proc_chain *c)
+{
+	char err[CTRL_CHAIN_ERRLEN], why[CTRL_CHAIN_ERRLEN];
+	struct shm_region *old = c->reg;
+	struct shm_ring *first = c->first, *ret = c->ret, *ev = c->ev;
+	struct shm_pool *rxs = c->rx_small, *rxl = c->rx_large;
+	uint64_t out_off = c->out_off;
+	int rc;
+
+	c->reg = shm_region_attach(c->o.region, err, sizeof(err));
+	if (c->reg != NULL) {
+		c->first = c->ret = c->ev = NULL;
+		c->rx_small = c->rx_large = NULL;
+		rc = pc_open_shm(c, err, sizeof(err));
+		if (rc == 0)
+			goto swapped;
+		pc_close_shm(c);
+		shm_region_detach(c->reg);
+	}
+	pc_log(c, KVF_LOG_WARNING, "chain: region %s was re-created; not attached yet: %s (retrying)", c->o.region,
+	       err);
+	c->reg = old;
+	c->first = first;
+	c->ret = ret;
+	c->ev = ev;
+	c->rx_small = rxs;
+	c->rx_large = rxl;
+	c->out_off = out_off;
+	return;
+swapped:
+	shm_ring_close(first);
+	shm_ring_close(ret);
+	shm_ring_close(ev);
+	shm_pool_close(rxs);
+	shm_pool_close(rxl);
+	if (old != c->lent)
+		shm_region_detach(old);
+	pc_region_seen(c);
+	pc_fmt(why, sizeof(why), "region %s was re-created (this node's kvferry-dataplane restarted): ctrld "
+	       "attached the new one", c->o.region);
+	go_down(c, why);
+}
+
 void pc_check_live(struct proc_chain *c, uint64_t now)
 {
 	struct shm_desc ev;
@@ -47,6 +121,27 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 	if (now - c->last_live_ns < PC_LIVE_EVERY_NS)
 		return;
 	c->last_live_ns = now;
+	if (!c->created && now - c->last_region_ns >= PC_REGION_EVERY_NS) {
+		c->last_region_ns = now;
+		if (shm_region_replaced(c->reg))
+			reattach(c);
+	}
+	if (c->dp_slot < 0 && c->ev != NULL)
+		pc_region_seen(c);
+	if (c->dp_slot >= 0) {
+		struct shm_live_info li;
+		int rc = shm_live_check(c->reg, c->dp_slot, UINT64_MAX, &li);
+
+		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != c->dp_pid)) {
+			char why[CTRL_CHAIN_ERRLEN];
+
+			pc_fmt(why, sizeof(why), "this node's kvferry-dataplane (pid %d) died: every stage is "
+			       "unreachable until it is back", c->dp_pid);
+			c->dp_slot = -1;
+			if (c->state == PC_UP)
+				go_down(c, why);
+		}
+	}
 	for (int32_t k = 0; k < c->o.n_stages && c->state == PC_UP; k++) {
 		const struct shm_mb_stage *s = &c->st[k];
 		struct shm_live_info li;
@@ -70,6 +165,22 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 	while (c->ev != NULL && shm_ring_dequeue_burst(c->ev, &ev, 1) == 1) {
 		uint16_t peer = DP_AUX_PEER(ev.aux);
 
+		if (ev.type == DP_EV_PEER_PROC_DEAD) {
+			/* a process of that node died: the stage whose worker it was is lost
+			 * (found in ~0.1 s where the group timeout took 30 s) */
+			for (int32_t k = 0; k < c->o.n_stages; k++)
+				if (c->st[k].node == (int32_t)peer && c->st[k].pid == (int32_t)ev.len
+				    && c->state == PC_UP) {
+					char why[CTRL_CHAIN_ERRLEN];
+
+					pc_fmt(why, sizeof(why), "stage %d (%s, pid %d on node %u, layers %d..%d) died, "
+					       "as the dataplane of its node reports", k, c->st[k].role, c->st[k].pid, peer,
+					       c->st[k].layer_start, c->st[k].layer_end);
+					c->stage_up[k] = 0;
+					go_down(c, why);
+				}
+			continue;
+		}
 		if (ev.type != DP_EV_PEER_DEAD && ev.type != DP_EV_PEER_RESTART && ev.type != DP_EV_PEER_SILENT)
 			continue;
 		for (int32_t k = 0; k < c->o.n_stages; k++)

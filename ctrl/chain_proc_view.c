@@ -85,6 +85,7 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 	if (cc == NULL || cc->vt != &ctrl_proc_chain_vtbl)
 		return -EINVAL;
 	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&c->mu); /* the poller may re-attach a re-created region */
 	/* By name, not by the chain's handles: the stage rings between workers
 	 * of this node are not ctrld's, and a lookup opens its own handle. */
 	for (int32_t k = 0; k < c->o.n_stages; k++) {
@@ -103,10 +104,19 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 		out->groups_busy += c->g[i].busy != 0;
 	for (int32_t i = 0; i < c->info.n_slots; i++)
 		out->tainted_slots += c->tainted[i] != 0;
+	pthread_mutex_unlock(&c->mu);
 	return 0;
 }
 
 struct shm_region *ctrl_proc_chain_region(struct ctrl_chain *cc)
 {
-	return cc != NULL && cc->vt == &ctrl_proc_chain_vtbl ? ((struct proc_chain *)cc)->reg : NULL;
+	struct proc_chain *c = (struct proc_chain *)cc;
+
+	if (cc == NULL || cc->vt != &ctrl_proc_chain_vtbl)
+		return NULL;
+	/* Its user (the PD link) keeps it: a re-attach leaves it mapped. */
+	pthread_mutex_lock(&c->mu);
+	c->lent = c->reg;
+	pthread_mutex_unlock(&c->mu);
+	return c->lent;
 }

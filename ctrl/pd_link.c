@@ -365,6 +365,18 @@ static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)
 	shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d->off));
 }
 
+/* The messages just dequeued are ctrld's: reclaimed by the dataplane if it dies holding them. */
+static void rx_take(struct ctrl_pd_link *l, const struct shm_desc *d, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct shm_pool *p = dp_ipc_rx_pool_is_small(d[i].len, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
+		int64_t idx = shm_pool_idx_of(p, d[i].off);
+
+		if (idx >= 0)
+			shm_pool_take(p, (uint32_t)idx);
+	}
+}
+
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
 {
 	struct shm_desc d[32];
@@ -372,6 +384,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	int moved = drain_txc(l);
 
 	while ((n = shm_ring_dequeue_burst(l->rx_ctl, d, 32)) > 0) {
+		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
 			l->st.ctl_received++;
 			if (h->control != NULL)
@@ -381,6 +394,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		moved = 1;
 	}
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
+		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
 			take_pages(l, h, shm_ptr(l->reg, d[i].off), d[i].len);
 			rx_put(l, &d[i]);

@@ -99,7 +99,9 @@ static void expire(struct ctrl_sched *s, struct sched_req **head, struct sched_r
 		char msg[480];
 
 		next = r->next;
-		if (now - t0 < lim) {
+		/* t0 may be later than @p now: a sequence lost in this very hold
+		 * stamped its wait after the caller read the clock */
+		if (t0 >= now || now - t0 < lim) {
 			prev = r;
 			continue;
 		}

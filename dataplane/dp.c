@@ -202,8 +202,10 @@ static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 
 static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
 {
-	/* body: our MAC is in the Ethernet header; the body names the base epoch */
-	uint64_t body[2] = {d->base_epoch, 0};
+	/* body: our MAC is in the Ethernet header; the body names the base epoch,
+	 * then how many of this node's processes died and the last one's pid
+	 * (WIRE.md "Hello"; 0 from a dataplane that does not watch them) */
+	uint64_t body[2] = {d->base_epoch, (uint64_t)d->deaths << 32 | (uint32_t)d->last_dead_pid};
 	tx_ctl(d, p, ctl_frame(d, p, DP_MT_HELLO, 0, flags, body, sizeof(body)));
 }
 
@@ -363,6 +365,11 @@ static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
 	struct shm_desc e = {.off = 0, .len = (uint32_t)failed, .type = type,
 			     .seq = p->remote_epoch, .aux = DP_AUX(p->node, 0)};
 	shm_ring_enqueue_burst(d->r_ev, &e, 1); /* events are advisory when nobody reads */
+	if (type == DP_EV_PEER_PROC_DEAD) {
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: peer %u reports its process pid %llu died",
+			d->o->node, p->node, (unsigned long long)failed);
+		return;
+	}
 	const char *what = type == DP_EV_PEER_UP ? "up" : type == DP_EV_PEER_RESTART ? "restarted"
 			   : type == DP_EV_PEER_SILENT ? "silent for " DP_SILENT_TEXT : "unreachable";
 	/* up is progress; a restart or a loss is an error when it failed messages
@@ -393,6 +400,7 @@ static int check_epoch(struct dp *d, struct peer *p, const struct dp_wire_hdr *h
 				}
 		}
 		p->remote_epoch = h->src_epoch;
+		p->deaths_known = 0; /* a new incarnation counts from its own start */
 		cnt_add(&p->stats->restarts, first ? 0 : 1);
 		__atomic_store_n(&p->stats->epoch, h->src_epoch, __ATOMIC_RELAXED);
 		__atomic_store_n(&p->stats->up, 1, __ATOMIC_RELAXED);
@@ -476,6 +484,15 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 		return;
 	}
 	if (v.h.type == DP_MT_HELLO) {
+		if (v.h.payload_len >= 16 && v.payload_off + 16 <= hl) {
+			uint64_t w;
+
+			memcpy(&w, f + v.payload_off + 8, sizeof(w));
+			if (p->deaths_known && (uint32_t)(w >> 32) != p->remote_deaths)
+				event(d, p, DP_EV_PEER_PROC_DEAD, (uint32_t)w);
+			p->remote_deaths = (uint32_t)(w >> 32);
+			p->deaths_known = 1;
+		}
 		if (!(v.h.flags & DP_WF_REPLY))
 			send_hello(d, p, DP_WF_REPLY);
 		return;
@@ -640,9 +657,78 @@ unsigned dp_poll_once(struct dp *d, uint64_t now)
 	return work;
 }
 
+void dp_link(struct dp *d, int up)
+{
+	if (up == d->link_up)
+		return;
+	if (d->link_up >= 0)
+		kvf_log(up ? KVF_LOG_INFO : KVF_LOG_WARNING, NULL, "dataplane %u: port link %s", d->o->node,
+			up ? "up" : "down: every peer reported silent");
+	d->link_up = up;
+	if (up)
+		return;
+	/* Nothing crosses a link that is down: say so now rather than after
+	 * the retransmissions give up (16 timeouts, ~1.4 s) or the silence
+	 * bound (3 s). Messages in flight are kept and resent, as for any
+	 * silence; the first frame heard reports the peer up again. */
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
+		struct peer *p = &d->peers[i];
+
+		if (!p->configured || !p->remote_epoch || p->silent)
+			continue;
+		p->silent = 1;
+		__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
+		event(d, p, DP_EV_PEER_SILENT, 0);
+	}
+}
+
+/* Every LIVE_SCAN_NS: has a process of this node died since the last look
+ * (its slot now dead, or taken by another pid)? Then count it and tell every
+ * peer at once in a hello (again in every keepalive: a lost hello costs
+ * 100 ms, not the news). A clean exit releases its slot and is not a death. */
+static void scan_live(struct dp *d, uint64_t now)
+{
+	int died = 0;
+
+	if (now < d->next_live_scan)
+		return;
+	d->next_live_scan = now + LIVE_SCAN_NS;
+	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
+		struct shm_live_info li;
+		int rc;
+
+		if (i == d->live_slot)
+			continue;
+		rc = shm_live_check(d->reg, i, UINT64_MAX, &li);
+		if (d->live_pid[i] != 0 && (rc == SHM_LIVE_DEAD || (rc >= 0 && li.pid != d->live_pid[i]
+								     && rc != SHM_LIVE_EMPTY))) {
+			/* and the receive buffers it was handed and had not given back */
+			uint32_t back = shm_pool_reclaim(d->p_small, d->live_pid[i]) +
+					shm_pool_reclaim(d->p_large, d->live_pid[i]);
+
+			d->deaths++;
+			d->last_dead_pid = d->live_pid[i];
+			died = 1;
+			kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: pid %d (%s) on this node died: telling the peers; "
+				"%u receive buffer%s it held back in the pool", d->o->node, (int)d->live_pid[i], li.role,
+				back, back == 1 ? "" : "s");
+		}
+		d->live_pid[i] = rc == SHM_LIVE_ALIVE || rc == SHM_LIVE_SLOW ? li.pid : 0;
+	}
+	if (!died)
+		return;
+	for (unsigned i = 0; i < DP_MAX_PEERS; i++)
+		if (d->peers[i].configured && d->peers[i].remote_epoch) {
+			d->cur_peer = &d->peers[i];
+			send_hello(d, &d->peers[i], 0);
+		}
+}
+
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 {
 	int winupd = now >= *next_winupd;
+
+	scan_live(d, now);
 	if (winupd)
 		*next_winupd = now + WINUPD_NS;
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {

@@ -15,6 +15,7 @@
 #include "dp.h"
 #include "dp_ipc.h"
 #include "port.h"
+#include "shm_live.h"
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -26,6 +27,7 @@
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
 #define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
 #define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
+#define LIVE_SCAN_NS 50000000ull /* this node's liveness table is read every 50 ms (as ctrld reads it) */
 
 struct stream {
 	struct dp_rel_tx *tx;
@@ -48,6 +50,8 @@ struct peer {
 	uint64_t last_stale_hello;
 	uint64_t last_rx;         /* the last frame heard from it */
 	int silent;               /* DP_EV_PEER_SILENT reported, nothing heard since */
+	int deaths_known;         /* its hello's death count was read since its epoch changed */
+	uint32_t remote_deaths;   /* the count its last hello carried */
 	struct stream *st[DP_MAX_STREAMS];
 	struct dp_peer_stats *stats;
 };
@@ -61,6 +65,14 @@ struct dp {
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;
 	int live_slot;
+	/* Deaths of this node's processes (its liveness table), told to every
+	 * peer in each hello: a stage's worker dying here was otherwise seen by
+	 * the peer's ctrld only after its group timeout (30 s). */
+	int32_t live_pid[SHM_LIVE_SLOTS]; /* the pid last seen alive in each slot, 0: none */
+	uint32_t deaths;                  /* deaths seen since start */
+	int32_t last_dead_pid;
+	uint64_t next_live_scan;
+	int link_up;                      /* the port's link at the last watch; -1 before the first */
 	struct dp_wire_addr self;
 	uint64_t base_epoch;
 	struct peer peers[DP_MAX_PEERS];
@@ -95,5 +107,8 @@ static inline void cnt_add(uint64_t *c, uint64_t v)
 unsigned dp_poll_once(struct dp *d, uint64_t now);
 /* Timer work: retransmissions, hellos, window updates, dead peers. */
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd);
+/* The port's link as dp_port_watch() saw it (1 up, 0 down): on going down,
+ * every peer heard is reported silent at once. */
+void dp_link(struct dp *d, int up);
 
 #endif /* DP_INT_H */

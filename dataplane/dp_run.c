@@ -139,6 +139,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		return -ENOMEM;
 	d->o = &eff;
 	d->live_slot = -1;
+	d->link_up = -1;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	/* Wall-clock ns: a restarted process always has a larger epoch. */
@@ -210,7 +211,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 			next_tick = now + TICK_NS;
 		}
 		if (now >= next_link) {
-			dp_port_watch(&d->port, now);
+			dp_link(d, dp_port_watch(&d->port, now));
 			next_link = now + 100000000ull;
 		}
 		if (eff.idle == DP_IDLE_SLEEP) {

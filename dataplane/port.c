@@ -235,8 +235,14 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		return r;
 	}
 	p->started = 1;
-	if (strncmp(spec, "net_af_packet", 13) == 0)
+	if (strncmp(spec, "net_af_packet", 13) == 0) {
+		const char *i = strstr(spec, "iface=");
+		char ifname[64];
+
 		check_iface_mtu(spec, frame_size);
+		if (i && sscanf(i + 6, "%63[^,]", ifname) == 1)
+			snprintf(p->oper_path, sizeof(p->oper_path), "/sys/class/net/%s/operstate", ifname);
+	}
 	rte_eth_promiscuous_enable(pid); /* peers may address us before they learn our MAC */
 	struct rte_ether_addr mac;
 	rte_eth_macaddr_get(pid, &mac);
@@ -288,11 +294,28 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
 	return 0;
 }
 
+/* 1 unless the interface says it is down ("down", "lowerlayerdown", ...: what
+ * `ip link set IFACE down` on either end of a veth leaves); unreadable: up. */
+static int iface_up(const char *path)
+{
+	char st[32] = "";
+	FILE *f = fopen(path, "r");
+
+	if (f == NULL)
+		return 1;
+	if (fscanf(f, "%31s", st) != 1)
+		st[0] = '\0';
+	fclose(f);
+	return strcmp(st, "up") == 0 || strcmp(st, "unknown") == 0 || st[0] == '\0';
+}
+
 int dp_port_watch(struct dp_port *p, uint64_t now_ns)
 {
 	struct rte_eth_link link;
 	if (!p->started && !p->reconnects)
 		return 0;
+	if (p->started && p->oper_path[0])
+		return iface_up(p->oper_path);
 	if (p->started && rte_eth_link_get_nowait(p->port, &link) == 0 &&
 	    link.link_status == RTE_ETH_LINK_UP) {
 		p->down_since = 0;

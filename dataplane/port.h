@@ -15,6 +15,7 @@ struct dp_port {
 	int multiseg;                 /* PMD takes header + ext-buffer chains */
 	int reconnects;               /* net_memif client: the PMD never reconnects by itself */
 	uint64_t down_since;          /* ns (caller's clock) the link was first seen down; 0: up */
+	char oper_path[96];           /* net_af_packet: /sys/class/net/IFACE/operstate (its PMD's link never changes) */
 	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
 	struct rte_mempool *hdr_pool; /* TX headers */
 	struct rte_mempool *ext_pool; /* data-less mbufs for region payload */
@@ -37,7 +38,8 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
  * down for a second is stopped and started again, which reconnects it. The
  * PMD connects once, at start: a server that was not listening yet, a
  * handshake that failed, or a server that restarted left the link down for
- * good.
+ * good. A net_af_packet port's link is its interface's operstate (the PMD
+ * reports it up whatever the interface does).
  * @param now_ns a monotonic clock in ns
  * @return 1 if the link is up.
  */

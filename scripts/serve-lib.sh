@@ -13,8 +13,12 @@
 #
 # Inputs (variables): KVF_BIN (build dir), KVF_MODEL, KVF_BACKEND (cpu|cuda),
 # KVF_RUN (run dir for logs and sockets), KVF_THREADS (CPU threads per
-# worker). Outputs: KVF_URL, KVF_SOCK, KVF_TOPOLOGY (what actually runs),
-# KVF_PIDS, KVF_WPIDS (worker pids by stage), KVF_WCMD (worker command lines).
+# worker), KVF_PORT (ctrld's API port, default 0: any free one). Outputs:
+# KVF_URL, KVF_SOCK, KVF_TOPOLOGY (what actually runs), KVF_PIDS, KVF_WPIDS
+# (worker pids by stage), KVF_WCMD (worker command lines), KVF_CTRLD and
+# KVF_CTRLD_CMD, KVF_DPPIDS and KVF_DPCMD (the dataplanes, by node - 1: each
+# a quoted command line, for `eval "exec ${KVF_DPCMD[1]}" &`), so a caller
+# can kill one process and start it again as its unit would.
 #
 # Node ids 1 and 2 talk over 10.9.0.0/24 addresses inside the memif link
 # (the dataplane frames UDP/IPv4 itself; no kernel interface is involved).
@@ -22,6 +26,8 @@
 KVF_PIDS=()
 KVF_WPIDS=()
 KVF_WCMD=()
+KVF_DPPIDS=()
+KVF_DPCMD=()
 
 kvf_log() { echo "[run] $*"; }
 
@@ -80,7 +86,7 @@ kvf_up() {
   KVF_TOPOLOGY=$topo
   KVF_SOCK=$KVF_RUN/ctrl.sock
   KVF_RA=kvfA$tag KVF_RB=kvfB$tag
-  local ctrld_args=(--model-dir "$KVF_MODEL" --stages "$stages" --backend "$KVF_BACKEND" --port 0
+  local ctrld_args=(--model-dir "$KVF_MODEL" --stages "$stages" --backend "$KVF_BACKEND" --port "${KVF_PORT:-0}"
                     --admin-socket "$KVF_SOCK" --threads "$KVF_THREADS" --kv-memory "${KVF_KV_MEMORY:-64M}" --worker-region "$KVF_RA"
                     --worker-join-timeout ${KVF_JOIN_TIMEOUT:-120} --worker-group-timeout "${KVF_GROUP_TIMEOUT:-30}")
   if [ "$topo" = dataplane ] || [ "$topo" = netns ]; then
@@ -125,7 +131,8 @@ kvf_up() {
     done
     ctrld_args+=(--worker-return ring --worker-region-size 64M)
   fi
-  "$KVF_BIN/kvferry-ctrld" "${ctrld_args[@]}" >"$KVF_RUN/ctrld.log" 2>&1 &
+  KVF_CTRLD_CMD=("$KVF_BIN/kvferry-ctrld" "${ctrld_args[@]}")
+  "${KVF_CTRLD_CMD[@]}" >"$KVF_RUN/ctrld.log" 2>&1 &
   KVF_CTRLD=$!
   KVF_PIDS+=($!)
   if ! kvf_wait_log "$KVF_RUN/ctrld.log" "serving " 150; then
@@ -141,7 +148,9 @@ kvf_up() {
 # Two kvferry-dataplane processes, node 1 on region KVF_RA and node 2 on
 # KVF_RB, joined by net_memif (@1 = dataplane) or by net_af_packet on the
 # veth pair kvf_netns made (@1 = netns). KVF_DP_REGION (MiB, default 96) and
-# KVF_DP_EXTRA (more flags for both, e.g. --impair ...) adjust them.
+# KVF_DP_EXTRA (more flags for both, e.g. --impair ...) adjust them;
+# KVF_AFP_EXTRA (e.g. ",qdisc_bypass=0", so tc qdiscs on the veth see the
+# frames) is appended to the af_packet port spec.
 kvf_dataplanes() {
   local topo=$1 f
   # shellcheck disable=SC2206 # KVF_DP_EXTRA is a list of flags
@@ -153,8 +162,8 @@ kvf_dataplanes() {
     # /dev/hugepages, which namespaces of the network do not separate, so the
     # workers and ctrld of each node share its region as on one host.
     nsA=(ip netns exec "$KVF_NSA") nsB=(ip netns exec "$KVF_NSB")
-    portA="net_af_packet0,iface=$KVF_VA,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
-    portB="net_af_packet0,iface=$KVF_VB,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1"
+    portA="net_af_packet0,iface=$KVF_VA,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1${KVF_AFP_EXTRA:-}"
+    portB="net_af_packet0,iface=$KVF_VB,blocksz=16384,framesz=8192,framecnt=1024,qpairs=1${KVF_AFP_EXTRA:-}"
     # af_packet: frames fit the 8192 B tpacket slots (tests/dataplane's setting)
     dpc+=(--frame-size 8000)
   else
@@ -162,14 +171,18 @@ kvf_dataplanes() {
     portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216"
     dpc+=(--frame-size 9000)
   fi
-  "${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA" \
-    --port "$portA" --eal "-l 0" "${dpc[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
-  KVF_PIDS+=($!)
+  local dp0=("${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA"
+       --port "$portA" --eal "-l 0" "${dpc[@]}")
+  KVF_DPCMD[0]=$(printf '%q ' "${dp0[@]}")
+  "${dp0[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
+  KVF_PIDS+=($!) KVF_DPPIDS[0]=$!
   # The memif client connects to the server's socket: start it once that exists.
   kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
-  "${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB" \
-    --port "$portB" --eal "-l 1" "${dpc[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
-  KVF_PIDS+=($!)
+  local dp1=("${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB"
+       --port "$portB" --eal "-l 1" "${dpc[@]}")
+  KVF_DPCMD[1]=$(printf '%q ' "${dp1[@]}")
+  "${dp1[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
+  KVF_PIDS+=($!) KVF_DPPIDS[1]=$!
   for f in dataplane1 dataplane2; do
     kvf_wait_log "$KVF_RUN/$f.log" "memory:" 30 || { kvf_log "kvferry-dataplane ($f) did not start:"; cat "$KVF_RUN/$f.log"; return 1; }
   done
@@ -177,17 +190,37 @@ kvf_dataplanes() {
 
 # Two network namespaces joined by a veth pair (9000 B MTU) for the netns
 # topology; sets KVF_NSA/KVF_NSB and KVF_VA/KVF_VB. Return 1 if we may not.
+# With KVF_RELAY (a command), the pair is two: node 1's end and node 2's each
+# face a third namespace KVF_NSR, where the command runs with the two
+# interfaces there as its last arguments and carries the frames between
+# them (scripts/fault-drill's stand-in for tc netem on a kernel without it).
 kvf_netns() {
-  local tag=$1
+  local tag=$1 peerA
   KVF_NSA=kvfnsA$tag KVF_NSB=kvfnsB$tag KVF_VA=kvfvA$tag KVF_VB=kvfvB$tag
   command -v ip >/dev/null || return 1
   ip netns add "$KVF_NSA" 2>/dev/null || return 1
   ip netns add "$KVF_NSB" 2>/dev/null || { ip netns del "$KVF_NSA"; return 1; }
-  if ! ip link add "$KVF_VA" type veth peer name "$KVF_VB" 2>/dev/null; then
-    ip netns del "$KVF_NSA"; ip netns del "$KVF_NSB"; return 1
+  peerA=$KVF_VB
+  if [ -n "${KVF_RELAY:-}" ]; then
+    KVF_NSR=kvfnsR$tag peerA=kvfrA$tag
+    ip netns add "$KVF_NSR" 2>/dev/null && ip link add "$KVF_VB" type veth peer name "kvfrB$tag" 2>/dev/null \
+      || { ip netns del "$KVF_NSA"; ip netns del "$KVF_NSB"; ip netns del "$KVF_NSR" 2>/dev/null; return 1; }
+  fi
+  if ! ip link add "$KVF_VA" type veth peer name "$peerA" 2>/dev/null; then
+    ip netns del "$KVF_NSA"; ip netns del "$KVF_NSB"; [ -n "${KVF_NSR:-}" ] && ip netns del "$KVF_NSR"
+    return 1
   fi
   ip link set "$KVF_VA" netns "$KVF_NSA" && ip link set "$KVF_VB" netns "$KVF_NSB" \
-    && ip -n "$KVF_NSA" link set "$KVF_VA" mtu 9000 up && ip -n "$KVF_NSB" link set "$KVF_VB" mtu 9000 up
+    && ip -n "$KVF_NSA" link set "$KVF_VA" mtu 9000 up && ip -n "$KVF_NSB" link set "$KVF_VB" mtu 9000 up \
+    || return 1
+  [ -n "${KVF_RELAY:-}" ] || return 0
+  local r
+  for r in "kvfrA$tag" "kvfrB$tag"; do
+    ip link set "$r" netns "$KVF_NSR" && ip -n "$KVF_NSR" link set "$r" mtu 9000 up || return 1
+  done
+  # shellcheck disable=SC2086 # KVF_RELAY is a command line
+  ip netns exec "$KVF_NSR" $KVF_RELAY "kvfrA$tag" "kvfrB$tag" >>"$KVF_RUN/relay.log" 2>&1 &
+  KVF_PIDS+=($!)
 }
 
 kvf_down() {
@@ -204,6 +237,7 @@ kvf_down() {
         /dev/shm/*"${KVF_RA:-none}"* /dev/shm/*"${KVF_RB:-none}"* 2>/dev/null
   # deleting a namespace deletes the veth end inside it, and with it the pair
   [ -n "${KVF_NSA:-}" ] && { ip netns del "$KVF_NSA" 2>/dev/null; ip netns del "$KVF_NSB" 2>/dev/null; }
-  KVF_NSA= KVF_NSB=
-  KVF_PIDS=()
+  [ -n "${KVF_NSR:-}" ] && ip netns del "$KVF_NSR" 2>/dev/null
+  KVF_NSA= KVF_NSB= KVF_NSR=
+  KVF_PIDS=() KVF_DPPIDS=()
 }

@@ -4,7 +4,8 @@
  * first use. A slot is claimed by CAS on its pid word (0 → pid); the owner
  * alone writes the rest. Dead vs slow: kill(pid, 0) says whether the pid
  * exists; the start time from /proc/<pid>/stat says whether it is still the
- * same process (pids are reused); the heartbeat age says slow.
+ * same process (pids are reused), its state whether it is a zombie (killed,
+ * not yet reaped: dead); the heartbeat age says slow.
  */
 #include <errno.h>
 #include <signal.h>
@@ -40,7 +41,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t proc_start_time(int32_t pid)
+/* /proc/<pid>/stat's start time (field 22), 0 when it cannot be read, and
+ * in @p state its state letter (field 3). */
+static uint64_t proc_start_time(int32_t pid, char *state)
 {
 	char path[64], buf[1024];
 	unsigned long long st = 0;
@@ -60,8 +63,8 @@ static uint64_t proc_start_time(int32_t pid)
 	if (p == NULL)
 		return 0;
 	/* after ')' come fields 3.. ; start_time is field 22 */
-	if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-		   "%*d %*d %llu", &st) != 1)
+	if (sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+		   "%*d %*d %llu", state, &st) != 2)
 		return 0;
 	return st;
 }
@@ -96,7 +99,7 @@ int shm_live_register(struct shm_region *r, const char *role)
 			continue;
 		}
 claimed:
-		t[i].start_time = proc_start_time(me);
+		t[i].start_time = proc_start_time(me, &(char){0});
 		t[i].epoch = shm_region_epoch(r) ^ ((uint64_t)me << 32) ^ now_ns();
 		snprintf(t[i].role, sizeof(t[i].role), "%s", role);
 		atomic_store(&t[i].beats, 0);
@@ -154,8 +157,17 @@ int shm_live_check(struct shm_region *r, int slot, uint64_t stale_ns, struct shm
 		return SHM_LIVE_EMPTY;
 	if (kill(pid, 0) != 0 && errno == ESRCH)
 		return SHM_LIVE_DEAD;
-	if (t[slot].start_time != 0 && proc_start_time(pid) != t[slot].start_time)
-		return SHM_LIVE_DEAD; /* the pid now belongs to another process */
+	{
+		char state = 0;
+		uint64_t st = proc_start_time(pid, &state);
+
+		if (t[slot].start_time != 0 && st != t[slot].start_time)
+			return SHM_LIVE_DEAD; /* the pid now belongs to another process */
+		/* Killed, not yet reaped by its parent (a shell, a container's
+		 * init that reaps late): kill(pid, 0) still finds a zombie. */
+		if (state == 'Z' || state == 'X')
+			return SHM_LIVE_DEAD;
+	}
 	{
 		uint64_t now = now_ns();
 

@@ -2,11 +2,18 @@
 /*
  * Buffer pools: [meta | state words | free ring | buffers], one area.
  * The free ring (MPMC rte_ring of uint32 indices) is the free list; the
- * per-buffer state word is the authority on ownership:
- *   get: dequeue idx, then CAS state FREE→HELD (a failure means the list
+ * per-buffer state word is the authority on ownership: FREE (0), or the pid
+ * of the process holding it (layout 2; layout 1 wrote 1 for any holder):
+ *   get: dequeue idx, then CAS state FREE→pid (a failure means the list
  *        and the states disagree: the index is dropped, never handed out);
- *   put: CAS state HELD→FREE (a failure is a double release: refused),
- *        then enqueue idx.
+ *   take: CAS state holder→pid (the process a descriptor handed the buffer
+ *        to says it holds it now);
+ *   put: CAS state holder→FREE (FREE already is a double release: refused),
+ *        then enqueue idx;
+ *   reclaim: CAS state dead pid→FREE, then enqueue: what a killed process
+ *        held goes back (before, a receive buffer a SIGKILLed worker was
+ *        computing from was lost to the pool until the region was made
+ *        again: the fault drill's remote-worker-kill, 1 of 144).
  * The ring has room for 2n indices: in RTS mode the consumer tail advances
  * only when the last concurrent dequeuer finishes, so slots freed by a get
  * can still count as used while the same index is put back. The spare room
@@ -15,6 +22,7 @@
  */
 #include <sched.h>
 #include <errno.h>
+#include <unistd.h>
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -26,9 +34,9 @@
 #include "shm_pool.h"
 
 #define SHM_POOL_MAGIC 0x4c4f4f50u /* "POOL" */
-#define SHM_POOL_LAYOUT 1u
+#define SHM_POOL_LAYOUT 2u
 
-enum { BUF_FREE = 0, BUF_HELD = 1 };
+enum { BUF_FREE = 0 };
 
 struct shm_pool_meta {
 	uint32_t magic;
@@ -165,7 +173,7 @@ int shm_pool_get(struct shm_pool *p, uint32_t *idx)
 		if (rte_ring_dequeue_elem(p->ring, &i, sizeof(i)) != 0)
 			return -ENOBUFS;
 		if (i < p->n && atomic_compare_exchange_strong_explicit(
-					&p->states[i], &expect, BUF_HELD, memory_order_acquire,
+					&p->states[i], &expect, (uint32_t)getpid(), memory_order_acquire,
 					memory_order_relaxed)) {
 			*idx = i;
 			return 0;
@@ -174,18 +182,61 @@ int shm_pool_get(struct shm_pool *p, uint32_t *idx)
 	}
 }
 
+/* CAS state @p idx from a holder (any, or only @p only when it is not 0) to
+ * @p to. @return 0, -EALREADY (it is free), -ESRCH (another holds it). */
+static int swap_holder(struct shm_pool *p, uint32_t idx, uint32_t only, uint32_t to, memory_order mo)
+{
+	uint32_t s = atomic_load_explicit(&p->states[idx], memory_order_relaxed);
+
+	for (;;) {
+		if (s == BUF_FREE)
+			return -EALREADY;
+		if (only != 0 && s != only)
+			return -ESRCH;
+		if (atomic_compare_exchange_weak_explicit(&p->states[idx], &s, to, mo, memory_order_relaxed))
+			return 0;
+	}
+}
+
+static void requeue(struct shm_pool *p, uint32_t idx)
+{
+	while (rte_ring_enqueue_elem(p->ring, &idx, sizeof(idx)) != 0)
+		sched_yield(); /* a preempted dequeuer holds the tail: see the top */
+}
+
 int shm_pool_put(struct shm_pool *p, uint32_t idx)
 {
-	uint32_t expect = BUF_HELD;
+	int rc;
 
 	if (idx >= p->n)
 		return -EINVAL;
-	if (!atomic_compare_exchange_strong_explicit(&p->states[idx], &expect, BUF_FREE,
-						     memory_order_release, memory_order_relaxed))
-		return -EALREADY;
-	while (rte_ring_enqueue_elem(p->ring, &idx, sizeof(idx)) != 0)
-		sched_yield(); /* a preempted dequeuer holds the tail: see the top */
+	rc = swap_holder(p, idx, 0, BUF_FREE, memory_order_release);
+	if (rc < 0)
+		return rc;
+	requeue(p, idx);
 	return 0;
+}
+
+int shm_pool_take(struct shm_pool *p, uint32_t idx)
+{
+	if (idx >= p->n)
+		return -EINVAL;
+	return swap_holder(p, idx, 0, (uint32_t)getpid(), memory_order_acquire);
+}
+
+uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid)
+{
+	uint32_t n = 0;
+
+	if (pid <= 1)
+		return 0; /* 1: a layout-1 holder, or init: never taken for dead */
+	for (uint32_t i = 0; i < p->n; i++)
+		if (atomic_load_explicit(&p->states[i], memory_order_relaxed) == (uint32_t)pid
+		    && swap_holder(p, i, (uint32_t)pid, BUF_FREE, memory_order_release) == 0) {
+			requeue(p, i);
+			n++;
+		}
+	return n;
 }
 
 uint64_t shm_pool_buf_off(const struct shm_pool *p, uint32_t idx)

@@ -32,6 +32,9 @@ struct shm_region {
 	size_t page_size;
 	int huge;
 	char path[256];
+	char name[SHM_NAME_MAX];
+	dev_t dev;  /* the file mapped: shm_region_replaced() compares the name's file now */
+	ino_t ino;
 };
 
 static int name_ok(const char *name)
@@ -123,6 +126,38 @@ static void *map_new(const char *path, size_t size, int huge, char *err, size_t 
 	return p;
 }
 
+/* Where a region of a name may be, in the order attachers look:
+ * hugetlbfs of 2 MiB, of 1 GiB, then the fallback directory. */
+static int region_dirs(const char *dirs[3])
+{
+	int n = 0;
+
+	dirs[n++] = huge_dir(2u << 20);
+	dirs[n++] = huge_dir(1u << 30);
+	dirs[n++] = fallback_dir();
+	return n;
+}
+
+/* A region created at @p keep replaces one of the same name anywhere else: a
+ * predecessor on hugetlbfs when this one fell back (no hugepages free), or in
+ * the fallback directory when this one got hugepages. Left there, the stale
+ * file would be found first by attachers (a restarted dataplane that fell
+ * back was never reached: every process attached its predecessor's). */
+static void unlink_elsewhere(const char *name, const char *keep)
+{
+	const char *dirs[3];
+	char path[300];
+	int n = region_dirs(dirs);
+
+	for (int i = 0; i < n; i++) {
+		if (dirs[i] == NULL)
+			continue;
+		snprintf(path, sizeof(path), "%s/kvferry-%s", dirs[i], name);
+		if (strcmp(path, keep) != 0)
+			(void)unlink(path);
+	}
+}
+
 struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err, size_t errlen)
 {
 	struct shm_region *r;
@@ -194,6 +229,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	}
 	r->hdr = p;
 	r->size = size;
+	snprintf(r->name, sizeof(r->name), "%s", o->name);
 
 	memset(r->hdr, 0, sizeof(*r->hdr));
 	r->hdr->abi_version = SHM_ABI_VERSION;
@@ -210,6 +246,14 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 	/* Only now does the region appear under its name, replacing any stale
 	 * one in one step: an attacher never opens a half-written header (one
 	 * did, in the serving tests: magic 0 while the creator was mid-way). */
+	{
+		struct stat st;
+
+		if (stat(tmp, &st) == 0) {
+			r->dev = st.st_dev;
+			r->ino = st.st_ino;
+		}
+	}
 	if (rename(tmp, r->path) != 0) {
 		int e = errno;
 
@@ -220,6 +264,7 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 		errno = e;
 		return NULL;
 	}
+	unlink_elsewhere(o->name, r->path);
 	if (err && errlen)
 		err[0] = '\0';
 	return r;
@@ -228,11 +273,8 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
 static int open_existing(const char *name, char *path, size_t pathlen)
 {
 	const char *dirs[3];
-	int n = 0, fd;
+	int n = region_dirs(dirs), fd;
 
-	dirs[n++] = huge_dir(2u << 20);
-	dirs[n++] = huge_dir(1u << 30);
-	dirs[n++] = fallback_dir();
 	for (int i = 0; i < n; i++) {
 		if (dirs[i] == NULL)
 			continue;
@@ -286,6 +328,9 @@ struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen)
 	close(fd);
 	r->hdr = p;
 	r->size = (size_t)st.st_size;
+	r->dev = st.st_dev;
+	r->ino = st.st_ino;
+	snprintf(r->name, sizeof(r->name), "%s", name);
 	/* A0: pairs with R0 in shm_region_create(). */
 	magic = __atomic_load_n(&r->hdr->magic, __ATOMIC_ACQUIRE);
 	if (magic != SHM_REGION_MAGIC || r->hdr->abi_version != SHM_ABI_VERSION) {
@@ -307,6 +352,25 @@ fail_fd:
 	free(r);
 	errno = e;
 	return NULL;
+}
+
+int shm_region_replaced(const struct shm_region *r)
+{
+	const char *dirs[3];
+	char path[300];
+	struct stat st;
+	int n = region_dirs(dirs);
+
+	if (r == NULL)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		if (dirs[i] == NULL)
+			continue;
+		snprintf(path, sizeof(path), "%s/kvferry-%s", dirs[i], r->name);
+		if (stat(path, &st) == 0)
+			return st.st_dev != r->dev || st.st_ino != r->ino;
+	}
+	return 0;
 }
 
 void shm_region_detach(struct shm_region *r)

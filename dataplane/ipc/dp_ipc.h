@@ -24,7 +24,8 @@
  *    for DP_MT_KVPAGE and DP_MT_CONTROL messages, so the process that owns
  *    each stream (the decode worker, ctrld) is its only consumer.
  *  - DP_RING_EV  "dp.ev"  events for ctrld: type = enum dp_event,
- *      aux = DP_AUX(peer, 0), seq = the peer's new epoch, len = messages failed.
+ *      aux = DP_AUX(peer, 0), seq = the peer's new epoch, len = messages failed
+ *      (DP_EV_PEER_PROC_DEAD: the pid that died).
  *
  * Threading: as for shm rings and pools; the stats block has one writer (the
  * dataplane) and is read with relaxed loads (counters may be mutually skewed
@@ -111,6 +112,9 @@ enum dp_event {
 	DP_EV_PEER_SILENT = 4,  /**< nothing (not even a hello) heard from an up peer for DP_PEER_SILENT_MS:
 	                             its process or link is gone; messages in flight are kept and resent
 	                             if it comes back (DP_EV_PEER_UP again, or RESTART with a new epoch) */
+	DP_EV_PEER_PROC_DEAD = 5, /**< a process of the peer's node died (a pid of its region's liveness
+	                               table, as its dataplane saw it): len = that pid. The link is fine;
+	                               ctrld takes it as the loss of the stage whose worker had that pid */
 };
 
 #define DP_STATS_MAGIC 0x53545044u /* "DPTS" */

@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,15 +134,13 @@ static int handle(struct worker *w, const struct shm_desc *d)
  * re-created it, and nothing will ever arrive on our old mapping. */
 static int region_replaced(struct worker *w)
 {
-	struct stat now;
 	uint64_t t = kvf_mono_ns();
 
 	if (t - w->last_stat_ns < 1000000000ull)
 		return 0;
 	w->last_stat_ns = t;
-	if (stat(shm_region_path(w->reg), &now) != 0)
-		return 0; /* unlinked while its owner shuts down: SIGTERM follows */
-	return now.st_ino != w->region_ino;
+	/* none under the name: unlinked while its owner shuts down (SIGTERM follows) */
+	return shm_region_replaced(w->reg);
 }
 
 /* What the worker holds now (SIGUSR1, and at exit): memory and queues, so a
@@ -256,12 +253,6 @@ int main(int argc, char **argv)
 			fclose(w.trace);
 		cfg_free(w.cfg);
 		return 1;
-	}
-	{
-		struct stat sb;
-
-		if (stat(shm_region_path(w.reg), &sb) == 0)
-			w.region_ino = sb.st_ino;
 	}
 	w.live = shm_live_register(w.reg, w.o.role);
 	if (w.live < 0) {

@@ -106,16 +106,36 @@ struct wk_in *wk_in_open(struct shm_region *r, const char *spec, char *err, size
 	return in;
 }
 
+/* A receive buffer the dataplane handed over is ours now: if this worker
+ * dies before it puts it back, the dataplane reclaims it. */
+static void take(struct wk_in *in, const struct shm_desc *d)
+{
+	struct shm_pool *p;
+	int64_t idx;
+
+	if (!in->dp)
+		return;
+	p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(in->small)) ? in->small : in->large;
+	idx = shm_pool_idx_of(p, d->off);
+	if (idx >= 0)
+		shm_pool_take(p, (uint32_t)idx);
+}
+
 int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns)
 {
 	int rc;
 
-	if (shm_ring_dequeue_burst(in->q, d, 1) == 1)
+	if (shm_ring_dequeue_burst(in->q, d, 1) == 1) {
+		take(in, d);
 		return 1;
+	}
 	rc = shm_ring_wait(in->q, timeout_ns);
 	if (rc == -EINTR)
 		return rc;
-	return shm_ring_dequeue_burst(in->q, d, 1) == 1 ? 1 : 0;
+	if (shm_ring_dequeue_burst(in->q, d, 1) != 1)
+		return 0;
+	take(in, d);
+	return 1;
 }
 
 void wk_in_done(struct wk_in *in, const struct shm_desc *d)

@@ -73,7 +73,6 @@ struct worker {
 	struct cfg *cfg;           /* the configuration w.o points into */
 	struct wk_job jobs[WK_MAX_DEPTH];
 	int32_t j_head, j_n, depth;
-	ino_t region_ino;
 	uint64_t last_stat_ns;
 	int pinned;                /* the region is cudaHostRegister'ed */
 };

@@ -26,7 +26,7 @@ enum shm_live_state {
 	SHM_LIVE_EMPTY = 0, /**< slot never used or released cleanly */
 	SHM_LIVE_ALIVE = 1, /**< pid exists and heartbeat moved within the deadline */
 	SHM_LIVE_SLOW = 2,  /**< pid exists, heartbeat stale */
-	SHM_LIVE_DEAD = 3,  /**< pid gone (or reused by another process) */
+	SHM_LIVE_DEAD = 3,  /**< pid gone, reused by another process, or a zombie */
 };
 
 /**

@@ -6,8 +6,11 @@
  * buffer indices; a state word per buffer refuses a double release.
  *
  * Invariants: a buffer index is on the free ring exactly when its state is
- * FREE; get() flips FREE→HELD, put() flips HELD→FREE before re-queueing, so
- * a buffer is never handed out twice and exhaustion is a return value.
+ * FREE; get() flips FREE→held (by the caller's pid), put() flips held→FREE
+ * before re-queueing, so a buffer is never handed out twice and exhaustion
+ * is a return value. A process a buffer was handed to (a descriptor on a
+ * ring) says so with take(); whoever sees a holder die gives what it held
+ * back with reclaim().
  *
  * Threading: any number of threads and processes may get/put concurrently.
  */
@@ -50,6 +53,21 @@ int shm_pool_get(struct shm_pool *p, uint32_t *idx);
  * @return 0, -EINVAL (index out of range), -EALREADY (already free: double release refused).
  */
 int shm_pool_put(struct shm_pool *p, uint32_t idx);
+
+/**
+ * Say that this process holds buffer @p idx now (it was handed to it, e.g.
+ * by a receive descriptor), so that reclaim() gives it back if this process
+ * dies before it puts it.
+ * @return 0, -EINVAL (index out of range), -EALREADY (it is free).
+ */
+int shm_pool_take(struct shm_pool *p, uint32_t idx);
+
+/**
+ * Give back every buffer process @p pid holds: call it once @p pid is known
+ * dead (its liveness slot, shm_live.h), never for a live one.
+ * @return the number of buffers returned.
+ */
+uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid);
 
 /** @return the buffer's offset in the region. */
 uint64_t shm_pool_buf_off(const struct shm_pool *p, uint32_t idx);

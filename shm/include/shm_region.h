@@ -53,6 +53,16 @@ struct shm_region *shm_region_create(const struct shm_region_opts *o, char *err,
  */
 struct shm_region *shm_region_attach(const char *name, char *err, size_t errlen);
 
+/**
+ * Whether the region now under @p r's name (where shm_region_attach() would
+ * find it) is another file than the one @p r maps: its creator made it again (a
+ * restarted kvferry-dataplane), and nothing more will arrive on @p r's rings.
+ * One stat() per place looked at; call it every second or so, not per message.
+ * @return 1 replaced, 0 still the same, or no region of that name (its
+ *         creator is shutting down and removed it).
+ */
+int shm_region_replaced(const struct shm_region *r);
+
 /** Unmap (the region stays for other processes); NULL is a no-op. */
 void shm_region_detach(struct shm_region *r);
 

@@ -40,6 +40,10 @@ struct dying_chain {
 	uint8_t inflight[64], doomed[64];
 	uint8_t refused[64];        /* launched while down: fails at the next poll */
 	int32_t refused_cols[64];
+	int64_t die_on_return;      /* >= 0: die at the poll that returns a result after this many
+	                               submissions (its sequences are then between two rounds) */
+	int between;                /* results that poll returned intact */
+	int64_t n_launched;         /* every submission taken while up */
 };
 
 static int dc_info(struct ctrl_chain *c, struct ctrl_chain_info *i)
@@ -64,6 +68,7 @@ static int dc_submit(struct ctrl_chain *c, uint32_t g, const struct kn_column *c
 	if (rc != 0)
 		return rc;
 	dc->inflight[g] = 1;
+	dc->n_launched++;
 	if (dc->next_die < dc->n_die && dc->n_submits++ == dc->die_at[dc->next_die]) {
 		/* every group in flight, this one included, fails */
 		dc->next_die++;
@@ -102,6 +107,15 @@ static int dc_poll(struct ctrl_chain *c, struct ctrl_chain_result *o, int max)
 	}
 	if (dc->down && !doomed && dc->up_after >= 0 && ++dc->polls_down > dc->up_after)
 		dc->down = 0;
+	if (!dc->down && dc->die_on_return >= 0 && dc->n_launched >= dc->die_on_return && n > 0) {
+		/* these results arrive intact; the groups still out fail */
+		dc->die_on_return = -1;
+		dc->deaths++;
+		dc->down = 1;
+		dc->polls_down = 0;
+		dc->between = n;
+		memcpy(dc->doomed, dc->inflight, sizeof(dc->doomed));
+	}
 	return n;
 }
 
@@ -155,6 +169,7 @@ static struct dying_chain *dying(const int64_t *die_at, int n, long up_after)
 		dc->die_at[i] = die_at[i];
 	dc->n_die = n;
 	dc->up_after = up_after;
+	dc->die_on_return = -1;
 	return dc;
 }
 
@@ -413,6 +428,47 @@ static void a_request_waiting_past_replay_timeout_for_the_chain_fails_naming_the
 	ctrl_chain_destroy(&dc->base);
 }
 
+/* The chain falls at a poll that brought results back: their sequences sit
+ * between two rounds (not in flight), so the scheduler's hold takes them as
+ * lost, in the same call that expires the replay queue. They wait and run
+ * again; before the fix the hold compared its clock, read before the loss,
+ * with their later wait stamp, and failed them at once with "did not re-form
+ * within replay_timeout" (the fault drill's dataplane and link faults). */
+static void a_sequence_between_two_rounds_when_the_chain_falls_runs_again_and_is_not_expired(void **state)
+{
+	static struct rec ref[N_REQ], got[N_REQ];
+	struct dying_chain *dc;
+	struct ctrl_sched *s;
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	undisturbed(ref);
+	dc = dying(NULL, 0, 5);
+	dc->die_on_return = 24;
+	s = sched_on(dc, 2, 30000);
+	submit_all(s, got, N_REQ);
+	assert_true(drive(s, 100000) > 0);
+	assert_int_equal(dc->deaths, 1);
+	assert_true(dc->between > 0);
+	ctrl_sched_stats(s, &st);
+	printf("the chain fell with %d group(s) just back: %llu requests replayed, %llu errors\n", dc->between,
+	       (unsigned long long)st.replayed, (unsigned long long)st.errors);
+	for (int i = 0; i < N_REQ; i++) {
+		assert_int_equal(got[i].done, 1);
+		if (got[i].finish != CTRL_FINISH_LENGTH)
+			fail_msg("request %d failed: %s", i, got[i].msg);
+		assert_int_equal(got[i].n, MAX_TOK);
+		assert_memory_equal(got[i].toks, ref[i].toks, sizeof(int32_t) * MAX_TOK);
+	}
+	assert_true(st.replayed >= 1);
+	assert_int_equal(st.errors, 0);
+	assert_int_equal(st.replay_failures, 0);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_int_equal(st.blocks_reserved, 0);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(&dc->base);
+}
+
 static void with_replay_max_0_a_dead_stage_fails_its_requests_at_once(void **state)
 {
 	static struct rec ref[N_REQ], got[N_REQ];
@@ -454,6 +510,7 @@ int main(void)
 		cmocka_unit_test(a_request_whose_stage_died_runs_again_from_its_prompt_and_tokens_and_ends_as_if_undisturbed),
 		cmocka_unit_test(a_request_lost_more_than_replay_max_times_fails_naming_the_stage_and_the_setting),
 		cmocka_unit_test(a_request_waiting_past_replay_timeout_for_the_chain_fails_naming_the_stage),
+		cmocka_unit_test(a_sequence_between_two_rounds_when_the_chain_falls_runs_again_and_is_not_expired),
 		cmocka_unit_test(with_replay_max_0_a_dead_stage_fails_its_requests_at_once),
 	};
 

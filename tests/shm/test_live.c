@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -72,10 +73,62 @@ static void another_process_tells_alive_slow_and_dead_apart(void **state)
 	shm_region_unlink(g_name);
 }
 
+/* Killed and not yet reaped (its parent a shell or an init that reaps late):
+ * kill(pid, 0) still finds the zombie, and its slot must read dead. */
+static void a_killed_owner_its_parent_has_not_reaped_is_dead(void **state)
+{
+	struct shm_region *r;
+	char err[256], path[64], buf[512], c, *p;
+	int up[2], slot, st, zombie = 0;
+	pid_t pid;
+
+	(void)state;
+	r = test_fallback_region(g_name, 1 << 20);
+	assert_non_null(r);
+	assert_int_equal(pipe(up), 0);
+	pid = fork();
+	if (pid == 0) {
+		struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
+
+		shm_live_register(a, "stage1");
+		if (write(up[1], "x", 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	assert_int_equal(read(up[0], &c, 1), 1);
+	slot = shm_live_find(r, "stage1");
+	assert_true(slot >= 0);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_ALIVE);
+	kill(pid, SIGKILL);
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	for (int i = 0; i < 2000 && !zombie; i++) {
+		FILE *f = fopen(path, "r");
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+		if (f)
+			fclose(f);
+		buf[n] = '\0';
+		p = strrchr(buf, ')');
+		zombie = p != NULL && p[1] == ' ' && p[2] == 'Z';
+		if (!zombie)
+			usleep(1000);
+	}
+	assert_true(zombie);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_DEAD);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(shm_live_check(r, slot, 10000000000ull, NULL), SHM_LIVE_DEAD);
+	close(up[0]);
+	close(up[1]);
+	shm_region_detach(r);
+	shm_region_unlink(g_name);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(another_process_tells_alive_slow_and_dead_apart),
+		cmocka_unit_test(a_killed_owner_its_parent_has_not_reaped_is_dead),
 	};
 
 	snprintf(g_name, sizeof(g_name), "t-live-%d", (int)getpid());

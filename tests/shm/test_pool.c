@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -124,12 +125,59 @@ static void processes_sharing_a_pool_never_hold_the_same_buffer(void **state)
 	shm_pool_close(p);
 }
 
+/* A worker computing from a receive buffer is SIGKILLed: what it took (a
+ * buffer the dataplane handed it) and what it got itself go back with
+ * reclaim(); a live holder's buffer does not. */
+static void what_a_killed_holder_held_goes_back_and_a_live_holders_stays(void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "reclaim", 6, 64);
+	uint32_t handed, mine, spare;
+	int up[2], st;
+	pid_t pid;
+	char c;
+
+	assert_non_null(p);
+	assert_int_equal(shm_pool_get(p, &handed), 0); /* the dataplane fills it, hands it over */
+	assert_int_equal(shm_pool_get(p, &mine), 0);   /* the dataplane's own, still filling */
+	assert_int_equal(pipe(up), 0);
+	pid = fork();
+	if (pid == 0) {
+		char err[256];
+		struct shm_region *a = shm_region_attach(g_name, err, sizeof(err));
+		struct shm_pool *q = a ? shm_pool_lookup(a, "reclaim") : NULL;
+		uint32_t own;
+
+		if (q == NULL || shm_pool_take(q, handed) != 0 || shm_pool_get(q, &own) != 0
+		    || write(up[1], "x", 1) != 1)
+			_exit(1);
+		pause(); /* computing, when the kill comes */
+		_exit(0);
+	}
+	assert_int_equal(read(up[0], &c, 1), 1);
+	assert_int_equal(shm_pool_available(p), 3);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(shm_pool_reclaim(p, pid), 2); /* the one it took, the one it got */
+	assert_int_equal(shm_pool_available(p), 5);     /* ours (mine) stays held */
+	assert_int_equal(shm_pool_reclaim(p, pid), 0); /* once */
+	assert_int_equal(shm_pool_take(p, handed), -EALREADY); /* it is free again */
+	assert_int_equal(shm_pool_put(p, mine), 0);
+	assert_int_equal(shm_pool_put(p, mine), -EALREADY);
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(shm_pool_get(p, &spare), 0);
+	assert_int_equal(shm_pool_get(p, &spare), -ENOBUFS);
+	close(up[0]);
+	close(up[1]);
+	shm_pool_close(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(an_exhausted_pool_says_so_and_recovers_when_buffers_return),
 		cmocka_unit_test(a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice),
 		cmocka_unit_test(processes_sharing_a_pool_never_hold_the_same_buffer),
+		cmocka_unit_test(what_a_killed_holder_held_goes_back_and_a_live_holders_stays),
 	};
 
 	snprintf(g_name, sizeof(g_name), "t-pool-%d", (int)getpid());

@@ -156,6 +156,33 @@ static void an_attacher_never_sees_a_region_half_created(void **state)
 	shm_region_unlink(g_name);
 }
 
+/* Its creator restarted (a kvferry-dataplane after a crash): whoever still
+ * maps the old one can tell, and the new one's own handle is not replaced. */
+static void a_region_created_again_under_its_name_is_seen_replaced_by_its_old_attachers(void **state)
+{
+	struct shm_region *r = fallback_region(1 << 16), *a, *r2;
+	char err[256];
+
+	(void)state;
+	assert_non_null(r);
+	a = shm_region_attach(g_name, err, sizeof(err));
+	assert_non_null(a);
+	assert_int_equal(shm_region_replaced(r), 0);
+	assert_int_equal(shm_region_replaced(a), 0);
+	r2 = fallback_region(1 << 16);
+	assert_non_null(r2);
+	assert_int_equal(shm_region_replaced(r), 1);
+	assert_int_equal(shm_region_replaced(a), 1);
+	assert_int_equal(shm_region_replaced(r2), 0);
+	/* gone from its name (its creator shutting down): nothing to attach to instead */
+	assert_int_equal(shm_region_unlink(g_name), 0);
+	assert_int_equal(shm_region_replaced(a), 0);
+	assert_int_equal(shm_region_replaced(r2), 0);
+	shm_region_detach(a);
+	shm_region_detach(r);
+	shm_region_detach(r2);
+}
+
 static void a_region_refuses_a_bad_name_or_zero_size(void **state)
 {
 	struct shm_region_opts o;
@@ -182,6 +209,7 @@ int main(void)
 		cmocka_unit_test(attaching_a_missing_region_says_which_and_what_to_do),
 		cmocka_unit_test(areas_are_unique_aligned_and_bounded),
 		cmocka_unit_test(an_attacher_never_sees_a_region_half_created),
+		cmocka_unit_test(a_region_created_again_under_its_name_is_seen_replaced_by_its_old_attachers),
 		cmocka_unit_test(a_region_refuses_a_bad_name_or_zero_size),
 	};
 
