@@ -18,7 +18,9 @@ skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (hugepages for two dataplanes)"
 command -v python3 >/dev/null || skip "python3 missing"
 
-KVF_BIN=$B KVF_BACKEND=cpu KVF_THREADS=1 KVF_GROUP_TIMEOUT=3
+# group timeout 30 s: the killed worker on node 2 must be seen by node 2's
+# dataplane telling node 1's (DP_EV_PEER_PROC_DEAD), not by a timeout
+KVF_BIN=$B KVF_BACKEND=cpu KVF_THREADS=1 KVF_GROUP_TIMEOUT=30
 # part 2 is about what a client sees when its request dies with the worker:
 # [sched] replay_max = 0 (ctrld would otherwise run those requests again
 # once the worker is back; tests/ctrl/ctrld_replay.sh covers that)
@@ -118,6 +120,11 @@ errs=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().sp
 [ "${errs:-0}" -ge 1 ] || fail "no request ended with an error after the worker was killed"
 python3 -c "import sys; d=float(sys.argv[2])-float(sys.argv[1]); print('clients ended %.1f s after the kill' % d); sys.exit(0 if d < 15 else 1)" "$t0" "$t1" \
   || fail "clients waited too long after the worker died"
+grep -q "stage 1 (.*pid ${KVF_WPIDS[1]} on node 2.*) died, as the dataplane of its node reports" "$KVF_RUN/ctrld.log" \
+  || fail "ctrld did not learn of the worker's death from node 2's dataplane"
+python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) < 5 else 1)" "$t0" "$t1" \
+  || fail "clients ended more than 5 s after the kill: the death was not reported by node 2's dataplane"
+echo "PASS: node 2's dataplane reported the worker's death to ctrld on node 1 (group timeout 30 s not needed)"
 # `ctrlctl status` shows the stage not ready while the chain waits for it
 # ("down" when ctrld saw which stage died, "rejoining" after a group timeout
 # that names none)
