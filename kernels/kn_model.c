@@ -165,26 +165,14 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 	return 0;
 }
 
-static int parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen)
+/* The configuration of a parsed config.json (@p path names it in messages).
+ * @return 0 or -EINVAL with @p err filled. */
+static int config_from_json(json_t *root, const char *path, struct kn_model_config *c, char *err,
+			    size_t errlen)
 {
-	char path[4096];
-	json_error_t je;
-	json_t *root, *v;
-	int rc = -EINVAL;
+	json_t *v;
 	double d;
 
-	memset(c, 0, sizeof(*c));
-	snprintf(path, sizeof(path), "%s/config.json", dir);
-	root = json_load_file(path, 0, &je);
-	if (!root) {
-		if (access(path, R_OK)) {
-			int e = errno;
-			kn_seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
-			return -e;
-		}
-		kn_seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
-		return -EINVAL;
-	}
 	/* Multimodal wrappers nest the text model; plain decoders do not. */
 	v = json_object_get(root, "text_config");
 	json_t *cfg = json_is_object(v) ? v : root;
@@ -209,7 +197,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	else {
 		kn_seterr(err, errlen, "%s: unknown architecture \"%s\" (model_type \"%s\"); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
 		       path, archname ? archname : "(none)", mtype ? mtype : "(none)");
-		goto out;
+		return -EINVAL;
 	}
 	c->qkv_bias = c->arch == KN_ARCH_QWEN2;
 	c->qk_norm = c->arch == KN_ARCH_QWEN3;
@@ -219,31 +207,31 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	    || get_int(cfg, "intermediate_size", &c->intermediate_size, 1, err, errlen) < 0
 	    || get_int(cfg, "num_hidden_layers", &c->n_layers, 1, err, errlen) < 0
 	    || get_int(cfg, "num_attention_heads", &c->n_heads, 1, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	c->n_kv_heads = c->n_heads;
 	if (get_int(cfg, "num_key_value_heads", &c->n_kv_heads, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->hidden_size <= 0
 	    || c->vocab_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0) {
 		kn_seterr(err, errlen, "%s: inconsistent shape: hidden_size %d, vocab_size %d, layers %d, heads %d, kv heads %d (heads must be a multiple of kv heads; all > 0)",
 		       path, c->hidden_size, c->vocab_size, c->n_layers, c->n_heads, c->n_kv_heads);
-		goto out;
+		return -EINVAL;
 	}
 	c->head_dim = c->hidden_size / c->n_heads;
 	if (get_int(cfg, "head_dim", &c->head_dim, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	if (c->head_dim <= 0 || c->head_dim % 2) {
 		kn_seterr(err, errlen, "%s: head_dim %d must be even and > 0", path, c->head_dim);
-		goto out;
+		return -EINVAL;
 	}
 	c->max_position = 8192;
 	if (get_int(cfg, "max_position_embeddings", &c->max_position, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	c->rms_eps = 1e-6f;
 	if (json_num(cfg, "rms_norm_eps", &d))
 		c->rms_eps = (float)d;
 	if (parse_rope(cfg, c, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	v = json_object_get(cfg, "tie_word_embeddings");
 	if (!v)
 		v = json_object_get(root, "tie_word_embeddings");
@@ -251,7 +239,7 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 	if (c->arch == KN_ARCH_LLAMA && (json_is_true(json_object_get(cfg, "attention_bias"))
 					 || json_is_true(json_object_get(cfg, "mlp_bias")))) {
 		kn_seterr(err, errlen, "%s: attention_bias/mlp_bias true is not supported for llama models", path);
-		goto out;
+		return -EINVAL;
 	}
 	c->dtype = KN_DT_BF16;
 	v = json_object_get(cfg, "dtype");
@@ -261,15 +249,36 @@ static int parse_config(const char *dir, struct kn_model_config *c, char *err, s
 		v = json_object_get(root, "torch_dtype");
 	if (json_is_string(v) && parse_dtype_name(json_string_value(v), &c->dtype) < 0) {
 		kn_seterr(err, errlen, "%s: dtype \"%s\" is not supported (bfloat16, float16, float32)", path, json_string_value(v));
-		goto out;
+		return -EINVAL;
 	}
 	c->bos_token_id = -1;
 	v = json_object_get(cfg, "bos_token_id");
 	if (json_is_integer(v))
 		c->bos_token_id = (int32_t)json_integer_value(v);
 	add_eos(c, json_object_get(cfg, "eos_token_id"));
-	rc = 0;
-out:
+	return 0;
+}
+
+static int parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen)
+{
+	char path[4096];
+	json_error_t je;
+	json_t *root, *v;
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	root = json_load_file(path, 0, &je);
+	if (!root) {
+		if (access(path, R_OK)) {
+			int e = errno;
+			kn_seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
+			return -e;
+		}
+		kn_seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
+		return -EINVAL;
+	}
+	rc = config_from_json(root, path, c, err, errlen);
 	json_decref(root);
 	if (rc)
 		return rc;
@@ -308,56 +317,21 @@ static int add_tensor(struct kn_model *m, const struct kn_tensor *t)
 	return 0;
 }
 
-/* Map one safetensors file and register its tensors, checking every offset
- * and size against the file so a lying header is refused, not read. */
-static int load_safetensors(struct kn_model *m, const char *path, char *err, size_t errlen)
+/* Register the tensors of one safetensors file's bytes [@p size at @p base]
+ * (named @p path in messages), checking every offset and size against them
+ * so a lying header is refused, not read. @return 0, -EINVAL, -ENOMEM. */
+static int read_safetensors(struct kn_model *m, const void *base, size_t size, const char *path,
+			    char *err, size_t errlen)
 {
-	int fd, rc = -EINVAL;
-	struct stat st;
-	void *base;
 	json_t *hdr = NULL, *v;
 	json_error_t je;
 	const char *key;
+	int rc = -EINVAL;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		kn_seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
-		return rc;
-	}
-	if (fstat(fd, &st) < 0) {
-		rc = -errno;
-		kn_seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
-		close(fd);
-		return rc;
-	}
-	size_t size = (size_t)st.st_size;
 	if (size < 8) {
 		kn_seterr(err, errlen, "%s: truncated safetensors file (%zu bytes; needs an 8-byte header length)", path, size);
-		close(fd);
 		return -EINVAL;
 	}
-	base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-	close(fd);
-	if (base == MAP_FAILED) {
-		rc = -errno;
-		kn_seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
-		return rc;
-	}
-	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
-	if (!maps) {
-		munmap(base, size);
-		kn_seterr(err, errlen, "out of memory mapping %s", path);
-		return -ENOMEM;
-	}
-	m->maps = maps;
-	m->maps[m->n_maps].base = base;
-	m->maps[m->n_maps].size = size;
-	m->maps[m->n_maps].path = strdup(path);
-	m->n_maps++;
-	if (!m->maps[m->n_maps - 1].path)
-		return -ENOMEM;
-
 	uint64_t hlen;
 	memcpy(&hlen, base, 8); /* little-endian on every host we build for */
 	if (hlen > size - 8 || hlen > (100u << 20)) {
@@ -435,6 +409,67 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 out:
 	json_decref(hdr);
 	return rc;
+}
+
+/* Map one safetensors file and register its tensors (read_safetensors()). */
+static int load_safetensors(struct kn_model *m, const char *path, char *err, size_t errlen)
+{
+	int fd, rc;
+	struct stat st;
+	void *base;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		kn_seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		kn_seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	size_t size = (size_t)st.st_size;
+	if (size < 8) { /* too short to map; read_safetensors() refuses it by name */
+		close(fd);
+		return read_safetensors(m, NULL, size, path, err, errlen);
+	}
+	base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED) {
+		rc = -errno;
+		kn_seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
+		return rc;
+	}
+	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
+	if (!maps) {
+		munmap(base, size);
+		kn_seterr(err, errlen, "out of memory mapping %s", path);
+		return -ENOMEM;
+	}
+	m->maps = maps;
+	m->maps[m->n_maps].base = base;
+	m->maps[m->n_maps].size = size;
+	m->maps[m->n_maps].path = strdup(path);
+	m->n_maps++;
+	if (!m->maps[m->n_maps - 1].path)
+		return -ENOMEM;
+	return read_safetensors(m, base, size, path, err, errlen);
+}
+
+
+/* Sort the tensors by name (kn_model_tensor() searches them) and refuse a
+ * name that two files, or one header, hold twice. @return 0 or -EINVAL. */
+static int index_tensors(struct kn_model *m, char *err, size_t errlen)
+{
+	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
+	for (size_t i = 1; i < m->n_tensors; i++)
+		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
+			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
+			return -EINVAL;
+		}
+	return 0;
 }
 
 static int str_cmp(const void *a, const void *b)
@@ -526,15 +561,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 	for (i = 0; i < n; i++)
 		free(files[i]);
 	free(files);
-	if (rc)
-		return rc;
-	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
-	for (i = 1; i < m->n_tensors; i++)
-		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
-			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
-			return -EINVAL;
-		}
-	return 0;
+	return rc ? rc : index_tensors(m, err, errlen);
 }
 
 /* ------------------------------------------------------------ validation */
@@ -625,6 +652,19 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
+/* The configuration, each tensor's name and shape and its first 64 bytes. */
+static uint64_t fingerprint(const struct kn_model *m)
+{
+	uint64_t h = fnv(0xcbf29ce484222325ull, &m->cfg, sizeof(m->cfg));
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct kn_tensor *t = &m->tensors[i];
+		h = fnv(h, t->name, strlen(t->name));
+		h = fnv(h, t->shape, sizeof(t->shape));
+		h = fnv(h, t->data, t->nbytes < 64 ? t->nbytes : 64);
+	}
+	return h;
+}
+
 /* ------------------------------------------------------------------ API */
 
 struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
@@ -656,14 +696,7 @@ struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
 		errno = -rc;
 		return NULL;
 	}
-	uint64_t h = fnv(0xcbf29ce484222325ull, &m->cfg, sizeof(m->cfg));
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct kn_tensor *t = &m->tensors[i];
-		h = fnv(h, t->name, strlen(t->name));
-		h = fnv(h, t->shape, sizeof(t->shape));
-		h = fnv(h, t->data, t->nbytes < 64 ? t->nbytes : 64);
-	}
-	m->fingerprint = h;
+	m->fingerprint = fingerprint(m);
 	return m;
 }
 
