@@ -122,7 +122,7 @@ static json_t *loadb_bigint(const char *src, size_t n, json_error_t *je)
 		size_t k = i;
 
 		if (in_str) {
-			if (src[i] == '\\')
+			if (src[i] == '\\' && i + 1 < n) /* an escape: its next byte too (none at the end) */
 				k = i + 1;
 			else if (src[i] == '"')
 				in_str = 0;

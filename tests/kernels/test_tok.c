@@ -490,6 +490,27 @@ static void bad_tokenizer_files_fail_with_a_message_naming_the_problem(void **st
 	assert_int_equal(errno, EINVAL);
 }
 
+/* Found by tests/fuzz/fuzz_tok_load.c: the rewrite of integers too big for
+ * jansson read one byte past the file when it ended in a string's
+ * backslash (the sanitizer pass of scripts/test catches a read past the end). */
+static void a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread(void **state)
+{
+	static const char text[] = "{\"a\": 12345678901234567890123, \"b\": \"\\";
+	char path[] = "/tmp/kvf-tok-XXXXXX", err[512];
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+	close(fd);
+	assert_null(kn_tok_open_file(path, NULL, err, sizeof(err)));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "not valid JSON"));
+	assert_null(kn_tok_open_buf(text, sizeof(text) - 1, NULL, 0, err, sizeof(err)));
+	assert_int_equal(errno, EINVAL);
+	unlink(path);
+}
+
 /* Read a whole file into memory (malloc'd; *n its size). */
 static char *slurp(const char *path, size_t *n)
 {
@@ -650,6 +671,7 @@ int main(void)
 		cmocka_unit_test(a_chat_template_jinja_file_in_the_model_directory_wins),
 		cmocka_unit_test(roles_follow_what_the_template_does_with_them),
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
+		cmocka_unit_test(a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread),
 		cmocka_unit_test(a_tokenizer_read_from_memory_is_the_one_read_from_its_files),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
 		cmocka_unit_test(the_generated_models_tokenizer_loads_and_round_trips),
