@@ -463,7 +463,8 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
  * name that two files, or one header, hold twice. @return 0 or -EINVAL. */
 static int index_tensors(struct kn_model *m, char *err, size_t errlen)
 {
-	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
+	if (m->n_tensors) /* a header of no tensors leaves m->tensors NULL: qsort() must not see it */
+		qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
 	for (size_t i = 1; i < m->n_tensors; i++)
 		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
 			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);

@@ -193,6 +193,7 @@ def lie_shape(h):
 put('model', 'lying-offsets', config('LlamaForCausalLM') + b'\0' + safetensors(base, lie=lie_offsets))
 put('model', 'lying-shape', config('LlamaForCausalLM') + b'\0' + safetensors(base, lie=lie_shape))
 put('model', 'header-past-end', config('LlamaForCausalLM') + b'\0' + struct.pack('<Q', 1 << 30) + b'{}')
+# a header of no tensors: qsort(NULL, 0) was UB (found by the target)
 put('model', 'empty-header', config('LlamaForCausalLM') + b'\0' + struct.pack('<Q', 2) + b'{}')
 put('model', 'short', b'{}\0\x01\x02')
 
