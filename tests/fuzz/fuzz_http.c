@@ -28,7 +28,7 @@
 #include "http_int.h"
 
 #define MAX_CONTEXT 1024
-#define POOL 1500 /* positions the fake KV pool holds: some requests fit only after a cut */
+#define POOL 700 /* positions the fake KV pool holds (< MAX_CONTEXT): some requests fit only after a cut */
 
 static struct ctrl_http g_h[16];
 static int g_n;
@@ -121,7 +121,7 @@ static void accepted(const struct ctrl_http *h, const struct http_gen_req *q)
 	size_t longest = 0;
 
 	if (q->n_ids < 1 || (int64_t)q->n_ids >= h->max_context || q->max_tokens < 1 ||
-	    (q->room < 0 && (int64_t)q->n_ids + q->max_tokens > h->max_context))
+	    (int64_t)q->n_ids + q->max_tokens > h->max_context)
 		abort();
 	for (size_t i = 0; i < q->n_ids; i++)
 		if (q->ids[i] < 0 || q->ids[i] >= vocab)

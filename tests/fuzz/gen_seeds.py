@@ -298,3 +298,31 @@ put('pd_msg', 'status-other-session', status(1, session=8))
 put('pd_msg', 'abort', abort(2))
 put('pd_msg', 'abort-ack', hdr(4, 2, 28) + struct.pack('<I', 0))
 put('pd_msg', 'bad-version', struct.pack('<IHHQII', MAGIC, 1, 2, 1, 24, 7))
+
+# ---- http_stream: byte 0 = chat (bit 0) | finish << 1 (length, stop,
+# cancelled, error); a request body; NUL; events of 3 bytes (id, 16 bits;
+# control: bit 0 pump, bit 1 build, bits 2-6 top logprobs). The ids are
+# models/ferry's encoding of "Hello there. The end is near.\n\nMore text
+# follows, caf\u00e9 \u2615 and 123 numbers.<|im_end|>" (kvferry-tok encode).
+ferry_ids = [5530, 640, 16, 400, 1057, 313, 3529, 16, 201, 201, 5511, 1392, 3512, 14, 277, 4665, 130, 105,
+             4552, 249, 246, 304, 1733, 21, 2149, 16, 2]
+
+
+def events(ids, ctl):
+    return b''.join(struct.pack('<HB', i, ctl(k)) for k, i in enumerate(ids))
+
+
+streams = {
+    'completion-stop-held-back': (0, {'model': M, 'prompt': 'x', 'stream': True, 'stop': ['The end', 'zz'],
+                                      'logprobs': 2}, lambda k: 3 | (2 << 2)),
+    'chat-stop-newlines-usage': (1 | 1 << 1, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}],
+                                              'stream': True, 'stream_options': {'include_usage': True},
+                                              'stop': '\n\n', 'logprobs': True, 'top_logprobs': 3},
+                                 lambda k: k % 4 | (3 << 2)),
+    'completion-cancelled-utf8-stop': (2 << 1, {'model': M, 'prompt': 'x', 'stream': True,
+                                                'stop': ['\u00e9 \u2615']}, lambda k: 1 if k % 3 else 2),
+    'chat-error': (1 | 3 << 1, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}]}, lambda k: 0),
+    'completion-no-stop': (0, {'model': M, 'prompt': 'x'}, lambda k: k & 3),
+}
+for name, (b0, body, ctl) in streams.items():
+    put('http_stream', name, bytes([b0]) + js(body).encode() + b'\0' + events(ferry_ids, ctl))
