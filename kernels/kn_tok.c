@@ -224,7 +224,9 @@ static const char *token_text(const json_t *v)
 
 static int pool_add(struct kn_tok *t, size_t *cap, const char *s, size_t n, uint32_t *off)
 {
-	if (t->pool_len + n > *cap) {
+	/* the first add allocates even when it adds nothing (an empty token):
+	 * the pool is never NULL for an offset to be added to */
+	if (t->pool_len + n > *cap || !t->pool) {
 		size_t c = *cap ? *cap : 1 << 20;
 		char *p;
 

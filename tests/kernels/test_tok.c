@@ -573,6 +573,24 @@ static void a_tokenizer_read_from_memory_is_the_one_read_from_its_files(void **s
 	free(cfg);
 }
 
+/* Found by tests/fuzz/fuzz_tok_load.c: an empty spelling first in the vocab
+ * left the string pool NULL and an offset was added to it (undefined). */
+static void a_vocab_holding_an_empty_token_loads_and_decodes_it_to_nothing(void **state)
+{
+	static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\": 0, \"a\": 1}, \"merges\": []}}";
+	int32_t ids[] = { 0, 1, 0 };
+	char err[512], *out;
+	size_t len;
+	struct kn_tok *t = kn_tok_open_buf(json, sizeof(json) - 1, NULL, 0, err, sizeof(err));
+
+	(void)state;
+	assert_non_null(t);
+	assert_int_equal(kn_tok_decode(t, ids, 3, 0, &out, &len), 0);
+	assert_string_equal(out, "a");
+	free(out);
+	kn_tok_close(t);
+}
+
 struct thr {
 	const struct kn_tok *t;
 	const char *s;
@@ -673,6 +691,7 @@ int main(void)
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
 		cmocka_unit_test(a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread),
 		cmocka_unit_test(a_tokenizer_read_from_memory_is_the_one_read_from_its_files),
+		cmocka_unit_test(a_vocab_holding_an_empty_token_loads_and_decodes_it_to_nothing),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
 		cmocka_unit_test(the_generated_models_tokenizer_loads_and_round_trips),
 	};
