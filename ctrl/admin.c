@@ -162,6 +162,43 @@ static int write_all(int fd, const char *p, size_t n)
 	return 0;
 }
 
+/* Answer every whole line at the front of buf[0..*len) (NUL at [*len]):
+ * each reply goes to @p out as one JSON text, and the partial line left
+ * moves to the front. @return 0, or -1 when a reply could not be built or
+ * @p out failed (then drop the connection). */
+static int answer_lines(struct ctrl_admin *a, char *buf, size_t *len,
+			int (*out)(void *ctx, const char *reply), void *ctx)
+{
+	char *nl;
+
+	while ((nl = memchr(buf, '\n', *len))) {
+		json_t *reply;
+		char *text;
+		int rc;
+
+		*nl = 0;
+		reply = dispatch(a, buf);
+		text = reply ? json_dumps(reply, JSON_COMPACT) : NULL;
+		json_decref(reply);
+		rc = text ? out(ctx, text) : -1;
+		free(text);
+		if (rc)
+			return -1;
+		*len -= (size_t)(nl + 1 - buf);
+		memmove(buf, nl + 1, *len);
+		buf[*len] = 0;
+	}
+	return 0;
+}
+
+/* answer_lines()'s sink on a connection: the reply and its newline. */
+static int send_reply(void *ctx, const char *reply)
+{
+	int fd = *(int *)ctx;
+
+	return write_all(fd, reply, strlen(reply)) || write_all(fd, "\n", 1) ? -1 : 0;
+}
+
 static void serve(struct ctrl_admin *a, int fd)
 {
 	char *buf = NULL;
@@ -169,7 +206,6 @@ static void serve(struct ctrl_admin *a, int fd)
 
 	for (;;) {
 		struct pollfd p[2] = {{fd, POLLIN, 0}, {a->wake[0], POLLIN, 0}};
-		char *nl;
 		ssize_t r;
 
 		if (poll(p, 2, ADMIN_IO_MS) <= 0 || (p[1].revents & POLLIN))
@@ -189,24 +225,9 @@ static void serve(struct ctrl_admin *a, int fd)
 			break;
 		len += (size_t)r;
 		buf[len] = 0;
-		while ((nl = memchr(buf, '\n', len))) {
-			json_t *reply;
-			char *out;
-			*nl = 0;
-			reply = dispatch(a, buf);
-			out = reply ? json_dumps(reply, JSON_COMPACT) : NULL;
-			json_decref(reply);
-			if (!out || write_all(fd, out, strlen(out)) || write_all(fd, "\n", 1)) {
-				free(out);
-				goto out;
-			}
-			free(out);
-			len -= (size_t)(nl + 1 - buf);
-			memmove(buf, nl + 1, len);
-			buf[len] = 0;
-		}
+		if (answer_lines(a, buf, &len, send_reply, &fd))
+			break;
 	}
-out:
 	free(buf);
 }
 
@@ -232,6 +253,24 @@ static void *admin_thread(void *arg)
 		close(c);
 	}
 	return NULL;
+}
+
+/* The command table holding /help alone, and its lock. */
+static void cmds_init(struct ctrl_admin *a)
+{
+	pthread_mutex_init(&a->mu, NULL);
+	snprintf(a->cmds[0].name, CTRL_ADMIN_CMDLEN, "/help");
+	a->cmds[0].help = strdup("list every command with its help");
+	a->cmds[0].fn = cmd_help;
+	a->cmds[0].arg = a;
+	a->n_cmds = 1;
+}
+
+static void cmds_fini(struct ctrl_admin *a)
+{
+	for (int i = 0; i < a->n_cmds; i++)
+		free(a->cmds[i].help);
+	pthread_mutex_destroy(&a->mu);
 }
 
 struct ctrl_admin *ctrl_admin_start(const char *path, unsigned mode, char *err, size_t errlen)
@@ -291,12 +330,7 @@ struct ctrl_admin *ctrl_admin_start(const char *path, unsigned mode, char *err, 
 		snprintf(err, errlen, "pipe2 failed: %s", strerror(rc));
 		goto fail_unlink;
 	}
-	pthread_mutex_init(&a->mu, NULL);
-	snprintf(a->cmds[0].name, CTRL_ADMIN_CMDLEN, "/help");
-	a->cmds[0].help = strdup("list every command with its help");
-	a->cmds[0].fn = cmd_help;
-	a->cmds[0].arg = a;
-	a->n_cmds = 1;
+	cmds_init(a);
 	rc = pthread_create(&a->th, NULL, admin_thread, a);
 	if (rc == 0)
 		pthread_setname_np(a->th, "admin");
@@ -306,8 +340,7 @@ struct ctrl_admin *ctrl_admin_start(const char *path, unsigned mode, char *err, 
 	}
 	return a;
 fail_pipe:
-	free(a->cmds[0].help);
-	pthread_mutex_destroy(&a->mu);
+	cmds_fini(a);
 	close(a->wake[0]);
 	close(a->wake[1]);
 fail_unlink:
@@ -373,9 +406,7 @@ void ctrl_admin_stop(struct ctrl_admin *a)
 	unlink(a->path);
 	close(a->wake[0]);
 	close(a->wake[1]);
-	for (int i = 0; i < a->n_cmds; i++)
-		free(a->cmds[i].help);
-	pthread_mutex_destroy(&a->mu);
+	cmds_fini(a);
 	free(a->path);
 	free(a);
 }

@@ -166,7 +166,7 @@ static enum MHD_Result route_post(struct ctrl_http *h, struct MHD_Connection *c,
 				  const char *url)
 {
 	json_t *req;
-	json_error_t je;
+	struct http_verr e;
 	enum MHD_Result ret;
 	int gen_route = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
 
@@ -176,13 +176,9 @@ static enum MHD_Result route_post(struct ctrl_http *h, struct MHD_Connection *c,
 	if (gen_route && atomic_load(&h->draining))
 		return http_error(h, c, MHD_HTTP_SERVICE_UNAVAILABLE, "service_unavailable", NULL,
 				  "draining", "kvferry-ctrld is draining and admits no new requests; retry on another replica or after `ctrlctl resume`");
-	req = json_loadb(cs->body.p ? cs->body.p : "", cs->body.len, JSON_REJECT_DUPLICATES, &je);
-	if (!req || !json_is_object(req)) {
-		json_decref(req);
-		return http_error(h, c, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, "invalid_json",
-				  "the request body is not a JSON object (%s at line %d column %d)",
-				  req ? "expected an object" : je.text, je.line, je.column);
-	}
+	req = http_read_body(cs->body.p, cs->body.len, &e);
+	if (!req)
+		return http_verr_send(h, c, &e);
 	if (!strcmp(url, "/v1/completions"))
 		ret = http_generate(h, c, cs, GEN_COMPLETION, req);
 	else if (!strcmp(url, "/v1/chat/completions"))

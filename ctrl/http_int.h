@@ -184,11 +184,58 @@ enum MHD_Result http_error(struct ctrl_http *h, struct MHD_Connection *c, unsign
 enum MHD_Result http_error_close(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
 				 const char *type, const char *param, const char *code, const char *fmt, ...)
 	__attribute__((format(printf, 7, 8)));
+/* Queue the error object of a refused request (struct http_verr, below). */
+struct http_verr;
+enum MHD_Result http_verr_send(struct ctrl_http *h, struct MHD_Connection *c, const struct http_verr *e);
 /* Queue @j (stolen) as application/json. */
 enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigned status, json_t *j);
 /* Queue a text body with a content type. */
 enum MHD_Result http_text(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
 			  const char *type, const char *body, size_t len);
+
+/* An answer refused: what http_verr_send() (http_reply.c) tells the client. */
+struct http_verr {
+	unsigned status;
+	const char *type, *param, *code;
+	char msg[768];
+};
+
+/* What a completion or chat request asks for, read by http_read_gen(). */
+struct http_gen_req {
+	int stream, include_usage, ignore_eos;
+	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true */
+	int32_t lp_top;              /* alternatives per token */
+	char **stops;                /* [n_stops] non-empty stop strings (malloc'd) */
+	int n_stops;
+	size_t max_stop;             /* the longest one's length */
+	int32_t *ids;                /* the encoded prompt [n_ids] (malloc'd) */
+	size_t n_ids;
+	int64_t max_tokens;          /* asked, or what fits (never 0) */
+	double temperature, top_p;
+	int64_t top_k;
+	uint64_t seed;
+	int64_t room, bport;         /* bootstrap_room (-1: none), bootstrap_port */
+	const char *bhost;           /* bootstrap_host, inside the request's JSON, or NULL */
+};
+
+/* Fill @p e: its type follows @p status (500s are server errors). @return -1. */
+int http_verr_set(struct http_verr *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+/* http_req.c: requests read and checked, no connection touched (see there).
+ * Each returns 0, or -1 with @p e filled; any thread, nothing shared but
+ * the server's seed counter (atomic). */
+/* The body as a JSON object (JSON_REJECT_DUPLICATES), or NULL. */
+json_t *http_read_body(const char *body, size_t len, struct http_verr *e);
+/* A /v1/completions or /v1/chat/completions request, the prompt encoded and
+ * checked against max_context and the backend's admissible(). On -1 @p q
+ * holds nothing; on 0 free it with http_gen_req_free(). */
+int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
+		  struct http_verr *e);
+void http_gen_req_free(struct http_gen_req *q);
+/* The answers of /tokenize and /detokenize (*reply, a new reference);
+ * -ENOMEM too for detokenize (no answer can be built: drop the connection). */
+int http_read_tokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct http_verr *e);
+int http_read_detokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct http_verr *e);
 
 /* http_openai.c: the generation and token endpoints. */
 enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs,

@@ -161,3 +161,8 @@ enum MHD_Result http_error_close(struct ctrl_http *h, struct MHD_Connection *c, 
 	va_end(ap);
 	return reply_json(h, c, status, j, 1);
 }
+
+enum MHD_Result http_verr_send(struct ctrl_http *h, struct MHD_Connection *c, const struct http_verr *e)
+{
+	return http_error(h, c, e->status, e->type, e->param, e->code, "%s", e->msg);
+}

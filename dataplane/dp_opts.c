@@ -89,7 +89,8 @@ int dp_impair_parse(const char *s, struct dp_impair *imp)
 	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		double v;
 		char key[32];
-		if (sscanf(t, "%31[a-z]=%lf", key, &v) != 2 || v < 0)
+		/* !(v >= 0): a NaN ("loss=nan") is no probability either */
+		if (sscanf(t, "%31[a-z]=%lf", key, &v) != 2 || !(v >= 0))
 			return -EINVAL;
 		if (!strcmp(key, "loss"))
 			imp->loss = v;
@@ -99,7 +100,7 @@ int dp_impair_parse(const char *s, struct dp_impair *imp)
 			imp->reorder = v;
 		else if (!strcmp(key, "corrupt"))
 			imp->corrupt = v;
-		else if (!strcmp(key, "seed"))
+		else if (!strcmp(key, "seed") && v < 0x1p64) /* past 2^64 the conversion is undefined */
 			imp->seed = (uint64_t)v;
 		else
 			return -EINVAL;

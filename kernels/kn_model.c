@@ -68,56 +68,21 @@ static int add_tensor(struct kn_model *m, const struct kn_tensor *t)
 	return 0;
 }
 
-/* Map one safetensors file and register its tensors, checking every offset
- * and size against the file so a lying header is refused, not read. */
-static int load_safetensors(struct kn_model *m, const char *path, char *err, size_t errlen)
+/* Register the tensors of one safetensors file's bytes [@p size at @p base]
+ * (named @p path in messages), checking every offset and size against them
+ * so a lying header is refused, not read. @return 0, -EINVAL, -ENOMEM. */
+static int read_safetensors(struct kn_model *m, const void *base, size_t size, const char *path,
+			    char *err, size_t errlen)
 {
-	int fd, rc = -EINVAL;
-	struct stat st;
-	void *base;
 	json_t *hdr = NULL, *v;
 	json_error_t je;
 	const char *key;
+	int rc = -EINVAL;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		kn_seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
-		return rc;
-	}
-	if (fstat(fd, &st) < 0) {
-		rc = -errno;
-		kn_seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
-		close(fd);
-		return rc;
-	}
-	size_t size = (size_t)st.st_size;
 	if (size < 8) {
 		kn_seterr(err, errlen, "%s: truncated safetensors file (%zu bytes; needs an 8-byte header length)", path, size);
-		close(fd);
 		return -EINVAL;
 	}
-	base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-	close(fd);
-	if (base == MAP_FAILED) {
-		rc = -errno;
-		kn_seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
-		return rc;
-	}
-	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
-	if (!maps) {
-		munmap(base, size);
-		kn_seterr(err, errlen, "out of memory mapping %s", path);
-		return -ENOMEM;
-	}
-	m->maps = maps;
-	m->maps[m->n_maps].base = base;
-	m->maps[m->n_maps].size = size;
-	m->maps[m->n_maps].path = strdup(path);
-	m->n_maps++;
-	if (!m->maps[m->n_maps - 1].path)
-		return -ENOMEM;
-
 	uint64_t hlen;
 	memcpy(&hlen, base, 8); /* little-endian on every host we build for */
 	if (hlen > size - 8 || hlen > (100u << 20)) {
@@ -195,6 +160,68 @@ static int load_safetensors(struct kn_model *m, const char *path, char *err, siz
 out:
 	json_decref(hdr);
 	return rc;
+}
+
+/* Map one safetensors file and register its tensors (read_safetensors()). */
+static int load_safetensors(struct kn_model *m, const char *path, char *err, size_t errlen)
+{
+	int fd, rc;
+	struct stat st;
+	void *base;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		kn_seterr(err, errlen, "open(%s) failed: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		kn_seterr(err, errlen, "fstat(%s) failed: %s", path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	size_t size = (size_t)st.st_size;
+	if (size < 8) { /* too short to map; read_safetensors() refuses it by name */
+		close(fd);
+		return read_safetensors(m, NULL, size, path, err, errlen);
+	}
+	base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED) {
+		rc = -errno;
+		kn_seterr(err, errlen, "mmap(%s, %zu) failed: %s", path, size, strerror(errno));
+		return rc;
+	}
+	struct kn_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof(*maps));
+	if (!maps) {
+		munmap(base, size);
+		kn_seterr(err, errlen, "out of memory mapping %s", path);
+		return -ENOMEM;
+	}
+	m->maps = maps;
+	m->maps[m->n_maps].base = base;
+	m->maps[m->n_maps].size = size;
+	m->maps[m->n_maps].path = strdup(path);
+	m->n_maps++;
+	if (!m->maps[m->n_maps - 1].path)
+		return -ENOMEM;
+	return read_safetensors(m, base, size, path, err, errlen);
+}
+
+
+/* Sort the tensors by name (kn_model_tensor() searches them) and refuse a
+ * name that two files, or one header, hold twice. @return 0 or -EINVAL. */
+static int index_tensors(struct kn_model *m, char *err, size_t errlen)
+{
+	if (m->n_tensors) /* a header of no tensors leaves m->tensors NULL: qsort() must not see it */
+		qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
+	for (size_t i = 1; i < m->n_tensors; i++)
+		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
+			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
+			return -EINVAL;
+		}
+	return 0;
 }
 
 static int str_cmp(const void *a, const void *b)
@@ -286,15 +313,7 @@ static int load_weights(struct kn_model *m, char *err, size_t errlen)
 	for (i = 0; i < n; i++)
 		free(files[i]);
 	free(files);
-	if (rc)
-		return rc;
-	qsort(m->tensors, m->n_tensors, sizeof(*m->tensors), tensor_cmp);
-	for (i = 1; i < m->n_tensors; i++)
-		if (!strcmp(m->tensors[i].name, m->tensors[i - 1].name)) {
-			kn_seterr(err, errlen, "%s: tensor %s appears twice", m->dir, m->tensors[i].name);
-			return -EINVAL;
-		}
-	return 0;
+	return rc ? rc : index_tensors(m, err, errlen);
 }
 
 /* ------------------------------------------------------------ validation */
@@ -385,6 +404,19 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
+/* The configuration, each tensor's name and shape and its first 64 bytes. */
+static uint64_t fingerprint(const struct kn_model *m)
+{
+	uint64_t h = fnv(0xcbf29ce484222325ull, &m->cfg, sizeof(m->cfg));
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct kn_tensor *t = &m->tensors[i];
+		h = fnv(h, t->name, strlen(t->name));
+		h = fnv(h, t->shape, sizeof(t->shape));
+		h = fnv(h, t->data, t->nbytes < 64 ? t->nbytes : 64);
+	}
+	return h;
+}
+
 /* ------------------------------------------------------------------ API */
 
 struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
@@ -416,14 +448,7 @@ struct kn_model *kn_model_open(const char *dir, char *err, size_t errlen)
 		errno = -rc;
 		return NULL;
 	}
-	uint64_t h = fnv(0xcbf29ce484222325ull, &m->cfg, sizeof(m->cfg));
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct kn_tensor *t = &m->tensors[i];
-		h = fnv(h, t->name, strlen(t->name));
-		h = fnv(h, t->shape, sizeof(t->shape));
-		h = fnv(h, t->data, t->nbytes < 64 ? t->nbytes : 64);
-	}
-	m->fingerprint = h;
+	m->fingerprint = fingerprint(m);
 	return m;
 }
 

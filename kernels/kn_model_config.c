@@ -136,26 +136,14 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 	return 0;
 }
 
-int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen)
+/* The configuration of a parsed config.json (@p path names it in messages).
+ * @return 0 or -EINVAL with @p err filled. */
+int kn_model_config_from_json(json_t *root, const char *path, struct kn_model_config *c, char *err,
+			      size_t errlen)
 {
-	char path[4096];
-	json_error_t je;
-	json_t *root, *v;
-	int rc = -EINVAL;
+	json_t *v;
 	double d;
 
-	memset(c, 0, sizeof(*c));
-	snprintf(path, sizeof(path), "%s/config.json", dir);
-	root = json_load_file(path, 0, &je);
-	if (!root) {
-		if (access(path, R_OK)) {
-			int e = errno;
-			kn_seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
-			return -e;
-		}
-		kn_seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
-		return -EINVAL;
-	}
 	/* Multimodal wrappers nest the text model; plain decoders do not. */
 	v = json_object_get(root, "text_config");
 	json_t *cfg = json_is_object(v) ? v : root;
@@ -180,7 +168,7 @@ int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err,
 	else {
 		kn_seterr(err, errlen, "%s: unknown architecture \"%s\" (model_type \"%s\"); supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
 		       path, archname ? archname : "(none)", mtype ? mtype : "(none)");
-		goto out;
+		return -EINVAL;
 	}
 	c->qkv_bias = c->arch == KN_ARCH_QWEN2;
 	c->qk_norm = c->arch == KN_ARCH_QWEN3;
@@ -190,31 +178,31 @@ int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err,
 	    || get_int(cfg, "intermediate_size", &c->intermediate_size, 1, err, errlen) < 0
 	    || get_int(cfg, "num_hidden_layers", &c->n_layers, 1, err, errlen) < 0
 	    || get_int(cfg, "num_attention_heads", &c->n_heads, 1, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	c->n_kv_heads = c->n_heads;
 	if (get_int(cfg, "num_key_value_heads", &c->n_kv_heads, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->hidden_size <= 0
 	    || c->vocab_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0) {
 		kn_seterr(err, errlen, "%s: inconsistent shape: hidden_size %d, vocab_size %d, layers %d, heads %d, kv heads %d (heads must be a multiple of kv heads; all > 0)",
 		       path, c->hidden_size, c->vocab_size, c->n_layers, c->n_heads, c->n_kv_heads);
-		goto out;
+		return -EINVAL;
 	}
 	c->head_dim = c->hidden_size / c->n_heads;
 	if (get_int(cfg, "head_dim", &c->head_dim, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	if (c->head_dim <= 0 || c->head_dim % 2) {
 		kn_seterr(err, errlen, "%s: head_dim %d must be even and > 0", path, c->head_dim);
-		goto out;
+		return -EINVAL;
 	}
 	c->max_position = 8192;
 	if (get_int(cfg, "max_position_embeddings", &c->max_position, 0, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	c->rms_eps = 1e-6f;
 	if (json_num(cfg, "rms_norm_eps", &d))
 		c->rms_eps = (float)d;
 	if (parse_rope(cfg, c, err, errlen) < 0)
-		goto out;
+		return -EINVAL;
 	v = json_object_get(cfg, "tie_word_embeddings");
 	if (!v)
 		v = json_object_get(root, "tie_word_embeddings");
@@ -222,7 +210,7 @@ int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err,
 	if (c->arch == KN_ARCH_LLAMA && (json_is_true(json_object_get(cfg, "attention_bias"))
 					 || json_is_true(json_object_get(cfg, "mlp_bias")))) {
 		kn_seterr(err, errlen, "%s: attention_bias/mlp_bias true is not supported for llama models", path);
-		goto out;
+		return -EINVAL;
 	}
 	c->dtype = KN_DT_BF16;
 	v = json_object_get(cfg, "dtype");
@@ -232,15 +220,36 @@ int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err,
 		v = json_object_get(root, "torch_dtype");
 	if (json_is_string(v) && parse_dtype_name(json_string_value(v), &c->dtype) < 0) {
 		kn_seterr(err, errlen, "%s: dtype \"%s\" is not supported (bfloat16, float16, float32)", path, json_string_value(v));
-		goto out;
+		return -EINVAL;
 	}
 	c->bos_token_id = -1;
 	v = json_object_get(cfg, "bos_token_id");
 	if (json_is_integer(v))
 		c->bos_token_id = (int32_t)json_integer_value(v);
 	add_eos(c, json_object_get(cfg, "eos_token_id"));
-	rc = 0;
-out:
+	return 0;
+}
+
+int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen)
+{
+	char path[4096];
+	json_error_t je;
+	json_t *root, *v;
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	root = json_load_file(path, 0, &je);
+	if (!root) {
+		if (access(path, R_OK)) {
+			int e = errno;
+			kn_seterr(err, errlen, "%s: %s; a model directory needs a Hugging Face config.json", path, strerror(e));
+			return -e;
+		}
+		kn_seterr(err, errlen, "json_load_file(%s) failed: %s (line %d)", path, je.text, je.line);
+		return -EINVAL;
+	}
+	rc = kn_model_config_from_json(root, path, c, err, errlen);
 	json_decref(root);
 	if (rc)
 		return rc;

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+
 #include "kn_model.h"
 
 /*
@@ -17,5 +19,13 @@
  *         config.json cannot be read.
  */
 int kn_model_parse_config(const char *dir, struct kn_model_config *c, char *err, size_t errlen);
+
+/*
+ * The same on a parsed config.json (@p path names it in messages; the fuzz
+ * target feeds it bytes): everything but generation_config.json.
+ * @return 0 or -EINVAL with @p err filled.
+ */
+int kn_model_config_from_json(json_t *root, const char *path, struct kn_model_config *c, char *err,
+			      size_t errlen);
 
 #endif /* KN_MODEL_INT_H */

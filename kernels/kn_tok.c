@@ -109,32 +109,20 @@ static size_t unmap_bytes(const int16_t byte_of[324], const char *s, size_t n, c
 
 /* ---- loading ----------------------------------------------------------- */
 
-/* Reload a file whose integers overflow jansson's json_int_t (Llama 3's
+/* Parse text whose integers overflow jansson's json_int_t (Llama 3's
  * tokenizer_config.json has model_max_length = 1e30 spelled as an integer)
  * with each over-long integer turned into a real by appending ".0". */
-static json_t *load_json_bigint(const char *path, json_error_t *je)
+static json_t *loadb_bigint(const char *src, size_t n, json_error_t *je)
 {
 	struct kn_tok_buf b = { 0 };
-	FILE *f = fopen(path, "rb");
-	char *src = NULL;
-	size_t n = 0;
 	int in_str = 0;
 	json_t *j = NULL;
 
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0) {
-		long sz = ftell(f);
-
-		if (sz > 0 && fseek(f, 0, SEEK_SET) == 0 && (src = malloc((size_t)sz)))
-			n = fread(src, 1, (size_t)sz, f);
-	}
-	fclose(f);
 	for (size_t i = 0; src && i < n; i++) {
 		size_t k = i;
 
 		if (in_str) {
-			if (src[i] == '\\')
+			if (src[i] == '\\' && i + 1 < n) /* an escape: its next byte too (none at the end) */
 				k = i + 1;
 			else if (src[i] == '"')
 				in_str = 0;
@@ -159,9 +147,38 @@ static json_t *load_json_bigint(const char *path, json_error_t *je)
 	if (b.p)
 		j = json_loadb(b.p, b.n, JSON_DECODE_ANY, je);
 out:
-	free(src);
 	free(b.p);
 	return j;
+}
+
+/* loadb_bigint() on a file's bytes. */
+static json_t *load_json_bigint(const char *path, json_error_t *je)
+{
+	FILE *f = fopen(path, "rb");
+	char *src = NULL;
+	size_t n = 0;
+	json_t *j;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0) {
+		long sz = ftell(f);
+
+		if (sz > 0 && fseek(f, 0, SEEK_SET) == 0 && (src = malloc((size_t)sz)))
+			n = fread(src, 1, (size_t)sz, f);
+	}
+	fclose(f);
+	j = loadb_bigint(src, n, je);
+	free(src);
+	return j;
+}
+
+/* The message of a JSON text that did not parse. */
+static void json_fail(const char *name, const json_error_t *je, int *eno, char *err, size_t errlen)
+{
+	*eno = EINVAL;
+	kn_seterr(err, errlen, "json_load_file(%s) failed at line %d column %d: %s; "
+	       "the file is not valid JSON", name, je->line, je->column, je->text);
 }
 
 static json_t *load_json(const char *path, int *eno, char *err, size_t errlen)
@@ -177,11 +194,23 @@ static json_t *load_json(const char *path, int *eno, char *err, size_t errlen)
 			kn_seterr(err, errlen, "json_load_file(%s) failed: %s; check the path "
 			       "(a model directory needs tokenizer.json)", path, je.text);
 		} else {
-			*eno = EINVAL;
-			kn_seterr(err, errlen, "json_load_file(%s) failed at line %d column %d: %s; "
-			       "the file is not valid JSON", path, je.line, je.column, je.text);
+			json_fail(path, &je, eno, err, errlen);
 		}
 	}
+	return j;
+}
+
+/* load_json() on bytes in memory, named @p name in messages. */
+static json_t *load_json_buf(const char *src, size_t n, const char *name, int *eno, char *err,
+			     size_t errlen)
+{
+	json_error_t je;
+	json_t *j = json_loadb(src, n, JSON_DECODE_ANY, &je);
+
+	if (!j && strstr(je.text, "too big integer"))
+		j = loadb_bigint(src, n, &je);
+	if (!j)
+		json_fail(name, &je, eno, err, errlen);
 	return j;
 }
 
@@ -195,7 +224,9 @@ static const char *token_text(const json_t *v)
 
 static int pool_add(struct kn_tok *t, size_t *cap, const char *s, size_t n, uint32_t *off)
 {
-	if (t->pool_len + n > *cap) {
+	/* the first add allocates even when it adds nothing (an empty token):
+	 * the pool is never NULL for an offset to be added to */
+	if (t->pool_len + n > *cap || !t->pool) {
 		size_t c = *cap ? *cap : 1 << 20;
 		char *p;
 
@@ -411,11 +442,13 @@ static int set_token(struct kn_tok *t, size_t *pool_cap, int32_t id, const char 
 	return 0;
 }
 
-struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
-				char *err, size_t errlen)
+/* The tokenizer of a parsed tokenizer.json (@p root) and tokenizer_config.json
+ * (@p cfg, or NULL), each named by its path in messages; takes both
+ * references. NULL with errno set on failure, as kn_tok_open(). */
+static struct kn_tok *tok_from_json(json_t *root, json_t *cfg, const char *json_path,
+				    const char *config_path, char *err, size_t errlen)
 {
 	struct kn_tok *t = NULL;
-	json_t *root = NULL, *cfg = NULL;
 	json_t *model, *vocab, *added;
 	const char *type, *key;
 	json_t *val;
@@ -427,21 +460,6 @@ struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 	size_t tmpcap = 0;
 	int eno = EINVAL, rc;
 
-	kn_seterr(err, errlen, "no error");
-	if (!json_path) {
-		kn_seterr(err, errlen, "kn_tok_open_file(NULL) : a path is required");
-		errno = EINVAL;
-		return NULL;
-	}
-	root = load_json(json_path, &eno, err, errlen);
-	if (!root)
-		goto fail;
-	if (config_path) {
-		cfg = load_json(config_path, &eno, err, errlen);
-		if (!cfg)
-			goto fail;
-	}
-	eno = EINVAL;
 	model = json_object_get(root, "model");
 	type = json_string_value(json_object_get(model, "type"));
 	vocab = json_object_get(model, "vocab");
@@ -588,6 +606,55 @@ fail:
 	json_decref(root);
 	errno = eno;
 	return NULL;
+}
+
+/* tok_from_json() once both texts are parsed: @p root NULL, or @p cfg NULL
+ * though one was asked for (@p want_cfg), is a load that failed with
+ * errno @p eno and its message already in @p err. Takes both references. */
+static struct kn_tok *open_parsed(json_t *root, json_t *cfg, int want_cfg, int eno, const char *json_name,
+				  const char *config_name, char *err, size_t errlen)
+{
+	if (!root || (want_cfg && !cfg)) {
+		json_decref(root);
+		errno = eno;
+		return NULL;
+	}
+	return tok_from_json(root, cfg, json_name, config_name, err, errlen);
+}
+
+struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
+				char *err, size_t errlen)
+{
+	json_t *root, *cfg;
+	int eno = EINVAL;
+
+	kn_seterr(err, errlen, "no error");
+	if (!json_path) {
+		kn_seterr(err, errlen, "kn_tok_open_file(NULL) : a path is required");
+		errno = EINVAL;
+		return NULL;
+	}
+	root = load_json(json_path, &eno, err, errlen);
+	cfg = root && config_path ? load_json(config_path, &eno, err, errlen) : NULL;
+	return open_parsed(root, cfg, config_path != NULL, eno, json_path, config_path, err, errlen);
+}
+
+struct kn_tok *kn_tok_open_buf(const char *json, size_t len, const char *config, size_t config_len,
+			       char *err, size_t errlen)
+{
+	json_t *root, *cfg;
+	int eno = EINVAL;
+
+	kn_seterr(err, errlen, "no error");
+	if (!json) {
+		kn_seterr(err, errlen, "kn_tok_open_buf(NULL): the text of a tokenizer.json is required");
+		errno = EINVAL;
+		return NULL;
+	}
+	root = load_json_buf(json, len, "tokenizer.json", &eno, err, errlen);
+	cfg = root && config ? load_json_buf(config, config_len, "tokenizer_config.json", &eno, err, errlen) : NULL;
+	return open_parsed(root, cfg, config != NULL, eno, "tokenizer.json", config ? "tokenizer_config.json" : NULL,
+			   err, errlen);
 }
 
 struct kn_tok *kn_tok_open(const char *model_dir, char *err, size_t errlen)

@@ -83,6 +83,22 @@ struct kn_tok *kn_tok_open(const char *model_dir, char *err, size_t errlen);
 struct kn_tok *kn_tok_open_file(const char *json_path, const char *config_path,
 				char *err, size_t errlen);
 
+/**
+ * Open a tokenizer from the text of its files, already in memory (a model
+ * read from elsewhere than a directory; the fuzz targets). Messages name the
+ * files "tokenizer.json" and "tokenizer_config.json".
+ * @param json        the bytes of tokenizer.json (need not be NUL-terminated)
+ * @param len         their number
+ * @param config      the bytes of tokenizer_config.json, or NULL for none
+ * @param config_len  their number
+ * @param err         receives a message on failure
+ * @param errlen      size of @p err
+ * @return the tokenizer, or NULL with errno set: EINVAL (as kn_tok_open(),
+ *         NULL @p json), ENOMEM; @p err is filled.
+ */
+struct kn_tok *kn_tok_open_buf(const char *json, size_t len, const char *config, size_t config_len,
+			       char *err, size_t errlen);
+
 /** Free a tokenizer; NULL is a no-op. No encode may be running on it. */
 void kn_tok_close(struct kn_tok *tok);
 

@@ -141,6 +141,28 @@ static void range_text(const struct cfg_key *k, char *buf, size_t len)
 		snprintf(buf, len, "%lld..%lld", (long long)k->min, (long long)k->max);
 }
 
+/* Offset of the first byte of @p s that is not part of well-formed UTF-8
+ * (no overlong forms, surrogates or code points past U+10FFFF), or -1. */
+static long utf8_bad(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s, *b = p;
+
+	while (*p) {
+		unsigned char c = *p;
+		int n = c < 0x80 ? 0 : c < 0xC2 ? -1 : c <= 0xDF ? 1 : c <= 0xEF ? 2 : c <= 0xF4 ? 3 : -1;
+		unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+		unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+
+		if (n < 0)
+			return (long)(p - b);
+		for (int k = 1; k <= n; k++, lo = 0x80, hi = 0xBF)
+			if (p[k] < lo || p[k] > hi)
+				return (long)(p - b);
+		p += n + 1;
+	}
+	return -1;
+}
+
 /* Parse @value for @k into the settings at @v. */
 static int store(void *v, const struct cfg_key *k, const char *value, const char *origin, char *err,
 		 size_t errlen)
@@ -195,6 +217,14 @@ static int store(void *v, const struct cfg_key *k, const char *value, const char
 			cfg_errf(err, errlen, "%s: value of '%s' is %zu bytes long; at most %d are accepted",
 			    origin, k->name, strlen(value), CFG_STRLEN - 1);
 			return -ERANGE;
+		}
+		/* Values travel in JSON (ctrlctl config, /v1/models, every answer's
+		 * "model"), which carries UTF-8 only: refused here by name rather
+		 * than failing there as "out of memory" or an empty answer. */
+		if (utf8_bad(value) >= 0) {
+			cfg_errf(err, errlen, "%s: value of '%s' is not UTF-8 text (byte %ld); write it in UTF-8",
+			    origin, k->name, utf8_bad(value) + 1);
+			return -EINVAL;
 		}
 		if (k->check) {
 			char why[256];

@@ -311,6 +311,32 @@ static void the_json_view_says_where_each_value_came_from(void **state)
 	ctrl_config_free(c);
 }
 
+/* Found by tests/fuzz/fuzz_ini.c: a Latin-1 value was taken, then every
+ * JSON holding it failed (ctrlctl config said "out of memory"; a
+ * served_model_name so spelled would empty every answer). */
+static void a_value_that_is_not_utf8_is_refused_by_name(void **state)
+{
+	struct ctrl_config *c = ctrl_config_new();
+	char err[512];
+	char *path = write_file("latin1.conf", "[model]\nserved_model_name = caf\xe9\n");
+	char *env[] = {"KVFERRY_LISTEN_ADDRESS=\xc3(", NULL};
+	json_t *j;
+
+	(void)state;
+	assert_int_equal(ctrl_config_load_file(c, path, 1, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "latin1.conf:2"));
+	assert_non_null(strstr(err, "'served_model_name' is not UTF-8"));
+	assert_int_equal(ctrl_config_load_env(c, env, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "KVFERRY_LISTEN_ADDRESS"));
+	/* UTF-8 beyond ASCII is text like any other, and the view carries it */
+	path = write_file("utf8.conf", "[model]\nserved_model_name = caf\xc3\xa9-\xe2\x82\xac\n");
+	assert_int_equal(ctrl_config_load_file(c, path, 1, err, sizeof(err)), 0);
+	j = ctrl_config_json(c);
+	assert_non_null(j);
+	json_decref(j);
+	ctrl_config_free(c);
+}
+
 static void the_generated_default_file_reads_back_as_the_defaults(void **state)
 {
 	struct ctrl_config *c = ctrl_config_new(), *d = ctrl_config_new();
@@ -362,6 +388,7 @@ int main(void)
 		cmocka_unit_test(stage_lists_are_checked_against_the_model),
 		cmocka_unit_test(plan_lists_ascend_and_a_bad_one_names_the_key),
 		cmocka_unit_test(the_json_view_says_where_each_value_came_from),
+		cmocka_unit_test(a_value_that_is_not_utf8_is_refused_by_name),
 		cmocka_unit_test(the_generated_default_file_reads_back_as_the_defaults),
 	};
 

@@ -44,6 +44,13 @@ grep -q "value '64' for 'node_id' is out of range 0..63" "$tmp/out" || fail "nod
 [ "$(run "$dp" --config "$tmp/kvferry.conf" --rx-small 0:10 --check)" = 2 ] || fail "rx-small 0:10 accepted"
 [ "$(run "$dp" --config "$tmp/kvferry.conf" --framesize 100 --check)" = 2 ] || fail "--framesize accepted"
 grep -q "unknown option '--framesize'" "$tmp/out" || fail "--framesize: message"
+# found by tests/fuzz/fuzz_ini.c: a seed past 2^64 was converted (undefined), a NaN taken as a probability
+for imp in loss=0.05,seed=18446744073709551616 seed=1e30 loss=nan; do
+  [ "$(run "$dp" --config "$tmp/kvferry.conf" --impair "$imp" --check)" = 2 ] || fail "--impair $imp accepted"
+  grep -q "invalid value '$imp' for 'impair'" "$tmp/out" || fail "--impair $imp: message"
+done
+[ "$(run "$dp" --config "$tmp/kvferry.conf" --impair loss=0.05,seed=18446744073709549568 --check)" = 0 ] \
+  || fail "a seed below 2^64 refused"
 [ "$(run KVFERRY_PORT=9 KVFERRY_WK_DEPTH=1 "$dp" --config "$tmp/kvferry.conf" --check)" = 0 ] \
   || fail "the other daemons' variables broke the dataplane"
 echo "ok    bad values from the file, variables and flags are refused at start, naming key, origin and what is allowed"

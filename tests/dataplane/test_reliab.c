@@ -423,6 +423,7 @@ static void a_peer_that_stops_acking_times_out_and_memory_stays_bounded(void **s
 	struct dp_rel_tx_stats st;
 	dp_rel_tx_get_stats(tx, &st);
 	assert_true(st.frames - st.retransmits <= 512);
+	assert_true(sent == st.frames); /* every frame counted was handed out */
 	assert_true(st.timeouts == o.max_timeouts + 1);
 	assert_true(st.rto_ns == o.rto_max_ns); /* backed off to the ceiling */
 

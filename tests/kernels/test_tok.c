@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -489,6 +490,107 @@ static void bad_tokenizer_files_fail_with_a_message_naming_the_problem(void **st
 	assert_int_equal(errno, EINVAL);
 }
 
+/* Found by tests/fuzz/fuzz_tok_load.c: the rewrite of integers too big for
+ * jansson read one byte past the file when it ended in a string's
+ * backslash (the sanitizer pass of scripts/test catches a read past the end). */
+static void a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread(void **state)
+{
+	static const char text[] = "{\"a\": 12345678901234567890123, \"b\": \"\\";
+	char path[] = "/tmp/kvf-tok-XXXXXX", err[512];
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+	close(fd);
+	assert_null(kn_tok_open_file(path, NULL, err, sizeof(err)));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "not valid JSON"));
+	assert_null(kn_tok_open_buf(text, sizeof(text) - 1, NULL, 0, err, sizeof(err)));
+	assert_int_equal(errno, EINVAL);
+	unlink(path);
+}
+
+/* Read a whole file into memory (malloc'd; *n its size). */
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	char *b;
+	long sz;
+
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	sz = ftell(f);
+	assert_true(sz > 0);
+	rewind(f);
+	b = malloc((size_t)sz);
+	assert_non_null(b);
+	assert_int_equal(fread(b, 1, (size_t)sz, f), (size_t)sz);
+	fclose(f);
+	*n = (size_t)sz;
+	return b;
+}
+
+static void a_tokenizer_read_from_memory_is_the_one_read_from_its_files(void **state)
+{
+	size_t jn, cn, na, nb;
+	char *json = slurp(data("tok_tiny/tokenizer.json"), &jn), *cfg = slurp(data("tok_tiny_llama3_config.json"), &cn);
+	char err[512], *a, *b;
+	struct kn_tok *f = kn_tok_open_file(data("tok_tiny/tokenizer.json"), data("tok_tiny_llama3_config.json"), err,
+					    sizeof(err));
+	struct kn_tok *m = kn_tok_open_buf(json, jn, cfg, cn, err, sizeof(err));
+	struct kn_chat_msg msg[] = { { "user", "hi there" } };
+	int32_t *ia, *ib;
+
+	(void)state;
+	assert_non_null(f);
+	assert_non_null(m);
+	assert_int_equal(kn_tok_vocab_size(m), kn_tok_vocab_size(f));
+	assert_int_equal(kn_tok_bos_id(m), kn_tok_bos_id(f));
+	assert_int_equal(kn_tok_chat_family(m), KN_CHAT_LLAMA3);
+	assert_int_equal(kn_tok_apply_chat(f, msg, 1, 1, &a), 0);
+	assert_int_equal(kn_tok_apply_chat(m, msg, 1, 1, &b), 0);
+	assert_string_equal(a, b);
+	assert_int_equal(kn_tok_encode(f, a, strlen(a), KN_TOK_SPECIAL, &ia, &na), 0);
+	assert_int_equal(kn_tok_encode(m, b, strlen(b), KN_TOK_SPECIAL, &ib, &nb), 0);
+	assert_int_equal(na, nb);
+	assert_memory_equal(ia, ib, na * sizeof(*ia));
+	/* without a config there is no template, and a bad text names the buffer */
+	kn_tok_close(m);
+	m = kn_tok_open_buf(json, jn, NULL, 0, err, sizeof(err));
+	assert_non_null(m);
+	assert_int_equal(kn_tok_chat_family(m), KN_CHAT_NONE);
+	assert_null(kn_tok_open_buf(json, jn / 2, NULL, 0, err, sizeof(err)));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "tokenizer.json"));
+	free(a);
+	free(b);
+	free(ia);
+	free(ib);
+	kn_tok_close(m);
+	kn_tok_close(f);
+	free(json);
+	free(cfg);
+}
+
+/* Found by tests/fuzz/fuzz_tok_load.c: an empty spelling first in the vocab
+ * left the string pool NULL and an offset was added to it (undefined). */
+static void a_vocab_holding_an_empty_token_loads_and_decodes_it_to_nothing(void **state)
+{
+	static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\": 0, \"a\": 1}, \"merges\": []}}";
+	int32_t ids[] = { 0, 1, 0 };
+	char err[512], *out;
+	size_t len;
+	struct kn_tok *t = kn_tok_open_buf(json, sizeof(json) - 1, NULL, 0, err, sizeof(err));
+
+	(void)state;
+	assert_non_null(t);
+	assert_int_equal(kn_tok_decode(t, ids, 3, 0, &out, &len), 0);
+	assert_string_equal(out, "a");
+	free(out);
+	kn_tok_close(t);
+}
+
 struct thr {
 	const struct kn_tok *t;
 	const char *s;
@@ -587,6 +689,9 @@ int main(void)
 		cmocka_unit_test(a_chat_template_jinja_file_in_the_model_directory_wins),
 		cmocka_unit_test(roles_follow_what_the_template_does_with_them),
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
+		cmocka_unit_test(a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread),
+		cmocka_unit_test(a_tokenizer_read_from_memory_is_the_one_read_from_its_files),
+		cmocka_unit_test(a_vocab_holding_an_empty_token_loads_and_decodes_it_to_nothing),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
 		cmocka_unit_test(the_generated_models_tokenizer_loads_and_round_trips),
 	};

@@ -1,0 +1,585 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The OpenAI endpoints' requests, read and checked: the body's JSON, a
+ * completion or chat request turned into what the scheduler is asked for
+ * (sampling, stop strings, logprobs, the encoded prompt, what the KV pool
+ * can carry), and the tokenize / detokenize answers. Nothing here touches
+ * a connection: the handlers (http_openai.c) send what comes back, and the
+ * fuzz target drives it with bodies alone.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "http_int.h"
+
+#define MAX_STOPS 16
+
+int http_verr_set(struct http_verr *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
+{
+	va_list ap;
+
+	e->status = status;
+	e->type = status >= 500 ? "server_error" : "invalid_request_error";
+	e->param = param;
+	e->code = code;
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* 1 when absent or null, 0 when read, -1 on a type or range error. */
+static int opt_int(json_t *req, const char *key, int64_t lo, int64_t hi, int64_t *out, struct http_verr *e)
+{
+	json_t *v = json_object_get(req, key);
+
+	if (!v || json_is_null(v))
+		return 1;
+	if (!json_is_integer(v))
+		return http_verr_set(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+	if (json_integer_value(v) < lo || json_integer_value(v) > hi)
+		return http_verr_set(e, 400, key, "invalid_value", "'%s' is %lld; it must be between %lld and %lld", key,
+			   (long long)json_integer_value(v), (long long)lo, (long long)hi);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+static int opt_num(json_t *req, const char *key, double lo, double hi, double *out, struct http_verr *e)
+{
+	json_t *v = json_object_get(req, key);
+
+	if (!v || json_is_null(v))
+		return 1;
+	if (!json_is_number(v))
+		return http_verr_set(e, 400, key, "invalid_type", "'%s' must be a number", key);
+	if (json_number_value(v) < lo || json_number_value(v) > hi)
+		return http_verr_set(e, 400, key, "invalid_value", "'%s' is %g; it must be between %g and %g", key,
+			   json_number_value(v), lo, hi);
+	*out = json_number_value(v);
+	return 0;
+}
+
+static int opt_bool(json_t *req, const char *key, int *out, struct http_verr *e)
+{
+	json_t *v = json_object_get(req, key);
+
+	if (!v || json_is_null(v))
+		return 1;
+	if (!json_is_boolean(v))
+		return http_verr_set(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+	*out = json_is_true(v);
+	return 0;
+}
+
+static int check_model(struct ctrl_http *h, json_t *req, int required, struct http_verr *e)
+{
+	json_t *m = json_object_get(req, "model");
+
+	if (!m || json_is_null(m))
+		return required ? http_verr_set(e, 400, "model", "missing_required_parameter",
+				      "you must provide a model parameter (this server serves '%s')", h->model)
+				: 0;
+	if (!json_is_string(m))
+		return http_verr_set(e, 400, "model", "invalid_type", "'model' must be a string");
+	if (strcmp(json_string_value(m), h->model))
+		return http_verr_set(e, 404, "model", "model_not_found",
+			   "The model '%s' does not exist; this server serves '%s' (GET /v1/models)",
+			   json_string_value(m), h->model);
+	return 0;
+}
+
+/*
+ * Parameters of OpenAI's API (and vLLM's) that kvferry does not implement.
+ * Each is accepted at its default, which asks for nothing, and refused with
+ * 400 unsupported_parameter naming it at any other value: a client must
+ * never believe a penalty, a bias, a tool or a format was applied when it was
+ * not. (Penalties and logit_bias would be cheap in the CPU sampler, but the
+ * CUDA backend samples on the device, kernels/cuda/sample.cu, and both must
+ * draw the same token: they stay refused until both have them.) Fields not
+ * listed here and not read elsewhere are ignored (user, metadata, store...):
+ * none of them changes what is generated.
+ */
+enum neutral {
+	NEUTRAL_NULL,                /* only null */
+	NEUTRAL_ZERO,                /* 0 */
+	NEUTRAL_ONE,                 /* 1 */
+	NEUTRAL_FALSE,               /* false */
+	NEUTRAL_EMPTY,               /* "", [] or {} */
+	NEUTRAL_NONE_AUTO,           /* "none" or "auto" (no tools: nothing to call) */
+	NEUTRAL_TEXT_FORMAT,         /* {"type": "text"} */
+	NEUTRAL_TEXT_ONLY,           /* ["text"] */
+};
+
+static const struct unsupported {
+	const char *key;
+	enum neutral ok;
+	const char *want;            /* the accepted value, as the message says it */
+} g_unsupported[] = {
+	{"logit_bias", NEUTRAL_EMPTY, "{}"},
+	{"presence_penalty", NEUTRAL_ZERO, "0"},
+	{"frequency_penalty", NEUTRAL_ZERO, "0"},
+	{"best_of", NEUTRAL_ONE, "1"},
+	{"echo", NEUTRAL_FALSE, "false"},
+	{"suffix", NEUTRAL_EMPTY, "\"\""},
+	{"response_format", NEUTRAL_TEXT_FORMAT, "{\"type\": \"text\"}"},
+	{"tools", NEUTRAL_EMPTY, "[]"},
+	{"tool_choice", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"functions", NEUTRAL_EMPTY, "[]"},
+	{"function_call", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"modalities", NEUTRAL_TEXT_ONLY, "[\"text\"]"},
+	{"audio", NEUTRAL_NULL, "null"},
+	/* vLLM's sampling extensions */
+	{"repetition_penalty", NEUTRAL_ONE, "1"},
+	{"min_p", NEUTRAL_ZERO, "0"},
+	{"min_tokens", NEUTRAL_ZERO, "0"},
+	{"use_beam_search", NEUTRAL_FALSE, "false"},
+	{"guided_json", NEUTRAL_NULL, "null"},
+	{"guided_regex", NEUTRAL_NULL, "null"},
+	{"guided_choice", NEUTRAL_NULL, "null"},
+	{"guided_grammar", NEUTRAL_NULL, "null"},
+};
+
+static int is_neutral(json_t *v, enum neutral ok)
+{
+	const char *str = json_string_value(v);
+
+	switch (ok) {
+	case NEUTRAL_NULL: return 0;
+	case NEUTRAL_ZERO: return json_is_number(v) && json_number_value(v) == 0.0;
+	case NEUTRAL_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
+	case NEUTRAL_FALSE: return json_is_false(v);
+	case NEUTRAL_EMPTY:
+		return (json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v))
+		       || (json_is_object(v) && !json_object_size(v));
+	case NEUTRAL_NONE_AUTO: return str && (!strcmp(str, "none") || !strcmp(str, "auto"));
+	case NEUTRAL_TEXT_FORMAT:
+		str = json_string_value(json_object_get(v, "type"));
+		return json_is_object(v) && json_object_size(v) == 1 && str && !strcmp(str, "text");
+	case NEUTRAL_TEXT_ONLY:
+		str = json_string_value(json_array_get(v, 0));
+		return json_is_array(v) && json_array_size(v) == 1 && str && !strcmp(str, "text");
+	}
+	return 0;
+}
+
+static int check_unsupported(json_t *req, struct http_verr *e)
+{
+	for (size_t i = 0; i < sizeof(g_unsupported) / sizeof(g_unsupported[0]); i++) {
+		const struct unsupported *u = &g_unsupported[i];
+		json_t *v = json_object_get(req, u->key);
+
+		if (!v || json_is_null(v) || is_neutral(v, u->ok))
+			continue;
+		return http_verr_set(e, 400, u->key, "unsupported_parameter",
+			   "'%s' is not supported by kvferry: only %s (its default) is accepted; remove it, or "
+			   "send the default", u->key, u->want);
+	}
+	return 0;
+}
+
+/* Gather the text of a message's content: a string, or an array of parts. */
+static int message_text(json_t *content, struct kvf_buf *out, struct http_verr *e)
+{
+	size_t i;
+	json_t *part;
+
+	if (json_is_string(content))
+		return kvf_buf_add(out, json_string_value(content), json_string_length(content)) ? -1 : 0;
+	if (json_is_null(content))
+		return kvf_buf_add(out, "", 0) ? -1 : 0;
+	if (!json_is_array(content))
+		return http_verr_set(e, 400, "messages", "invalid_type", "a message's 'content' must be a string or an array of text parts");
+	kvf_buf_add(out, "", 0);
+	json_array_foreach(content, i, part) {
+		json_t *t = json_object_get(part, "text");
+		const char *type = json_string_value(json_object_get(part, "type"));
+		if (!type || strcmp(type, "text") || !json_is_string(t))
+			return http_verr_set(e, 400, "messages", "invalid_value",
+				   "only text content parts are supported ({\"type\":\"text\",\"text\":...})");
+		kvf_buf_add(out, json_string_value(t), json_string_length(t));
+	}
+	return 0;
+}
+
+/* Encode the prompt of a completion or chat request (or of /tokenize). */
+static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, int add_special,
+			 int32_t **ids, size_t *n, struct http_verr *e)
+{
+	int rc;
+
+	*ids = NULL;
+	*n = 0;
+	if (kind == GEN_COMPLETION) {
+		json_t *p = json_object_get(req, "prompt");
+		if (!p || json_is_null(p))
+			return http_verr_set(e, 400, "prompt", "missing_required_parameter", "you must provide a prompt");
+		if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+			p = json_array_get(p, 0);
+		if (json_is_string(p)) {
+			rc = kn_tok_encode(h->tok, json_string_value(p), json_string_length(p),
+					   add_special ? KN_TOK_ADD_BOS : 0, ids, n);
+			if (rc)
+				return http_verr_set(e, 400, "prompt", "invalid_value", "cannot tokenize the prompt: %s",
+					   strerror(-rc));
+			return 0;
+		}
+		if (json_is_array(p)) {
+			size_t i;
+			json_t *v;
+			int32_t vocab = kn_tok_vocab_size(h->tok);
+			json_array_foreach(p, i, v) {
+				if (!json_is_integer(v))
+					return http_verr_set(e, 400, "prompt", "invalid_type",
+						   "batched prompts are not supported: send a string, or one array of token ids, per request");
+				if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+					return http_verr_set(e, 400, "prompt", "invalid_value",
+						   "token id %lld at prompt[%zu] is outside the vocabulary (0..%d)",
+						   (long long)json_integer_value(v), i, vocab - 1);
+			}
+			*ids = malloc((json_array_size(p) + 1) * sizeof(int32_t));
+			if (!*ids)
+				return http_verr_set(e, 500, NULL, NULL, "out of memory");
+			json_array_foreach(p, i, v)
+				(*ids)[i] = (int32_t)json_integer_value(v);
+			*n = json_array_size(p);
+			return 0;
+		}
+		return http_verr_set(e, 400, "prompt", "invalid_type", "'prompt' must be a string or an array of token ids");
+	} else {
+		json_t *msgs = json_object_get(req, "messages"), *m;
+		struct kn_chat_msg *cm;
+		struct kvf_buf *texts;
+		size_t i, cnt;
+		char *prompt = NULL;
+		int ret = 0;
+
+		if (!msgs || json_is_null(msgs))
+			return http_verr_set(e, 400, "messages", "missing_required_parameter", "you must provide messages");
+		if (!json_is_array(msgs) || !json_array_size(msgs))
+			return http_verr_set(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
+		cnt = json_array_size(msgs);
+		cm = calloc(cnt, sizeof(*cm));
+		texts = calloc(cnt, sizeof(*texts));
+		if (!cm || !texts) {
+			free(cm);
+			free(texts);
+			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		}
+		json_array_foreach(msgs, i, m) {
+			const char *role = json_string_value(json_object_get(m, "role"));
+			if (!json_is_object(m) || !role) {
+				ret = http_verr_set(e, 400, "messages", "invalid_value", "messages[%zu] needs a string 'role'", i);
+				goto chat_out;
+			}
+			if (message_text(json_object_get(m, "content"), &texts[i], e)) {
+				ret = -1;
+				goto chat_out;
+			}
+			cm[i].role = role;
+			cm[i].content = texts[i].p ? texts[i].p : "";
+		}
+		rc = kn_tok_apply_chat(h->tok, cm, cnt, 1, &prompt);
+		if (rc == -ENOTSUP) {
+			ret = http_verr_set(e, 400, "messages", "chat_template_unsupported",
+				  "this model has no usable chat template (%s); use /v1/completions",
+				  kn_tok_chat_error(h->tok));
+		} else if (rc == -EINVAL) {
+			ret = http_verr_set(e, 400, "messages", "invalid_value",
+				  "the chat template does not know a role used in messages (roles: system, user, assistant)");
+		} else if (rc) {
+			ret = http_verr_set(e, 500, NULL, NULL, "rendering the chat template failed: %s", strerror(-rc));
+		} else {
+			rc = kn_tok_encode(h->tok, prompt, strlen(prompt), KN_TOK_SPECIAL, ids, n);
+			if (rc)
+				ret = http_verr_set(e, 400, "messages", "invalid_value", "cannot tokenize the messages: %s",
+					  strerror(-rc));
+		}
+	chat_out:
+		free(prompt);
+		for (i = 0; i < cnt; i++)
+			kvf_buf_free(&texts[i]);
+		free(texts);
+		free(cm);
+		return ret;
+	}
+}
+
+/*
+ * Can the backend ever carry the prompt and *max_tokens? Checked before the
+ * request is submitted (and before a stream's 200), so a request the KV pool
+ * could never hold is a 400 with the scheduler's own words rather than a
+ * 500, or an error event after a 200. One that did not ask for a max_tokens
+ * gets at most what fits. A PD request (bootstrap_room) is prefilled here:
+ * only its prompt and first token must fit. @return 0, or -1 with @p e set.
+ */
+static int admissible(struct ctrl_http *h, int32_t n_prompt, int64_t *max_tokens, int asked, int pd,
+		      enum gen_kind kind, struct http_verr *e)
+{
+	char why[320];
+	int32_t want = pd ? 1 : (int32_t)*max_tokens, most;
+
+	if (!h->be.admissible)
+		return 0;
+	most = h->be.admissible(h->be.admit_ctx, n_prompt, want, why, sizeof(why));
+	if (most >= want)
+		return 0;
+	if (most >= 1 && !asked && !pd) {
+		*max_tokens = most;
+		return 0;
+	}
+	if (most < 1) /* the prompt itself does not fit: say so for one token */
+		h->be.admissible(h->be.admit_ctx, n_prompt, 1, why, sizeof(why));
+	return http_verr_set(e, 400, most >= 1 ? "max_tokens" : kind == GEN_CHAT ? "messages" : "prompt",
+		   "context_length_exceeded", "%s", why[0] ? why : "the KV pool cannot hold this request");
+}
+
+static int read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e)
+{
+	json_t *s = json_object_get(req, "stop"), *v;
+	size_t i;
+
+	if (!s || json_is_null(s))
+		return 0;
+	if (json_is_string(s)) {
+		if (!json_string_length(s))
+			return 0;
+		q->stops = calloc(1, sizeof(char *));
+		if (!q->stops || !(q->stops[0] = strdup(json_string_value(s))))
+			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		q->n_stops = 1;
+	} else if (json_is_array(s)) {
+		if (json_array_size(s) > MAX_STOPS)
+			return http_verr_set(e, 400, "stop", "invalid_value", "at most %d stop strings are accepted", MAX_STOPS);
+		q->stops = calloc(json_array_size(s) + 1, sizeof(char *));
+		if (!q->stops)
+			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		json_array_foreach(s, i, v) {
+			if (!json_is_string(v))
+				return http_verr_set(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings");
+			if (!json_string_length(v))
+				continue;
+			if (!(q->stops[q->n_stops] = strdup(json_string_value(v))))
+				return http_verr_set(e, 500, NULL, NULL, "out of memory");
+			q->n_stops++;
+		}
+	} else {
+		return http_verr_set(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings");
+	}
+	for (int k = 0; k < q->n_stops; k++)
+		if (strlen(q->stops[k]) > q->max_stop)
+			q->max_stop = strlen(q->stops[k]);
+	return 0;
+}
+
+json_t *http_read_body(const char *body, size_t len, struct http_verr *e)
+{
+	json_error_t je;
+	json_t *req = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+
+	if (!req || !json_is_object(req)) {
+		http_verr_set(e, 400, NULL, "invalid_json", "the request body is not a JSON object (%s at line %d column %d)",
+		    req ? "expected an object" : je.text, je.line, je.column);
+		json_decref(req);
+		return NULL;
+	}
+	return req;
+}
+
+void http_gen_req_free(struct http_gen_req *q)
+{
+	for (int i = 0; i < q->n_stops; i++)
+		free(q->stops[i]);
+	free(q->stops);
+	free(q->ids);
+	q->stops = NULL;
+	q->n_stops = 0;
+	q->ids = NULL;
+}
+
+/* http_read_gen() up to the encoded prompt, in the order its errors are
+ * reported; leaves what it allocated in @p q either way. */
+static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
+		    struct http_verr *e)
+{
+	int64_t iv, n = 1;
+	json_t *so, *lp;
+
+	q->temperature = 1.0;
+	q->top_p = 1.0;
+	q->room = -1;
+	if (check_model(h, req, 1, e) || check_unsupported(req, e))
+		return -1;
+	if (opt_int(req, "n", 1, 128, &n, e) < 0)
+		return -1;
+	if (n != 1)
+		return http_verr_set(e, 400, "n", "unsupported_value",
+			   "n=%lld is not supported: kvferry returns one choice per request (n=1); send %lld requests instead",
+			   (long long)n, (long long)n);
+	if (opt_bool(req, "stream", &q->stream, e) < 0)
+		return -1;
+	so = json_object_get(req, "stream_options");
+	if (so && !json_is_null(so)) {
+		if (!json_is_object(so) || opt_bool(so, "include_usage", &q->include_usage, e) < 0)
+			return http_verr_set(e, 400, "stream_options", "invalid_type",
+				   "'stream_options' must be an object like {\"include_usage\": true}");
+	}
+	/* ignore_eos (as vLLM and SGLang accept it): generate max_tokens
+	 * whatever the model says, for benchmarks of a fixed output length */
+	if (opt_bool(req, "ignore_eos", &q->ignore_eos, e) < 0)
+		return -1;
+	if (opt_int(req, "max_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
+		return -1;
+	if (kind == GEN_CHAT && !q->max_tokens &&
+	    opt_int(req, "max_completion_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
+		return -1;
+	if (opt_num(req, "temperature", 0, 2, &q->temperature, e) < 0 ||
+	    opt_num(req, "top_p", 0, 1, &q->top_p, e) < 0 ||
+	    opt_int(req, "top_k", -1, INT32_MAX, &q->top_k, e) < 0)
+		return -1;
+	if (q->top_p <= 0)
+		return http_verr_set(e, 400, "top_p", "invalid_value", "'top_p' must be greater than 0 (1 = off)");
+	/* SGLang's PD bootstrap fields: a router names the room (and the
+	 * prefill node's bootstrap server) both nodes of a pair use */
+	if (opt_int(req, "bootstrap_room", 0, INT64_MAX, &q->room, e) < 0
+	    || opt_int(req, "bootstrap_port", 0, 65535, &q->bport, e) < 0)
+		return -1;
+	so = json_object_get(req, "bootstrap_host");
+	if (so != NULL && !json_is_null(so) && !json_is_string(so))
+		return http_verr_set(e, 400, "bootstrap_host", "invalid_type", "'bootstrap_host' must be a string (the prefill node's host)");
+	q->bhost = json_string_value(so);
+	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
+	if (opt_int(req, "seed", INT64_MIN, INT64_MAX, &iv, e) < 0)
+		return -1;
+	else if (json_is_integer(json_object_get(req, "seed")))
+		q->seed = (uint64_t)iv;
+	lp = json_object_get(req, "logprobs");
+	if (kind == GEN_COMPLETION) {
+		/* legacy: logprobs N = the chosen token's logprob and N alternatives */
+		if (!json_is_false(lp) && opt_int(req, "logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
+			return -1;
+		if (lp && json_is_integer(lp)) {
+			q->lp_on = 1;
+			q->lp_top = (int32_t)iv;
+		}
+	} else {
+		int on = 0;
+
+		if (opt_bool(req, "logprobs", &on, e) < 0)
+			return -1;
+		iv = 0;
+		if (opt_int(req, "top_logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
+			return -1;
+		if (!on && json_is_integer(json_object_get(req, "top_logprobs")))
+			return http_verr_set(e, 400, "top_logprobs", "invalid_value",
+				   "'top_logprobs' needs \"logprobs\": true");
+		q->lp_on = on;
+		q->lp_top = on ? (int32_t)iv : 0;
+	}
+	if (read_stops(req, q, e))
+		return -1;
+	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);
+}
+
+int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
+		  struct http_verr *e)
+{
+	const char *what = kind == GEN_CHAT ? "messages" : "prompt";
+	int asked;
+
+	memset(q, 0, sizeof(*q));
+	memset(e, 0, sizeof(*e));
+	if (read_gen(h, kind, req, q, e))
+		goto fail;
+	if (!q->n_ids) {
+		http_verr_set(e, 400, what, "invalid_value", "the prompt is empty");
+		goto fail;
+	}
+	if ((int64_t)q->n_ids >= h->max_context) {
+		http_verr_set(e, 400, what, "context_length_exceeded",
+		    "This model's maximum context length is %d tokens. However, your prompt has %zu tokens; shorten it",
+		    h->max_context, q->n_ids);
+		goto fail;
+	}
+	if (q->max_tokens && (int64_t)q->n_ids + q->max_tokens > h->max_context) {
+		http_verr_set(e, 400, "max_tokens", "context_length_exceeded",
+		    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or max_tokens",
+		    h->max_context, (long long)q->n_ids + q->max_tokens, q->n_ids, (long long)q->max_tokens);
+		goto fail;
+	}
+	asked = q->max_tokens != 0;
+	if (!q->max_tokens) {
+		q->max_tokens = h->max_context - (int64_t)q->n_ids;
+		if (q->max_tokens > h->max_tokens_default)
+			q->max_tokens = h->max_tokens_default;
+	}
+	if (admissible(h, (int32_t)q->n_ids, &q->max_tokens, asked, q->room >= 0 && h->be.submit_pd != NULL,
+		       kind, e))
+		goto fail;
+	return 0;
+fail:
+	http_gen_req_free(q);
+	return -1;
+}
+
+int http_read_tokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct http_verr *e)
+{
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int add_special = 1;
+	enum gen_kind kind = json_object_get(req, "messages") ? GEN_CHAT : GEN_COMPLETION;
+	json_t *toks;
+
+	memset(e, 0, sizeof(*e));
+	*reply = NULL;
+	if (check_model(h, req, 0, e) || opt_bool(req, "add_special_tokens", &add_special, e) < 0 ||
+	    encode_prompt(h, req, kind, add_special, &ids, &n, e)) {
+		free(ids);
+		return -1;
+	}
+	toks = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(toks, json_integer(ids[i]));
+	free(ids);
+	*reply = json_pack("{s:i, s:i, s:o}", "count", (int)n, "max_model_len", h->max_context, "tokens", toks);
+	return 0;
+}
+
+int http_read_detokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct http_verr *e)
+{
+	json_t *t = json_object_get(req, "tokens"), *v;
+	int32_t *ids;
+	size_t i, len;
+	char *text = NULL;
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	*reply = NULL;
+	if (check_model(h, req, 0, e))
+		return -1;
+	if (!t || !json_is_array(t))
+		return http_verr_set(e, 400, "tokens", t ? "invalid_type" : "missing_required_parameter",
+			   "'tokens' must be an array of token ids");
+	ids = malloc((json_array_size(t) + 1) * sizeof(int32_t));
+	if (!ids)
+		return -ENOMEM;
+	json_array_foreach(t, i, v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) >= kn_tok_vocab_size(h->tok)) {
+			free(ids);
+			return http_verr_set(e, 400, "tokens", "invalid_value", "tokens[%zu] is not a token id of this model (0..%d)",
+				   i, kn_tok_vocab_size(h->tok) - 1);
+		}
+		ids[i] = (int32_t)json_integer_value(v);
+	}
+	rc = kn_tok_decode(h->tok, ids, json_array_size(t), 0, &text, &len);
+	free(ids);
+	if (rc)
+		return http_verr_set(e, 400, "tokens", "invalid_value", "kn_tok_decode failed: %s", strerror(-rc));
+	*reply = json_pack("{s:s%}", "prompt", text, len);
+	free(text);
+	return 0;
+}
