@@ -146,11 +146,16 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	d->base_epoch = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	d->rng = eff.impair.seed ? eff.impair.seed : 1;
 
-	int r = setup_shm(d);
+	/* The EAL first: with no hugepages free it fails at once (0.1 s), before
+	 * the region is made again. The other way round a start that was bound to
+	 * fail first replaced the region its node's workers and ctrld had mapped
+	 * (with one on ordinary memory: they re-attached to it for nothing) and
+	 * took 0.2 to 2 s (the fault drill's hugepages-full). */
+	int r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args,
+			     eff.frame_size, eff.n_mbufs, eff.tx_copy);
 	if (r)
 		goto out;
-	r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args,
-			 eff.frame_size, eff.n_mbufs, eff.tx_copy);
+	r = setup_shm(d);
 	if (r)
 		goto out;
 	r = dp_port_register_region(&d->port, shm_region_base(d->reg), shm_region_size(d->reg),
