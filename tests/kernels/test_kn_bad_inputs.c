@@ -191,6 +191,21 @@ static void a_missing_tensor_is_named_with_its_expected_shape(void **state)
 	expect_open_error(f->bad, EINVAL, "missing tensor model.layers.1.self_attn.k_proj.weight", "expected shape [32, 64]");
 }
 
+static void drop_all(json_t *h)
+{
+	json_object_clear(h);
+	json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+}
+
+/* Found by tests/fuzz/fuzz_model.c: no tensor at all passed NULL to qsort()
+ * (the sanitizer pass reports it). */
+static void a_header_of_no_tensor_is_refused_naming_the_first_missing(void **state)
+{
+	struct fixture *f = *state;
+	edit_header(f->bad, drop_all);
+	expect_open_error(f->bad, EINVAL, "missing tensor model.embed_tokens.weight", NULL);
+}
+
 static void int_dtype(json_t *h)
 {
 	json_object_set_new(json_object_get(h, "model.norm.weight"), "dtype", json_string("I64"));
@@ -457,6 +472,7 @@ int main(void)
 		T(a_header_lying_about_offsets_is_refused_naming_the_tensor),
 		T(a_header_lying_about_a_size_is_refused),
 		T(a_missing_tensor_is_named_with_its_expected_shape),
+		T(a_header_of_no_tensor_is_refused_naming_the_first_missing),
 		T(an_unsupported_dtype_is_refused_naming_the_tensor),
 		T(a_wrong_shape_names_expected_and_found),
 		T(an_unknown_architecture_is_refused_by_name),
