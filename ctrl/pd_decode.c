@@ -25,7 +25,11 @@ struct pd_dreq {
 	int32_t streams_left;
 	uint64_t bytes_landed;
 	uint64_t t_page0, t_page1; /* CLOCK_MONOTONIC of its first and last page message */
-	uint8_t *landed;           /* [n_streams] */
+	struct pd_stream {
+		uint32_t blocks;   /* blocks its messages brought */
+		uint8_t last, landed;
+	} *landed;                 /* [n_streams] */
+	uint32_t n_blocks;         /* the manifest's */
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
 	uint64_t t_open;           /* the caller's clock at submit */
@@ -183,6 +187,7 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 		 * room that failed meanwhile, e.g. its node was lost, sends none) */
 		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPING) {
 			ctrl_room_bootstrapped(d->o.rooms, q->room);
+			q->n_blocks = (uint32_t)ev->n_kv_blocks;
 			send_all(d, q, 0, ev->kv_blocks, ev->n_kv_blocks);
 			if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
 				ctrl_room_waiting_since(d->o.rooms, q->room, d->now); /* the waiting timeout starts */
@@ -217,7 +222,7 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 	if (rq == NULL || rq->cb == NULL)
 		return -EINVAL;
 	q = calloc(1, sizeof(*q));
-	if (q == NULL || (q->landed = calloc((size_t)d->o.n_streams, 1)) == NULL) {
+	if (q == NULL || (q->landed = calloc((size_t)d->o.n_streams, sizeof(*q->landed))) == NULL) {
 		free(q);
 		return -ENOMEM;
 	}
@@ -279,7 +284,7 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
 }
 
 void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last,
-			     uint64_t bytes)
+			     uint32_t n_blocks, uint64_t bytes)
 {
 	struct pd_dreq *q = by_room(d, room);
 
@@ -291,8 +296,10 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 	q->t_page1 = kvf_mono_ns();
 	if (q->t_page0 == 0)
 		q->t_page0 = q->t_page1;
-	if (last && !q->landed[stream]) {
-		q->landed[stream] = 1;
+	q->landed[stream].blocks += n_blocks;
+	q->landed[stream].last |= last != 0;
+	if (q->landed[stream].last && q->landed[stream].blocks >= q->n_blocks && !q->landed[stream].landed) {
+		q->landed[stream].landed = 1;
 		q->streams_left--;
 	}
 	settle(d, q);

@@ -246,14 +246,14 @@ static struct wk_kv_io chain_io(struct chain_io *x)
 }
 
 int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t n_stages, uint32_t node,
-		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t n, char *err,
-		      size_t errlen)
+		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t from,
+		      int32_t to, int last, char *err, size_t errlen)
 {
 	for (int32_t k = 0; k < n_stages; k++) {
 		struct chain_io x = { .c = chain, .stage = k };
 		struct wk_kv_io io = chain_io(&x);
 		struct kn_kv_format f;
-		int32_t per, done = 0;
+		int32_t per, done = from;
 		int rc = ctrl_chain_kv_format(chain, k, &f);
 
 		if (rc < 0) {
@@ -268,8 +268,8 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				 f.block_bytes, l->o.large_bytes);
 			return -EMSGSIZE;
 		}
-		while (done < n) {
-			int32_t m = n - done < per ? n - done : per;
+		while (done < to) {
+			int32_t m = to - done < per ? to - done : per;
 			double t0 = kvf_mono_s();
 			uint32_t idx;
 			int64_t len;
@@ -283,8 +283,8 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				}
 				usleep(50);
 			}
-			len = wk_kvpage_pack(&io, room, session, (uint32_t)done, done + m == n, src + done, dst + done, m,
-					     shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
+			len = wk_kvpage_pack(&io, room, session, (uint32_t)done, last && done + m == to, src + done,
+					     dst + done, m, shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
 			if (len < 0) {
 				shm_pool_put(l->pl, idx);
 				return (int)len;
@@ -297,7 +297,7 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				drain_txc(l);
 				usleep(50);
 				/* enqueue gave the buffer back: the message is packed again */
-				len = wk_kvpage_pack(&io, room, session, (uint32_t)done, done + m == n, src + done,
+				len = wk_kvpage_pack(&io, room, session, (uint32_t)done, last && done + m == to, src + done,
 						     dst + done, m, shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
 				if (len < 0) {
 					shm_pool_put(l->pl, idx);
@@ -347,7 +347,7 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 		}
 		l->st.kv_received++;
 		l->st.kv_bytes_received += len;
-		h->pages(h->arg, info.room, info.session, k, info.last, len);
+		h->pages(h->arg, info.room, info.session, k, info.last, info.n_blocks, len);
 		return;
 	}
 	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d: "

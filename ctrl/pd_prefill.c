@@ -1,10 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The prefill end of a disaggregated request (ctrl_pd_xfer.h). A record per
- * room holds what has arrived of the two halves — the request's first token
- * and held blocks, and the decode node's manifest — and ships when both are
- * in. A manifest may come before the forwarded request does: its record
- * then waits for the request (the decode node's waiting timeout bounds it).
+ * room holds what has arrived of the two halves — the request's KV and first
+ * token, and the decode node's manifest — and ships as the KV becomes final:
+ * each prompt chunk that comes back from every stage makes its whole blocks
+ * final (the scheduler's kv_progress), and those leave at once while the
+ * rest of the prompt runs; the finish ships what is left, each stage's last
+ * message flagged, then the status. A manifest may come before the
+ * forwarded request does: its record then waits for the request (the
+ * decode node's waiting timeout bounds it).
+ *
+ * With defer_ship the pages move on the ticking thread with the lock
+ * released; the scheduler's thread may meanwhile report progress (it only
+ * writes src past the range being shipped) or the finish (a record being
+ * shipped is never freed under the shipper: it is marked and freed after).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,11 +32,16 @@ struct pd_preq {
 	uint32_t *dst;             /* the manifest's blocks */
 	uint32_t n_dst;
 	int have_manifest;
-	int32_t *src;              /* the blocks the finished request holds */
-	int32_t n_src;
-	int finished;              /* the request ended (src set when it holds its KV) */
+	int32_t *src;              /* [cap_src] the prompt's blocks, the first n_avail known */
+	int32_t cap_src, n_avail;  /* n_avail: blocks whose KV is final */
+	int32_t n_src;             /* the finish: blocks the request holds (0: none) */
+	int32_t n_shipped;         /* blocks sent, every stage */
+	int finished;              /* the request ended */
+	int held;                  /* it holds its KV in the scheduler (release at drop) */
 	int aborted;               /* the decode node gave the room up: drop at the finish */
-	int ready;                 /* defer_ship: both halves in, tick ships it */
+	int reported;              /* the status went out (a failed one may precede the finish) */
+	int ready;                 /* defer_ship: there is something to ship, tick ships it */
+	int shipping, doomed;      /* tick ships it with the lock released; drop it after */
 	uint64_t t_held;           /* when the finished request's KV began to wait for its manifest */
 	int32_t first_token;
 	float first_lp;            /* its logprob and the top logprobs at its position */
@@ -100,10 +114,15 @@ static struct pd_preq *new_req(struct ctrl_pd_prefill *p, uint64_t room, uint32_
 	return q;
 }
 
-/* Drop the record; blocks still held go back to the scheduler. */
+/* Drop the record; blocks still held go back to the scheduler. A record
+ * being shipped is dropped by its shipper when it is done. */
 static void drop(struct ctrl_pd_prefill *p, struct pd_preq *q)
 {
-	if (q->src != NULL && q->id > 0)
+	if (q->shipping) {
+		q->doomed = 1;
+		return;
+	}
+	if (q->held && q->id > 0)
 		ctrl_sched_kv_release(p->o.sched, (uint64_t)q->id);
 	for (struct pd_preq **pp = &p->reqs; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == q) {
@@ -122,6 +141,7 @@ static void send_status(struct ctrl_pd_prefill *p, struct pd_preq *q, int failed
 					    failed ? -1 : q->first_token, 0, text, failed ? 0.0f : q->first_lp,
 					    failed ? 0 : (uint32_t)q->n_top, q->top_ids, q->top_lps);
 
+	q->reported = 1;
 	if (len > 0)
 		p->o.send(p->o.send_arg, q->node, buf, (size_t)len);
 	if (failed)
@@ -130,33 +150,61 @@ static void send_status(struct ctrl_pd_prefill *p, struct pd_preq *q, int failed
 		p->st.rooms_done++;
 }
 
-/* Both halves in: ship the pages and report, or report why not. With
- * defer_ship the record is only marked: ctrl_pd_prefill_tick ships it. */
-static void try_ship(struct ctrl_pd_prefill *p, struct pd_preq *q)
+/* Send blocks [from, to) of every stage (each stage's last message
+ * flagged when @p last); touches nothing of the record but its stable
+ * arrays, so it may run with the lock released. */
+static int ship_pages(struct ctrl_pd_prefill *p, const struct pd_preq *q, int32_t from, int32_t to, int last,
+		      char *err, size_t errlen)
+{
+	if (last && from == to && to > 0)
+		from = to - 1; /* every stage's last message must go: send the last block again */
+	return p->o.ship(p->o.ship_arg, q->node, q->room, q->session, q->src, q->dst, from, to, last, err, errlen);
+}
+
+/* What a ship came to (the lock held): the blocks counted, and the status
+ * once the last range went, or a failed one at the first error. */
+static void shipped(struct ctrl_pd_prefill *p, struct pd_preq *q, int rc, int32_t to, int last, const char *err)
+{
+	if (rc < 0) {
+		if (!q->reported)
+			send_status(p, q, 1, err[0] ? err : strerror(-rc));
+		return;
+	}
+	if (to > q->n_shipped) {
+		p->st.pages_shipped += (uint64_t)(to - q->n_shipped);
+		q->n_shipped = to;
+	}
+	if (last && !q->reported)
+		send_status(p, q, 0, NULL);
+}
+
+/* Something of the room may go: ship it, or report why it cannot; with
+ * defer_ship only mark it for ctrl_pd_prefill_tick. A record whose request
+ * ended and whose status went out is dropped. */
+static void advance(struct ctrl_pd_prefill *p, struct pd_preq *q)
 {
 	char err[256] = "";
-	int rc;
 
-	if (!q->have_manifest || !q->finished)
+	if (!q->have_manifest || q->shipping)
 		return;
-	if (p->o.defer_ship && q->src != NULL && q->n_dst == (uint32_t)q->n_src) {
-		q->ready = 1;
-		return;
+	if (!q->reported) {
+		if (q->finished && q->n_src == 0) {
+			send_status(p, q, 1, q->why[0] ? q->why : "the prefill request ended without its KV");
+		} else if ((q->finished && q->n_dst != (uint32_t)q->n_src) || q->n_dst < (uint32_t)q->n_avail) {
+			snprintf(err, sizeof(err), "the manifest names %u blocks; the prompt's KV is %d blocks", q->n_dst,
+				 (int)(q->finished ? q->n_src : q->cap_src));
+			send_status(p, q, 1, err);
+		} else if ((q->n_avail > q->n_shipped || q->finished) && p->o.defer_ship) {
+			q->ready = 1;
+			return;
+		} else if (q->n_avail > q->n_shipped || q->finished) {
+			int32_t to = q->n_avail;
+
+			shipped(p, q, ship_pages(p, q, q->n_shipped, to, q->finished, err, sizeof(err)), to, q->finished, err);
+		}
 	}
-	if (q->src == NULL) {
-		send_status(p, q, 1, q->why[0] ? q->why : "the prefill request ended without its KV");
-	} else if (q->n_dst != (uint32_t)q->n_src) {
-		snprintf(err, sizeof(err), "the manifest names %u blocks; the prompt's KV is %d blocks", q->n_dst,
-			 (int)q->n_src);
-		send_status(p, q, 1, err);
-	} else if ((rc = p->o.ship(p->o.ship_arg, q->node, q->room, q->session, q->src, q->dst, q->n_src, err,
-				   sizeof(err))) < 0) {
-		send_status(p, q, 1, err[0] ? err : strerror(-rc));
-	} else {
-		p->st.pages_shipped += (uint64_t)q->n_src;
-		send_status(p, q, 0, NULL);
-	}
-	drop(p, q);
+	if (q->finished && q->reported)
+		drop(p, q);
 }
 
 static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev);
@@ -177,6 +225,16 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 {
 	struct ctrl_pd_prefill *p = q->p;
 
+	if (ev->kv_progress) {
+		int32_t n = ev->n_kv_blocks < q->cap_src ? ev->n_kv_blocks : q->cap_src;
+
+		if (n > q->n_avail) { /* only past what a shipper may be reading */
+			memcpy(q->src + q->n_avail, ev->kv_blocks + q->n_avail, sizeof(int32_t) * (size_t)(n - q->n_avail));
+			q->n_avail = n;
+			advance(p, q);
+		}
+		return;
+	}
 	if (ev->finish == CTRL_FINISH_NONE) {
 		q->first_token = ev->token;
 		q->first_lp = ev->logprob;
@@ -190,15 +248,16 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 	}
 	q->finished = 1;
 	q->t_held = kvf_mono_ns();
-	if (ev->n_kv_blocks > 0) {
-		q->src = malloc(sizeof(int32_t) * (size_t)ev->n_kv_blocks);
-		if (q->src != NULL) {
-			memcpy(q->src, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
-			q->n_src = ev->n_kv_blocks;
-		} else {
-			ctrl_sched_kv_release(p->o.sched, ev->id);
-			snprintf(q->why, sizeof(q->why), "out of memory keeping the prompt's block list");
-		}
+	if (ev->n_kv_blocks > 0 && ev->n_kv_blocks <= q->cap_src) {
+		q->held = 1;
+		if (ev->n_kv_blocks > q->n_avail)
+			memcpy(q->src + q->n_avail, ev->kv_blocks + q->n_avail,
+			       sizeof(int32_t) * (size_t)(ev->n_kv_blocks - q->n_avail));
+		q->n_src = q->n_avail = ev->n_kv_blocks;
+	} else if (ev->n_kv_blocks > 0) {
+		ctrl_sched_kv_release(p->o.sched, ev->id);
+		snprintf(q->why, sizeof(q->why), "the request held %d KV blocks; its prompt needs %d", (int)ev->n_kv_blocks,
+			 (int)q->cap_src);
 	} else {
 		snprintf(q->why, sizeof(q->why), "the prefill request ended (%s)%s%s", ctrl_finish_name(ev->finish),
 			 ev->message != NULL ? ": " : "", ev->message != NULL ? ev->message : "");
@@ -207,7 +266,7 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 	if (q->aborted)
 		drop(p, q);
 	else
-		try_ship(p, q);
+		advance(p, q);
 }
 
 int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room, uint32_t node)
@@ -226,6 +285,15 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 	}
 	if (q == NULL && (q = new_req(p, room, node)) == NULL)
 		return -ENOMEM;
+	if (q->src == NULL) {
+		q->cap_src = rq->n_prompt > 0 ? (rq->n_prompt - 1) / KN_PAGE_BLK + 1 : 1;
+		q->src = malloc(sizeof(int32_t) * (size_t)q->cap_src);
+		if (q->src == NULL) {
+			if (!q->have_manifest)
+				drop(p, q);
+			return -ENOMEM;
+		}
+	}
 	q->cb = rq->cb;
 	q->cb_arg = rq->cb_arg;
 	mine = *rq;
@@ -291,31 +359,31 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 	q->session = m.session;
 	q->node = node;
 	q->have_manifest = 1;
-	try_ship(p, q);
+	advance(p, q);
 }
 
-/* Ship one ready record with the lock released (the pages move while the
- * scheduler goes on). Only the caller's thread ships, aborts and expires
- * records, so @p q outlives the unlocked part; other threads may add or
- * drop others meanwhile. */
+/* Ship one ready record's range with the lock released (the pages move
+ * while the scheduler goes on). Only the caller's thread ships, so nothing
+ * else ships @p q meanwhile; a drop meanwhile only marks it (doomed). */
 static void ship_unlocked(struct ctrl_pd_prefill *p, struct pd_preq *q)
 {
+	int32_t from = q->n_shipped, to = q->n_avail;
+	int last = q->finished, rc;
 	char err[256] = "";
-	int rc;
 
 	q->ready = 0;
+	q->shipping = 1;
 	if (p->o.lock != NULL)
 		pthread_mutex_unlock(p->o.lock);
-	rc = p->o.ship(p->o.ship_arg, q->node, q->room, q->session, q->src, q->dst, q->n_src, err, sizeof(err));
+	rc = ship_pages(p, q, from, to, last, err, sizeof(err));
 	if (p->o.lock != NULL)
 		pthread_mutex_lock(p->o.lock);
-	if (rc < 0) {
-		send_status(p, q, 1, err[0] ? err : strerror(-rc));
-	} else {
-		p->st.pages_shipped += (uint64_t)q->n_src;
-		send_status(p, q, 0, NULL);
-	}
-	drop(p, q);
+	q->shipping = 0;
+	shipped(p, q, rc, to, last, err);
+	if (q->doomed)
+		drop(p, q);
+	else
+		advance(p, q); /* more became final meanwhile, or the finish came */
 }
 
 void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns)
@@ -353,7 +421,7 @@ void ctrl_pd_prefill_rooms(const struct ctrl_pd_prefill *p,
 	for (const struct pd_preq *q = p->reqs; q != NULL; q = q->next) {
 		struct ctrl_pd_prefill_view v = { .room = q->room, .id = q->id, .node = q->node,
 						  .have_manifest = q->have_manifest, .prefilled = q->finished,
-						  .blocks = q->n_src };
+						  .blocks = q->finished ? q->n_src : q->n_avail };
 
 		fn(arg, &v);
 	}

@@ -42,11 +42,12 @@ static int send_ctl(void *arg, uint32_t node, const uint8_t *m, size_t len)
 }
 
 static int ship(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst,
-		int32_t n, char *err, size_t errlen)
+		int32_t from, int32_t to, int last, char *err, size_t errlen)
 {
 	struct ctrl_pd_serve *s = arg;
 
-	return ctrl_pd_link_ship(s->link, s->o.chain, s->o.n_stages, node, room, session, src, dst, n, err, errlen);
+	return ctrl_pd_link_ship(s->link, s->o.chain, s->o.n_stages, node, room, session, src, dst, from, to, last, err,
+				 errlen);
 }
 
 static void on_control(void *arg, uint32_t node, const uint8_t *m, size_t len)
@@ -66,11 +67,12 @@ static int expects(void *arg, uint64_t room, uint32_t session)
 	return s->dec != NULL && ctrl_pd_decode_expects(s->dec, room, session);
 }
 
-static void on_pages(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint64_t bytes)
+static void on_pages(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint32_t n_blocks,
+		     uint64_t bytes)
 {
 	struct ctrl_pd_serve *s = arg;
 
-	ctrl_pd_decode_on_pages(s->dec, room, session, stream, last, bytes);
+	ctrl_pd_decode_on_pages(s->dec, room, session, stream, last, n_blocks, bytes);
 }
 
 static void on_refused(void *arg, uint64_t room, uint32_t session, const char *why)

@@ -493,7 +493,10 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		}
 		switch (en->kind) {
 		case ENT_PREFILL:
+			old = sl->n_fed;
 			sl->n_fed += en->n;
+			if (sl->r->hold_kv && sl->n_fed / KN_PAGE_BLK > old / KN_PAGE_BLK)
+				sched_kv_progress(s, en->slot);
 			break;
 		case ENT_PREFILL_LAST:
 			sl->n_fed += en->n;

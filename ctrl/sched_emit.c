@@ -55,6 +55,16 @@ void sched_emit(struct ctrl_sched *s, ctrl_token_cb cb, void *arg, const struct 
 	}
 	if (ev->message != NULL)
 		snprintf(p->msg, sizeof(p->msg), "%s", ev->message);
+	p->kv = NULL;
+	if ((ev->kv_progress || ev->kv_reserved) && ev->n_kv_blocks > 0) {
+		p->kv = malloc(sizeof(int32_t) * (size_t)ev->n_kv_blocks);
+		if (p->kv == NULL) { /* out of memory: deliver it now, its blocks still right */
+			s->n_pend--;
+			goto now;
+		}
+		memcpy(p->kv, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
+		p->ev.kv_blocks = p->kv;
+	}
 	return;
 now:
 	cb(arg, ev);
@@ -69,6 +79,7 @@ void sched_flush(struct ctrl_sched *s)
 		p->ev.top_logprobs = p->ev.n_top > 0 ? p->top_lps : NULL;
 		p->ev.message = p->ev.message != NULL ? p->msg : NULL;
 		p->cb(p->cb_arg, &p->ev);
+		free(p->kv);
 	}
 	s->n_pend = 0;
 }

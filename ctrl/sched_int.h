@@ -123,6 +123,7 @@ struct sched_pend {
 	int32_t top_ids[CTRL_CHAIN_MAX_LOGPROBS];
 	float top_lps[CTRL_CHAIN_MAX_LOGPROBS];
 	char msg[512];
+	int32_t *kv;               /* a copy of ev.kv_blocks of a token-less event (the slot's may change) */
 };
 
 /* Top logprobs of one column of a result, as a token event carries them. */
@@ -182,6 +183,7 @@ int32_t sched_group_pack(struct ctrl_sched *s, struct sched_group *g);
 /* sched_kv.c: the prefill/decode handoff. */
 int sched_kv_drain(struct ctrl_sched *s);               /* apply the kv messages; 1 if any */
 int sched_kv_reserve(struct ctrl_sched *s, int32_t i);  /* at admission of a kv_remote request */
+void sched_kv_progress(struct ctrl_sched *s, int32_t i); /* a hold_kv prompt filled more blocks */
 /* at a hold_kv request's end: its blocks, now held (NULL: out of memory) */
 const struct sched_held *sched_kv_hold(struct ctrl_sched *s, int32_t i);
 void sched_kv_destroy(struct ctrl_sched *s);

@@ -115,6 +115,20 @@ int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
 	return 0;
 }
 
+/* A hold_kv prompt's chunk came back from every stage: its whole blocks
+ * are final (nothing writes a prompt position twice), so a prefill node
+ * may ship them while the rest of the prompt runs. */
+void sched_kv_progress(struct ctrl_sched *s, int32_t i)
+{
+	struct sched_slot *sl = &s->slots[i];
+	struct ctrl_event ev = {
+		.id = sl->r->id, .finish = CTRL_FINISH_NONE, .token = -1, .kv_progress = 1,
+		.kv_blocks = sl->blk, .n_kv_blocks = sl->n_fed / KN_PAGE_BLK, .kv_positions = sl->n_fed,
+	};
+
+	sched_emit(s, sl->r->cb, sl->r->cb_arg, &ev);
+}
+
 const struct sched_held *sched_kv_hold(struct ctrl_sched *s, int32_t i)
 {
 	struct sched_slot *sl = &s->slots[i];

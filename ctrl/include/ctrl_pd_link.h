@@ -53,14 +53,15 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l);
 int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *msg, size_t len);
 
 /**
- * Ship blocks @p src[0..n) of every stage of @p chain into node @p node's
- * blocks @p dst[0..n) for @p room: per stage, as many page messages as the
- * buffers need, the last flagged. Waits (draining completions) for a free
- * buffer up to wait_s. @return 0, or -errno with @p err.
+ * Ship blocks @p src[from..to) of every stage of @p chain into node
+ * @p node's blocks @p dst[from..to) for @p room: per stage, as many page
+ * messages as the buffers need, the last flagged when @p last. Waits
+ * (draining completions) for a free buffer up to wait_s. @return 0, or
+ * -errno with @p err.
  */
 int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t n_stages, uint32_t node,
-		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t n, char *err,
-		      size_t errlen);
+		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t from,
+		      int32_t to, int last, char *err, size_t errlen);
 
 /** Sleep until a control message is in or @p timeout_ns passes (an idle poller's wait). */
 void ctrl_pd_link_wait(struct ctrl_pd_link *l, int64_t timeout_ns);
@@ -70,8 +71,9 @@ struct ctrl_pd_link_handlers {
 	void (*control)(void *arg, uint32_t node, const uint8_t *msg, size_t len);
 	/** may a page message for (room, session) land? */
 	int (*expects)(void *arg, uint64_t room, uint32_t session);
-	/** stage @p stream's pages of @p room are in (@p last: its last message) */
-	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint64_t bytes);
+	/** @p n_blocks of stage @p stream's pages of @p room are in (@p last: its last message) */
+	void (*pages)(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint32_t n_blocks,
+		      uint64_t bytes);
 	/** optional: a page message for a waiting room was refused (another layout...): @p why */
 	void (*refused)(void *arg, uint64_t room, uint32_t session, const char *why);
 	void *arg;

@@ -16,8 +16,10 @@
  * Prefill side (ctrl_pd_prefill): the forwarded request runs its prompt
  * (max_tokens 1, hold_kv); the manifest may come before or after. With
  * both in hand the pages are shipped (the ship callback: export, frame,
- * send) to the manifest's blocks, the status with the first token goes
- * back, and the blocks are given back. A manifest whose block count is not
+ * send) to the manifest's blocks as they become final — a chunk's whole
+ * blocks while the rest of the prompt runs, the remainder at the finish —
+ * then the status with the first token goes back, and the blocks are
+ * given back. A manifest whose block count is not
  * the prompt's, a request that failed, or an abort ends it with a failed
  * status (abort: with an acknowledgement). An aborted room is remembered (the
  * last 1,024): its prompt, if it arrives after the abort, is refused rather
@@ -98,12 +100,14 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, size_t len);
 
 /**
- * A page message of stream @p stream of room @p room (@p bytes long) is in
- * place (@p last: the stream's last). A room this node forgot, another
- * session, or a stream out of range is counted and ignored.
+ * A page message of stream @p stream of room @p room (@p n_blocks blocks,
+ * @p bytes long) is in place (@p last: the stream's last). A stream has
+ * landed once its last message came and it brought the manifest's block
+ * count. A room this node forgot, another session, or a stream out of
+ * range is counted and ignored.
  */
 void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t session, int32_t stream, int last,
-			     uint64_t bytes);
+			     uint32_t n_blocks, uint64_t bytes);
 
 /** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
@@ -145,12 +149,14 @@ void ctrl_pd_decode_rooms(const struct ctrl_pd_decode *d, void (*fn)(void *arg, 
 /* ---- prefill side ---- */
 
 /**
- * Ship a room's pages: blocks @p src[0..n) of this node's chain into the
- * decode node's blocks @p dst[0..n), every stage, each stage's last message
- * flagged. @return 0, or -errno with @p err saying why.
+ * Ship part of a room's pages: blocks @p src[from..to) of this node's chain
+ * into the decode node's blocks @p dst[from..to), every stage; with
+ * @p last, each stage's last message is flagged (the room's pages are all
+ * sent). A room's ranges come in order, each once. @return 0, or -errno
+ * with @p err saying why.
  */
 typedef int (*ctrl_pd_ship_fn)(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src,
-			       const uint32_t *dst, int32_t n, char *err, size_t errlen);
+			       const uint32_t *dst, int32_t from, int32_t to, int last, char *err, size_t errlen);
 
 struct ctrl_pd_prefill_opts {
 	struct ctrl_sched *sched;

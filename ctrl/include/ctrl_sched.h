@@ -84,7 +84,11 @@ struct ctrl_event {
 	const float *top_logprobs; /**< [n_top] their logprobs */
 	int kv_reserved;           /**< 1: no token: a kv_remote request's prompt blocks are
 	                                reserved (kv_blocks); the KV may be written into them */
-	const int32_t *kv_blocks;  /**< kv_reserved, or a hold_kv request's finish: the blocks
+	int kv_progress;           /**< 1: no token: a hold_kv request's prompt chunk came back
+	                                from every stage; kv_blocks[0 .. n_kv_blocks) are
+	                                whole and final (kv_positions = positions computed), so
+	                                they may be read out while the rest of the prompt runs */
+	const int32_t *kv_blocks;  /**< kv_reserved, kv_progress, or a hold_kv request's finish: the blocks
 	                                holding positions 0 .. kv_positions-1, in order (valid
 	                                during the callback) */
 	int32_t n_kv_blocks;

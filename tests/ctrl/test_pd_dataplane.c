@@ -143,11 +143,12 @@ static int send_p(void *arg, uint32_t node, const uint8_t *m, size_t len)
 }
 
 static int ship_p(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst,
-		  int32_t nb, char *err, size_t errlen)
+		  int32_t from, int32_t to, int last, char *err, size_t errlen)
 {
 	struct node *n = arg;
 
-	return ctrl_pd_link_ship(n->link, n->chain, n->stages, node, room, session, src, dst, nb, err, errlen);
+	return ctrl_pd_link_ship(n->link, n->chain, n->stages, node, room, session, src, dst, from, to, last, err,
+				 errlen);
 }
 
 static void ctl_p(void *arg, uint32_t node, const uint8_t *m, size_t len)
@@ -172,11 +173,12 @@ static int expects_d(void *arg, uint64_t room, uint32_t session)
 	return ctrl_pd_decode_expects(n->dec, room, session);
 }
 
-static void pages_d(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint64_t bytes)
+static void pages_d(void *arg, uint64_t room, uint32_t session, int32_t stream, int last, uint32_t n_blocks,
+		    uint64_t bytes)
 {
 	struct node *n = arg;
 
-	ctrl_pd_decode_on_pages(n->dec, room, session, stream, last, bytes);
+	ctrl_pd_decode_on_pages(n->dec, room, session, stream, last, n_blocks, bytes);
 }
 
 /* ---- the prefill node as a kvferry-ctrld: prompts to its API, as a router sends them ---- */

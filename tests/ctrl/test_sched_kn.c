@@ -462,6 +462,8 @@ struct pd_req {
 	struct ctrl_chain *pchain;
 	int export_rc;
 	int32_t held_seen;         /* kv_held_blocks when its finish came */
+	int32_t progress[8], n_progress; /* kv_progress: blocks final so far */
+	int progress_bad;          /* a progress event that was not a growing prefix */
 	/* the decode side */
 	struct rec got;
 	struct ctrl_sched *dsched;
@@ -477,6 +479,17 @@ static void pd_prefill_cb(void *arg, const struct ctrl_event *ev)
 {
 	struct pd_req *q = arg;
 
+	if (ev->kv_progress) {
+		/* whole blocks, more each time, at most the prompt's */
+		q->progress_bad |= ev->n_kv_blocks <= q->n_progress || ev->n_kv_blocks > 8 ||
+				   ev->kv_positions < ev->n_kv_blocks * KN_PAGE_BLK ||
+				   memcmp(q->progress, ev->kv_blocks, sizeof(int32_t) * (size_t)q->n_progress) != 0;
+		if (ev->n_kv_blocks <= 8) {
+			memcpy(q->progress, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
+			q->n_progress = ev->n_kv_blocks;
+		}
+		return;
+	}
 	if (ev->finish == CTRL_FINISH_NONE)
 		q->lp = ev->logprob;
 	else if (ev->n_kv_blocks > 0 && ev->n_kv_blocks <= 8) {
@@ -553,6 +566,7 @@ static void pd_prefill_all(struct pd_req *q, int32_t stages)
 	struct ctrl_chain *pc = kn_chain(stages, 1);
 	struct ctrl_sched *ps = pd_sched(pc, 0);
 	struct ctrl_sched_stats st;
+	int n_progress = 0;
 
 	for (int i = 0; i < N; i++) {
 		struct ctrl_request rq;
@@ -577,7 +591,13 @@ static void pd_prefill_all(struct pd_req *q, int32_t stages)
 		assert_int_equal(q[i].positions, g_len[i]);
 		assert_int_equal(q[i].n_blocks, (g_len[i] - 1) / KN_PAGE_BLK + 1);
 		assert_int_equal(q[i].export_rc, 0);
+		/* progress came as a prefix of the final block list, short of its last block */
+		assert_false(q[i].progress_bad);
+		assert_true(q[i].n_progress < q[i].n_blocks);
+		assert_memory_equal(q[i].progress, q[i].blocks, sizeof(int32_t) * (size_t)q[i].n_progress);
+		n_progress += q[i].n_progress > 0;
 	}
+	assert_true(n_progress > 0); /* prompts of several chunks told of their whole blocks */
 	/* the releases land at the next poll; one more for a request whose blocks went back is stale */
 	assert_int_equal(ctrl_sched_kv_release(ps, (uint64_t)q[0].rec.id), 0);
 	assert_true(ctrl_sched_poll(ps) >= 0);
@@ -722,6 +742,7 @@ struct xpage {
 	uint64_t room;
 	uint32_t session;
 	int32_t stage, n;
+	int last;
 	uint32_t dst[8];
 	void *data;
 	size_t len;
@@ -737,6 +758,7 @@ struct xnet {
 	int32_t stages;
 	int pages_first;           /* deliver page messages before statuses */
 	int drop_pages;            /* lose them instead (what a dead link would do) */
+	int ranges, partial;       /* ship calls, and those before a room's prompt was done */
 };
 
 static int x_push(struct xmsg *q, int *n, uint32_t node, const uint8_t *m, size_t len)
@@ -768,11 +790,16 @@ static int x_send_to_d(void *arg, uint32_t node, const uint8_t *m, size_t len)
 
 /* The prefill node's ship: read each stage's pages out of its chain. */
 static int x_ship(void *arg, uint32_t node, uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst,
-		  int32_t n, char *err, size_t errlen)
+		  int32_t from, int32_t to, int last, char *err, size_t errlen)
 {
 	struct xnet *x = arg;
+	int32_t n = to - from;
 
 	(void)node;
+	src += from;
+	dst += from;
+	x->ranges++;
+	x->partial += !last;
 	for (int32_t k = 0; k < x->stages; k++) {
 		struct xpage *pg = &x->pages[x->n_pages++];
 		int rc;
@@ -781,6 +808,7 @@ static int x_ship(void *arg, uint32_t node, uint64_t room, uint32_t session, con
 		pg->session = session;
 		pg->stage = k;
 		pg->n = n;
+		pg->last = last;
 		memcpy(pg->dst, dst, sizeof(uint32_t) * (size_t)n);
 		rc = ctrl_chain_kv_format(x->pchain, k, &pg->fmt);
 		pg->len = pg->fmt.block_bytes * (size_t)n;
@@ -815,7 +843,8 @@ static int x_deliver(struct xnet *x, struct ctrl_pd_prefill *pp, struct ctrl_pd_
 				if (!x->drop_pages) {
 					assert_int_equal(ctrl_chain_kv_import(x->dchain, pg->stage, blk, pg->n, pg->data,
 									      pg->len, &pg->fmt), 0);
-					ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, 1, 4096);
+					ctrl_pd_decode_on_pages(pd, pg->room, pg->session, pg->stage, pg->last,
+								(uint32_t)pg->n, 4096);
 				}
 				free(pg->data);
 			}
@@ -966,11 +995,14 @@ static void a_request_served_disaggregated_streams_the_co_located_tokens_in_eith
 			ctrl_sched_stats(x.ds, &sd);
 			ctrl_pd_decode_stats(x.pd, &dst);
 			ctrl_pd_prefill_stats(x.pp, &pst);
-			printf("stages=%d pages %s%s: rooms ok %llu, manifests %llu, pages shipped %llu, decode prefill "
-			       "columns %llu\n", stages, pages_first ? "before statuses" : "after statuses",
-			       v >= 4 ? ", shipped from the tick" : "",
+			printf("stages=%d pages %s%s: rooms ok %llu, manifests %llu, pages shipped %llu in %d ranges (%d "
+			       "while the prompt ran), decode prefill columns %llu\n", stages,
+			       pages_first ? "before statuses" : "after statuses", v >= 4 ? ", shipped from the tick" : "",
 			       (unsigned long long)dst.rooms_ok, (unsigned long long)dst.manifests_sent,
-			       (unsigned long long)pst.pages_shipped, (unsigned long long)sd.prefill_cols);
+			       (unsigned long long)pst.pages_shipped, x.net.ranges, x.net.partial,
+			       (unsigned long long)sd.prefill_cols);
+			/* prompts of several chunks ship their whole blocks as each chunk comes back */
+			assert_true(x.net.partial > 0);
 			assert_int_equal(dst.rooms_ok, N);
 			assert_int_equal(pst.rooms_done, N);
 			assert_int_equal(sd.prefill_cols, 0);
@@ -1023,7 +1055,7 @@ static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_onl
 	/* room 3: its one rank lands without a first token */
 	len = ctrl_pd_encode_status(buf, sizeof(buf), 3, 42, 0, 0, -1, 0, NULL);
 	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
-	ctrl_pd_decode_on_pages(x.pd, 3, 42, 0, 1, 4096);
+	ctrl_pd_decode_on_pages(x.pd, 3, 42, 0, 1, 1, 4096);
 	/* node 0 is lost: exactly its two unfinished rooms fail */
 	assert_int_equal(ctrl_rooms_node_lost(x.rooms, 0), 2);
 	ctrl_pd_decode_tick(x.pd, 0);
