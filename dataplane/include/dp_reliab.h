@@ -50,7 +50,8 @@ struct dp_rel_opts {
 	uint32_t frame_payload; /**< payload bytes per frame, 1..DP_FRAME_MAX - DP_FRAME_HLEN */
 	uint32_t init_credit;   /**< messages the sender may start before the first ACK */
 	uint32_t dupthresh;     /**< SACKed frames above a hole that make it lost */
-	uint32_t max_timeouts;  /**< consecutive timeouts without progress before giving up */
+	uint32_t max_timeouts;  /**< consecutive timeouts without progress, each followed by an
+	                             ACK (the peer answers), before giving up */
 	uint64_t rto_init_ns;   /**< RTO before the first RTT sample */
 	uint64_t rto_min_ns;    /**< RTO floor */
 	uint64_t rto_max_ns;    /**< RTO ceiling (back-off stops here) */
@@ -160,7 +161,11 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
 /**
  * Run the retransmission timer.
  * @return 0, or -ETIMEDOUT when max_timeouts consecutive expiries passed
- *         without progress (the caller should declare the peer unreachable).
+ *         without progress while the peer kept answering with ACKs that
+ *         moved nothing (the two ends disagree: the caller should end the
+ *         session). Expiries with no ACK at all in between (a silent peer)
+ *         resend at the backed-off RTO and never give up: telling a silent
+ *         peer is the caller's liveness watch.
  */
 int dp_rel_tx_timer(struct dp_rel_tx *tx, uint64_t now);
 
