@@ -357,8 +357,8 @@ static uint64_t end_session(struct dp *d, struct peer *p, int status)
 	return d->failed_now;
 }
 
-#define DP_SILENT_TEXT "3 s (no frame, not even a hello)"
-static_assert(DP_PEER_SILENT_MS == 3000u, "DP_SILENT_TEXT names the silence");
+#define DP_SILENT_TEXT "0.6 s (no frame, no answer to 5 probes)"
+static_assert(DP_PEER_SILENT_MS == 600u && PROBES_MIN == 5, "DP_SILENT_TEXT names the silence");
 
 static void event(struct dp *d, struct peer *p, uint16_t type, uint64_t failed)
 {
@@ -472,6 +472,7 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 		/* heard again: the same incarnation (a link that came back, a
 		 * process that was stopped); a new one reports RESTART below */
 		p->silent = 0;
+		p->gone = 0;
 		__atomic_store_n(&p->stats->up, 1, __ATOMIC_RELAXED);
 		event(d, p, DP_EV_PEER_UP, 0);
 	}
@@ -668,8 +669,7 @@ void dp_link(struct dp *d, int up)
 	if (up)
 		return;
 	/* Nothing crosses a link that is down: say so now rather than after
-	 * the retransmissions give up (16 timeouts, ~1.4 s) or the silence
-	 * bound (3 s). Messages in flight are kept and resent, as for any
+	 * the silence bound (DP_PEER_SILENT_MS). Messages in flight are kept and resent, as for any
 	 * silence; the first frame heard reports the peer up again. */
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
 		struct peer *p = &d->peers[i];
@@ -685,7 +685,7 @@ void dp_link(struct dp *d, int up)
 /* Every LIVE_SCAN_NS: has a process of this node died since the last look
  * (its slot now dead, or taken by another pid)? Then count it and tell every
  * peer at once in a hello (again in every keepalive: a lost hello costs
- * 100 ms, not the news). A clean exit releases its slot and is not a death. */
+ * 300 ms, not the news). A clean exit releases its slot and is not a death. */
 static void scan_live(struct dp *d, uint64_t now)
 {
 	int died = 0;
@@ -724,6 +724,52 @@ static void scan_live(struct dp *d, uint64_t now)
 		}
 }
 
+/* Is @p p still there? Nothing heard for a keepalive and a probe interval:
+ * probe it; for DP_PEER_SILENT_MS with PROBES_MIN probes unanswered: report it
+ * silent (an idle link has nothing to retransmit, and the retransmissions do
+ * not give up on silence, so nothing else would notice it went away); for
+ * PEER_GONE_NS: fail what is in flight to it. */
+static void watch_peer(struct dp *d, struct peer *p, uint64_t now)
+{
+	/* now was read before this poll's frames: a frame just heard is newer */
+	uint64_t quiet = p->last_rx && now > p->last_rx ? now - p->last_rx : 0;
+
+	if (!p->remote_epoch || quiet <= HELLO_UP_NS + PROBE_NS) {
+		p->probes = 0;
+		return;
+	}
+	if (!p->silent) {
+		if (now >= p->next_probe) {
+			send_hello(d, p, 0);
+			p->probes++;
+			p->next_probe = now + PROBE_NS;
+		}
+		if (quiet > (uint64_t)DP_PEER_SILENT_MS * 1000000ull && p->probes >= PROBES_MIN) {
+			p->silent = 1;
+			__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
+			event(d, p, DP_EV_PEER_SILENT, 0);
+		}
+		return;
+	}
+	if (quiet > PEER_GONE_NS && now >= p->next_probe) {
+		int busy = 0;
+
+		/* once per keepalive, not per tick: what is sent to a gone peer
+		 * fails within 0.3 s, in one event, and the epoch moves once */
+		p->next_probe = now + HELLO_UP_NS;
+		for (unsigned j = 0; j < DP_MAX_STREAMS; j++)
+			busy |= p->st[j] && (!dp_rel_tx_idle(p->st[j]->tx) || p->st[j]->partial);
+		if (busy) {
+			uint64_t failed = end_session(d, p, -ETIMEDOUT);
+
+			if (!p->gone)
+				p->local_epoch++; /* it sees a new session from us if it returns */
+			p->gone = 1;
+			event(d, p, DP_EV_PEER_DEAD, failed);
+		}
+	}
+}
+
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 {
 	int winupd = now >= *next_winupd;
@@ -740,15 +786,7 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 			send_hello(d, p, 0);
 			p->next_hello = now + (p->remote_epoch ? HELLO_UP_NS : HELLO_DOWN_NS);
 		}
-		/* now was read before this poll's frames: a frame just heard is newer */
-		if (p->remote_epoch && !p->silent && p->last_rx && now > p->last_rx
-		    && now - p->last_rx > (uint64_t)DP_PEER_SILENT_MS * 1000000ull) {
-			/* an idle link has nothing to retransmit, so nothing else
-			 * would ever notice that the peer went away */
-			p->silent = 1;
-			__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
-			event(d, p, DP_EV_PEER_SILENT, 0);
-		}
+		watch_peer(d, p, now);
 		uint64_t rtt = 0, rto = 0, credit = UINT64_MAX;
 		uint32_t streams = 0;
 		struct dp_rel_tx_stats agg = {0};

@@ -23,7 +23,20 @@
 #define BURST 32
 #define HOLD_MAX 64           /* frames the reorder impairment may hold back */
 #define TICK_NS 100000ull     /* timer work every 100 µs */
-#define HELLO_UP_NS 100000000ull   /* keepalive to a known peer */
+/* The keepalive (heartbeat) to a known peer. A peer is reported silent
+ * after DP_PEER_SILENT_MS, two of them; from one keepalive and a bit of
+ * quiet on, it is probed every PROBE_NS (a hello asking for a reply), and the
+ * verdict also needs PROBES_MIN probes unanswered, so a verdict is never made
+ * on a gap of our own: a dataplane descheduled for seconds wakes, probes for
+ * ~100 ms, and hears a live peer's reply. 100 ms keepalives with a 3 s bound
+ * left a killed peer unnoticed until its retransmissions gave up (~1.4 s). */
+#define HELLO_UP_NS 300000000ull
+#define PROBE_NS 20000000ull
+#define PROBES_MIN 5
+/* Silent this long, a peer's messages in flight are failed (DP_EV_PEER_DEAD),
+ * so that their senders get their buffers back from a peer that never
+ * returns; a shorter silence keeps them, resent once it is heard again. */
+#define PEER_GONE_NS 10000000000ull
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
 #define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
 #define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
@@ -50,6 +63,9 @@ struct peer {
 	uint64_t last_stale_hello;
 	uint64_t last_rx;         /* the last frame heard from it */
 	int silent;               /* DP_EV_PEER_SILENT reported, nothing heard since */
+	uint32_t probes;          /* probes sent in the current quiet, unanswered */
+	uint64_t next_probe;      /* the next probe; once silent, the next look for PEER_GONE_NS */
+	int gone;                 /* silent past PEER_GONE_NS: its session was ended */
 	int deaths_known;         /* its hello's death count was read since its epoch changed */
 	uint32_t remote_deaths;   /* the count its last hello carried */
 	struct stream *st[DP_MAX_STREAMS];

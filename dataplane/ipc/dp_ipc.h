@@ -101,14 +101,16 @@ extern "C" {
 
 #define DP_TXC_FAILED 0x100u
 
-/** Silence after which an up peer is reported (DP_EV_PEER_SILENT): 30 keepalives of 100 ms. */
-#define DP_PEER_SILENT_MS 3000u
+/** Silence after which an up peer is reported (DP_EV_PEER_SILENT): 2 keepalives of 300 ms, the
+ *  last 0.3 s of it probed (a dataplane descheduled for less is not reported). */
+#define DP_PEER_SILENT_MS 600u
 
 /** Events on DP_RING_EV. */
 enum dp_event {
 	DP_EV_PEER_UP = 1,      /**< first hello from a peer */
 	DP_EV_PEER_RESTART = 2, /**< the peer came back with a new epoch; len = messages failed */
-	DP_EV_PEER_DEAD = 3,    /**< retransmissions exhausted; len = messages failed */
+	DP_EV_PEER_DEAD = 3,    /**< the session was given up (the peer answers but nothing moves, or it
+	                             was silent for 10 s); len = messages failed */
 	DP_EV_PEER_SILENT = 4,  /**< nothing (not even a hello) heard from an up peer for DP_PEER_SILENT_MS:
 	                             its process or link is gone; messages in flight are kept and resent
 	                             if it comes back (DP_EV_PEER_UP again, or RESTART with a new epoch) */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An idle link's peer that goes away is reported: two kvferry-dataplane
 # processes over net_memif, nothing sent between them; the second is frozen
-# (SIGSTOP): within DP_PEER_SILENT_MS (3 s) + slack the first reports it
+# (SIGSTOP): within DP_PEER_SILENT_MS (0.6 s) + slack the first reports it
 # silent (a DP_EV_PEER_SILENT event, which ctrld takes as its stages lost);
 # thawed, it is up again; killed, silent again.
 #   dp_silent.sh BUILD SOURCE
@@ -34,9 +34,10 @@ kill -STOP "$b"
 t0=$(date +%s.%N)
 if wait_count "$log" "peer 2 silent" 1 8; then
   dt=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$(date +%s.%N)")
-  echo "ok    a frozen peer on an idle link is reported silent after $dt s (DP_PEER_SILENT_MS 3000)"
-  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 2.5 else 1)" "$dt" \
-    || { echo "FAIL: reported after $dt s, before the 3 s of silence"; fail=1; }
+  echo "ok    a frozen peer on an idle link is reported silent after $dt s (DP_PEER_SILENT_MS 600)"
+  # its last keepalive may have come up to 0.3 s before it froze
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.3 else 1)" "$dt" \
+    || { echo "FAIL: reported after $dt s, before 0.6 s of silence"; fail=1; }
 else
   echo "FAIL: a frozen peer was not reported within 8 s"; fail=1
 fi
