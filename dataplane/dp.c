@@ -740,6 +740,11 @@ static void watch_peer(struct dp *d, struct peer *p, uint64_t now)
 	}
 	if (!p->silent) {
 		if (now >= p->next_probe) {
+			/* probes count only in a row: a probe long overdue means we
+			 * were off the CPU, and those before it gave the peer no
+			 * time to answer what we have read since */
+			if (now - p->next_probe > PROBE_NS)
+				p->probes = 0;
 			send_hello(d, p, 0);
 			p->probes++;
 			p->next_probe = now + PROBE_NS;
