@@ -111,7 +111,8 @@ struct dp_rel_tx {
 	uint64_t peer_limit;
 	uint64_t srtt, rttvar, rto;
 	uint32_t stalls;    /* consecutive timeouts without progress while the peer answered */
-	uint8_t answered;   /* an ACK (of any content) arrived since the last timeout */
+	uint8_t answered;   /* since the last timeout, an ACK echoed a frame sent after it */
+	uint64_t expired_ns; /* when the last timeout fired */
 	struct dp_rel_tx_stats st;
 };
 
@@ -127,6 +128,7 @@ static void tx_reset(struct dp_rel_tx *tx)
 	tx->rto = tx->o.rto_init_ns;
 	tx->stalls = 0;
 	tx->answered = 0;
+	tx->expired_ns = 0;
 	memset(tx->frames, 0, sizeof(*tx->frames) * tx->o.window);
 }
 
@@ -349,9 +351,14 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
 		     dp_rel_msg_fn done, void *ctx)
 {
 	uint32_t cum = ack->cum_seq;
-	/* Even an ACK that cannot be applied says the peer is there: a session
-	 * whose ends disagree answers like this, and only giving up mends it. */
-	tx->answered = 1;
+	/* Even an ACK that cannot be applied says the peer is there (a session
+	 * whose ends disagree answers like this, and only giving up mends it),
+	 * if it echoes a frame sent since the last timeout: an old ACK let out
+	 * late during an outage (the fault drill's link-down: dataplane 2 heard
+	 * a frame from node 1 every second or two) proves nothing, and counting
+	 * it gave up the session three times over a 5 s outage. */
+	if (ack->ts_echo && ack->ts_echo >= tx->expired_ns)
+		tx->answered = 1;
 	if (seq_lt(tx->snd_nxt, cum))
 		return -EINVAL;
 	int progress = 0, credit_only = 0;
@@ -474,6 +481,7 @@ int dp_rel_tx_timer(struct dp_rel_tx *tx, uint64_t now)
 	if (tx->answered)
 		tx->stalls++;
 	tx->answered = 0;
+	tx->expired_ns = now;
 	if (tx->stalls > tx->o.max_timeouts)
 		return -ETIMEDOUT;
 	return 0;

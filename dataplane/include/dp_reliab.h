@@ -51,7 +51,8 @@ struct dp_rel_opts {
 	uint32_t init_credit;   /**< messages the sender may start before the first ACK */
 	uint32_t dupthresh;     /**< SACKed frames above a hole that make it lost */
 	uint32_t max_timeouts;  /**< consecutive timeouts without progress, each followed by an
-	                             ACK (the peer answers), before giving up */
+	                             ACK echoing a frame sent after it (the peer answers), before
+	                             giving up */
 	uint64_t rto_init_ns;   /**< RTO before the first RTT sample */
 	uint64_t rto_min_ns;    /**< RTO floor */
 	uint64_t rto_max_ns;    /**< RTO ceiling (back-off stops here) */
@@ -162,8 +163,9 @@ int dp_rel_tx_on_ack(struct dp_rel_tx *tx, const struct dp_wire_ack *ack, uint64
  * Run the retransmission timer.
  * @return 0, or -ETIMEDOUT when max_timeouts consecutive expiries passed
  *         without progress while the peer kept answering with ACKs that
- *         moved nothing (the two ends disagree: the caller should end the
- *         session). Expiries with no ACK at all in between (a silent peer)
+ *         moved nothing (each echoing a frame sent since the expiry before:
+ *         the two ends disagree, the caller should end the session).
+ *         Expiries with no such ACK in between (a silent peer)
  *         resend at the backed-off RTO and never give up: telling a silent
  *         peer is the caller's liveness watch.
  */
