@@ -37,6 +37,7 @@
  * so that their senders get their buffers back from a peer that never
  * returns; a shorter silence keeps them, resent once it is heard again. */
 #define PEER_GONE_NS 10000000000ull
+#define LOOP_GAP_NS 200000000ull /* a gap in our own loop worth a log line */
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
 #define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
 #define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
@@ -88,6 +89,7 @@ struct dp {
 	uint32_t deaths;                  /* deaths seen since start */
 	int32_t last_dead_pid;
 	uint64_t next_live_scan;
+	uint64_t last_timers;             /* when dp_timers() last ran (a gap: we were off the CPU) */
 	int link_up;                      /* the port's link at the last watch; -1 before the first */
 	struct dp_wire_addr self;
 	uint64_t base_epoch;
