@@ -677,6 +677,7 @@ void dp_link(struct dp *d, int up)
 		if (!p->configured || !p->remote_epoch || p->silent)
 			continue;
 		p->silent = 1;
+		p->silent_since = d->last_timers;
 		__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
 		event(d, p, DP_EV_PEER_SILENT, 0);
 	}
@@ -751,12 +752,16 @@ static void watch_peer(struct dp *d, struct peer *p, uint64_t now)
 		}
 		if (quiet > (uint64_t)DP_PEER_SILENT_MS * 1000000ull && p->probes >= PROBES_MIN) {
 			p->silent = 1;
+			p->silent_since = now;
 			__atomic_store_n(&p->stats->up, 0, __ATOMIC_RELAXED);
 			event(d, p, DP_EV_PEER_SILENT, 0);
 		}
 		return;
 	}
-	if (quiet > PEER_GONE_NS && now >= p->next_probe) {
+	/* from the verdict on, not from the last frame: after a gap of our own
+	 * of over 10 s (seen on the loaded VM) a peer that answers our first
+	 * probes must not be called gone */
+	if (now - p->silent_since > PEER_GONE_NS && now >= p->next_probe) {
 		int busy = 0;
 
 		/* once per keepalive, not per tick: what is sent to a gone peer

@@ -33,9 +33,10 @@
 #define HELLO_UP_NS 300000000ull
 #define PROBE_NS 20000000ull
 #define PROBES_MIN 5
-/* Silent this long, a peer's messages in flight are failed (DP_EV_PEER_DEAD),
- * so that their senders get their buffers back from a peer that never
- * returns; a shorter silence keeps them, resent once it is heard again. */
+/* Silent this long after the verdict, a peer's messages in flight are
+ * failed (DP_EV_PEER_DEAD), so that their senders get their buffers back
+ * from a peer that never returns; a shorter silence keeps them, resent once
+ * it is heard again. */
 #define PEER_GONE_NS 10000000000ull
 #define LOOP_GAP_NS 200000000ull /* a gap in our own loop worth a log line */
 #define HELLO_DOWN_NS 10000000ull  /* hello to a peer we have not heard */
@@ -67,6 +68,7 @@ struct peer {
 	uint32_t probes;          /* probes sent in the current quiet, unanswered */
 	uint64_t next_probe;      /* the next probe; once silent, the next look for PEER_GONE_NS */
 	int gone;                 /* silent past PEER_GONE_NS: its session was ended */
+	uint64_t silent_since;    /* when it was reported silent */
 	int deaths_known;         /* its hello's death count was read since its epoch changed */
 	uint32_t remote_deaths;   /* the count its last hello carried */
 	struct stream *st[DP_MAX_STREAMS];
