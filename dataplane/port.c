@@ -95,7 +95,12 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	memset(p, 0, sizeof(*p));
 	snprintf(prefix, sizeof(prefix), "--file-prefix=kvfdp%u", node);
 	argv[argc++] = (char *)prog;
-	argv[argc++] = (char *)"--in-memory";
+	/* no files of its own (--in-memory), except beside --no-huge (a machine
+	 * with no hugepages), which DPDK refuses with it; there net_memif needs
+	 * the multi-process channel that --no-shconf would close, so the EAL
+	 * keeps its runtime files under the node's file prefix */
+	if (extra == NULL || strstr(extra, "--no-huge") == NULL)
+		argv[argc++] = (char *)"--in-memory";
 	argv[argc++] = prefix;
 	argv[argc++] = (char *)"--log-level=lib.eal:warning";
 	int is_vdev = strncmp(spec, "net_", 4) == 0;
