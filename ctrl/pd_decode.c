@@ -346,6 +346,18 @@ void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *wh
 		fail_req(d, q, why);
 }
 
+int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why)
+{
+	int n = 0;
+
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		if (!q->told) {
+			fail_req(d, q, why); /* tells the scheduler: the record goes at its finish event */
+			n++;
+		}
+	return n;
+}
+
 int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)
 {
 	enum ctrl_room_state rs;

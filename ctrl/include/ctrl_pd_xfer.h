@@ -124,6 +124,9 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 /** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
 
+/** Fail every room whose request was not told yet (their messages were lost). @return how many. */
+int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why);
+
 /**
  * May page messages for @p room land now? 1 while its request waits for
  * them (manifest sent, not yet told ready or failed, this session); 0 for a
