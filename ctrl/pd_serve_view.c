@@ -48,10 +48,10 @@ json_t *pd_serve_stats(void *ctx)
 			       (json_int_t)ls.kv_bytes_sent, "malformed_total", (json_int_t)ps.malformed);
 		/* a successful room's prompt: its prefill, then its last pages until the status */
 		json_object_set_new(pd, "rooms_timed_total", json_integer((json_int_t)ps.timed_rooms));
-		json_object_set_new(pd, "prefill_ms_mean", json_real(ps.timed_rooms ? (double)ps.prefill_ns / 1e6 /
-								       (double)ps.timed_rooms : 0.0));
-		json_object_set_new(pd, "finish_to_status_ms_mean", json_real(ps.timed_rooms ? (double)ps.tail_ns / 1e6 /
-									       (double)ps.timed_rooms : 0.0));
+		json_object_set_new(pd, "prefill_seconds_mean", json_real(ps.timed_rooms ? (double)ps.prefill_ns / 1e9 /
+									    (double)ps.timed_rooms : 0.0));
+		json_object_set_new(pd, "finish_to_status_seconds_mean",
+				    json_real(ps.timed_rooms ? (double)ps.tail_ns / 1e9 / (double)ps.timed_rooms : 0.0));
 	} else {
 		struct ctrl_pd_decode_stats ds;
 		json_t *nodes = json_array();
@@ -89,9 +89,9 @@ json_t *pd_serve_stats(void *ctx)
 
 		for (int k = 0; k < CTRL_PD_PHASES; k++)
 			json_object_set_new(ph, ctrl_pd_phase_names[k],
-					    json_real(ds.phase_rooms ? (double)ds.phase_ns[k] / 1e6 / (double)ds.phase_rooms
+					    json_real(ds.phase_rooms ? (double)ds.phase_ns[k] / 1e9 / (double)ds.phase_rooms
 							   : 0.0));
-		json_object_set_new(pd, "room_phase_ms_mean", ph);
+		json_object_set_new(pd, "room_phase_seconds_mean", ph);
 		json_object_set_new(pd, "rooms_phased_total", json_integer((json_int_t)ds.phase_rooms));
 	}
 	if (pd != NULL) {

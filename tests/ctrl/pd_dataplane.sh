@@ -159,6 +159,15 @@ PY
     [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done
                      for u in "$url" "$url2"; do echo "--- $u/stats pd"; curl -s -m 5 "$u/stats" | python3 -c \
                        'import json,sys; print(json.load(sys.stdin)["backend"].get("pd"))'; done; exit 1; }
+    if command -v promtool >/dev/null; then # both roles' PD families, the room phases among them, lint clean
+      for u in "$url" "$url2"; do
+        curl -s "$u/metrics" >"$KVF_RUN/metrics.txt"
+        promtool check metrics <"$KVF_RUN/metrics.txt" >"$KVF_RUN/promtool.out" 2>&1 \
+          || { cat "$KVF_RUN/promtool.out"; echo "FAIL: promtool check metrics on $u"; exit 1; }
+      done
+      grep -q "^kvferry_backend_pd_room_phase_seconds_mean_ready" "$KVF_RUN/metrics.txt" \
+        || { grep pd_room "$KVF_RUN/metrics.txt" | head; echo "FAIL: no room phase in the decode node's /metrics"; exit 1; }
+    fi
     echo "PASS ($mode): both ctrlds moved their PD links to their restarted dataplanes' regions and served on"
     exit 0
   fi
