@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ struct kn_stg {
 	int stop;
 	_Atomic uint64_t steps, cols, busy_ns;
 	pthread_mutex_t step_mu;   /* held over a step, a page export or an import */
+	_Atomic int kv_want;       /* page calls waiting for step_mu: the stage lets them in first */
 };
 
 struct kn_chain {
@@ -172,6 +174,12 @@ static void *stage_thread(void *arg)
 		s->q_head = (s->q_head + 1) % c->o.max_groups;
 		s->q_n--;
 		pthread_mutex_unlock(&s->mu);
+		/* a mutex is not fair: a stage with groups queued back to back
+		 * would take step_mu again at once and keep a page export out
+		 * until the prompts were done (measured: a prefill node's pages
+		 * left only after its last chunk, not chunk by chunk) */
+		while (atomic_load_explicit(&s->kv_want, memory_order_acquire) > 0)
+			sched_yield();
 		pthread_mutex_lock(&s->step_mu);
 		stage_run(c, s->idx, gi);
 		pthread_mutex_unlock(&s->step_mu);
@@ -275,9 +283,11 @@ static int kc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blo
 
 	if (stage < 0 || stage >= c->n_stages)
 		return -EINVAL;
+	atomic_fetch_add_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
 	pthread_mutex_lock(&c->stg[stage].step_mu);
 	rc = kn_stage_kv_export(c->stg[stage].st, blocks, n, dst, len);
 	pthread_mutex_unlock(&c->stg[stage].step_mu);
+	atomic_fetch_sub_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
 	return rc;
 }
 
@@ -289,9 +299,11 @@ static int kc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blo
 
 	if (stage < 0 || stage >= c->n_stages)
 		return -EINVAL;
+	atomic_fetch_add_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
 	pthread_mutex_lock(&c->stg[stage].step_mu);
 	rc = kn_stage_kv_import(c->stg[stage].st, blocks, n, src, len, f);
 	pthread_mutex_unlock(&c->stg[stage].step_mu);
+	atomic_fetch_sub_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
 	return rc;
 }
 

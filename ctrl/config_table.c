@@ -260,6 +260,12 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_PD_ROOM_TIMEOUT", "--pd-room-timeout", NULL, NULL,
 	 "role = decode: seconds a request may wait for its prefill node's KV pages and first token "
 	 "before it fails"},
+	{"ship_chunk", "pd", CFG_INT, OFF(pd_ship_chunk), "512", 0, 1 << 20,
+	 "KVFERRY_PD_SHIP_CHUNK", "--pd-ship-chunk", NULL, NULL,
+	 "role = prefill: a room's prompt runs in chunks of at most this many tokens (rounded down to "
+	 "whole 16-position pages), and each chunk's pages leave for the decode node as soon as every "
+	 "stage has computed it, overlapping the transfer with the rest of the prompt; 0: the whole "
+	 "prompt at once, its pages after it"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

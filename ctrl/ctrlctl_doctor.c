@@ -233,13 +233,15 @@ static void check_model(struct doctor *d, const struct ctrl_settings *s)
 		long avail_kb = meminfo("MemAvailable");
 		double need;
 
-		/* kv_memory is each stage's: stages = "N", or ranges "a-b,b-c" */
-		int stages = strchr(s->stages, '-') != NULL ? 1 : atoi(s->stages);
+		/* kv_memory is each stage's: the stages as ctrld splits the model */
+		int32_t ends[CTRL_CFG_MAX_STAGES], stages = 1;
+		char serr[256];
 
-		for (const char *c = s->stages; strchr(s->stages, '-') != NULL && *c; c++)
-			stages += *c == ',';
-		if (stages < 1)
+		if (ctrl_config_stages(s->stages, kn_model_config(m)->n_layers, ends, &stages, serr, sizeof(serr)) != 0) {
+			report(d, DR_FAIL, "stages", "give stages ([engine]) as N or contiguous ranges a-b,b-c from 0",
+			       "stages = %s: %s", s->stages, serr);
 			stages = 1;
+		}
 		kn_model_range_tensors(m, 0, kn_model_config(m)->n_layers, &nt, &wb);
 		need = (double)wb + (double)s->kv_memory * stages;
 		if (avail_kb < 0)

@@ -25,6 +25,7 @@ struct pd_dreq {
 	int32_t streams_left;
 	uint64_t bytes_landed;
 	uint64_t t_page0, t_page1; /* CLOCK_MONOTONIC of its first and last page message */
+	uint64_t t_sub, t_manifest, t_status; /* CLOCK_MONOTONIC: submitted, manifest out, Success */
 	struct pd_stream {
 		uint32_t blocks;   /* blocks its messages brought */
 		uint8_t last, landed;
@@ -43,6 +44,9 @@ struct pd_dreq {
 	void *cb_arg;
 	struct ctrl_pd_decode *d;
 };
+
+const char *const ctrl_pd_phase_names[CTRL_PD_PHASES] = { "manifest", "first_page", "last_page", "status",
+							   "ready" };
 
 struct ctrl_pd_decode {
 	struct ctrl_pd_decode_opts o;
@@ -114,10 +118,21 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 		return;
 	if (rs == CTRL_ROOM_FAILED) {
 		tell_failed(d, q, why);
-	} else if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
+	} else if (rs == CTRL_ROOM_SUCCESS && q->t_status == 0) {
+		q->t_status = kvf_mono_ns();
+	}
+	if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
 		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;
 		d->st.rooms_ok += q->told;
+		if (q->told && q->t_manifest != 0 && q->t_page0 != 0) {
+			const uint64_t at[CTRL_PD_PHASES] = { q->t_manifest, q->t_page0, q->t_page1, q->t_status,
+							      kvf_mono_ns() };
+
+			d->st.phase_rooms++;
+			for (int k = 0; k < CTRL_PD_PHASES; k++)
+				d->st.phase_ns[k] += at[k] > q->t_sub ? at[k] - q->t_sub : 0;
+		}
 		if (q->told && q->t_page1 > q->t_page0) {
 			d->st.xfer_rooms++;
 			d->st.xfer_bytes += q->bytes_landed;
@@ -188,6 +203,7 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPING) {
 			ctrl_room_bootstrapped(d->o.rooms, q->room);
 			q->n_blocks = (uint32_t)ev->n_kv_blocks;
+			q->t_manifest = kvf_mono_ns();
 			send_all(d, q, 0, ev->kv_blocks, ev->n_kv_blocks);
 			if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
 				ctrl_room_waiting_since(d->o.rooms, q->room, d->now); /* the waiting timeout starts */
@@ -236,6 +252,7 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 	q->room = room;
 	q->node = node;
 	q->t_open = now_ns;
+	q->t_sub = kvf_mono_ns();
 	q->n_ranks = n_ranks;
 	q->streams_left = d->o.n_streams;
 	q->cb = rq->cb;
@@ -327,6 +344,18 @@ void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *wh
 
 	if (q != NULL)
 		fail_req(d, q, why);
+}
+
+int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why)
+{
+	int n = 0;
+
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		if (!q->told) {
+			fail_req(d, q, why); /* tells the scheduler: the record goes at its finish event */
+			n++;
+		}
+	return n;
 }
 
 int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)

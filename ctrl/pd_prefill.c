@@ -43,6 +43,7 @@ struct pd_preq {
 	int ready;                 /* defer_ship: there is something to ship, tick ships it */
 	int shipping, doomed;      /* tick ships it with the lock released; drop it after */
 	uint64_t t_held;           /* when the finished request's KV began to wait for its manifest */
+	uint64_t t_sub;            /* when its prompt was submitted (CLOCK_MONOTONIC) */
 	int32_t first_token;
 	float first_lp;            /* its logprob and the top logprobs at its position */
 	int32_t n_top;
@@ -174,8 +175,16 @@ static void shipped(struct ctrl_pd_prefill *p, struct pd_preq *q, int rc, int32_
 		p->st.pages_shipped += (uint64_t)(to - q->n_shipped);
 		q->n_shipped = to;
 	}
-	if (last && !q->reported)
+	if (last && !q->reported) {
+		uint64_t now = kvf_mono_ns();
+
 		send_status(p, q, 0, NULL);
+		if (q->t_sub != 0 && q->t_held >= q->t_sub && now >= q->t_held) {
+			p->st.timed_rooms++;
+			p->st.prefill_ns += q->t_held - q->t_sub;
+			p->st.tail_ns += now - q->t_held;
+		}
+	}
 }
 
 /* Something of the room may go: ship it, or report why it cannot; with
@@ -296,6 +305,7 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 	}
 	q->cb = rq->cb;
 	q->cb_arg = rq->cb_arg;
+	q->t_sub = kvf_mono_ns();
 	mine = *rq;
 	mine.max_tokens = 1;
 	mine.hold_kv = 1;

@@ -25,6 +25,7 @@
 #include "ctrl_pd_xfer.h"
 #include "kvf_clock.h"
 #include "pd_serve_int.h"
+#include "shm_region.h"
 
 /* prefill: @p node is the decode node's dataplane id (the manifest's sender);
  * decode: the prefill node's index in [pd] prefill (what the rooms and the
@@ -176,6 +177,60 @@ static int forward_step(struct ctrl_pd_serve *s)
 #define PD_IDLE_POLLS 2000
 #define PD_IDLE_WAIT_NS 1000000
 
+#define PD_REGION_EVERY_NS 250000000ull
+
+/*
+ * This node's dataplane made its region again (it restarted): the link
+ * still maps the old one, which nothing reads. Open a link on the new one
+ * (the workers' chain's, once it re-attached: page copies need buffers in
+ * its mapping) and close the old link; rooms in flight over the old one
+ * lost their messages with the dataplane and fail by their timeouts or
+ * the peer's loss. The old mapping is kept until the next re-attach (a view
+ * may still be reading its stats area), then unmapped. A new region still
+ * filling, or a chain not re-attached yet, is tried again at the next
+ * check. Before this PD traffic needed a ctrld restart after its
+ * dataplane's. Called by the poller with the lock held.
+ */
+static void relink(struct ctrl_pd_serve *s)
+{
+	struct shm_region *old = ctrl_pd_link_region(s->link), *reg, *own = NULL;
+	struct ctrl_pd_link_opts lo;
+	struct ctrl_pd_link *nl;
+	char err[256];
+	int n_failed = 0;
+
+	if (!shm_region_replaced(old))
+		return;
+	reg = ctrl_proc_chain_region(s->o.chain);
+	if (reg == NULL)
+		reg = own = shm_region_attach(s->o.region, err, sizeof(err));
+	if (reg == NULL || reg == old || shm_region_replaced(reg)) {
+		if (reg != old)
+			shm_region_detach(own);
+		return;
+	}
+	ctrl_pd_link_opts_init(&lo);
+	lo.region = s->o.region;
+	lo.reg = reg;
+	lo.wait_s = 0.2; /* the lock is held: a region without its rings yet is tried again later */
+	nl = ctrl_pd_link_open(&lo, err, sizeof(err));
+	if (nl == NULL) {
+		shm_region_detach(own);
+		return;
+	}
+	ctrl_pd_link_close(s->link);
+	s->link = nl;
+	if (s->dec != NULL) /* what they sent or waited for went down with the old dataplane */
+		n_failed = ctrl_pd_decode_fail_all(s->dec, "this node's kvferry-dataplane restarted while the room was "
+						   "in flight: its messages were lost (try the request again)");
+	shm_region_detach(s->retired);
+	s->retired = old; /* ours (s->own) or the chain's lent one, which the chain let go */
+	s->own = own;
+	kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: region %s was re-created (this node's kvferry-dataplane "
+		"restarted): its KV pages and control messages now use the new one; %d room(s) in flight failed",
+		s->o.region, n_failed);
+}
+
 static void *poller(void *arg)
 {
 	struct ctrl_pd_serve *s = arg;
@@ -185,6 +240,10 @@ static void *poller(void *arg)
 		int moved;
 
 		pthread_mutex_lock(&s->mu);
+		if (kvf_mono_ns() - s->t_region >= PD_REGION_EVERY_NS) {
+			s->t_region = kvf_mono_ns();
+			relink(s);
+		}
 		moved = ctrl_pd_link_poll(s->link, &s->h);
 		if (s->pre != NULL)
 			ctrl_pd_prefill_tick(s->pre, kvf_mono_ns());
@@ -272,6 +331,16 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 	ctrl_pd_link_opts_init(&lo);
 	lo.region = o->region;
 	lo.reg = ctrl_proc_chain_region(o->chain); /* ctrld checked it is the same region */
+	if (lo.reg == NULL) {
+		char rerr[256];
+
+		if ((s->own = shm_region_attach(o->region, rerr, sizeof(rerr))) == NULL) {
+			snprintf(err, errlen, "attaching the dataplane's region %s: %s (start kvferry-dataplane first)",
+				 o->region, rerr);
+			goto fail;
+		}
+		lo.reg = s->own;
+	}
 	s->link = ctrl_pd_link_open(&lo, err, errlen);
 	if (s->link == NULL)
 		goto fail;
@@ -512,12 +581,28 @@ void ctrl_pd_serve_backend(struct ctrl_pd_serve *s, struct ctrl_http_backend *be
 
 int32_t ctrl_pd_serve_node(const struct ctrl_pd_serve *s)
 {
-	return s != NULL ? ctrl_pd_link_self_node(s->link) : -1;
+	struct ctrl_pd_serve *m = (struct ctrl_pd_serve *)s; /* the poller may swap the link */
+	int32_t node;
+
+	if (s == NULL)
+		return -1;
+	pthread_mutex_lock(&m->mu);
+	node = ctrl_pd_link_self_node(m->link);
+	pthread_mutex_unlock(&m->mu);
+	return node;
 }
 
 struct shm_region *ctrl_pd_serve_region(const struct ctrl_pd_serve *s)
 {
-	return s != NULL ? ctrl_pd_link_region(s->link) : NULL;
+	struct ctrl_pd_serve *m = (struct ctrl_pd_serve *)s;
+	struct shm_region *r;
+
+	if (s == NULL)
+		return NULL;
+	pthread_mutex_lock(&m->mu);
+	r = ctrl_pd_link_region(m->link); /* mapped until a second re-attach after this one */
+	pthread_mutex_unlock(&m->mu);
+	return r;
 }
 
 void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
@@ -548,6 +633,8 @@ void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 	ctrl_pd_peers_destroy(s->peers);
 	ctrl_rooms_destroy(s->rooms);
 	ctrl_pd_link_close(s->link);
+	shm_region_detach(s->own);
+	shm_region_detach(s->retired);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 }

@@ -42,6 +42,9 @@ struct ctrl_pd_serve {
 	struct ctrl_pd_serve_opts o;
 	pthread_mutex_t mu;
 	struct ctrl_pd_link *link;
+	struct shm_region *own;    /* the link's region when ctrld attached it (not the chain's) */
+	struct shm_region *retired; /* the region before the last re-attach, unmapped at the next */
+	uint64_t t_region;         /* when the poller last checked the region was still the dataplane's */
 	struct ctrl_pd_link_handlers h;
 	pthread_t th;
 	int started;

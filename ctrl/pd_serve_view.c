@@ -46,6 +46,12 @@ json_t *pd_serve_stats(void *ctx)
 			       "aborts_total", (json_int_t)ps.aborts, "kv_blocks_shipped_total", (json_int_t)ps.pages_shipped,
 			       "kv_messages_sent_total", (json_int_t)ls.kv_sent, "kv_bytes_sent_total",
 			       (json_int_t)ls.kv_bytes_sent, "malformed_total", (json_int_t)ps.malformed);
+		/* a successful room's prompt: its prefill, then its last pages until the status */
+		json_object_set_new(pd, "rooms_timed_total", json_integer((json_int_t)ps.timed_rooms));
+		json_object_set_new(pd, "prefill_seconds_mean", json_real(ps.timed_rooms ? (double)ps.prefill_ns / 1e9 /
+									    (double)ps.timed_rooms : 0.0));
+		json_object_set_new(pd, "finish_to_status_seconds_mean",
+				    json_real(ps.timed_rooms ? (double)ps.tail_ns / 1e9 / (double)ps.timed_rooms : 0.0));
 	} else {
 		struct ctrl_pd_decode_stats ds;
 		json_t *nodes = json_array();
@@ -78,6 +84,15 @@ json_t *pd_serve_stats(void *ctx)
 		json_object_set_new(pd, "kv_rooms_timed_total", json_integer((json_int_t)ds.xfer_rooms));
 		json_object_set_new(pd, "kv_room_bytes_total", json_integer((json_int_t)ds.xfer_bytes));
 		json_object_set_new(pd, "kv_room_seconds_total", json_real((double)ds.xfer_ns / 1e9));
+		/* where a landed room's time went, from its submission */
+		json_t *ph = json_object();
+
+		for (int k = 0; k < CTRL_PD_PHASES; k++)
+			json_object_set_new(ph, ctrl_pd_phase_names[k],
+					    json_real(ds.phase_rooms ? (double)ds.phase_ns[k] / 1e9 / (double)ds.phase_rooms
+							   : 0.0));
+		json_object_set_new(pd, "room_phase_seconds_mean", ph);
+		json_object_set_new(pd, "rooms_phased_total", json_integer((json_int_t)ds.phase_rooms));
 	}
 	if (pd != NULL) {
 		json_object_set_new(pd, "control_sent_total", json_integer((json_int_t)ls.ctl_sent));

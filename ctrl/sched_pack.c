@@ -162,6 +162,13 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 			continue;
 		pos = sl->n_fed;
 		n = min32(r->n_prompt - pos, width - g->n_cols);
+		if (r->hold_kv && s->o.hold_chunk > 0) {
+			/* chunks end on multiples of whole blocks, also after one the width cut */
+			int32_t hc = s->o.hold_chunk >= KN_PAGE_BLK ? s->o.hold_chunk / KN_PAGE_BLK * KN_PAGE_BLK
+								    : KN_PAGE_BLK;
+
+			n = min32(n, (pos / hc + 1) * hc - pos);
+		}
 		lastchunk = pos + n == r->n_prompt;
 		if (slot_prepare(s, g, i, pos + n - 1) < 0)
 			continue;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <rte_cycles.h>
+#include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 
@@ -190,12 +191,13 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	kvf_log(KVF_LOG_INFO, NULL,
 		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
 		"idle %s, epoch %llu\n"
-		"  memory: mbuf pools %.1f MiB (DPDK hugepages), region '%s' %.1f MiB (%s, reassembly "
+		"  memory: mbuf pools %.1f MiB (DPDK %s), region '%s' %.1f MiB (%s, reassembly "
 		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
 		d->port.multiseg ? "zero-copy (ext buffers)" : "copy", eff.idle ? "sleep" : "poll",
-		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0, eff.region,
+		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,
+		rte_eal_has_hugepages() ? "hugepages" : "heap: --no-huge", eff.region,
 		shm_region_size(d->reg) / 1048576.0,
 		shm_region_is_huge(d->reg) ? "hugepages" : "NOT hugepages", pools / 1048576.0,
 		windows / 1048576.0);

@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <rte_bus.h>
@@ -86,6 +89,38 @@ static void check_iface_mtu(const char *spec, uint32_t frame_size)
 	fclose(f);
 }
 
+/*
+ * A memif server's control socket left by a dataplane that was killed: DPDK
+ * refuses to bind it again ("Address already in use") and the restarted
+ * dataplane would never come up. Remove it when nothing listens there
+ * (connect refused); a live server keeps it.
+ */
+static void memif_stale_socket(const char *spec)
+{
+	const char *at = strstr(spec, "socket=");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	size_t n;
+	int fd;
+
+	if (at == NULL || strstr(spec, "role=client") != NULL)
+		return;
+	at += strlen("socket=");
+	n = strcspn(at, ",");
+	if (n == 0 || n >= sizeof(sa.sun_path))
+		return;
+	memcpy(sa.sun_path, at, n);
+	if (stat(sa.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode))
+		return;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	if (fd < 0)
+		return;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno == ECONNREFUSED && unlink(sa.sun_path) == 0)
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: removed the stale memif socket %s (its server is gone)",
+			sa.sun_path);
+	close(fd);
+}
+
 int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
 		 const char *extra, uint32_t frame_size, uint32_t n_mbufs, int force_copy)
 {
@@ -95,7 +130,12 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	memset(p, 0, sizeof(*p));
 	snprintf(prefix, sizeof(prefix), "--file-prefix=kvfdp%u", node);
 	argv[argc++] = (char *)prog;
-	argv[argc++] = (char *)"--in-memory";
+	/* no files of its own (--in-memory), except beside --no-huge (a machine
+	 * with no hugepages), which DPDK refuses with it; there net_memif needs
+	 * the multi-process channel that --no-shconf would close, so the EAL
+	 * keeps its runtime files under the node's file prefix */
+	if (extra == NULL || strstr(extra, "--no-huge") == NULL)
+		argv[argc++] = (char *)"--in-memory";
 	argv[argc++] = prefix;
 	argv[argc++] = (char *)"--log-level=lib.eal:warning";
 	int is_vdev = strncmp(spec, "net_", 4) == 0;
@@ -104,6 +144,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		 * user could connect to it. A file socket takes its directory's
 		 * permissions (the runtime directory, 0700). */
 		snprintf(vdev, sizeof(vdev), "--vdev=%s,socket-abstract=no", spec);
+		memif_stale_socket(spec);
 		argv[argc++] = (char *)"--no-pci";
 		argv[argc++] = vdev;
 	} else if (is_vdev) {

@@ -150,7 +150,10 @@ kvf_up() {
 # veth pair kvf_netns made (@1 = netns). KVF_DP_REGION (MiB, default 96) and
 # KVF_DP_EXTRA (more flags for both, e.g. --impair ...) adjust them;
 # KVF_AFP_EXTRA (e.g. ",qdisc_bypass=0", so tc qdiscs on the veth see the
-# frames) is appended to the af_packet port spec.
+# frames) is appended to the af_packet port spec. KVF_DP_EAL adds DPDK EAL
+# flags after each one's core (e.g. "--no-huge -m 1024 -d DIR" on a machine
+# with no hugepages whose DPDK drivers are not installed: the regions then
+# fall back to shared memory files).
 kvf_dataplanes() {
   local topo=$1 f
   # shellcheck disable=SC2206 # KVF_DP_EXTRA is a list of flags
@@ -172,14 +175,14 @@ kvf_dataplanes() {
     dpc+=(--frame-size 9000)
   fi
   local dp0=("${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA"
-       --port "$portA" --eal "-l 0" "${dpc[@]}")
+       --port "$portA" --eal "-l 0 ${KVF_DP_EAL:-}" "${dpc[@]}")
   KVF_DPCMD[0]=$(printf '%q ' "${dp0[@]}")
   "${dp0[@]}" >"$KVF_RUN/dataplane1.log" 2>&1 &
   KVF_PIDS+=($!) KVF_DPPIDS[0]=$!
   # The memif client connects to the server's socket: start it once that exists.
   kvf_wait_log "$KVF_RUN/dataplane1.log" "memory:" 30 || { kvf_log "kvferry-dataplane (node 1) did not start:"; cat "$KVF_RUN/dataplane1.log"; return 1; }
   local dp1=("${nsB[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 2 --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$KVF_RB"
-       --port "$portB" --eal "-l 1" "${dpc[@]}")
+       --port "$portB" --eal "-l 1 ${KVF_DP_EAL:-}" "${dpc[@]}")
   KVF_DPCMD[1]=$(printf '%q ' "${dp1[@]}")
   "${dp1[@]}" >"$KVF_RUN/dataplane2.log" 2>&1 &
   KVF_PIDS+=($!) KVF_DPPIDS[1]=$!

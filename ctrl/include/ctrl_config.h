@@ -120,6 +120,7 @@ struct ctrl_settings {
 	int64_t pd_heartbeat_interval;     /**< seconds */
 	int64_t pd_heartbeat_failures;
 	int64_t pd_room_timeout;           /**< seconds */
+	int64_t pd_ship_chunk;             /**< prefill: tokens per chunk of a room's prompt, 0 = whole */
 };
 
 struct ctrl_config;

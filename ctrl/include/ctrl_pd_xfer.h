@@ -56,6 +56,12 @@ typedef int (*ctrl_pd_send_fn)(void *arg, uint32_t node, const uint8_t *msg, siz
 
 /* ---- decode side ---- */
 
+/** A landed room's phases, in ctrl_pd_decode_stats.phase_ns. */
+enum { CTRL_PD_PH_MANIFEST, CTRL_PD_PH_PAGE0, CTRL_PD_PH_PAGE1, CTRL_PD_PH_STATUS, CTRL_PD_PH_READY,
+       CTRL_PD_PHASES };
+/** The phases' names ("manifest", "first_page", "last_page", "status", "ready"). */
+extern const char *const ctrl_pd_phase_names[CTRL_PD_PHASES];
+
 struct ctrl_pd_decode_opts {
 	struct ctrl_sched *sched;
 	struct ctrl_rooms *rooms;
@@ -77,6 +83,12 @@ struct ctrl_pd_decode_stats {
 	/* the pages of rooms that landed whole, each room timed from its first
 	 * page message to its last (rooms of one message have no span) */
 	uint64_t xfer_rooms, xfer_bytes, xfer_ns;
+	/* where a landed room's time went: sums over phase_rooms rooms of the
+	 * time from its submission to its manifest going out, its first and
+	 * last page message, the status that made it Success, and its request
+	 * told ready (CLOCK_MONOTONIC) */
+	uint64_t phase_rooms;
+	uint64_t phase_ns[CTRL_PD_PHASES];
 	struct ctrl_pd_msg_stats msg;
 };
 
@@ -111,6 +123,9 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 
 /** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
+
+/** Fail every room whose request was not told yet (their messages were lost). @return how many. */
+int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why);
 
 /**
  * May page messages for @p room land now? 1 while its request waits for
@@ -176,6 +191,10 @@ struct ctrl_pd_prefill_opts {
 
 struct ctrl_pd_prefill_stats {
 	uint64_t rooms_done, rooms_failed, aborts, pages_shipped, malformed;
+	/* rooms reported Success: sums of their prompt's time from submission
+	 * to its finish (the prefill), and from the finish to the status going
+	 * out (the last pages' export and send) */
+	uint64_t timed_rooms, prefill_ns, tail_ns;
 	uint64_t expired;          /**< rooms whose manifest never came: their KV given back */
 	uint64_t refused_aborted;  /**< prompts for a room the decode node had already given up */
 };

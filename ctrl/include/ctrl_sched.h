@@ -154,6 +154,9 @@ struct ctrl_sched_opts {
 	int32_t n_plans;
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
+	int32_t hold_chunk;        /**< > 0: a hold_kv prompt advances at most this many
+	                                positions per launch (rounded down to whole blocks, at
+	                                least one), so its kv_progress comes chunk by chunk */
 	int32_t n_blocks;          /**< 0 = the chain's; else at most that */
 	int32_t n_slots;           /**< 0 = the chain's; else at most that */
 	int32_t max_queue;         /**< waiting requests beyond this are refused (-EAGAIN) */

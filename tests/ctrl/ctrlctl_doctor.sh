@@ -84,4 +84,9 @@ doctor KVFERRY_KV_MEMORY=1024G KVFERRY_STAGES=2; rc=$?
 [ $rc = 0 ] || fail "too little memory is a WARN, not a FAIL (exit $rc)"
 grep -q "^WARN  model memory weights .* KV pools 2 x 1048576.0 MiB exceed the .* MiB available" "$tmp/out" \
   || fail "KV pools larger than the memory available are not named"
-echo "ok    the weights and each stage's KV pool are checked against the memory available"
+doctor KVFERRY_KV_MEMORY=1024G "KVFERRY_STAGES=0-1,1-2,2-3"; rc=$?
+grep -q "KV pools 3 x 1048576.0 MiB" "$tmp/out" || fail "stages given as layer ranges are not counted as ctrld splits them"
+doctor "KVFERRY_STAGES=0-1,1-2"; rc=$?
+[ $rc = 1 ] || fail "stages that do not tile the model: exit $rc, not 1"
+grep -q "^FAIL  stages .*stages = 0-1,1-2" "$tmp/out" || fail "stages that do not tile the model are not named"
+echo "ok    the weights and each stage's KV pool are checked against the memory available (stages as ctrld splits them)"

@@ -22,7 +22,10 @@
 # ctrld2-workers runs each node's two stages in kvferry-worker processes on
 # the node's dataplane region: the workers copy the pages between their KV
 # pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers BUILD SOURCE
+# ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
+# ctrld moves its PD link to the new region and the pair serves on.
+#
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -33,10 +36,10 @@ skip() { echo "SKIP: $*"; exit 77; }
 kvf_hugepages 200 || skip "cannot reserve 200 hugepages of 2 MiB"
 KVF_RUN=$(mktemp -d /tmp/kvfpd.XXXXXX) KVF_BIN=$B
 KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
-trap 'kvf_down; rm -rf "$KVF_RUN"' EXIT
+trap 'kvf_down; [ -n "${KVF_KEEP:-}" ] || rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers) ;;
+  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -108,6 +111,64 @@ PY
     cat "$KVF_RUN/out.log"
     [ $rc = 0 ] || { for f in ctrld ctrld2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
     echo "PASS ($mode)"
+    exit 0
+  fi
+  if [ "$mode" = ctrld2-dprestart ]; then
+    ask() { # python: post request $1 to the decode node until it is served (up to $2 s); compare with the prefill node's
+      timeout 120 python3 - "$url2" "$url" "$@" <<'PY'
+import json, sys, time, urllib.error, urllib.request
+dec, pre, first, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+def post(url, i):
+    body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(40 + 9 * i)], "max_tokens": 10,
+            "temperature": 0.0, "ignore_eos": True}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)["choices"][0]["text"]
+t0, last = time.time(), None
+while True:
+    try:
+        got = post(dec, first)
+        break
+    except (urllib.error.URLError, OSError) as e:
+        last = e.read().decode(errors="replace")[:200] if isinstance(e, urllib.error.HTTPError) else str(e)
+        if time.time() - t0 > wait:
+            print("FAIL: the decode node served nothing for %.0f s: %s" % (wait, last))
+            sys.exit(1)
+        time.sleep(0.5)
+dt = time.time() - t0
+same = [got == post(pre, first)] + [post(dec, first + k) == post(pre, first + k) for k in range(1, 8)]
+print("served again %.1f s after the dataplanes came back (last refusal: %s); %d of 8 answers equal the prefill "
+      "node's co-located ones" % (dt, last, sum(same)))
+sys.exit(0 if all(same) else 1)
+PY
+    }
+    ask 0 5 >"$KVF_RUN/out.log" 2>&1 || { cat "$KVF_RUN/out.log"; echo "FAIL: before the restart"; exit 1; }
+    if [ -n "${KVF_NORESTART:-}" ]; then curl -s "$url2/stats"; echo; exit 0; fi
+    # both nodes' dataplanes killed and started again as their units would
+    kill -9 "${KVF_DPPIDS[0]}" "${KVF_DPPIDS[1]}"; sleep 1
+    eval "${KVF_DPCMD[0]}" >>"$KVF_RUN/dataplane1.log" 2>&1 &
+    KVF_PIDS+=($!)
+    sleep 1
+    eval "${KVF_DPCMD[1]}" >>"$KVF_RUN/dataplane2.log" 2>&1 &
+    KVF_PIDS+=($!)
+    ask 10 30 >>"$KVF_RUN/out.log" 2>&1; rc=$?
+    cat "$KVF_RUN/out.log"
+    grep -h "PD: region" "$KVF_RUN/ctrld.log" "$KVF_RUN/ctrld2.log"
+    [ "$(grep -ch "PD: region .* was re-created" "$KVF_RUN/ctrld.log" "$KVF_RUN/ctrld2.log" | paste -sd+ | bc)" = 2 ] \
+      || { echo "FAIL: each ctrld should log that it moved to its dataplane's new region once"; rc=1; }
+    [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done
+                     for u in "$url" "$url2"; do echo "--- $u/stats pd"; curl -s -m 5 "$u/stats" | python3 -c \
+                       'import json,sys; print(json.load(sys.stdin)["backend"].get("pd"))'; done; exit 1; }
+    if command -v promtool >/dev/null; then # both roles' PD families, the room phases among them, lint clean
+      for u in "$url" "$url2"; do
+        curl -s "$u/metrics" >"$KVF_RUN/metrics.txt"
+        promtool check metrics <"$KVF_RUN/metrics.txt" >"$KVF_RUN/promtool.out" 2>&1 \
+          || { cat "$KVF_RUN/promtool.out"; echo "FAIL: promtool check metrics on $u"; exit 1; }
+      done
+      grep -q "^kvferry_backend_pd_room_phase_seconds_mean_ready" "$KVF_RUN/metrics.txt" \
+        || { grep pd_room "$KVF_RUN/metrics.txt" | head; echo "FAIL: no room phase in the decode node's /metrics"; exit 1; }
+    fi
+    echo "PASS ($mode): both ctrlds moved their PD links to their restarted dataplanes' regions and served on"
     exit 0
   fi
   if [ "$mode" = ctrld2-lost ]; then

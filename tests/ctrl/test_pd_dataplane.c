@@ -359,7 +359,9 @@ int main(int argc, char **argv)
 		for (int i = 0; i < NREQ; i++)
 			done += g_got[i].done;
 		if (now_s() - t0 > 60) {
-			ctrl_pd_link_stats(p.link, &lsp);
+			memset(&lsp, 0, sizeof(lsp)); /* the prefill node is a kvferry-ctrld: its link is not ours */
+			if (p.link != NULL)
+				ctrl_pd_link_stats(p.link, &lsp);
 			ctrl_pd_link_stats(d.link, &lsd);
 			ctrl_sched_stats(ds, &sd);
 			fprintf(stderr, "FAIL: %d of %d requests done after 120 s; prefill link: %llu control sent "
