@@ -358,9 +358,10 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 		h->refused(h->arg, f.room, f.session, l->refusal);
 }
 
+/* One put gives a received message back: its buffer, or its segment list and with it every frame. */
 static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)
 {
-	struct shm_pool *p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
+	struct shm_pool *p = dp_ipc_rx_in_small(d->len, d->flags, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
 
 	shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d->off));
 }
@@ -369,7 +370,7 @@ static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)
 static void rx_take(struct ctrl_pd_link *l, const struct shm_desc *d, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
-		struct shm_pool *p = dp_ipc_rx_pool_is_small(d[i].len, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
+		struct shm_pool *p = dp_ipc_rx_in_small(d[i].len, d[i].flags, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
 		int64_t idx = shm_pool_idx_of(p, d[i].off);
 
 		if (idx >= 0)
@@ -377,18 +378,71 @@ static void rx_take(struct ctrl_pd_link *l, const struct shm_desc *d, unsigned n
 	}
 }
 
+/*
+ * A received message's bytes in one buffer: where the dataplane put a whole
+ * message, or, received in place (a segment list, dp_ipc.h), gathered into
+ * @p scratch (ctrld's copy, counted in rx_gathered_bytes: wk_kvpage_import()
+ * reads one buffer) and checked to be still the delivering dataplane's.
+ * @return the bytes, or NULL (the list is not valid, or its dataplane was
+ *         replaced while it was read: the message is refused).
+ */
+static const void *rx_bytes(struct ctrl_pd_link *l, const struct shm_desc *d, uint8_t **scratch, size_t *cap)
+{
+	const void *base = shm_region_base(l->reg);
+	const struct dp_rx_seglist *sl;
+	const struct dp_stats_shm *st;
+	uint64_t off;
+	size_t size;
+
+	if (!(d->flags & DP_RX_SEGMENTS))
+		return shm_ptr(l->reg, d->off);
+	sl = dp_ipc_rx_seglist(base, shm_region_size(l->reg), d->off, d->len, shm_pool_bufsize(l->rxs));
+	if (sl == NULL || shm_region_find_area(l->reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
+		return NULL;
+	if (*cap < d->len) {
+		uint8_t *b = realloc(*scratch, d->len);
+
+		if (b == NULL)
+			return NULL;
+		*scratch = b;
+		*cap = d->len;
+	}
+	st = shm_ptr(l->reg, off);
+	if (dp_ipc_rx_gather(base, sl, *scratch, *cap) < 0 || !dp_ipc_rx_seglist_current(st, sl))
+		return NULL;
+	l->st.rx_gathered_bytes += d->len;
+	return *scratch;
+}
+
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
 {
+	/* the gather buffer of messages received in place (one poller per thread) */
+	static _Thread_local uint8_t *scratch;
+	static _Thread_local size_t cap;
+	static _Thread_local const struct shm_region *declared;
 	struct shm_desc d[32];
 	unsigned n;
 	int moved = drain_txc(l);
 
+	if (declared != l->reg) {
+		/* ctrld reads segment lists on its two rings: a dataplane that
+		 * receives in place hands it PD messages without copying them */
+		uint64_t off;
+
+		if (shm_region_find_area(l->reg, DP_AREA_RXSEG, &off, NULL) == 0) {
+			dp_ipc_rx_declare(shm_ptr(l->reg, off), DP_RX_RING_CTL, (int32_t)getpid());
+			dp_ipc_rx_declare(shm_ptr(l->reg, off), DP_RX_RING_KV, (int32_t)getpid());
+		}
+		declared = l->reg;
+	}
 	while ((n = shm_ring_dequeue_burst(l->rx_ctl, d, 32)) > 0) {
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
+			const void *b = rx_bytes(l, &d[i], &scratch, &cap);
+
 			l->st.ctl_received++;
-			if (h->control != NULL)
-				h->control(h->arg, DP_AUX_PEER(d[i].aux), shm_ptr(l->reg, d[i].off), d[i].len);
+			if (b != NULL && h->control != NULL)
+				h->control(h->arg, DP_AUX_PEER(d[i].aux), b, d[i].len);
 			rx_put(l, &d[i]);
 		}
 		moved = 1;
@@ -396,7 +450,15 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
-			take_pages(l, h, shm_ptr(l->reg, d[i].off), d[i].len);
+			const void *b = rx_bytes(l, &d[i], &scratch, &cap);
+
+			if (b != NULL) {
+				take_pages(l, h, b, d[i].len);
+			} else {
+				snprintf(l->refusal, sizeof(l->refusal), "a KV page message received in place whose "
+					 "segment list is not valid or whose dataplane restarted while it was read");
+				l->st.kv_refused++;
+			}
 			rx_put(l, &d[i]);
 		}
 		moved = 1;

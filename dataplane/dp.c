@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,26 +67,132 @@ static double urand(uint64_t *s)
 
 /* ------------------------------------------------------------ buffers */
 
+/*
+ * Receive in place. A message whose type's ring has a consumer that reads
+ * segment lists (dp_ipc.h) takes a small-pool buffer for its list and
+ * reserves one RX mbuf per frame at its first frame: each accepted frame's
+ * mbuf is kept and its payload named in the list, where the driver put it.
+ * Invariants:
+ *  - mb_reserved (the frames of messages assembling or delivered) never
+ *    exceeds mb_budget, which leaves the driver its ring, the mempool
+ *    cache, the reorder hold and a burst: partial messages can never take
+ *    the mbufs the frames that complete them need. A message that does not
+ *    fit is refused as NOBUF at its first frame (resent, never lost) and
+ *    holds nothing; the credit (credit_of()) counts the budget.
+ *  - A message that is not the next its stream delivers may reserve only
+ *    up to mb_budget - ip_keep(): one largest message per receiving stream
+ *    stays for the messages next in order. Without that, later messages of
+ *    the streams (started on the initial credit, 8 per stream) held the
+ *    whole budget while each stream's next one was refused: nothing could
+ *    be delivered and nothing freed (20,000 skewed messages over memif
+ *    stalled until the peers gave up on each other).
+ *  - A delivered list's mbufs stay until its buffer reads free
+ *    (shm_pool_holder() 0: the consumer's put or a reclaim); dp_ip_reap()
+ *    looks every poll, and a buffer got again before it looked is freed of
+ *    them first (ip_got()). So a consumer that dies holding a message leaks
+ *    no mbuf.
+ */
+/* Frames kept for the messages next in order: one largest per stream. */
+static uint32_t ip_keep(const struct dp *d)
+{
+	uint64_t k = (uint64_t)(d->rx_streams ? d->rx_streams : 1) * d->ip_max_segs;
+
+	return k < d->mb_budget ? (uint32_t)k : d->mb_budget;
+}
+
+static int rx_in_place(const struct dp *d, uint8_t type)
+{
+	return d->in_place && __atomic_load_n(&d->decl->pid[dp_ipc_rx_ring_of(type)], __ATOMIC_ACQUIRE) != 0;
+}
+
+void dp_ip_free(struct dp *d, uint32_t idx)
+{
+	struct ip_msg *im = &d->ip[idx];
+	struct rte_mbuf **mb = &d->ip_mb[(size_t)idx * d->ip_max_segs];
+
+	for (uint32_t i = 0; i < im->frags && im->held; i++)
+		if (mb[i]) {
+			rte_pktmbuf_free(mb[i]);
+			mb[i] = NULL;
+			im->held--;
+		}
+	d->mb_reserved -= im->frags;
+	im->frags = 0;
+	im->state = IP_NONE;
+}
+
+void dp_ip_reap(struct dp *d)
+{
+	for (uint32_t i = 0; i < d->n_ip_out;) {
+		uint32_t idx = d->ip_out[i];
+
+		if (shm_pool_holder(d->p_small, idx) != 0) {
+			i++;
+			continue;
+		}
+		dp_ip_free(d, idx);
+		d->ip_out[i] = d->ip_out[--d->n_ip_out];
+	}
+}
+
+/* Small-pool buffer @p idx was just got: a list delivered in it may still
+ * hold its mbufs (its put came after the last reap). */
+static void ip_got(struct dp *d, uint32_t idx)
+{
+	if (!d->in_place || d->ip[idx].state != IP_OUT)
+		return;
+	for (uint32_t i = 0; i < d->n_ip_out; i++)
+		if (d->ip_out[i] == idx) {
+			d->ip_out[i] = d->ip_out[--d->n_ip_out];
+			break;
+		}
+	dp_ip_free(d, idx);
+}
+
 static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 {
 	struct dp *d = ctx;
-	(void)type;
 	struct shm_pool *pool = dp_ipc_rx_pool_is_small(len, shm_pool_bufsize(d->p_small))
 					? d->p_small : d->p_large;
 	if (len > shm_pool_bufsize(d->p_large))
 		return -ENOBUFS;
-	uint32_t idx;
+	uint32_t idx, frags = d->cur_hdr->frag_count;
 	struct stream *s = d->cur_stream;
 	if (!s->rx_seen) {
 		s->rx_seen = 1;
 		d->rx_streams++;
 	}
+	/* a peer with smaller frames may need more segments than a list has
+	 * room for: that message is reassembled by copy */
+	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs;
+	s->rx_in_place = (uint8_t)in_place;
+	s->rx_frags = frags;
+	if (in_place) {
+		int next = d->cur_hdr->msg_id == dp_rel_rx_next_msg(s->rx);
+		if (d->mb_reserved + frags > d->mb_budget - (next ? 0 : ip_keep(d)))
+			return -ENOBUFS;
+		pool = d->p_small;
+	}
 	s->rx_small = pool == d->p_small;
 	if (shm_pool_get(pool, &idx))
 		return -ENOBUFS;
+	if (pool == d->p_small)
+		ip_got(d, idx);
+	if (in_place) {
+		d->ip[idx] = (struct ip_msg){ .frags = frags, .held = 0, .state = IP_ASSEMBLING };
+		d->mb_reserved += frags;
+	}
 	*off = shm_pool_buf_off(pool, idx);
 	s->partial++;
 	return 0;
+}
+
+/* @return the small-pool index of a message in place at @p off, or -1. */
+static int64_t ip_idx(const struct dp *d, uint64_t off, uint8_t state)
+{
+	int64_t idx = d->in_place ? shm_pool_idx_of(d->p_small, off) : -1;
+
+	return idx >= 0 && d->ip[idx].state == state ? idx : -1;
 }
 
 static void rx_release(void *ctx, uint64_t off, uint32_t len)
@@ -93,6 +200,11 @@ static void rx_release(void *ctx, uint64_t off, uint32_t len)
 	struct dp *d = ctx;
 	struct shm_pool *pool = dp_ipc_rx_pool_is_small(len, shm_pool_bufsize(d->p_small))
 					? d->p_small : d->p_large;
+	int64_t ip = ip_idx(d, off, IP_ASSEMBLING);
+	if (ip >= 0) {
+		dp_ip_free(d, (uint32_t)ip);
+		pool = d->p_small;
+	}
 	int64_t idx = shm_pool_idx_of(pool, off);
 	if (idx >= 0)
 		shm_pool_put(pool, (uint32_t)idx);
@@ -116,6 +228,21 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 	struct shm_desc desc = {.off = m->off, .len = m->len, .type = m->type, .flags = 0,
 				.seq = m->msg_id,
 				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
+	int64_t ip = ip_idx(d, m->off, IP_ASSEMBLING);
+	if (ip >= 0) {
+		/* the segments were named as the frames came; the ring's
+		 * enqueue publishes the list (release) */
+		struct dp_rx_seglist *sl = shm_ptr(d->reg, m->off);
+		sl->magic = DP_RX_SEGLIST_MAGIC;
+		sl->version = DP_RX_SEGLIST_VERSION;
+		sl->reserved = 0;
+		sl->n_segs = d->ip[ip].frags;
+		sl->msg_len = m->len;
+		sl->epoch = d->base_epoch;
+		d->ip[ip].state = IP_OUT;
+		d->ip_out[d->n_ip_out++] = (uint32_t)ip;
+		desc.flags = DP_RX_SEGMENTS;
+	}
 	d->cur_stream->partial--;
 	/* each receive ring holds every pool buffer (see invariants): cannot fail */
 	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1)
@@ -223,6 +350,12 @@ static uint32_t credit_of(struct dp *d, struct stream *s)
 	if (!s->rx_seen) {
 		uint32_t a = shm_pool_available(d->p_small), b = shm_pool_available(d->p_large);
 		avail = a < b ? a : b;
+	} else if (s->rx_in_place) {
+		/* received in place a message takes a list and its frames' mbufs */
+		uint32_t room = d->mb_budget - ip_keep(d), b = 0;
+		if (room > d->mb_reserved)
+			b = (room - d->mb_reserved) / (s->rx_frags ? s->rx_frags : 1);
+		avail = avail < b ? avail : b;
 	}
 	unsigned share = d->rx_streams > 1 ? d->rx_streams : 1;
 	uint32_t c = avail / share;
@@ -441,7 +574,47 @@ static void copy_payload(uint8_t *dst, const struct rte_mbuf *m, uint32_t off, u
 	*crc = len ? ~c : c;
 }
 
-static void handle_frame(struct dp *d, struct rte_mbuf *m)
+/* A data frame of a message received in place: its payload stays in @p m,
+ * which the message keeps. @return 1 if it kept @p m. */
+static int place_in_mbuf(struct dp *d, struct peer *p, struct stream *s, struct rte_mbuf *m,
+			 const struct dp_wire_view *v, uint64_t list_off, uint32_t idx)
+{
+	struct rte_mbuf **slot = &d->ip_mb[(size_t)idx * d->ip_max_segs + v->h.frag_idx];
+	if (m->nb_segs != 1 || v->payload_off + v->h.payload_len > m->data_len || v->h.frag_idx >= d->ip[idx].frags) {
+		/* a frame the driver chained (larger than our frames): the
+		 * message can never complete in place */
+		static int said;
+		if (!said++)
+			kvf_log(KVF_LOG_ERR, NULL, "dataplane %u: a frame from node %u came in %u mbufs: received in "
+				"place a frame must fit one; give every node the same frame_size", d->o->node, p->node,
+				m->nb_segs);
+		drop(d, p, DP_DROP_BAD_FIELD);
+		return 0;
+	}
+	if (*slot) {
+		drop(d, p, DP_DROP_DUP); /* one sequence number per fragment is trusted (dp_reliab.h) */
+		return 0;
+	}
+	const uint8_t *pl = rte_pktmbuf_mtod_offset(m, const uint8_t *, v->payload_off);
+	uint32_t crc = dp_crc32c(0, pl, v->h.payload_len);
+	cnt_add(&d->stats->payload_rx_bytes, v->h.payload_len);
+	cnt_add(&d->stats->crc_read_bytes, v->h.payload_len); /* no copy for it to ride on */
+	if (crc != v->h.payload_csum) {
+		drop(d, p, DP_DROP_PAYLOAD_CSUM);
+		return 0;
+	}
+	struct dp_rx_seglist *sl = shm_ptr(d->reg, list_off);
+	sl->seg[v->h.frag_idx] = (struct dp_rx_seg){ .off = shm_off(d->reg, pl), .len = v->h.payload_len };
+	*slot = m;
+	d->ip[idx].held++;
+	dp_rel_rx_commit(s->rx, &v->h); /* may deliver the message */
+	dp_rel_rx_note(s->rx, v->h.tsval);
+	return 1;
+}
+
+/* One received frame. @return 1 if a message received in place kept @p m
+ * (else the caller frees it). */
+static int handle_frame(struct dp *d, struct rte_mbuf *m)
 {
 	uint8_t tmp[DP_FRAME_HLEN + 256];
 	const uint8_t *f = rte_pktmbuf_mtod(m, const uint8_t *);
@@ -455,16 +628,16 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 	int r = dp_wire_parse(f, m->pkt_len, hl, d->self.port, &v);
 	if (r) {
 		drop(d, NULL, (unsigned)r);
-		return;
+		return 0;
 	}
 	if (v.h.dst_node != d->o->node) {
 		drop(d, NULL, DP_DROP_NOT_FOR_US);
-		return;
+		return 0;
 	}
 	struct peer *p = v.h.src_node < DP_MAX_PEERS ? &d->peers[v.h.src_node] : NULL;
 	if (!p || !p->configured) {
 		drop(d, NULL, DP_DROP_UNKNOWN_PEER);
-		return;
+		return 0;
 	}
 	cnt_add(&p->stats->rx_frames, 1);
 	p->last_rx = now_ns(d);
@@ -482,7 +655,7 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 	r = check_epoch(d, p, &v.h);
 	if (r) {
 		drop(d, p, (unsigned)r);
-		return;
+		return 0;
 	}
 	if (v.h.type == DP_MT_HELLO) {
 		if (v.h.payload_len >= 16 && v.payload_off + 16 <= hl) {
@@ -496,38 +669,43 @@ static void handle_frame(struct dp *d, struct rte_mbuf *m)
 		}
 		if (!(v.h.flags & DP_WF_REPLY))
 			send_hello(d, p, DP_WF_REPLY);
-		return;
+		return 0;
 	}
 	struct stream *s = stream_get(d, p, v.h.stream);
 	if (!s) {
 		drop(d, p, DP_DROP_BAD_FIELD);
-		return;
+		return 0;
 	}
 	d->cur_stream = s;
 	if (v.h.type == DP_MT_ACK) {
 		struct dp_wire_ack ack;
 		dp_wire_ack_read(f, &v, &ack);
 		dp_rel_tx_on_ack(s->tx, &ack, now_ns(d), tx_done, d);
-		return;
+		return 0;
 	}
 	uint64_t dst;
+	d->cur_hdr = &v.h;
 	r = dp_rel_rx_place(s->rx, &v.h, &dst);
 	if (r) {
 		drop(d, p, (unsigned)r);
 		if (r == DP_DROP_DUP)
 			dp_rel_rx_note(s->rx, v.h.tsval); /* its ACK may have been lost */
-		return;
+		return 0;
 	}
+	int64_t ip = ip_idx(d, dst - v.h.frag_off, IP_ASSEMBLING);
+	if (ip >= 0)
+		return place_in_mbuf(d, p, s, m, &v, dst - v.h.frag_off, (uint32_t)ip);
 	uint32_t crc;
 	copy_payload(shm_ptr(d->reg, dst), m, v.payload_off, v.h.payload_len, &crc);
 	cnt_add(&d->stats->payload_rx_bytes, v.h.payload_len);
 	cnt_add(&d->stats->copy_rx_bytes, v.h.payload_len); /* the CRC rides on this copy */
 	if (crc != v.h.payload_csum) {
 		drop(d, p, DP_DROP_PAYLOAD_CSUM);
-		return;
+		return 0;
 	}
 	dp_rel_rx_commit(s->rx, &v.h);
 	dp_rel_rx_note(s->rx, v.h.tsval);
+	return 0;
 }
 
 /* Test-only impairment on receive: loss, duplication, reordering, bit flips. */
@@ -547,10 +725,11 @@ static void impaired(struct dp *d, struct rte_mbuf *m)
 		d->hold[d->n_hold++] = m; /* handled after later frames */
 		return;
 	}
-	handle_frame(d, m);
+	int kept = handle_frame(d, m);
 	if (urand(&d->rng) < im->dup)
-		handle_frame(d, m);
-	rte_pktmbuf_free(m);
+		kept |= handle_frame(d, m);
+	if (!kept)
+		rte_pktmbuf_free(m);
 }
 
 static unsigned poll_rx(struct dp *d)
@@ -571,16 +750,14 @@ static unsigned poll_rx(struct dp *d)
 			rte_prefetch0(rte_pktmbuf_mtod(m[i + 1], void *));
 		if (imp) {
 			impaired(d, m[i]);
-		} else {
-			handle_frame(d, m[i]);
+		} else if (!handle_frame(d, m[i])) {
 			rte_pktmbuf_free(m[i]);
 		}
 	}
 	if (imp && d->n_hold && (n == 0 || d->n_hold == HOLD_MAX)) {
-		for (unsigned i = 0; i < d->n_hold; i++) {
-			handle_frame(d, d->hold[i]);
-			rte_pktmbuf_free(d->hold[i]);
-		}
+		for (unsigned i = 0; i < d->n_hold; i++)
+			if (!handle_frame(d, d->hold[i]))
+				rte_pktmbuf_free(d->hold[i]);
 		d->n_hold = 0;
 	}
 	return n;
@@ -632,6 +809,8 @@ static unsigned poll_requests(struct dp *d)
 
 unsigned dp_poll_once(struct dp *d, uint64_t now)
 {
+	if (d->n_ip_out)
+		dp_ip_reap(d);
 	unsigned work = poll_rx(d);
 	work += poll_requests(d);
 	int in_flight = d->have_held;
@@ -694,6 +873,14 @@ static void scan_live(struct dp *d, uint64_t now)
 	if (now < d->next_live_scan)
 		return;
 	d->next_live_scan = now + LIVE_SCAN_NS;
+	/* a consumer that declared it reads segment lists and died: its
+	 * successor may not (it declares again if it does) */
+	for (unsigned k = 0; d->decl && k < DP_RX_RINGS; k++) {
+		int32_t pid = __atomic_load_n(&d->decl->pid[k], __ATOMIC_RELAXED);
+
+		if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH)
+			__atomic_compare_exchange_n(&d->decl->pid[k], &pid, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	}
 	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
 		struct shm_live_info li;
 		int rc;

@@ -21,7 +21,7 @@ struct dp_settings {
 	int64_t udp_port, region_size_mib, frame_size, idle_mode;
 	char impair[CFG_STRLEN], rx_small[CFG_STRLEN], rx_large[CFG_STRLEN];
 	int64_t max_msgs, window, mbufs;
-	int tx_copy;
+	int tx_copy, rx_in_place;
 	char eal[CFG_STRLEN];
 };
 
@@ -67,6 +67,10 @@ static const struct cfg_key keys[] = {
 	  "mbufs per pool" },
 	{ "tx_copy", "dp", CFG_BOOL, OFF(tx_copy), "no", 0, 1, "KVFERRY_DP_TX_COPY", "--tx-copy", NULL, NULL,
 	  "copy payload into mbufs instead of attaching region memory" },
+	{ "rx_in_place", "dp", CFG_BOOL, OFF(rx_in_place), "no", 0, 1, "KVFERRY_DP_RX_IN_PLACE", "--rx-in-place", NULL,
+	  NULL, "receive into mbufs in the region (mbufs x ~10 KiB of it, hugepages) and hand a message to a ring whose "
+	  "consumer declared it reads segment lists as the list of its frames, with no reassembly copy; other rings "
+	  "get whole messages as before" },
 	{ "eal", "dp", CFG_STRING, OFF(eal), "", 0, 0, "KVFERRY_DP_EAL", "--eal", NULL, NULL,
 	  "extra EAL arguments, space-separated (empty: -l 0)" },
 };
@@ -188,6 +192,7 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int
 	o->rel.window = (uint32_t)s->window;
 	o->n_mbufs = (uint32_t)s->mbufs;
 	o->tx_copy = s->tx_copy;
+	o->rx_in_place = s->rx_in_place;
 	o->eal_args = s->eal[0] ? s->eal : NULL;
 	if (!pow2(s->max_msgs) || !pow2(s->window)) {
 		rc = pow2(s->max_msgs) ? refuse_pow2(c, "window", s->window, err, errlen)

@@ -50,9 +50,19 @@ struct stream {
 	uint32_t partial;         /* rx messages holding a buffer, not yet delivered */
 	uint8_t rx_seen;          /* a message arrived on this stream */
 	uint8_t rx_small;         /* the last one fitted the small pool */
+	uint8_t rx_in_place;      /* the last one was received in place */
+	uint32_t rx_frags;        /* ... in this many frames */
 	uint16_t id;
 	uint64_t adv_limit;       /* highest msg_limit that went out */
 	uint64_t adv_ns;          /* when the last ACK went out */
+};
+
+/* A DP_POOL_RX_SMALL buffer as a segment list (receive in place, dp.c). */
+enum { IP_NONE = 0, IP_ASSEMBLING = 1, IP_OUT = 2 };
+struct ip_msg {
+	uint32_t frags;           /* frames (and mbufs) reserved for it */
+	uint32_t held;            /* mbufs it holds */
+	uint8_t state;
 };
 
 struct peer {
@@ -104,9 +114,22 @@ struct dp {
 	unsigned rx_streams;      /* streams that received a message (credit split) */
 	struct rte_mbuf *hold[HOLD_MAX];
 	unsigned n_hold;
+	/* Receive in place (dp_ipc.h): the RX mbufs are region memory and a
+	 * message to a ring whose consumer reads segment lists holds its frames'
+	 * mbufs until its list (a small-pool buffer) is free again. */
+	int in_place;
+	struct dp_rxseg_decl *decl;   /* DP_AREA_RXSEG */
+	struct ip_msg *ip;            /* [rx_small_n], by small-pool index */
+	struct rte_mbuf **ip_mb;      /* [rx_small_n][ip_max_segs] */
+	uint32_t ip_max_segs;         /* frames of the largest message (rx_large) */
+	uint32_t *ip_out;             /* small-pool indices delivered, not yet seen free */
+	uint32_t n_ip_out;
+	uint32_t mb_budget;           /* RX mbufs messages in place may reserve */
+	uint32_t mb_reserved;
 	/* context for reliab callbacks */
 	struct peer *cur_peer;
 	struct stream *cur_stream;
+	const struct dp_wire_hdr *cur_hdr; /* the frame being placed (rx_alloc) */
 	uint64_t failed_now;
 };
 
@@ -122,6 +145,12 @@ static inline void cnt_add(uint64_t *c, uint64_t v)
 	/* single writer: a relaxed store readers see whole */
 	__atomic_store_n(c, *c + v, __ATOMIC_RELAXED);
 }
+
+/* Receive in place: give back the mbufs of every delivered message whose
+ * segment list is free again (its consumer's put, or a reclaim). */
+void dp_ip_reap(struct dp *d);
+/* Free what a message in place holds (small-pool index @p idx). */
+void dp_ip_free(struct dp *d, uint32_t idx);
 
 /* One turn of the loop: receive, take send requests, transmit, ACK. @return work done. */
 unsigned dp_poll_once(struct dp *d, uint64_t now);

@@ -77,6 +77,7 @@ static int setup_shm(struct dp *d)
 {
 	const struct dp_opts *o = d->o;
 	char err[256] = "";
+	int r;
 	if (o->region_size) {
 		struct shm_region_opts ro;
 		shm_region_opts_init(&ro);
@@ -106,8 +107,7 @@ static int setup_shm(struct dp *d)
 	    || !d->r_rx_ctl || !d->p_small || !d->p_large)
 		return -ENOSPC;
 	uint64_t off;
-	int r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64,
-				    SHM_AREA_RAW, &off);
+	r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64, SHM_AREA_RAW, &off);
 	if (r && r != -EEXIST) {
 		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s", DP_AREA_STATS, strerror(-r));
 		return r;
@@ -117,7 +117,83 @@ static int setup_shm(struct dp *d)
 	d->stats->magic = DP_STATS_MAGIC;
 	d->stats->version = DP_STATS_VERSION;
 	d->stats->self_node = o->node;
+	/* published before any frame is received into region buffers: a
+	 * consumer that read a predecessor's segments sees the change
+	 * (dp_ipc_rx_seglist_current()) */
+	__atomic_store_n(&d->stats->epoch, d->base_epoch, __ATOMIC_RELEASE);
+	/* the consumers' declarations (dp_ipc.h) survive a restart on the region */
+	r = shm_region_add_area(d->reg, DP_AREA_RXSEG, sizeof(struct dp_rxseg_decl), 64, SHM_AREA_RAW, &off);
+	if (r && r != -EEXIST) {
+		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s: make the region larger (--region-size)",
+			DP_AREA_RXSEG, strerror(-r));
+		return r;
+	}
+	d->decl = shm_ptr(d->reg, off);
+	if (r == 0)
+		memset(d->decl, 0, sizeof(*d->decl));
+	d->decl->version = DP_RXSEG_VERSION;
+	d->decl->in_place = 0;
+	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
 	d->live_slot = shm_live_register(d->reg, "dataplane");
+	return 0;
+}
+
+/*
+ * Receive in place: the RX mbufs' data buffers as a region area (found
+ * again after a restart on the same region), the per-message bookkeeping,
+ * and the mbuf budget of messages in place (dp.c). @return 0 or -errno.
+ */
+static int setup_in_place(struct dp *d, void **area, size_t *len)
+{
+	const struct dp_opts *o = d->o;
+	uint32_t fp = o->frame_size - DP_FRAME_HLEN;
+	uint32_t max_segs = (o->rx_large_size + fp - 1) / fp;
+	size_t page = shm_region_page_size(d->reg), need = dp_port_rx_area_bytes(o->frame_size, o->n_mbufs, page);
+	/* what the messages in place must leave: the RX ring (a NIC fills it
+	 * ahead), the TX ring when frames are copied into these mbufs, the
+	 * mempool cache (1.5 x its size at most), the reorder hold, two bursts */
+	uint32_t keep = d->port.n_rx_desc + (d->port.multiseg ? 0 : d->port.n_tx_desc) + 384 + HOLD_MAX + 2 * BURST;
+	uint64_t off;
+	size_t have = 0;
+
+	if (need == 0) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place needs the region '%s' on hugepages (its pages are "
+			"%zu B, smaller than one receive buffer): reserve hugepages or set rx_in_place = no", o->region,
+			page);
+		return -EINVAL;
+	}
+	if (dp_ipc_rx_seglist_size(max_segs) > o->rx_small_size) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: the segment list of a %u-byte message (rx_large) "
+			"takes %zu B, more than an rx_small buffer (%u B): raise rx_small's size or lower rx_large's",
+			o->rx_large_size, dp_ipc_rx_seglist_size(max_segs), o->rx_small_size);
+		return -EINVAL;
+	}
+	if (o->n_mbufs <= keep + max_segs) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: mbufs %u leave no room for a message in place "
+			"(the driver keeps %u, the largest message takes %u): raise mbufs above %u or set rx_in_place = no",
+			o->n_mbufs, keep, max_segs, keep + max_segs);
+		return -EINVAL;
+	}
+	int r = shm_region_add_area(d->reg, DP_AREA_RX_MBUFS, need, page, SHM_AREA_RAW, &off);
+	if (r == -EEXIST)
+		shm_region_find_area(d->reg, DP_AREA_RX_MBUFS, &off, &have);
+	if ((r && r != -EEXIST) || (r == -EEXIST && have < need)) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: no room for %u receive buffers (%zu B, area %s) in "
+			"region '%s'%s: make the region larger (--region-size), lower mbufs or set rx_in_place = no",
+			o->n_mbufs, need, DP_AREA_RX_MBUFS, o->region, r == -EEXIST ? " (a smaller one is there)" : "");
+		return r ? (r == -EEXIST ? -ENOSPC : r) : -ENOSPC;
+	}
+	d->ip_max_segs = max_segs;
+	d->ip = calloc(o->rx_small_n, sizeof(*d->ip));
+	d->ip_mb = calloc((size_t)o->rx_small_n * max_segs, sizeof(*d->ip_mb));
+	d->ip_out = calloc(o->rx_small_n, sizeof(*d->ip_out));
+	if (!d->ip || !d->ip_mb || !d->ip_out) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: out of memory for %u segment lists", o->rx_small_n);
+		return -ENOMEM; /* dp_run() frees them */
+	}
+	d->mb_budget = o->n_mbufs - keep;
+	*area = shm_ptr(d->reg, off);
+	*len = need;
 	return 0;
 }
 
@@ -152,8 +228,9 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	 * fail first replaced the region its node's workers and ctrld had mapped
 	 * (with one on ordinary memory: they re-attached to it for nothing) and
 	 * took 0.2 to 2 s (the fault drill's hugepages-full). */
-	int r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args,
-			     eff.frame_size, eff.n_mbufs, eff.tx_copy);
+	void *rx_area = NULL;
+	size_t rx_area_len = 0;
+	int r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args, eff.tx_copy);
 	if (r)
 		goto out;
 	r = setup_shm(d);
@@ -163,10 +240,17 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 				    shm_region_page_size(d->reg));
 	if (r)
 		goto out;
+	if (eff.rx_in_place && (r = setup_in_place(d, &rx_area, &rx_area_len)) != 0)
+		goto out;
+	r = dp_port_start(&d->port, eff.port, eff.node, eff.frame_size, eff.n_mbufs, rx_area, rx_area_len);
+	if (r)
+		goto out;
+	d->in_place = eff.rx_in_place;
+	if (d->in_place)
+		__atomic_store_n(&d->decl->in_place, 1u, __ATOMIC_RELEASE);
 	d->tsc_hz = rte_get_tsc_hz();
 	d->self = eff.self;
 	memcpy(d->self.mac, d->port.mac, 6);
-	d->stats->epoch = d->base_epoch;
 	for (unsigned i = 0; i < eff.n_peers; i++) {
 		const struct dp_peer_cfg *c = &eff.peers[i];
 		struct peer *p = &d->peers[c->node];
@@ -189,13 +273,15 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		d->stats->pmd_rx_copies = zc ? 0 : 1;
 	}
 	kvf_log(KVF_LOG_INFO, NULL,
-		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, "
+		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, rx %s, "
 		"idle %s, epoch %llu\n"
 		"  memory: mbuf pools %.1f MiB (DPDK %s), region '%s' %.1f MiB (%s, reassembly "
 		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
-		d->port.multiseg ? "zero-copy (ext buffers)" : "copy", eff.idle ? "sleep" : "poll",
+		d->port.multiseg ? "zero-copy (ext buffers)" : "copy",
+		d->in_place ? "in place (region mbufs) where the consumer reads segments" : "reassembled by copy",
+		eff.idle ? "sleep" : "poll",
 		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,
 		rte_eal_has_hugepages() ? "hugepages" : "heap: --no-huge", eff.region,
 		shm_region_size(d->reg) / 1048576.0,
@@ -264,6 +350,11 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		fmt_drops(drops, sizeof(drops), d->stats->drops_unknown);
 		kvf_log(KVF_LOG_INFO, NULL, "  unattributed drops:%s", drops);
 	}
+	if (d->in_place) {
+		dp_ip_reap(d);
+		kvf_log(KVF_LOG_INFO, NULL, "  received in place: %u messages still with their consumers, %u of %u mbufs "
+			"reserved", d->n_ip_out, d->mb_reserved, d->mb_budget);
+	}
 	r = 0;
 out:
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++)
@@ -278,7 +369,14 @@ out:
 		}
 	for (unsigned i = 0; i < d->n_hold; i++)
 		rte_pktmbuf_free(d->hold[i]);
+	for (uint32_t i = 0; d->in_place && i < d->n_ip_out; i++)
+		dp_ip_free(d, d->ip_out[i]); /* their consumers may still read them: the region outlives us */
+	if (d->decl)
+		__atomic_store_n(&d->decl->in_place, 0u, __ATOMIC_RELEASE);
 	dp_port_fini(&d->port);
+	free(d->ip);
+	free(d->ip_mb);
+	free(d->ip_out);
 	if (d->live_slot >= 0)
 		shm_live_release(d->reg, d->live_slot);
 	shm_ring_close(d->r_tx);

@@ -3,7 +3,9 @@
  * EAL and port setup: one port, one RX and one TX queue, three mbuf pools
  * (RX frames; small TX header mbufs; data-less mbufs that carry region
  * payload as external buffers), and the region registered as external
- * memory so a NIC can DMA payload straight from it.
+ * memory so a NIC can DMA payload straight from it. Received in place, the
+ * RX frames' data buffers are a region area too (pinned external buffers),
+ * so the EAL comes up first, then the region, then the port.
  *
  * Invariant: every mbuf handed to the PMD is accounted for by these pools,
  * which are sized at start; the ext-buffer refcount (16 bits) can never
@@ -121,8 +123,27 @@ static void memif_stale_socket(const char *spec)
 	close(fd);
 }
 
+/* RX mbufs hold a whole frame when the PMD cannot scatter (af_packet);
+ * memif chains as needed. Received in place, a frame must be one segment:
+ * this room holds any frame up to frame_size. */
+static uint32_t rx_room(uint32_t frame_size)
+{
+	uint32_t room = frame_size + 1024 + RTE_PKTMBUF_HEADROOM; /* af_packet wants its frame slot to fit */
+
+	return room > UINT16_MAX ? UINT16_MAX : room;
+}
+
+size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page)
+{
+	size_t elt = RTE_ALIGN_CEIL(rx_room(frame_size), RTE_CACHE_LINE_SIZE), per_page = page / elt;
+
+	if (per_page == 0)
+		return 0;
+	return (n_mbufs + per_page - 1) / per_page * page;
+}
+
 int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
-		 const char *extra, uint32_t frame_size, uint32_t n_mbufs, int force_copy)
+		 const char *extra, int force_copy)
 {
 	char *argv[64];
 	int argc = 0;
@@ -183,9 +204,11 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	if (pid == RTE_MAX_ETHPORTS) {
 		kvf_log(KVF_LOG_ERR, NULL, "no DPDK port for '%s': bind the NIC to vfio-pci or give a vdev spec",
 			spec);
+		free(extra_dup);
 		return -ENODEV;
 	}
 	p->port = pid;
+	free(extra_dup);
 	struct rte_eth_dev_info info;
 	int r = rte_eth_dev_info_get(pid, &info);
 	if (r) {
@@ -193,18 +216,59 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		return r;
 	}
 	p->multiseg = !force_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
+	p->n_rx_desc = RX_DESC; /* what dp_port_start() asks for (the driver may lower it) */
+	p->n_tx_desc = TX_DESC;
+	return 0;
+}
+
+/* The RX pool's data buffers in the region's @p area (@p len bytes at
+ * @p base, which dp_port_register_region() covered): one extmem entry per
+ * region page, so each is IOVA-contiguous whatever the IOVA mode. */
+static struct rte_mempool *rx_pool_in_region(struct dp_port *p, const char *name, uint32_t n, uint32_t room,
+					     int socket, void *base, size_t len)
+{
+	size_t page = p->region_page, elt = RTE_ALIGN_CEIL(room, RTE_CACHE_LINE_SIZE), n_ext = len / page;
+	struct rte_pktmbuf_extmem *ext = calloc(n_ext ? n_ext : 1, sizeof(*ext));
+	struct rte_mempool *mp = NULL;
+
+	if (ext == NULL || page / elt == 0 || (size_t)n > n_ext * (page / elt)) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: %u receive buffers of %zu B do not fit %zu B of "
+			"region pages of %zu B: put the region on hugepages or set rx_in_place = no", n, elt, len, page);
+		free(ext);
+		rte_errno = EINVAL;
+		return NULL;
+	}
+	for (size_t i = 0; i < n_ext; i++) {
+		ext[i].buf_ptr = (char *)base + i * page;
+		ext[i].buf_iova = dp_port_iova(p, ext[i].buf_ptr);
+		ext[i].buf_len = page / elt * elt;
+		ext[i].elt_size = (uint16_t)elt;
+	}
+	mp = rte_pktmbuf_pool_create_extbuf(name, n, POOL_CACHE, 0, (uint16_t)room, socket, ext, (unsigned)n_ext);
+	free(ext);
+	return mp;
+}
+
+int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t frame_size, uint32_t n_mbufs,
+		  void *rx_area, size_t rx_area_len)
+{
+	uint16_t pid = p->port;
+	struct rte_eth_dev_info info;
+	int r = rte_eth_dev_info_get(pid, &info);
+	if (r) {
+		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_info_get(%u) failed: %s", pid, rte_strerror(-r));
+		return r;
+	}
 	int socket = rte_eth_dev_socket_id(pid);
 	if (socket < 0)
 		socket = 0;
 
-	/* RX mbufs hold a whole frame when the PMD cannot scatter (af_packet);
-	 * memif chains as needed. */
-	uint32_t room = frame_size + 1024 + RTE_PKTMBUF_HEADROOM; /* af_packet wants its frame slot to fit */
-	if (room > UINT16_MAX)
-		room = UINT16_MAX;
+	uint32_t room = rx_room(frame_size);
 	char name[32];
 	snprintf(name, sizeof(name), "dprx%u", node);
-	p->rx_pool = rte_pktmbuf_pool_create(name, n_mbufs, POOL_CACHE, 0, (uint16_t)room, socket);
+	p->rx_in_region = rx_area != NULL;
+	p->rx_pool = rx_area != NULL ? rx_pool_in_region(p, name, n_mbufs, room, socket, rx_area, rx_area_len)
+				     : rte_pktmbuf_pool_create(name, n_mbufs, POOL_CACHE, 0, (uint16_t)room, socket);
 	snprintf(name, sizeof(name), "dphdr%u", node);
 	p->hdr_pool = rte_pktmbuf_pool_create(name, n_mbufs, POOL_CACHE, 0,
 					      RTE_PKTMBUF_HEADROOM + 256, socket);
@@ -216,8 +280,9 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 			"more hugepages or lower --mbufs", n_mbufs, room, rte_strerror(rte_errno));
 		return -ENOMEM;
 	}
-	p->mbuf_bytes = (uint64_t)n_mbufs * (room + 128) + (uint64_t)n_mbufs * (RTE_PKTMBUF_HEADROOM + 256 + 128) +
-			(uint64_t)n_mbufs * 128;
+	/* received in place, the RX data buffers are the region's (counted there) */
+	p->mbuf_bytes = (uint64_t)n_mbufs * ((rx_area != NULL ? 0 : room) + 128) +
+			(uint64_t)n_mbufs * (RTE_PKTMBUF_HEADROOM + 256 + 128) + (uint64_t)n_mbufs * 128;
 
 	struct rte_eth_conf conf;
 	memset(&conf, 0, sizeof(conf));
@@ -251,6 +316,8 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	}
 	uint16_t nrx = RX_DESC, ntx = TX_DESC;
 	rte_eth_dev_adjust_nb_rx_tx_desc(pid, &nrx, &ntx);
+	p->n_rx_desc = nrx;
+	p->n_tx_desc = ntx;
 	r = rte_eth_rx_queue_setup(pid, 0, nrx, (unsigned)socket, NULL, p->rx_pool);
 	if (!r)
 		r = rte_eth_tx_queue_setup(pid, 0, ntx, (unsigned)socket, NULL);
@@ -291,7 +358,6 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	rte_mbuf_ext_refcnt_set(&p->shinfo, 1);
 	p->shinfo.free_cb = ext_free_noop;
 	p->shinfo.fcb_opaque = NULL;
-	free(extra_dup);
 	return 0;
 }
 

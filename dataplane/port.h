@@ -17,6 +17,8 @@ struct dp_port {
 	uint64_t down_since;          /* ns (caller's clock) the link was first seen down; 0: up */
 	char oper_path[96];           /* net_af_packet: /sys/class/net/IFACE/operstate (its PMD's link never changes) */
 	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
+	int rx_in_region;             /* rx_pool's data buffers are region memory (receive in place) */
+	uint16_t n_rx_desc, n_tx_desc;
 	struct rte_mempool *hdr_pool; /* TX headers */
 	struct rte_mempool *ext_pool; /* data-less mbufs for region payload */
 	struct rte_mbuf_ext_shared_info shinfo;
@@ -26,9 +28,22 @@ struct dp_port {
 	rte_iova_t *region_iova;
 };
 
-/** EAL init (its own --file-prefix, --in-memory) and one started port. @return 0 or -errno. */
+/** EAL init (its own --file-prefix, --in-memory) and the port found (@p force_copy: never
+ *  header + ext-buffer chains). @return 0 or -errno. */
 int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
-		 const char *extra, uint32_t frame_size, uint32_t n_mbufs, int force_copy);
+		 const char *extra, int force_copy);
+
+/**
+ * The mbuf pools, then the port configured and started. With @p rx_area
+ * (receive in place: @p rx_area_len bytes of the region, registered by
+ * dp_port_register_region() first) the RX mbufs' data buffers lie there.
+ * @return 0 or -errno.
+ */
+int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t frame_size, uint32_t n_mbufs,
+		  void *rx_area, size_t rx_area_len);
+
+/** @return the region bytes @p n_mbufs in-place RX buffers for @p frame_size take on pages of @p page (0: none fit a page). */
+size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page);
 
 /** Register the region as external memory (and DMA-map it for a real device). @return 0 or -errno. */
 int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t page);

@@ -239,6 +239,13 @@ uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid)
 	return n;
 }
 
+int32_t shm_pool_holder(const struct shm_pool *p, uint32_t idx)
+{
+	if (idx >= p->n)
+		return -EINVAL;
+	return (int32_t)atomic_load_explicit(&p->states[idx], memory_order_acquire);
+}
+
 uint64_t shm_pool_buf_off(const struct shm_pool *p, uint32_t idx)
 {
 	return p->bufs_off + (uint64_t)idx * p->bufsize;

@@ -85,6 +85,7 @@ struct ctrl_pd_link_stats {
 	uint64_t ctl_sent, ctl_received, ctl_failed;
 	uint64_t kv_sent, kv_bytes_sent, kv_received, kv_bytes_received, kv_failed;
 	uint64_t kv_refused;       /**< malformed, another layout, or for a room that no longer waits */
+	uint64_t rx_gathered_bytes; /**< received in place and copied by ctrld into one buffer (its copy) */
 };
 
 /** Take completions and received messages. @return 1 if anything moved, 0 if not. */

@@ -54,6 +54,8 @@ struct dp_opts {
 	uint32_t rx_large_n, rx_large_size; /**< reassembly pool for larger messages (max message) */
 	uint32_t n_mbufs;           /**< mbufs per pool */
 	int tx_copy;                /**< 1: copy payload into mbufs instead of attaching it */
+	int rx_in_place;            /**< 1: RX mbufs in the region; messages to rings whose consumer
+				         declared it go out as segment lists (dp_ipc.h) */
 	struct dp_rel_opts rel;
 	struct dp_peer_cfg peers[64];
 	unsigned n_peers;

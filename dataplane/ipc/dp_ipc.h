@@ -17,8 +17,11 @@
  *      peer unreachable; EINVAL: bad request).
  *  - DP_RING_RX  "dp.rx"  receive notifications, one consumer: off/len = the
  *      whole message in a buffer of pool DP_POOL_RX_SMALL or DP_POOL_RX_LARGE
- *      (dp_ipc_rx_pool_is_small() tells which); the consumer gives it back
+ *      (dp_ipc_rx_in_small() tells which); the consumer gives it back
  *      with shm_pool_put() when done. seq = msg_id, type, aux = DP_AUX(peer, stream).
+ *      flags = DP_RX_SEGMENTS: received in place (below): off is a segment
+ *      list in DP_POOL_RX_SMALL, len the message's length; the same one put
+ *      gives back the list and every frame it names.
  *  - DP_RING_RX_KV / DP_RING_TXC_KV ("dp.rx.kv", "dp.txc.kv") and
  *    DP_RING_RX_CTL / DP_RING_TXC_CTL ("dp.rx.ctl", "dp.txc.ctl"): the same,
  *    for DP_MT_KVPAGE and DP_MT_CONTROL messages, so the process that owns
@@ -26,6 +29,22 @@
  *  - DP_RING_EV  "dp.ev"  events for ctrld: type = enum dp_event,
  *      aux = DP_AUX(peer, 0), seq = the peer's new epoch, len = messages failed
  *      (DP_EV_PEER_PROC_DEAD: the pid that died).
+ *
+ *
+ * Receive in place ([dp] rx_in_place = yes): the dataplane's receive mbufs
+ * lie in the region (area DP_AREA_RX_MBUFS), so a message can be handed over
+ * as the list of its frames' payloads where the driver put them, with no
+ * reassembly copy. Only a ring whose consumer declared that it reads
+ * segment lists (dp_ipc_rx_declare() in DP_AREA_RXSEG) gets them; the others
+ * keep whole messages in one buffer. A consumer reads the segments
+ * (dp_ipc_rx_seglist(), dp_ipc_rx_seg()) or copies them into a buffer of its
+ * own (dp_ipc_rx_gather(): that copy is the consumer's, not the
+ * dataplane's), then puts the list back into DP_POOL_RX_SMALL; the dataplane
+ * frees the frames once it sees the list free (the consumer's put, or
+ * shm_pool_reclaim() after the consumer died). The segments' bytes belong to
+ * the dataplane that delivered them: a successor started on the same region
+ * makes its receive buffers anew, so a consumer that cannot rule out a
+ * dataplane restart checks dp_ipc_rx_seglist_current() after reading.
  *
  * Threading: as for shm rings and pools; the stats block has one writer (the
  * dataplane) and is read with relaxed loads (counters may be mutually skewed
@@ -180,10 +199,179 @@ static_assert(sizeof(struct dp_peer_stats) == 8 * (12 + DP_DROP_MAX_) + 8 + 8 * 
 /**
  * @return 1 if a received message of @p len bytes sits in DP_POOL_RX_SMALL,
  *         given that pool's buffer size @p small_bufsize; 0 for DP_POOL_RX_LARGE.
+ *         For a whole message only (flags without DP_RX_SEGMENTS): see
+ *         dp_ipc_rx_in_small().
  */
 static inline int dp_ipc_rx_pool_is_small(uint32_t len, size_t small_bufsize)
 {
 	return len <= small_bufsize;
+}
+
+/** Receive descriptor flag: received in place, off is a struct dp_rx_seglist. */
+#define DP_RX_SEGMENTS 0x1u
+
+/**
+ * @return 1 if the buffer of a received message (descriptor @p len and
+ *         @p flags) is in DP_POOL_RX_SMALL, 0 for DP_POOL_RX_LARGE: a segment
+ *         list always is.
+ */
+static inline int dp_ipc_rx_in_small(uint32_t len, uint16_t flags, size_t small_bufsize)
+{
+	return (flags & DP_RX_SEGMENTS) || len <= small_bufsize;
+}
+
+/* ------------------------------------------------ receive in place */
+
+#define DP_AREA_RX_MBUFS "dp.rxmb" /* the receive mbufs' data buffers (the dataplane's alone) */
+#define DP_AREA_RXSEG "dp.rxseg"   /* struct dp_rxseg_decl */
+#define DP_RXSEG_MAGIC 0x47455344u /* "DSEG" */
+#define DP_RXSEG_VERSION 1u
+
+/** The receive rings, as indices of struct dp_rxseg_decl. */
+enum dp_rx_ring {
+	DP_RX_RING_MBATCH = 0, /**< DP_RING_RX */
+	DP_RX_RING_KV = 1,     /**< DP_RING_RX_KV */
+	DP_RX_RING_CTL = 2,    /**< DP_RING_RX_CTL */
+	DP_RX_RINGS = 3,
+};
+
+/** @return the receive ring of messages of type @p type. */
+static inline enum dp_rx_ring dp_ipc_rx_ring_of(unsigned type)
+{
+	return type == DP_MT_KVPAGE ? DP_RX_RING_KV : type == DP_MT_CONTROL ? DP_RX_RING_CTL : DP_RX_RING_MBATCH;
+}
+
+/**
+ * The DP_AREA_RXSEG area, made by the dataplane. Each receive ring's
+ * consumer writes only its own word of pid[]: its pid while it reads
+ * segment lists from that ring, 0 when it stops; the dataplane reads them
+ * when a message starts and clears the word of a pid that died.
+ * in_place is the dataplane's: 1 while it receives in place.
+ */
+struct dp_rxseg_decl {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t in_place;
+	uint32_t reserved;
+	int32_t pid[4];  /**< by enum dp_rx_ring; [3] unused */
+};
+static_assert(sizeof(struct dp_rxseg_decl) == 32, "dp_rxseg_decl is a 32-byte ABI record");
+static_assert(offsetof(struct dp_rxseg_decl, pid) == 16, "pid at 16");
+
+/**
+ * Say that process @p pid reads segment lists from @p ring (0: it no longer
+ * does; messages already on the ring stay as they were delivered).
+ * @p area is the DP_AREA_RXSEG area. @return 0, or -1 (not such an area).
+ */
+static inline int dp_ipc_rx_declare(struct dp_rxseg_decl *area, enum dp_rx_ring ring, int32_t pid)
+{
+	if (area->magic != DP_RXSEG_MAGIC || area->version != DP_RXSEG_VERSION || (unsigned)ring >= DP_RX_RINGS)
+		return -1;
+	__atomic_store_n(&area->pid[ring], pid, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/** One segment: @p len bytes at region offset @p off. */
+struct dp_rx_seg {
+	uint64_t off;
+	uint32_t len;
+	uint32_t reserved;
+};
+static_assert(sizeof(struct dp_rx_seg) == 16, "dp_rx_seg is a 16-byte ABI record");
+
+#define DP_RX_SEGLIST_MAGIC 0x4c474553u /* "SEGL" */
+#define DP_RX_SEGLIST_VERSION 1u
+
+/** A message received in place: its segments in order, one per frame. */
+struct dp_rx_seglist {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t reserved;
+	uint32_t n_segs;
+	uint32_t msg_len;  /**< the sum of the segments' lengths */
+	uint64_t epoch;    /**< the delivering dataplane's (dp_stats_shm.epoch) */
+	struct dp_rx_seg seg[];
+};
+static_assert(sizeof(struct dp_rx_seglist) == 24, "dp_rx_seglist header is 24 bytes");
+
+/** @return the bytes a list of @p n segments takes. */
+static inline size_t dp_ipc_rx_seglist_size(uint32_t n)
+{
+	return sizeof(struct dp_rx_seglist) + (size_t)n * sizeof(struct dp_rx_seg);
+}
+
+/**
+ * The segment list of a received descriptor (@p off, @p len, flags with
+ * DP_RX_SEGMENTS) in a region mapped at @p base of @p region_size bytes,
+ * checked: magic and version, a list that fits a @p small_bufsize buffer,
+ * every segment inside the region, lengths that add up to @p len.
+ * @return the list, or NULL (not a valid list: give the buffer back and
+ *         count the message lost).
+ */
+static inline const struct dp_rx_seglist *dp_ipc_rx_seglist(const void *base, size_t region_size, uint64_t off,
+							   uint32_t len, size_t small_bufsize)
+{
+	const struct dp_rx_seglist *sl;
+	uint64_t sum = 0;
+
+	if (off > region_size || region_size - off < small_bufsize || small_bufsize < sizeof(*sl))
+		return NULL;
+	sl = (const struct dp_rx_seglist *)((const char *)base + off);
+	if (sl->magic != DP_RX_SEGLIST_MAGIC || sl->version != DP_RX_SEGLIST_VERSION || sl->msg_len != len
+	    || sl->n_segs > (small_bufsize - sizeof(*sl)) / sizeof(sl->seg[0]))
+		return NULL;
+	for (uint32_t i = 0; i < sl->n_segs; i++) {
+		if (sl->seg[i].off > region_size || region_size - sl->seg[i].off < sl->seg[i].len)
+			return NULL;
+		sum += sl->seg[i].len;
+	}
+	return sum == len ? sl : NULL;
+}
+
+/** @return segment @p i of @p sl (i < n_segs) in the region mapped at @p base; its length in *@p len. */
+static inline const void *dp_ipc_rx_seg(const void *base, const struct dp_rx_seglist *sl, uint32_t i, uint32_t *len)
+{
+	*len = sl->seg[i].len;
+	return (const char *)base + sl->seg[i].off;
+}
+
+/**
+ * Copy the message of @p sl into @p dst (@p cap bytes): for a consumer that
+ * needs it in one buffer. That copy is the consumer's to count.
+ * @return the bytes copied (msg_len), or -1 if @p cap is too small.
+ */
+static inline int64_t dp_ipc_rx_gather(const void *base, const struct dp_rx_seglist *sl, void *dst, size_t cap)
+{
+	char *o = (char *)dst;
+
+	if (sl->msg_len > cap)
+		return -1;
+	for (uint32_t i = 0; i < sl->n_segs; i++) {
+		uint32_t n;
+		const void *p = dp_ipc_rx_seg(base, sl, i, &n);
+
+		memcpy(o, p, n);
+		o += n;
+	}
+	return (int64_t)sl->msg_len;
+}
+
+struct dp_stats_shm;
+
+/**
+ * After reading @p sl's segments: were they still the delivering
+ * dataplane's? A dataplane started again on the region publishes its new
+ * epoch in @p st before it receives into the buffers again.
+ * @return 1 if what was read is the message, 0 if it may have been overwritten.
+ */
+static inline int dp_ipc_rx_seglist_current(const struct dp_stats_shm *st, const struct dp_rx_seglist *sl);
+
+static inline int dp_ipc_rx_seglist_current(const struct dp_stats_shm *st, const struct dp_rx_seglist *sl)
+{
+	/* the segments' loads before the epoch's: pairs with the release store
+	 * of a successor's epoch, made before it receives into the buffers */
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	return __atomic_load_n(&st->epoch, __ATOMIC_RELAXED) == sl->epoch;
 }
 
 /*

@@ -69,6 +69,15 @@ int shm_pool_take(struct shm_pool *p, uint32_t idx);
  */
 uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid);
 
+/**
+ * Who holds buffer @p idx now, by one relaxed load: for a process that
+ * handed buffers out and waits for them to come back (the dataplane's
+ * receive-in-place messages, whose frames it frees once the consumer's put
+ * or a reclaim made the buffer free).
+ * @return the holder's pid, 0 (free), or -EINVAL (index out of range).
+ */
+int32_t shm_pool_holder(const struct shm_pool *p, uint32_t idx);
+
 /** @return the buffer's offset in the region. */
 uint64_t shm_pool_buf_off(const struct shm_pool *p, uint32_t idx);
 /** @return the buffer's address in this process. */

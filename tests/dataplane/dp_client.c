@@ -6,6 +6,12 @@
  *         bytes derived from (seed, k); completions must come back in order
  *         per stream.
  *   recv: expects exactly those messages, in order per stream, byte-identical.
+ *         It declares that it reads segment lists (dp_ipc.h), so a dataplane
+ *         that receives in place hands it messages as the frames where the
+ *         driver put them, which it compares where they lie: no copy
+ *         (--whole: it does not declare, and gets whole messages).
+ *         --die-holding N: take N messages, keep them and SIGKILL itself
+ *         (what a dead consumer leaves, for the dataplane to reclaim).
  * Prints one summary line; exits 0 on success, 1 on failure, 77 if the
  * region is absent.
  */
@@ -19,6 +25,7 @@
 #include <unistd.h>
 
 #include "dp_ipc.h"
+#include "shm_live.h"
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -46,6 +53,8 @@ struct cfg {
 	uint32_t fixed; /* 0: skewed random sizes */
 	unsigned type;  /* DP_MT_MBATCH (default), DP_MT_KVPAGE or DP_MT_CONTROL: picks the rings */
 	double timeout_s;
+	int whole;      /* recv: do not declare that it reads segment lists */
+	unsigned die_holding; /* recv: SIGKILL itself holding this many messages */
 };
 
 static uint32_t msg_size(const struct cfg *c, uint64_t k)
@@ -272,6 +281,32 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	return bad;
 }
 
+/* Compare message @p k (@p want bytes, generated into @p scratch) with the
+ * descriptor's bytes where they lie. @return 0 if identical, 1 if they
+ * differ, -1 if a segment list is not valid. */
+static int compare(const struct cfg *c, struct shm_region *r, const struct shm_desc *d, size_t small,
+		   uint64_t k, uint8_t *scratch, uint32_t want)
+{
+	const void *base = shm_region_base(r);
+
+	fill(c, k, scratch, want);
+	if (!(d->flags & DP_RX_SEGMENTS))
+		return memcmp(scratch, shm_ptr(r, d->off), want) != 0;
+	const struct dp_rx_seglist *sl = dp_ipc_rx_seglist(base, shm_region_size(r), d->off, d->len, small);
+	if (sl == NULL)
+		return -1;
+	size_t at = 0;
+	for (uint32_t i = 0; i < sl->n_segs; i++) {
+		uint32_t n;
+		const void *p = dp_ipc_rx_seg(base, sl, i, &n);
+
+		if (memcmp(scratch + at, p, n))
+			return 1;
+		at += n;
+	}
+	return 0;
+}
+
 static int do_recv(const struct cfg *c, struct shm_region *r)
 {
 	struct shm_ring *rx = ring_wait(r, rx_name(c->type));
@@ -286,9 +321,22 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	for (unsigned s = 0; s < c->streams; s++)
 		next[s] = s;
 	uint8_t *scratch = malloc(4 * 1024 * 1024);
-	uint64_t got = 0, bytes = 0;
+	uint64_t got = 0, bytes = 0, in_place = 0;
 	int bad = 0;
 	struct copies k0;
+	struct dp_rxseg_decl *decl = NULL;
+	uint64_t off;
+	size_t small = shm_pool_bufsize(ps);
+	enum dp_rx_ring ring = dp_ipc_rx_ring_of(c->type);
+	/* in the liveness table, so that what it holds when it dies goes back */
+	int live = shm_live_register(r, "dp_client");
+	if (c->die_holding)
+		usleep(200000); /* the dataplane reads the table every 50 ms: let it see this pid alive */
+	if (!c->whole && shm_region_find_area(r, DP_AREA_RXSEG, &off, NULL) == 0) {
+		decl = shm_ptr(r, off);
+		if (dp_ipc_rx_declare(decl, ring, (int32_t)getpid()) < 0)
+			decl = NULL;
+	}
 	read_copies(r, &k0);
 	/* the counters are read: a script may start the sender now */
 	printf("recv: ready\n");
@@ -298,10 +346,26 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 		struct shm_desc d[32];
 		unsigned n = shm_ring_dequeue_burst(rx, d, 32);
 		for (unsigned i = 0; i < n; i++) {
+			struct shm_pool *pool = dp_ipc_rx_in_small(d[i].len, d[i].flags, small) ? ps : pl;
+			int64_t idx = shm_pool_idx_of(pool, d[i].off);
+			if (idx >= 0)
+				shm_pool_take(pool, (uint32_t)idx);
+		}
+		if (c->die_holding && got + n >= c->die_holding) {
+			printf("recv: holding %llu messages, killing myself (pid %d)\n",
+			       (unsigned long long)(got + n), (int)getpid());
+			fflush(stdout);
+			kill(getpid(), SIGKILL);
+		}
+		for (unsigned i = 0; i < n; i++) {
 			if (!t0)
 				t0 = now_s();
 			unsigned s = DP_AUX_STREAM(d[i].aux);
-			uint8_t *p = shm_ptr(r, d[i].off);
+			in_place += (d[i].flags & DP_RX_SEGMENTS) != 0;
+			if ((d[i].flags & DP_RX_SEGMENTS) && (c->whole || decl == NULL)) {
+				fprintf(stderr, "recv: a segment list on a ring whose consumer never declared it reads them\n");
+				bad = 1;
+			}
 			if (c->verify && !c->until_stop) {
 				uint64_t k = s < c->streams ? next[s] : UINT64_MAX;
 				uint32_t want = k < c->count ? msg_size(c, k) : 0;
@@ -310,16 +374,17 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 						"of %u bytes\n", s, d[i].len, (unsigned long long)k, want);
 					bad = 1;
 				} else {
-					fill(c, k, scratch, want);
-					if (memcmp(scratch, p, want)) {
-						fprintf(stderr, "recv: message %llu differs\n",
-							(unsigned long long)k);
+					int rc = compare(c, r, &d[i], small, k, scratch, want);
+					if (rc) {
+						fprintf(stderr, "recv: message %llu %s\n", (unsigned long long)k,
+							rc < 0 ? "came with a segment list that is not valid" : "differs");
 						bad = 1;
 					}
 					next[s] += c->streams;
 				}
 			}
-			struct shm_pool *pool = dp_ipc_rx_pool_is_small(d[i].len, shm_pool_bufsize(ps)) ? ps : pl;
+			/* one put gives back a whole message, segment list or buffer */
+			struct shm_pool *pool = dp_ipc_rx_in_small(d[i].len, d[i].flags, small) ? ps : pl;
 			shm_pool_put(pool, (uint32_t)shm_pool_idx_of(pool, d[i].off));
 			got++;
 			bytes += d[i].len;
@@ -339,9 +404,15 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 			break;
 	}
 	double dt = now_s() - t0;
+	if (decl != NULL)
+		dp_ipc_rx_declare(decl, ring, 0);
+	if (live >= 0)
+		shm_live_release(r, live);
 	printf("recv: %llu messages, %llu bytes, %.3f s, %.3f GB/s, %.0f msg/s%s\n",
 	       (unsigned long long)got, (unsigned long long)bytes, dt, bytes / dt / 1e9, got / dt,
 	       c->verify ? ", verified in order and byte-identical" : "");
+	printf("recv: %llu of %llu messages received in place (segment lists read where they lie)\n",
+	       (unsigned long long)in_place, (unsigned long long)got);
 	print_copies("recv", r, &k0, bytes);
 	free(scratch);
 	free(next);
@@ -356,7 +427,8 @@ int main(int argc, char **argv)
 		{"region", 1, 0, 'r'}, {"send", 0, 0, 'S'}, {"recv", 0, 0, 'R'}, {"peer", 1, 0, 'p'},
 		{"streams", 1, 0, 's'}, {"count", 1, 0, 'n'}, {"seed", 1, 0, 'x'},
 		{"fixed", 1, 0, 'f'}, {"no-verify", 0, 0, 'V'}, {"inflight", 1, 0, 'i'},
-		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {0, 0, 0, 0}};
+		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
+		{"die-holding", 1, 0, 'D'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -372,6 +444,8 @@ int main(int argc, char **argv)
 		case 'i': c.inflight = (unsigned)atoi(optarg); break;
 		case 'U': c.until_stop = 1; break;
 		case 't': c.timeout_s = atof(optarg); break;
+		case 'W': c.whole = 1; break;
+		case 'D': c.die_holding = (unsigned)atoi(optarg); break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -384,7 +458,7 @@ int main(int argc, char **argv)
 	if (!c.region || c.send == c.recv || !c.streams || c.streams > DP_MAX_STREAMS) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl]\n");
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N]\n");
 		return 2;
 	}
 	signal(SIGTERM, on_sig);

@@ -56,6 +56,20 @@ static void an_exhausted_pool_says_so_and_recovers_when_buffers_return(void **st
 	shm_pool_close(p);
 }
 
+static void the_holder_of_a_buffer_reads_as_its_pid_and_as_free_once_put(void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "ho", 2, 64);
+	uint32_t idx;
+
+	assert_non_null(p);
+	assert_int_equal(shm_pool_get(p, &idx), 0);
+	assert_int_equal(shm_pool_holder(p, idx), (int32_t)getpid());
+	assert_int_equal(shm_pool_holder(p, 2), -EINVAL);
+	assert_int_equal(shm_pool_put(p, idx), 0);
+	assert_int_equal(shm_pool_holder(p, idx), 0);
+	shm_pool_close(p);
+}
+
 static void a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice(void **state)
 {
 	struct shm_pool *p = shm_pool_create(*state, "dbl", 4, 64);
@@ -175,6 +189,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(an_exhausted_pool_says_so_and_recovers_when_buffers_return),
+		cmocka_unit_test(the_holder_of_a_buffer_reads_as_its_pid_and_as_free_once_put),
 		cmocka_unit_test(a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice),
 		cmocka_unit_test(processes_sharing_a_pool_never_hold_the_same_buffer),
 		cmocka_unit_test(what_a_killed_holder_held_goes_back_and_a_live_holders_stays),
