@@ -149,6 +149,8 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	int argc = 0;
 	char prefix[32], vdev[512], *extra_dup = NULL;
 	memset(p, 0, sizeof(*p));
+	if (spec == NULL || prog == NULL)
+		return -EINVAL;
 	snprintf(prefix, sizeof(prefix), "--file-prefix=kvfdp%u", node);
 	argv[argc++] = (char *)prog;
 	/* no files of its own (--in-memory), except beside --no-huge (a machine
