@@ -234,6 +234,22 @@ if [ "$mode" = memif ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ]; 
       || demux="the dead consumer's buffers were not taken back"
   fi
 fi
+big=ok
+if [ "$rxip" = 1 ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ] && { [ "$mode" = memif ] || [ "$mode" = afpacket ]; }; then
+  # Largest messages (4 MiB, the large pool's size) on five streams: the
+  # frames kept for the streams' next messages leave less than one such
+  # message outside the keep, yet each stream's next one must be offered
+  # credit (it may take the whole budget). It was not, and the stream that
+  # last received a large message never sent again.
+  "$cli" --region "$rb" --recv --peer 1 --streams 5 --count 100 --fixed 4194304 --timeout 20 \
+    >"$tmp/recv-big.log" 2>&1 &
+  prb=$!
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-big.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --streams 5 --count 100 --fixed 4194304 --inflight 40 --timeout 20 \
+    >"$tmp/send-big.log" 2>&1 || big="send failed"
+  wait $prb || big="recv failed"
+  cat "$tmp/send-big.log" "$tmp/recv-big.log"
+fi
 kill -TERM $pidA $pidB
 # a dataplane that ignores SIGTERM is a failure with its logs, not a hung test
 for _ in $(seq 150); do kill -0 $pidA 2>/dev/null || kill -0 $pidB 2>/dev/null || break; sleep 0.1; done
@@ -244,6 +260,9 @@ cat "$tmp/send.log" "$tmp/recv.log" "$tmp/A.log" "$tmp/B.log" | grep -v '^EAL\|^
 [ -z "$hung" ] || fail "dataplane(s)$hung still ran 15 s after SIGTERM"
 [ $rs = 0 ] && [ $rr = 0 ] || fail "send rc $rs, recv rc $rr"
 [ "$demux" = ok ] || fail "stream demux: $demux"
+[ "$big" = ok ] || fail "largest messages on five streams, received in place: $big"
+[ "$rxip" = 1 ] && [ -z "${DP_FIXED:-}" ] && { [ "$mode" = memif ] || [ "$mode" = afpacket ]; } \
+  && echo "ok    received in place, every stream's next message is offered credit: 100 messages of 4 MiB on five streams"
 [ "$mode" = memif ] && [ -z "${DP_FIXED:-}" ] && echo "ok    KV pages and control messages arrive and complete on their own rings"
 if [ "$rxip" = 1 ]; then
   # every message went back (the dead consumer's through the reclaim), and
