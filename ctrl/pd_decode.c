@@ -34,6 +34,7 @@ struct pd_dreq {
 	int told;                  /* the scheduler heard ready or failed */
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
 	uint64_t t_open;           /* the caller's clock at submit */
+	uint64_t peer_epoch;       /* the prefill node's dataplane's epoch as the room opened (0: not known yet) */
 	int ok_seen;
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
@@ -252,6 +253,12 @@ int64_t ctrl_pd_decode_submit(struct ctrl_pd_decode *d, const struct ctrl_reques
 	q->room = room;
 	q->node = node;
 	q->t_open = now_ns;
+	if (d->o.peer_state != NULL) {
+		uint64_t silent_ms;
+
+		if (d->o.peer_state(d->o.peer_arg, node, &q->peer_epoch, &silent_ms) < 0)
+			q->peer_epoch = 0;
+	}
 	q->t_sub = kvf_mono_ns();
 	q->n_ranks = n_ranks;
 	q->streams_left = d->o.n_streams;
@@ -370,6 +377,34 @@ int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32
 	return 0;
 }
 
+/* Was @p q's room lost with its prefill node's dataplane session (that
+ * dataplane restarted, or has been silent past its give-up)? Then fail it
+ * now, naming which: its manifest, pages or status may be gone with the
+ * session, and it would otherwise wait for the waiting timeout. */
+static void check_peer(struct ctrl_pd_decode *d, struct pd_dreq *q)
+{
+	uint64_t epoch = 0, silent_ms = 0;
+	char why[200];
+
+	if (q->told || d->o.peer_state == NULL || d->o.peer_state(d->o.peer_arg, q->node, &epoch, &silent_ms) < 0)
+		return;
+	if (q->peer_epoch == 0) {
+		q->peer_epoch = epoch; /* first heard since the room opened: its session */
+		return;
+	}
+	if (epoch != 0 && epoch != q->peer_epoch)
+		snprintf(why, sizeof(why), "its kvferry-dataplane restarted while the room was in flight: the room's "
+			 "messages were lost with that session (send the request again)");
+	else if (silent_ms >= CTRL_PD_PEER_GONE_MS)
+		snprintf(why, sizeof(why), "its kvferry-dataplane has not been heard for %.1f s: the room's messages "
+			 "are lost (check that node's dataplane and link, then send the request again)",
+			 (double)silent_ms / 1e3);
+	else
+		return;
+	fail_req(d, q, why);
+	d->st.rooms_lost_dataplane += q->told;
+}
+
 void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 {
 	enum ctrl_room_state rs;
@@ -377,6 +412,7 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 	d->now = now_ns;
 	ctrl_rooms_expire(d->o.rooms, now_ns);
 	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next) {
+		check_peer(d, q);
 		settle(d, q);
 		if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) < 0 || rs != CTRL_ROOM_SUCCESS)
 			continue;

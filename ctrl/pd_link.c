@@ -493,6 +493,30 @@ int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l)
 	return st->magic == DP_STATS_MAGIC ? (int32_t)st->self_node : -1;
 }
 
+int ctrl_pd_link_peer(const struct ctrl_pd_link *l, uint32_t node, uint64_t *epoch, uint64_t *silent_ms)
+{
+	const struct dp_stats_shm *st;
+	uint64_t off;
+	size_t size;
+
+	if (l == NULL || shm_region_find_area(l->reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
+		return -ENOENT;
+	st = shm_ptr(l->reg, off);
+	if (st->magic != DP_STATS_MAGIC)
+		return -ENOENT;
+	for (uint32_t i = 0; i < st->n_peers && i < DP_MAX_PEERS; i++) {
+		const struct dp_peer_stats *p = &st->peer[i];
+
+		if (__atomic_load_n(&p->node, __ATOMIC_RELAXED) != node)
+			continue;
+		*epoch = __atomic_load_n(&p->epoch, __ATOMIC_RELAXED);
+		*silent_ms = __atomic_load_n(&p->silent, __ATOMIC_RELAXED)
+				     ? __atomic_load_n(&p->heard_ago_ms, __ATOMIC_RELAXED) : 0;
+		return 0;
+	}
+	return -ENOENT;
+}
+
 const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l)
 {
 	return l->refusal;

@@ -420,6 +420,29 @@ void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns)
 	}
 }
 
+int ctrl_pd_prefill_fail_all(struct ctrl_pd_prefill *p, const char *why)
+{
+	struct pd_preq *q, *next;
+	int n = 0;
+
+	for (q = p->reqs; q != NULL; q = next) {
+		next = q->next;
+		if (q->doomed)
+			continue;
+		n++;
+		if (q->have_manifest && !q->reported)
+			send_status(p, q, 1, why);
+		p->aborted[p->n_aborted++ % PD_ABORTED_KEEP] = q->room; /* its prompt, if it comes now, is refused */
+		if (!q->finished && q->id > 0) {
+			q->aborted = 1; /* its finish event drops the record */
+			ctrl_sched_cancel(p->o.sched, (uint64_t)q->id);
+		} else {
+			drop(p, q); /* held KV goes back (a record being shipped only marked) */
+		}
+	}
+	return n;
+}
+
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st)
 {
 	*st = p->st;

@@ -91,6 +91,17 @@ static const char *node_name(void *arg, uint32_t node)
 	return ctrl_pd_peer_addr(s->peers, (int32_t)node);
 }
 
+/* Prefill node @p node's dataplane as this node's sees it (rooms lost with
+ * its session fail at once: ctrl_pd_decode_opts.peer_state). */
+static int peer_state(void *arg, uint32_t node, uint64_t *epoch, uint64_t *silent_ms)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	if (node >= CTRL_PD_MAX_PEERS || !s->node[node].ready)
+		return -ENOENT;
+	return ctrl_pd_link_peer(s->link, (uint32_t)s->node[node].dp_node, epoch, silent_ms);
+}
+
 static int probe(void *arg, const char *addr, double timeout_s, char *err, size_t errlen)
 {
 	(void)arg;
@@ -220,9 +231,13 @@ static void relink(struct ctrl_pd_serve *s)
 	}
 	ctrl_pd_link_close(s->link);
 	s->link = nl;
-	if (s->dec != NULL) /* what they sent or waited for went down with the old dataplane */
+	/* what they sent or waited for went down with the old dataplane */
+	if (s->dec != NULL)
 		n_failed = ctrl_pd_decode_fail_all(s->dec, "this node's kvferry-dataplane restarted while the room was "
 						   "in flight: its messages were lost (try the request again)");
+	if (s->pre != NULL) /* their pages and statuses too: fail them now, their KV back at once */
+		n_failed = ctrl_pd_prefill_fail_all(s->pre, "the prefill node's kvferry-dataplane restarted while the "
+						    "room was in flight: its pages were lost (send the request again)");
 	shm_region_detach(s->retired);
 	s->retired = old; /* ours (s->own) or the chain's lent one, which the chain let go */
 	s->own = own;
@@ -304,6 +319,8 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.lock = &s->mu;
 	dopt.node_name = node_name;
 	dopt.node_arg = s;
+	dopt.peer_state = peer_state;
+	dopt.peer_arg = s;
 	s->dec = ctrl_pd_decode_create(&dopt);
 	s->multi = curl_multi_init();
 	if (s->dec == NULL || s->multi == NULL) {

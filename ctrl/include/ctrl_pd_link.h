@@ -99,6 +99,14 @@ struct shm_region *ctrl_pd_link_region(const struct ctrl_pd_link *l);
 /** This node's id on the dataplane (its stats area says), or -1. */
 int32_t ctrl_pd_link_self_node(const struct ctrl_pd_link *l);
 
+/**
+ * What this node's dataplane knows of peer @p node (a dataplane node id):
+ * its epoch (0: never heard) and, while it is reported silent, how long it
+ * has not been heard (ms; 0 while heard). @return 0, or -ENOENT (no such
+ * peer, or no dataplane statistics in the region).
+ */
+int ctrl_pd_link_peer(const struct ctrl_pd_link *l, uint32_t node, uint64_t *epoch, uint64_t *silent_ms);
+
 /** The last page message refused, and why ("" if none). */
 const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l);
 

@@ -75,11 +75,29 @@ struct ctrl_pd_decode_opts {
 	/** optional: a prefill node's name for messages (its address); NULL: its number */
 	const char *(*node_name)(void *arg, uint32_t node);
 	void *node_arg;
+	/**
+	 * optional: what this node's dataplane knows of prefill node @p node's
+	 * dataplane: its epoch (0: never heard) and, while it is silent, for
+	 * how long (ms; 0: heard). @return 0, or < 0 (not known: nothing
+	 * follows from it). A room whose prefill node's dataplane changed its
+	 * epoch (it restarted) since the room opened, or has been silent for
+	 * the dataplane's give-up bound, fails at once: its messages were lost
+	 * with that dataplane's session. Without it such a room waited for
+	 * the waiting timeout (300 s).
+	 */
+	int (*peer_state)(void *arg, uint32_t node, uint64_t *epoch, uint64_t *silent_ms);
+	void *peer_arg;
 };
+
+/** The silence after which a prefill node's dataplane is taken as gone with
+ * the room's messages: the dataplane's own give-up (PEER_GONE_NS). */
+#define CTRL_PD_PEER_GONE_MS 10000u
 
 /** Counters. */
 struct ctrl_pd_decode_stats {
 	uint64_t rooms_opened, rooms_ok, rooms_failed, aborts_sent, manifests_sent, stale_pages;
+	/* rooms failed because their prefill node's dataplane restarted or went silent (of rooms_failed) */
+	uint64_t rooms_lost_dataplane;
 	/* the pages of rooms that landed whole, each room timed from its first
 	 * page message to its last (rooms of one message have no span) */
 	uint64_t xfer_rooms, xfer_bytes, xfer_ns;
@@ -223,6 +241,15 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns);
 
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st);
+
+/**
+ * End every room in flight with @p why (this node's dataplane restarted:
+ * what it was sending and receiving is lost): a room whose manifest came
+ * and whose status has not gone out gets a failed status, a prompt still
+ * running is cancelled, held KV goes back to the scheduler at once rather
+ * than after hold_ns. @return the rooms ended.
+ */
+int ctrl_pd_prefill_fail_all(struct ctrl_pd_prefill *p, const char *why);
 
 /** One of the prefill end's rooms, for views. */
 struct ctrl_pd_prefill_view {

@@ -24,8 +24,13 @@
 # pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
 # ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
 # ctrld moves its PD link to the new region and the pair serves on.
+# ctrld2-dprestart-prefill restarts only the prefill node's dataplane while
+# rooms are certainly in flight (its ctrld frozen meanwhile): the decode
+# node fails exactly those rooms within seconds, naming the restart (not at
+# the 300 s waiting timeout), the prefill node gives their KV back, and the
+# pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -39,7 +44,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; [ -n "${KVF_KEEP:-}" ] || rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart) ;;
+  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
@@ -169,6 +174,77 @@ PY
         || { grep pd_room "$KVF_RUN/metrics.txt" | head; echo "FAIL: no room phase in the decode node's /metrics"; exit 1; }
     fi
     echo "PASS ($mode): both ctrlds moved their PD links to their restarted dataplanes' regions and served on"
+    exit 0
+  fi
+  if [ "$mode" = ctrld2-dprestart-prefill ]; then
+    timeout 200 python3 - "$url2" "$url" "$pre_pid" "${KVF_DPPIDS[0]}" "$KVF_RUN/restart.sh" <<'PY' >"$KVF_RUN/out.log" 2>&1 &
+import json, os, signal, subprocess, sys, threading, time, urllib.error, urllib.request
+dec, pre, pid, dp_pid, restart = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def post(url, i, timeout=120):
+    body = {"model": "tiny", "prompt": [5 + (i * 7 + k) % 300 for k in range(30 + 5 * i)], "max_tokens": 8,
+            "temperature": 0.0, "ignore_eos": True}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.load(r)["choices"][0]["text"]
+    except urllib.error.HTTPError as e:
+        return ("error", e.code, json.load(e)["error"]["message"])
+def pd(url):
+    return json.load(urllib.request.urlopen(url + "/stats", timeout=10))["backend"]["pd"]
+want = {i: post(pre, i) for i in range(16)}
+assert post(dec, 0) == want[0], "not served before the restart"
+os.kill(pid, signal.SIGSTOP)  # the prefill node's ctrld: its rooms stay in flight
+res, ends = {}, {}
+def run(i):
+    res[i] = post(dec, i)
+    ends[i] = time.time()
+th = [threading.Thread(target=run, args=(i,)) for i in range(1, 7)]
+for t in th: t.start()
+time.sleep(1.0)  # the rooms are open, their manifests sent
+os.kill(dp_pid, signal.SIGKILL)
+time.sleep(0.3)
+subprocess.run(["bash", restart], check=True)
+t_back = time.time()
+time.sleep(1.0)
+os.kill(pid, signal.SIGCONT)
+for t in th: t.join(150)
+bad = 0
+for i in range(1, 7):
+    r, late = res.get(i), ends.get(i, 1e18) - t_back
+    ok = isinstance(r, tuple) and "kvferry-dataplane restarted" in r[2]
+    print("request %d: ended %.1f s after the dataplane came back: %s" % (i, late, r))
+    if not ok or late > 10:
+        bad += 1
+# the pair serves on; every prefill KV block is back once idle
+t0, got = time.time(), None
+while time.time() - t0 < 30:
+    got = post(dec, 7)
+    if got == want[7]:
+        break
+    time.sleep(0.5)
+same = sum(post(dec, i) == want[i] for i in range(8, 16))
+print("served again %.1f s after SIGCONT; %d of 8 later answers equal the prefill node's co-located ones"
+      % (time.time() - t0, same))
+for _ in range(50):
+    st = json.load(urllib.request.urlopen(pre + "/stats", timeout=10))["backend"]
+    if st["replicas"][0]["blocks_in_use"] == 0:
+        break
+    time.sleep(0.2)
+print("prefill node: blocks in use", st["replicas"][0]["blocks_in_use"], st["pd"],
+      "; decode pd:", {k: v for k, v in pd(dec).items() if "lost" in k or "failed" in k})
+lost = pd(dec).get("rooms_lost_dataplane_total", 0)
+fail = bad or got != want[7] or same != 8 or st["replicas"][0]["blocks_in_use"] != 0 or lost < 6
+print("FAIL" if fail else "ok")
+sys.exit(1 if fail else 0)
+PY
+    py=$!
+    printf '%s\n' "${KVF_DPCMD[0]} >>$KVF_RUN/dataplane1.log 2>&1 &" "echo \$! >$KVF_RUN/dp1.pid" >"$KVF_RUN/restart.sh"
+    wait $py; rc=$?
+    [ -f "$KVF_RUN/dp1.pid" ] && KVF_PIDS+=("$(cat "$KVF_RUN/dp1.pid")")
+    cat "$KVF_RUN/out.log"
+    grep -h "PD: region" "$KVF_RUN/ctrld.log" "$KVF_RUN/ctrld2.log"
+    [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+    echo "PASS ($mode): rooms in flight when the prefill node's dataplane restarted failed at once naming it; served on"
     exit 0
   fi
   if [ "$mode" = ctrld2-lost ]; then

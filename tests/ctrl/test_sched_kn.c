@@ -872,6 +872,19 @@ struct x_pair {
 /* x_pair_init's prefill end ships from its tick (as kvferry-ctrld's does), not in the finish callback */
 static int g_defer_ship;
 
+/* x_pair_init's decode end asks this of its prefill node's dataplane (when g_peer_known) */
+static int g_peer_known;
+static uint64_t g_peer_epoch, g_peer_silent_ms;
+
+static int x_peer_state(void *arg, uint32_t node, uint64_t *epoch, uint64_t *silent_ms)
+{
+	(void)arg;
+	(void)node;
+	*epoch = g_peer_epoch;
+	*silent_ms = g_peer_silent_ms;
+	return 0;
+}
+
 static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 {
 	struct ctrl_rooms_opts ro;
@@ -898,6 +911,8 @@ static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 	dopt.n_streams = stages;
 	dopt.send = x_send_to_p;
 	dopt.send_arg = &x->net;
+	if (g_peer_known)
+		dopt.peer_state = x_peer_state;
 	x->pd = ctrl_pd_decode_create(&dopt);
 	popt.sched = x->ps;
 	popt.rank = 0;
@@ -1128,6 +1143,86 @@ static void a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_t
 	x_pair_free(&x);
 }
 
+/* Poll a pair whose pages are dropped (its rooms wait) @p n times at @p now. */
+static void x_spin(struct x_pair *x, int n, uint64_t now)
+{
+	for (int k = 0; k < n; k++) {
+		ctrl_sched_poll(x->ps);
+		ctrl_sched_poll(x->ds);
+		x_deliver(&x->net, x->pp, x->pd);
+		ctrl_pd_decode_tick(x->pd, now);
+	}
+}
+
+static void a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_stays_silent_past_its_give_up(void **state)
+{
+	static struct rec a, b, pre;
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_decode_stats dst;
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	g_peer_known = 1;
+	g_peer_epoch = 1001;
+	g_peer_silent_ms = 0;
+	x_pair_init(&x, 1, 0);
+	g_peer_known = 0;
+	x.net.drop_pages = 1; /* the pages never come: only the peer's fate ends the rooms */
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
+	request_of(&rq, 1);
+	rq.cb = rec_cb;
+	rq.cb_arg = &a;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 5, 0, 1, 0) > 0);
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 5, 7) > 0);
+	/* silent, but not for the give-up bound; the same epoch: it waits */
+	g_peer_silent_ms = CTRL_PD_PEER_GONE_MS - 1;
+	x_spin(&x, 2000, 1000);
+	assert_int_equal(a.done, 0);
+	/* the prefill node's dataplane restarted: a new epoch */
+	g_peer_silent_ms = 0;
+	g_peer_epoch = 2002;
+	x_spin(&x, 20, 1000);
+	assert_int_equal(a.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(a.msg, "kvferry-dataplane restarted while the room was in flight"));
+	/* a room opened under the new epoch is not failed by the old news... */
+	request_of(&rq, 2);
+	rq.cb = rec_cb;
+	rq.cb_arg = &b;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 6, 0, 1, 0) > 0);
+	x_spin(&x, 2000, 1000);
+	assert_int_equal(b.done, 0);
+	/* ...but by its dataplane's silence past the give-up */
+	g_peer_silent_ms = CTRL_PD_PEER_GONE_MS;
+	x_spin(&x, 20, 1000);
+	assert_int_equal(b.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(b.msg, "has not been heard for 10.0 s"));
+	ctrl_pd_decode_stats(x.pd, &dst);
+	assert_int_equal(dst.rooms_failed, 2);
+	assert_int_equal(dst.rooms_lost_dataplane, 2);
+	ctrl_sched_stats(x.ds, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	/* the prefill end, its dataplane restarted, ends what it holds: a
+	 * prompt whose manifest has not come gives its KV back at once, not
+	 * after hold_ns */
+	request_of(&rq, 3);
+	rq.cb = rec_cb;
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 9, 7) > 0);
+	x_spin(&x, 2000, 1000);
+	ctrl_sched_stats(x.ps, &st);
+	assert_true(st.blocks_in_use > 0);
+	assert_int_equal(ctrl_pd_prefill_fail_all(x.pp, "restarted"), 1);
+	x_spin(&x, 200, 1000);
+	ctrl_sched_stats(x.ps, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	/* and a prompt of that room coming late is refused */
+	assert_int_equal(ctrl_pd_prefill_submit(x.pp, &rq, 9, 7), -ECANCELED);
+	x_pair_free(&x);
+}
+
 static void a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes(void **state)
 {
 	static struct rec pre[2];
@@ -1190,6 +1285,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
 		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
 		cmocka_unit_test(a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time),
+		cmocka_unit_test(a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_stays_silent_past_its_give_up),
 	};
 
 	if (argc < 2) {
