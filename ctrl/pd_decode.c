@@ -186,6 +186,15 @@ static void on_event(void *arg, const struct ctrl_event *ev)
 	struct pd_dreq *q = arg;
 	pthread_mutex_t *lock = q->d->o.lock;
 
+	if (!ev->kv_reserved && ev->finish == CTRL_FINISH_NONE) {
+		/* A token: nothing of the room's state moves, and the record is
+		 * freed only at the finish, on this same thread. Taking the lock
+		 * here made every decode step wait for the PD poller's page
+		 * imports (it holds the lock while it lands a message): on the
+		 * H200 the decode node's ITL p99 was 14-21 ms over a p50 of 4. */
+		q->cb(q->cb_arg, ev);
+		return;
+	}
 	if (lock != NULL)
 		pthread_mutex_lock(lock);
 	on_event_locked(q, ev);

@@ -23,6 +23,7 @@
 #include "ctrl_proc_chain.h"
 #include "ctrl_pd_serve.h"
 #include "ctrl_pd_xfer.h"
+#include "kn_stage.h"
 #include "kvf_clock.h"
 #include "pd_serve_int.h"
 #include "shm_region.h"
@@ -190,6 +191,34 @@ static int forward_step(struct ctrl_pd_serve *s)
 
 #define PD_REGION_EVERY_NS 250000000ull
 
+/* Pin ctrld's own mapping of the region, where the in-process CUDA stages
+ * copy pages to and from (opts.pin_cuda). @return 1 if pinned; a failure
+ * is logged (the copies still work, slower). */
+static int pin(struct ctrl_pd_serve *s, struct shm_region *reg)
+{
+	char err[256];
+	uint64_t t0 = kvf_mono_ns();
+
+	if (s->o.pin_cuda == NULL || reg == NULL)
+		return 0;
+	if (kn_stage_pin(shm_region_base(reg), shm_region_size(reg), s->o.pin_cuda, err, sizeof(err)) < 0) {
+		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: pinning region %s for the CUDA stages' page copies "
+			"failed: %s (pages move through pageable memory, slower; check LimitMEMLOCK / ulimit -l)",
+			s->o.region, err);
+		return 0;
+	}
+	kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: pinned region %s (%.1f MiB) for the CUDA stages' page copies "
+		"in %.1f ms", s->o.region, shm_region_size(reg) / 1048576.0, (double)(kvf_mono_ns() - t0) / 1e6);
+	return 1;
+}
+
+static void unpin_detach(struct shm_region *reg, int pinned)
+{
+	if (reg != NULL && pinned)
+		kn_stage_unpin(shm_region_base(reg));
+	shm_region_detach(reg);
+}
+
 /*
  * This node's dataplane made its region again (it restarted): the link
  * still maps the old one, which nothing reads. Open a link on the new one
@@ -238,9 +267,11 @@ static void relink(struct ctrl_pd_serve *s)
 	if (s->pre != NULL) /* their pages and statuses too: fail them now, their KV back at once */
 		n_failed = ctrl_pd_prefill_fail_all(s->pre, "the prefill node's kvferry-dataplane restarted while the "
 						    "room was in flight: its pages were lost (send the request again)");
-	shm_region_detach(s->retired);
+	unpin_detach(s->retired, s->retired_pinned);
 	s->retired = old; /* ours (s->own) or the chain's lent one, which the chain let go */
+	s->retired_pinned = s->own_pinned;
 	s->own = own;
+	s->own_pinned = pin(s, own);
 	kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: region %s was re-created (this node's kvferry-dataplane "
 		"restarted): its KV pages and control messages now use the new one; %d room(s) in flight failed",
 		s->o.region, n_failed);
@@ -357,6 +388,7 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 			goto fail;
 		}
 		lo.reg = s->own;
+		s->own_pinned = pin(s, s->own);
 	}
 	s->link = ctrl_pd_link_open(&lo, err, errlen);
 	if (s->link == NULL)
@@ -650,8 +682,8 @@ void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 	ctrl_pd_peers_destroy(s->peers);
 	ctrl_rooms_destroy(s->rooms);
 	ctrl_pd_link_close(s->link);
-	shm_region_detach(s->own);
-	shm_region_detach(s->retired);
+	unpin_detach(s->own, s->own_pinned);
+	unpin_detach(s->retired, s->retired_pinned);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 }
