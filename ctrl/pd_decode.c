@@ -186,15 +186,12 @@ static void on_event(void *arg, const struct ctrl_event *ev)
 	struct pd_dreq *q = arg;
 	pthread_mutex_t *lock = q->d->o.lock;
 
-	if (!ev->kv_reserved && ev->finish == CTRL_FINISH_NONE) {
-		/* A token: nothing of the room's state moves, and the record is
-		 * freed only at the finish, on this same thread. Taking the lock
-		 * here made every decode step wait for the PD poller's page
-		 * imports (it holds the lock while it lands a message): on the
-		 * H200 the decode node's ITL p99 was 14-21 ms over a p50 of 4. */
-		q->cb(q->cb_arg, ev);
-		return;
-	}
+	/* Token events take the lock too, though they touch no room state:
+	 * on the H200 (1B, ship_chunk 256, pd-bench's mixed load, A/B in one
+	 * run, twice) passing them by the lock made the decode node slower —
+	 * ITL p50 4.1-4.2 -> 5.2-5.4 ms, 1335-1408 -> 1092-1121 tok/s, the
+	 * long prompts' TTFT 310 -> 410 ms. Not understood yet (the poller's
+	 * page imports then meet decode steps at every step's edge?). */
 	if (lock != NULL)
 		pthread_mutex_lock(lock);
 	on_event_locked(q, ev);
