@@ -260,6 +260,11 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_PD_ROOM_TIMEOUT", "--pd-room-timeout", NULL, NULL,
 	 "role = decode: seconds a request may wait for its prefill node's KV pages and first token "
 	 "before it fails"},
+	{"room_retries", "pd", CFG_INT, OFF(pd_room_retries), "1", 0, 10,
+	 "KVFERRY_PD_ROOM_RETRIES", "--pd-room-retries", NULL, NULL,
+	 "role = decode: times a request whose room was lost with a dataplane's session (this node's "
+	 "or its prefill node's kvferry-dataplane restarted) runs again in a fresh room before it "
+	 "fails; nothing has reached its client by then, so it sees no error. 0: such a request fails"},
 	{"ship_chunk", "pd", CFG_INT, OFF(pd_ship_chunk), "512", 0, 1 << 20,
 	 "KVFERRY_PD_SHIP_CHUNK", "--pd-ship-chunk", NULL, NULL,
 	 "role = prefill: a room's prompt runs in chunks of at most this many tokens (rounded down to "

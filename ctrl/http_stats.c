@@ -111,6 +111,8 @@ static const struct prom_rule {
 	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state", NULL},
 	{"backend.pd.rooms_lost_dataplane_total", NULL, NULL, "rooms failed at once because their prefill node's "
 	 "dataplane restarted or fell silent (their messages were lost with its session)", NULL},
+	{"backend.pd.rooms_retried_total", NULL, NULL, "requests run again in a fresh room after a dataplane "
+	 "restart lost theirs ([pd] room_retries)", NULL},
 	{"dataplane.peers[].up", NULL, NULL, "1 while the dataplane hears the peer (0: silent, down, never heard)", NULL},
 	{"dataplane.peers[].rtt_us", NULL, NULL, "smoothed RTT of the busiest stream to the peer", NULL},
 	{"dataplane.peers[].credit_msgs", NULL, NULL, "messages the peer still accepts (least over the streams)", NULL},

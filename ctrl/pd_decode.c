@@ -35,6 +35,8 @@ struct pd_dreq {
 	uint64_t t_ok;             /* when the room succeeded with streams still out (tick's clock) */
 	uint64_t t_open;           /* the caller's clock at submit */
 	uint64_t peer_epoch;       /* the prefill node's dataplane's epoch as the room opened (0: not known yet) */
+	int32_t *blocks;           /* the manifest's blocks (the request's reserved pages), NULL before */
+	uint32_t retries;          /* fresh rooms it ran in after its room was lost */
 	int ok_seen;
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
@@ -89,6 +91,7 @@ static void unlink_req(struct ctrl_pd_decode *d, struct pd_dreq *q)
 			break;
 		}
 	free(q->landed);
+	free(q->blocks);
 	free(q);
 }
 
@@ -210,6 +213,10 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPING) {
 			ctrl_room_bootstrapped(d->o.rooms, q->room);
 			q->n_blocks = (uint32_t)ev->n_kv_blocks;
+			free(q->blocks); /* kept: a fresh room (retry) sends the same manifest */
+			q->blocks = malloc(sizeof(int32_t) * (size_t)(ev->n_kv_blocks > 0 ? ev->n_kv_blocks : 1));
+			if (q->blocks != NULL && ev->n_kv_blocks > 0)
+				memcpy(q->blocks, ev->kv_blocks, sizeof(int32_t) * (size_t)ev->n_kv_blocks);
 			q->t_manifest = kvf_mono_ns();
 			send_all(d, q, 0, ev->kv_blocks, ev->n_kv_blocks);
 			if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
@@ -371,6 +378,20 @@ int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why)
 	return n;
 }
 
+static int retry_room(struct ctrl_pd_decode *d, struct pd_dreq *q);
+
+int ctrl_pd_decode_retry_all(struct ctrl_pd_decode *d, const char *why)
+{
+	int n = 0;
+
+	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next)
+		if (!q->told && retry_room(d, q) < 0) {
+			fail_req(d, q, why);
+			n++;
+		}
+	return n;
+}
+
 int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32_t session)
 {
 	enum ctrl_room_state rs;
@@ -380,6 +401,53 @@ int ctrl_pd_decode_expects(const struct ctrl_pd_decode *d, uint64_t room, uint32
 			return session == d->o.session && !q->told
 			       && ctrl_room_get(d->o.rooms, room, &rs, NULL, NULL) == 0
 			       && (rs == CTRL_ROOM_WAITING || rs == CTRL_ROOM_SUCCESS);
+	return 0;
+}
+
+/*
+ * @p q's room was lost with a dataplane's session: run the request again in
+ * a fresh room of the same node (opts.retry sends the prompt; the manifest
+ * goes again once the pages are reserved, now if they are), so its client,
+ * which has seen nothing of it yet, sees no error. The old room is given up
+ * (its ranks told, where the message can still reach them) and forgotten:
+ * nothing late of it lands. @return 0, or -1 (no retry: the caller fails it).
+ */
+static int retry_room(struct ctrl_pd_decode *d, struct pd_dreq *q)
+{
+	uint64_t old = q->room, nr = 0, silent_ms = 0;
+	enum ctrl_room_state rs;
+
+	if (q->told || d->o.retry == NULL || q->retries >= d->o.max_retries
+	    || ctrl_room_get(d->o.rooms, old, &rs, NULL, NULL) < 0 || rs == CTRL_ROOM_FAILED)
+		return -1;
+	if (d->o.retry(d->o.retry_arg, q->node, old, &nr) < 0)
+		return -1;
+	send_all(d, q, 1, NULL, 0); /* the old room's abort: its ranks free their side */
+	ctrl_room_forget(d->o.rooms, old);
+	if (ctrl_room_open(d->o.rooms, nr, q->node, q->n_ranks, d->now) < 0) {
+		/* the prompt went under nr, but nothing here waits for it: the
+		 * prefill node's hold timeout gives its KV back */
+		q->room = nr;
+		return -1;
+	}
+	q->room = nr;
+	q->retries++;
+	d->st.rooms_retried++;
+	q->streams_left = d->o.n_streams;
+	memset(q->landed, 0, sizeof(*q->landed) * (size_t)d->o.n_streams);
+	q->bytes_landed = 0;
+	q->t_page0 = q->t_page1 = q->t_status = q->t_manifest = 0;
+	q->ok_seen = q->have_lp = 0;
+	q->peer_epoch = 0;
+	if (d->o.peer_state != NULL && d->o.peer_state(d->o.peer_arg, q->node, &q->peer_epoch, &silent_ms) < 0)
+		q->peer_epoch = 0;
+	if (q->blocks != NULL) {
+		ctrl_room_bootstrapped(d->o.rooms, nr);
+		q->t_manifest = kvf_mono_ns();
+		send_all(d, q, 0, q->blocks, (int32_t)q->n_blocks);
+		if (ctrl_room_get(d->o.rooms, nr, &rs, NULL, NULL) == 0 && rs == CTRL_ROOM_BOOTSTRAPPED)
+			ctrl_room_waiting_since(d->o.rooms, nr, d->now);
+	}
 	return 0;
 }
 
@@ -398,6 +466,8 @@ static void check_peer(struct ctrl_pd_decode *d, struct pd_dreq *q)
 		q->peer_epoch = epoch; /* first heard since the room opened: its session */
 		return;
 	}
+	if (epoch != 0 && epoch != q->peer_epoch && retry_room(d, q) == 0)
+		return; /* that dataplane is back: the request runs again in a fresh room */
 	if (epoch != 0 && epoch != q->peer_epoch)
 		snprintf(why, sizeof(why), "its kvferry-dataplane restarted while the room was in flight: the room's "
 			 "messages were lost with that session (send the request again)");

@@ -425,14 +425,14 @@ int ctrl_pd_prefill_fail_all(struct ctrl_pd_prefill *p, const char *why)
 	struct pd_preq *q, *next;
 	int n = 0;
 
+	(void)why; /* no status: see the header */
 	for (q = p->reqs; q != NULL; q = next) {
 		next = q->next;
-		if (q->doomed)
-			continue;
+		if (q->doomed || !q->have_manifest)
+			continue; /* a room whose manifest has not come may still get it over the new session */
 		n++;
-		if (q->have_manifest && !q->reported)
-			send_status(p, q, 1, why);
-		p->aborted[p->n_aborted++ % PD_ABORTED_KEEP] = q->room; /* its prompt, if it comes now, is refused */
+		p->st.rooms_failed++;
+		p->aborted[p->n_aborted++ % PD_ABORTED_KEEP] = q->room;
 		if (!q->finished && q->id > 0) {
 			q->aborted = 1; /* its finish event drops the record */
 			ctrl_sched_cancel(p->o.sched, (uint64_t)q->id);

@@ -261,9 +261,9 @@ static void relink(struct ctrl_pd_serve *s)
 	ctrl_pd_link_close(s->link);
 	s->link = nl;
 	/* what they sent or waited for went down with the old dataplane */
-	if (s->dec != NULL)
-		n_failed = ctrl_pd_decode_fail_all(s->dec, "this node's kvferry-dataplane restarted while the room was "
-						   "in flight: its messages were lost (try the request again)");
+	if (s->dec != NULL) /* each runs again in a fresh room where it may ([pd] room_retries) */
+		n_failed = ctrl_pd_decode_retry_all(s->dec, "this node's kvferry-dataplane restarted while the room "
+						    "was in flight: its messages were lost (try the request again)");
 	if (s->pre != NULL) /* their pages and statuses too: fail them now, their KV back at once */
 		n_failed = ctrl_pd_prefill_fail_all(s->pre, "the prefill node's kvferry-dataplane restarted while the "
 						    "room was in flight: its pages were lost (send the request again)");
@@ -317,6 +317,8 @@ static void *poller(void *arg)
 	return NULL;
 }
 
+static int retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *room);
+
 static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 {
 	struct ctrl_rooms_opts ro;
@@ -352,6 +354,9 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.node_arg = s;
 	dopt.peer_state = peer_state;
 	dopt.peer_arg = s;
+	dopt.retry = retry;
+	dopt.retry_arg = s;
+	dopt.max_retries = s->o.room_retries;
 	s->dec = ctrl_pd_decode_create(&dopt);
 	s->multi = curl_multi_init();
 	if (s->dec == NULL || s->multi == NULL) {
@@ -424,13 +429,30 @@ fail:
 
 /* ---- the decode end's requests ---- */
 
-/* The client's callback, and the node whose room count it holds. */
+/* The client's callback, the node whose room count it holds, and — for a
+ * room this node forwarded itself — what it takes to send the prompt again
+ * in a fresh room (retry()). Listed in s->wraps, under s->mu. */
 struct pd_wrap {
+	struct pd_wrap *next;
 	ctrl_token_cb cb;
 	void *arg;
 	struct ctrl_pd_serve *s;
 	int32_t peer;
+	uint64_t room;
+	struct ctrl_request req;   /* forwarded: the request, req.prompt = prompt */
+	int32_t *prompt;           /* NULL: a router drove the room (no retry here) */
 };
+
+static void wrap_free(struct ctrl_pd_serve *s, struct pd_wrap *w)
+{
+	for (struct pd_wrap **pp = &s->wraps; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == w) {
+			*pp = w->next;
+			break;
+		}
+	free(w->prompt);
+	free(w);
+}
 
 static void wrap_cb(void *arg, const struct ctrl_event *ev)
 {
@@ -439,7 +461,7 @@ static void wrap_cb(void *arg, const struct ctrl_event *ev)
 	w->cb(w->arg, ev);
 	if (ev->finish != CTRL_FINISH_NONE) {
 		ctrl_pd_peer_rooms(w->s->peers, w->peer, -1); /* under the lock: pd_decode's callback holds it */
-		free(w);
+		wrap_free(w->s, w);
 	}
 }
 
@@ -518,6 +540,41 @@ static struct pd_fwd *forward_of(struct ctrl_pd_serve *s, int32_t i, const struc
 	return f;
 }
 
+static uint64_t new_room(void)
+{
+	uint64_t room;
+
+	if (getrandom(&room, sizeof(room), 0) != (ssize_t)sizeof(room))
+		room = kvf_mono_ns();
+	return room & INT64_MAX; /* as SGLang draws them: 0 .. 2^63-1 */
+}
+
+/* The decode end's retry (ctrl_pd_decode_opts.retry): send the prompt of
+ * @p old_room's request again, under a fresh room. Holds mu. */
+static int retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *room)
+{
+	struct ctrl_pd_serve *s = arg;
+	struct pd_fwd *f;
+
+	for (struct pd_wrap *w = s->wraps; w != NULL; w = w->next) {
+		if (w->room != old_room)
+			continue;
+		if (w->prompt == NULL || (int32_t)node != w->peer)
+			return -ENOTSUP;
+		*room = new_room();
+		if ((f = forward_of(s, w->peer, &w->req, *room)) == NULL)
+			return -ENOMEM;
+		f->next = s->fwd_new;
+		s->fwd_new = f;
+		w->room = *room;
+		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: room %llu was lost with a dataplane's session: its "
+			"request runs again in room %llu on prefill node %s", (unsigned long long)old_room,
+			(unsigned long long)*room, ctrl_pd_peer_addr(s->peers, w->peer));
+		return 0;
+	}
+	return -ENOENT;
+}
+
 /* Serve @p r disaggregated in @p room on node @p i; @p forward: send the prompt there. Holds mu. */
 static int64_t decode_submit(struct ctrl_pd_serve *s, const struct ctrl_request *r, int32_t i, uint64_t room,
 			     int forward)
@@ -531,12 +588,21 @@ static int64_t decode_submit(struct ctrl_pd_serve *s, const struct ctrl_request 
 		free(w);
 		return -ENOMEM;
 	}
-	*w = (struct pd_wrap){ .cb = r->cb, .arg = r->cb_arg, .s = s, .peer = i };
+	*w = (struct pd_wrap){ .cb = r->cb, .arg = r->cb_arg, .s = s, .peer = i, .room = room };
+	if (forward && (w->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt)) != NULL) {
+		memcpy(w->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+		w->req = *r;
+		w->req.prompt = w->prompt;
+		w->req.stop_ids = NULL; /* forward_of() reads neither these nor the callback */
+		w->req.n_stop = 0;
+	}
 	mine.cb = wrap_cb;
 	mine.cb_arg = w;
+	w->next = s->wraps;
+	s->wraps = w;
 	id = ctrl_pd_decode_submit(s->dec, &mine, room, (uint32_t)i, 1, kvf_mono_ns());
 	if (id < 0) {
-		free(w);
+		wrap_free(s, w);
 		if (f != NULL)
 			fwd_free(f);
 		return id;
@@ -574,9 +640,7 @@ static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 		kvf_log(KVF_LOG_ERR, "kvferry-ctrld", "%s", err);
 		return -EPROTO;
 	}
-	if (getrandom(&room, sizeof(room), 0) != (ssize_t)sizeof(room))
-		room = kvf_mono_ns();
-	room &= INT64_MAX; /* as SGLang draws them: 0 .. 2^63-1 */
+	room = new_room();
 	id = decode_submit(s, r, i, room, 1);
 	pthread_mutex_unlock(&s->mu);
 	return id;
@@ -679,6 +743,8 @@ void ctrl_pd_serve_stop(struct ctrl_pd_serve *s)
 		curl_multi_cleanup(s->multi);
 	ctrl_pd_prefill_destroy(s->pre);
 	ctrl_pd_decode_destroy(s->dec);
+	while (s->wraps != NULL) /* requests the scheduler never finished (it stopped first) */
+		wrap_free(s, s->wraps);
 	ctrl_pd_peers_destroy(s->peers);
 	ctrl_rooms_destroy(s->rooms);
 	ctrl_pd_link_close(s->link);

@@ -45,6 +45,7 @@ struct ctrl_pd_serve {
 	struct shm_region *own;    /* the link's region when ctrld attached it (not the chain's) */
 	struct shm_region *retired; /* the region before the last re-attach, unmapped at the next */
 	int own_pinned, retired_pinned; /* registered with CUDA (ctrl_pd_serve_opts.pin_cuda) */
+	struct pd_wrap *wraps;     /* the decode end's requests (pd_serve.c), under mu */
 	uint64_t t_region;         /* when the poller last checked the region was still the dataplane's */
 	struct ctrl_pd_link_handlers h;
 	pthread_t th;

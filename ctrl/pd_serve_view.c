@@ -81,6 +81,7 @@ json_t *pd_serve_stats(void *ctx)
 			       (json_int_t)ls.kv_refused, "forward_failures_total", (json_int_t)s->forward_failures,
 			       "prefill_nodes", nodes);
 		json_object_set_new(pd, "rooms_lost_dataplane_total", json_integer((json_int_t)ds.rooms_lost_dataplane));
+		json_object_set_new(pd, "rooms_retried_total", json_integer((json_int_t)ds.rooms_retried));
 		/* each landed room's pages from its first message to its last */
 		json_object_set_new(pd, "kv_rooms_timed_total", json_integer((json_int_t)ds.xfer_rooms));
 		json_object_set_new(pd, "kv_room_bytes_total", json_integer((json_int_t)ds.xfer_bytes));

@@ -87,6 +87,19 @@ struct ctrl_pd_decode_opts {
 	 */
 	int (*peer_state)(void *arg, uint32_t node, uint64_t *epoch, uint64_t *silent_ms);
 	void *peer_arg;
+	/**
+	 * optional: a room lost with a dataplane's session (the prefill node's
+	 * dataplane restarted: a new epoch; or this node's, see
+	 * ctrl_pd_decode_retry_all) runs again in a fresh room, up to
+	 * max_retries times, instead of failing: the caller sends the prompt
+	 * again under @p new_room (its own fresh id) to the same node; this end
+	 * re-opens the room and, once the request's pages are reserved, sends
+	 * the manifest again. @return 0, or < 0 (not this caller's to send
+	 * again, e.g. a router drove the room): the room fails.
+	 */
+	int (*retry)(void *arg, uint32_t node, uint64_t old_room, uint64_t *new_room);
+	void *retry_arg;
+	uint32_t max_retries;
 };
 
 /** The silence after which a prefill node's dataplane is taken as gone with
@@ -98,6 +111,8 @@ struct ctrl_pd_decode_stats {
 	uint64_t rooms_opened, rooms_ok, rooms_failed, aborts_sent, manifests_sent, stale_pages;
 	/* rooms failed because their prefill node's dataplane restarted or went silent (of rooms_failed) */
 	uint64_t rooms_lost_dataplane;
+	/* rooms lost with a dataplane's session whose request ran again in a fresh room */
+	uint64_t rooms_retried;
 	/* the pages of rooms that landed whole, each room timed from its first
 	 * page message to its last (rooms of one message have no span) */
 	uint64_t xfer_rooms, xfer_bytes, xfer_ns;
@@ -144,6 +159,13 @@ void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *wh
 
 /** Fail every room whose request was not told yet (their messages were lost). @return how many. */
 int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why);
+
+/**
+ * This node's dataplane restarted: every room not landed yet runs again in
+ * a fresh room (opts.retry) where it may, else fails with @p why.
+ * @return the rooms failed.
+ */
+int ctrl_pd_decode_retry_all(struct ctrl_pd_decode *d, const char *why);
 
 /**
  * May page messages for @p room land now? 1 while its request waits for
@@ -243,11 +265,15 @@ void ctrl_pd_prefill_tick(struct ctrl_pd_prefill *p, uint64_t now_ns);
 void ctrl_pd_prefill_stats(const struct ctrl_pd_prefill *p, struct ctrl_pd_prefill_stats *st);
 
 /**
- * End every room in flight with @p why (this node's dataplane restarted:
- * what it was sending and receiving is lost): a room whose manifest came
- * and whose status has not gone out gets a failed status, a prompt still
- * running is cancelled, held KV goes back to the scheduler at once rather
- * than after hold_ns. @return the rooms ended.
+ * This node's dataplane restarted: end every room whose manifest came over
+ * the lost session (its pages and status went down with it) — a prompt
+ * still running is cancelled, held KV goes back to the scheduler at once
+ * rather than after hold_ns. No status is sent: the decode node sees the
+ * new epoch itself and runs the request again in a fresh room (a failed
+ * status could beat that news and fail a request that would have lived).
+ * A room whose manifest has not come is kept: it may come over the new
+ * session, or the old room's abort will. @p why is for logs. @return the
+ * rooms ended.
  */
 int ctrl_pd_prefill_fail_all(struct ctrl_pd_prefill *p, const char *why);
 

@@ -1204,9 +1204,8 @@ static void a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_st
 	assert_int_equal(dst.rooms_lost_dataplane, 2);
 	ctrl_sched_stats(x.ds, &st);
 	assert_int_equal(st.blocks_in_use, 0);
-	/* the prefill end, its dataplane restarted, ends what it holds: a
-	 * prompt whose manifest has not come gives its KV back at once, not
-	 * after hold_ns */
+	/* the prefill end, its dataplane restarted, keeps a prompt whose
+	 * manifest has not come (it may come over the new session) */
 	request_of(&rq, 3);
 	rq.cb = rec_cb;
 	rq.cb_arg = &pre;
@@ -1214,12 +1213,10 @@ static void a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_st
 	x_spin(&x, 2000, 1000);
 	ctrl_sched_stats(x.ps, &st);
 	assert_true(st.blocks_in_use > 0);
-	assert_int_equal(ctrl_pd_prefill_fail_all(x.pp, "restarted"), 1);
+	assert_int_equal(ctrl_pd_prefill_fail_all(x.pp, "restarted"), 0);
 	x_spin(&x, 200, 1000);
 	ctrl_sched_stats(x.ps, &st);
-	assert_int_equal(st.blocks_in_use, 0);
-	/* and a prompt of that room coming late is refused */
-	assert_int_equal(ctrl_pd_prefill_submit(x.pp, &rq, 9, 7), -ECANCELED);
+	assert_true(st.blocks_in_use > 0);
 	x_pair_free(&x);
 }
 
