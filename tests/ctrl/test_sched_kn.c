@@ -885,6 +885,26 @@ static int x_peer_state(void *arg, uint32_t node, uint64_t *epoch, uint64_t *sil
 	return 0;
 }
 
+/* x_pair_init's decode end runs a lost room again through this (when
+ * g_retry): the prompt of request g_retry_req goes to the prefill end again
+ * under room old + 1000, as kvferry-ctrld's forward would send it. */
+static int g_retry, g_retry_req;
+static struct ctrl_pd_prefill *g_retry_pp;
+static struct rec g_retry_pre;
+
+static int x_retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *new_room)
+{
+	struct ctrl_request rq;
+
+	(void)arg;
+	(void)node;
+	*new_room = old_room + 1000;
+	request_of(&rq, g_retry_req);
+	rq.cb = rec_cb;
+	rq.cb_arg = &g_retry_pre;
+	return ctrl_pd_prefill_submit(g_retry_pp, &rq, *new_room, 7) > 0 ? 0 : -1;
+}
+
 static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 {
 	struct ctrl_rooms_opts ro;
@@ -913,6 +933,10 @@ static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 	dopt.send_arg = &x->net;
 	if (g_peer_known)
 		dopt.peer_state = x_peer_state;
+	if (g_retry) {
+		dopt.retry = x_retry;
+		dopt.max_retries = 1;
+	}
 	x->pd = ctrl_pd_decode_create(&dopt);
 	popt.sched = x->ps;
 	popt.rank = 0;
@@ -1220,6 +1244,73 @@ static void a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_st
 	x_pair_free(&x);
 }
 
+static void a_room_lost_with_its_prefill_dataplanes_session_runs_again_in_a_fresh_room_token_for_token(void **state)
+{
+	static struct rec got, pre;
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_decode_stats dst;
+	struct ctrl_sched_stats st;
+	const int i = 3;
+
+	(void)state;
+	g_peer_known = g_retry = 1;
+	g_peer_epoch = 1001;
+	g_peer_silent_ms = 0;
+	x_pair_init(&x, 2, 0);
+	g_peer_known = g_retry = 0;
+	g_retry_pp = x.pp;
+	g_retry_req = i;
+	memset(&got, 0, sizeof(got));
+	memset(&g_retry_pre, 0, sizeof(g_retry_pre));
+	x.net.drop_pages = 1; /* the first room's pages are lost with the session */
+	request_of(&rq, i);
+	rq.cb = rec_cb;
+	rq.cb_arg = &got;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 5, 0, 1, 0) > 0);
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 5, 7) > 0);
+	x_spin(&x, 2000, 1000);
+	assert_int_equal(got.done, 0);
+	/* the prefill node's dataplane is back with a new epoch: room 1005 */
+	x.net.drop_pages = 0;
+	g_peer_epoch = 2002;
+	x_run(&x);
+	if (got.finish != CTRL_FINISH_LENGTH)
+		fail_msg("the request ended %s: %s", ctrl_finish_name(got.finish), got.msg);
+	assert_int_equal(got.n, g_ref[i].n);
+	assert_memory_equal(got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	assert_int_equal(g_retry_pre.n, 1); /* the fresh room's prompt made the first token */
+	ctrl_pd_decode_stats(x.pd, &dst);
+	assert_int_equal(dst.rooms_retried, 1);
+	assert_int_equal(dst.rooms_failed, 0);
+	assert_int_equal(dst.rooms_ok, 1);
+	assert_int_equal(dst.manifests_sent, 2);
+	assert_int_equal(ctrl_rooms_count(x.rooms), 0);
+	ctrl_sched_poll(x.ps);
+	ctrl_sched_stats(x.ps, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	ctrl_sched_stats(x.ds, &st);
+	assert_int_equal(st.blocks_in_use, 0);
+	/* once retried, a second loss fails it (max_retries 1) */
+	memset(&got, 0, sizeof(got));
+	x.net.drop_pages = 1;
+	request_of(&rq, i);
+	rq.cb = rec_cb;
+	rq.cb_arg = &got;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 6, 0, 1, 0) > 0);
+	x_spin(&x, 2000, 1000);
+	g_peer_epoch = 3003;
+	x_spin(&x, 2000, 1000);
+	g_peer_epoch = 4004;
+	x_spin(&x, 50, 1000);
+	assert_int_equal(got.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(got.msg, "kvferry-dataplane restarted while the room was in flight"));
+	ctrl_pd_decode_stats(x.pd, &dst);
+	assert_int_equal(dst.rooms_retried, 2);
+	x_pair_free(&x);
+}
+
 static void a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes(void **state)
 {
 	static struct rec pre[2];
@@ -1283,6 +1374,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
 		cmocka_unit_test(a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time),
 		cmocka_unit_test(a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_stays_silent_past_its_give_up),
+		cmocka_unit_test(a_room_lost_with_its_prefill_dataplanes_session_runs_again_in_a_fresh_room_token_for_token),
 	};
 
 	if (argc < 2) {
