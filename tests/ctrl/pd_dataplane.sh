@@ -152,10 +152,10 @@ PY
     if [ -n "${KVF_NORESTART:-}" ]; then curl -s "$url2/stats"; echo; exit 0; fi
     # both nodes' dataplanes killed and started again as their units would
     kill -9 "${KVF_DPPIDS[0]}" "${KVF_DPPIDS[1]}"; sleep 1
-    eval "${KVF_DPCMD[0]}" >>"$KVF_RUN/dataplane1.log" 2>&1 &
+    eval "exec ${KVF_DPCMD[0]}" >>"$KVF_RUN/dataplane1.log" 2>&1 &
     KVF_PIDS+=($!)
     sleep 1
-    eval "${KVF_DPCMD[1]}" >>"$KVF_RUN/dataplane2.log" 2>&1 &
+    eval "exec ${KVF_DPCMD[1]}" >>"$KVF_RUN/dataplane2.log" 2>&1 &
     KVF_PIDS+=($!)
     ask 10 30 >>"$KVF_RUN/out.log" 2>&1; rc=$?
     cat "$KVF_RUN/out.log"
