@@ -380,38 +380,69 @@ static void rx_take(struct ctrl_pd_link *l, const struct shm_desc *d, unsigned n
 
 /*
  * A received message's bytes in one buffer: where the dataplane put a whole
- * message, or, received in place (a segment list, dp_ipc.h), gathered into
- * @p scratch (ctrld's copy, counted in rx_gathered_bytes: wk_kvpage_import()
- * reads one buffer) and checked to be still the delivering dataplane's.
+ * message, or, received in place (a segment list, dp_ipc.h), gathered
+ * (ctrld's copy, counted in rx_gathered_bytes: wk_kvpage_import() reads one
+ * buffer) and checked to be still the delivering dataplane's. The gather
+ * goes into one of the link's own large buffers, which lie in the region:
+ * stages in worker processes copy KV pages only from there (in ctrld's heap
+ * every such page was refused as outside the region and its room failed);
+ * *@p held names it for rx_gathered_put(). With @p held NULL (a control
+ * message, read here), when none is free, or the message is larger: into
+ * @p scratch (in-process stages read pages there too).
  * @return the bytes, or NULL (the list is not valid, or its dataplane was
  *         replaced while it was read: the message is refused).
  */
-static const void *rx_bytes(struct ctrl_pd_link *l, const struct shm_desc *d, uint8_t **scratch, size_t *cap)
+static const void *rx_bytes(struct ctrl_pd_link *l, const struct shm_desc *d, uint8_t **scratch, size_t *cap,
+			    uint32_t *held)
 {
 	const void *base = shm_region_base(l->reg);
 	const struct dp_rx_seglist *sl;
 	const struct dp_stats_shm *st;
+	uint8_t *dst;
 	uint64_t off;
-	size_t size;
+	size_t size, room;
+	uint32_t idx;
 
+	if (held != NULL)
+		*held = UINT32_MAX;
 	if (!(d->flags & DP_RX_SEGMENTS))
 		return shm_ptr(l->reg, d->off);
 	sl = dp_ipc_rx_seglist(base, shm_region_size(l->reg), d->off, d->len, shm_pool_bufsize(l->rxs));
 	if (sl == NULL || shm_region_find_area(l->reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
 		return NULL;
-	if (*cap < d->len) {
-		uint8_t *b = realloc(*scratch, d->len);
+	if (held != NULL && d->len <= shm_pool_bufsize(l->pl) && shm_pool_get(l->pl, &idx) == 0) {
+		*held = idx;
+		dst = shm_ptr(l->reg, shm_pool_buf_off(l->pl, idx));
+		room = shm_pool_bufsize(l->pl);
+	} else {
+		if (*cap < d->len) {
+			uint8_t *b = realloc(*scratch, d->len);
 
-		if (b == NULL)
-			return NULL;
-		*scratch = b;
-		*cap = d->len;
+			if (b == NULL)
+				return NULL;
+			*scratch = b;
+			*cap = d->len;
+		}
+		dst = *scratch;
+		room = *cap;
 	}
 	st = shm_ptr(l->reg, off);
-	if (dp_ipc_rx_gather(base, sl, *scratch, *cap) < 0 || !dp_ipc_rx_seglist_current(st, sl))
+	if (dp_ipc_rx_gather(base, sl, dst, room) < 0 || !dp_ipc_rx_seglist_current(st, sl)) {
+		if (held != NULL && *held != UINT32_MAX) {
+			shm_pool_put(l->pl, *held);
+			*held = UINT32_MAX;
+		}
 		return NULL;
+	}
 	l->st.rx_gathered_bytes += d->len;
-	return *scratch;
+	return dst;
+}
+
+/* The link's buffer a gather used (rx_bytes), back to its pool. */
+static void rx_gathered_put(struct ctrl_pd_link *l, uint32_t held)
+{
+	if (held != UINT32_MAX)
+		shm_pool_put(l->pl, held);
 }
 
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
@@ -438,7 +469,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	while ((n = shm_ring_dequeue_burst(l->rx_ctl, d, 32)) > 0) {
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
-			const void *b = rx_bytes(l, &d[i], &scratch, &cap);
+			const void *b = rx_bytes(l, &d[i], &scratch, &cap, NULL);
 
 			l->st.ctl_received++;
 			if (b != NULL && h->control != NULL)
@@ -450,10 +481,12 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
-			const void *b = rx_bytes(l, &d[i], &scratch, &cap);
+			uint32_t held;
+			const void *b = rx_bytes(l, &d[i], &scratch, &cap, &held);
 
 			if (b != NULL) {
 				take_pages(l, h, b, d[i].len);
+				rx_gathered_put(l, held);
 			} else {
 				snprintf(l->refusal, sizeof(l->refusal), "a KV page message received in place whose "
 					 "segment list is not valid or whose dataplane restarted while it was read");

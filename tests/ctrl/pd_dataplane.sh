@@ -22,6 +22,9 @@
 # ctrld2-workers runs each node's two stages in kvferry-worker processes on
 # the node's dataplane region: the workers copy the pages between their KV
 # pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
+# ctrld2-workers-inplace is ctrld2-workers with both dataplanes receiving in
+# place (rx_in_place = yes): ctrld gathers each page message's segments
+# into a buffer of its own in the region, where the workers can read it.
 # ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
 # ctrld moves its PD link to the new region and the pair serves on.
 # ctrld2-dprestart-prefill restarts only the prefill node's dataplane while
@@ -31,7 +34,7 @@
 # within seconds (they waited for the 300 s waiting timeout before); the
 # prefill node gives the old rooms' KV back, and the pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-workers-inplace|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -47,6 +50,9 @@ topo=dataplane
 case $mode in
   memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
+  # the dataplanes receive in place: ctrld gets segment lists, which the
+  # worker processes (who copy the pages) cannot read from ctrld's heap
+  ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
