@@ -20,8 +20,10 @@
  * engine cannot see): ops in range; every column's block set and still owned
  * by its slot (a block reassigned to another slot and then used by its old
  * owner means the scheduler freed a live block); a slot's columns write
- * exactly its next position (pos == n_valid); a slot is in at most one group
- * in flight.
+ * exactly its next position in submission order (pos == n_valid): a second
+ * round of a slot in flight is taken only where it continues the first (a
+ * pipelined prompt's next chunk; a decode sent twice writes a position again
+ * and is refused).
  *
  * Lost slots (lose_at, lose_slots): what a stage restart does to the slots
  * whose KV it held. From that submission on, each column of a lost slot
@@ -185,12 +187,9 @@ static int fake_step(struct fake_chain *f, uint32_t group, const struct kn_colum
 				 (int)i, c->slot, c->pos, c->token);
 			return -EINVAL;
 		}
-		if (f->slot_group[c->slot] >= 0 && f->slot_group[c->slot] != (int32_t)group) {
-			snprintf(err, CTRL_CHAIN_ERRLEN,
-				 "fake chain: slot %d sent in group %u while in flight in group %d",
-				 c->slot, group, f->slot_group[c->slot]);
-			return -EINVAL;
-		}
+		/* (a slot may be in several groups in flight: a pipelined
+		 * prompt's next chunk; the position check below still refuses
+		 * any round that does not continue the one before it) */
 		blk = f->table[(size_t)c->slot * (size_t)mb + (size_t)(c->pos / KN_PAGE_BLK)];
 		if (blk < 0 || f->owner[blk] != c->slot) {
 			snprintf(err, CTRL_CHAIN_ERRLEN,

@@ -280,6 +280,7 @@ static int build_pipelines(struct daemon *d)
 		so.spec_c_half = (int32_t)d->set->spec_c_half;
 		so.replay_max = (int32_t)d->set->replay_max;
 		so.hold_chunk = (int32_t)d->set->pd_ship_chunk;
+		so.prefill_pipeline = d->set->prefill_pipeline;
 		so.replay_timeout_ms = (uint64_t)d->set->replay_timeout * 1000u;
 		so.id_tag = (uint8_t)r;
 		d->scheds[r] = ctrl_sched_create(d->chains[r], &so, err, sizeof(err));

@@ -74,6 +74,7 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 	json_object_update_new(r, json_pack("{s:I, s:I, s:i}",
 		"requests_replayed_total", (json_int_t)st->replayed,
 		"replay_failures_total", (json_int_t)st->replay_failures, "replaying", st->replaying));
+	json_object_set_new(r, "prefill_pipelined_total", json_integer((json_int_t)st->prefill_pipelined));
 	json_object_update_new(r, json_pack("{s:I, s:f, s:f, s:o}",
 		"prefill_capped_total", (json_int_t)st->prefill_capped,
 		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us, "plans", plans));

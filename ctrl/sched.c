@@ -73,6 +73,7 @@ void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
 	o->mb_cols = 32;
 	o->max_queue = 65536;
 	o->spec = 1;
+	o->prefill_pipeline = 1;
 	o->spec_depth = 8;
 	o->spec_c_full = 8;
 	o->spec_c_half = 32;
@@ -371,7 +372,7 @@ static int admit(struct ctrl_sched *s)
 		i = s->free_slots[--s->n_free_slots];
 		sl = &s->slots[i];
 		sl->r = r;
-		sl->n_fed = 0;
+		sl->n_fed = sl->n_sent = 0;
 		sl->n_toks = r->n_prompt;
 		sl->n_blk = 0;
 		sl->n_set = 0;
@@ -402,15 +403,39 @@ void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *w
 
 	snprintf(msg, sizeof(msg), "the stage chain failed this request's micro-batch (group %d): %s",
 		 (int)(g - s->groups), why);
-	for (int32_t e = 0; e < g->n_ent; e++) {
-		int32_t i = g->ent[e].slot;
-
-		s->slots[i].inflight = 0;
-		if (s->slots[i].r != NULL)
-			sched_slot_lost(s, i, msg);
-	}
+	for (int32_t e = 0; e < g->n_ent; e++)
+		sched_round_lost(s, g->ent[e].slot, msg);
 	g->n_ent = 0;
 	g->state = GROUP_IDLE;
+}
+
+/* A round of slot @p i failed (@p msg): its sequence is lost once no other
+ * round of it is in flight (a pipelined prompt's later chunks still run in
+ * the stages and write its rows: the slot may not be reused before they
+ * return). @return 1 if the slot was ended now. */
+int sched_round_lost(struct ctrl_sched *s, int32_t i, const char *msg)
+{
+	struct sched_slot *sl = &s->slots[i];
+
+	if (sl->inflight > 0)
+		sl->inflight--;
+	if (sl->r == NULL)
+		return 0;
+	if (sl->inflight > 0) {
+		if (sl->lost == NULL)
+			sl->lost = strdup(msg); /* NULL (no memory): the next failed or returning round ends it */
+		if (sl->lost != NULL)
+			return 0;
+	}
+	if (sl->lost != NULL) {
+		char why[480];
+
+		snprintf(why, sizeof(why), "%s", sl->lost);
+		sched_slot_lost(s, i, why);
+	} else {
+		sched_slot_lost(s, i, msg);
+	}
+	return 1;
 }
 
 /* Submit the group's built micro-batch. @return 1 sent, 0 retry later, <0 failed. */
@@ -474,10 +499,21 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		const float *lp = res->logprobs != NULL ? res->logprobs + en->col : NULL;
 		int32_t a = 0, old;
 
-		sl->inflight = 0;
+		if (sl->r == NULL) {
+			if (sl->inflight > 0)
+				sl->inflight--; /* (cannot happen: a slot with rounds out is never freed) */
+			continue;
+		}
 		sl->ready_at = s->launch_no;
+		if (sl->lost != NULL) {
+			/* an earlier round of this prompt failed: this one's columns
+			 * built on it; the sequence is lost once the last returns */
+			sched_round_lost(s, en->slot, sl->lost);
+			continue;
+		}
 		if (sl->cancelled) {
-			sched_slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
+			if (--sl->inflight == 0)
+				sched_slot_finish(s, en->slot, CTRL_FINISH_CANCELLED, -1, NULL);
 			continue;
 		}
 		if (res->col_status != NULL && ent_failed(res->col_status, en)) {
@@ -488,9 +524,17 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			 * slot's next owner starts with ZERO_SLOT. */
 			snprintf(msg, sizeof(msg), "the stage chain lost this request's KV cache (group %d): %s",
 				 (int)(g - s->groups), res->err);
-			sched_slot_lost(s, en->slot, msg);
+			sched_round_lost(s, en->slot, msg);
 			continue;
 		}
+		if (en->kind != ENT_DECODE && g->cols[en->col].pos != sl->n_fed) {
+			/* a prompt's chunks return in the order they left (each
+			 * stage takes its rounds in order): anything else would
+			 * count positions the stages do not hold */
+			sched_round_lost(s, en->slot, "a prompt chunk came back out of order: its KV cannot be trusted");
+			continue;
+		}
+		sl->inflight--;
 		switch (en->kind) {
 		case ENT_PREFILL:
 			old = sl->n_fed;

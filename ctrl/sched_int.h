@@ -54,10 +54,12 @@ struct sched_slot {
 	int32_t rollback_to;      /* pending ROLLBACK position, -1 none */
 	int32_t *blk;             /* [max_blocks_per_slot] */
 	uint64_t ready_at;        /* launch count when it last became ready */
-	uint8_t inflight;         /* one round in flight per sequence */
+	int32_t n_sent;           /* prompt positions packed into rounds (>= n_fed while prefilling) */
+	uint16_t inflight;        /* its rounds in flight: one, or several prompt chunks (pipelined) */
 	uint8_t fresh;            /* the row needs ZERO_SLOT before its first columns */
-	uint8_t cancelled;        /* end after the in-flight round returns */
+	uint8_t cancelled;        /* end after the in-flight rounds return */
 	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
+	char *lost;               /* a round failed with rounds still in flight: lost (this why) once they return */
 };
 
 /* A message to the scheduler about a request's KV (sched_kv.c). */
@@ -157,6 +159,7 @@ void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *w
 /* sched.c: take the sequence out of slot @p i without a word to its client
  * (its blocks and slot go back): @return its request. */
 struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i);
+int sched_round_lost(struct ctrl_sched *s, int32_t i, const char *msg);
 /* sched.c: tell the client and drop a request that is in no slot or queue. */
 void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
 		      const char *msg);

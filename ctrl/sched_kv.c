@@ -106,7 +106,7 @@ int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
 	sl->n_set = 0;
 	sl->kv_wait = 1;
 	s->st.kv_waiting++;
-	sl->n_fed = 0;
+	sl->n_fed = sl->n_sent = 0;
 	ev = (struct ctrl_event){
 		.id = r->id, .finish = CTRL_FINISH_NONE, .token = -1, .kv_reserved = 1,
 		.kv_blocks = sl->blk, .n_kv_blocks = n, .kv_positions = r->n_prompt,
@@ -185,7 +185,7 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 	}
 	s->slots[i].kv_wait = 0;
 	s->st.kv_waiting--;
-	s->slots[i].n_fed = s->slots[i].r->n_prompt;
+	s->slots[i].n_fed = s->slots[i].n_sent = s->slots[i].r->n_prompt;
 	s->slots[i].ready_at = s->launch_no;
 	s->st.kv_imported++;
 	sched_slot_emit(s, i, m->token, m->logprob,

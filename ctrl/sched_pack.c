@@ -146,6 +146,24 @@ static void pack_decode(struct ctrl_sched *s, struct sched_group *g, int32_t bud
 		s->dcur = last + 1 == s->n_slots ? 0 : last + 1;
 }
 
+/*
+ * May slot @p sl's prompt take another chunk now? Not while waiting for
+ * remote KV or once every position was packed; with a round in flight only
+ * on a chain of several stages, and only prompt chunks (decodes need the
+ * result first): stage k computes chunk j + 1 while stage k + 1 computes
+ * chunk j. Each stage takes its rounds in order, so chunk j's KV is in every
+ * stage before chunk j + 1 reads it there. A lone long prompt on two stages
+ * then takes about (1 + 1/chunks) / 2 of its serial time.
+ */
+static int prefill_packable(const struct ctrl_sched *s, const struct sched_slot *sl)
+{
+	const struct sched_req *r = sl->r;
+
+	if (r == NULL || sl->kv_wait || sl->n_sent >= r->n_prompt)
+		return 0;
+	return sl->inflight == 0 || (s->o.prefill_pipeline && s->ci.n_stages > 1 && !sl->cancelled && sl->lost == NULL);
+}
+
 /* Pack prefill chunks from the prefill cursor up to @p width columns. */
 static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t width)
 {
@@ -158,9 +176,9 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 		int32_t n, pos;
 		int lastchunk;
 
-		if (r == NULL || sl->inflight || sl->kv_wait || sl->n_fed >= r->n_prompt)
+		if (!prefill_packable(s, sl))
 			continue;
-		pos = sl->n_fed;
+		pos = sl->n_sent;
 		n = min32(r->n_prompt - pos, width - g->n_cols);
 		if (r->hold_kv && s->o.hold_chunk > 0) {
 			/* chunks end on multiples of whole blocks, also after one the width cut */
@@ -180,7 +198,10 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 			.kind = lastchunk ? ENT_PREFILL_LAST : ENT_PREFILL, .draft = 0 };
 		g->n_cols += n;
 		s->st.prefill_cols += (uint64_t)n;
-		sl->inflight = 1;
+		sl->n_sent = pos + n;
+		if (sl->inflight > 0)
+			s->st.prefill_pipelined++;
+		sl->inflight++;
 		note_wait(s, sl);
 		last = i;
 	}
@@ -195,7 +216,7 @@ static int prefill_ready(const struct ctrl_sched *s)
 		int32_t i = s->pcur + k < s->n_slots ? s->pcur + k : s->pcur + k - s->n_slots;
 		const struct sched_slot *sl = &s->slots[i];
 
-		if (sl->r != NULL && !sl->inflight && !sl->kv_wait && sl->n_fed < sl->r->n_prompt)
+		if (prefill_packable(s, sl))
 			return 1;
 	}
 	return 0;
@@ -226,6 +247,18 @@ static int one_stage_decodes_pending(const struct ctrl_sched *s)
 	return 0;
 }
 
+/* Does any sequence decode (in flight or not)? */
+static int any_decoding(const struct ctrl_sched *s)
+{
+	for (int32_t i = 0; i < s->n_slots; i++) {
+		const struct sched_slot *sl = &s->slots[i];
+
+		if (sl->r != NULL && !sl->kv_wait && sl->n_fed >= sl->r->n_prompt)
+			return 1;
+	}
+	return 0;
+}
+
 /* Pack group @p g from every ready sequence. @return columns packed. */
 int32_t sched_group_pack(struct ctrl_sched *s, struct sched_group *g)
 {
@@ -240,7 +273,12 @@ int32_t sched_group_pack(struct ctrl_sched *s, struct sched_group *g)
 	pack_decode(s, g, pf ? s->mb_cols - reserve : s->mb_cols);
 	g->has_decode = g->n_ent > 0;
 	if (pf) {
-		int32_t width = g->n_cols > 0 ? s->mb_cols : s->pf_cols;
+		/* The wide prefill plan only while nothing decodes: a prefill-only
+		 * group between two decode groups stretches every decode's next
+		 * round by its step (with pipelined prompts such groups are
+		 * common: the decodes are in flight, the prompt's next chunk is
+		 * ready). */
+		int32_t width = g->n_cols > 0 || any_decoding(s) ? s->mb_cols : s->pf_cols;
 
 		if (g->n_cols > 0 && s->one_launch) {
 			int32_t w = sched_fit_width(&s->fit, s->o.step_budget, g->n_cols, width,

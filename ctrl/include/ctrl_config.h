@@ -96,6 +96,7 @@ struct ctrl_settings {
 	int64_t max_queue;
 	int64_t replicas;
 	int spec;
+	int prefill_pipeline;         /**< a prompt's chunks may be in flight in several groups */
 	int64_t spec_depth;
 	int64_t spec_c_full;
 	int64_t spec_c_half;

@@ -154,6 +154,8 @@ struct ctrl_sched_opts {
 	int32_t n_plans;
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
+	int prefill_pipeline;      /**< 1 (default): with several stages a prompt's next chunk may
+	                                launch while earlier ones are in flight */
 	int32_t hold_chunk;        /**< > 0: a hold_kv prompt advances at most this many
 	                                positions per launch (rounded down to whole blocks, at
 	                                least one), so its kv_progress comes chunk by chunk */
@@ -224,6 +226,7 @@ struct ctrl_sched_stats {
 	uint64_t lookup_hits;      /**< prompt lookups that found a draft */
 	uint64_t max_ready_wait;   /**< most launches a ready sequence waited to be packed */
 	uint64_t prefill_capped;   /**< launches whose prompt positions the step budget cut */
+	uint64_t prefill_pipelined; /**< prompt chunks launched while an earlier chunk of theirs was in flight */
 	int32_t kv_held_blocks;    /**< blocks hold_kv requests keep */
 	int32_t kv_waiting;        /**< kv_remote requests waiting for their KV */
 	uint64_t kv_imported;      /**< kv_remote requests that started decoding */
