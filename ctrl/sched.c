@@ -409,6 +409,8 @@ void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *w
 	g->state = GROUP_IDLE;
 }
 
+char sched_lost_nomem[] = "the stage chain failed this request's micro-batch";
+
 /* A round of slot @p i failed (@p msg): its sequence is lost once no other
  * round of it is in flight (a pipelined prompt's later chunks still run in
  * the stages and write its rows: the slot may not be reused before they
@@ -422,10 +424,9 @@ int sched_round_lost(struct ctrl_sched *s, int32_t i, const char *msg)
 	if (sl->r == NULL)
 		return 0;
 	if (sl->inflight > 0) {
-		if (sl->lost == NULL)
-			sl->lost = strdup(msg); /* NULL (no memory): the next failed or returning round ends it */
-		if (sl->lost != NULL)
-			return 0;
+		if (sl->lost == NULL && (sl->lost = strdup(msg)) == NULL)
+			sl->lost = sched_lost_nomem; /* out of memory: still never before the last round */
+		return 0;
 	}
 	if (sl->lost != NULL) {
 		char why[480];
@@ -797,8 +798,11 @@ void ctrl_sched_destroy(struct ctrl_sched *s)
 		s->rp_head = r->next;
 		sched_req_free(r);
 	}
-	for (int32_t i = 0; i < s->n_slots; i++)
+	for (int32_t i = 0; i < s->n_slots; i++) {
 		sched_req_free(s->slots[i].r);
+		if (s->slots[i].lost != sched_lost_nomem)
+			free(s->slots[i].lost);
+	}
 	free(s->cancels);
 	sched_kv_destroy(s);
 	free(s->pend);

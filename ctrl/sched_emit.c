@@ -132,7 +132,8 @@ static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
 	sl->fresh = 1;
 	sl->cancelled = 0;
 	sl->rollback_to = -1;
-	free(sl->lost);
+	if (sl->lost != sched_lost_nomem)
+		free(sl->lost);
 	sl->lost = NULL;
 	s->free_slots[s->n_free_slots++] = i;
 	return r;

@@ -160,6 +160,8 @@ void sched_group_fail(struct ctrl_sched *s, struct sched_group *g, const char *w
  * (its blocks and slot go back): @return its request. */
 struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i);
 int sched_round_lost(struct ctrl_sched *s, int32_t i, const char *msg);
+/* sched_slot.lost when its message could not be copied (never freed) */
+extern char sched_lost_nomem[];
 /* sched.c: tell the client and drop a request that is in no slot or queue. */
 void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finish why, int32_t token,
 		      const char *msg);
