@@ -73,7 +73,6 @@ void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
 	o->mb_cols = 32;
 	o->max_queue = 65536;
 	o->spec = 1;
-	o->prefill_pipeline = 1;
 	o->spec_depth = 8;
 	o->spec_c_full = 8;
 	o->spec_c_half = 32;

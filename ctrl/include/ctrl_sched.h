@@ -154,8 +154,8 @@ struct ctrl_sched_opts {
 	int32_t n_plans;
 	int32_t prefill_cols;      /**< columns of a prefill-only launch (the wide plan);
 	                                0 = the chain's max_cols */
-	int prefill_pipeline;      /**< 1 (default): with several stages a prompt's next chunk may
-	                                launch while earlier ones are in flight */
+	int prefill_pipeline;      /**< 1: with several stages a prompt's next chunk may launch
+	                                while earlier ones are in flight (0, the default: one) */
 	int32_t hold_chunk;        /**< > 0: a hold_kv prompt advances at most this many
 	                                positions per launch (rounded down to whole blocks, at
 	                                least one), so its kv_progress comes chunk by chunk */

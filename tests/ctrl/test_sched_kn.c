@@ -216,6 +216,7 @@ static void every_request_equals_its_solo_run_on_one_to_three_stages_with_and_wi
 
 			ctrl_sched_opts_init(&o);
 			o.spec = spec;
+			o.prefill_pipeline = 1;
 			o.mb_cols = 8;
 			o.spec_c_full = 64;
 			o.spec_ngram_min = 1;
