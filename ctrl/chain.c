@@ -61,6 +61,11 @@ int ctrl_chain_kv_import(struct ctrl_chain *c, int32_t stage, const int32_t *blo
 	return c->vt->kv_import != NULL ? c->vt->kv_import(c, stage, blocks, n, src, len, f) : -ENOTSUP;
 }
 
+int ctrl_chain_kv_hold(struct ctrl_chain *c, int32_t stage, int hold)
+{
+	return c->vt->kv_hold != NULL ? c->vt->kv_hold(c, stage, hold) : 0;
+}
+
 void ctrl_chain_destroy(struct ctrl_chain *c)
 {
 	if (c != NULL)

@@ -56,7 +56,7 @@ struct kn_stg {
 	int32_t q_head, q_n;
 	int stop;
 	_Atomic uint64_t steps, cols, busy_ns;
-	pthread_mutex_t step_mu;   /* held over a step, a page export or an import */
+	pthread_mutex_t step_mu;   /* held over a step, a page export or an import (recursive: kv_hold) */
 	_Atomic int kv_want;       /* page calls waiting for step_mu: the stage lets them in first */
 };
 
@@ -307,6 +307,23 @@ static int kc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blo
 	return rc;
 }
 
+/* The holder's page calls then take step_mu again (it is recursive). */
+static int kc_kv_hold(struct ctrl_chain *cc, int32_t stage, int hold)
+{
+	struct kn_chain *c = (struct kn_chain *)cc;
+
+	if (stage < 0 || stage >= c->n_stages)
+		return -EINVAL;
+	if (hold) {
+		atomic_fetch_add_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
+		pthread_mutex_lock(&c->stg[stage].step_mu);
+		atomic_fetch_sub_explicit(&c->stg[stage].kv_want, 1, memory_order_acq_rel);
+	} else {
+		pthread_mutex_unlock(&c->stg[stage].step_mu);
+	}
+	return 0;
+}
+
 static int kc_stats(struct ctrl_chain *cc, struct ctrl_chain_stats *st)
 {
 	struct kn_chain *c = (struct kn_chain *)cc;
@@ -377,6 +394,7 @@ static const struct ctrl_chain_vtbl kn_chain_vtbl = {
 	.kv_format = kc_kv_format,
 	.kv_export = kc_kv_export,
 	.kv_import = kc_kv_import,
+	.kv_hold = kc_kv_hold,
 };
 
 struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct ctrl_kn_chain_opts *o,
@@ -386,6 +404,7 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 	struct kn_chain *c;
 	int32_t n_layers, ends[CTRL_CHAIN_MAX_STAGES];
 	char msg[192];
+	pthread_mutexattr_t ma;
 	int e = ENOMEM;
 
 	if (m == NULL || o == NULL || o->max_groups < 1) {
@@ -428,7 +447,10 @@ struct ctrl_chain *ctrl_kn_chain_create(const struct kn_model *m, const struct c
 		so.layer_end = ends[k];
 		pthread_mutex_init(&s->mu, NULL);
 		pthread_cond_init(&s->cv, NULL);
-		pthread_mutex_init(&s->step_mu, NULL);
+		pthread_mutexattr_init(&ma);
+		pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+		pthread_mutex_init(&s->step_mu, &ma);
+		pthread_mutexattr_destroy(&ma);
 		s->q = calloc((size_t)o->max_groups, sizeof(*s->q));
 		if (s->q == NULL)
 			goto fail_chain_nomem;

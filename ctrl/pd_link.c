@@ -245,6 +245,38 @@ static struct wk_kv_io chain_io(struct chain_io *x)
 				  .error = ci_error, .arg = x };
 }
 
+/* Page messages packed per ship, the stage held once for them all. */
+#define PD_SHIP_BATCH 16
+
+/* Hand one packed page message to the dataplane; while its ring is full
+ * the buffer comes back (enqueue gives it back) and the message is packed
+ * again into the next one. */
+static int send_page(struct ctrl_pd_link *l, const struct wk_kv_io *io, uint32_t idx, uint32_t len, uint32_t node,
+		     uint64_t room, uint32_t session, int32_t at, int32_t m, int last, const int32_t *src,
+		     const uint32_t *dst, char *err, size_t errlen)
+{
+	double t0 = kvf_mono_s();
+	int64_t n = len;
+
+	while (enqueue(l, l->pl, idx, (uint32_t)n, DP_MT_KVPAGE, node, PD_STREAM_KV) == -EAGAIN) {
+		if (kvf_mono_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
+			snprintf(err, errlen, "the dataplane's send ring stayed full");
+			return -ETIMEDOUT;
+		}
+		drain_txc(l);
+		usleep(50);
+		n = wk_kvpage_pack(io, room, session, (uint32_t)at, last, src + at, dst + at, m, shm_pool_buf(l->pl, idx),
+				   l->o.large_bytes, err, errlen);
+		if (n < 0) {
+			shm_pool_put(l->pl, idx);
+			return (int)n;
+		}
+	}
+	l->st.kv_sent++;
+	l->st.kv_bytes_sent += (uint64_t)n;
+	return 0;
+}
+
 int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t n_stages, uint32_t node,
 		      uint64_t room, uint32_t session, const int32_t *src, const uint32_t *dst, int32_t from,
 		      int32_t to, int last, char *err, size_t errlen)
@@ -254,6 +286,7 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 		struct wk_kv_io io = chain_io(&x);
 		struct kn_kv_format f;
 		int32_t per, done = from;
+		uint32_t lens[PD_SHIP_BATCH];
 		int rc = ctrl_chain_kv_format(chain, k, &f);
 
 		if (rc < 0) {
@@ -269,12 +302,16 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 			return -EMSGSIZE;
 		}
 		while (done < to) {
-			int32_t m = to - done < per ? to - done : per;
+			uint32_t idx[PD_SHIP_BATCH];
+			int32_t nb = 0, want = (to - done + per - 1) / per, at = done;
 			double t0 = kvf_mono_s();
-			uint32_t idx;
-			int64_t len;
 
-			while (shm_pool_get(l->pl, &idx) != 0) {
+			/* the buffers first (waiting for the first one only), then
+			 * the exports with the stage held once for all of them: each
+			 * export on its own would wait for the stage's running step */
+			if (want > PD_SHIP_BATCH)
+				want = PD_SHIP_BATCH;
+			while (shm_pool_get(l->pl, &idx[0]) != 0) {
 				drain_txc(l);
 				if (kvf_mono_s() - t0 > l->o.wait_s) {
 					snprintf(err, errlen, "no page buffer came back from the dataplane in %.0f s",
@@ -283,37 +320,45 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				}
 				usleep(50);
 			}
-			len = wk_kvpage_pack(&io, room, session, (uint32_t)done, last && done + m == to, src + done,
-					     dst + done, m, shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
-			if (len < 0) {
-				shm_pool_put(l->pl, idx);
-				return (int)len;
-			}
-			while ((rc = enqueue(l, l->pl, idx, (uint32_t)len, DP_MT_KVPAGE, node, PD_STREAM_KV)) == -EAGAIN) {
-				if (kvf_mono_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
-					snprintf(err, errlen, "the dataplane's send ring stayed full");
-					return -ETIMEDOUT;
-				}
-				drain_txc(l);
-				usleep(50);
-				/* enqueue gave the buffer back: the message is packed again */
-				len = wk_kvpage_pack(&io, room, session, (uint32_t)done, last && done + m == to, src + done,
-						     dst + done, m, shm_pool_buf(l->pl, idx), l->o.large_bytes, err, errlen);
+			for (nb = 1; nb < want && shm_pool_get(l->pl, &idx[nb]) == 0; nb++)
+				;
+			ctrl_chain_kv_hold(chain, k, 1);
+			for (int32_t b = 0; b < nb; b++) {
+				int32_t m = to - at < per ? to - at : per;
+				int64_t len = wk_kvpage_pack(&io, room, session, (uint32_t)at, last && at + m == to, src + at,
+							     dst + at, m, shm_pool_buf(l->pl, idx[b]), l->o.large_bytes, err,
+							     errlen);
+
 				if (len < 0) {
-					shm_pool_put(l->pl, idx);
+					ctrl_chain_kv_hold(chain, k, 0);
+					for (int32_t j = 0; j < nb; j++)
+						shm_pool_put(l->pl, idx[j]);
 					return (int)len;
 				}
+				lens[b] = (uint32_t)len;
+				at += m;
 			}
-			l->st.kv_sent++;
-			l->st.kv_bytes_sent += (uint64_t)len;
-			done += m;
+			ctrl_chain_kv_hold(chain, k, 0);
+			for (int32_t b = 0; b < nb; b++) {
+				int32_t m = to - done < per ? to - done : per;
+
+				rc = send_page(l, &io, idx[b], lens[b], node, room, session, done, m, last && done + m == to, src,
+					       dst, err, errlen);
+				if (rc < 0) {
+					for (int32_t j = b + 1; j < nb; j++)
+						shm_pool_put(l->pl, idx[j]);
+					return rc;
+				}
+				done += m;
+			}
 		}
 	}
 	return 0;
 }
 
 /* One received page message: import it into the stage whose layers it carries. */
-static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, const void *buf, size_t len)
+static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, const void *buf, size_t len,
+		       uint64_t *held)
 {
 	struct dp_kvpage_fields f;
 	struct wk_kvpage_info info;
@@ -338,6 +383,10 @@ static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handler
 
 		if (ctrl_chain_kv_format(h->chain, k, &mine) < 0 || mine.layer_start != f.layer_start)
 			continue;
+		if (!(*held & (1ull << k))) { /* until the end of this burst (ctrl_pd_link_poll) */
+			ctrl_chain_kv_hold(h->chain, k, 1);
+			*held |= 1ull << k;
+		}
 		if (wk_kvpage_import(&io, buf, len, &info, err, sizeof(err)) < 0) {
 			snprintf(l->refusal, sizeof(l->refusal), "%s", err);
 			l->st.kv_refused++;
@@ -445,6 +494,18 @@ static void rx_gathered_put(struct ctrl_pd_link *l, uint32_t held)
 		shm_pool_put(l->pl, held);
 }
 
+/* A burst's imports hold their stages at most this long in a row. */
+#define PD_HOLD_NS 1000000
+
+static void release_stages(const struct ctrl_pd_link_handlers *h, uint64_t *held)
+{
+	for (int32_t k = 0; *held != 0 && k < h->n_stages; k++)
+		if (*held & (1ull << k)) {
+			ctrl_chain_kv_hold(h->chain, k, 0);
+			*held &= ~(1ull << k);
+		}
+}
+
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
 {
 	/* the gather buffer of messages received in place (one poller per thread) */
@@ -479,14 +540,22 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		moved = 1;
 	}
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
+		/* each stage a burst's pages go to is held once for the burst:
+		 * an import on its own waits for the stage's running step */
+		uint64_t stages_held = 0, t_held = 0;
+
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
 			uint32_t held;
 			const void *b = rx_bytes(l, &d[i], &scratch, &cap, &held);
 
 			if (b != NULL) {
-				take_pages(l, h, b, d[i].len);
+				if (stages_held == 0)
+					t_held = kvf_mono_ns();
+				take_pages(l, h, b, d[i].len, &stages_held);
 				rx_gathered_put(l, held);
+				if (stages_held != 0 && kvf_mono_ns() - t_held > PD_HOLD_NS)
+					release_stages(h, &stages_held); /* let a decode step in */
 			} else {
 				snprintf(l->refusal, sizeof(l->refusal), "a KV page message received in place whose "
 					 "segment list is not valid or whose dataplane restarted while it was read");
@@ -494,6 +563,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 			}
 			rx_put(l, &d[i]);
 		}
+		release_stages(h, &stages_held);
 		moved = 1;
 	}
 	return moved;

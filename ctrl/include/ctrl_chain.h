@@ -114,6 +114,9 @@ struct ctrl_chain_vtbl {
 			 size_t len);
 	int (*kv_import)(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
 			 size_t len, const struct kn_kv_format *f);
+	/* optional: keep a stage between two steps across several page calls
+	 * (ctrl_chain_kv_hold()); NULL: each call waits on its own */
+	int (*kv_hold)(struct ctrl_chain *c, int32_t stage, int hold);
 	/* optional: can the chain compute now (ctrl_chain_ready())? NULL: always */
 	int (*ready)(struct ctrl_chain *c, char *why, size_t whylen);
 };
@@ -184,6 +187,17 @@ int ctrl_chain_kv_export(struct ctrl_chain *c, int32_t stage, const int32_t *blo
 			 size_t len);
 int ctrl_chain_kv_import(struct ctrl_chain *c, int32_t stage, const int32_t *blocks, int32_t n,
 			 const void *src, size_t len, const struct kn_kv_format *f);
+
+/**
+ * Hold @p stage between two of its steps (@p hold 1) until released (@p
+ * hold 0), so that several page exports or imports in a row wait for its
+ * running step once, not once each: a prefill node ships a chunk's pages as
+ * several messages while the stage computes the next chunk. The calls in
+ * between are made by the holding thread. Hold briefly: the stage computes
+ * nothing meanwhile.
+ * @return 0 (also for a chain that has no such wait), -EINVAL.
+ */
+int ctrl_chain_kv_hold(struct ctrl_chain *c, int32_t stage, int hold);
 
 /**
  * Layer ranges of a chain's stages: explicit @p ends (validated to tile

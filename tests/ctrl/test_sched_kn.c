@@ -21,6 +21,7 @@
 #include "kn_model.h"
 #include "ctrl_pd_xfer.h"
 #include "kn_stage.h"
+#include "kvf_clock.h"
 #include "sched_harness.h"
 
 enum { N = 14 };
@@ -566,6 +567,49 @@ static void drive_until_drained(struct ctrl_sched *s)
 	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
 		assert_true(ctrl_sched_poll(s) >= 0);
 	assert_true(ctrl_sched_drained(s));
+}
+
+/* A prefill node ships a chunk's pages as several messages, a decode node
+ * lands a burst of them: each export or import alone would wait for the
+ * stage's running step, so the shipper holds the stage once for them all
+ * (ctrl_chain_kv_hold). While held the stage computes nothing; the holder's
+ * own page calls still run; on release the request completes as solo. */
+static void a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages(void **state)
+{
+	struct ctrl_chain *c = kn_chain(2, 1);
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	struct kn_kv_format f;
+	struct rec got = { 0 };
+	char err[256];
+	int32_t blk = 0;
+	void *page;
+	double t0;
+
+	(void)state;
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 8;
+	s = ctrl_sched_create(c, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	assert_int_equal(ctrl_chain_kv_hold(c, 2, 1), -EINVAL);
+	assert_int_equal(ctrl_chain_kv_hold(c, 1, 1), 0);
+	assert_true(submit_rec(s, &got, g_prompt[0], g_len[0], g_max[0], g_temp[0], 0) > 0);
+	for (t0 = kvf_mono_s(); kvf_mono_s() - t0 < 0.2;)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_int_equal(got.n, 0); /* stage 1 held: no token */
+	assert_int_equal(ctrl_chain_kv_format(c, 1, &f), 0);
+	page = malloc(f.block_bytes);
+	assert_non_null(page);
+	assert_int_equal(ctrl_chain_kv_export(c, 1, &blk, 1, page, f.block_bytes), 0);
+	free(page);
+	assert_int_equal(ctrl_chain_kv_hold(c, 1, 0), 0);
+	drive_until_drained(s);
+	assert_int_equal(got.finish, CTRL_FINISH_LENGTH);
+	assert_int_equal(got.n, g_ref[0].n);
+	assert_memory_equal(got.toks, g_ref[0].toks, sizeof(int32_t) * (size_t)g_ref[0].n);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
 }
 
 /* Prefill every request on a chain of @p stages with hold_kv, read its
@@ -1373,6 +1417,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
+		cmocka_unit_test(a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages),
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),

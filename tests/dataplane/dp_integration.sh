@@ -17,9 +17,20 @@ hp() { awk "/$1/{print \$2}" /proc/meminfo; }
 if [ "$(hp HugePages_Free)" -lt $need ]; then
   echo $(( $(hp HugePages_Total) + need - $(hp HugePages_Free) )) > /proc/sys/vm/nr_hugepages 2>/dev/null
 fi
-[ "$(hp HugePages_Free)" -ge $need ] || skip "cannot reserve $need hugepages of 2 MiB"
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs none /dev/hugepages; } \
-  || skip "cannot mount hugetlbfs on /dev/hugepages"
+# DP_NOHUGE=1 (a machine without hugepages, e.g. a GPU host): the
+# dataplanes run with DPDK's --no-huge and their regions fall back to shared
+# memory, as kvferry-dataplane does by itself; otherwise the test skips.
+# KVF_DP_EAL adds EAL flags to both (e.g. "-d DIR" for drivers not installed).
+nohuge=""
+if [ "$(hp HugePages_Free)" -lt $need ]; then
+  [ "${DP_NOHUGE:-0}" = 1 ] || skip "cannot reserve $need hugepages of 2 MiB (DP_NOHUGE=1 runs without them)"
+  nohuge="--no-huge -m 1024"
+  echo "note: no $need free hugepages: the dataplanes run with --no-huge, regions in shared memory"
+else
+  mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs none /dev/hugepages; } \
+    || skip "cannot mount hugetlbfs on /dev/hugepages"
+fi
+eal_more="$nohuge ${KVF_DP_EAL:-}"
 
 tmp=$(mktemp -d /tmp/kvfdp.XXXXXX)
 tag=$$
@@ -52,7 +63,7 @@ case $mode in
       # zero-copy client: the server's PMD copies straight into B's mbufs; the
       # mbuf memory must be one file per segment list, and B copies what it
       # sends (region memory is not in the segments memif exports)
-      portB="$portB,zero-copy=yes" ealB="-l 1 --single-file-segments" extraB=(--tx-copy)
+      portB="$portB,zero-copy=yes" ealB="-l 1 --single-file-segments $eal_more" extraB=(--tx-copy)
     fi
     frame=9000 ;;
   afpacket|outage-afpacket)
@@ -75,14 +86,14 @@ imp=()
 # --impair arms the test-only outage signals (SIGUSR1 drops all input until SIGUSR2)
 [ -z "${mode##outage*}" ] && imp=(--impair loss=0)
 
-ealB=${ealB:-"-l 1"} extraB=(${extraB[@]+"${extraB[@]}"})
+ealB=${ealB:-"-l 1 $eal_more"} extraB=(${extraB[@]+"${extraB[@]}"})
 startB() { # $1: extra args
   "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
     --frame-size $frame --eal "$ealB" "${common[@]}" ${extraB[@]+"${extraB[@]}"} "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
   pidB=$!; pids+=($pidB)
 }
 "${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
-  --frame-size $frame --eal "-l 0" "${common[@]}" "${imp[@]}" >"$tmp/A.log" 2>&1 &
+  --frame-size $frame --eal "-l 0 $eal_more" "${common[@]}" "${imp[@]}" >"$tmp/A.log" 2>&1 &
 pids+=($!)
 pidA=$!
 if [ -n "${portA##net_af_packet*}" ]; then
