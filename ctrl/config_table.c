@@ -170,7 +170,7 @@ const struct cfg_key g_cfg_keys[] = {
 	{"replicas", "sched", CFG_INT, OFF(replicas), "1", 1, 64,
 	 "KVFERRY_REPLICAS", "--replicas", NULL, NULL,
 	 "independent pipelines; requests go to the least loaded"},
-	{"prefill_pipeline", "sched", CFG_BOOL, OFF(prefill_pipeline), "yes", 0, 1,
+	{"prefill_pipeline", "sched", CFG_BOOL, OFF(prefill_pipeline), "no", 0, 1,
 	 "KVFERRY_PREFILL_PIPELINE", "--prefill-pipeline", NULL, NULL,
 	 "with several stages a long prompt's next chunk leaves before the previous one came back: "
 	 "stage k computes chunk j + 1 while stage k + 1 computes chunk j, so a lone 1,024-token "
