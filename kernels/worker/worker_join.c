@@ -172,8 +172,9 @@ static int ensure_out_area(struct worker *w, const struct shm_mb_setup *s, char 
 			return -ENOSPC;
 		}
 	} else if (rc < 0) {
-		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) failed: %s: make the region larger",
-			 name, need * (size_t)n, strerror(-rc));
+		/* the answer's field holds SHM_MB_ERRLEN bytes: short, the settings first */
+		wk_fmt(err, errlen, "area %s of %zu B does not fit: %s: raise [dp] region_size (or [engine] "
+		       "worker_region_size)", name, need * (size_t)n, strerror(-rc));
 		return rc;
 	}
 	w->out_off = off;
@@ -181,6 +182,37 @@ static int ensure_out_area(struct worker *w, const struct shm_mb_setup *s, char 
 	w->n_bufs = n;
 	w->max_groups = s->max_groups;
 	return 0;
+}
+
+/*
+ * A buffer for a setup answer when the output area cannot be had: two
+ * setup-sized buffers in an area of their own ("serve.ROLE.refuse", a few
+ * KiB), used in turn. @return NULL (the reason in @p err) if even that
+ * does not fit.
+ */
+static struct shm_mb_hdr *refusal_buf(struct worker *w, const struct shm_mb_hdr *h, char *err, size_t errlen)
+{
+	size_t one = shm_mb_align(shm_mb_size(SHM_MB_JOIN, 0, 0, 0));
+	char name[SHM_NAME_MAX + 16];
+	uint64_t off;
+	size_t have;
+	int rc;
+
+	if (h->total_len > one) {
+		snprintf(err, errlen, "a setup message of %u bytes, more than the %zu of a setup answer", h->total_len,
+			 one);
+		return NULL;
+	}
+	snprintf(name, sizeof(name), "serve.%s.refuse", w->o.role);
+	rc = shm_region_add_area(w->reg, name, 2 * one, 64, SHM_AREA_RAW, &off);
+	if (rc == -EEXIST && shm_region_find_area(w->reg, name, &off, &have) == 0 && have >= 2 * one)
+		rc = 0;
+	if (rc < 0) {
+		snprintf(err, errlen, "shm_region_add_area(%s, %zu bytes) failed: %s", name, 2 * one, strerror(-rc));
+		return NULL;
+	}
+	w->setup_flip ^= 1;
+	return shm_ptr(w->reg, off + (uint64_t)w->setup_flip * one);
 }
 
 static void report_fail(struct shm_mb_hdr *h, int rc, const char *fmt, const char *what)
@@ -279,7 +311,21 @@ void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		/* Refused before having an area: the full-size one, so a later
 		 * join of this role finds it big enough. */
 		if (ensure_out_area(w, s, err, sizeof(err)) < 0) {
-			WK_ERR(w, "cannot answer the setup message: %s", err);
+			/* Not even that fits (the region is too small): answer
+			 * from a small area, so that ctrld names the reason
+			 * instead of waiting for a join that cannot come. */
+			if (rc == 0) {
+				me->status = -ENOSPC;
+				snprintf(me->err, sizeof(me->err), "%s", err);
+				report_fail(h, -ENOSPC, "%s", err);
+			}
+			if ((oh = refusal_buf(w, h, err, sizeof(err))) == NULL) {
+				WK_ERR(w, "cannot answer the setup message: %s", err);
+				return;
+			}
+			memcpy(oh, h, h->total_len);
+			oh->stage = idx + 1;
+			wk_send_msg(w, oh);
 			return;
 		}
 	}
