@@ -81,6 +81,7 @@ void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
 	o->spec_window = 4096;
 	o->replay_max = 2;
 	o->replay_timeout_ms = 30000;
+	o->pipeline_held = 1;
 }
 
 static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)

@@ -156,6 +156,11 @@ struct ctrl_sched_opts {
 	                                0 = the chain's max_cols */
 	int prefill_pipeline;      /**< 1: with several stages a prompt's next chunk may launch
 	                                while earlier ones are in flight (0, the default: one) */
+	int pipeline_held;         /**< with prefill_pipeline, a hold_kv prompt's chunks too (1,
+	                                the default); 0 where page copies queue behind the steps
+	                                already sent (worker processes): a held prompt then has one
+	                                chunk in flight, so each chunk's pages leave before the
+	                                next chunk's step instead of after the whole prompt */
 	int32_t hold_chunk;        /**< > 0: a hold_kv prompt advances at most this many
 	                                positions per launch (rounded down to whole blocks, at
 	                                least one), so its kv_progress comes chunk by chunk */

@@ -546,13 +546,17 @@ static void pd_decode_cb(void *arg, const struct ctrl_event *ev)
 		q->import_rc = ctrl_sched_kv_ready(q->dsched, ev->id, q->rec.toks[0], q->lp, 0, NULL, NULL);
 }
 
-static struct ctrl_sched *pd_sched(struct ctrl_chain *c, int spec)
+enum pd_pipe { PD_PIPE_NONE, PD_PIPE_ALL, PD_PIPE_NOT_HELD };
+
+static struct ctrl_sched *pd_sched_pipe(struct ctrl_chain *c, int spec, enum pd_pipe pipe)
 {
 	struct ctrl_sched_opts o;
 	struct ctrl_sched *s;
 	char err[256];
 
 	ctrl_sched_opts_init(&o);
+	o.prefill_pipeline = pipe != PD_PIPE_NONE;
+	o.pipeline_held = pipe == PD_PIPE_ALL;
 	o.spec = spec;
 	o.mb_cols = 8;
 	o.hold_chunk = 20; /* held prompts in chunks of one block (20 rounds down to 16) */
@@ -560,6 +564,11 @@ static struct ctrl_sched *pd_sched(struct ctrl_chain *c, int spec)
 	if (s == NULL)
 		fail_msg("ctrl_sched_create: %s", err);
 	return s;
+}
+
+static struct ctrl_sched *pd_sched(struct ctrl_chain *c, int spec)
+{
+	return pd_sched_pipe(c, spec, PD_PIPE_NONE);
 }
 
 static void drive_until_drained(struct ctrl_sched *s)
@@ -613,11 +622,12 @@ static void a_held_stage_computes_nothing_until_released_while_its_holder_export
 }
 
 /* Prefill every request on a chain of @p stages with hold_kv, read its
- * pages out, give the blocks back; @p q gets everything. */
-static void pd_prefill_all(struct pd_req *q, int32_t stages)
+ * pages out, give the blocks back; @p q gets everything. @return the
+ * prompt chunks launched while an earlier one of theirs was in flight. */
+static uint64_t pd_prefill_pipe(struct pd_req *q, int32_t stages, enum pd_pipe pipe)
 {
 	struct ctrl_chain *pc = kn_chain(stages, 1);
-	struct ctrl_sched *ps = pd_sched(pc, 0);
+	struct ctrl_sched *ps = pd_sched_pipe(pc, 0, pipe);
 	struct ctrl_sched_stats st;
 	int n_progress = 0;
 
@@ -661,7 +671,14 @@ static void pd_prefill_all(struct pd_req *q, int32_t stages)
 	assert_int_equal(st.kv_stale, 1);
 	ctrl_sched_destroy(ps);
 	ctrl_chain_destroy(pc);
+	return st.prefill_pipelined;
 }
+
+static void pd_prefill_all(struct pd_req *q, int32_t stages)
+{
+	pd_prefill_pipe(q, stages, PD_PIPE_NONE);
+}
+
 
 static int64_t pd_submit_remote(struct pd_req *q, int i)
 {
@@ -680,6 +697,22 @@ static void pd_free(struct pd_req *q)
 	for (int i = 0; i < N; i++)
 		for (int32_t k = 0; k < q[i].n_stages; k++)
 			free(q[i].pages[k]);
+}
+
+/* Where page copies queue behind the steps already sent (worker
+ * processes), a held prompt keeps one chunk in flight so each chunk's
+ * pages can leave before the next chunk's step; other prompts still
+ * pipeline. Either way the first tokens and the progress are the solo
+ * run's (pd_prefill_pipe checks them). */
+static void a_held_prompt_pipelines_its_chunks_only_where_page_copies_need_not_wait_for_them(void **state)
+{
+	static struct pd_req q[N];
+
+	(void)state;
+	assert_true(pd_prefill_pipe(q, 2, PD_PIPE_ALL) > 0);
+	pd_free(q);
+	assert_int_equal(pd_prefill_pipe(q, 2, PD_PIPE_NOT_HELD), 0);
+	pd_free(q);
 }
 
 static void a_decode_node_continues_from_pages_another_chain_computed_token_for_token(void **state)
@@ -1418,6 +1451,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
 		cmocka_unit_test(a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages),
+		cmocka_unit_test(a_held_prompt_pipelines_its_chunks_only_where_page_copies_need_not_wait_for_them),
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
