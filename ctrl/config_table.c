@@ -170,13 +170,13 @@ const struct cfg_key g_cfg_keys[] = {
 	{"replicas", "sched", CFG_INT, OFF(replicas), "1", 1, 64,
 	 "KVFERRY_REPLICAS", "--replicas", NULL, NULL,
 	 "independent pipelines; requests go to the least loaded"},
-	{"prefill_pipeline", "sched", CFG_BOOL, OFF(prefill_pipeline), "no", 0, 1,
+	{"prefill_pipeline", "sched", CFG_BOOL, OFF(prefill_pipeline), "yes", 0, 1,
 	 "KVFERRY_PREFILL_PIPELINE", "--prefill-pipeline", NULL, NULL,
 	 "with several stages a long prompt's next chunk leaves before the previous one came back: "
 	 "stage k computes chunk j + 1 while stage k + 1 computes chunk j, so a lone 1,024-token "
-	 "prompt on two CPU stages took 0.57-0.59 of its time to its first token; each launch beside "
-	 "running decodes may then carry a chunk more often. Off by default until measured on a GPU "
-	 "and under faults; no: one chunk of a prompt in flight"},
+	 "prompt on two CPU stages took 0.57-0.59 of its time to its first token, a 2,048-token one "
+	 "on two CUDA stages (1B, H200) 0.86-0.87; each launch beside running decodes may then carry "
+	 "a chunk more often. no: one chunk of a prompt in flight"},
 	{"spec", "sched", CFG_BOOL, OFF(spec), "yes", 0, 1,
 	 "KVFERRY_SPEC", "--spec", NULL, NULL,
 	 "prompt-lookup speculative decoding for greedy requests (output is unchanged)"},
