@@ -53,6 +53,7 @@ void ctrl_proc_chain_opts_init(struct ctrl_proc_chain_opts *o)
 	memset(o, 0, sizeof(*o));
 	o->first_ring = "serve.s0.in";
 	o->return_ring = "serve.ret";
+	o->prefix = "serve";
 	o->n_stages = 2;
 	kn_stage_opts_init(&o->stage);
 	o->max_groups = 32;
@@ -229,8 +230,10 @@ int pc_drain(struct proc_chain *c, char *err, size_t errlen)
 int pc_open_shm(struct proc_chain *c, char *err, size_t errlen)
 {
 	const struct ctrl_proc_chain_opts *o = &c->o;
-	const char *name = "serve.ctrl.out";
+	char name[SHM_NAME_MAX];
 	int rc;
+
+	snprintf(name, sizeof(name), "%s.ctrl.out", o->prefix);
 
 	c->first = ring_open(c->reg, o->first_ring);
 	if (o->return_ring != NULL) {
@@ -499,9 +502,9 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	int e = ENOMEM, rc;
 	size_t bytes;
 
-	if (m == NULL || o == NULL || o->region == NULL || o->first_ring == NULL || o->max_groups < 1
+	if (m == NULL || o == NULL || o->region == NULL || o->first_ring == NULL || o->prefix == NULL || o->max_groups < 1
 	    || o->stage.n_plans < 1 || o->stage.n_plans > SHM_MB_MAX_PLANS || o->stage.n_slots < 1) {
-		snprintf(err, errlen, "ctrl_proc_chain_create: a model, a region, a first ring, max_groups >= 1, "
+		snprintf(err, errlen, "ctrl_proc_chain_create: a model, a region, a first ring, a prefix, max_groups >= 1, "
 			 "n_slots >= 1 and 1..%d plans are required", SHM_MB_MAX_PLANS);
 		errno = EINVAL;
 		return NULL;

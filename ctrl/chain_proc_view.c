@@ -89,7 +89,7 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 	/* By name, not by the chain's handles: the stage rings between workers
 	 * of this node are not ctrld's, and a lookup opens its own handle. */
 	for (int32_t k = 0; k < c->o.n_stages; k++) {
-		snprintf(name, sizeof(name), "serve.s%d.in", k);
+		snprintf(name, sizeof(name), "%s.s%d.in", c->o.prefix, k);
 		if (k > 0 || strcmp(name, c->o.first_ring) != 0)
 			shm_ring_obj(out, c->reg, name);
 	}

@@ -169,7 +169,9 @@ const struct cfg_key g_cfg_keys[] = {
 	 "requests waiting for admission beyond this get 503"},
 	{"replicas", "sched", CFG_INT, OFF(replicas), "1", 1, 64,
 	 "KVFERRY_REPLICAS", "--replicas", NULL, NULL,
-	 "independent pipelines; requests go to the least loaded"},
+	 "independent pipelines: in ctrld, or of kvferry-worker processes (replica R > 0 on rings "
+	 "serve.rR.sK.in / serve.rR.ret; worker_return = ring); requests go to the least loaded one "
+	 "that serves, and a replica whose worker died hands its waiting requests to another"},
 	{"prefill_pipeline", "sched", CFG_BOOL, OFF(prefill_pipeline), "yes", 0, 1,
 	 "KVFERRY_PREFILL_PIPELINE", "--prefill-pipeline", NULL, NULL,
 	 "with several stages a long prompt's next chunk leaves before the previous one came back: "

@@ -182,22 +182,35 @@ static int32_t mb_cols(const struct daemon *d)
 }
 
 /* Stages in kvferry-worker processes (worker_region set): the same stage
- * template, reached through this node's shm region. */
-static struct ctrl_chain *worker_chain(struct daemon *d, const struct ctrl_kn_chain_opts *ko, char *err,
+ * template, reached through this node's shm region. Replica @p r > 0 is a
+ * second pipeline of workers on the same region, under names of its own:
+ * rings serve.rR.sK.in and serve.rR.ret (its workers' --in / --out), its
+ * output area serve.rR.ctrl.out; replica 0 keeps the plain serve.* names. */
+static struct ctrl_chain *worker_chain(struct daemon *d, int r, const struct ctrl_kn_chain_opts *ko, char *err,
 				       size_t errlen)
 {
 	struct ctrl_proc_chain_opts po;
+	char (*nm)[32] = d->wk_names[r];
 
-	if (d->n_rep > 1) {
-		snprintf(err, errlen, "replicas = %d with worker_region: one pipeline of workers per ctrld; "
-			 "set replicas = 1", d->n_rep);
+	if (d->n_rep > 1 && d->set->worker_return != 0) {
+		snprintf(err, errlen, "replicas = %d with worker_return = dataplane: a pipeline of workers "
+			 "across nodes serves alone; set replicas = 1, or worker_return = ring with every "
+			 "replica's workers on this node", d->n_rep);
 		errno = EINVAL;
 		return NULL;
 	}
+	if (r == 0)
+		snprintf(nm[0], sizeof(nm[0]), "serve");
+	else
+		snprintf(nm[0], sizeof(nm[0]), "serve.r%d", r);
+	snprintf(nm[1], sizeof(nm[1]), "%s.s0.in", nm[0]);
+	snprintf(nm[2], sizeof(nm[2]), "%s.ret", nm[0]);
 	ctrl_proc_chain_opts_init(&po);
 	po.region = d->set->worker_region;
-	po.region_bytes = (size_t)d->set->worker_region_size;
-	po.return_ring = d->set->worker_return == 0 ? "serve.ret" : NULL;
+	po.region_bytes = r == 0 ? (size_t)d->set->worker_region_size : 0; /* replica 0 makes it */
+	po.prefix = nm[0];
+	po.first_ring = nm[1];
+	po.return_ring = d->set->worker_return == 0 ? nm[2] : NULL;
 	po.n_stages = d->n_stages;
 	memcpy(po.layer_ends, d->ends, sizeof(int32_t) * (size_t)d->n_stages);
 	po.stage = ko->stage;
@@ -258,7 +271,7 @@ static int build_pipelines(struct daemon *d)
 		}
 		if (d->set->groups + 1 > ko.max_groups)
 			ko.max_groups = (int32_t)d->set->groups + 1;
-		d->chains[r] = d->set->worker_region[0] ? worker_chain(d, &ko, err, sizeof(err))
+		d->chains[r] = d->set->worker_region[0] ? worker_chain(d, r, &ko, err, sizeof(err))
 							 : ctrl_kn_chain_create(d->model, &ko, err, sizeof(err));
 		if (!d->chains[r]) {
 			logerr("replica %d: ctrl_kn_chain_create(%d stages, %s) failed: %s", r, d->n_stages,
@@ -308,8 +321,10 @@ static int build_pipelines(struct daemon *d)
 /* ---- readiness ---- */
 
 /*
- * Can every replica serve? Not while a stage of its worker chain is down or
- * the chain re-forms (in-process chains have no stage that can fail alone).
+ * Can a replica serve? One can while every stage of its worker chain is up
+ * (in-process chains have no stage that can fail alone); the others' waiting
+ * requests move to it (ctrl_dispatch_poll), so with one replica of several
+ * down the node still serves. Not ready while no replica can.
  * Fills @p why with each stage that is not ready. The chains' state belongs
  * to the scheduler thread; this reads it from an HTTP thread as /ctrl/status
  * (status_workers) reads it from the admin thread: plain loads of words the
@@ -320,21 +335,25 @@ static int build_pipelines(struct daemon *d)
 static int chains_ready(struct daemon *d, char *why, size_t whylen)
 {
 	size_t n = 0;
-	int ok = 1, down = 0;
+	int ok = 0, down = 0;
 	struct ctrl_proc_stage ps;
 
 	why[0] = 0;
-	for (int r = 0; r < d->n_rep; r++)
+	for (int r = 0; r < d->n_rep; r++) {
+		int rep_ok = 1;
+
 		for (int s = 0; ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0; s++) {
 			if (ps.up)
 				continue;
-			ok = 0;
+			rep_ok = 0;
 			if (n < whylen)
 				n += (size_t)snprintf(why + n, whylen - n, "%s replica %d stage %d (layers %d-%d, "
 						      "kvferry-worker pid %d) %s for %.1f s",
 						      down++ ? ";" : "the stage chain cannot serve:", r, s, ps.layer_start,
 						      ps.layer_end, ps.pid, ps.state, (double)ps.state_ms / 1e3);
 		}
+		ok |= rep_ok;
+	}
 	if (!ok && n < whylen)
 		snprintf(why + n, whylen - n, " (it re-forms by itself once every stage's worker answers; "
 			 "ctrlctl stages)");

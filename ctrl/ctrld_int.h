@@ -49,6 +49,7 @@ struct daemon {
 	int32_t ends[CTRL_CFG_MAX_STAGES];
 	int n_rep;
 	struct ctrl_chain *chains[CTRL_DISPATCH_MAX];
+	char wk_names[CTRL_DISPATCH_MAX][3][32]; /* worker replicas: prefix, first ring, return ring */
 	struct ctrl_sched *scheds[CTRL_DISPATCH_MAX];
 	struct ctrl_dispatch *disp;
 	struct ctrl_http *http;

@@ -75,6 +75,7 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 		"requests_replayed_total", (json_int_t)st->replayed,
 		"replay_failures_total", (json_int_t)st->replay_failures, "replaying", st->replaying));
 	json_object_set_new(r, "prefill_pipelined_total", json_integer((json_int_t)st->prefill_pipelined));
+	json_object_set_new(r, "requests_moved_out_total", json_integer((json_int_t)st->moved_out));
 	json_object_update_new(r, json_pack("{s:I, s:f, s:f, s:o}",
 		"prefill_capped_total", (json_int_t)st->prefill_capped,
 		"step_fixed_us", st->step_fixed_us, "step_col_us", st->step_col_us, "plans", plans));
@@ -85,7 +86,7 @@ json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d)
 {
 	json_t *reps = json_array();
 	int n = ctrl_dispatch_count(d);
-	int64_t live = 0, queued = 0, replaying = 0, replayed = 0;
+	int64_t live = 0, queued = 0, replaying = 0, replayed = 0, moved = 0;
 
 	for (int i = 0; i < n; i++) {
 		struct ctrl_sched_stats st;
@@ -95,9 +96,10 @@ json_t *ctrl_http_sched_stats_json(struct ctrl_dispatch *d)
 		queued += st.queued;
 		replaying += st.replaying;
 		replayed += (int64_t)st.replayed;
+		moved += (int64_t)st.moved_out;
 		json_array_append_new(reps, replica_json(&st));
 	}
-	return json_pack("{s:I, s:I, s:I, s:I, s:o}", "live", (json_int_t)live, "queued", (json_int_t)queued,
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}", "live", (json_int_t)live, "queued", (json_int_t)queued,
 			 "replaying", (json_int_t)replaying, "requests_replayed_total", (json_int_t)replayed,
-			 "replicas", reps);
+			 "requests_moved_total", (json_int_t)moved, "replicas", reps);
 }

@@ -102,11 +102,13 @@ static const struct prom_rule {
 	{"http.connections", NULL, NULL, "HTTP connections open", NULL},
 	{"http.connections_refused_total", NULL, NULL, "requests answered 503 beyond max_connections", NULL},
 	{"http.slow_requests_closed_total", NULL, NULL, "connections closed as their request took over request_timeout to arrive", NULL},
-	{"ready", NULL, NULL, "1 when /readyz answers 200: not draining, every stage up", NULL},
+	{"ready", NULL, NULL, "1 when /readyz answers 200: not draining, and a replica with every stage up", NULL},
 	/* every replica's replays, one family of its own at the top */
 	{"backend.requests_replayed_total", NULL, NULL, "requests run again after a stage died under them",
 	 "kvferry_requests_replayed_total"},
 	{"backend.replaying", NULL, NULL, "requests waiting to run again (for their chain to re-form)", NULL},
+	{"backend.requests_moved_total", NULL, NULL, "waiting requests (lost ones to run again, and new ones) "
+	 "handed from a replica whose chain was down to one that serves", "kvferry_requests_moved_total"},
 	/* rooms by state: the states (CamelCase) as a label, not a family each */
 	{"backend.pd.rooms", NULL, "state", "PD rooms in flight by state", NULL},
 	{"backend.pd.rooms_lost_dataplane_total", NULL, NULL, "rooms failed at once because their prefill node's "

@@ -171,6 +171,10 @@ void sched_queue_push(struct sched_req **head, struct sched_req **tail, struct s
 void sched_queue_unlink(struct sched_req **head, struct sched_req **tail, struct sched_req *prev,
 			struct sched_req *r);
 
+/* sched_replay.c: move @p from's waiting requests (lost ones first, then
+ * the FIFO) to @p to's queues, in order, but for PD requests and any @p to
+ * could never carry; both polled by the calling thread. @return how many. */
+int32_t sched_move_waiting(struct ctrl_sched *from, struct ctrl_sched *to);
 /* sched_replay.c: requests the chain lost. */
 /* The chain lost the sequence in slot @p i (@p msg: how); replay it or end it. */
 void sched_slot_lost(struct ctrl_sched *s, int32_t i, const char *msg);

@@ -153,3 +153,47 @@ int sched_replay_hold(struct ctrl_sched *s)
 	expire(s, &s->q_head, &s->q_tail, &s->n_queued, now, s->o.replay_timeout_ms * 1000000ull);
 	return 1;
 }
+
+/* Move the requests of queue @p head of @p from that @p to can carry. */
+static int32_t move_queue(struct ctrl_sched *from, struct ctrl_sched *to, struct sched_req **head,
+			  struct sched_req **tail, int32_t *n, struct sched_req **thead, struct sched_req **ttail,
+			  int32_t *tn)
+{
+	struct sched_req *r, *prev = NULL, *next;
+	int32_t moved = 0;
+
+	for (r = *head; r != NULL; r = next) {
+		size_t b = sched_req_queued_bytes(r);
+
+		next = r->next;
+		/* PD requests keep their node's reservations; one the other
+		 * pool could never carry stays (it ends where it is) */
+		if (r->hold_kv || r->kv_remote || r->need > to->n_blocks || r->n_prompt + r->max_tokens - r->n_gen > to->ctx) {
+			prev = r;
+			continue;
+		}
+		sched_queue_unlink(head, tail, prev, r);
+		(*n)--;
+		from->queued_bytes -= b;
+		atomic_fetch_sub_explicit(&from->pending, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&from->load, r->need, memory_order_relaxed); /* added at submit, */
+		atomic_fetch_add_explicit(&to->load, r->need, memory_order_relaxed);   /* taken at its end */
+		sched_queue_push(thead, ttail, r);
+		(*tn)++;
+		to->queued_bytes += b;
+		atomic_fetch_add_explicit(&to->pending, 1, memory_order_relaxed);
+		moved++;
+	}
+	return moved;
+}
+
+int32_t sched_move_waiting(struct ctrl_sched *from, struct ctrl_sched *to)
+{
+	int32_t n = move_queue(from, to, &from->rp_head, &from->rp_tail, &from->n_replaying, &to->rp_head,
+			       &to->rp_tail, &to->n_replaying);
+
+	n += move_queue(from, to, &from->q_head, &from->q_tail, &from->n_queued, &to->q_head, &to->q_tail,
+			&to->n_queued);
+	from->st.moved_out += (uint64_t)n;
+	return n;
+}

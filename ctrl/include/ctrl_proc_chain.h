@@ -52,6 +52,9 @@ struct ctrl_proc_chain_opts {
 	const char *first_ring;       /**< ring of stage 0 on this node ("serve.s0.in") */
 	const char *return_ring;      /**< results ring on this node ("serve.ret"), or
 	                                   NULL: results come through the dataplane (dp.rx) */
+	const char *prefix;           /**< the chain's own names in the region: its output area
+	                                   PREFIX.ctrl.out, its stage rings PREFIX.sK.in ("serve");
+	                                   a second pipeline on one region takes another */
 	int32_t n_stages;             /**< 1 .. CTRL_CHAIN_MAX_STAGES */
 	int32_t layer_ends[CTRL_CHAIN_MAX_STAGES]; /**< all > 0: explicit ranges
 	                                   [end(i-1), end(i)); all 0: even split */

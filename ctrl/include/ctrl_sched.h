@@ -240,6 +240,8 @@ struct ctrl_sched_stats {
 	                                them (each replay counts) */
 	uint64_t replay_failures;  /**< requests that ended with the chain's error although
 	                                replay was on: past replay_max, or past replay_timeout */
+	uint64_t moved_out;        /**< waiting requests handed to another replica while this
+	                                one's chain was down (ctrl_dispatch_poll) */
 	int32_t replaying;         /**< requests waiting to run again now */
 	double step_fixed_us;      /**< the step model: fixed time of a launch (0: no fit) */
 	double step_col_us;        /**< the step model: time per column */

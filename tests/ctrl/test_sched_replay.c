@@ -504,6 +504,108 @@ static void with_replay_max_0_a_dead_stage_fails_its_requests_at_once(void **sta
 	ctrl_chain_destroy(&dc->base);
 }
 
+/* Two replicas; replica 0's chain dies after a few launches and never comes
+ * back. Its waiting requests move to replica 1 (the dispatcher's poll) and
+ * end as if undisturbed; new requests go to replica 1 only; replica 0's
+ * load falls back to nothing, and a cancel finds a moved request. */
+static void a_replica_whose_chain_died_hands_its_requests_to_one_that_serves_token_for_token(void **state)
+{
+	static struct rec ref[N_REQ], got[N_REQ];
+	const int64_t die_at[] = { 6 };
+	struct dying_chain *dc[2] = { dying(die_at, 1, -1), dying(NULL, 0, 0) };
+	struct ctrl_sched *s[2];
+	struct ctrl_dispatch *d;
+	struct ctrl_sched_stats st0, st1;
+	struct rec extra = { 0 };
+	struct ctrl_request rq;
+	int32_t p[64];
+	long k;
+
+	(void)state;
+	undisturbed(ref);
+	for (int i = 0; i < 2; i++) {
+		struct ctrl_sched_opts o;
+		char err[256];
+
+		ctrl_sched_opts_init(&o);
+		o.mb_cols = 8;
+		o.replay_timeout_ms = 600000; /* the test must not pass by a timeout */
+		o.id_tag = (uint8_t)i;
+		s[i] = ctrl_sched_create(&dc[i]->base, &o, err, sizeof(err));
+		if (s[i] == NULL)
+			fail_msg("ctrl_sched_create: %s", err);
+	}
+	d = ctrl_dispatch_create(s, 2);
+	assert_non_null(d);
+	for (int i = 0; i < N_REQ; i++) {
+		int32_t np = prompt_of(i, p);
+
+		memset(&got[i], 0, sizeof(got[i]));
+		ctrl_request_init(&rq);
+		rq.prompt = p;
+		rq.n_prompt = np;
+		rq.max_tokens = MAX_TOK;
+		rq.temperature = i % 2 ? 0.8f : 0.0f;
+		rq.seed = (uint32_t)(1000 + i);
+		rq.cb = rec_cb;
+		rq.cb_arg = &got[i];
+		got[i].id = ctrl_dispatch_submit(d, &rq);
+		assert_true(got[i].id > 0);
+	}
+	for (k = 0; k < 200000 && !ctrl_dispatch_drained(d); k++) {
+		assert_true(ctrl_dispatch_poll(d) >= 0);
+		if (dc[0]->down && extra.id == 0) {
+			/* a request arriving now goes to the replica that serves */
+			ctrl_request_init(&rq);
+			rq.prompt = p;
+			rq.n_prompt = prompt_of(0, p);
+			rq.max_tokens = MAX_TOK;
+			rq.cb = rec_cb;
+			rq.cb_arg = &extra;
+			extra.id = ctrl_dispatch_submit(d, &rq);
+			assert_int_equal(extra.id & 0xff, 1);
+		}
+	}
+	assert_true(ctrl_dispatch_drained(d));
+	assert_true(dc[0]->down);
+	for (int i = 0; i < N_REQ; i++) {
+		assert_int_equal(got[i].finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(got[i].n, MAX_TOK);
+		assert_memory_equal(got[i].toks, ref[i].toks, sizeof(int32_t) * MAX_TOK);
+	}
+	assert_int_equal(extra.finish, CTRL_FINISH_LENGTH);
+	assert_memory_equal(extra.toks, ref[0].toks, sizeof(int32_t) * MAX_TOK);
+	ctrl_sched_stats(s[0], &st0);
+	ctrl_sched_stats(s[1], &st1);
+	printf("replica 0 died after 6 launches: %llu requests moved to replica 1, %llu replayed, every one equal "
+	       "to the undisturbed run\n", (unsigned long long)st0.moved_out, (unsigned long long)st0.replayed);
+	assert_true(st0.moved_out > 0);
+	assert_int_equal(st0.errors + st1.errors, 0);
+	assert_int_equal(st0.live + st0.queued + st0.replaying, 0);
+	assert_true(ctrl_sched_load(s[0]) == 0.0 && ctrl_sched_load(s[1]) == 0.0);
+
+	/* a cancel of a request that moved reaches it where it is now */
+	memset(&got[0], 0, sizeof(got[0]));
+	ctrl_request_init(&rq);
+	rq.prompt = p;
+	rq.n_prompt = prompt_of(0, p);
+	rq.max_tokens = 1000;
+	rq.cb = rec_cb;
+	rq.cb_arg = &got[0];
+	got[0].id = ctrl_sched_submit(s[0], &rq); /* queued where no chain serves */
+	assert_true(got[0].id > 0);
+	assert_true(ctrl_dispatch_poll(d) >= 0); /* moved */
+	assert_int_equal(ctrl_dispatch_cancel(d, (uint64_t)got[0].id), 0);
+	for (k = 0; k < 200000 && !ctrl_dispatch_drained(d); k++)
+		assert_true(ctrl_dispatch_poll(d) >= 0);
+	assert_int_equal(got[0].finish, CTRL_FINISH_CANCELLED);
+	ctrl_dispatch_destroy(d);
+	for (int i = 0; i < 2; i++) {
+		ctrl_sched_destroy(s[i]);
+		ctrl_chain_destroy(&dc[i]->base);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -512,6 +614,7 @@ int main(void)
 		cmocka_unit_test(a_request_waiting_past_replay_timeout_for_the_chain_fails_naming_the_stage),
 		cmocka_unit_test(a_sequence_between_two_rounds_when_the_chain_falls_runs_again_and_is_not_expired),
 		cmocka_unit_test(with_replay_max_0_a_dead_stage_fails_its_requests_at_once),
+		cmocka_unit_test(a_replica_whose_chain_died_hands_its_requests_to_one_that_serves_token_for_token),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
