@@ -13,8 +13,11 @@
 #  2. the worker is started again: its replica re-forms and takes requests
 #     again; every KV block is back in both pools.
 #   ctrld_replicas.sh BUILD_DIR SOURCE_ROOT
+# KVF_BACKEND=cuda runs the four workers on the GPU (a manual run on a GPU
+# machine; CI runs cpu).
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd)
+BACKEND=${KVF_BACKEND:-cpu}
 skip() { echo "SKIP: $*"; exit 77; }
 command -v python3 >/dev/null || skip "python3 missing"
 command -v curl >/dev/null || skip "curl missing"
@@ -44,14 +47,14 @@ worker() {
   [ "$r" = 1 ] && p=serve.r1
   local out="ring:$p.s$((k + 1)).in"
   [ "$k" = 1 ] && out="ring:$p.ret"
-  WCMD[$r$k]="$B/kvferry-worker --config /dev/null --region $REG --model $KVF_RUN/tiny --in ring:$p.s$k.in --out $out --role r${r}stage$k --backend cpu --threads 1"
+  WCMD[$r$k]="$B/kvferry-worker --config /dev/null --region $REG --model $KVF_RUN/tiny --in ring:$p.s$k.in --out $out --role r${r}stage$k --backend $BACKEND --threads 1"
   ${WCMD[$r$k]} >>"$KVF_RUN/worker$r$k.log" 2>&1 &
   WPID[$r$k]=$!
   pids+=($!)
 }
 for r in 0 1; do for k in 0 1; do worker $r $k; done; done
 env -u KVFERRY_CONFIG KVFERRY_REPLAY_TIMEOUT=60 "$B/kvferry-ctrld" --config /dev/null --model-dir "$KVF_RUN/tiny" \
-  --stages 2 --replicas 2 --backend cpu --threads 1 --port 0 --admin-socket "$KVF_RUN/ctrl.sock" \
+  --stages 2 --replicas 2 --backend "$BACKEND" --threads 1 --port 0 --admin-socket "$KVF_RUN/ctrl.sock" \
   --kv-memory 16M --worker-region "$REG" --worker-region-size 64M --worker-return ring --worker-join-timeout 60 \
   --served-model-name tiny >"$KVF_RUN/ctrld.log" 2>&1 &
 pids+=($!)
