@@ -58,7 +58,14 @@ int cu_dalloc(struct cu_stage *s, void **p, size_t bytes, const char *what)
 		return -ENOMEM;
 	}
 	s->dptr[s->n_dptr++] = *p;
+	/* cudaMemset runs on the legacy stream, which the step stream (non-
+	 * blocking) does not wait for: without the synchronize, a 12 GB KV
+	 * pool was still being zeroed under the first steps after a join,
+	 * wiping their KV (H200, two CUDA worker stages: the first request
+	 * after start answered "!!!!!!!!!!!!", the next ones right) */
 	e = cudaMemset(*p, 0, bytes ? bytes : 16);
+	if (e == cudaSuccess)
+		e = cudaDeviceSynchronize();
 	if (e != cudaSuccess) {
 		cu_seterr(s, "cudaMemset(%s, %zu) failed: %s", what, bytes, cudaGetErrorString(e));
 		return -EIO;
@@ -306,6 +313,7 @@ static int cu_set_pool(struct kn_stage *b, int32_t n_blocks)
 		return -ENOMEM;
 	}
 	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
+	CK(cudaDeviceSynchronize()); /* the legacy stream's memset before the step stream's ops (cu_dalloc) */
 	s->p_ops_n = 0; /* ops of the old pool: the table starts empty */
 	return 0;
 }

@@ -263,6 +263,7 @@ int cu_alloc_workspace(struct cu_stage *s)
 		s->ws_bytes += W * s->vocab * 4;
 	}
 	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
+	CK(cudaDeviceSynchronize()); /* legacy-stream memsets before the step stream's work (cu_dalloc) */
 	s->d_cols = s->d_in + 1;
 	for (int i = 0; i < KN_STEP_DEPTH; i++) {
 		struct cu_slot *sl = &s->ring[i];
