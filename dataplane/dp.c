@@ -36,6 +36,7 @@
 
 #include "dp.h"
 #include "dp_ipc.h"
+#include "kvf_clock.h"
 #include "kvf_log.h"
 #include "port.h"
 #include "shm_live.h"
@@ -743,6 +744,17 @@ static unsigned poll_rx(struct dp *d)
 {
 	struct rte_mbuf *m[BURST];
 	uint16_t n = rte_eth_rx_burst(d->port.port, 0, m, BURST);
+	if (d->o->outage && *d->o->outage && d->o->impair.outage_s > 0) {
+		/* a self-ending outage: timed here, not by the signalling script */
+		uint64_t now = kvf_mono_ns();
+
+		if (d->outage_t0 == 0)
+			d->outage_t0 = now;
+		else if (now - d->outage_t0 >= (uint64_t)(d->o->impair.outage_s * 1e9)) {
+			*d->o->outage = 0;
+			d->outage_t0 = 0;
+		}
+	}
 	if (d->o->outage && *d->o->outage) {
 		for (uint16_t i = 0; i < n; i++) {
 			drop(d, NULL, DP_DROP_IMPAIR);

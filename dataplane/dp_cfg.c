@@ -53,8 +53,8 @@ static const struct cfg_key keys[] = {
 	{ "idle_mode", "dp", CFG_ENUM, OFF(idle_mode), "poll", 0, 1, "KVFERRY_DP_IDLE_MODE", "--idle-mode",
 	  idle_names, NULL, "busy-poll, or an adaptive back-off sleep when idle" },
 	{ "impair", "dp", CFG_STRING, OFF(impair), "", 0, 0, "KVFERRY_DP_IMPAIR", "--impair", NULL, NULL,
-	  "test-only receive impairment loss=P,dup=P,reorder=P,corrupt=P[,seed=N]; with it, SIGUSR1 drops "
-	  "every received frame until SIGUSR2" },
+	  "test-only receive impairment loss=P,dup=P,reorder=P,corrupt=P[,seed=N][,outage=S]; with it, "
+	  "SIGUSR1 drops every received frame until SIGUSR2, or for S seconds" },
 	{ "rx_small", "dp", CFG_STRING, OFF(rx_small), "256:65536", 0, 0, "KVFERRY_DP_RX_SMALL", "--rx-small",
 	  NULL, NULL, "reassembly pool for small messages, N:BYTES" },
 	{ "rx_large", "dp", CFG_STRING, OFF(rx_large), "32:4194304", 0, 0, "KVFERRY_DP_RX_LARGE", "--rx-large",
@@ -220,7 +220,7 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int
 	}
 	if (s->impair[0]) {
 		if (dp_impair_parse(s->impair, &o->impair)) {
-			rc = refuse(c, "impair", s->impair, "loss=P,dup=P,reorder=P,corrupt=P[,seed=N]", err, errlen);
+			rc = refuse(c, "impair", s->impair, "loss=P,dup=P,reorder=P,corrupt=P[,seed=N][,outage=S]", err, errlen);
 			goto fail;
 		}
 		*impair_given = 1;

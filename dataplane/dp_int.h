@@ -87,6 +87,7 @@ struct peer {
 
 struct dp {
 	const struct dp_opts *o;
+	uint64_t outage_t0;  /* test-only: when the running self-ending outage began (0: none) */
 	struct dp_port port;
 	struct shm_region *reg;
 	struct shm_ring *r_tx, *r_txc, *r_rx, *r_ev;

@@ -102,9 +102,11 @@ int dp_impair_parse(const char *s, struct dp_impair *imp)
 			imp->corrupt = v;
 		else if (!strcmp(key, "seed") && v < 0x1p64) /* past 2^64 the conversion is undefined */
 			imp->seed = (uint64_t)v;
+		else if (!strcmp(key, "outage") && v <= 3600)
+			imp->outage_s = v;
 		else
 			return -EINVAL;
-		if (strcmp(key, "seed") && v > 1)
+		if (strcmp(key, "seed") && strcmp(key, "outage") && v > 1)
 			return -EINVAL;
 	}
 	return 0;

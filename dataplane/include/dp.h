@@ -32,6 +32,8 @@ enum dp_idle_mode {
 struct dp_impair {
 	double loss, dup, reorder, corrupt;
 	uint64_t seed;
+	double outage_s; /**< > 0: an outage SIGUSR1 starts ends by itself after this many seconds of
+	                      the dataplane's own clock (a test's script may be starved longer) */
 };
 
 /** A configured peer. */
