@@ -135,7 +135,9 @@ for i, r in enumerate(lost):
     assert len(r["errors"]) == 1, (i, r["errors"])
     m = r["errors"][0]
     assert "stage 1" in m and "replay_timeout" in m and "raise [sched] replay_timeout" in m, (i, m)
-    assert timeout <= r["t_end"] - t_kill < timeout + 10, (i, r["t_end"] - t_kill)
+    # t_kill is read after kill(1) returned and date(1) ran (tens of ms on a
+    # loaded machine), the chain may notice the death before that: 0.25 s slack
+    assert timeout - 0.25 <= r["t_end"] - t_kill < timeout + 10, (i, r["t_end"] - t_kill)
 assert code == "500" and late["error"]["code"] == "generation_failed", (code, late)
 m = late["error"]["message"]
 assert "stage 1" in m and "replay_timeout" in m, m
