@@ -36,7 +36,11 @@ fail() {
 now() { date +%s.%N; }
 "$B/kvferry-mkmodel" --out "$KVF_MODEL" --preset tiny >/dev/null || fail "kvferry-mkmodel"
 
-clients() { python3 "$S/tests/ctrl/stream_clients.py" "$KVF_URL" "$KVF_RUN/$1.json" "$KVF_RUN/$1.ready" "$2"; }
+# clients NAME N BASE: N streams of BASE + 6 i tokens, enough that no stream
+# can end in the moment between READY and the kill (the tiny model streams
+# 90 tokens in tens of ms; 400 for the runs compared with the undisturbed one,
+# 1500 for those that are never restarted)
+clients() { python3 "$S/tests/ctrl/stream_clients.py" "$KVF_URL" "$KVF_RUN/$1.json" "$KVF_RUN/$1.ready" "$2" "$3"; }
 # wait_ready NAME: until every stream of clients NAME has shown 3 tokens
 wait_ready() {
   for _ in $(seq 600); do [ -e "$KVF_RUN/$1.ready" ] && return 0; sleep 0.05; done
@@ -61,19 +65,19 @@ export KVFERRY_REPLAY_TIMEOUT=$TIMEOUT
 kvf_up shm 2 || fail "the shm topology did not come up"
 
 # 0. the undisturbed run
-clients ref 8 || fail "the undisturbed clients"
+clients ref 8 400 || fail "the undisturbed clients"
 python3 - "$KVF_RUN/ref.json" <<'EOF' || fail "the undisturbed run itself is not clean"
 import json, sys
 for i, r in enumerate(json.load(open(sys.argv[1]))):
     assert r["status"] == 200 and r["done"] and not r["errors"] and r["finish"] == "length", (i, r)
-    assert r["usage"]["completion_tokens"] == 90 + 6 * i, (i, r["usage"])
-    assert (len(r["token_logprobs"]) == 90 + 6 * i) == (i % 4 < 2), (i, len(r["token_logprobs"]))
+    assert r["usage"]["completion_tokens"] == 400 + 6 * i, (i, r["usage"])
+    assert (len(r["token_logprobs"]) == 400 + 6 * i) == (i % 4 < 2), (i, len(r["token_logprobs"]))
 EOF
 echo "ok    8 streaming clients (greedy, seeded, 4 with logprobs) undisturbed"
 
 # 1. SIGKILL stage 1 mid-stream, start it again 1 s later
 rm -f "$KVF_RUN/run.ready"
-clients run 8 & cli=$!
+clients run 8 400 & cli=$!
 wait_ready run
 kill -9 "${KVF_WPIDS[1]}"
 t_kill=$(now)
@@ -118,7 +122,7 @@ echo "ok    kvferry_requests_replayed_total $replayed (ctrlctl status: $st), eve
 
 # 2. killed again, not started again: replay_timeout ends the requests
 rm -f "$KVF_RUN/lost.ready"
-clients lost 4 & cli=$!
+clients lost 4 1500 & cli=$!
 wait_ready lost
 kill -9 "$w1"
 t_kill=$(now)
@@ -152,7 +156,7 @@ kvf_down
 export KVFERRY_REPLAY_MAX=0
 kvf_up shm 2 || fail "the shm topology (replay_max 0) did not come up"
 rm -f "$KVF_RUN/norp.ready"
-clients norp 4 & cli=$!
+clients norp 4 1500 & cli=$!
 wait_ready norp
 kill -9 "${KVF_WPIDS[1]}"
 t_kill=$(now)

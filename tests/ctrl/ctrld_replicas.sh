@@ -2,7 +2,8 @@
 # Integration: two pipelines of kvferry-worker processes behind one
 # kvferry-ctrld ([sched] replicas = 2, every worker on this node's region,
 # replica 1 on rings serve.r1.*), the tiny generated model, 8 streaming
-# clients in flight (greedy and seeded, half with logprobs):
+# clients in flight (greedy and seeded, half with logprobs; 400 + 6 i tokens,
+# so that every stream is still going when the kill lands):
 #  1. a worker of one replica is SIGKILLed mid-stream and not started again:
 #     every client completes with 200 and no error event, its text, logprobs,
 #     finish reason and usage those of an undisturbed run, within seconds
@@ -62,7 +63,7 @@ for _ in $(seq 300); do grep -q "serving " "$KVF_RUN/ctrld.log" && break; sleep 
 grep -q "serving " "$KVF_RUN/ctrld.log" || fail "ctrld did not serve two replicas of workers"
 URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
 
-clients() { python3 "$S/tests/ctrl/stream_clients.py" "$URL" "$KVF_RUN/$1.json" "$KVF_RUN/$1.ready" "$2"; }
+clients() { python3 "$S/tests/ctrl/stream_clients.py" "$URL" "$KVF_RUN/$1.json" "$KVF_RUN/$1.ready" "$2" 400; }
 wait_ready() {
   for _ in $(seq 600); do [ -e "$KVF_RUN/$1.ready" ] && return 0; sleep 0.05; done
   fail "the streams of $1 did not start"

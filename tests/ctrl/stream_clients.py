@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 # N streaming completions at once against a kvferry-ctrld, for the tests that
 # disturb a serving node (ctrld_replay.sh, ctrld_replicas.sh):
-#   stream_clients.py URL OUT READY N
-# Client i sends "the ferry crosses the river i times" for 90 + 6 i tokens
+#   stream_clients.py URL OUT READY N [BASE]
+# Client i sends "the ferry crosses the river i times" for BASE + 6 i tokens
+# (BASE 90 unless given: a run that must still be in flight some time after
+# READY asks for more, as the tiny model streams 90 tokens in a few tens of ms)
 # (greedy for even i, seeded sampling for odd; logprobs 3 for i % 4 < 2).
 # READY is created once every stream has shown 3 tokens; OUT gets, per
 # client, the status, the text, logprobs, finish reason, usage, error events
 # and when the stream ended.
 import http.client, json, sys, threading, time, urllib.parse
 url, out, ready, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+base = int(sys.argv[5]) if len(sys.argv) > 5 else 90
 u = urllib.parse.urlparse(url)
 
 def body(i):
-    b = {"model": "tiny", "prompt": "the ferry crosses the river %d times" % i, "max_tokens": 90 + 6 * i,
+    b = {"model": "tiny", "prompt": "the ferry crosses the river %d times" % i, "max_tokens": base + 6 * i,
          "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     b.update({"temperature": 0.8, "seed": 100 + i} if i % 2 else {"temperature": 0})
     if i % 4 < 2:
