@@ -1,26 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Buffer pools: [meta | state words | free ring | buffers], one area.
- * The free ring (MPMC rte_ring of uint32 indices) is the free list; the
- * per-buffer state word is the authority on ownership: FREE (0), or the pid
- * of the process holding it (layout 2; layout 1 wrote 1 for any holder):
- *   get: dequeue idx, then CAS state FREE→pid (a failure means the list
- *        and the states disagree: the index is dropped, never handed out);
+ * Buffer pools: [meta | state words | buffers], one area. The state word of
+ * each buffer is the pool: FREE (0), or the pid of the process holding it.
+ * Every operation is one compare-and-swap on one word, so a process killed
+ * at any instruction leaves each buffer either free or held by its pid,
+ * never half-moved (reclaim() then gives back what the pid held):
+ *   get: from a shared cursor, the first state that CASes FREE→pid;
  *   take: CAS state holder→pid (the process a descriptor handed the buffer
  *        to says it holds it now);
- *   put: CAS state holder→FREE (FREE already is a double release: refused),
- *        then enqueue idx;
- *   reclaim: CAS state dead pid→FREE, then enqueue: what a killed process
- *        held goes back (before, a receive buffer a SIGKILLed worker was
- *        computing from was lost to the pool until the region was made
- *        again: the fault drill's remote-worker-kill, 1 of 144).
- * The ring has room for 2n indices: in RTS mode the consumer tail advances
- * only when the last concurrent dequeuer finishes, so slots freed by a get
- * can still count as used while the same index is put back. The spare room
- * makes a retry of put's enqueue rare; it always succeeds once the stalled
- * dequeuer finishes.
+ *   put: CAS state holder→FREE (FREE already is a double release: refused);
+ *   reclaim: CAS state dead pid→FREE.
+ * Layout 2 kept a free list in an MPMC rte_ring beside the states: get was
+ * dequeue-then-CAS and put CAS-then-enqueue, and a process killed between
+ * the two lost the buffer (seven of 64 after one random kill in the kill
+ * test); one killed inside the ring's head/tail update stalled the ring for
+ * every process. A get now scans at most n words (a few hundred for the
+ * dataplane's pools; the cursor makes the first word tried usually free).
  */
-#include <sched.h>
 #include <errno.h>
 #include <unistd.h>
 #include <assert.h>
@@ -28,13 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <rte_ring.h>
-#include <rte_ring_elem.h>
-
 #include "shm_pool.h"
 
 #define SHM_POOL_MAGIC 0x4c4f4f50u /* "POOL" */
-#define SHM_POOL_LAYOUT 2u
+#define SHM_POOL_LAYOUT 3u
 
 enum { BUF_FREE = 0 };
 
@@ -45,7 +38,8 @@ struct shm_pool_meta {
 	uint32_t reserved0;
 	uint64_t bufsize;
 	uint64_t states_off;  /* from meta */
-	uint64_t ring_off;    /* from meta */
+	_Atomic uint32_t cursor; /* where the next get starts looking */
+	uint32_t reserved1;
 	uint64_t bufs_off;    /* from the region base */
 	uint8_t reserved[24];
 };
@@ -56,7 +50,6 @@ static_assert(offsetof(struct shm_pool_meta, bufs_off) == 40, "bufs_off at 40");
 struct shm_pool {
 	struct shm_pool_meta *meta;
 	_Atomic uint32_t *states;
-	struct rte_ring *ring;
 	char *bufs;
 	uint64_t bufs_off;
 	size_t bufsize;
@@ -73,7 +66,6 @@ static struct shm_pool *wrap(struct shm_region *reg, struct shm_pool_meta *meta)
 	}
 	p->meta = meta;
 	p->states = (_Atomic uint32_t *)((char *)meta + meta->states_off);
-	p->ring = (struct rte_ring *)((char *)meta + meta->ring_off);
 	p->bufs_off = meta->bufs_off;
 	p->bufs = shm_ptr(reg, meta->bufs_off);
 	p->bufsize = meta->bufsize;
@@ -90,8 +82,7 @@ struct shm_pool *shm_pool_create(struct shm_region *reg, const char *name, uint3
 				 size_t bufsize)
 {
 	struct shm_pool_meta *meta;
-	size_t states_off, ring_off, bufs_rel, total;
-	ssize_t rsz;
+	size_t states_off, bufs_rel, total;
 	uint64_t off;
 	int rc;
 
@@ -100,15 +91,9 @@ struct shm_pool *shm_pool_create(struct shm_region *reg, const char *name, uint3
 		return NULL;
 	}
 	bufsize = up(bufsize, 64);
-	rsz = rte_ring_get_memsize_elem(sizeof(uint32_t), rte_align32pow2(2 * n + 1));
-	if (rsz < 0) {
-		errno = EINVAL;
-		return NULL;
-	}
 	states_off = up(sizeof(*meta), 64);
-	ring_off = up(states_off + sizeof(uint32_t) * n, 128);
 	/* Buffers start on a 4 KiB boundary so DMA engines see aligned pages. */
-	bufs_rel = up(ring_off + (size_t)rsz, 4096);
+	bufs_rel = up(states_off + sizeof(uint32_t) * n, 4096);
 	total = bufs_rel + bufsize * n;
 	rc = shm_region_add_area(reg, name, total, 4096, SHM_AREA_POOL, &off);
 	if (rc < 0) {
@@ -120,19 +105,8 @@ struct shm_pool *shm_pool_create(struct shm_region *reg, const char *name, uint3
 	meta->n = n;
 	meta->bufsize = bufsize;
 	meta->states_off = states_off;
-	meta->ring_off = ring_off;
 	meta->bufs_off = off + bufs_rel;
-	memset((char *)meta + states_off, 0, sizeof(uint32_t) * n);
-	/* RTS mode: see ring.c on preempted peers. */
-	rc = rte_ring_init((struct rte_ring *)((char *)meta + ring_off), name, 2 * n,
-			   RING_F_EXACT_SZ | RING_F_MP_RTS_ENQ | RING_F_MC_RTS_DEQ);
-	if (rc < 0) {
-		errno = -rc;
-		return NULL;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		rte_ring_enqueue_elem((struct rte_ring *)((char *)meta + ring_off), &i,
-				      sizeof(uint32_t));
+	memset((char *)meta + states_off, 0, sizeof(uint32_t) * n); /* every buffer FREE */
 	meta->layout = SHM_POOL_LAYOUT;
 	/* R4: publish; pairs with A4 in shm_pool_lookup(). */
 	__atomic_store_n(&meta->magic, SHM_POOL_MAGIC, __ATOMIC_RELEASE);
@@ -165,21 +139,23 @@ void shm_pool_close(struct shm_pool *p)
 
 int shm_pool_get(struct shm_pool *p, uint32_t *idx)
 {
-	uint32_t i;
+	uint32_t start = atomic_load_explicit(&p->meta->cursor, memory_order_relaxed) % p->n;
+	uint32_t me = (uint32_t)getpid();
 
-	for (;;) {
+	for (uint32_t j = 0, i = start; j < p->n; j++, i = i + 1 == p->n ? 0 : i + 1) {
 		uint32_t expect = BUF_FREE;
 
-		if (rte_ring_dequeue_elem(p->ring, &i, sizeof(i)) != 0)
-			return -ENOBUFS;
-		if (i < p->n && atomic_compare_exchange_strong_explicit(
-					&p->states[i], &expect, (uint32_t)getpid(), memory_order_acquire,
-					memory_order_relaxed)) {
+		if (atomic_load_explicit(&p->states[i], memory_order_relaxed) != BUF_FREE)
+			continue;
+		/* acquire: pairs with put's release, so the last holder's writes are seen */
+		if (atomic_compare_exchange_strong_explicit(&p->states[i], &expect, me, memory_order_acquire,
+							    memory_order_relaxed)) {
+			atomic_store_explicit(&p->meta->cursor, i + 1, memory_order_relaxed);
 			*idx = i;
 			return 0;
 		}
-		/* An index whose state was not FREE is never handed out. */
 	}
+	return -ENOBUFS;
 }
 
 /* CAS state @p idx from a holder (any, or only @p only when it is not 0) to
@@ -198,12 +174,6 @@ static int swap_holder(struct shm_pool *p, uint32_t idx, uint32_t only, uint32_t
 	}
 }
 
-static void requeue(struct shm_pool *p, uint32_t idx)
-{
-	while (rte_ring_enqueue_elem(p->ring, &idx, sizeof(idx)) != 0)
-		sched_yield(); /* a preempted dequeuer holds the tail: see the top */
-}
-
 int shm_pool_put(struct shm_pool *p, uint32_t idx)
 {
 	int rc;
@@ -211,10 +181,7 @@ int shm_pool_put(struct shm_pool *p, uint32_t idx)
 	if (idx >= p->n)
 		return -EINVAL;
 	rc = swap_holder(p, idx, 0, BUF_FREE, memory_order_release);
-	if (rc < 0)
-		return rc;
-	requeue(p, idx);
-	return 0;
+	return rc < 0 ? rc : 0;
 }
 
 int shm_pool_take(struct shm_pool *p, uint32_t idx)
@@ -232,10 +199,8 @@ uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid)
 		return 0; /* 1: a layout-1 holder, or init: never taken for dead */
 	for (uint32_t i = 0; i < p->n; i++)
 		if (atomic_load_explicit(&p->states[i], memory_order_relaxed) == (uint32_t)pid
-		    && swap_holder(p, i, (uint32_t)pid, BUF_FREE, memory_order_release) == 0) {
-			requeue(p, i);
+		    && swap_holder(p, i, (uint32_t)pid, BUF_FREE, memory_order_release) == 0)
 			n++;
-		}
 	return n;
 }
 
@@ -275,5 +240,9 @@ uint32_t shm_pool_count(const struct shm_pool *p)
 
 uint32_t shm_pool_available(const struct shm_pool *p)
 {
-	return rte_ring_count(p->ring);
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < p->n; i++)
+		n += atomic_load_explicit(&p->states[i], memory_order_relaxed) == BUF_FREE;
+	return n;
 }

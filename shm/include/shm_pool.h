@@ -2,15 +2,16 @@
 /**
  * @file shm_pool.h
  * A pool of fixed-size buffers inside a region (micro-batch buffers, KV page
- * staging), shared by several processes. The free list is an MPMC ring of
- * buffer indices; a state word per buffer refuses a double release.
+ * staging), shared by several processes. A state word per buffer is the
+ * whole pool: FREE, or the pid that holds the buffer.
  *
- * Invariants: a buffer index is on the free ring exactly when its state is
- * FREE; get() flips FREE→held (by the caller's pid), put() flips held→FREE
- * before re-queueing, so a buffer is never handed out twice and exhaustion
- * is a return value. A process a buffer was handed to (a descriptor on a
- * ring) says so with take(); whoever sees a holder die gives what it held
- * back with reclaim().
+ * Invariants: get() flips one FREE state to the caller's pid, put() flips a
+ * held one to FREE, each in one compare-and-swap, so a buffer is never
+ * handed out twice, a double release is refused, exhaustion is a return
+ * value, and a process killed at any point leaves every buffer free or held
+ * by its pid (crash-safe: there is no list to leave half-updated). A process
+ * a buffer was handed to (a descriptor on a ring) says so with take();
+ * whoever sees a holder die gives what it held back with reclaim().
  *
  * Threading: any number of threads and processes may get/put concurrently.
  */
@@ -88,7 +89,7 @@ int64_t shm_pool_idx_of(const struct shm_pool *p, uint64_t off);
 size_t shm_pool_bufsize(const struct shm_pool *p);
 /** @return number of buffers. */
 uint32_t shm_pool_count(const struct shm_pool *p);
-/** @return free buffers now. */
+/** @return free buffers now (a count of the state words: O(n)). */
 uint32_t shm_pool_available(const struct shm_pool *p);
 
 #ifdef __cplusplus
