@@ -76,10 +76,27 @@ static void shm_pool_obj(struct ctrl_proc_shm *out, struct shm_region *r, const 
 	shm_pool_close(p);
 }
 
+/* The dataplane's send lanes that a process holds now (dp_ipc.h). */
+static void dp_lanes_obj(struct ctrl_proc_shm *out, struct shm_region *r)
+{
+	const struct dp_tx_lanes *t;
+	char name[SHM_NAME_MAX];
+	uint64_t off;
+
+	if (shm_region_find_area(r, DP_AREA_TXLANES, &off, NULL) < 0)
+		return;
+	t = shm_ptr(r, off);
+	for (unsigned i = 0; i < DP_TX_LANES; i++)
+		if (__atomic_load_n(&t->pid[i], __ATOMIC_RELAXED) > 0) {
+			snprintf(name, sizeof(name), DP_RING_TX_LANE, i);
+			shm_ring_obj(out, r, name);
+		}
+}
+
 int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
-	static const char *const dp_rings[] = { DP_RING_TX, DP_RING_TXC, DP_RING_RX, DP_RING_EV };
+	static const char *const dp_rings[] = { DP_RING_TXC, DP_RING_RX, DP_RING_EV };
 	char name[SHM_NAME_MAX];
 
 	if (cc == NULL || cc->vt != &ctrl_proc_chain_vtbl)
@@ -98,6 +115,7 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 		shm_ring_obj(out, c->reg, c->o.return_ring);
 	for (size_t i = 0; i < sizeof(dp_rings) / sizeof(dp_rings[0]); i++)
 		shm_ring_obj(out, c->reg, dp_rings[i]);
+	dp_lanes_obj(out, c->reg);
 	shm_pool_obj(out, c->reg, DP_POOL_RX_SMALL);
 	shm_pool_obj(out, c->reg, DP_POOL_RX_LARGE);
 	for (int32_t i = 0; i < c->o.max_groups; i++)

@@ -3,10 +3,11 @@
  * ctrld's PD traffic over the node's dataplane rings (ctrl_pd_link.h). The
  * dataplane guarantees exactly-once, in-order delivery per stream and says
  * when a send failed (peer restarted or unreachable); this file only moves
- * buffers: ours out on dp.tx and back on dp.txc.ctl / dp.txc.kv, the
+ * buffers: ours out on our send lane (dp.tx.N) and back on dp.txc.ctl / dp.txc.kv, the
  * dataplane's in on dp.rx.ctl / dp.rx.kv and back to its pools.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "ctrl_pd_link.h"
 #include "dp_ipc.h"
+#include "dp_tx_lane.h"
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -30,7 +32,10 @@
 struct ctrl_pd_link {
 	struct ctrl_pd_link_opts o;
 	struct shm_region *reg;
-	struct shm_ring *tx, *txc_ctl, *txc_kv, *rx_ctl, *rx_kv;
+	struct shm_ring *txc_ctl, *txc_kv, *rx_ctl, *rx_kv;
+	struct dp_tx_lane lane; /* our send lane (dp_ipc.h), taken in turns under tx_mu */
+	int lane_open;
+	pthread_mutex_t tx_mu;
 	struct shm_pool *ps, *pl;          /* ours: sends */
 	struct shm_pool *rxs, *rxl;        /* the dataplane's: what it received */
 	struct ctrl_pd_link_stats st;
@@ -85,13 +90,13 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 		return NULL;
 	}
 	l->o = *o;
+	pthread_mutex_init(&l->tx_mu, NULL);
 	l->reg = o->reg != NULL ? o->reg : shm_region_attach(o->region, rerr, sizeof(rerr));
 	if (l->reg == NULL) {
 		snprintf(err, errlen, "attaching the dataplane's region %s: %s (start kvferry-dataplane first)",
 			 o->region, rerr);
 		goto fail;
 	}
-	l->tx = ring_wait(l->reg, DP_RING_TX, o->wait_s);
 	l->txc_ctl = ring_wait(l->reg, DP_RING_TXC_CTL, o->wait_s);
 	l->txc_kv = ring_wait(l->reg, DP_RING_TXC_KV, o->wait_s);
 	l->rx_ctl = ring_wait(l->reg, DP_RING_RX_CTL, o->wait_s);
@@ -103,13 +108,20 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 		if (l->rxs == NULL || l->rxl == NULL)
 			usleep(20000);
 	}
-	if (!l->tx || !l->txc_ctl || !l->txc_kv || !l->rx_ctl || !l->rx_kv || !l->rxs || !l->rxl) {
+	if (!l->txc_ctl || !l->txc_kv || !l->rx_ctl || !l->rx_kv || !l->rxs || !l->rxl) {
 		snprintf(err, errlen, "region %s has no dataplane rings and pools (%s, %s, %s, %s): is "
-			 "kvferry-dataplane running on it?", o->region, DP_RING_TX, DP_RING_RX_CTL, DP_RING_RX_KV,
+			 "kvferry-dataplane running on it?", o->region, DP_RING_TXC_CTL, DP_RING_RX_CTL, DP_RING_RX_KV,
 			 DP_POOL_RX_SMALL);
 		errno = ENOENT;
 		goto fail;
 	}
+	/* our own send lane: its ring is single-producer, so this process's
+	 * senders (the shipper, the PD loop) take turns (tx_mu) */
+	if (dp_tx_lane_open(l->reg, &l->lane, err, errlen) < 0) {
+		errno = ENOENT;
+		goto fail;
+	}
+	l->lane_open = 1;
 	/* a page message must fit the receiving dataplane's large buffers: the
 	 * peer's are not known here, this node's (same configuration) stand in */
 	if (l->o.large_bytes > shm_pool_bufsize(l->rxl))
@@ -136,7 +148,9 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	shm_pool_close(l->pl);
 	shm_pool_close(l->rxs);
 	shm_pool_close(l->rxl);
-	shm_ring_close(l->tx);
+	if (l->lane_open)
+		dp_tx_lane_close(&l->lane);
+	pthread_mutex_destroy(&l->tx_mu);
 	shm_ring_close(l->txc_ctl);
 	shm_ring_close(l->txc_kv);
 	shm_ring_close(l->rx_ctl);
@@ -152,7 +166,12 @@ static int enqueue(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uin
 	struct shm_desc d = { .off = shm_pool_buf_off(p, idx), .len = len, .type = type,
 			      .aux = DP_AUX(node, stream) };
 
-	if (shm_ring_enqueue_burst(l->tx, &d, 1) != 1) {
+	unsigned n;
+
+	pthread_mutex_lock(&l->tx_mu);
+	n = shm_ring_enqueue_burst(l->lane.q, &d, 1);
+	pthread_mutex_unlock(&l->tx_mu);
+	if (n != 1) {
 		shm_pool_put(p, idx);
 		return -EAGAIN;
 	}

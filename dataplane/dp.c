@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The dataplane poll loop: send requests from DP_RING_TX become frames,
+ * The dataplane poll loop: send requests from the senders' lanes (DP_RING_TX_LANE) become frames,
  * frames become messages on DP_RING_RX, ACKs become completions on
  * DP_RING_TXC, epoch changes become events on DP_RING_EV.
  *
@@ -791,14 +791,17 @@ static void fail_request(struct dp *d, const struct shm_desc *q, int err)
 	shm_ring_enqueue_burst(txc_ring(d, q->type), &c, 1);
 }
 
-static unsigned poll_requests(struct dp *d)
+/* The requests of lane @p l, in order, until it is empty, a request waits
+ * for window space (head of line: kept until its stream frees a slot), or
+ * @p max are taken. */
+static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 {
 	unsigned taken = 0;
-	for (;;) {
+	while (taken < max) {
 		struct shm_desc q;
-		if (d->have_held) {
-			q = d->held;
-		} else if (shm_ring_dequeue_burst(d->r_tx, &q, 1) != 1) {
+		if (d->have_held[l]) {
+			q = d->held[l];
+		} else if (shm_ring_dequeue_burst(d->r_txl[l], &q, 1) != 1) {
 			break;
 		}
 		uint16_t pid = DP_AUX_PEER(q.aux);
@@ -807,21 +810,58 @@ static unsigned poll_requests(struct dp *d)
 		if (!s || q.off + q.len > shm_region_size(d->reg) ||
 		    (q.type != DP_MT_MBATCH && q.type != DP_MT_KVPAGE && q.type != DP_MT_CONTROL) ||
 		    q.len > shm_pool_bufsize(d->p_large)) {
-			d->have_held = 0;
+			d->have_held[l] = 0;
 			fail_request(d, &q, EINVAL);
 			taken++;
 			continue;
 		}
 		if (dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq) == -ENOSPC) {
-			/* Head-of-line: keep it until this stream's window frees a slot. */
-			d->held = q;
-			d->have_held = 1;
+			d->held[l] = q;
+			d->have_held[l] = 1;
 			break;
 		}
-		d->have_held = 0;
+		d->have_held[l] = 0;
 		taken++;
 	}
 	return taken;
+}
+
+/* Every lane with a request, a burst each, starting one lane further each
+ * time so that no sender can starve the others. */
+static unsigned poll_requests(struct dp *d)
+{
+	unsigned taken = 0;
+	for (unsigned k = 0; k < DP_TX_LANES; k++) {
+		unsigned l = (d->lane_next + k) % DP_TX_LANES;
+		if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
+			taken += poll_lane(d, l, 64);
+	}
+	d->lane_next = (d->lane_next + 1) % DP_TX_LANES;
+	return taken;
+}
+
+/* Lanes whose sender died (dp_ipc.h): what it enqueued completely is sent
+ * (the requests are whole; their buffers are the sender's owner's to
+ * reclaim after their completions), a request it was still writing is not
+ * visible and never will be, so the ring is emptied (its producer head
+ * reset) once the visible ones are taken, and the lane is free again. */
+static void scan_lanes(struct dp *d)
+{
+	for (unsigned l = 0; d->txl && l < DP_TX_LANES; l++) {
+		int32_t pid = __atomic_load_n(&d->txl->pid[l], __ATOMIC_ACQUIRE);
+		if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
+			continue;
+		if (d->have_held[l] || shm_ring_count(d->r_txl[l])) {
+			poll_lane(d, l, UINT32_MAX);
+			if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
+				continue; /* a full window: the next scan */
+		}
+		unsigned lost = shm_ring_reset(d->r_txl[l]);
+		__atomic_compare_exchange_n(&d->txl->pid[l], &pid, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+		d->lanes_freed++;
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: send lane %u of dead pid %d freed%s", d->o->node, l,
+			(int)pid, lost ? " (a request it was still writing dropped)" : "");
+	}
 }
 
 /* ------------------------------------------------------------ loop */
@@ -832,7 +872,9 @@ unsigned dp_poll_once(struct dp *d, uint64_t now)
 		dp_ip_reap(d);
 	unsigned work = poll_rx(d);
 	work += poll_requests(d);
-	int in_flight = d->have_held;
+	int in_flight = 0;
+	for (unsigned l = 0; l < DP_TX_LANES; l++)
+		in_flight |= d->have_held[l];
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
 		struct peer *p = &d->peers[i];
 		if (!p->configured)
@@ -892,6 +934,7 @@ static void scan_live(struct dp *d, uint64_t now)
 	if (now < d->next_live_scan)
 		return;
 	d->next_live_scan = now + LIVE_SCAN_NS;
+	scan_lanes(d);
 	/* a consumer that declared it reads segment lists and died: its
 	 * successor may not (it declares again if it does) */
 	for (unsigned k = 0; d->decl && k < DP_RX_RINGS; k++) {

@@ -90,7 +90,15 @@ struct dp {
 	uint64_t outage_t0;  /* test-only: when the running self-ending outage began (0: none) */
 	struct dp_port port;
 	struct shm_region *reg;
-	struct shm_ring *r_tx, *r_txc, *r_rx, *r_ev;
+	struct shm_ring *r_txc, *r_rx, *r_ev;
+	/* Send lanes (dp_ipc.h): one single-producer request ring per sending
+	 * process, each with its own head-of-line request */
+	struct dp_tx_lanes *txl;
+	struct shm_ring *r_txl[DP_TX_LANES];
+	struct shm_desc held[DP_TX_LANES]; /* a send request waiting for window space */
+	uint8_t have_held[DP_TX_LANES];
+	unsigned lane_next;                /* the lane polled first next time (fairness) */
+	uint64_t lanes_freed;              /* lanes of dead producers emptied and freed */
 	struct shm_ring *r_rx_kv, *r_txc_kv, *r_rx_ctl, *r_txc_ctl; /* by message type (dp_ipc.h) */
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;
@@ -107,8 +115,6 @@ struct dp {
 	struct dp_wire_addr self;
 	uint64_t base_epoch;
 	struct peer peers[DP_MAX_PEERS];
-	struct shm_desc held;     /* a send request waiting for window space */
-	int have_held;
 	uint64_t tsc_hz;
 	uint64_t rng;
 	int in_flight;            /* last poll saw a message in flight either way */

@@ -93,7 +93,12 @@ static int setup_shm(struct dp *d)
 	}
 	unsigned bufs = o->rx_small_n + o->rx_large_n;
 	unsigned req = DP_MAX_STREAMS * o->rel.max_msgs;
-	d->r_tx = ring_get(d->reg, DP_RING_TX, 1024, SHM_RING_MP);
+	for (unsigned i = 0; i < DP_TX_LANES; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), DP_RING_TX_LANE, i);
+		if ((d->r_txl[i] = ring_get(d->reg, name, 1024, 0)) == NULL)
+			return -ENOSPC;
+	}
 	d->r_txc = ring_get(d->reg, DP_RING_TXC, pow2_at_least(1024 + 2 * req), 0);
 	d->r_rx = ring_get(d->reg, DP_RING_RX, pow2_at_least(2 * bufs), 0);
 	d->r_ev = ring_get(d->reg, DP_RING_EV, 256, 0);
@@ -103,7 +108,7 @@ static int setup_shm(struct dp *d)
 	d->r_rx_ctl = ring_get(d->reg, DP_RING_RX_CTL, pow2_at_least(2 * bufs), 0);
 	d->p_small = pool_get(d->reg, DP_POOL_RX_SMALL, o->rx_small_n, o->rx_small_size);
 	d->p_large = pool_get(d->reg, DP_POOL_RX_LARGE, o->rx_large_n, o->rx_large_size);
-	if (!d->r_tx || !d->r_txc || !d->r_rx || !d->r_ev || !d->r_txc_kv || !d->r_rx_kv || !d->r_txc_ctl
+	if (!d->r_txc || !d->r_rx || !d->r_ev || !d->r_txc_kv || !d->r_rx_kv || !d->r_txc_ctl
 	    || !d->r_rx_ctl || !d->p_small || !d->p_large)
 		return -ENOSPC;
 	uint64_t off;
@@ -134,6 +139,20 @@ static int setup_shm(struct dp *d)
 	d->decl->version = DP_RXSEG_VERSION;
 	d->decl->in_place = 0;
 	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
+	/* the send lanes: a restart on the region keeps the live senders' claims
+	 * (dp_lanes_scan() frees those of the dead on its first pass) */
+	r = shm_region_add_area(d->reg, DP_AREA_TXLANES, sizeof(struct dp_tx_lanes), 64, SHM_AREA_RAW, &off);
+	if (r && r != -EEXIST) {
+		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s: make the region larger (--region-size)",
+			DP_AREA_TXLANES, strerror(-r));
+		return r;
+	}
+	d->txl = shm_ptr(d->reg, off);
+	if (r == 0)
+		memset(d->txl, 0, sizeof(*d->txl));
+	d->txl->version = DP_TXL_VERSION;
+	d->txl->n = DP_TX_LANES;
+	__atomic_store_n(&d->txl->magic, DP_TXL_MAGIC, __ATOMIC_RELEASE);
 	d->live_slot = shm_live_register(d->reg, "dataplane");
 	return 0;
 }
@@ -379,7 +398,8 @@ out:
 	free(d->ip_out);
 	if (d->live_slot >= 0)
 		shm_live_release(d->reg, d->live_slot);
-	shm_ring_close(d->r_tx);
+	for (unsigned i = 0; i < DP_TX_LANES; i++)
+		shm_ring_close(d->r_txl[i]);
 	shm_ring_close(d->r_txc);
 	shm_ring_close(d->r_rx);
 	shm_ring_close(d->r_ev);

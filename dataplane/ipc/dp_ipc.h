@@ -7,7 +7,14 @@
  * layout change only with DP_STATS_VERSION.
  *
  * Rings (all of struct shm_desc, created by the dataplane):
- *  - DP_RING_TX  "dp.tx"  send requests, any number of producers:
+ *  - DP_RING_TX_LANE "dp.tx.N" (N < DP_TX_LANES) send requests, one
+ *      producer each: a process claims a free lane in DP_AREA_TXLANES
+ *      (dp_ipc_tx_claim()) and sends on that lane's ring alone, so a
+ *      producer killed inside an enqueue leaves its own lane half-updated
+ *      and no other (one multi-producer ring wedged every sender of the
+ *      node: rte_ring's tail never caught up with the dead producer's head
+ *      move). The dataplane sends what a dead producer's lane holds, then
+ *      empties the lane and frees it; requests of one lane keep their order.
  *      off/len = payload in the region (must stay untouched until completion),
  *      type = DP_MT_MBATCH | DP_MT_KVPAGE | DP_MT_CONTROL, seq = caller's cookie,
  *      aux = DP_AUX(peer node, stream).
@@ -95,7 +102,9 @@ enum dp_drop_reason {
 extern "C" {
 #endif
 
-#define DP_RING_TX "dp.tx"
+#define DP_RING_TX_LANE "dp.tx.%u" /* printf format: the lane */
+#define DP_AREA_TXLANES "dp.txl"    /* struct dp_tx_lanes */
+#define DP_TX_LANES 32u             /* processes (or threads) that may send at once */
 #define DP_RING_TXC "dp.txc"
 #define DP_RING_RX "dp.rx"
 #define DP_RING_EV "dp.ev"
@@ -218,6 +227,54 @@ static inline int dp_ipc_rx_pool_is_small(uint32_t len, size_t small_bufsize)
 static inline int dp_ipc_rx_in_small(uint32_t len, uint16_t flags, size_t small_bufsize)
 {
 	return (flags & DP_RX_SEGMENTS) || len <= small_bufsize;
+}
+
+/* ------------------------------------------------ send lanes */
+
+#define DP_TXL_MAGIC 0x4c585444u /* "DTXL" */
+#define DP_TXL_VERSION 1u
+
+/**
+ * The DP_AREA_TXLANES area, made by the dataplane with every lane's ring.
+ * pid[i] is 0 for a free lane, else the process sending on "dp.tx.i": the
+ * producer claims a lane by CAS 0 -> its pid and frees it with pid -> 0 on a
+ * clean close; the dataplane frees the lanes of dead pids (after sending
+ * what they hold and emptying the ring). One thread at a time sends on a
+ * lane (the rings are single-producer).
+ */
+struct dp_tx_lanes {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t n;        /**< lanes (DP_TX_LANES) */
+	uint32_t reserved;
+	int32_t pid[DP_TX_LANES];
+};
+static_assert(sizeof(struct dp_tx_lanes) == 16 + 4 * DP_TX_LANES, "dp_tx_lanes layout");
+
+/**
+ * Claim a free lane of @p t for process @p pid.
+ * @return the lane, or -1: not a lanes area (a dataplane of another version),
+ *         or every lane taken (-2).
+ */
+static inline int dp_ipc_tx_claim(struct dp_tx_lanes *t, int32_t pid)
+{
+	if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != DP_TXL_MAGIC || t->version != DP_TXL_VERSION
+	    || t->n > DP_TX_LANES)
+		return -1;
+	for (uint32_t i = 0; i < t->n; i++) {
+		int32_t free_ = 0;
+
+		if (__atomic_compare_exchange_n(&t->pid[i], &free_, pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			return (int)i;
+	}
+	return -2;
+}
+
+/** Free lane @p lane that @p pid claimed (a clean close; what it sent is still sent). */
+static inline void dp_ipc_tx_release(struct dp_tx_lanes *t, int lane, int32_t pid)
+{
+	if (lane >= 0 && (uint32_t)lane < DP_TX_LANES)
+		__atomic_compare_exchange_n(&t->pid[lane], &pid, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------ receive in place */

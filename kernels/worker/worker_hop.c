@@ -5,7 +5,8 @@
  * The dataplane side follows dataplane/ipc/dp_ipc.h, a header-only
  * shared-memory ABI (ring names, descriptor conventions): the worker links
  * nothing of the dataplane. Invariants:
- *  - A buffer handed to dp.tx stays untouched until its completion comes back
+ *  - A buffer handed to the dataplane (on our send lane) stays untouched until
+ *    its completion comes back
  *    on dp.txc (the dataplane may retransmit from it): wk_out_quiesce() waits
  *    for that before the worker rewrites a buffer.
  *  - dp.rx hands out buffers of the dataplane's receive pools; wk_in_done()
@@ -18,6 +19,7 @@
 #include <time.h>
 
 #include "dp_ipc.h"
+#include "dp_tx_lane.h"
 #include "kvf_log.h"
 #include "shm_pool.h"
 #include "worker_hop.h"
@@ -34,7 +36,8 @@ struct wk_in {
 
 struct wk_out {
 	struct shm_region *r;
-	struct shm_ring *q;       /* next ring, or dp.tx */
+	struct shm_ring *q;       /* next ring, or our dataplane send lane's */
+	struct dp_tx_lane lane;   /* dataplane hop only */
 	struct shm_ring *txc;     /* dp.txc (dataplane hop only) */
 	uint16_t peer, stream;
 	int dp;
@@ -178,12 +181,13 @@ struct wk_out *wk_out_open(struct shm_region *r, const char *spec, char *err, si
 		o->dp = 1;
 		o->peer = (uint16_t)peer;
 		o->stream = (uint16_t)stream;
-		o->q = shm_ring_lookup(r, DP_RING_TX);
 		o->txc = shm_ring_lookup(r, DP_RING_TXC);
-		if (o->q == NULL || o->txc == NULL)
-			snprintf(err, errlen, "shm_ring_lookup(%s, %s) in region %s failed: %s: start "
-				 "kvferry-dataplane on this region first", DP_RING_TX, DP_RING_TXC,
-				 shm_region_path(r), strerror(errno));
+		if (o->txc == NULL)
+			snprintf(err, errlen, "shm_ring_lookup(%s) in region %s failed: %s: start "
+				 "kvferry-dataplane on this region first", DP_RING_TXC, shm_region_path(r),
+				 strerror(errno));
+		else if (dp_tx_lane_open(r, &o->lane, err, errlen) == 0)
+			o->q = o->lane.q;
 	} else {
 		snprintf(err, errlen, "bad output hop \"%s\": use ring:NAME or peer:NODE[/STREAM] "
 			 "(node < %u, stream < %u)", spec, DP_MAX_PEERS, DP_MAX_STREAMS);
@@ -283,7 +287,10 @@ void wk_out_close(struct wk_out *o)
 {
 	if (o == NULL)
 		return;
-	shm_ring_close(o->q);
+	if (o->dp)
+		dp_tx_lane_close(&o->lane); /* closes o->q */
+	else
+		shm_ring_close(o->q);
 	shm_ring_close(o->txc);
 	free(o);
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "dp_ipc.h"
+#include "dp_tx_lane.h"
 #include "shm_live.h"
 #include "shm_pool.h"
 #include "shm_region.h"
@@ -55,6 +56,9 @@ struct cfg {
 	double timeout_s;
 	int whole;      /* recv: do not declare that it reads segment lists */
 	unsigned die_holding; /* recv: SIGKILL itself holding this many messages */
+	const char *pools;    /* send: the name of its buffer pools (NAME.s, NAME.l) */
+	int check;            /* 'L': the send lanes, 'P': the pools (below) */
+	int drain;            /* send: on SIGTERM, wait for what is in flight to complete */
 };
 
 static uint32_t msg_size(const struct cfg *c, uint64_t k)
@@ -185,14 +189,33 @@ static void print_copies(const char *who, struct shm_region *r, const struct cop
 	       (k.drv_tx - k0->drv_tx) / b, (k.drv_rx - k0->drv_rx) / b);
 }
 
+/* A sender's cookies carry its pid above SEQ_MASK: a completion of a killed
+ * predecessor's message (same pools and completion ring) is told apart. */
+#define SEQ_MASK ((1ull << 40) - 1)
+
 static int do_send(const struct cfg *c, struct shm_region *r)
 {
-	struct shm_ring *tx = ring_wait(r, DP_RING_TX), *txc = ring_wait(r, txc_name(c->type));
+	const uint64_t tag = (uint64_t)getpid() << 40;
+	struct shm_ring *txc = ring_wait(r, txc_name(c->type));
 	struct shm_ring *ev = ring_wait(r, DP_RING_EV);
-	struct shm_pool *ps = pool_get(r, "cli.s", 256, 64 * 1024);
-	struct shm_pool *pl = pool_get(r, "cli.l", 24, 4 * 1024 * 1024);
+	char ns[64], nl[64];
+	snprintf(ns, sizeof(ns), "%s.s", c->pools);
+	snprintf(nl, sizeof(nl), "%s.l", c->pools);
+	struct shm_pool *ps = pool_get(r, ns, 256, 64 * 1024);
+	/* messages of a fixed size need no buffers larger than that */
+	size_t large = c->fixed ? (c->fixed > 64 * 1024 ? c->fixed : 64 * 1024) : 4 * 1024 * 1024;
+	struct shm_pool *pl = pool_get(r, nl, 24, large);
+	struct dp_tx_lane lane = {.lane = -1};
+	char err[256] = "";
+	/* the lanes area comes last in the dataplane's set-up: up to 20 s more */
+	for (int i = 0; txc && ev && ps && pl && i < 200; i++) {
+		if (dp_tx_lane_open(r, &lane, err, sizeof(err)) != -ENOENT)
+			break;
+		usleep(100000);
+	}
+	struct shm_ring *tx = lane.q;
 	if (!tx || !txc || !ev || !ps || !pl) {
-		fprintf(stderr, "send: rings/pools missing in region %s\n", c->region);
+		fprintf(stderr, "send: rings/pools missing in region %s %s\n", c->region, err);
 		return 1;
 	}
 	uint64_t *next_done = calloc(c->streams, sizeof(uint64_t));
@@ -203,9 +226,9 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	struct copies k0;
 	read_copies(r, &k0);
 	double t0 = now_s(), last_progress = t0;
-	while (!g_stop) {
+	while (!g_stop || (c->drain && out > 0)) {
 		int work = 0;
-		while ((c->until_stop || k < c->count) && out < c->inflight) {
+		while (!g_stop && (c->until_stop || k < c->count) && out < c->inflight) {
 			uint32_t len = msg_size(c, k);
 			struct shm_pool *p = len <= 64 * 1024 ? ps : pl;
 			uint32_t idx;
@@ -215,7 +238,7 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 			if (c->verify)
 				fill(c, k, buf, len);
 			struct shm_desc d = {.off = shm_pool_buf_off(p, idx), .len = len,
-					     .type = (uint16_t)c->type, .seq = k,
+					     .type = (uint16_t)c->type, .seq = k | tag,
 					     .aux = DP_AUX(c->peer, k % c->streams)};
 			if (shm_ring_enqueue_burst(tx, &d, 1) != 1) {
 				shm_pool_put(p, idx);
@@ -230,6 +253,9 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 		for (unsigned i = 0; i < n; i++) {
 			struct shm_pool *p = d[i].len <= 64 * 1024 ? ps : pl;
 			shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d[i].off));
+			if ((d[i].seq & ~SEQ_MASK) != tag)
+				continue; /* a killed predecessor's: its buffer is back, nothing to count */
+			d[i].seq &= SEQ_MASK;
 			unsigned s = DP_AUX_STREAM(d[i].aux);
 			if (d[i].flags & DP_TXC_FAILED) {
 				failed++;
@@ -419,16 +445,68 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	return bad || (!c->until_stop && got != c->count);
 }
 
+/* --check-lanes: which send lanes are held, and whether by live processes
+ * (exit 1 if a dead process still holds one). --check-pools: what dead
+ * senders held of the pools NAME.s / NAME.l goes back (what a restarted
+ * sender does with its predecessor's buffers once the dataplane is done
+ * with them), then every buffer must be free (exit 1 if not). */
+static int do_check(const struct cfg *c, struct shm_region *r)
+{
+	int bad = 0;
+	if (c->check == 'L') {
+		uint64_t off;
+		if (shm_region_find_area(r, DP_AREA_TXLANES, &off, NULL) < 0) {
+			fprintf(stderr, "no send lanes in region %s\n", c->region);
+			return 1;
+		}
+		const struct dp_tx_lanes *t = shm_ptr(r, off);
+		unsigned held = 0, dead = 0;
+		for (unsigned i = 0; i < DP_TX_LANES; i++) {
+			int32_t pid = __atomic_load_n(&t->pid[i], __ATOMIC_ACQUIRE);
+			if (pid <= 0)
+				continue;
+			held++;
+			if (kill(pid, 0) < 0 && errno == ESRCH) {
+				printf("lanes: lane %u held by dead pid %d\n", i, (int)pid);
+				dead++;
+			}
+		}
+		printf("lanes: %u of %u held, %u by dead processes\n", held, DP_TX_LANES, dead);
+		return dead != 0;
+	}
+	for (int k = 0; k < 2; k++) {
+		char name[64];
+		snprintf(name, sizeof(name), "%s.%c", c->pools, k ? 'l' : 's');
+		struct shm_pool *p = shm_pool_lookup(r, name);
+		if (!p) {
+			fprintf(stderr, "no pool %s in region %s\n", name, c->region);
+			return 1;
+		}
+		uint32_t back = 0;
+		for (uint32_t i = 0; i < shm_pool_count(p); i++) {
+			int32_t h = shm_pool_holder(p, i);
+			if (h > 1 && kill(h, 0) < 0 && errno == ESRCH)
+				back += shm_pool_reclaim(p, h);
+		}
+		printf("pools: %s: %u of %u free (%u taken back from dead senders)\n", name, shm_pool_available(p),
+		       shm_pool_count(p), back);
+		bad |= shm_pool_available(p) != shm_pool_count(p);
+		shm_pool_close(p);
+	}
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	struct cfg c = {.streams = 1, .count = 1000, .seed = 1, .verify = 1, .inflight = 64,
-			.timeout_s = 30, .type = DP_MT_MBATCH};
+			.timeout_s = 30, .type = DP_MT_MBATCH, .pools = "cli"};
 	static const struct option lo[] = {
 		{"region", 1, 0, 'r'}, {"send", 0, 0, 'S'}, {"recv", 0, 0, 'R'}, {"peer", 1, 0, 'p'},
 		{"streams", 1, 0, 's'}, {"count", 1, 0, 'n'}, {"seed", 1, 0, 'x'},
 		{"fixed", 1, 0, 'f'}, {"no-verify", 0, 0, 'V'}, {"inflight", 1, 0, 'i'},
 		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
-		{"die-holding", 1, 0, 'D'}, {0, 0, 0, 0}};
+		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
+		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -446,6 +524,10 @@ int main(int argc, char **argv)
 		case 't': c.timeout_s = atof(optarg); break;
 		case 'W': c.whole = 1; break;
 		case 'D': c.die_holding = (unsigned)atoi(optarg); break;
+		case 'P': c.pools = optarg; break;
+		case 'L': c.check = 'L'; break;
+		case 'Q': c.check = 'P'; break;
+		case 'd': c.drain = 1; break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -455,10 +537,11 @@ int main(int argc, char **argv)
 		default: return 2;
 		}
 	}
-	if (!c.region || c.send == c.recv || !c.streams || c.streams > DP_MAX_STREAMS) {
+	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N]\n");
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--pools NAME] [--drain]\n"
+			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;
 	}
 	signal(SIGTERM, on_sig);
@@ -474,7 +557,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dp_client: %s\n", err);
 		return 77;
 	}
-	int rc = c.send ? do_send(&c, r) : do_recv(&c, r);
+	int rc = c.check ? do_check(&c, r) : c.send ? do_send(&c, r) : do_recv(&c, r);
 	shm_region_detach(r);
 	return rc;
 }

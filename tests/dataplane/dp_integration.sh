@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two kvferry-dataplane processes and two dp_client processes.
-#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket[-inplace] DATAPLANE CLIENT
+#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes[-inplace] DATAPLANE CLIENT
 # A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes.
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
@@ -56,7 +56,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage)
+  memif|memif-impair|restart|outage|lanes)
     portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
     portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
     if [ "${DP_ZC:-0}" = 1 ]; then
@@ -188,6 +188,62 @@ if [ -z "${mode##outage*}" ]; then
   ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
   [ "$ok_end" -gt $((ok_at + 100)) ] || fail "traffic did not resume after the outage ($ok_at then $ok_end)"
   echo "PASS: peer reported silent, nothing failed, $((ok_end - ok_at)) completed after in the same session ($mode)"
+  exit 0
+fi
+
+if [ "$mode" = lanes ]; then
+  # Senders killed at random points, most often inside their send loop
+  # (an enqueue on their lane, a pool get or put, a completion dequeue):
+  # 200 of them one after another, KV pages on their own pools, beside one
+  # sender that streams micro-batches the whole time. Each sender has its
+  # own send lane, so no death may stall the survivor (it gives up after
+  # 10 s without a completion); the dataplane frees each dead sender's lane;
+  # afterwards every lane is free or held by a live process, the dead
+  # senders' buffers are all back once taken from their dead pids, the
+  # survivor's messages all arrived once, and a new sender still gets
+  # through.
+  kills=${DP_LANE_KILLS:-200}
+  "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  "$cli" --region "$rb" --recv --peer 1 --type kv --until-stop --no-verify --timeout 120 >"$tmp/recv-kv.log" 2>&1 &
+  prk=$!; pids+=($prk)
+  "$cli" --region "$ra" --send --peer 2 --until-stop --drain --inflight 16 --timeout 10 >"$tmp/send.log" 2>&1 &
+  ps_=$!; pids+=($ps_)
+  for k in $(seq "$kills"); do
+    "$cli" --region "$ra" --send --peer 2 --type kv --pools vic --until-stop --inflight 8 --no-verify \
+      --fixed $(( (k % 7 + 1) * 9000 )) >>"$tmp/victims.log" 2>&1 &
+    v=$!
+    sleep "0.0$(( RANDOM % 5 + 1 ))$(( RANDOM % 10 ))"
+    kill -9 $v; wait $v 2>/dev/null
+    kill -0 $ps_ 2>/dev/null || fail "the surviving sender stopped after $k kills: $(tail -3 "$tmp/send.log")"
+  done
+  echo "killed $kills senders at random points"
+  freed=0
+  for _ in $(seq 50); do
+    "$cli" --region "$ra" --check-lanes >"$tmp/lanes.log" 2>&1 && break
+    sleep 0.1
+  done
+  cat "$tmp/lanes.log"
+  grep -q "held, 0 by dead" "$tmp/lanes.log" || fail "a dead sender's lane was never freed"
+  freed=$(grep -c "send lane [0-9]* of dead pid" "$tmp/A.log")
+  [ "$freed" -ge $((kills / 2)) ] || fail "only $freed of $kills killed senders had their lane freed: they died before sending?"
+  "$cli" --region "$ra" --send --peer 2 --type kv --pools vic --count 200 --inflight 8 --no-verify \
+    --timeout 10 >"$tmp/after.log" 2>&1 || fail "a sender started after the kills did not get through: $(cat "$tmp/after.log")"
+  kill -TERM $ps_; wait $ps_; rc=$?
+  sleep 1
+  kill -TERM $pr $prk; wait $pr; wait $prk
+  cat "$tmp/send.log" "$tmp/recv.log" "$tmp/recv-kv.log"
+  [ $rc = 0 ] || fail "the surviving sender saw a stall, out-of-order completions or failures"
+  vict=$(sed -n 's/^recv: \([0-9]*\) messages.*/\1/p' "$tmp/recv-kv.log")
+  [ "${vict:-0}" -gt $((kills * 2)) ] || fail "the killed senders got only ${vict:-0} messages through: they were not sending when killed"
+  sent=$(sed -n 's/^send: \([0-9]*\) ok, 0 failed.*/\1/p' "$tmp/send.log")
+  got=$(sed -n 's/^recv: \([0-9]*\) messages.*/\1/p' "$tmp/recv.log")
+  [ -n "$sent" ] && [ "$sent" = "$got" ] || fail "the survivor's $sent messages arrived $got times"
+  "$cli" --region "$ra" --check-pools --pools vic >"$tmp/pools.log" 2>&1; pc=$?
+  cat "$tmp/pools.log"
+  [ $pc = 0 ] || fail "buffers of the killed senders missing from their pools"
+  echo "PASS: $kills senders killed at random points: the survivor's $sent messages arrived once each," \
+    "it never stalled, $freed dead senders' lanes freed, every buffer back, a new sender gets through"
   exit 0
 fi
 
