@@ -90,13 +90,15 @@ static void dp_lanes_obj(struct ctrl_proc_shm *out, struct shm_region *r)
 		if (__atomic_load_n(&t->pid[i], __ATOMIC_RELAXED) > 0) {
 			snprintf(name, sizeof(name), DP_RING_TX_LANE, i);
 			shm_ring_obj(out, r, name);
+			snprintf(name, sizeof(name), DP_RING_TXC_LANE, i);
+			shm_ring_obj(out, r, name);
 		}
 }
 
 int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 {
 	struct proc_chain *c = (struct proc_chain *)cc;
-	static const char *const dp_rings[] = { DP_RING_TXC, DP_RING_RX, DP_RING_EV };
+	static const char *const dp_rings[] = { DP_RING_RX, DP_RING_EV };
 	char name[SHM_NAME_MAX];
 
 	if (cc == NULL || cc->vt != &ctrl_proc_chain_vtbl)

@@ -3,7 +3,7 @@
  * ctrld's PD traffic over the node's dataplane rings (ctrl_pd_link.h). The
  * dataplane guarantees exactly-once, in-order delivery per stream and says
  * when a send failed (peer restarted or unreachable); this file only moves
- * buffers: ours out on our send lane (dp.tx.N) and back on dp.txc.ctl / dp.txc.kv, the
+ * buffers: ours out on our send lane (dp.tx.N) and back on its dp.txc.N, the
  * dataplane's in on dp.rx.ctl / dp.rx.kv and back to its pools.
  */
 #include <errno.h>
@@ -32,10 +32,11 @@
 struct ctrl_pd_link {
 	struct ctrl_pd_link_opts o;
 	struct shm_region *reg;
-	struct shm_ring *txc_ctl, *txc_kv, *rx_ctl, *rx_kv;
+	struct shm_ring *rx_ctl, *rx_kv;
 	struct dp_tx_lane lane; /* our send lane (dp_ipc.h), taken in turns under tx_mu */
 	int lane_open;
 	pthread_mutex_t tx_mu;
+	pthread_mutex_t txc_mu; /* one thread at a time reads the lane's completions */
 	struct shm_pool *ps, *pl;          /* ours: sends */
 	struct shm_pool *rxs, *rxl;        /* the dataplane's: what it received */
 	struct ctrl_pd_link_stats st;
@@ -91,14 +92,13 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 	}
 	l->o = *o;
 	pthread_mutex_init(&l->tx_mu, NULL);
+	pthread_mutex_init(&l->txc_mu, NULL);
 	l->reg = o->reg != NULL ? o->reg : shm_region_attach(o->region, rerr, sizeof(rerr));
 	if (l->reg == NULL) {
 		snprintf(err, errlen, "attaching the dataplane's region %s: %s (start kvferry-dataplane first)",
 			 o->region, rerr);
 		goto fail;
 	}
-	l->txc_ctl = ring_wait(l->reg, DP_RING_TXC_CTL, o->wait_s);
-	l->txc_kv = ring_wait(l->reg, DP_RING_TXC_KV, o->wait_s);
 	l->rx_ctl = ring_wait(l->reg, DP_RING_RX_CTL, o->wait_s);
 	l->rx_kv = ring_wait(l->reg, DP_RING_RX_KV, o->wait_s);
 	for (int i = 0; i < 250 && (l->rxs == NULL || l->rxl == NULL); i++) {
@@ -108,9 +108,9 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 		if (l->rxs == NULL || l->rxl == NULL)
 			usleep(20000);
 	}
-	if (!l->txc_ctl || !l->txc_kv || !l->rx_ctl || !l->rx_kv || !l->rxs || !l->rxl) {
-		snprintf(err, errlen, "region %s has no dataplane rings and pools (%s, %s, %s, %s): is "
-			 "kvferry-dataplane running on it?", o->region, DP_RING_TXC_CTL, DP_RING_RX_CTL, DP_RING_RX_KV,
+	if (!l->rx_ctl || !l->rx_kv || !l->rxs || !l->rxl) {
+		snprintf(err, errlen, "region %s has no dataplane rings and pools (%s, %s, %s): is "
+			 "kvferry-dataplane running on it?", o->region, DP_RING_RX_CTL, DP_RING_RX_KV,
 			 DP_POOL_RX_SMALL);
 		errno = ENOENT;
 		goto fail;
@@ -151,8 +151,7 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	if (l->lane_open)
 		dp_tx_lane_close(&l->lane);
 	pthread_mutex_destroy(&l->tx_mu);
-	shm_ring_close(l->txc_ctl);
-	shm_ring_close(l->txc_kv);
+	pthread_mutex_destroy(&l->txc_mu);
 	shm_ring_close(l->rx_ctl);
 	shm_ring_close(l->rx_kv);
 	if (l->reg != NULL && l->o.reg == NULL)
@@ -202,20 +201,22 @@ static int drain_txc(struct ctrl_pd_link *l)
 	unsigned n;
 	int moved = 0;
 
-	while ((n = shm_ring_dequeue_burst(l->txc_ctl, d, 32)) > 0) {
+	if (!l->lane_open || pthread_mutex_trylock(&l->txc_mu) != 0)
+		return 0; /* another thread is at it */
+	while ((n = shm_ring_dequeue_burst(l->lane.c, d, 32)) > 0) {
 		for (unsigned i = 0; i < n; i++) {
-			shm_pool_put(l->ps, (uint32_t)shm_pool_idx_of(l->ps, d[i].off));
-			l->st.ctl_failed += (d[i].flags & DP_TXC_FAILED) != 0;
+			int kv = d[i].type == DP_MT_KVPAGE;
+			struct shm_pool *p = kv ? l->pl : l->ps;
+
+			shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d[i].off));
+			if (d[i].flags & DP_TXC_FAILED) {
+				l->st.kv_failed += kv;
+				l->st.ctl_failed += !kv;
+			}
 		}
 		moved = 1;
 	}
-	while ((n = shm_ring_dequeue_burst(l->txc_kv, d, 32)) > 0) {
-		for (unsigned i = 0; i < n; i++) {
-			shm_pool_put(l->pl, (uint32_t)shm_pool_idx_of(l->pl, d[i].off));
-			l->st.kv_failed += (d[i].flags & DP_TXC_FAILED) != 0;
-		}
-		moved = 1;
-	}
+	pthread_mutex_unlock(&l->txc_mu);
 	return moved;
 }
 

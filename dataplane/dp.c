@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The dataplane poll loop: send requests from the senders' lanes (DP_RING_TX_LANE) become frames,
- * frames become messages on DP_RING_RX, ACKs become completions on
- * DP_RING_TXC, epoch changes become events on DP_RING_EV.
+ * The dataplane poll loop: send requests from the senders' lanes
+ * (DP_RING_TX_LANE) become frames, frames become messages on DP_RING_RX (and
+ * the KV / control rings), ACKs become completions on the sending lane's
+ * DP_RING_TXC_LANE, epoch changes become events on DP_RING_EV.
  *
  * Invariants:
  *  - A peer's streams run in one session, named by (our local epoch toward
@@ -11,7 +12,7 @@
  *    restarted process never sees its predecessor's traffic.
  *  - When a session ends (peer restarted, or unreachable), every message
  *    submitted to that peer and not yet acknowledged is reported failed on
- *    DP_RING_TXC, and partly assembled messages from it are released.
+ *    its lane's DP_RING_TXC_LANE, and partly assembled messages from it are released.
  *  - Every message on a receive ring (DP_RING_RX, _RX_KV, _RX_CTL by its
  *    type) holds one pool buffer; each has room for every pool buffer, so a
  *    delivery never waits for ring space. Completions go to the completion
@@ -218,10 +219,6 @@ static struct shm_ring *rx_ring(const struct dp *d, uint16_t type)
 	return type == DP_MT_KVPAGE ? d->r_rx_kv : type == DP_MT_CONTROL ? d->r_rx_ctl : d->r_rx;
 }
 
-static struct shm_ring *txc_ring(const struct dp *d, uint16_t type)
-{
-	return type == DP_MT_KVPAGE ? d->r_txc_kv : type == DP_MT_CONTROL ? d->r_txc_ctl : d->r_txc;
-}
 
 static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 {
@@ -259,8 +256,12 @@ static void tx_done(void *ctx, const struct dp_rel_msg *m)
 				.flags = m->status ? (uint16_t)(DP_TXC_FAILED | (uint16_t)(-m->status & 0xff)) : 0,
 				.seq = m->cookie,
 				.aux = DP_AUX(d->cur_peer->node, d->cur_stream->id)};
-	while (shm_ring_enqueue_burst(txc_ring(d, m->type), &desc, 1) != 1)
-		; /* sized to every outstanding request: only a stalled consumer waits here */
+	unsigned l = d->cur_stream->lane_of[m->msg_id & (d->o->rel.max_msgs - 1)];
+	/* poll_lane() took the request only with room for this completion */
+	if (shm_ring_enqueue_burst(d->r_txcl[l], &desc, 1) != 1)
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: the completion ring of send lane %u is full: a completion "
+			"is lost", l);
+	d->lane_out[l]--;
 	if (m->status) {
 		cnt_add(&d->cur_peer->stats->msgs_failed, 1);
 		d->failed_now++;
@@ -283,9 +284,11 @@ static struct stream *stream_get(struct dp *d, struct peer *p, uint16_t id)
 	s->id = id;
 	s->tx = dp_rel_tx_create(&d->o->rel);
 	s->rx = dp_rel_rx_create(&d->o->rel, &rx_ops, d);
-	if (!s->tx || !s->rx) {
+	s->lane_of = calloc(d->o->rel.max_msgs, 1);
+	if (!s->tx || !s->rx || !s->lane_of) {
 		dp_rel_tx_destroy(s->tx);
 		dp_rel_rx_destroy(s->rx);
+		free(s->lane_of);
 		free(s);
 		return NULL;
 	}
@@ -404,13 +407,16 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 				   const struct dp_rel_frame *f, uint64_t now)
 {
 	const uint8_t *payload = shm_ptr(d->reg, f->payload_off);
-	struct dp_wire_hdr h = {.type = f->type, .flags = DP_WF_PCSUM | (f->retx ? DP_WF_RETX : 0),
+	struct dp_wire_hdr h = {.type = f->type,
+				.flags = (uint16_t)((d->pcrc ? DP_WF_PCSUM : 0) | (f->retx ? DP_WF_RETX : 0)),
 				.src_node = d->o->node, .dst_node = p->node, .stream = s->id,
 				.payload_len = f->payload_len, .src_epoch = p->local_epoch,
 				.dst_epoch = p->remote_epoch, .msg_id = f->msg_id, .seq = f->seq,
 				.msg_len = f->msg_len, .frag_off = f->frag_off,
 				.frag_idx = f->frag_idx, .frag_count = f->frag_count, .tsval = now};
-	if (f->have_csum) {
+	if (!d->pcrc) {
+		h.payload_csum = 0;
+	} else if (f->have_csum) {
 		h.payload_csum = f->csum; /* computed when it was first built */
 	} else {
 		h.payload_csum = dp_crc32c(0, payload, f->payload_len);
@@ -573,13 +579,29 @@ static void copy_payload(uint8_t *dst, const struct rte_mbuf *m, uint32_t off, u
 		if (n > len)
 			n = len;
 		memcpy(dst, rte_pktmbuf_mtod_offset(m, const uint8_t *, off), n);
-		c = dp_crc32c(c, dst, n); /* on the copy, while it is in cache */
+		if (crc)
+			c = dp_crc32c(c, dst, n); /* on the copy, while it is in cache */
 		dst += n;
 		len -= n;
 		off = 0;
 		m = m->next;
 	}
-	*crc = len ? ~c : c;
+	if (crc)
+		*crc = len ? ~c : c;
+}
+
+/* Does data frame @p h carry the payload CRC we want? A frame without one
+ * is refused where we send ours (both ends must agree), and said once. */
+static int pcrc_agreed(struct dp *d, struct peer *p, const struct dp_wire_hdr *h)
+{
+	if (!d->pcrc || (h->flags & DP_WF_PCSUM))
+		return 1;
+	if (!d->said_no_pcrc++)
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane %u: node %u sends data frames without a payload CRC, which this "
+			"node requires: give both nodes the same [dp] payload_crc (auto is off only over net_memif)",
+			d->o->node, p->node);
+	drop(d, p, DP_DROP_PAYLOAD_CSUM);
+	return 0;
 }
 
 /* A data frame of a message received in place: its payload stays in @p m,
@@ -604,12 +626,16 @@ static int place_in_mbuf(struct dp *d, struct peer *p, struct stream *s, struct 
 		return 0;
 	}
 	const uint8_t *pl = rte_pktmbuf_mtod_offset(m, const uint8_t *, v->payload_off);
-	uint32_t crc = dp_crc32c(0, pl, v->h.payload_len);
-	cnt_add(&d->stats->payload_rx_bytes, v->h.payload_len);
-	cnt_add(&d->stats->crc_read_bytes, v->h.payload_len); /* no copy for it to ride on */
-	if (crc != v->h.payload_csum) {
-		drop(d, p, DP_DROP_PAYLOAD_CSUM);
+	if (!pcrc_agreed(d, p, &v->h))
 		return 0;
+	cnt_add(&d->stats->payload_rx_bytes, v->h.payload_len);
+	if (v->h.flags & DP_WF_PCSUM) {
+		uint32_t crc = dp_crc32c(0, pl, v->h.payload_len);
+		cnt_add(&d->stats->crc_read_bytes, v->h.payload_len); /* no copy for it to ride on */
+		if (crc != v->h.payload_csum) {
+			drop(d, p, DP_DROP_PAYLOAD_CSUM);
+			return 0;
+		}
 	}
 	struct dp_rx_seglist *sl = shm_ptr(d->reg, list_off);
 	sl->seg[v->h.frag_idx] = (struct dp_rx_seg){ .off = shm_off(d->reg, pl), .len = v->h.payload_len };
@@ -703,11 +729,14 @@ static int handle_frame(struct dp *d, struct rte_mbuf *m)
 	int64_t ip = ip_idx(d, dst - v.h.frag_off, IP_ASSEMBLING);
 	if (ip >= 0)
 		return place_in_mbuf(d, p, s, m, &v, dst - v.h.frag_off, (uint32_t)ip);
-	uint32_t crc;
-	copy_payload(shm_ptr(d->reg, dst), m, v.payload_off, v.h.payload_len, &crc);
+	uint32_t crc = 0;
+	int want = v.h.flags & DP_WF_PCSUM;
+	if (!pcrc_agreed(d, p, &v.h))
+		return 0;
+	copy_payload(shm_ptr(d->reg, dst), m, v.payload_off, v.h.payload_len, want ? &crc : NULL);
 	cnt_add(&d->stats->payload_rx_bytes, v.h.payload_len);
 	cnt_add(&d->stats->copy_rx_bytes, v.h.payload_len); /* the CRC rides on this copy */
-	if (crc != v.h.payload_csum) {
+	if (want && crc != v.h.payload_csum) {
 		drop(d, p, DP_DROP_PAYLOAD_CSUM);
 		return 0;
 	}
@@ -784,11 +813,11 @@ static unsigned poll_rx(struct dp *d)
 
 /* ------------------------------------------------------------ requests */
 
-static void fail_request(struct dp *d, const struct shm_desc *q, int err)
+static void fail_request(struct dp *d, unsigned l, const struct shm_desc *q, int err)
 {
 	struct shm_desc c = *q;
 	c.flags = (uint16_t)(DP_TXC_FAILED | (uint16_t)err);
-	shm_ring_enqueue_burst(txc_ring(d, q->type), &c, 1);
+	shm_ring_enqueue_burst(d->r_txcl[l], &c, 1);
 }
 
 /* The requests of lane @p l, in order, until it is empty, a request waits
@@ -799,6 +828,10 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 	unsigned taken = 0;
 	while (taken < max) {
 		struct shm_desc q;
+		/* room for the completion of every request in flight and this one:
+		 * a slow or dead reader of completions holds back its lane alone */
+		if (shm_ring_free_count(d->r_txcl[l]) <= d->lane_out[l])
+			break;
 		if (d->have_held[l]) {
 			q = d->held[l];
 		} else if (shm_ring_dequeue_burst(d->r_txl[l], &q, 1) != 1) {
@@ -811,17 +844,25 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 		    (q.type != DP_MT_MBATCH && q.type != DP_MT_KVPAGE && q.type != DP_MT_CONTROL) ||
 		    q.len > shm_pool_bufsize(d->p_large)) {
 			d->have_held[l] = 0;
-			fail_request(d, &q, EINVAL);
+			fail_request(d, l, &q, EINVAL);
 			taken++;
 			continue;
 		}
-		if (dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq) == -ENOSPC) {
+		uint64_t id = dp_rel_tx_next_id(s->tx);
+		int rc = dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq);
+		if (rc == -ENOSPC) {
 			d->held[l] = q;
 			d->have_held[l] = 1;
 			break;
 		}
 		d->have_held[l] = 0;
 		taken++;
+		if (rc < 0) {
+			fail_request(d, l, &q, EINVAL);
+			continue;
+		}
+		s->lane_of[id & (d->o->rel.max_msgs - 1)] = (uint8_t)l;
+		d->lane_out[l]++;
 	}
 	return taken;
 }
@@ -840,27 +881,32 @@ static unsigned poll_requests(struct dp *d)
 	return taken;
 }
 
-/* Lanes whose sender died (dp_ipc.h): what it enqueued completely is sent
- * (the requests are whole; their buffers are the sender's owner's to
- * reclaim after their completions), a request it was still writing is not
- * visible and never will be, so the ring is emptied (its producer head
- * reset) once the visible ones are taken, and the lane is free again. */
+/* Lanes whose sender died or closed (dp_ipc.h): what it enqueued completely
+ * is sent (a request it was still writing is not visible and never will
+ * be); once every completion of the lane is out, both rings are emptied (a
+ * producer or consumer head the dead process left moved is reset), what a
+ * dead sender held in any pool of the region goes back (nothing reads those
+ * buffers for it any more), and the lane is free again. */
 static void scan_lanes(struct dp *d)
 {
 	for (unsigned l = 0; d->txl && l < DP_TX_LANES; l++) {
 		int32_t pid = __atomic_load_n(&d->txl->pid[l], __ATOMIC_ACQUIRE);
-		if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
+		if (pid == 0 || (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)))
 			continue;
-		if (d->have_held[l] || shm_ring_count(d->r_txl[l])) {
+		if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
 			poll_lane(d, l, UINT32_MAX);
-			if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
-				continue; /* a full window: the next scan */
-		}
+		if (d->have_held[l] || shm_ring_count(d->r_txl[l]) || d->lane_out[l])
+			continue; /* in flight still: the next scan */
 		unsigned lost = shm_ring_reset(d->r_txl[l]);
+		shm_ring_reset(d->r_txcl[l]);
+		uint32_t back = pid > 0 ? shm_pools_reclaim(d->reg, pid) : 0;
 		__atomic_compare_exchange_n(&d->txl->pid[l], &pid, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+		if (pid < 0)
+			continue; /* a clean close */
 		d->lanes_freed++;
-		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: send lane %u of dead pid %d freed%s", d->o->node, l,
-			(int)pid, lost ? " (a request it was still writing dropped)" : "");
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: send lane %u of dead pid %d freed, %u buffer%s it held "
+			"back in their pools%s", d->o->node, l, (int)pid, back, back == 1 ? "" : "s",
+			lost ? " (a request it was still writing dropped)" : "");
 	}
 }
 

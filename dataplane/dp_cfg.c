@@ -22,12 +22,14 @@ struct dp_settings {
 	char impair[CFG_STRLEN], rx_small[CFG_STRLEN], rx_large[CFG_STRLEN];
 	int64_t max_msgs, window, mbufs;
 	int tx_copy, rx_in_place;
+	int64_t payload_crc;
 	char eal[CFG_STRLEN];
 };
 
 #define OFF(f) offsetof(struct dp_settings, f)
 
 static const char *const idle_names[] = { "poll", "sleep", NULL };
+static const char *const pcrc_names[] = { "auto", "yes", "no", NULL };
 
 static const struct cfg_key keys[] = {
 	{ "node_id", "dp", CFG_INT, OFF(node_id), "0", 0, DP_MAX_PEERS - 1, "KVFERRY_DP_NODE_ID", "--node-id",
@@ -71,6 +73,10 @@ static const struct cfg_key keys[] = {
 	  NULL, "receive into mbufs in the region (mbufs x ~10 KiB of it, hugepages) and hand a message to a ring whose "
 	  "consumer declared it reads segment lists as the list of its frames, with no reassembly copy; other rings "
 	  "get whole messages as before" },
+	{ "payload_crc", "dp", CFG_ENUM, OFF(payload_crc), "auto", 0, 2, "KVFERRY_DP_PAYLOAD_CRC", "--payload-crc",
+	  pcrc_names, NULL, "CRC32C over each data frame's payload, sent and checked (the header's is always on); "
+	  "auto: yes, except over net_memif (shared memory in one host, where nothing can damage a frame: one read "
+	  "of every byte less at each end) unless --impair corrupts frames; both ends of a link must agree" },
 	{ "eal", "dp", CFG_STRING, OFF(eal), "", 0, 0, "KVFERRY_DP_EAL", "--eal", NULL, NULL,
 	  "extra EAL arguments, space-separated (empty: -l 0)" },
 };
@@ -193,6 +199,7 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int
 	o->n_mbufs = (uint32_t)s->mbufs;
 	o->tx_copy = s->tx_copy;
 	o->rx_in_place = s->rx_in_place;
+	o->payload_crc = (int)s->payload_crc;
 	o->eal_args = s->eal[0] ? s->eal : NULL;
 	if (!pow2(s->max_msgs) || !pow2(s->window)) {
 		rc = pow2(s->max_msgs) ? refuse_pow2(c, "window", s->window, err, errlen)

@@ -55,6 +55,7 @@ struct stream {
 	uint16_t id;
 	uint64_t adv_limit;       /* highest msg_limit that went out */
 	uint64_t adv_ns;          /* when the last ACK went out */
+	uint8_t *lane_of;         /* [max_msgs]: the send lane of message id & (max_msgs - 1) */
 };
 
 /* A DP_POOL_RX_SMALL buffer as a segment list (receive in place, dp.c). */
@@ -90,16 +91,19 @@ struct dp {
 	uint64_t outage_t0;  /* test-only: when the running self-ending outage began (0: none) */
 	struct dp_port port;
 	struct shm_region *reg;
-	struct shm_ring *r_txc, *r_rx, *r_ev;
+	struct shm_ring *r_rx, *r_ev;
 	/* Send lanes (dp_ipc.h): one single-producer request ring per sending
 	 * process, each with its own head-of-line request */
 	struct dp_tx_lanes *txl;
-	struct shm_ring *r_txl[DP_TX_LANES];
+	struct shm_ring *r_txl[DP_TX_LANES], *r_txcl[DP_TX_LANES]; /* requests, completions */
+	uint32_t lane_out[DP_TX_LANES];    /* requests taken whose completion is not yet out */
 	struct shm_desc held[DP_TX_LANES]; /* a send request waiting for window space */
 	uint8_t have_held[DP_TX_LANES];
 	unsigned lane_next;                /* the lane polled first next time (fairness) */
 	uint64_t lanes_freed;              /* lanes of dead producers emptied and freed */
-	struct shm_ring *r_rx_kv, *r_txc_kv, *r_rx_ctl, *r_txc_ctl; /* by message type (dp_ipc.h) */
+	int pcrc;                          /* our data frames carry a payload CRC, and we want one */
+	int said_no_pcrc;                  /* a frame without one was refused (logged once) */
+	struct shm_ring *r_rx_kv, *r_rx_ctl; /* by message type (dp_ipc.h) */
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;
 	int live_slot;

@@ -92,24 +92,23 @@ static int setup_shm(struct dp *d)
 		return -errno;
 	}
 	unsigned bufs = o->rx_small_n + o->rx_large_n;
-	unsigned req = DP_MAX_STREAMS * o->rel.max_msgs;
 	for (unsigned i = 0; i < DP_TX_LANES; i++) {
 		char name[32];
 		snprintf(name, sizeof(name), DP_RING_TX_LANE, i);
 		if ((d->r_txl[i] = ring_get(d->reg, name, 1024, 0)) == NULL)
 			return -ENOSPC;
+		/* a lane's requests are taken while this has room for them all */
+		snprintf(name, sizeof(name), DP_RING_TXC_LANE, i);
+		if ((d->r_txcl[i] = ring_get(d->reg, name, 1024, 0)) == NULL)
+			return -ENOSPC;
 	}
-	d->r_txc = ring_get(d->reg, DP_RING_TXC, pow2_at_least(1024 + 2 * req), 0);
 	d->r_rx = ring_get(d->reg, DP_RING_RX, pow2_at_least(2 * bufs), 0);
 	d->r_ev = ring_get(d->reg, DP_RING_EV, 256, 0);
-	d->r_txc_kv = ring_get(d->reg, DP_RING_TXC_KV, pow2_at_least(1024 + 2 * req), 0);
 	d->r_rx_kv = ring_get(d->reg, DP_RING_RX_KV, pow2_at_least(2 * bufs), 0);
-	d->r_txc_ctl = ring_get(d->reg, DP_RING_TXC_CTL, pow2_at_least(1024 + 2 * req), 0);
 	d->r_rx_ctl = ring_get(d->reg, DP_RING_RX_CTL, pow2_at_least(2 * bufs), 0);
 	d->p_small = pool_get(d->reg, DP_POOL_RX_SMALL, o->rx_small_n, o->rx_small_size);
 	d->p_large = pool_get(d->reg, DP_POOL_RX_LARGE, o->rx_large_n, o->rx_large_size);
-	if (!d->r_txc || !d->r_rx || !d->r_ev || !d->r_txc_kv || !d->r_rx_kv || !d->r_txc_ctl
-	    || !d->r_rx_ctl || !d->p_small || !d->p_large)
+	if (!d->r_rx || !d->r_ev || !d->r_rx_kv || !d->r_rx_ctl || !d->p_small || !d->p_large)
 		return -ENOSPC;
 	uint64_t off;
 	r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64, SHM_AREA_RAW, &off);
@@ -285,6 +284,9 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
 			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
 	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
+	int memif = !strncmp(eff.port, "net_memif", 9);
+	d->pcrc = eff.payload_crc == DP_PCRC_YES
+		  || (eff.payload_crc == DP_PCRC_AUTO && !(memif && eff.impair.corrupt <= 0));
 	/* the driver's own copies per payload byte (dp_ipc.h) */
 	if (!strncmp(eff.port, "net_memif", 9) || !strncmp(eff.port, "net_af_packet", 13)) {
 		int zc = strstr(eff.port, "zero-copy=yes") != NULL;
@@ -293,13 +295,14 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	}
 	kvf_log(KVF_LOG_INFO, NULL,
 		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, rx %s, "
-		"idle %s, epoch %llu\n"
+		"payload CRC %s, idle %s, epoch %llu\n"
 		"  memory: mbuf pools %.1f MiB (DPDK %s), region '%s' %.1f MiB (%s, reassembly "
 		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
 		d->port.multiseg ? "zero-copy (ext buffers)" : "copy",
 		d->in_place ? "in place (region mbufs) where the consumer reads segments" : "reassembled by copy",
+		d->pcrc ? "on" : eff.payload_crc == DP_PCRC_NO ? "off" : "off (memif: shared memory)",
 		eff.idle ? "sleep" : "poll",
 		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,
 		rte_eal_has_hugepages() ? "hugepages" : "heap: --no-huge", eff.region,
@@ -384,6 +387,7 @@ out:
 			d->cur_stream = s;
 			dp_rel_tx_destroy(s->tx);
 			dp_rel_rx_destroy(s->rx);
+			free(s->lane_of);
 			free(s);
 		}
 	for (unsigned i = 0; i < d->n_hold; i++)
@@ -398,14 +402,13 @@ out:
 	free(d->ip_out);
 	if (d->live_slot >= 0)
 		shm_live_release(d->reg, d->live_slot);
-	for (unsigned i = 0; i < DP_TX_LANES; i++)
+	for (unsigned i = 0; i < DP_TX_LANES; i++) {
 		shm_ring_close(d->r_txl[i]);
-	shm_ring_close(d->r_txc);
+		shm_ring_close(d->r_txcl[i]);
+	}
 	shm_ring_close(d->r_rx);
 	shm_ring_close(d->r_ev);
-	shm_ring_close(d->r_txc_kv);
 	shm_ring_close(d->r_rx_kv);
-	shm_ring_close(d->r_txc_ctl);
 	shm_ring_close(d->r_rx_ctl);
 	shm_pool_close(d->p_small);
 	shm_pool_close(d->p_large);

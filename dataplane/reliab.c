@@ -175,6 +175,11 @@ void dp_rel_tx_destroy(struct dp_rel_tx *tx)
 	free(tx);
 }
 
+uint64_t dp_rel_tx_next_id(const struct dp_rel_tx *tx)
+{
+	return tx->next_msg_id;
+}
+
 int dp_rel_tx_submit(struct dp_rel_tx *tx, uint64_t off, uint32_t len, uint8_t type,
 		     uint64_t cookie)
 {

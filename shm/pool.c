@@ -204,6 +204,23 @@ uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid)
 	return n;
 }
 
+uint32_t shm_pools_reclaim(struct shm_region *r, int32_t pid)
+{
+	char name[SHM_AREA_NAME_MAX];
+	enum shm_area_kind kind;
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; shm_region_area_at(r, i, name, &kind, NULL) == 0; i++) {
+		struct shm_pool *p;
+
+		if (kind != SHM_AREA_POOL || (p = shm_pool_lookup(r, name)) == NULL)
+			continue;
+		n += shm_pool_reclaim(p, pid);
+		shm_pool_close(p);
+	}
+	return n;
+}
+
 int32_t shm_pool_holder(const struct shm_pool *p, uint32_t idx)
 {
 	if (idx >= p->n)

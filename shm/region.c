@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <hugetlbfs.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,13 +426,22 @@ const char *shm_region_path(const struct shm_region *r)
 	return r->path;
 }
 
+/* The table lock word holds its holder's pid, so that a process killed
+ * inside add_area (a restarted ctrld creating its pools, say) does not
+ * leave it held for ever: a waiter that finds the holder dead takes it
+ * over. The dead holder's work is harmless: an entry is published by the
+ * n_areas store alone (R2), so at worst its reserved space is lost. */
 static void hdr_lock(struct shm_region_hdr *h)
 {
-	uint32_t expect = 0;
+	uint32_t me = (uint32_t)getpid(), expect = 0;
 
 	/* A1: acquire the table; pairs with R1 in hdr_unlock(). */
-	while (!atomic_compare_exchange_weak_explicit(&h->lock, &expect, 1, memory_order_acquire,
+	while (!atomic_compare_exchange_weak_explicit(&h->lock, &expect, me, memory_order_acquire,
 						      memory_order_relaxed)) {
+		if (expect != 0 && expect != me && kill((pid_t)expect, 0) < 0 && errno == ESRCH
+		    && atomic_compare_exchange_strong_explicit(&h->lock, &expect, me, memory_order_acquire,
+							       memory_order_relaxed))
+			return;
 		expect = 0;
 		sched_yield();
 	}
@@ -507,5 +517,22 @@ int shm_region_find_area(const struct shm_region *r, const char *name, uint64_t 
 		*off = r->hdr->areas[i].off;
 	if (size)
 		*size = r->hdr->areas[i].size;
+	return 0;
+}
+
+int shm_region_area_at(const struct shm_region *r, uint32_t i, char *name, enum shm_area_kind *kind,
+		       uint64_t *off)
+{
+	const struct shm_region_hdr *h = r->hdr;
+
+	/* A2 as in find_locked(): an entry counted is a published one */
+	if (i >= __atomic_load_n(&h->n_areas, __ATOMIC_ACQUIRE))
+		return -ENOENT;
+	if (name != NULL)
+		snprintf(name, SHM_AREA_NAME_MAX, "%.*s", SHM_AREA_NAME_MAX - 1, h->areas[i].name);
+	if (kind != NULL)
+		*kind = (enum shm_area_kind)h->areas[i].kind;
+	if (off != NULL)
+		*off = h->areas[i].off;
 	return 0;
 }

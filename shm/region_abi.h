@@ -36,7 +36,7 @@ struct shm_region_hdr {
 	int32_t creator_pid;
 	uint32_t n_areas;        /* published with release after the entry is written */
 	uint64_t epoch;
-	_Atomic uint32_t lock;   /* serialises add_area across processes */
+	_Atomic uint32_t lock;   /* serialises add_area across processes: 0, or the holder's pid */
 	uint32_t huge;
 	uint64_t next_free;      /* bump pointer for areas (under lock) */
 	uint8_t reserved[64];

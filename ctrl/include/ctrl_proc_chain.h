@@ -142,7 +142,7 @@ struct ctrl_proc_shm {
 /**
  * Count what sits in the rings and pools of ctrld's region: the stage input
  * rings ("serve.sK.in"), the return ring, and where a dataplane runs on the
- * region its rings (dp.tx.N send lanes, dp.txc, dp.rx, dp.ev) and receive pools. At rest
+ * region its rings (dp.tx.N / dp.txc.N send lanes, dp.rx, dp.ev) and receive pools. At rest
  * (no request in flight) every ring is empty and every pool buffer is back:
  * a leak test asserts exactly that. Rings and pools are read through the
  * region (lock-free counters), so any thread may call it; the group and slot

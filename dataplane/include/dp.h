@@ -36,6 +36,12 @@ struct dp_impair {
 	                      the dataplane's own clock (a test's script may be starved longer) */
 };
 
+/** [dp] payload_crc. AUTO: on, except over net_memif (shared memory inside
+ *  one host: nothing on the way can damage a frame, as over the kernel's
+ *  loopback, which skips TCP's checksum too) without a test impairment that
+ *  corrupts frames. The header's CRC is always on. */
+enum { DP_PCRC_AUTO = 0, DP_PCRC_YES = 1, DP_PCRC_NO = 2 };
+
 /** A configured peer. */
 struct dp_peer_cfg {
 	uint16_t node;
@@ -58,6 +64,7 @@ struct dp_opts {
 	int tx_copy;                /**< 1: copy payload into mbufs instead of attaching it */
 	int rx_in_place;            /**< 1: RX mbufs in the region; messages to rings whose consumer
 				         declared it go out as segment lists (dp_ipc.h) */
+	int payload_crc;            /**< DP_PCRC_*: CRC32C over every data frame's payload */
 	struct dp_rel_opts rel;
 	struct dp_peer_cfg peers[64];
 	unsigned n_peers;

@@ -127,6 +127,10 @@ void dp_rel_tx_destroy(struct dp_rel_tx *tx);
 int dp_rel_tx_submit(struct dp_rel_tx *tx, uint64_t off, uint32_t len, uint8_t type,
 		     uint64_t cookie);
 
+/** @return the msg_id the next dp_rel_tx_submit() will give its message
+ *  (ids count up by one per message from 0). */
+uint64_t dp_rel_tx_next_id(const struct dp_rel_tx *tx);
+
 /**
  * Hand out up to @p max frames to send now: queued resends first, then new
  * frames while the window and the peer's credit allow. Each frame is stamped

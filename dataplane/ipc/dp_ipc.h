@@ -13,15 +13,21 @@
  *      producer killed inside an enqueue leaves its own lane half-updated
  *      and no other (one multi-producer ring wedged every sender of the
  *      node: rte_ring's tail never caught up with the dead producer's head
- *      move). The dataplane sends what a dead producer's lane holds, then
- *      empties the lane and frees it; requests of one lane keep their order.
+ *      move). Requests of one lane keep their order.
  *      off/len = payload in the region (must stay untouched until completion),
  *      type = DP_MT_MBATCH | DP_MT_KVPAGE | DP_MT_CONTROL, seq = caller's cookie,
  *      aux = DP_AUX(peer node, stream).
- *  - DP_RING_TXC "dp.txc" send completions, one consumer: the request echoed,
- *      flags = 0 (delivered and acknowledged) or DP_TXC_FAILED with the
- *      positive errno in the low byte (ECONNRESET: peer restarted; ETIMEDOUT:
- *      peer unreachable; EINVAL: bad request).
+ *  - DP_RING_TXC_LANE "dp.txc.N" the completions of lane N's requests, to
+ *      the process that holds the lane: the request echoed, flags = 0
+ *      (delivered and acknowledged) or DP_TXC_FAILED with the positive errno
+ *      in the low byte (ECONNRESET: peer restarted; ETIMEDOUT: peer
+ *      unreachable; EINVAL: bad request). The dataplane takes a lane's
+ *      requests only while its completion ring has room for every one in
+ *      flight, so it never waits on a slow or dead consumer.
+ *    When a lane's process dies, the dataplane sends what the lane holds,
+ *    waits for the completions of all of it, then empties both rings, gives
+ *    back every buffer the dead process held in any pool of the region
+ *    (shm_pools_reclaim()) and frees the lane.
  *  - DP_RING_RX  "dp.rx"  receive notifications, one consumer: off/len = the
  *      whole message in a buffer of pool DP_POOL_RX_SMALL or DP_POOL_RX_LARGE
  *      (dp_ipc_rx_in_small() tells which); the consumer gives it back
@@ -29,8 +35,7 @@
  *      flags = DP_RX_SEGMENTS: received in place (below): off is a segment
  *      list in DP_POOL_RX_SMALL, len the message's length; the same one put
  *      gives back the list and every frame it names.
- *  - DP_RING_RX_KV / DP_RING_TXC_KV ("dp.rx.kv", "dp.txc.kv") and
- *    DP_RING_RX_CTL / DP_RING_TXC_CTL ("dp.rx.ctl", "dp.txc.ctl"): the same,
+ *  - DP_RING_RX_KV ("dp.rx.kv") and DP_RING_RX_CTL ("dp.rx.ctl"): the same,
  *    for DP_MT_KVPAGE and DP_MT_CONTROL messages, so the process that owns
  *    each stream (the decode worker, ctrld) is its only consumer.
  *  - DP_RING_EV  "dp.ev"  events for ctrld: type = enum dp_event,
@@ -102,19 +107,17 @@ enum dp_drop_reason {
 extern "C" {
 #endif
 
-#define DP_RING_TX_LANE "dp.tx.%u" /* printf format: the lane */
+#define DP_RING_TX_LANE "dp.tx.%u"   /* printf format: the lane */
+#define DP_RING_TXC_LANE "dp.txc.%u" /* the lane's completions */
 #define DP_AREA_TXLANES "dp.txl"    /* struct dp_tx_lanes */
 #define DP_TX_LANES 32u             /* processes (or threads) that may send at once */
-#define DP_RING_TXC "dp.txc"
 #define DP_RING_RX "dp.rx"
 #define DP_RING_EV "dp.ev"
 /* Each stream to the process that owns it: KV pages (DP_MT_KVPAGE) arrive on
- * and complete to their own rings (the workers'), control messages
- * (DP_MT_CONTROL) on theirs (ctrld's); micro-batches keep dp.rx / dp.txc. */
+ * their own ring (the workers'), control messages (DP_MT_CONTROL) on theirs
+ * (ctrld's); micro-batches keep dp.rx. */
 #define DP_RING_RX_KV "dp.rx.kv"
-#define DP_RING_TXC_KV "dp.txc.kv"
 #define DP_RING_RX_CTL "dp.rx.ctl"
-#define DP_RING_TXC_CTL "dp.txc.ctl"
 #define DP_POOL_RX_SMALL "dp.rxs"
 #define DP_POOL_RX_LARGE "dp.rxl"
 #define DP_AREA_STATS "dp.stats"
@@ -232,16 +235,20 @@ static inline int dp_ipc_rx_in_small(uint32_t len, uint16_t flags, size_t small_
 /* ------------------------------------------------ send lanes */
 
 #define DP_TXL_MAGIC 0x4c585444u /* "DTXL" */
-#define DP_TXL_VERSION 1u
+#define DP_TXL_VERSION 2u /* 2: completions on the lane's own ring */
 
 /**
  * The DP_AREA_TXLANES area, made by the dataplane with every lane's ring.
- * pid[i] is 0 for a free lane, else the process sending on "dp.tx.i": the
- * producer claims a lane by CAS 0 -> its pid and frees it with pid -> 0 on a
- * clean close; the dataplane frees the lanes of dead pids (after sending
- * what they hold and emptying the ring). One thread at a time sends on a
- * lane (the rings are single-producer).
+ * pid[i] is 0 for a free lane, else the process sending on "dp.tx.i" and
+ * reading "dp.txc.i": it claims a lane by CAS 0 -> its pid and gives it up
+ * with pid -> DP_TXL_CLOSING on a clean close; the dataplane frees a closing
+ * lane (-> 0) once nothing of it is in flight, and the lanes of dead pids
+ * likewise (see above), so a lane's next holder never sees a completion of
+ * its last. One thread at a time sends on a lane, and one reads
+ * its completions (the rings are single-producer, single-consumer).
  */
+#define DP_TXL_CLOSING (-1)
+
 struct dp_tx_lanes {
 	uint32_t magic;
 	uint32_t version;
@@ -270,11 +277,13 @@ static inline int dp_ipc_tx_claim(struct dp_tx_lanes *t, int32_t pid)
 	return -2;
 }
 
-/** Free lane @p lane that @p pid claimed (a clean close; what it sent is still sent). */
+/** Give up lane @p lane that @p pid claimed (a clean close; what it sent is
+ *  still sent, and the dataplane frees the lane once nothing is in flight). */
 static inline void dp_ipc_tx_release(struct dp_tx_lanes *t, int lane, int32_t pid)
 {
 	if (lane >= 0 && (uint32_t)lane < DP_TX_LANES)
-		__atomic_compare_exchange_n(&t->pid[lane], &pid, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+		__atomic_compare_exchange_n(&t->pid[lane], &pid, DP_TXL_CLOSING, 0, __ATOMIC_RELEASE,
+					    __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------ receive in place */

@@ -22,6 +22,7 @@
 
 struct dp_tx_lane {
 	struct shm_ring *q;      /**< the lane's ring: enqueue send requests here */
+	struct shm_ring *c;      /**< its completions: dequeue them here */
 	struct dp_tx_lanes *t;
 	int lane;                /**< -1: none */
 	int32_t pid;
@@ -57,8 +58,14 @@ static inline int dp_tx_lane_open(struct shm_region *r, struct dp_tx_lane *l, ch
 	l->lane = rc;
 	snprintf(name, sizeof(name), DP_RING_TX_LANE, (unsigned)rc);
 	l->q = shm_ring_lookup(r, name);
-	if (l->q == NULL) {
+	if (l->q != NULL) {
+		snprintf(name, sizeof(name), DP_RING_TXC_LANE, (unsigned)rc);
+		l->c = shm_ring_lookup(r, name);
+	}
+	if (l->q == NULL || l->c == NULL) {
 		snprintf(err, errlen, "region %s: lane ring %s: %s", shm_region_path(r), name, strerror(errno));
+		shm_ring_close(l->q);
+		l->q = NULL;
 		dp_ipc_tx_release(l->t, l->lane, l->pid);
 		l->lane = -1;
 		return -ENOENT;
@@ -66,11 +73,14 @@ static inline int dp_tx_lane_open(struct shm_region *r, struct dp_tx_lane *l, ch
 	return 0;
 }
 
-/** Give the lane back (what was enqueued on it is still sent) and close its ring. */
+/** Give the lane back (what was enqueued on it is still sent) and close its rings. */
 static inline void dp_tx_lane_close(struct dp_tx_lane *l)
 {
 	if (l->q != NULL)
 		shm_ring_close(l->q);
+	if (l->c != NULL)
+		shm_ring_close(l->c);
+	l->c = NULL;
 	if (l->t != NULL && l->lane >= 0)
 		dp_ipc_tx_release(l->t, l->lane, l->pid);
 	l->q = NULL;

@@ -6,9 +6,9 @@
  * shared-memory ABI (ring names, descriptor conventions): the worker links
  * nothing of the dataplane. Invariants:
  *  - A buffer handed to the dataplane (on our send lane) stays untouched until
- *    its completion comes back
- *    on dp.txc (the dataplane may retransmit from it): wk_out_quiesce() waits
- *    for that before the worker rewrites a buffer.
+ *    its completion comes back on the lane's completion ring (the dataplane
+ *    may retransmit from it): wk_out_quiesce() waits for that before the
+ *    worker rewrites a buffer.
  *  - dp.rx hands out buffers of the dataplane's receive pools; wk_in_done()
  *    returns each exactly once, after the step that read it.
  */
@@ -38,7 +38,7 @@ struct wk_out {
 	struct shm_region *r;
 	struct shm_ring *q;       /* next ring, or our dataplane send lane's */
 	struct dp_tx_lane lane;   /* dataplane hop only */
-	struct shm_ring *txc;     /* dp.txc (dataplane hop only) */
+	struct shm_ring *txc;     /* our lane's completions (dataplane hop only) */
 	uint16_t peer, stream;
 	int dp;
 	uint64_t pending[WK_DP_PENDING]; /* offsets awaiting completion; 0 = free entry */
@@ -181,13 +181,10 @@ struct wk_out *wk_out_open(struct shm_region *r, const char *spec, char *err, si
 		o->dp = 1;
 		o->peer = (uint16_t)peer;
 		o->stream = (uint16_t)stream;
-		o->txc = shm_ring_lookup(r, DP_RING_TXC);
-		if (o->txc == NULL)
-			snprintf(err, errlen, "shm_ring_lookup(%s) in region %s failed: %s: start "
-				 "kvferry-dataplane on this region first", DP_RING_TXC, shm_region_path(r),
-				 strerror(errno));
-		else if (dp_tx_lane_open(r, &o->lane, err, errlen) == 0)
+		if (dp_tx_lane_open(r, &o->lane, err, errlen) == 0) {
 			o->q = o->lane.q;
+			o->txc = o->lane.c;
+		}
 	} else {
 		snprintf(err, errlen, "bad output hop \"%s\": use ring:NAME or peer:NODE[/STREAM] "
 			 "(node < %u, stream < %u)", spec, DP_MAX_PEERS, DP_MAX_STREAMS);
@@ -288,10 +285,9 @@ void wk_out_close(struct wk_out *o)
 	if (o == NULL)
 		return;
 	if (o->dp)
-		dp_tx_lane_close(&o->lane); /* closes o->q */
+		dp_tx_lane_close(&o->lane); /* closes o->q and o->txc */
 	else
 		shm_ring_close(o->q);
-	shm_ring_close(o->txc);
 	free(o);
 }
 

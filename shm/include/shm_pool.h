@@ -71,6 +71,15 @@ int shm_pool_take(struct shm_pool *p, uint32_t idx);
 uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid);
 
 /**
+ * shm_pool_reclaim() for @p pid in every pool of region @p r: what a dead
+ * process held anywhere goes back. Only once nothing can still read those
+ * buffers for it (the dataplane calls it when the dead process's sends have
+ * all completed).
+ * @return the buffers given back.
+ */
+uint32_t shm_pools_reclaim(struct shm_region *r, int32_t pid);
+
+/**
  * Who holds buffer @p idx now, by one relaxed load: for a process that
  * handed buffers out and waits for them to come back (the dataplane's
  * receive-in-place messages, whose frames it frees once the consumer's put

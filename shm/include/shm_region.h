@@ -107,6 +107,16 @@ int shm_region_add_area(struct shm_region *r, const char *name, size_t size, siz
 int shm_region_find_area(const struct shm_region *r, const char *name, uint64_t *off,
 			 size_t *size);
 
+/**
+ * The @p i-th area of the region (0-based, in the order they were added):
+ * its name (into @p name, SHM_AREA_NAME_MAX bytes), kind and offset, any of
+ * which may be NULL. Lock-free: areas are only ever added.
+ * @return 0, or -ENOENT past the last area.
+ */
+#define SHM_AREA_NAME_MAX 32
+int shm_region_area_at(const struct shm_region *r, uint32_t i, char *name, enum shm_area_kind *kind,
+		       uint64_t *off);
+
 /** @return base + off. */
 static inline void *shm_ptr(const struct shm_region *r, uint64_t off)
 {

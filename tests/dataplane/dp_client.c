@@ -136,15 +136,10 @@ static struct shm_ring *ring_wait(struct shm_region *r, const char *name)
 	return NULL;
 }
 
-/* The receive and completion rings of a message type (dp_ipc.h). */
+/* The receive ring of a message type (dp_ipc.h). */
 static const char *rx_name(unsigned type)
 {
 	return type == DP_MT_KVPAGE ? DP_RING_RX_KV : type == DP_MT_CONTROL ? DP_RING_RX_CTL : DP_RING_RX;
-}
-
-static const char *txc_name(unsigned type)
-{
-	return type == DP_MT_KVPAGE ? DP_RING_TXC_KV : type == DP_MT_CONTROL ? DP_RING_TXC_CTL : DP_RING_TXC;
 }
 
 /* This node's dataplane's copy counters (its stats area: dp_ipc.h). */
@@ -189,14 +184,14 @@ static void print_copies(const char *who, struct shm_region *r, const struct cop
 	       (k.drv_tx - k0->drv_tx) / b, (k.drv_rx - k0->drv_rx) / b);
 }
 
-/* A sender's cookies carry its pid above SEQ_MASK: a completion of a killed
- * predecessor's message (same pools and completion ring) is told apart. */
+/* A sender's cookies carry its pid above SEQ_MASK: its lane's completion
+ * ring must never hand it one of another sender's (a killed predecessor's
+ * on the same lane, say). */
 #define SEQ_MASK ((1ull << 40) - 1)
 
 static int do_send(const struct cfg *c, struct shm_region *r)
 {
 	const uint64_t tag = (uint64_t)getpid() << 40;
-	struct shm_ring *txc = ring_wait(r, txc_name(c->type));
 	struct shm_ring *ev = ring_wait(r, DP_RING_EV);
 	char ns[64], nl[64];
 	snprintf(ns, sizeof(ns), "%s.s", c->pools);
@@ -208,12 +203,12 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	struct dp_tx_lane lane = {.lane = -1};
 	char err[256] = "";
 	/* the lanes area comes last in the dataplane's set-up: up to 20 s more */
-	for (int i = 0; txc && ev && ps && pl && i < 200; i++) {
+	for (int i = 0; ev && ps && pl && i < 200; i++) {
 		if (dp_tx_lane_open(r, &lane, err, sizeof(err)) != -ENOENT)
 			break;
 		usleep(100000);
 	}
-	struct shm_ring *tx = lane.q;
+	struct shm_ring *tx = lane.q, *txc = lane.c;
 	if (!tx || !txc || !ev || !ps || !pl) {
 		fprintf(stderr, "send: rings/pools missing in region %s %s\n", c->region, err);
 		return 1;
@@ -253,8 +248,12 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 		for (unsigned i = 0; i < n; i++) {
 			struct shm_pool *p = d[i].len <= 64 * 1024 ? ps : pl;
 			shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d[i].off));
-			if ((d[i].seq & ~SEQ_MASK) != tag)
-				continue; /* a killed predecessor's: its buffer is back, nothing to count */
+			if ((d[i].seq & ~SEQ_MASK) != tag) {
+				fprintf(stderr, "send: the completion of another sender's message (pid %llu) on my lane\n",
+					(unsigned long long)(d[i].seq >> 40));
+				bad = 1;
+				continue;
+			}
 			d[i].seq &= SEQ_MASK;
 			unsigned s = DP_AUX_STREAM(d[i].aux);
 			if (d[i].flags & DP_TXC_FAILED) {
@@ -446,10 +445,10 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 }
 
 /* --check-lanes: which send lanes are held, and whether by live processes
- * (exit 1 if a dead process still holds one). --check-pools: what dead
- * senders held of the pools NAME.s / NAME.l goes back (what a restarted
- * sender does with its predecessor's buffers once the dataplane is done
- * with them), then every buffer must be free (exit 1 if not). */
+ * (exit 1 if a dead process still holds one). --check-pools: every buffer
+ * of the pools NAME.s / NAME.l must be free (exit 1 if not), those dead
+ * senders held included: the dataplane gives them back when it frees their
+ * lanes. */
 static int do_check(const struct cfg *c, struct shm_region *r)
 {
 	int bad = 0;
@@ -482,14 +481,13 @@ static int do_check(const struct cfg *c, struct shm_region *r)
 			fprintf(stderr, "no pool %s in region %s\n", name, c->region);
 			return 1;
 		}
-		uint32_t back = 0;
+		uint32_t dead = 0;
 		for (uint32_t i = 0; i < shm_pool_count(p); i++) {
 			int32_t h = shm_pool_holder(p, i);
-			if (h > 1 && kill(h, 0) < 0 && errno == ESRCH)
-				back += shm_pool_reclaim(p, h);
+			dead += h > 1 && kill(h, 0) < 0 && errno == ESRCH;
 		}
-		printf("pools: %s: %u of %u free (%u taken back from dead senders)\n", name, shm_pool_available(p),
-		       shm_pool_count(p), back);
+		printf("pools: %s: %u of %u free, %u held by dead processes\n", name, shm_pool_available(p),
+		       shm_pool_count(p), dead);
 		bad |= shm_pool_available(p) != shm_pool_count(p);
 		shm_pool_close(p);
 	}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two kvferry-dataplane processes and two dp_client processes.
-#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes[-inplace] DATAPLANE CLIENT
+#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes|pcrc-mismatch[-inplace] DATAPLANE CLIENT
 # A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes.
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
@@ -56,7 +56,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch)
     portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
     portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
     if [ "${DP_ZC:-0}" = 1 ]; then
@@ -92,8 +92,11 @@ startB() { # $1: extra args
     --frame-size $frame --eal "$ealB" "${common[@]}" ${extraB[@]+"${extraB[@]}"} "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
   pidB=$!; pids+=($pidB)
 }
+extraA=()
+# node 1 insists on payload CRCs over memif, node 2 keeps auto (off there)
+[ "$mode" = pcrc-mismatch ] && extraA=(--payload-crc yes)
 "${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
-  --frame-size $frame --eal "-l 0 $eal_more" "${common[@]}" "${imp[@]}" >"$tmp/A.log" 2>&1 &
+  --frame-size $frame --eal "-l 0 $eal_more" "${common[@]}" "${imp[@]}" ${extraA[@]+"${extraA[@]}"} >"$tmp/A.log" 2>&1 &
 pids+=($!)
 pidA=$!
 if [ -n "${portA##net_af_packet*}" ]; then
@@ -191,17 +194,35 @@ if [ -z "${mode##outage*}" ]; then
   exit 0
 fi
 
+if [ "$mode" = pcrc-mismatch ]; then
+  # node 1 sends CRCs (node 2 checks what it is given), node 2 sends none:
+  # node 1 refuses its frames and says which setting to align
+  "$cli" --region "$rb" --recv --peer 1 --count 200 --seed 3 --timeout 20 >"$tmp/recv.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --count 200 --seed 3 --timeout 20 >"$tmp/send.log" 2>&1 \
+    || fail "node 1 (payload CRC on) could not send to node 2 (auto): $(cat "$tmp/send.log")"
+  wait $pr || fail "node 2 did not receive node 1's CRC'd frames: $(cat "$tmp/recv.log")"
+  "$cli" --region "$rb" --send --peer 1 --count 5 --fixed 20000 --inflight 5 --timeout 3 >"$tmp/send2.log" 2>&1 \
+    && fail "node 1 accepted frames without the payload CRC it requires"
+  grep -q "node 2 sends data frames without a payload CRC, which this node requires: give both nodes the same \[dp\] payload_crc" \
+    "$tmp/A.log" || fail "no error naming payload_crc on node 1"
+  grep "without a payload CRC" "$tmp/A.log"
+  echo "PASS: a payload_crc mismatch is refused with an error naming the setting; the other direction works"
+  exit 0
+fi
+
 if [ "$mode" = lanes ]; then
   # Senders killed at random points, most often inside their send loop
   # (an enqueue on their lane, a pool get or put, a completion dequeue):
   # 200 of them one after another, KV pages on their own pools, beside one
   # sender that streams micro-batches the whole time. Each sender has its
   # own send lane, so no death may stall the survivor (it gives up after
-  # 10 s without a completion); the dataplane frees each dead sender's lane;
-  # afterwards every lane is free or held by a live process, the dead
-  # senders' buffers are all back once taken from their dead pids, the
-  # survivor's messages all arrived once, and a new sender still gets
-  # through.
+  # 10 s without a completion); the dataplane frees each dead sender's lane
+  # once its sends completed, and gives back the buffers it held; afterwards
+  # every lane is free or held by a live process, every buffer of the dead
+  # senders' pools is free, the survivor's messages all arrived once, and a
+  # new sender (on a lane a dead one had) never sees another's completion.
   kills=${DP_LANE_KILLS:-200}
   "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv.log" 2>&1 &
   pr=$!; pids+=($pr)
@@ -242,8 +263,11 @@ if [ "$mode" = lanes ]; then
   "$cli" --region "$ra" --check-pools --pools vic >"$tmp/pools.log" 2>&1; pc=$?
   cat "$tmp/pools.log"
   [ $pc = 0 ] || fail "buffers of the killed senders missing from their pools"
+  back=$(sed -n 's/.*freed, \([0-9]*\) buffers\{0,1\} it held.*/\1/p' "$tmp/A.log" | awk '{s += $1} END {print s + 0}')
+  [ "$back" -gt 0 ] || fail "the dataplane gave back no buffer of the killed senders (they held none in flight?)"
   echo "PASS: $kills senders killed at random points: the survivor's $sent messages arrived once each," \
-    "it never stalled, $freed dead senders' lanes freed, every buffer back, a new sender gets through"
+    "it never stalled; $freed dead senders' lanes freed once their sends completed, $back buffers they held" \
+    "given back by the dataplane; every buffer free; a new sender never saw another's completion"
   exit 0
 fi
 
@@ -344,10 +368,11 @@ fi
 if [ "$mode" = memif ]; then
   # Copies per payload byte, counted by the dataplanes (dp_client prints
   # them): the sender's code copies nothing (header mbuf + the region's
-  # bytes as an external buffer) and reads each byte once for its CRC, even
-  # when a frame is refused by the TX queue or resent; the receiver copies
-  # each accepted byte once (the CRC rides on that copy); net_memif copies
-  # once each way (resends and duplicates may add a little there).
+  # bytes as an external buffer) and, over memif, reads none for a payload
+  # CRC ([dp] payload_crc = auto: shared memory cannot damage a frame); the
+  # receiver copies each accepted byte once, or none received in place;
+  # net_memif copies once each way (resends and duplicates may add a little
+  # there).
   python3 - "$tmp/send.log" "$tmp/recv.log" "$rxip" <<'PY' || fail "copies per payload byte are not what the dataplane's design says"
 import re, sys
 def copies(path):
@@ -358,10 +383,10 @@ def copies(path):
     sys.exit(f"no copies line in {path}")
 s, r = copies(sys.argv[1]), copies(sys.argv[2])
 in_place = sys.argv[3] == "1"
-# received in place the receiver's code copies nothing and reads each byte
-# once for its CRC; reassembled, it copies each byte once with the CRC on it
-rx_copy, rx_crc = (0, 1) if in_place else (1, 0)
-ok = (s[0] == 0 and abs(s[2] - 1) < 0.002 and 1 <= s[3] < 1.05
+# received in place the receiver's code copies nothing; reassembled, it
+# copies each byte once; no payload CRC is read on either side over memif
+rx_copy, rx_crc = (0, 0) if in_place else (1, 0)
+ok = (s[0] == 0 and s[2] == 0 and 1 <= s[3] < 1.05
       and abs(r[1] - rx_copy) < 0.002 and abs(r[2] - rx_crc) < 0.002 and 1 <= r[4] < 1.05)
 total = s[0] + s[3] + r[1] + r[4]
 # by design (one driver copy each way, resends and duplicates aside): 2 received in place, else 3

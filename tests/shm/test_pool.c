@@ -263,6 +263,49 @@ static void a_process_killed_at_random_points_200_times_leaves_every_buffer_to_r
 	shm_pool_close(p);
 }
 
+/* What a dead process held in every pool of the region goes back in one
+ * call (the dataplane's, once the dead sender's sends all completed). */
+static void what_a_dead_process_held_in_any_pool_of_the_region_goes_back_at_once(void **state)
+{
+	struct shm_pool *a = shm_pool_create(*state, "all.a", 4, 64), *b = shm_pool_create(*state, "all.b", 4, 64);
+	uint32_t mine;
+	int up[2], st;
+	pid_t pid;
+	char c;
+
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(shm_pool_get(a, &mine), 0); /* ours stays held */
+	assert_int_equal(pipe(up), 0);
+	pid = fork();
+	if (pid == 0) {
+		char err[256];
+		struct shm_region *r = shm_region_attach(g_name, err, sizeof(err));
+		struct shm_pool *x = r ? shm_pool_lookup(r, "all.a") : NULL, *y = r ? shm_pool_lookup(r, "all.b") : NULL;
+		uint32_t i;
+
+		if (x == NULL || y == NULL || shm_pool_get(x, &i) || shm_pool_get(y, &i) || shm_pool_get(y, &i)
+		    || write(up[1], "x", 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	assert_int_equal(read(up[0], &c, 1), 1);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(shm_pool_available(a), 2);
+	assert_int_equal(shm_pool_available(b), 2);
+	assert_int_equal(shm_pools_reclaim(*state, pid), 3);
+	assert_int_equal(shm_pool_available(a), 3);
+	assert_int_equal(shm_pool_available(b), 4);
+	assert_int_equal(shm_pools_reclaim(*state, pid), 0);
+	assert_int_equal(shm_pool_put(a, mine), 0);
+	close(up[0]);
+	close(up[1]);
+	shm_pool_close(a);
+	shm_pool_close(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -272,6 +315,7 @@ int main(void)
 		cmocka_unit_test(processes_sharing_a_pool_never_hold_the_same_buffer),
 		cmocka_unit_test(what_a_killed_holder_held_goes_back_and_a_live_holders_stays),
 		cmocka_unit_test(a_process_killed_at_random_points_200_times_leaves_every_buffer_to_reclaim),
+		cmocka_unit_test(what_a_dead_process_held_in_any_pool_of_the_region_goes_back_at_once),
 	};
 
 	snprintf(g_name, sizeof(g_name), "t-pool-%d", (int)getpid());

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -122,6 +124,75 @@ static void areas_are_unique_aligned_and_bounded(void **state)
 	shm_region_unlink(g_name);
 }
 
+/* The areas are listed in the order they were added, with kind and offset;
+ * past the last, -ENOENT. */
+static void areas_are_listed_in_order_with_their_kind_and_offset(void **state)
+{
+	struct shm_region *r = fallback_region(1 << 16);
+	enum shm_area_kind k;
+	char name[SHM_AREA_NAME_MAX];
+	uint64_t a, b, off;
+
+	(void)state;
+	assert_non_null(r);
+	assert_int_equal(shm_region_add_area(r, "first", 100, 64, SHM_AREA_RAW, &a), 0);
+	assert_int_equal(shm_region_add_area(r, "a-name-of-thirty-one-characters", 64, 64, SHM_AREA_POOL, &b), 0);
+	assert_int_equal(shm_region_area_at(r, 0, name, &k, &off), 0);
+	assert_string_equal(name, "first");
+	assert_int_equal(k, SHM_AREA_RAW);
+	assert_int_equal(off, a);
+	assert_int_equal(shm_region_area_at(r, 1, name, &k, &off), 0);
+	assert_string_equal(name, "a-name-of-thirty-one-characters");
+	assert_int_equal(k, SHM_AREA_POOL);
+	assert_int_equal(off, b);
+	assert_int_equal(shm_region_area_at(r, 2, name, &k, &off), -ENOENT);
+	shm_region_detach(r);
+	shm_region_unlink(g_name);
+}
+
+static void lock_wedged(int sig)
+{
+	(void)sig;
+	static const char m[] = "add_area waited 10 s on a table lock whose holder is dead\n";
+	(void)!write(2, m, sizeof(m) - 1);
+	_exit(1);
+}
+
+/* A process killed inside add_area holds the table lock: the next one to
+ * add an area takes it over instead of waiting for ever (a restarted ctrld
+ * creating its pools hung at start behind its killed predecessor). */
+static void a_table_lock_whose_holder_died_is_taken_over(void **state)
+{
+	struct shm_region *r = fallback_region(1 << 16);
+	struct shm_region_hdr *h;
+	int st;
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(r);
+	h = shm_region_base(r);
+	pid = fork();
+	if (pid == 0) {
+		uint32_t free_ = 0;
+
+		/* what hdr_lock() does, then death before the unlock */
+		if (!atomic_compare_exchange_strong(&h->lock, &free_, (uint32_t)getpid()))
+			_exit(1);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_int_equal(atomic_load(&h->lock), (uint32_t)pid);
+	signal(SIGALRM, lock_wedged);
+	alarm(10);
+	assert_int_equal(shm_region_add_area(r, "after", 64, 64, SHM_AREA_RAW, NULL), 0);
+	alarm(0);
+	signal(SIGALRM, SIG_DFL);
+	assert_int_equal(atomic_load(&h->lock), 0);
+	shm_region_detach(r);
+	shm_region_unlink(g_name);
+}
+
 /* A process attaching while the region is being (re)created sees the old
  * region, the new one, or none — never a half-written header. */
 static void an_attacher_never_sees_a_region_half_created(void **state)
@@ -208,6 +279,8 @@ int main(void)
 		cmocka_unit_test(attaching_a_region_of_another_abi_version_names_both_versions),
 		cmocka_unit_test(attaching_a_missing_region_says_which_and_what_to_do),
 		cmocka_unit_test(areas_are_unique_aligned_and_bounded),
+		cmocka_unit_test(areas_are_listed_in_order_with_their_kind_and_offset),
+		cmocka_unit_test(a_table_lock_whose_holder_died_is_taken_over),
 		cmocka_unit_test(an_attacher_never_sees_a_region_half_created),
 		cmocka_unit_test(a_region_created_again_under_its_name_is_seen_replaced_by_its_old_attachers),
 		cmocka_unit_test(a_region_refuses_a_bad_name_or_zero_size),
