@@ -446,9 +446,9 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 
 /* --check-lanes: which send lanes are held, and whether by live processes
  * (exit 1 if a dead process still holds one). --check-pools: every buffer
- * of the pools NAME.s / NAME.l must be free (exit 1 if not), those dead
- * senders held included: the dataplane gives them back when it frees their
- * lanes. */
+ * of the pools NAME.s / NAME.l (--pools NAME; or --pools A,B,...: those
+ * pools) must be free (exit 1 if not), those dead senders held included:
+ * the dataplane gives them back when it frees their lanes. */
 static int do_check(const struct cfg *c, struct shm_region *r)
 {
 	int bad = 0;
@@ -473,9 +473,21 @@ static int do_check(const struct cfg *c, struct shm_region *r)
 		printf("lanes: %u of %u held, %u by dead processes\n", held, DP_TX_LANES, dead);
 		return dead != 0;
 	}
-	for (int k = 0; k < 2; k++) {
+	char list[256];
+	const char *names[8];
+	int n_names = 0;
+	snprintf(list, sizeof(list), "%s", c->pools);
+	if (strchr(list, ',')) {
+		char *save = NULL;
+		for (char *t = strtok_r(list, ",", &save); t && n_names < 8; t = strtok_r(NULL, ",", &save))
+			names[n_names++] = t;
+	}
+	for (int k = 0; k < (n_names ? n_names : 2); k++) {
 		char name[64];
-		snprintf(name, sizeof(name), "%s.%c", c->pools, k ? 'l' : 's');
+		if (n_names)
+			snprintf(name, sizeof(name), "%s", names[k]);
+		else
+			snprintf(name, sizeof(name), "%s.%c", c->pools, k ? 'l' : 's');
 		struct shm_pool *p = shm_pool_lookup(r, name);
 		if (!p) {
 			fprintf(stderr, "no pool %s in region %s\n", name, c->region);
