@@ -23,6 +23,8 @@
 #define PC_RING_COUNT 256u   /* as kvferry-worker's rings */
 #define PC_LIVE_EVERY_NS 50000000ull
 #define PC_REJOIN_NS 3000000000ull
+#define PC_REJOIN_FIRST_NS 100000000ull  /* the first retry after a refusal */
+#define PC_REJOIN_FORCE_NS 10000000000ull
 #define PC_RESEND_NS 5000000000ull
 #define PC_REGION_EVERY_NS 1000000000ull /* whether the region was re-created: a stat() or three */
 
@@ -65,6 +67,7 @@ struct proc_chain {
 	enum pc_state state;
 	uint16_t wire_version; /* micro-batches go out in the oldest version a stage speaks */
 	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
+	uint64_t rejoin_wait_ns; /* after a refused re-forming: the wait before the next JOIN (backs off) */
 	int setup_ok;        /* the synchronous setup finished */
 	int32_t n_blocks;    /* fixed at the first setup */
 	uint8_t *touched, *tainted;

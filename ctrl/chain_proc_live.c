@@ -217,9 +217,20 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 	int rc = pc_drain(c, err, sizeof(err));
 
 	if (rc < 0) {
-		pc_log(c, KVF_LOG_WARNING, "chain: re-forming refused: %s (retrying)", err);
+		/* A refusal is often a straggler: the POOL meant for a worker that
+		 * joined and was killed, reaching its successor, which had not
+		 * joined. A fresh epoch makes the next attempt's replies its own
+		 * (what is still in flight of this one is ignored), and the retry
+		 * comes soon, backing off towards PC_REJOIN_NS for a refusal that
+		 * stays (another model, say). */
+		c->rejoin_wait_ns = c->rejoin_wait_ns ? c->rejoin_wait_ns * 2 : PC_REJOIN_FIRST_NS;
+		if (c->rejoin_wait_ns > PC_REJOIN_NS)
+			c->rejoin_wait_ns = PC_REJOIN_NS;
+		pc_log(c, KVF_LOG_WARNING, "chain: re-forming refused: %s (retrying in %.1f s)", err,
+		       c->rejoin_wait_ns / 1e9);
+		c->epoch++;
 		c->state = PC_JOINING;
-		c->setup_sent_ns = now; /* retry after the interval */
+		c->setup_sent_ns = now;
 		return;
 	}
 	if (rc > 0) {
@@ -236,10 +247,16 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 		for (int32_t k = 0; k < c->o.n_stages; k++)
 			c->stage_up[k] = 1;
 		c->state = PC_UP;
+		c->rejoin_wait_ns = 0;
 		pc_print_table(c, "re-formed");
 		return;
 	}
-	if (c->setup_sent_ns == 0 || (now - c->setup_sent_ns > PC_REJOIN_NS && shm_ring_count(c->first) == 0)) {
+	/* a JOIN again when the last got lost (after the wait, once stage 0
+	 * took everything queued to it) or was refused (after its back-off);
+	 * a stage 0 that takes nothing for PC_REJOIN_FORCE_NS is sent one anyway */
+	uint64_t wait = c->rejoin_wait_ns ? c->rejoin_wait_ns : PC_REJOIN_NS;
+	if (c->setup_sent_ns == 0 || (now - c->setup_sent_ns > wait && shm_ring_count(c->first) == 0)
+	    || now - c->setup_sent_ns > PC_REJOIN_FORCE_NS) {
 		if (c->state == PC_POOLING)
 			c->state = PC_JOINING;
 		if (pc_send_setup(c, SHM_MB_JOIN) < 0)
