@@ -117,9 +117,16 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 	}
 	/* our own send lane: its ring is single-producer, so this process's
 	 * senders (the shipper, the PD loop) take turns (tx_mu) */
-	if (dp_tx_lane_open(l->reg, &l->lane, err, errlen) < 0) {
-		errno = ENOENT;
-		goto fail;
+	for (int i = 0;; i++) {
+		int rc = dp_tx_lane_open(l->reg, &l->lane, err, errlen);
+
+		if (rc == 0)
+			break;
+		if (rc != -ENOENT || i >= 250) { /* the lanes come last in the dataplane's set-up */
+			errno = -rc;
+			goto fail;
+		}
+		usleep(20000);
 	}
 	l->lane_open = 1;
 	/* a page message must fit the receiving dataplane's large buffers: the

@@ -832,7 +832,7 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 		 * a slow or dead reader of completions holds back its lane alone */
 		if (shm_ring_free_count(d->r_txcl[l]) <= d->lane_out[l])
 			break;
-		if (d->have_held[l]) {
+		if (d->held_mask & (1u << l)) {
 			q = d->held[l];
 		} else if (shm_ring_dequeue_burst(d->r_txl[l], &q, 1) != 1) {
 			break;
@@ -843,7 +843,7 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 		if (!s || q.off + q.len > shm_region_size(d->reg) ||
 		    (q.type != DP_MT_MBATCH && q.type != DP_MT_KVPAGE && q.type != DP_MT_CONTROL) ||
 		    q.len > shm_pool_bufsize(d->p_large)) {
-			d->have_held[l] = 0;
+			d->held_mask &= ~(1u << l);
 			fail_request(d, l, &q, EINVAL);
 			taken++;
 			continue;
@@ -852,10 +852,10 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 		int rc = dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq);
 		if (rc == -ENOSPC) {
 			d->held[l] = q;
-			d->have_held[l] = 1;
+			d->held_mask |= 1u << l;
 			break;
 		}
-		d->have_held[l] = 0;
+		d->held_mask &= ~(1u << l);
 		taken++;
 		if (rc < 0) {
 			fail_request(d, l, &q, EINVAL);
@@ -874,7 +874,7 @@ static unsigned poll_requests(struct dp *d)
 	unsigned taken = 0;
 	for (unsigned k = 0; k < DP_TX_LANES; k++) {
 		unsigned l = (d->lane_next + k) % DP_TX_LANES;
-		if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
+		if ((d->held_mask & (1u << l)) || shm_ring_count(d->r_txl[l]))
 			taken += poll_lane(d, l, 64);
 	}
 	d->lane_next = (d->lane_next + 1) % DP_TX_LANES;
@@ -893,9 +893,9 @@ static void scan_lanes(struct dp *d)
 		int32_t pid = __atomic_load_n(&d->txl->pid[l], __ATOMIC_ACQUIRE);
 		if (pid == 0 || (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)))
 			continue;
-		if (d->have_held[l] || shm_ring_count(d->r_txl[l]))
+		if ((d->held_mask & (1u << l)) || shm_ring_count(d->r_txl[l]))
 			poll_lane(d, l, UINT32_MAX);
-		if (d->have_held[l] || shm_ring_count(d->r_txl[l]) || d->lane_out[l])
+		if ((d->held_mask & (1u << l)) || shm_ring_count(d->r_txl[l]) || d->lane_out[l])
 			continue; /* in flight still: the next scan */
 		unsigned lost = shm_ring_reset(d->r_txl[l]);
 		shm_ring_reset(d->r_txcl[l]);
@@ -903,7 +903,6 @@ static void scan_lanes(struct dp *d)
 		__atomic_compare_exchange_n(&d->txl->pid[l], &pid, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 		if (pid < 0)
 			continue; /* a clean close */
-		d->lanes_freed++;
 		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: send lane %u of dead pid %d freed, %u buffer%s it held "
 			"back in their pools%s", d->o->node, l, (int)pid, back, back == 1 ? "" : "s",
 			lost ? " (a request it was still writing dropped)" : "");
@@ -918,9 +917,7 @@ unsigned dp_poll_once(struct dp *d, uint64_t now)
 		dp_ip_reap(d);
 	unsigned work = poll_rx(d);
 	work += poll_requests(d);
-	int in_flight = 0;
-	for (unsigned l = 0; l < DP_TX_LANES; l++)
-		in_flight |= d->have_held[l];
+	int in_flight = d->held_mask != 0;
 	for (unsigned i = 0; i < DP_MAX_PEERS; i++) {
 		struct peer *p = &d->peers[i];
 		if (!p->configured)

@@ -14,6 +14,8 @@
 
 #include "dp.h"
 #include "dp_ipc.h"
+
+_Static_assert(DP_TX_LANES <= 32, "struct dp's held_mask has a bit per send lane");
 #include "port.h"
 #include "shm_live.h"
 #include "shm_pool.h"
@@ -98,9 +100,8 @@ struct dp {
 	struct shm_ring *r_txl[DP_TX_LANES], *r_txcl[DP_TX_LANES]; /* requests, completions */
 	uint32_t lane_out[DP_TX_LANES];    /* requests taken whose completion is not yet out */
 	struct shm_desc held[DP_TX_LANES]; /* a send request waiting for window space */
-	uint8_t have_held[DP_TX_LANES];
+	uint32_t held_mask;                /* bit l: held[l] is one (DP_TX_LANES <= 32) */
 	unsigned lane_next;                /* the lane polled first next time (fairness) */
-	uint64_t lanes_freed;              /* lanes of dead producers emptied and freed */
 	int pcrc;                          /* our data frames carry a payload CRC, and we want one */
 	int said_no_pcrc;                  /* a frame without one was refused (logged once) */
 	struct shm_ring *r_rx_kv, *r_rx_ctl; /* by message type (dp_ipc.h) */

@@ -73,6 +73,23 @@ static void fmt_drops(char *b, size_t n, const uint64_t drops[DP_DROP_MAX_])
 					       (unsigned long long)drops[k]);
 }
 
+/* A raw area of the region that outlives us: made zeroed, or found as a
+ * predecessor left it. @return it, or NULL (logged). */
+static void *kept_area(struct dp *d, const char *name, size_t size)
+{
+	uint64_t off;
+	int r = shm_region_add_area(d->reg, name, size, 64, SHM_AREA_RAW, &off);
+
+	if (r && r != -EEXIST) {
+		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s: make the region larger (--region-size)",
+			name, strerror(-r));
+		return NULL;
+	}
+	if (r == 0)
+		memset(shm_ptr(d->reg, off), 0, size);
+	return shm_ptr(d->reg, off);
+}
+
 static int setup_shm(struct dp *d)
 {
 	const struct dp_opts *o = d->o;
@@ -126,29 +143,15 @@ static int setup_shm(struct dp *d)
 	 * (dp_ipc_rx_seglist_current()) */
 	__atomic_store_n(&d->stats->epoch, d->base_epoch, __ATOMIC_RELEASE);
 	/* the consumers' declarations (dp_ipc.h) survive a restart on the region */
-	r = shm_region_add_area(d->reg, DP_AREA_RXSEG, sizeof(struct dp_rxseg_decl), 64, SHM_AREA_RAW, &off);
-	if (r && r != -EEXIST) {
-		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s: make the region larger (--region-size)",
-			DP_AREA_RXSEG, strerror(-r));
-		return r;
-	}
-	d->decl = shm_ptr(d->reg, off);
-	if (r == 0)
-		memset(d->decl, 0, sizeof(*d->decl));
+	if ((d->decl = kept_area(d, DP_AREA_RXSEG, sizeof(*d->decl))) == NULL)
+		return -ENOSPC;
 	d->decl->version = DP_RXSEG_VERSION;
 	d->decl->in_place = 0;
 	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
 	/* the send lanes: a restart on the region keeps the live senders' claims
-	 * (dp_lanes_scan() frees those of the dead on its first pass) */
-	r = shm_region_add_area(d->reg, DP_AREA_TXLANES, sizeof(struct dp_tx_lanes), 64, SHM_AREA_RAW, &off);
-	if (r && r != -EEXIST) {
-		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s: make the region larger (--region-size)",
-			DP_AREA_TXLANES, strerror(-r));
-		return r;
-	}
-	d->txl = shm_ptr(d->reg, off);
-	if (r == 0)
-		memset(d->txl, 0, sizeof(*d->txl));
+	 * (scan_lanes() in dp.c frees those of the dead on its first pass) */
+	if ((d->txl = kept_area(d, DP_AREA_TXLANES, sizeof(*d->txl))) == NULL)
+		return -ENOSPC;
 	d->txl->version = DP_TXL_VERSION;
 	d->txl->n = DP_TX_LANES;
 	__atomic_store_n(&d->txl->magic, DP_TXL_MAGIC, __ATOMIC_RELEASE);
