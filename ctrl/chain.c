@@ -66,6 +66,25 @@ int ctrl_chain_kv_hold(struct ctrl_chain *c, int32_t stage, int hold)
 	return c->vt->kv_hold != NULL ? c->vt->kv_hold(c, stage, hold) : 0;
 }
 
+int ctrl_chain_kv_copies(struct ctrl_chain *c, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
+			 const struct kn_kv_format *f)
+{
+	int rc = 0;
+
+	if (n < 0 || (n > 0 && v == NULL) || (import && f == NULL))
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	if (c->vt->kv_copies != NULL)
+		return c->vt->kv_copies(c, stage, import, v, n, f);
+	ctrl_chain_kv_hold(c, stage, 1);
+	for (int32_t i = 0; i < n && rc == 0; i++)
+		rc = import ? ctrl_chain_kv_import(c, stage, v[i].blocks, v[i].n, v[i].buf, v[i].len, f)
+			    : ctrl_chain_kv_export(c, stage, v[i].blocks, v[i].n, v[i].buf, v[i].len);
+	ctrl_chain_kv_hold(c, stage, 0);
+	return rc;
+}
+
 void ctrl_chain_destroy(struct ctrl_chain *c)
 {
 	if (c != NULL)

@@ -491,6 +491,7 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.kv_format = pc_kv_format,
 	.kv_export = pc_kv_export,
 	.kv_import = pc_kv_import,
+	.kv_copies = pc_kv_copies,
 	.ready = pc_ready,
 };
 

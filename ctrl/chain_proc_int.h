@@ -89,8 +89,10 @@ struct proc_chain {
 	uint64_t fmt_epoch[CTRL_CHAIN_MAX_STAGES]; /* the epoch fmt[k] was asked in */
 };
 
-/* Most blocks one KV message names (a page message carries at most 256). */
-#define PC_KV_MAX_BLOCKS 256
+/* Most words after one KV message's record (a page message carries at most
+ * 256 blocks; a batch of them, with its copy records, more: the worker's
+ * bound, WK_KV_MAX_BLOCKS) */
+#define PC_KV_MAX_BLOCKS 8192
 
 /* The chain's vtable: a ctrl_chain is a worker chain when it points here. */
 extern const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl;
@@ -136,6 +138,8 @@ int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f);
 int pc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, void *dst, size_t len);
 int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
 		 size_t len, const struct kn_kv_format *f);
+int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
+		 const struct kn_kv_format *f);
 
 /* chain_proc_join.c */
 

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The worker chain's KV pages (ctrl_chain kv_format / kv_export /
- * kv_import): each call is one SHM_MB_KV message down the chain, in order
- * with the micro-batches, answered when it comes back on the return hop.
+ * kv_import / kv_copies): each call is one SHM_MB_KV message down the
+ * chain, in order with the micro-batches, answered when it comes back on
+ * the return hop; kv_copies puts a batch of buffers in one message (as many
+ * as its words allow), so the stage drains its running steps once for them.
  * The pages never pass through ctrld: the target stage copies between its
  * pool and the caller's buffer, which must lie in the chain's region (a
  * dataplane page buffer: ctrl/pd_link.c), and the stage must run on this
@@ -17,6 +19,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "chain_proc_int.h"
@@ -66,7 +69,8 @@ static int kv_send(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 
 static const char *kv_op_name(uint32_t op)
 {
-	return op == SHM_MB_KV_FORMAT ? "format" : op == SHM_MB_KV_EXPORT ? "export" : "import";
+	return op == SHM_MB_KV_FORMAT ? "format"
+	       : op == SHM_MB_KV_EXPORT || op == SHM_MB_KV_EXPORT_V ? "export" : "import";
 }
 
 /* Send @p q to stage @p stage and wait for the answer into @p q.
@@ -158,6 +162,16 @@ int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f)
 	return rc;
 }
 
+static void kv_set_format(struct shm_mb_kv *q, const struct kn_kv_format *f)
+{
+	q->dtype = f->dtype;
+	q->layer_start = f->layer_start;
+	q->layer_end = f->layer_end;
+	q->n_kv_heads = f->n_kv_heads;
+	q->head_dim = f->head_dim;
+	q->block_bytes = f->block_bytes;
+}
+
 static int kv_copy(struct proc_chain *c, uint32_t op, int32_t stage, const int32_t *blocks, int32_t n,
 		   const void *buf, size_t len, const struct kn_kv_format *f)
 {
@@ -166,14 +180,8 @@ static int kv_copy(struct proc_chain *c, uint32_t op, int32_t stage, const int32
 
 	if (rc < 0)
 		return rc;
-	if (f != NULL) {
-		q.dtype = f->dtype;
-		q.layer_start = f->layer_start;
-		q.layer_end = f->layer_end;
-		q.n_kv_heads = f->n_kv_heads;
-		q.head_dim = f->head_dim;
-		q.block_bytes = f->block_bytes;
-	}
+	if (f != NULL)
+		kv_set_format(&q, f);
 	pthread_mutex_lock(&c->kv_mu);
 	rc = kv_call(c, stage, &q, blocks);
 	pthread_mutex_unlock(&c->kv_mu);
@@ -190,4 +198,55 @@ int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, in
 			size_t len, const struct kn_kv_format *f)
 {
 	return kv_copy((struct proc_chain *)cc, SHM_MB_KV_IMPORT, stage, blocks, n, src, len, f);
+}
+
+int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
+		 const struct kn_kv_format *f)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	int32_t *words = malloc(sizeof(int32_t) * PC_KV_MAX_BLOCKS);
+	uint64_t off;
+	int rc = 0;
+
+	if (words == NULL)
+		return -ENOMEM;
+	/* as many copies a message as its words hold: records first, then blocks */
+	for (int32_t i = 0; i < n && rc == 0;) {
+		struct shm_mb_kv q = { .op = import ? SHM_MB_KV_IMPORT_V : SHM_MB_KV_EXPORT_V };
+		int32_t k = 0, nw = 0, nb = 0;
+
+		while (i + k < n && v[i + k].n >= 0
+		       && (k + 1) * SHM_MB_KV_COPY_WORDS + nb + v[i + k].n <= PC_KV_MAX_BLOCKS
+		       && shm_mb_kv_size((k + 1) * SHM_MB_KV_COPY_WORDS + nb + v[i + k].n) <= c->buf_bytes)
+			nb += v[i + k++].n;
+		if (k == 0) {
+			rc = -EINVAL; /* one copy too large for a message, or negative */
+			break;
+		}
+		for (int32_t j = 0; j < k && rc == 0; j++) {
+			const struct ctrl_kv_copy *x = &v[i + j];
+			struct shm_mb_kv_copy r = { .buf_len = x->len, .n_blocks = x->n };
+
+			rc = kv_check(c, stage, x->buf, x->len, 0, &off);
+			r.buf_off = off;
+			memcpy(words + (size_t)j * SHM_MB_KV_COPY_WORDS, &r, sizeof(r));
+		}
+		nw = k * SHM_MB_KV_COPY_WORDS;
+		for (int32_t j = 0; j < k && rc == 0; j++) {
+			memcpy(words + nw, v[i + j].blocks, sizeof(int32_t) * (size_t)v[i + j].n);
+			nw += v[i + j].n;
+		}
+		if (rc < 0)
+			break;
+		q.n_blocks = nw;
+		q.n_copies = (uint32_t)k;
+		if (f != NULL)
+			kv_set_format(&q, f);
+		pthread_mutex_lock(&c->kv_mu);
+		rc = kv_call(c, stage, &q, words);
+		pthread_mutex_unlock(&c->kv_mu);
+		i += k;
+	}
+	free(words);
+	return rc;
 }

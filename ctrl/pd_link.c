@@ -166,22 +166,19 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	free(l);
 }
 
+/* Hand buffer @p idx of @p p to the dataplane. @return 0, or -EAGAIN (its
+ * ring is full: the buffer stays ours). */
 static int enqueue(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uint32_t len, uint16_t type,
 		   uint32_t node, uint16_t stream)
 {
 	struct shm_desc d = { .off = shm_pool_buf_off(p, idx), .len = len, .type = type,
 			      .aux = DP_AUX(node, stream) };
-
 	unsigned n;
 
 	pthread_mutex_lock(&l->tx_mu);
 	n = shm_ring_enqueue_burst(l->lane.q, &d, 1);
 	pthread_mutex_unlock(&l->tx_mu);
-	if (n != 1) {
-		shm_pool_put(p, idx);
-		return -EAGAIN;
-	}
-	return 0;
+	return n == 1 ? 0 : -EAGAIN;
 }
 
 int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *msg, size_t len)
@@ -197,6 +194,8 @@ int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *
 	rc = enqueue(l, l->ps, idx, (uint32_t)len, DP_MT_CONTROL, node, PD_STREAM_CTL);
 	if (rc == 0)
 		l->st.ctl_sent++;
+	else
+		shm_pool_put(l->ps, idx);
 	return rc;
 }
 
@@ -227,80 +226,107 @@ static int drain_txc(struct ctrl_pd_link *l)
 	return moved;
 }
 
-/* ---- a chain stage as a page io ---- */
+/* ---- a chain stage as a page io, in batches ---- */
 
-struct chain_io {
+/* Page messages packed or landed per batch: one ctrl_chain_kv_copies(). */
+#define PD_BATCH 16
+
+/*
+ * A page io (wk_kv_io) that only notes what a pack or an import asks of
+ * the stage: the batch then goes to it in one ctrl_chain_kv_copies(), so
+ * worker processes get one chain message for it, not one each (each waits
+ * for the stage's running steps), and stages inside ctrld are held once.
+ */
+struct batch_io {
 	struct ctrl_chain *c;
 	int32_t stage;
+	struct kn_kv_format mine;    /* the stage's format, read once */
+	struct kn_kv_format theirs;  /* an import batch's format (one per batch) */
+	int import;                  /* an import batch (ctrl_pd_link_poll), else an export one */
+	struct ctrl_kv_copy v[PD_BATCH];
+	int32_t ids[PD_BATCH][WK_KVPAGE_MAX_BLOCKS]; /* an import's block ids */
+	int32_t n;
 	int rc;
-	char err[64];
+	char err[96];
 };
 
-static int ci_format(void *arg, struct kn_kv_format *f)
+static int bi_format(void *arg, struct kn_kv_format *f)
 {
-	struct chain_io *x = arg;
+	struct batch_io *x = arg;
 
-	return x->rc = ctrl_chain_kv_format(x->c, x->stage, f);
+	*f = x->mine;
+	return 0;
 }
 
-static int ci_export(void *arg, const int32_t *blocks, int32_t n, void *dst, size_t len)
+static int bi_note(struct batch_io *x, const int32_t *blocks, int32_t n, void *buf, size_t len)
 {
-	struct chain_io *x = arg;
-
-	return x->rc = ctrl_chain_kv_export(x->c, x->stage, blocks, n, dst, len);
+	if (x->n == PD_BATCH) {
+		snprintf(x->err, sizeof(x->err), "the batch of stage %d is full", (int)x->stage);
+		return x->rc = -EAGAIN;
+	}
+	x->v[x->n++] = (struct ctrl_kv_copy){ .blocks = blocks, .n = n, .buf = buf, .len = len };
+	return 0;
 }
 
-static int ci_import(void *arg, const int32_t *blocks, int32_t n, const void *src, size_t len,
+static int bi_export(void *arg, const int32_t *blocks, int32_t n, void *dst, size_t len)
+{
+	return bi_note(arg, blocks, n, dst, len);
+}
+
+static int bi_import(void *arg, const int32_t *blocks, int32_t n, const void *src, size_t len,
 		     const struct kn_kv_format *f)
 {
-	struct chain_io *x = arg;
+	struct batch_io *x = arg;
 
-	return x->rc = ctrl_chain_kv_import(x->c, x->stage, blocks, n, src, len, f);
+	if (x->n > 0 && memcmp(f, &x->theirs, sizeof(*f)) != 0) {
+		snprintf(x->err, sizeof(x->err), "the batch of stage %d holds pages of another format", (int)x->stage);
+		return x->rc = -EAGAIN;
+	}
+	x->theirs = *f;
+	/* the copy's block ids: wk_kvpage_import() reads them onto its stack */
+	return bi_note(x, memcpy(x->ids[x->n], blocks, sizeof(int32_t) * (size_t)n), n, (void *)src, len);
 }
 
-static const char *ci_error(void *arg)
+static const char *bi_error(void *arg)
 {
-	struct chain_io *x = arg;
+	struct batch_io *x = arg;
 
-	snprintf(x->err, sizeof(x->err), "stage %d of the chain: %s", (int)x->stage, strerror(-x->rc));
 	return x->err;
 }
 
-static struct wk_kv_io chain_io(struct chain_io *x)
+static struct wk_kv_io batch_io(struct batch_io *x)
 {
-	return (struct wk_kv_io){ .format = ci_format, .export_pages = ci_export, .import_pages = ci_import,
-				  .error = ci_error, .arg = x };
+	return (struct wk_kv_io){ .format = bi_format, .export_pages = bi_export, .import_pages = bi_import,
+				  .error = bi_error, .arg = x };
 }
 
-/* Page messages packed per ship, the stage held once for them all. */
-#define PD_SHIP_BATCH 16
+/* The batch to its stage. @return 0 or -errno (@p x->err says). */
+static int bi_flush(struct batch_io *x)
+{
+	int rc = ctrl_chain_kv_copies(x->c, x->stage, x->import, x->v, x->n, x->import ? &x->theirs : NULL);
 
-/* Hand one packed page message to the dataplane; while its ring is full
- * the buffer comes back (enqueue gives it back) and the message is packed
- * again into the next one. */
-static int send_page(struct ctrl_pd_link *l, const struct wk_kv_io *io, uint32_t idx, uint32_t len, uint32_t node,
-		     uint64_t room, uint32_t session, int32_t at, int32_t m, int last, const int32_t *src,
-		     const uint32_t *dst, char *err, size_t errlen)
+	if (rc < 0)
+		snprintf(x->err, sizeof(x->err), "stage %d of the chain: %s", (int)x->stage, strerror(-rc));
+	x->n = 0;
+	return rc;
+}
+
+/* Hand one packed page message to the dataplane, waiting while its lane is full. */
+static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_t node, char *err, size_t errlen)
 {
 	double t0 = kvf_mono_s();
-	int64_t n = len;
 
-	while (enqueue(l, l->pl, idx, (uint32_t)n, DP_MT_KVPAGE, node, PD_STREAM_KV) == -EAGAIN) {
-		if (kvf_mono_s() - t0 > l->o.wait_s || shm_pool_get(l->pl, &idx) != 0) {
+	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, PD_STREAM_KV) == -EAGAIN) {
+		if (kvf_mono_s() - t0 > l->o.wait_s) {
+			shm_pool_put(l->pl, idx);
 			snprintf(err, errlen, "the dataplane's send ring stayed full");
 			return -ETIMEDOUT;
 		}
 		drain_txc(l);
 		usleep(50);
-		n = wk_kvpage_pack(io, room, session, (uint32_t)at, last, src + at, dst + at, m, shm_pool_buf(l->pl, idx),
-				   l->o.large_bytes, err, errlen);
-		if (n < 0) {
-			shm_pool_put(l->pl, idx);
-			return (int)n;
-		}
 	}
 	l->st.kv_sent++;
-	l->st.kv_bytes_sent += (uint64_t)n;
+	l->st.kv_bytes_sent += len;
 	return 0;
 }
 
@@ -309,35 +335,34 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 		      int32_t to, int last, char *err, size_t errlen)
 {
 	for (int32_t k = 0; k < n_stages; k++) {
-		struct chain_io x = { .c = chain, .stage = k };
-		struct wk_kv_io io = chain_io(&x);
-		struct kn_kv_format f;
+		struct batch_io x = { .c = chain, .stage = k };
+		struct wk_kv_io io = batch_io(&x);
 		int32_t per, done = from;
-		uint32_t lens[PD_SHIP_BATCH];
-		int rc = ctrl_chain_kv_format(chain, k, &f);
+		uint32_t lens[PD_BATCH];
+		int rc = ctrl_chain_kv_format(chain, k, &x.mine);
 
 		if (rc < 0) {
 			snprintf(err, errlen, "stage %d cannot export pages: %s", (int)k, strerror(-rc));
 			return rc;
 		}
-		per = (int32_t)((l->o.large_bytes - sizeof(struct dp_kvpage_hdr)) / (4 + f.block_bytes));
+		per = (int32_t)((l->o.large_bytes - sizeof(struct dp_kvpage_hdr)) / (4 + x.mine.block_bytes));
 		if (per > WK_KVPAGE_MAX_BLOCKS)
 			per = WK_KVPAGE_MAX_BLOCKS;
 		if (per < 1) {
 			snprintf(err, errlen, "one KV block of stage %d is %zu bytes; page buffers hold %zu", (int)k,
-				 f.block_bytes, l->o.large_bytes);
+				 x.mine.block_bytes, l->o.large_bytes);
 			return -EMSGSIZE;
 		}
 		while (done < to) {
-			uint32_t idx[PD_SHIP_BATCH];
+			uint32_t idx[PD_BATCH];
 			int32_t nb = 0, want = (to - done + per - 1) / per, at = done;
 			double t0 = kvf_mono_s();
 
 			/* the buffers first (waiting for the first one only), then
-			 * the exports with the stage held once for all of them: each
-			 * export on its own would wait for the stage's running step */
-			if (want > PD_SHIP_BATCH)
-				want = PD_SHIP_BATCH;
+			 * the batch's exports in one go: each export on its own
+			 * would wait for the stage's running step */
+			if (want > PD_BATCH)
+				want = PD_BATCH;
 			while (shm_pool_get(l->pl, &idx[0]) != 0) {
 				drain_txc(l);
 				if (kvf_mono_s() - t0 > l->o.wait_s) {
@@ -349,89 +374,35 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 			}
 			for (nb = 1; nb < want && shm_pool_get(l->pl, &idx[nb]) == 0; nb++)
 				;
-			ctrl_chain_kv_hold(chain, k, 1);
-			for (int32_t b = 0; b < nb; b++) {
+			for (int32_t b = 0; b < nb && rc == 0; b++) {
 				int32_t m = to - at < per ? to - at : per;
 				int64_t len = wk_kvpage_pack(&io, room, session, (uint32_t)at, last && at + m == to, src + at,
 							     dst + at, m, shm_pool_buf(l->pl, idx[b]), l->o.large_bytes, err,
 							     errlen);
 
-				if (len < 0) {
-					ctrl_chain_kv_hold(chain, k, 0);
-					for (int32_t j = 0; j < nb; j++)
-						shm_pool_put(l->pl, idx[j]);
-					return (int)len;
-				}
-				lens[b] = (uint32_t)len;
+				rc = len < 0 ? (int)len : 0;
+				lens[b] = (uint32_t)(len < 0 ? 0 : len);
 				at += m;
 			}
-			ctrl_chain_kv_hold(chain, k, 0);
+			if (rc == 0 && (rc = bi_flush(&x)) < 0)
+				snprintf(err, errlen, "exporting room %llu's pages: %s", (unsigned long long)room, x.err);
+			if (rc < 0) {
+				for (int32_t j = 0; j < nb; j++)
+					shm_pool_put(l->pl, idx[j]);
+				return rc;
+			}
 			for (int32_t b = 0; b < nb; b++) {
-				int32_t m = to - done < per ? to - done : per;
-
-				rc = send_page(l, &io, idx[b], lens[b], node, room, session, done, m, last && done + m == to, src,
-					       dst, err, errlen);
+				rc = send_page(l, idx[b], lens[b], node, err, errlen);
 				if (rc < 0) {
 					for (int32_t j = b + 1; j < nb; j++)
 						shm_pool_put(l->pl, idx[j]);
 					return rc;
 				}
-				done += m;
 			}
+			done = at;
 		}
 	}
 	return 0;
-}
-
-/* One received page message: import it into the stage whose layers it carries. */
-static void take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, const void *buf, size_t len,
-		       uint64_t *held)
-{
-	struct dp_kvpage_fields f;
-	struct wk_kvpage_info info;
-	char err[256];
-
-	if (dp_kvpage_hdr_get(buf, len, &f) < 0 || h->chain == NULL) {
-		snprintf(l->refusal, sizeof(l->refusal), "%s", h->chain == NULL ? "no chain takes KV pages here"
-			 : "a KV page message with no valid header");
-		l->st.kv_refused++;
-		return;
-	}
-	if (h->expects == NULL || !h->expects(h->arg, f.room, f.session)) {
-		snprintf(l->refusal, sizeof(l->refusal), "KV pages for room %llu (session %u), which no longer waits",
-			 (unsigned long long)f.room, f.session);
-		l->st.kv_refused++;
-		return;
-	}
-	for (int32_t k = 0; k < h->n_stages; k++) {
-		struct kn_kv_format mine;
-		struct chain_io x = { .c = h->chain, .stage = k };
-		struct wk_kv_io io = chain_io(&x);
-
-		if (ctrl_chain_kv_format(h->chain, k, &mine) < 0 || mine.layer_start != f.layer_start)
-			continue;
-		if (!(*held & (1ull << k))) { /* until the end of this burst (ctrl_pd_link_poll) */
-			ctrl_chain_kv_hold(h->chain, k, 1);
-			*held |= 1ull << k;
-		}
-		if (wk_kvpage_import(&io, buf, len, &info, err, sizeof(err)) < 0) {
-			snprintf(l->refusal, sizeof(l->refusal), "%s", err);
-			l->st.kv_refused++;
-			if (h->refused != NULL) /* the room cannot land: it fails now, not at its timeout */
-				h->refused(h->arg, f.room, f.session, l->refusal);
-			return;
-		}
-		l->st.kv_received++;
-		l->st.kv_bytes_received += len;
-		h->pages(h->arg, info.room, info.session, k, info.last, info.n_blocks, len);
-		return;
-	}
-	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d: "
-		 "split the model into the same stages on both nodes", (int)f.layer_start, (int)f.layer_end,
-		 (int)f.layer_start);
-	l->st.kv_refused++;
-	if (h->refused != NULL)
-		h->refused(h->arg, f.room, f.session, l->refusal);
 }
 
 /* One put gives a received message back: its buffer, or its segment list and with it every frame. */
@@ -521,16 +492,118 @@ static void rx_gathered_put(struct ctrl_pd_link *l, uint32_t held)
 		shm_pool_put(l->pl, held);
 }
 
-/* A burst's imports hold their stages at most this long in a row. */
-#define PD_HOLD_NS 1000000
+/* A page message in the import batch: what lands once the batch did, and
+ * its buffers, given back after it. */
+struct landing {
+	uint64_t room;
+	uint32_t session, n_blocks;
+	int last;
+	size_t len;
+	struct shm_desc d; /* the received message */
+	uint32_t held;     /* the link's buffer it was gathered into, or UINT32_MAX */
+};
 
-static void release_stages(const struct ctrl_pd_link_handlers *h, uint64_t *held)
+/* Received page messages waiting to land, one stage's at a time (a prefill
+ * node sends a range's pages stage by stage). */
+struct imports {
+	struct batch_io x;
+	struct landing land[PD_BATCH];
+};
+
+static void refuse(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, uint64_t room, uint32_t session)
 {
-	for (int32_t k = 0; *held != 0 && k < h->n_stages; k++)
-		if (*held & (1ull << k)) {
-			ctrl_chain_kv_hold(h->chain, k, 0);
-			*held &= ~(1ull << k);
+	l->st.kv_refused++;
+	if (h->refused != NULL) /* the room cannot land: it fails now, not at its timeout */
+		h->refused(h->arg, room, session, l->refusal);
+}
+
+/* The batch into its stage, then each of its rooms told (or failed: the
+ * stage refused the batch), then their buffers back. */
+static void land(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, struct imports *im)
+{
+	int32_t n = im->x.n;
+	int rc;
+
+	if (n == 0)
+		return;
+	rc = bi_flush(&im->x);
+	if (rc < 0)
+		snprintf(l->refusal, sizeof(l->refusal), "importing %d page messages: %s", (int)n, im->x.err);
+	for (int32_t i = 0; i < n; i++) {
+		struct landing *g = &im->land[i];
+
+		if (rc == 0) {
+			l->st.kv_received++;
+			l->st.kv_bytes_received += g->len;
+			h->pages(h->arg, g->room, g->session, im->x.stage, g->last, g->n_blocks, g->len);
+		} else {
+			refuse(l, h, g->room, g->session);
 		}
+		rx_gathered_put(l, g->held);
+		rx_put(l, &g->d);
+	}
+}
+
+/*
+ * One received page message: noted in the import batch of the stage whose
+ * layers it carries (the batch lands first when it is full or another
+ * stage's). @return 1 noted (its buffers are the batch's now), 0 refused
+ * (the caller gives them back).
+ */
+static int take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, struct imports *im,
+		      const struct shm_desc *d, const void *buf, uint32_t held)
+{
+	struct dp_kvpage_fields f;
+	struct wk_kvpage_info info;
+	struct wk_kv_io io = batch_io(&im->x);
+	char err[256];
+
+	if (dp_kvpage_hdr_get(buf, d->len, &f) < 0 || h->chain == NULL) {
+		snprintf(l->refusal, sizeof(l->refusal), "%s", h->chain == NULL ? "no chain takes KV pages here"
+			 : "a KV page message with no valid header");
+		l->st.kv_refused++;
+		return 0;
+	}
+	if (h->expects == NULL || !h->expects(h->arg, f.room, f.session)) {
+		snprintf(l->refusal, sizeof(l->refusal), "KV pages for room %llu (session %u), which no longer waits",
+			 (unsigned long long)f.room, f.session);
+		l->st.kv_refused++;
+		return 0;
+	}
+	for (int32_t k = 0; k < h->n_stages; k++) {
+		struct kn_kv_format mine;
+		int rc;
+
+		if (ctrl_chain_kv_format(h->chain, k, &mine) < 0 || mine.layer_start != f.layer_start)
+			continue;
+		if (im->x.n > 0 && (im->x.stage != k || im->x.c != h->chain))
+			land(l, h, im);
+		im->x.c = h->chain;
+		im->x.stage = k;
+		im->x.mine = mine;
+		im->x.import = 1;
+		for (int again = 1;; again = 0) {
+			im->x.rc = 0;
+			rc = wk_kvpage_import(&io, buf, d->len, &info, err, sizeof(err));
+			if (rc == 0 || im->x.rc != -EAGAIN || !again)
+				break;
+			land(l, h, im); /* full, or pages of another format: the batch lands first */
+		}
+		if (rc < 0) {
+			snprintf(l->refusal, sizeof(l->refusal), "%s", err);
+			refuse(l, h, f.room, f.session);
+			return 0;
+		}
+		im->land[im->x.n - 1] = (struct landing){ .room = info.room, .session = info.session,
+							  .n_blocks = info.n_blocks, .last = info.last, .len = d->len,
+							  .d = *d, .held = held };
+		return 1;
+	}
+	snprintf(l->refusal, sizeof(l->refusal), "KV pages of layers [%d,%d): no stage here starts at layer %d: "
+		 "split the model into the same stages on both nodes", (int)f.layer_start, (int)f.layer_end,
+		 (int)f.layer_start);
+	refuse(l, h, f.room, f.session);
+	return 0;
 }
 
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
@@ -539,6 +612,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	static _Thread_local uint8_t *scratch;
 	static _Thread_local size_t cap;
 	static _Thread_local const struct shm_region *declared;
+	static _Thread_local struct imports im;
 	struct shm_desc d[32];
 	unsigned n;
 	int moved = drain_txc(l);
@@ -567,30 +641,26 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		moved = 1;
 	}
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
-		/* each stage a burst's pages go to is held once for the burst:
-		 * an import on its own waits for the stage's running step */
-		uint64_t stages_held = 0, t_held = 0;
-
+		/* a burst's pages land in batches (land()): one chain call per
+		 * batch, not per message */
 		rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
 			uint32_t held;
 			const void *b = rx_bytes(l, &d[i], &scratch, &cap, &held);
 
-			if (b != NULL) {
-				if (stages_held == 0)
-					t_held = kvf_mono_ns();
-				take_pages(l, h, b, d[i].len, &stages_held);
-				rx_gathered_put(l, held);
-				if (stages_held != 0 && kvf_mono_ns() - t_held > PD_HOLD_NS)
-					release_stages(h, &stages_held); /* let a decode step in */
-			} else {
+			if (b == NULL) {
 				snprintf(l->refusal, sizeof(l->refusal), "a KV page message received in place whose "
 					 "segment list is not valid or whose dataplane restarted while it was read");
 				l->st.kv_refused++;
+			} else if (take_pages(l, h, &im, &d[i], b, held)) {
+				if (b == scratch)
+					land(l, h, &im); /* the scratch buffer serves the next message */
+				continue;
 			}
+			rx_gathered_put(l, held);
 			rx_put(l, &d[i]);
 		}
-		release_stages(h, &stages_held);
+		land(l, h, &im);
 		moved = 1;
 	}
 	return moved;

@@ -99,6 +99,14 @@ struct ctrl_chain_stats {
 
 struct ctrl_chain;
 
+/** One buffer of ctrl_chain_kv_copies(): @p n blocks out to or in from @p buf. */
+struct ctrl_kv_copy {
+	const int32_t *blocks;
+	int32_t n;
+	void *buf;
+	size_t len;
+};
+
 /** A chain implementation's entry points. */
 struct ctrl_chain_vtbl {
 	const char *name;
@@ -117,6 +125,10 @@ struct ctrl_chain_vtbl {
 	/* optional: keep a stage between two steps across several page calls
 	 * (ctrl_chain_kv_hold()); NULL: each call waits on its own */
 	int (*kv_hold)(struct ctrl_chain *c, int32_t stage, int hold);
+	/* optional: several exports or imports of one stage at once
+	 * (ctrl_chain_kv_copies()); NULL: one call each, the stage held */
+	int (*kv_copies)(struct ctrl_chain *c, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
+			 const struct kn_kv_format *f);
 	/* optional: can the chain compute now (ctrl_chain_ready())? NULL: always */
 	int (*ready)(struct ctrl_chain *c, char *why, size_t whylen);
 };
@@ -198,6 +210,16 @@ int ctrl_chain_kv_import(struct ctrl_chain *c, int32_t stage, const int32_t *blo
  * @return 0 (also for a chain that has no such wait), -EINVAL.
  */
 int ctrl_chain_kv_hold(struct ctrl_chain *c, int32_t stage, int hold);
+
+/**
+ * Several page exports (@p import 0) or imports (1, every buffer in format
+ * @p f) of @p stage in one go: @p v[0..n) in order. Worker processes get
+ * them in one chain message (one wait for the stage's running steps, one
+ * round trip); stages inside ctrld are held once for all of them.
+ * @return 0, or the first failure's -errno (the copies before it done).
+ */
+int ctrl_chain_kv_copies(struct ctrl_chain *c, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
+			 const struct kn_kv_format *f);
 
 /**
  * Layer ranges of a chain's stages: explicit @p ends (validated to tile

@@ -2,7 +2,7 @@
 /*
  * kvferry-worker's KV messages (SHM_MB_KV, shm_mb.h): ctrld asks one stage
  * for its page format, or to copy pages of its pool out to / in from a
- * buffer of the region (a KV page message of the dataplane, ctrl/pd_link.c
+ * buffer of the region, or several in one message (a batch of them) (a KV page message of the dataplane, ctrl/pd_link.c
  * frames it). The stage copies straight between its pool and that buffer:
  * no copy of its own (the CUDA engine's DMA reads and writes the pinned
  * region). Every step before the message finishes first, so an export sees
@@ -18,16 +18,87 @@
 #include "worker_hop.h"
 #include "worker_int.h"
 
-/* Most blocks one KV message names (ctrld frames at most WK_KVPAGE_MAX_BLOCKS). */
-#define WK_KV_MAX_BLOCKS 4096
+/* Most words one KV message carries after its record (ctrld frames at most
+ * WK_KVPAGE_MAX_BLOCKS blocks a page message, and batches a few). */
+#define WK_KV_MAX_BLOCKS 8192
+
+/* @return a buffer of the region [off, off+len) (its error in @p err), or NULL. */
+static void *kv_buf(struct worker *w, uint64_t off, uint64_t len, char *err, size_t errlen)
+{
+	if (len > shm_region_size(w->reg) || off > shm_region_size(w->reg) - len) {
+		snprintf(err, errlen, "stage %d (%s): KV buffer [%llu, +%llu) lies outside region %s (%zu bytes): "
+			 "pages move only between ctrld and stages on its node", w->idx, w->o.role,
+			 (unsigned long long)off, (unsigned long long)len, w->o.region, shm_region_size(w->reg));
+		return NULL;
+	}
+	return shm_ptr(w->reg, off);
+}
+
+/* One buffer's pages out of or into the pool. @return 0 or -errno with @p err filled. */
+static int kv_one(struct worker *w, int import, const int32_t *blocks, int32_t n, uint64_t off, uint64_t len,
+		  const struct kn_kv_format *f, char *err, size_t errlen)
+{
+	void *buf = kv_buf(w, off, len, err, errlen);
+	int rc;
+
+	if (buf == NULL)
+		return -EFAULT;
+	rc = import ? kn_stage_kv_import(w->st, blocks, n, buf, (size_t)len, f)
+		    : kn_stage_kv_export(w->st, blocks, n, buf, (size_t)len);
+	if (rc < 0)
+		wk_fmt(err, errlen, "stage %d (%s, layers %d..%d): KV %s of %d blocks: %s", w->idx, w->o.role,
+		       w->info.layer_start, w->info.layer_end, import ? "import" : "export", n, kn_stage_error(w->st));
+	return rc;
+}
+
+/* A vector op: every copy record checked against the words first, then
+ * each buffer in turn (the first failure ends it, naming the copy). */
+static int kv_many(struct worker *w, const struct shm_mb_kv *k, const struct kn_kv_format *f, char *err,
+		   size_t errlen)
+{
+	const int32_t *words = (const int32_t *)(k + 1), *blocks;
+	int64_t used;
+	int rc;
+
+	if (k->n_copies < 1 || (int64_t)k->n_copies * SHM_MB_KV_COPY_WORDS > k->n_blocks) {
+		snprintf(err, errlen, "stage %d (%s): a KV message of %u copies in %d words", w->idx, w->o.role,
+			 k->n_copies, k->n_blocks);
+		return -EINVAL;
+	}
+	used = (int64_t)k->n_copies * SHM_MB_KV_COPY_WORDS;
+	for (uint32_t i = 0; i < k->n_copies; i++) {
+		struct shm_mb_kv_copy c;
+
+		memcpy(&c, words + (size_t)i * SHM_MB_KV_COPY_WORDS, sizeof(c));
+		if (c.n_blocks < 0 || c.n_blocks > k->n_blocks - used) {
+			snprintf(err, errlen, "stage %d (%s): KV copy %u names %d blocks; the message has %lld left",
+				 w->idx, w->o.role, i, c.n_blocks, (long long)(k->n_blocks - used));
+			return -EINVAL;
+		}
+		used += c.n_blocks;
+	}
+	if (used != k->n_blocks) {
+		snprintf(err, errlen, "stage %d (%s): a KV message of %d words uses %lld", w->idx, w->o.role,
+			 k->n_blocks, (long long)used);
+		return -EINVAL;
+	}
+	blocks = words + (size_t)k->n_copies * SHM_MB_KV_COPY_WORDS;
+	for (uint32_t i = 0; i < k->n_copies; i++) {
+		struct shm_mb_kv_copy c;
+
+		memcpy(&c, words + (size_t)i * SHM_MB_KV_COPY_WORDS, sizeof(c));
+		rc = kv_one(w, k->op == SHM_MB_KV_IMPORT_V, blocks, c.n_blocks, c.buf_off, c.buf_len, f, err, errlen);
+		if (rc < 0)
+			return rc;
+		blocks += c.n_blocks;
+	}
+	return 0;
+}
 
 /* Do what @p k asks of this stage. @return 0 or -errno with @p err filled. */
 static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errlen)
 {
-	const int32_t *blocks = (const int32_t *)(k + 1);
 	struct kn_kv_format f;
-	void *buf;
-	int rc;
 
 	if (w->st == NULL) {
 		snprintf(err, errlen, "stage %d (%s) has no engine", w->idx, w->o.role);
@@ -43,31 +114,21 @@ static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errle
 		k->block_bytes = f.block_bytes;
 		return 0;
 	}
-	if (k->op != SHM_MB_KV_EXPORT && k->op != SHM_MB_KV_IMPORT) {
+	f = (struct kn_kv_format){ .dtype = k->dtype, .layer_start = k->layer_start, .layer_end = k->layer_end,
+				   .n_kv_heads = k->n_kv_heads, .head_dim = k->head_dim,
+				   .block_bytes = (size_t)k->block_bytes };
+	switch (k->op) {
+	case SHM_MB_KV_EXPORT:
+	case SHM_MB_KV_IMPORT:
+		return kv_one(w, k->op == SHM_MB_KV_IMPORT, (const int32_t *)(k + 1), k->n_blocks, k->buf_off,
+			      k->buf_len, &f, err, errlen);
+	case SHM_MB_KV_EXPORT_V:
+	case SHM_MB_KV_IMPORT_V:
+		return kv_many(w, k, &f, err, errlen);
+	default:
 		snprintf(err, errlen, "stage %d (%s): unknown KV operation %u", w->idx, w->o.role, k->op);
 		return -EINVAL;
 	}
-	if (k->buf_len > shm_region_size(w->reg) || k->buf_off > shm_region_size(w->reg) - k->buf_len) {
-		snprintf(err, errlen, "stage %d (%s): KV buffer [%llu, +%llu) lies outside region %s (%zu bytes): "
-			 "pages move only between ctrld and stages on its node", w->idx, w->o.role,
-			 (unsigned long long)k->buf_off, (unsigned long long)k->buf_len, w->o.region,
-			 shm_region_size(w->reg));
-		return -EFAULT;
-	}
-	buf = shm_ptr(w->reg, k->buf_off);
-	if (k->op == SHM_MB_KV_EXPORT) {
-		rc = kn_stage_kv_export(w->st, blocks, k->n_blocks, buf, (size_t)k->buf_len);
-	} else {
-		f = (struct kn_kv_format){ .dtype = k->dtype, .layer_start = k->layer_start, .layer_end = k->layer_end,
-					   .n_kv_heads = k->n_kv_heads, .head_dim = k->head_dim,
-					   .block_bytes = (size_t)k->block_bytes };
-		rc = kn_stage_kv_import(w->st, blocks, k->n_blocks, buf, (size_t)k->buf_len, &f);
-	}
-	if (rc < 0)
-		wk_fmt(err, errlen, "stage %d (%s, layers %d..%d): KV %s of %d blocks: %s", w->idx, w->o.role,
-		       w->info.layer_start, w->info.layer_end, k->op == SHM_MB_KV_EXPORT ? "export" : "import",
-		       k->n_blocks, kn_stage_error(w->st));
-	return rc;
 }
 
 void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)

@@ -19,7 +19,9 @@
  *                    (n_logprobs > 0, version 2) int32 top ids [n_cols][n_logprobs]
  *                    and f32 top logprobs [n_cols][n_logprobs]
  *     SHM_MB_JOIN, SHM_MB_POOL  struct shm_mb_setup
- *     SHM_MB_KV      struct shm_mb_kv, then int32 blocks [n_blocks]
+ *     SHM_MB_KV      struct shm_mb_kv, then int32 blocks [n_blocks]; the
+ *                    vector ops (proto 4): n_copies struct shm_mb_kv_copy,
+ *                    then each copy's blocks, n_blocks words in all
  *
  * Frozen across versions: magic, version, kind, status and err sit at the
  * same offsets in every version, so a process of another version can still
@@ -126,8 +128,8 @@ static_assert(offsetof(struct shm_mb_hdr, busy_us) == 256, "busy_us at 256");
 static_assert(sizeof(struct shm_mb_hdr) == 384, "header is 384 bytes");
 
 /** The wire protocol of the stage chain (join refuses another). 2: up to 8 plans.
- *  3: SHM_MB_KV messages. */
-#define SHM_MB_PROTO 3u
+ *  3: SHM_MB_KV messages. 4: SHM_MB_KV_EXPORT_V / _IMPORT_V. */
+#define SHM_MB_PROTO 4u
 
 /** What ctrld assigns to stage i, and what stage i reports back (JOIN, POOL). */
 struct shm_mb_stage {
@@ -219,6 +221,13 @@ static_assert(sizeof(struct shm_mb_setup) == 96 + 264 * SHM_MB_MAX_STAGES, "setu
 #define SHM_MB_KV_FORMAT 1u /**< report the stage's page format (the fields below) */
 #define SHM_MB_KV_EXPORT 2u /**< blocks[0..n) of the pool into the buffer, back to back */
 #define SHM_MB_KV_IMPORT 3u /**< the buffer (in the format below) into blocks[0..n) */
+/** EXPORT / IMPORT of several buffers in one message (a batch of page
+ * messages): the stage waits for its running steps once, not once each.
+ * The words after the record hold n_copies struct shm_mb_kv_copy, then
+ * each copy's blocks in turn; n_blocks counts every word; buf_off and
+ * buf_len are unused. An IMPORT_V's copies share the record's format. */
+#define SHM_MB_KV_EXPORT_V 4u
+#define SHM_MB_KV_IMPORT_V 5u
 
 struct shm_mb_kv {
 	uint32_t op;             /**< SHM_MB_KV_* */
@@ -231,12 +240,25 @@ struct shm_mb_kv {
 	int32_t layer_start, layer_end;
 	int32_t n_kv_heads, head_dim;
 	uint64_t block_bytes;    /**< one block, every layer of the range, K and V */
-	uint8_t reserved[8];
+	uint32_t n_copies;       /**< the vector ops: shm_mb_kv_copy records after this one */
+	uint8_t reserved[4];
 };
+static_assert(offsetof(struct shm_mb_kv, n_copies) == 56, "n_copies at 56");
 static_assert(offsetof(struct shm_mb_kv, buf_off) == 8, "buf_off at 8");
 static_assert(offsetof(struct shm_mb_kv, n_blocks) == 24, "n_blocks at 24");
 static_assert(offsetof(struct shm_mb_kv, block_bytes) == 48, "block_bytes at 48");
 static_assert(sizeof(struct shm_mb_kv) == 64, "shm_mb_kv is 64 bytes");
+
+/** One buffer of a vector KV op: its pages in the region, and how many
+ *  of the blocks after the copy records are its own (in record order). */
+struct shm_mb_kv_copy {
+	uint64_t buf_off;
+	uint64_t buf_len;
+	int32_t n_blocks;
+	int32_t reserved;
+};
+static_assert(sizeof(struct shm_mb_kv_copy) == 24, "shm_mb_kv_copy is 24 bytes (6 words)");
+#define SHM_MB_KV_COPY_WORDS ((int32_t)(sizeof(struct shm_mb_kv_copy) / sizeof(int32_t)))
 
 /** @return the bytes of a KV message naming @p n_blocks blocks. */
 static inline size_t shm_mb_kv_size(int32_t n_blocks)

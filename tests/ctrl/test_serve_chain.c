@@ -30,6 +30,7 @@
 #include "kn_model.h"
 #include "kn_stage.h"
 #include "sched_harness.h"
+#include "shm_pool.h"
 #include "shm_region.h"
 
 enum { N = 10, MAXW = 4 };
@@ -603,6 +604,85 @@ static void after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbou
 		assert_int_equal(stop_worker(g_pids[k]), 0);
 }
 
+/*
+ * ctrl_chain_kv_copies() over worker processes: a batch of page exports in
+ * one chain message (more copies than one message holds: it is split) gives
+ * the bytes each export alone gives; a batch of imports lands every copy
+ * (the last one written to a block wins); a copy outside the region is
+ * refused before anything is sent, and the chain still moves pages after.
+ */
+static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **state)
+{
+	enum { NC = 1300 }; /* 1300 x (6 + 1) words: more than one message holds */
+	static struct rec got[N];
+	static struct ctrl_kv_copy v[NC];
+	static int32_t ids[NC];
+	struct ctrl_chain_info ci;
+	struct kn_kv_format f;
+	struct ctrl_chain *c;
+	struct ctrl_sched *s;
+	struct shm_pool *p;
+	uint8_t *one, outside[64];
+	uint32_t idx;
+	size_t nonzero = 0;
+	char err[512];
+
+	(void)state;
+	for (int k = 0; k < 2; k++)
+		g_pids[k] = start_worker(k, 2, g_model, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	s = sched(c, -1);
+	submit_all(s, got); /* the pools' blocks now hold KV */
+	assert_int_equal(drain(s, 60000), 0);
+	check_all(got);
+	ctrl_chain_info(c, &ci);
+	assert_int_equal(ctrl_chain_kv_format(c, 1, &f), 0);
+	p = shm_pool_create(ctrl_proc_chain_region(c), "t.kvcopies", NC + 1, f.block_bytes);
+	assert_non_null(p);
+	for (int i = 0; i < NC; i++) {
+		assert_int_equal(shm_pool_get(p, &idx), 0);
+		ids[i] = i % ci.n_blocks;
+		v[i] = (struct ctrl_kv_copy){ .blocks = &ids[i], .n = 1, .buf = shm_pool_buf(p, idx),
+					      .len = f.block_bytes };
+	}
+	assert_int_equal(shm_pool_get(p, &idx), 0);
+	one = shm_pool_buf(p, idx);
+	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v, NC, NULL), 0);
+	for (int i = 0; i < ci.n_blocks; i++) {
+		assert_int_equal(ctrl_chain_kv_export(c, 1, &ids[i], 1, one, f.block_bytes), 0);
+		assert_memory_equal(one, v[i].buf, f.block_bytes);
+		for (size_t b = 0; b < f.block_bytes; b++)
+			nonzero += ((uint8_t *)v[i].buf)[b] != 0;
+	}
+	assert_true(nonzero > f.block_bytes); /* real KV, not empty blocks */
+	assert_memory_equal(v[NC - 1].buf, v[(NC - 1) % ci.n_blocks].buf, f.block_bytes);
+
+	/* in: copy i into block (i + 7) mod n; the last copy to a block wins */
+	for (int i = 0; i < NC; i++)
+		ids[i] = (i + 7) % ci.n_blocks;
+	assert_int_equal(ctrl_chain_kv_copies(c, 1, 1, v, NC, &f), 0);
+	for (int b = 0; b < ci.n_blocks; b++) {
+		int last = -1;
+
+		for (int i = 0; i < NC; i++)
+			if (ids[i] == b)
+				last = i;
+		assert_int_equal(ctrl_chain_kv_export(c, 1, &b, 1, one, f.block_bytes), 0);
+		assert_memory_equal(one, v[last].buf, f.block_bytes);
+	}
+
+	v[1].buf = outside; /* not in the region */
+	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v, 3, NULL), -EFAULT);
+	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v + 2, 3, NULL), 0);
+	shm_pool_close(p);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(stop_worker(g_pids[k]), 0);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -614,6 +694,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(a_killed_worker_fails_its_requests_within_a_bound_and_the_chain_serves_after_restart, reap_workers),
 		cmocka_unit_test_teardown(after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbour_is_computed, reap_workers),
 		cmocka_unit_test_teardown(a_killed_workers_requests_run_again_once_it_is_restarted_and_equal_their_solo_runs, reap_workers),
+		cmocka_unit_test_teardown(a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves, reap_workers),
 	};
 
 	if (argc < 3) {
