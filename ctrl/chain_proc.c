@@ -275,6 +275,7 @@ void pc_close_shm(struct proc_chain *c)
 	shm_ring_close(c->ev);
 	shm_pool_close(c->rx_small);
 	shm_pool_close(c->rx_large);
+	pc_kv_side_close(c);
 	c->first = c->ret = c->ev = NULL;
 	c->rx_small = c->rx_large = NULL;
 }

@@ -87,6 +87,14 @@ struct proc_chain {
 	char kv_err[CTRL_CHAIN_ERRLEN];
 	struct kn_kv_format fmt[CTRL_CHAIN_MAX_STAGES];
 	uint64_t fmt_epoch[CTRL_CHAIN_MAX_STAGES]; /* the epoch fmt[k] was asked in */
+	/* each stage's KV side rings (<in>.kv, <in>.kvr) and its input ring
+	 * (woken after a side send), looked up once an epoch; q NULL: in band */
+	struct pc_kv_side {
+		struct shm_ring *q, *r, *in;
+		uint64_t epoch;
+		const struct shm_region *reg;
+	} side[CTRL_CHAIN_MAX_STAGES];
+	struct shm_ring *kv_side_r; /* the side ring the message in flight is answered on, NULL: in band */
 };
 
 /* Most words after one KV message's record (a page message carries at most
@@ -138,6 +146,8 @@ int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f);
 int pc_kv_export(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, void *dst, size_t len);
 int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, int32_t n, const void *src,
 		 size_t len, const struct kn_kv_format *f);
+/* Forget every stage's KV side rings (the region goes, or is re-attached). */
+void pc_kv_side_close(struct proc_chain *c);
 int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
 		 const struct kn_kv_format *f);
 

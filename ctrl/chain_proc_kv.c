@@ -5,6 +5,13 @@
  * chain, in order with the micro-batches, answered when it comes back on
  * the return hop; kv_copies puts a batch of buffers in one message (as many
  * as its words allow), so the stage drains its running steps once for them.
+ * A stage whose worker made KV side rings (kernels/worker/worker_kv.c)
+ * gets page copies on them instead: taken at once, ahead of the
+ * micro-batches queued for it and beside its steps in flight, answered in
+ * the message itself. What goes there may run out of order with the steps:
+ * the pages a prefill node exports are final (their chunk came back from
+ * every stage), and the blocks a decode node imports into are reserved and
+ * untouched until the pages landed.
  * The pages never pass through ctrld: the target stage copies between its
  * pool and the caller's buffer, which must lie in the chain's region (a
  * dataplane page buffer: ctrl/pd_link.c), and the stage must run on this
@@ -40,11 +47,57 @@ void pc_kv_reply(struct proc_chain *c, const struct shm_mb_hdr *h, size_t len)
 	c->kv_done = 1;
 }
 
-/* Put @p q (its blocks after it) in the KV buffer and on the first hop.
- * @return 1 sent, 0 the hop is full. Called with mu held. */
+void pc_kv_side_close(struct proc_chain *c)
+{
+	for (int32_t k = 0; k < CTRL_CHAIN_MAX_STAGES; k++) {
+		struct pc_kv_side *s = &c->side[k];
+
+		shm_ring_close(s->q);
+		shm_ring_close(s->r);
+		shm_ring_close(s->in);
+		*s = (struct pc_kv_side){ 0 };
+	}
+}
+
+/* Stage @p stage's side rings, looked up once an epoch (a worker makes
+ * them as it starts). @return the rings, or NULL: the message goes in
+ * band. Called with mu held. */
+static struct pc_kv_side *kv_side(struct proc_chain *c, int32_t stage)
+{
+	struct pc_kv_side *s = &c->side[stage];
+	char in[SHM_NAME_MAX], name[SHM_NAME_MAX + 8];
+
+	if (s->epoch != c->epoch || s->reg != c->reg) {
+		shm_ring_close(s->q);
+		shm_ring_close(s->r);
+		shm_ring_close(s->in);
+		*s = (struct pc_kv_side){ .epoch = c->epoch, .reg = c->reg };
+		if (stage == 0)
+			snprintf(in, sizeof(in), "%s", c->o.first_ring);
+		else
+			snprintf(in, sizeof(in), "%s.s%d.in", c->o.prefix, (int)stage);
+		snprintf(name, sizeof(name), "%s.kv", in);
+		s->q = shm_ring_lookup(c->reg, name);
+		snprintf(name, sizeof(name), "%s.kvr", in);
+		s->r = shm_ring_lookup(c->reg, name);
+		s->in = shm_ring_lookup(c->reg, in);
+		if (s->q == NULL || s->r == NULL || s->in == NULL) {
+			shm_ring_close(s->q);
+			shm_ring_close(s->r);
+			shm_ring_close(s->in);
+			s->q = s->r = s->in = NULL;
+		}
+	}
+	return s->q != NULL ? s : NULL;
+}
+
+/* Put @p q (its blocks after it) in the KV buffer and on its way: the
+ * stage's side ring, or else the first hop. @return 1 sent, 0 the ring is
+ * full. Called with mu held. */
 static int kv_send(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, const int32_t *blocks)
 {
 	struct shm_mb_hdr *h = pc_buf_at(c, c->o.max_groups + 2);
+	struct pc_kv_side *s = kv_side(c, stage);
 	struct shm_desc d;
 
 	memset(h, 0, sizeof(*h));
@@ -54,17 +107,33 @@ static int kv_send(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 	h->epoch = c->epoch;
 	h->seq = ++c->seq;
 	h->n_stages = c->o.n_stages;
+	h->stage = s != NULL ? stage : 0; /* the hop it arrives at */
 	h->total_len = (uint32_t)shm_mb_kv_size(q->n_blocks);
 	q->target = stage;
 	memcpy(h + 1, q, sizeof(*q));
 	if (q->n_blocks > 0)
 		memcpy((char *)(h + 1) + sizeof(*q), blocks, sizeof(int32_t) * (size_t)q->n_blocks);
 	d = (struct shm_desc){ .off = shm_off(c->reg, h), .len = h->total_len, .type = SHM_MB_KV, .seq = h->seq };
-	if (shm_ring_enqueue_burst(c->first, &d, 1) != 1)
+	if (shm_ring_enqueue_burst(s != NULL ? s->q : c->first, &d, 1) != 1)
 		return 0;
+	if (s != NULL)
+		shm_ring_wake_(s->in); /* a worker with nothing to do sleeps on its input ring */
+	c->kv_side_r = s != NULL ? s->r : NULL;
 	c->kv_seq = h->seq;
 	c->kv_done = 0;
 	return 1;
+}
+
+/* The side ring's answers: ours is the message itself, answered in place. */
+static void kv_side_drain(struct proc_chain *c)
+{
+	struct shm_desc d[4];
+	unsigned n;
+
+	while ((n = shm_ring_dequeue_burst(c->kv_side_r, d, 4)) > 0)
+		for (unsigned i = 0; i < n; i++)
+			if (d[i].off + d[i].len <= shm_region_size(c->reg))
+				pc_kv_reply(c, shm_ptr(c->reg, d[i].off), d[i].len);
 }
 
 static const char *kv_op_name(uint32_t op)
@@ -80,7 +149,7 @@ static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 {
 	uint64_t t0 = kvf_mono_ns(), limit = (uint64_t)c->o.group_timeout_ms * 1000000ull;
 	uint32_t op = q->op;
-	int sent = 0, rc = 1; /* 1: waiting */
+	int sent = 0, rc = 1, polls = 0; /* rc 1: waiting */
 	char err[CTRL_CHAIN_ERRLEN];
 
 	while (rc == 1) {
@@ -90,7 +159,13 @@ static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 		} else if (!sent) {
 			sent = kv_send(c, stage, q, blocks);
 		} else {
-			pc_drain(c, err, sizeof(err));
+			if (c->kv_side_r != NULL) {
+				kv_side_drain(c);
+				if (!c->kv_done && ++polls % 50 == 0)
+					shm_ring_wake_(c->side[stage].in); /* in case it went to sleep as we woke it */
+			} else {
+				pc_drain(c, err, sizeof(err));
+			}
 			pc_check_live(c, kvf_mono_ns()); /* a stage that died answers nothing */
 			if (c->kv_done) {
 				rc = c->kv_status;

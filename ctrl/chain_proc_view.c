@@ -108,9 +108,16 @@ int ctrl_proc_chain_shm(struct ctrl_chain *cc, struct ctrl_proc_shm *out)
 	/* By name, not by the chain's handles: the stage rings between workers
 	 * of this node are not ctrld's, and a lookup opens its own handle. */
 	for (int32_t k = 0; k < c->o.n_stages; k++) {
+		char side[SHM_NAME_MAX + 8];
+
 		snprintf(name, sizeof(name), "%s.s%d.in", c->o.prefix, k);
 		if (k > 0 || strcmp(name, c->o.first_ring) != 0)
 			shm_ring_obj(out, c->reg, name);
+		/* the stage's KV side rings (chain_proc_kv.c), where its worker made them */
+		snprintf(side, sizeof(side), "%s.kv", k == 0 ? c->o.first_ring : name);
+		shm_ring_obj(out, c->reg, side);
+		snprintf(side, sizeof(side), "%s.kvr", k == 0 ? c->o.first_ring : name);
+		shm_ring_obj(out, c->reg, side);
 	}
 	shm_ring_obj(out, c->reg, c->o.first_ring);
 	if (c->o.return_ring != NULL)

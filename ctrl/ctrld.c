@@ -294,14 +294,14 @@ static int build_pipelines(struct daemon *d)
 		so.replay_max = (int32_t)d->set->replay_max;
 		so.hold_chunk = (int32_t)d->set->pd_ship_chunk;
 		so.prefill_pipeline = d->set->prefill_pipeline;
-		/* A worker takes a page copy in order behind the micro-batches
-		 * already on its ring: with a held prompt's chunks all sent, its
-		 * pages left only after the whole prompt (H200, 1B, 2048-token
-		 * prompt, two CUDA worker processes: first page 36.9 ms after
-		 * the submission, with the prefill done at 34.9; lone TTFT
-		 * 1.68 x co-located). In-process stages let the copies in
-		 * between steps (ctrl_chain_kv_hold). */
-		so.pipeline_held = !d->set->worker_region[0];
+		/* A held prompt's chunks pipeline on worker processes too: a
+		 * worker takes a page copy on its KV side ring between two
+		 * steps, ahead of the chunks queued for it. In band, behind
+		 * them, the pages left only after the whole prompt (H200, 1B,
+		 * 2048-token prompt, two CUDA workers: first page 36.9 ms after
+		 * the submission with the prefill done at 34.9; lone TTFT 1.68 x
+		 * co-located), so it was off there. */
+		so.pipeline_held = 1;
 		so.replay_timeout_ms = (uint64_t)d->set->replay_timeout * 1000u;
 		so.id_tag = (uint8_t)r;
 		d->scheds[r] = ctrl_sched_create(d->chains[r], &so, err, sizeof(err));

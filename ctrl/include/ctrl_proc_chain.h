@@ -118,7 +118,7 @@ struct ctrl_proc_stage {
 int ctrl_proc_chain_stage(struct ctrl_chain *c, int32_t i, struct ctrl_proc_stage *out);
 
 /** Most rings and pools ctrl_proc_chain_shm() reports. */
-#define CTRL_PROC_SHM_MAX 24
+#define CTRL_PROC_SHM_MAX 64
 
 /** One ring or buffer pool of ctrld's region. */
 struct ctrl_proc_shm_obj {

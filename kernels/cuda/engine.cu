@@ -268,6 +268,8 @@ static void cu_destroy(struct kn_stage *b)
 		cublasDestroy(s->blas);
 	if (s->st)
 		cudaStreamDestroy(s->st);
+	if (s->kvst)
+		cudaStreamDestroy(s->kvst);
 	for (int i = 0; i < KN_STEP_DEPTH; i++) {
 		cudaFreeHost(s->ring[i].h_in);
 		cudaFreeHost(s->ring[i].h_out);
@@ -340,9 +342,12 @@ static int cu_apply_ops(struct kn_stage *b, const struct kn_op *ops, size_t n)
 
 /* KV pages to or from the host (kn_kv_format: per block, per layer, K then V
  * pages of [nkv][KN_PAGE_BLK][hd] bf16, which is how the pool stores a
- * block): one 2-D copy per block and K/V, the layers as its rows. Pageable
- * host memory, one call per block: fine for moving a prompt's pages, not
- * tuned (a gather kernel into a pinned buffer would be one copy). */
+ * block): one 2-D copy per block and K/V, the layers as its rows, on the
+ * stage's own copy stream: a move runs beside a step in flight, not behind
+ * it (the caller moves only blocks no step in flight writes or reads: a
+ * finished chunk's pages out, reserved blocks in) and is done on return.
+ * One call per block: fine for moving a prompt's pages, not tuned (a
+ * gather kernel would be one copy). */
 static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void *out, const void *in)
 {
 	struct cu_stage *s = (struct cu_stage *)b;
@@ -359,9 +364,9 @@ static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void
 				char *d = dev + (size_t)l * lay;
 				const size_t h = host + (size_t)l * 2 * page;
 				e = out ? cudaMemcpy2DAsync((char *)out + h, 2 * page, d, lay, page, (size_t)rows,
-							    cudaMemcpyDeviceToHost, s->st)
+							    cudaMemcpyDeviceToHost, s->kvst)
 					: cudaMemcpy2DAsync(d, lay, (const char *)in + h, 2 * page, page, (size_t)rows,
-							    cudaMemcpyHostToDevice, s->st);
+							    cudaMemcpyHostToDevice, s->kvst);
 			}
 			if (e != cudaSuccess) {
 				cudaGetLastError();
@@ -370,7 +375,7 @@ static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void
 				return -EIO;
 			}
 		}
-	CK(cudaStreamSynchronize(s->st));
+	CK(cudaStreamSynchronize(s->kvst));
 	return 0;
 }
 
@@ -488,7 +493,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		rc = -ENODEV;
 		goto fail;
 	}
-	if (cudaSetDevice(s->dev) != cudaSuccess || cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) != cudaSuccess) {
+	if (cudaSetDevice(s->dev) != cudaSuccess || cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) != cudaSuccess
+	    || cudaStreamCreateWithFlags(&s->kvst, cudaStreamNonBlocking) != cudaSuccess) {
 		snprintf(s->base.err, sizeof(s->base.err), "kn_stage_create(cuda): cudaSetDevice/cudaStreamCreate(%d) failed: %s",
 			 s->dev, cudaGetErrorString(cudaGetLastError()));
 		rc = -EIO;

@@ -69,6 +69,7 @@ struct cu_stage {
 	int nl, hidden, inter, vocab, hd, nh, nkv, q_dim, kv_dim, qkv_dim, max_ctx, wmax;
 	int dev;
 	cudaStream_t st;
+	cudaStream_t kvst;    /* KV page moves (cu_kv_move): beside the steps, not behind them */
 	cublasHandle_t blas;
 	void *blas_ws;
 	struct layer_w *L;

@@ -278,6 +278,10 @@ int main(int argc, char **argv)
 		WK_ERR(&w, "input hop %s: %s", w.o.in, err);
 		goto out_model;
 	}
+	if (wk_kv_side_open(&w, err, sizeof(err)) < 0) {
+		WK_ERR(&w, "KV side rings of %s: %s", w.o.in, err);
+		goto out_in;
+	}
 	w.out = wk_out_open(w.reg, w.o.out, err, sizeof(err));
 	if (w.out == NULL) {
 		WK_ERR(&w, "output hop %s: %s", w.o.out, err);
@@ -295,9 +299,12 @@ int main(int argc, char **argv)
 			g_report = 0;
 			report(&w, "SIGUSR1");
 		}
-		/* 1. forward every finished micro-batch, oldest first */
+		/* 1. forward every finished micro-batch, oldest first; a KV
+		 * message on the side ring goes ahead of the queued ones */
 		while (wk_head_ready(&w))
 			wk_finish_head(&w);
+		if (wk_kv_side_poll(&w))
+			continue;
 		/* 2. take the next one while there is room: sleep in the ring's futex
 		 * only when nothing is in flight (no spinning on a small machine; the
 		 * 200 ms bound keeps the heartbeat fresh and SIGTERM prompt), else
@@ -336,6 +343,8 @@ int main(int argc, char **argv)
 	rc = 0;
 	wk_out_close(w.out);
 out_in:
+	shm_ring_close(w.kvq);
+	shm_ring_close(w.kvr);
 	wk_in_close(w.in);
 out_model:
 	kn_stage_destroy(w.st);

@@ -62,6 +62,7 @@ struct worker {
 	int32_t n_bufs, max_groups, max_cols, max_ops, setup_flip;
 	struct wk_in *in;
 	struct wk_out *out;
+	struct shm_ring *kvq, *kvr; /* the KV side rings (worker_kv.c), NULL: KV in band only */
 	uint64_t steps, cols, busy_ns, dropped;
 	uint64_t host_ns;          /* CPU time spent preparing and finishing steps (not waiting,
 	                              and on the cpu backend not computing) */
@@ -112,6 +113,12 @@ void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len);
 /* A KV message (SHM_MB_KV): act on it if it targets this stage, forward it.
  * Nothing may be in flight: the caller drains first. */
 void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len);
+/* Make the KV side rings of a ring input (<in>.kv / <in>.kvr); a worker
+ * fed by the dataplane has none. @return 0, or -errno with @p err filled. */
+int wk_kv_side_open(struct worker *w, char *err, size_t errlen);
+/* Take a KV message waiting on the side ring (beside the steps in flight)
+ * and answer it. @return 1 if one was taken, 0 if none waits. */
+int wk_kv_side_poll(struct worker *w);
 
 /* worker_step.c */
 

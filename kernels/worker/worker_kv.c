@@ -7,12 +7,25 @@
  * no copy of its own (the CUDA engine's DMA reads and writes the pinned
  * region). Every step before the message finishes first, so an export sees
  * what they wrote and an import lands before anything after it runs.
+ *
+ * Two ways in. In band, on the input ring in order with the micro-batches,
+ * through every stage and back on the return hop. On the side (proto 4,
+ * a ring input only): ctrld puts the message on <in>.kv and the stage
+ * answers in the message itself, handed back on <in>.kvr; the stage takes
+ * it at once, ahead of the micro-batches queued on its input and beside
+ * the steps in flight.
+ * A prefill node's pages of a finished chunk then leave while the prompt's
+ * later chunks wait their turn; in band they waited behind every chunk
+ * already sent. ctrld sends on the side only what may run out of order:
+ * the pages of chunks that came back from every stage, and imports into
+ * blocks no step uses until they landed.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "kn_stage.h"
+#include "shm_ring.h"
 #include "shm_mb.h"
 #include "shm_region.h"
 #include "worker_hop.h"
@@ -162,4 +175,73 @@ void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)
 	}
 	oh->stage = w->idx + 1;
 	wk_send_msg(w, oh);
+}
+
+int wk_kv_side_open(struct worker *w, char *err, size_t errlen)
+{
+	char name[SHM_NAME_MAX];
+	const char *in = w->o.in + 5;
+
+	if (strncmp(w->o.in, "ring:", 5) != 0)
+		return 0; /* fed by the dataplane: pages move only on ctrld's node */
+	if (strlen(in) + 5 > sizeof(name)) {
+		WK_WARN(w, "input ring %s: its name leaves no room for the KV side rings (%s.kvr): page copies "
+			"go in band, behind queued micro-batches", in, in);
+		return 0;
+	}
+	snprintf(name, sizeof(name), "%s.kv", in);
+	w->kvq = wk_ring_open(w->reg, name, err, errlen);
+	snprintf(name, sizeof(name), "%s.kvr", in);
+	w->kvr = w->kvq != NULL ? wk_ring_open(w->reg, name, err, errlen) : NULL;
+	if (w->kvr == NULL) {
+		shm_ring_close(w->kvq);
+		w->kvq = NULL;
+		return -EIO;
+	}
+	return 0;
+}
+
+int wk_kv_side_poll(struct worker *w)
+{
+	struct shm_desc d;
+	struct shm_mb_hdr *h;
+	uint64_t seq;
+	char err[SHM_MB_ERRLEN] = "";
+	int rc;
+
+	if (w->kvq == NULL || shm_ring_dequeue_burst(w->kvq, &d, 1) != 1)
+		return 0;
+	if (d.len < sizeof(struct shm_mb_hdr) || d.len > shm_region_size(w->reg)
+	    || d.off > shm_region_size(w->reg) - d.len) {
+		WK_ERR(w, "dropping a KV descriptor outside the region (offset %llu, %u bytes)",
+		       (unsigned long long)d.off, d.len);
+		return 1;
+	}
+	h = shm_ptr(w->reg, d.off);
+	seq = h->seq;
+	if (!w->joined || h->epoch != w->epoch) {
+		w->dropped++;
+		return 1; /* ctrld gave up on it */
+	}
+	if (h->magic != SHM_MB_MAGIC || h->kind != SHM_MB_KV || !shm_mb_kv_whole(h, d.len, WK_KV_MAX_BLOCKS)
+	    || h->stage != w->idx) {
+		wk_fmt(err, sizeof(err), "stage %d (%s): a malformed KV message on the side ring (%u bytes, stage %d)",
+		       w->idx, w->o.role, d.len, h->stage);
+		rc = -EBADMSG;
+	} else {
+		/* no drain: what ctrld sends here touches no block of a step in
+		 * flight (the header says why), so the copy runs beside them
+		 * (the CUDA engine moves pages on a stream of their own) */
+		rc = kv_act(w, (struct shm_mb_kv *)(h + 1), err, sizeof(err));
+	}
+	if (rc < 0)
+		WK_ERR(w, "%s", err);
+	if (h->seq != seq)
+		return 1; /* ctrld gave up on it and reused the buffer meanwhile */
+	h->status = rc < 0 ? rc : 0;
+	if (rc < 0)
+		memcpy(h->err, err, sizeof(h->err));
+	if (shm_ring_enqueue_burst(w->kvr, &d, 1) != 1)
+		WK_WARN(w, "the KV answer ring is full: ctrld reads no answers");
+	return 1;
 }

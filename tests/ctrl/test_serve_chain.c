@@ -610,6 +610,8 @@ static void after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbou
  * the bytes each export alone gives; a batch of imports lands every copy
  * (the last one written to a block wins); a copy outside the region is
  * refused before anything is sent, and the chain still moves pages after.
+ * Copies go on the stage's KV side ring, straight to it: stage 1's are
+ * answered while stage 0 is stopped (in band they passed through it).
  */
 static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **state)
 {
@@ -623,7 +625,9 @@ static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **
 	struct ctrl_sched *s;
 	struct shm_pool *p;
 	uint8_t *one, outside[64];
+	uint64_t t0, took_ms;
 	uint32_t idx;
+	int rc;
 	size_t nonzero = 0;
 	char err[512];
 
@@ -676,6 +680,15 @@ static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **
 	v[1].buf = outside; /* not in the region */
 	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v, 3, NULL), -EFAULT);
 	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v + 2, 3, NULL), 0);
+
+	assert_int_equal(kill(g_pids[0], SIGSTOP), 0);
+	t0 = now_ns();
+	rc = ctrl_chain_kv_copies(c, 1, 0, v + 2, 16, NULL);
+	took_ms = (now_ns() - t0) / 1000000;
+	assert_int_equal(kill(g_pids[0], SIGCONT), 0);
+	assert_int_equal(rc, 0);
+	printf("16 page copies of stage 1 with stage 0 stopped: %llu ms\n", (unsigned long long)took_ms);
+	assert_true(took_ms < 500); /* no waiting on stage 0 */
 	shm_pool_close(p);
 	ctrl_sched_destroy(s);
 	ctrl_chain_destroy(c);
