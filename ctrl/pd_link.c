@@ -315,8 +315,11 @@ static int bi_flush(struct batch_io *x)
 static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_t node, char *err, size_t errlen)
 {
 	double t0 = kvf_mono_s();
+	uint64_t w0 = 0;
 
 	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, PD_STREAM_KV) == -EAGAIN) {
+		if (w0 == 0)
+			w0 = kvf_mono_ns();
 		if (kvf_mono_s() - t0 > l->o.wait_s) {
 			shm_pool_put(l->pl, idx);
 			snprintf(err, errlen, "the dataplane's send ring stayed full");
@@ -325,6 +328,8 @@ static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_
 		drain_txc(l);
 		usleep(50);
 	}
+	if (w0 != 0)
+		l->st.lane_wait_ns += kvf_mono_ns() - w0;
 	l->st.kv_sent++;
 	l->st.kv_bytes_sent += len;
 	return 0;
@@ -357,6 +362,7 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 			uint32_t idx[PD_BATCH];
 			int32_t nb = 0, want = (to - done + per - 1) / per, at = done;
 			double t0 = kvf_mono_s();
+			uint64_t t_ex;
 
 			/* the buffers first (waiting for the first one only), then
 			 * the batch's exports in one go: each export on its own
@@ -372,6 +378,7 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				}
 				usleep(50);
 			}
+			l->st.buf_wait_ns += (uint64_t)((kvf_mono_s() - t0) * 1e9);
 			for (nb = 1; nb < want && shm_pool_get(l->pl, &idx[nb]) == 0; nb++)
 				;
 			for (int32_t b = 0; b < nb && rc == 0; b++) {
@@ -384,8 +391,10 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				lens[b] = (uint32_t)(len < 0 ? 0 : len);
 				at += m;
 			}
+			t_ex = kvf_mono_ns();
 			if (rc == 0 && (rc = bi_flush(&x)) < 0)
 				snprintf(err, errlen, "exporting room %llu's pages: %s", (unsigned long long)room, x.err);
+			l->st.export_ns += kvf_mono_ns() - t_ex;
 			if (rc < 0) {
 				for (int32_t j = 0; j < nb; j++)
 					shm_pool_put(l->pl, idx[j]);
@@ -524,9 +533,12 @@ static void land(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, 
 	int32_t n = im->x.n;
 	int rc;
 
+	uint64_t t0 = kvf_mono_ns();
+
 	if (n == 0)
 		return;
 	rc = bi_flush(&im->x);
+	l->st.import_ns += kvf_mono_ns() - t0;
 	if (rc < 0)
 		snprintf(l->refusal, sizeof(l->refusal), "importing %d page messages: %s", (int)n, im->x.err);
 	for (int32_t i = 0; i < n; i++) {

@@ -52,6 +52,10 @@ json_t *pd_serve_stats(void *ctx)
 									    (double)ps.timed_rooms : 0.0));
 		json_object_set_new(pd, "finish_to_status_seconds_mean",
 				    json_real(ps.timed_rooms ? (double)ps.tail_ns / 1e9 / (double)ps.timed_rooms : 0.0));
+		/* where the pages' time went: the stages copying them out, waits for buffers and lane slots */
+		json_object_set_new(pd, "kv_export_seconds_total", json_real((double)ls.export_ns / 1e9));
+		json_object_set_new(pd, "kv_buffer_wait_seconds_total", json_real((double)ls.buf_wait_ns / 1e9));
+		json_object_set_new(pd, "kv_lane_wait_seconds_total", json_real((double)ls.lane_wait_ns / 1e9));
 	} else {
 		struct ctrl_pd_decode_stats ds;
 		json_t *nodes = json_array();
@@ -94,6 +98,7 @@ json_t *pd_serve_stats(void *ctx)
 					    json_real(ds.phase_rooms ? (double)ds.phase_ns[k] / 1e9 / (double)ds.phase_rooms
 							   : 0.0));
 		json_object_set_new(pd, "room_phase_seconds_mean", ph);
+		json_object_set_new(pd, "kv_import_seconds_total", json_real((double)ls.import_ns / 1e9));
 		json_object_set_new(pd, "rooms_phased_total", json_integer((json_int_t)ds.phase_rooms));
 	}
 	if (pd != NULL) {

@@ -86,6 +86,9 @@ struct ctrl_pd_link_stats {
 	uint64_t kv_sent, kv_bytes_sent, kv_received, kv_bytes_received, kv_failed;
 	uint64_t kv_refused;       /**< malformed, another layout, or for a room that no longer waits */
 	uint64_t rx_gathered_bytes; /**< received in place and copied by ctrld into one buffer (its copy) */
+	/* where a page's time goes (ns): its stage copying it out (ship) or in
+	 * (poll), and a ship waiting for a free page buffer or lane slot */
+	uint64_t export_ns, import_ns, buf_wait_ns, lane_wait_ns;
 };
 
 /** Take completions and received messages. @return 1 if anything moved, 0 if not. */
