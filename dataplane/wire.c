@@ -170,7 +170,7 @@ int dp_wire_build(void *buf, const struct dp_wire_addr *src, const struct dp_wir
 	put_be16(ip + 10, ip4_csum(ip));
 
 	uint8_t *udp = ip + DP_IP4_HLEN;
-	put_be16(udp, src->port);
+	put_be16(udp, dp_wire_sport(src->port, h));
 	put_be16(udp + 2, dst->port);
 	put_be16(udp + 4, (uint16_t)(flen - DP_ETH_HLEN - DP_IP4_HLEN));
 	put_be16(udp + 6, 0); /* no UDP checksum: see dp_wire.h */

@@ -120,6 +120,17 @@ static_assert(offsetof(struct dp_wire_ack, msg_limit) == 8, "msg_limit at 8");
 static_assert(offsetof(struct dp_wire_ack, ts_echo) == 16, "ts_echo at 16");
 static_assert(offsetof(struct dp_wire_ack, sack) == 24, "sack at 24");
 
+/**
+ * The UDP source port of a frame (WIRE.md): a hello's is the node's @p port,
+ * every other frame's carries its stream, 0xC000 | (stream & 0x3FFF), so
+ * RSS spreads a node pair's streams over a NIC's queues and keeps each
+ * stream on one (dataplane/SCALING.md). Receivers match the destination port only.
+ */
+static inline uint16_t dp_wire_sport(uint16_t port, const struct dp_wire_hdr *h)
+{
+	return h->type == DP_MT_HELLO ? port : (uint16_t)(0xC000u | (h->stream & 0x3FFFu));
+}
+
 /** Addressing of one end of a frame. */
 struct dp_wire_addr {
 	uint8_t mac[6];
@@ -140,7 +151,7 @@ uint32_t dp_crc32c(uint32_t crc, const void *buf, size_t len);
 /** A parsed frame: pointers into the caller's buffer plus a copy of the header. */
 struct dp_wire_view {
 	struct dp_wire_hdr h;     /**< the kvferry header (copied: the frame may be unaligned) */
-	struct dp_wire_addr src;  /**< sender MAC, IP, UDP source port */
+	struct dp_wire_addr src;  /**< sender MAC, IP, UDP source port (dp_wire_sport()) */
 	struct dp_wire_addr dst;  /**< our MAC, IP, UDP destination port */
 	uint32_t payload_off;     /**< payload offset in the frame (DP_FRAME_HLEN) */
 };
@@ -166,7 +177,8 @@ int dp_wire_parse(const void *frame, size_t len, size_t hdr_len, uint16_t port,
 
 /**
  * Write Ethernet + IPv4 + UDP + kvferry headers for a frame carrying
- * @p h->payload_len payload bytes. Fills magic, version, hdr_csum (leaves
+ * @p h->payload_len payload bytes; its UDP source port is
+ * dp_wire_sport(@p src->port, @p h). Fills magic, version, hdr_csum (leaves
  * payload_csum as given: compute it first if DP_WF_PCSUM is set).
  * @param buf  at least DP_FRAME_HLEN bytes
  * @return DP_FRAME_HLEN, or -EINVAL (payload_len makes the frame exceed DP_FRAME_MAX).

@@ -220,12 +220,55 @@ static void a_frame_over_64_kib_cannot_be_built(void **state)
 	assert_string_equal(dp_drop_reason_name(1000), "?");
 }
 
+/* RSS needs entropy in the 4-tuple: every stream its own source port, the
+ * same for every frame (and ACK) of it; a hello's is the node's port; the
+ * destination port is the receiver's, and parse matches only that. */
+static void each_stream_carries_its_own_udp_source_port_and_a_hello_the_nodes(void **state)
+{
+	(void)state;
+	uint8_t buf[512];
+	struct dp_wire_view v;
+	uint16_t seen[64];
+
+	for (uint16_t s = 0; s < 64; s++) {
+		static const uint8_t types[] = {DP_MT_KVPAGE, DP_MT_CONTROL, DP_MT_ACK};
+
+		for (size_t t = 0; t < sizeof(types); t++) {
+			struct dp_wire_hdr h = {.type = types[t], .flags = DP_WF_PCSUM, .src_node = 1, .dst_node = 2,
+						.stream = s, .msg_id = 1, .msg_len = 128, .frag_count = 1,
+						.payload_len = 128};
+
+			memset(buf + DP_FRAME_HLEN, 0, 128);
+			h.payload_csum = dp_crc32c(0, buf + DP_FRAME_HLEN, 128);
+			assert_int_equal(dp_wire_build(buf, &A, &B, &h), (int)DP_FRAME_HLEN);
+			assert_int_equal(dp_wire_parse(buf, DP_FRAME_HLEN + 128, DP_FRAME_HLEN + 128, 47474, &v), 0);
+			assert_int_equal(v.dst.port, 47474);
+			assert_true(v.src.port >= 0xC000);
+			if (t == 0)
+				seen[s] = v.src.port;
+			assert_int_equal(v.src.port, seen[s]); /* data and ACKs of a stream alike */
+			for (uint16_t o = 0; o < s; o++)
+				assert_int_not_equal(seen[o], seen[s]);
+		}
+	}
+	{
+		struct dp_wire_hdr h = {.type = DP_MT_HELLO, .flags = DP_WF_PCSUM, .src_node = 1, .dst_node = 2,
+					.stream = 9, .payload_len = 0};
+
+		h.payload_csum = dp_crc32c(0, buf + DP_FRAME_HLEN, 0);
+		assert_int_equal(dp_wire_build(buf, &A, &B, &h), (int)DP_FRAME_HLEN);
+		assert_int_equal(dp_wire_parse(buf, DP_FRAME_HLEN, DP_FRAME_HLEN, 47474, &v), 0);
+		assert_int_equal(v.src.port, A.port);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(crc32c_matches_the_published_check_value),
 		cmocka_unit_test(crc32c_agrees_with_the_definition_at_every_length_alignment_and_split),
 		cmocka_unit_test(a_built_frame_parses_back_to_every_field),
+		cmocka_unit_test(each_stream_carries_its_own_udp_source_port_and_a_hello_the_nodes),
 		cmocka_unit_test(every_single_bit_flip_in_the_ip_udp_or_kvferry_header_is_refused),
 		cmocka_unit_test(a_payload_bit_flip_is_caught_by_the_payload_crc),
 		cmocka_unit_test(every_truncation_is_refused_without_reading_past_the_end),
