@@ -32,6 +32,7 @@
 #include "sched_harness.h"
 #include "shm_pool.h"
 #include "shm_region.h"
+#include "shm_ring.h"
 
 enum { N = 10, MAXW = 4 };
 
@@ -611,7 +612,8 @@ static void after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbou
  * (the last one written to a block wins); a copy outside the region is
  * refused before anything is sent, and the chain still moves pages after.
  * Copies go on the stage's KV side ring, straight to it: stage 1's are
- * answered while stage 0 is stopped (in band they passed through it).
+ * answered while stage 0 is stopped (in band they passed through it), and
+ * garbage put there is dropped without harm.
  */
 static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **state)
 {
@@ -626,6 +628,8 @@ static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **
 	struct shm_pool *p;
 	uint8_t *one, outside[64];
 	uint64_t t0, took_ms;
+	struct shm_ring *side;
+	struct shm_desc bad[3];
 	uint32_t idx;
 	int rc;
 	size_t nonzero = 0;
@@ -689,6 +693,20 @@ static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **
 	assert_int_equal(rc, 0);
 	printf("16 page copies of stage 1 with stage 0 stopped: %llu ms\n", (unsigned long long)took_ms);
 	assert_true(took_ms < 500); /* no waiting on stage 0 */
+
+	/* garbage on the side ring (outside the region, shorter than a header,
+	 * random bytes) is dropped: the worker lives and answers the next copy */
+	side = shm_ring_lookup(ctrl_proc_chain_region(c), "serve.s1.in.kv");
+	assert_non_null(side);
+	for (size_t b = 0; b < f.block_bytes; b++)
+		one[b] = (uint8_t)(b * 131u + 7u);
+	bad[0] = (struct shm_desc){ .off = (uint64_t)1 << 40, .len = 4096 };
+	bad[1] = (struct shm_desc){ .off = shm_off(ctrl_proc_chain_region(c), one), .len = 16 };
+	bad[2] = (struct shm_desc){ .off = shm_off(ctrl_proc_chain_region(c), one), .len = (uint32_t)f.block_bytes };
+	assert_int_equal(shm_ring_enqueue_burst(side, bad, 3), 3);
+	shm_ring_close(side);
+	assert_int_equal(ctrl_chain_kv_copies(c, 1, 0, v + 2, 4, NULL), 0);
+	assert_int_equal(kill(g_pids[1], 0), 0);
 	shm_pool_close(p);
 	ctrl_sched_destroy(s);
 	ctrl_chain_destroy(c);
