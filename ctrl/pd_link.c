@@ -277,8 +277,13 @@ static int bi_import(void *arg, const int32_t *blocks, int32_t n, const void *sr
 		     const struct kn_kv_format *f)
 {
 	struct batch_io *x = arg;
+	const struct kn_kv_format *t = &x->theirs;
 
-	if (x->n > 0 && memcmp(f, &x->theirs, sizeof(*f)) != 0) {
+	if (x->n == PD_BATCH)
+		return bi_note(x, blocks, n, (void *)src, len); /* full: says so */
+	if (x->n > 0 && (f->dtype != t->dtype || f->layer_start != t->layer_start || f->layer_end != t->layer_end
+			 || f->n_kv_heads != t->n_kv_heads || f->head_dim != t->head_dim
+			 || f->block_bytes != t->block_bytes)) {
 		snprintf(x->err, sizeof(x->err), "the batch of stage %d holds pages of another format", (int)x->stage);
 		return x->rc = -EAGAIN;
 	}
@@ -628,6 +633,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	struct shm_desc d[32];
 	unsigned n;
 	int moved = drain_txc(l);
+	uint64_t burst = 0;
 
 	if (declared != l->reg) {
 		/* ctrld reads segment lists on its two rings: a dataplane that
@@ -656,6 +662,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		/* a burst's pages land in batches (land()): one chain call per
 		 * batch, not per message */
 		rx_take(l, d, n);
+		burst += n;
 		for (unsigned i = 0; i < n; i++) {
 			uint32_t held;
 			const void *b = rx_bytes(l, &d[i], &scratch, &cap, &held);
@@ -675,6 +682,8 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		land(l, h, &im);
 		moved = 1;
 	}
+	if (burst > l->st.kv_burst_max)
+		l->st.kv_burst_max = burst;
 	return moved;
 }
 

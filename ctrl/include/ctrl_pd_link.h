@@ -89,6 +89,7 @@ struct ctrl_pd_link_stats {
 	/* where a page's time goes (ns): its stage copying it out (ship) or in
 	 * (poll), and a ship waiting for a free page buffer or lane slot */
 	uint64_t export_ns, import_ns, buf_wait_ns, lane_wait_ns;
+	uint64_t kv_burst_max;     /**< most page messages one poll took off the ring */
 };
 
 /** Take completions and received messages. @return 1 if anything moved, 0 if not. */

@@ -2,7 +2,8 @@
 # A prefill node and a decode node, each with its own kvferry-dataplane, over
 # net_memif (memif) or a veth pair between two network namespaces
 # (netns, net_af_packet); memif-impair adds 5% loss, duplication, reordering
-# and corruption; ctrld makes the prefill node a kvferry-ctrld (role =
+# and corruption; memif-bursts has the decode side poll every 50 ms, so its
+# page messages land in bursts of several import batches; ctrld makes the prefill node a kvferry-ctrld (role =
 # prefill, its dataplane link on node 1's region) that gets each prompt with
 # bootstrap_room on /v1/completions, as from a router. The KV pages and
 # control messages of 64 requests cross the link; test_pd_dataplane checks
@@ -50,6 +51,9 @@ topo=dataplane
 case $mode in
   memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
+  # the decode side polls every 50 ms: page messages land in bursts of
+  # several import batches (test_pd_dataplane fails if none was)
+  memif-bursts) export KVF_PD_DECODE_EVERY_MS=50 ;;
   # the dataplanes receive in place: ctrld gets segment lists, which the
   # worker processes (who copy the pages) cannot read from ctrld's heap
   ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
