@@ -719,6 +719,7 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	kvf_log_crash_trace("kvferry-ctrld"); /* a crash leaves its frames in the journal */
 
 	/* 1 us timer slack: the idle poll's 50 us sleep would otherwise last
 	 * up to 100 us (the default slack is 50 us) */

@@ -238,6 +238,7 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGUSR1, &sa, NULL);
+	kvf_log_crash_trace("kvferry-worker"); /* a crash leaves its frames in the journal */
 	/* Whoever creates the region (the dataplane, or ctrld on a node without
 	 * one) may start after us: wait for it rather than fail. */
 	t0 = kvf_mono_ns();

@@ -7,11 +7,14 @@
  * order with whatever else the process writes there (DPDK's EAL, a crash
  * message), and no daemon but ctrld links libsystemd.
  */
+#include <execinfo.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvf_log.h"
 
@@ -129,4 +132,48 @@ void kvf_log(int pri, const char *who, const char *fmt, ...)
 	va_start(ap, fmt);
 	kvf_vlog(pri, who, fmt, ap);
 	va_end(ap);
+}
+
+/* ---- fatal signals: a backtrace in the log (kvf_log_crash_trace) ---- */
+
+static const char *crash_who = "kvferry";
+
+static void put(const char *s)
+{
+	if (write(2, s, strlen(s)) < 0)
+		return; /* nothing to do about it here */
+}
+
+static void crash_handler(int sig)
+{
+	void *frames[64];
+	int n = backtrace(frames, 64);
+
+	/* async-signal-safe calls only: write(2), strlen and backtrace_symbols_fd */
+	put(kvf_log_journal() ? "<3>" : "");
+	put(crash_who);
+	put(sig == SIGSEGV ? ": fatal signal SIGSEGV" : sig == SIGBUS ? ": fatal signal SIGBUS"
+	    : sig == SIGFPE ? ": fatal signal SIGFPE" : sig == SIGILL ? ": fatal signal SIGILL" : ": fatal signal SIGABRT");
+	put("; backtrace:\n");
+	backtrace_symbols_fd(frames, n, 2);
+	raise(sig); /* SA_RESETHAND: the default action now */
+}
+
+void kvf_log_crash_trace(const char *who)
+{
+	static const int sigs[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
+	static char alt[64 * 1024]; /* a stack overflow leaves the thread's own stack unusable */
+	stack_t ss = { .ss_sp = alt, .ss_size = sizeof(alt) };
+	struct sigaction sa;
+	void *warm[1];
+
+	crash_who = who;
+	kvf_log_journal(); /* read JOURNAL_STREAM now, not inside the handler */
+	backtrace(warm, 1); /* loads libgcc now, likewise */
+	sigaltstack(&ss, NULL);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = crash_handler;
+	sa.sa_flags = SA_RESETHAND | SA_ONSTACK;
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		sigaction(sigs[i], &sa, NULL);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvferry-ctrld under systemd (JOURNAL_STREAM set) prefixes each stderr line
 # with its syslog priority, so journald files errors as errors (`journalctl
-# -p err`); in a terminal the lines stay plain.
+# -p err`); in a terminal the lines stay plain. A fatal signal leaves a
+# backtrace in the log.
 #   ctrld_log_priorities.sh KVFERRY_CTRLD KVFERRY_MKMODEL
 set -u
 ctrld=$1 mk=$2
@@ -22,3 +23,12 @@ for _ in $(seq 100); do grep -q "serving " "$tmp/run.log" && break; sleep 0.1; d
 grep -q "^<6>kvferry-ctrld: serving " "$tmp/run.log" || { cat "$tmp/run.log"; fail "the serving line is not <6>"; }
 if grep -v "^<[0-7]>" "$tmp/run.log" | grep -q .; then cat "$tmp/run.log"; fail "a line without a priority"; fi
 echo "ok    info lines are <6>, and every line has a priority"
+kill -SEGV "$pid"
+wait "$pid"
+st=$?
+pid=
+[ "$st" = $((128 + 11)) ] || { cat "$tmp/run.log"; fail "a SIGSEGV ended ctrld with status $st, not 139"; }
+grep -q "^<3>kvferry-ctrld: fatal signal SIGSEGV; backtrace:" "$tmp/run.log" \
+  && [ "$(sed -n '/fatal signal SIGSEGV/,$p' "$tmp/run.log" | grep -c 'kvferry-ctrld\|libc')" -ge 3 ] \
+  || { cat "$tmp/run.log"; fail "a crash left no backtrace at priority 3"; }
+echo "ok    a fatal signal leaves a backtrace at <3>, and ctrld still dies of it"

@@ -55,6 +55,16 @@ void kvf_log(int pri, const char *who, const char *fmt, ...) __attribute__((form
 /** kvf_log() with a va_list. */
 void kvf_vlog(int pri, const char *who, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
+/**
+ * On a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) write
+ * "WHO: fatal signal N (NAME); backtrace:" and the thread's frames
+ * (glibc's backtrace_symbols_fd, on an alternate stack) on stderr at
+ * KVF_LOG_ERR, then die of the signal as before (core dump, exit status),
+ * so a crash in the field leaves where it happened in the journal.
+ * @param who  the program's name (kept: a string literal or static)
+ */
+void kvf_log_crash_trace(const char *who);
+
 #ifdef __cplusplus
 }
 #endif
