@@ -47,16 +47,21 @@ void pc_kv_reply(struct proc_chain *c, const struct shm_mb_hdr *h, size_t len)
 	c->kv_done = 1;
 }
 
+static void side_drop(struct pc_kv_side *s)
+{
+	shm_ring_close(s->q);
+	shm_ring_close(s->r);
+	shm_ring_close(s->in);
+	s->q = s->r = s->in = NULL;
+}
+
 void pc_kv_side_close(struct proc_chain *c)
 {
 	for (int32_t k = 0; k < CTRL_CHAIN_MAX_STAGES; k++) {
-		struct pc_kv_side *s = &c->side[k];
-
-		shm_ring_close(s->q);
-		shm_ring_close(s->r);
-		shm_ring_close(s->in);
-		*s = (struct pc_kv_side){ 0 };
+		side_drop(&c->side[k]);
+		c->side[k].epoch = 0;
 	}
+	c->kv_side_r = NULL; /* a call waiting on it gives up (kv_call) */
 }
 
 /* Stage @p stage's side rings, looked up once an epoch (a worker makes
@@ -68,10 +73,9 @@ static struct pc_kv_side *kv_side(struct proc_chain *c, int32_t stage)
 	char in[SHM_NAME_MAX], name[SHM_NAME_MAX + 8];
 
 	if (s->epoch != c->epoch || s->reg != c->reg) {
-		shm_ring_close(s->q);
-		shm_ring_close(s->r);
-		shm_ring_close(s->in);
-		*s = (struct pc_kv_side){ .epoch = c->epoch, .reg = c->reg };
+		side_drop(s);
+		s->epoch = c->epoch;
+		s->reg = c->reg;
 		if (stage == 0)
 			snprintf(in, sizeof(in), "%s", c->o.first_ring);
 		else
@@ -81,12 +85,8 @@ static struct pc_kv_side *kv_side(struct proc_chain *c, int32_t stage)
 		snprintf(name, sizeof(name), "%s.kvr", in);
 		s->r = shm_ring_lookup(c->reg, name);
 		s->in = shm_ring_lookup(c->reg, in);
-		if (s->q == NULL || s->r == NULL || s->in == NULL) {
-			shm_ring_close(s->q);
-			shm_ring_close(s->r);
-			shm_ring_close(s->in);
-			s->q = s->r = s->in = NULL;
-		}
+		if (s->q == NULL || s->r == NULL || s->in == NULL)
+			side_drop(s);
 	}
 	return s->q != NULL ? s : NULL;
 }
@@ -149,7 +149,7 @@ static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 {
 	uint64_t t0 = kvf_mono_ns(), limit = (uint64_t)c->o.group_timeout_ms * 1000000ull;
 	uint32_t op = q->op;
-	int sent = 0, rc = 1, polls = 0; /* rc 1: waiting */
+	int sent = 0, rc = 1, polls = 0, side = 0; /* rc 1: waiting */
 	char err[CTRL_CHAIN_ERRLEN];
 
 	while (rc == 1) {
@@ -158,8 +158,11 @@ static int kv_call(struct proc_chain *c, int32_t stage, struct shm_mb_kv *q, con
 			rc = -EPIPE;
 		} else if (!sent) {
 			sent = kv_send(c, stage, q, blocks);
+			side = c->kv_side_r != NULL;
+		} else if (side && c->kv_side_r == NULL) {
+			rc = -EPIPE; /* the region was re-attached under the call: its side rings are gone */
 		} else {
-			if (c->kv_side_r != NULL) {
+			if (side) {
 				kv_side_drain(c);
 				if (!c->kv_done && ++polls % 50 == 0)
 					shm_ring_wake_(c->side[stage].in); /* in case it went to sleep as we woke it */
