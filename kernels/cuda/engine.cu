@@ -342,15 +342,17 @@ static int cu_apply_ops(struct kn_stage *b, const struct kn_op *ops, size_t n)
 
 /* KV pages to or from the host (kn_kv_format: per block, per layer, K then V
  * pages of [nkv][KN_PAGE_BLK][hd] bf16, which is how the pool stores a
- * block): one 2-D copy per block and K/V, the layers as its rows, on the
- * stage's own copy stream: a move runs beside a step in flight, not behind
- * it (the caller moves only blocks no step in flight writes or reads: a
- * finished chunk's pages out, reserved blocks in) and is done on return.
+ * block): one 2-D copy per block and K/V, the layers as its rows, done on
+ * return. With kv_own_stream (a worker's KV side ring) on a stream of its
+ * own, beside a step in flight, not behind it (the caller moves only blocks
+ * no step in flight writes or reads: a finished chunk's pages out, reserved
+ * blocks in); else on the steps' stream.
  * One call per block: fine for moving a prompt's pages, not tuned (a
  * gather kernel would be one copy). */
 static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void *out, const void *in)
 {
 	struct cu_stage *s = (struct cu_stage *)b;
+	cudaStream_t kst = s->kvst ? s->kvst : s->st;
 	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
 	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
 	for (int32_t i = 0; i < n; i++)
@@ -364,9 +366,9 @@ static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void
 				char *d = dev + (size_t)l * lay;
 				const size_t h = host + (size_t)l * 2 * page;
 				e = out ? cudaMemcpy2DAsync((char *)out + h, 2 * page, d, lay, page, (size_t)rows,
-							    cudaMemcpyDeviceToHost, s->kvst)
+							    cudaMemcpyDeviceToHost, kst)
 					: cudaMemcpy2DAsync(d, lay, (const char *)in + h, 2 * page, page, (size_t)rows,
-							    cudaMemcpyHostToDevice, s->kvst);
+							    cudaMemcpyHostToDevice, kst);
 			}
 			if (e != cudaSuccess) {
 				cudaGetLastError();
@@ -375,7 +377,7 @@ static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void
 				return -EIO;
 			}
 		}
-	CK(cudaStreamSynchronize(s->kvst));
+	CK(cudaStreamSynchronize(kst));
 	return 0;
 }
 
@@ -494,7 +496,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		goto fail;
 	}
 	if (cudaSetDevice(s->dev) != cudaSuccess || cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) != cudaSuccess
-	    || cudaStreamCreateWithFlags(&s->kvst, cudaStreamNonBlocking) != cudaSuccess) {
+	    || (o->kv_own_stream && cudaStreamCreateWithFlags(&s->kvst, cudaStreamNonBlocking) != cudaSuccess)) {
 		snprintf(s->base.err, sizeof(s->base.err), "kn_stage_create(cuda): cudaSetDevice/cudaStreamCreate(%d) failed: %s",
 			 s->dev, cudaGetErrorString(cudaGetLastError()));
 		rc = -EIO;

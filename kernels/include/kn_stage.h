@@ -121,6 +121,10 @@ struct kn_stage_opts {
 	                                   1 = column kernel everywhere; 2 = tile kernel everywhere
 	                                   (head_dim 256 always runs the column kernel).
 	                                   KVFERRY_CUDA_ATTN=column|tile overrides */
+	int32_t kv_own_stream;        /**< CUDA: kn_stage_kv_export/import on a stream of their own,
+	                                   beside a step in flight (a worker's KV side ring, whose
+	                                   copies touch no block of a step in flight); 0: on the
+	                                   steps' stream, behind them (callers between two steps) */
 	const char *cuda_module;      /**< the CUDA backend's module (kvferry-cuda.so): NULL or ""
 	                                   to look beside the program, in the build tree it runs
 	                                   from, then in the installed module folder; the first

@@ -92,6 +92,7 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 		so.plan_widths[p] = shm_mb_setup_plan(s, p);
 	so.n_threads = w->o.threads > 0 ? w->o.threads : s->n_threads;
 	so.device = w->o.device;
+	so.kv_own_stream = 1; /* the KV side ring's copies run beside the steps (worker_kv.c) */
 	so.cuda_gemv = w->o.cuda_gemv;
 	so.cuda_wide_x = w->o.cuda_wide_x;
 	so.cuda_attn = w->o.cuda_attn;
