@@ -226,6 +226,20 @@ static struct ctrl_chain *chain(int n, const int32_t *ends, char *err, size_t er
 	return ctrl_proc_chain_create(g_m, &o, err, errlen);
 }
 
+/* Two workers (4 MiB of KV each) and the chain over them. */
+static struct ctrl_chain *two_stage_chain(void)
+{
+	struct ctrl_chain *c;
+	char err[512];
+
+	for (int k = 0; k < 2; k++)
+		g_pids[k] = start_worker(k, 2, g_model, "4");
+	c = chain(2, NULL, err, sizeof(err));
+	if (c == NULL)
+		fail_msg("ctrl_proc_chain_create: %s", err);
+	return c;
+}
+
 /* @p replay_max: ctrl_sched_opts'; -1 its default. */
 static struct ctrl_sched *sched(struct ctrl_chain *c, int32_t replay_max)
 {
@@ -392,15 +406,10 @@ static struct ctrl_sched *kill_stage1_mid_request(int32_t replay_max, struct rec
 						  long *tokens_out)
 {
 	struct ctrl_sched *s;
-	char err[512];
 	long tokens;
 	int st;
 
-	for (int k = 0; k < 2; k++)
-		g_pids[k] = start_worker(k, 2, g_model, "4");
-	*c = chain(2, NULL, err, sizeof(err));
-	if (*c == NULL)
-		fail_msg("ctrl_proc_chain_create: %s", err);
+	*c = two_stage_chain();
 	s = sched(*c, replay_max);
 	submit_all(s, got);
 	do {
@@ -536,17 +545,12 @@ static void after_a_restart_a_lost_slot_fails_alone_and_its_micro_batch_neighbou
 	struct ctrl_proc_stage ps;
 	struct kn_column cols[48];
 	struct kn_op ops[4];
-	char err[512];
 	int32_t n;
 	uint64_t t0;
 	int st;
 
 	(void)state;
-	for (int k = 0; k < 2; k++)
-		g_pids[k] = start_worker(k, 2, g_model, "4");
-	c = chain(2, NULL, err, sizeof(err));
-	if (c == NULL)
-		fail_msg("ctrl_proc_chain_create: %s", err);
+	c = two_stage_chain();
 	/* Slot 0 holds request 0's prompt before the restart. */
 	ops[0] = (struct kn_op){ .type = KN_OP_ZERO_SLOT, .slot = 0 };
 	ops[1] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 0, .idx = 0, .val = 0 };
@@ -633,14 +637,9 @@ static void a_batch_of_page_copies_moves_the_bytes_each_copy_alone_moves(void **
 	uint32_t idx;
 	int rc;
 	size_t nonzero = 0;
-	char err[512];
 
 	(void)state;
-	for (int k = 0; k < 2; k++)
-		g_pids[k] = start_worker(k, 2, g_model, "4");
-	c = chain(2, NULL, err, sizeof(err));
-	if (c == NULL)
-		fail_msg("ctrl_proc_chain_create: %s", err);
+	c = two_stage_chain();
 	s = sched(c, -1);
 	submit_all(s, got); /* the pools' blocks now hold KV */
 	assert_int_equal(drain(s, 60000), 0);
