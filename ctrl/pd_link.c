@@ -244,7 +244,7 @@ struct batch_io {
 	struct kn_kv_format theirs;  /* an import batch's format (one per batch) */
 	int import;                  /* an import batch (ctrl_pd_link_poll), else an export one */
 	struct ctrl_kv_copy v[PD_BATCH];
-	int32_t ids[PD_BATCH][WK_KVPAGE_MAX_BLOCKS]; /* an import's block ids */
+	int32_t (*ids)[WK_KVPAGE_MAX_BLOCKS]; /* an import batch's block ids (struct imports) */
 	int32_t n;
 	int rc;
 	char err[96];
@@ -522,6 +522,7 @@ struct landing {
 struct imports {
 	struct batch_io x;
 	struct landing land[PD_BATCH];
+	int32_t ids[PD_BATCH][WK_KVPAGE_MAX_BLOCKS]; /* x.ids: each copy's block ids */
 };
 
 static void refuse(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, uint64_t room, uint32_t session)
@@ -599,6 +600,7 @@ static int take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 		im->x.stage = k;
 		im->x.mine = mine;
 		im->x.import = 1;
+		im->x.ids = im->ids;
 		for (int again = 1;; again = 0) {
 			im->x.rc = 0;
 			rc = wk_kvpage_import(&io, buf, d->len, &info, err, sizeof(err));
