@@ -301,11 +301,31 @@ static int kv_check(struct kn_stage *s, const char *what, const int32_t *blocks,
 	return 0;
 }
 
+int kn_stage_kv_check(struct kn_stage *s, const int32_t *blocks, int32_t n, size_t len,
+		      const struct kn_kv_format *f)
+{
+	struct kn_kv_format me;
+
+	kn_stage_kv_format(s, &me);
+	if (f == NULL)
+		return kv_check(s, "kn_stage_kv_export", blocks, n, len, me.block_bytes);
+	if ((f->dtype != KN_DT_F32 && f->dtype != KN_DT_BF16) || f->layer_start != me.layer_start ||
+	    f->layer_end != me.layer_end || f->n_kv_heads != me.n_kv_heads || f->head_dim != me.head_dim) {
+		kn_stage_seterr(s,
+				"kn_stage_kv_import: pages of layers [%d,%d), %d KV heads x head_dim %d, dtype %d do not fit this stage (layers [%d,%d), %d x %d, f32 or bf16); import into the stage that holds the same layers of the same model",
+				f->layer_start, f->layer_end, f->n_kv_heads, f->head_dim, f->dtype, me.layer_start,
+				me.layer_end, me.n_kv_heads, me.head_dim);
+		return -EINVAL;
+	}
+	/* pages of the other dtype are converted: their bytes per block follow it */
+	return kv_check(s, "kn_stage_kv_import", blocks, n, len,
+			me.block_bytes / (me.dtype == KN_DT_F32 ? 4 : 2) * (f->dtype == KN_DT_F32 ? 4 : 2));
+}
+
 int kn_stage_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst, size_t len)
 {
-	struct kn_kv_format f;
-	kn_stage_kv_format(s, &f);
-	int rc = kv_check(s, "kn_stage_kv_export", blocks, n, len, f.block_bytes);
+	int rc = kn_stage_kv_check(s, blocks, n, len, NULL);
+
 	return rc ? rc : n ? s->vt->kv_export(s, blocks, n, dst) : 0;
 }
 
@@ -313,19 +333,16 @@ int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, con
 		       const struct kn_kv_format *f)
 {
 	struct kn_kv_format me;
-	kn_stage_kv_format(s, &me);
-	if (!f || (f->dtype != KN_DT_F32 && f->dtype != KN_DT_BF16) || f->layer_start != me.layer_start ||
-	    f->layer_end != me.layer_end || f->n_kv_heads != me.n_kv_heads || f->head_dim != me.head_dim) {
-		kn_stage_seterr(s,
-				"kn_stage_kv_import: pages of layers [%d,%d), %d KV heads x head_dim %d, dtype %d do not fit this stage (layers [%d,%d), %d x %d, f32 or bf16); import into the stage that holds the same layers of the same model",
-				f ? f->layer_start : -1, f ? f->layer_end : -1, f ? f->n_kv_heads : -1,
-				f ? f->head_dim : -1, f ? f->dtype : -1, me.layer_start, me.layer_end, me.n_kv_heads,
-				me.head_dim);
+	int rc;
+
+	if (f == NULL) {
+		kn_stage_seterr(s, "kn_stage_kv_import: no page format given");
 		return -EINVAL;
 	}
+	rc = kn_stage_kv_check(s, blocks, n, len, f);
+	kn_stage_kv_format(s, &me);
 	const size_t esz = f->dtype == KN_DT_F32 ? 4 : 2;
 	const size_t in_bytes = me.block_bytes / (me.dtype == KN_DT_F32 ? 4 : 2) * esz;
-	int rc = kv_check(s, "kn_stage_kv_import", blocks, n, len, in_bytes);
 	if (rc || n == 0)
 		return rc;
 	if (f->dtype == me.dtype)

@@ -307,6 +307,16 @@ int kn_stage_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, voi
 int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src, size_t len,
 		       const struct kn_kv_format *f);
 
+/**
+ * What kn_stage_kv_export() (@p f NULL) or kn_stage_kv_import() (pages in
+ * format @p f) would refuse of these arguments, without copying anything: a
+ * caller with several copies to make checks them all first, so a bad one
+ * leaves the pool as it was.
+ * @return 0, or -EINVAL with kn_stage_error() saying why, as the copy would.
+ */
+int kn_stage_kv_check(struct kn_stage *s, const int32_t *blocks, int32_t n, size_t len,
+		      const struct kn_kv_format *f);
+
 /** @return the last error message of this stage ("" if none). */
 const char *kn_stage_error(const struct kn_stage *s);
 

@@ -64,8 +64,9 @@ static int kv_one(struct worker *w, int import, const int32_t *blocks, int32_t n
 	return rc;
 }
 
-/* A vector op: every copy record checked against the words first, then
- * each buffer in turn (the first failure ends it, naming the copy). */
+/* A vector op: every copy record checked against the words, and every copy
+ * as the stage checks it, first; then each buffer in turn (a device error
+ * ends it, naming the copy). */
 static int kv_many(struct worker *w, const struct shm_mb_kv *k, const struct kn_kv_format *f, char *err,
 		   size_t errlen)
 {
@@ -94,6 +95,24 @@ static int kv_many(struct worker *w, const struct shm_mb_kv *k, const struct kn_
 		snprintf(err, errlen, "stage %d (%s): a KV message of %d words uses %lld", w->idx, w->o.role,
 			 k->n_blocks, (long long)used);
 		return -EINVAL;
+	}
+	/* every copy as the stage would check it (buffer, blocks, length,
+	 * format) before the first moves: a bad one leaves the pool as it was */
+	blocks = words + (size_t)k->n_copies * SHM_MB_KV_COPY_WORDS;
+	for (uint32_t i = 0; i < k->n_copies; i++) {
+		struct shm_mb_kv_copy c;
+
+		memcpy(&c, words + (size_t)i * SHM_MB_KV_COPY_WORDS, sizeof(c));
+		if (kv_buf(w, c.buf_off, c.buf_len, err, errlen) == NULL)
+			return -EFAULT;
+		if (kn_stage_kv_check(w->st, blocks, c.n_blocks, (size_t)c.buf_len,
+				      k->op == SHM_MB_KV_IMPORT_V ? f : NULL) < 0) {
+			wk_fmt(err, errlen, "stage %d (%s, layers %d..%d): KV copy %u of %u, %d blocks: %s", w->idx,
+			       w->o.role, w->info.layer_start, w->info.layer_end, i, k->n_copies, c.n_blocks,
+			       kn_stage_error(w->st));
+			return -EINVAL;
+		}
+		blocks += c.n_blocks;
 	}
 	blocks = words + (size_t)k->n_copies * SHM_MB_KV_COPY_WORDS;
 	for (uint32_t i = 0; i < k->n_copies; i++) {
@@ -203,9 +222,16 @@ int wk_kv_side_open(struct worker *w, char *err, size_t errlen)
 
 int wk_kv_side_poll(struct worker *w)
 {
+	/* the message as it was when taken: ctrld may give up on it at its
+	 * deadline and reuse the buffer while a copy runs, so what is checked
+	 * (the copy records, the block ids) is what is acted on */
+	static _Thread_local union {
+		struct shm_mb_hdr h;
+		uint8_t b[sizeof(struct shm_mb_hdr) + sizeof(struct shm_mb_kv) + sizeof(int32_t) * WK_KV_MAX_BLOCKS];
+	} snap;
 	struct shm_desc d;
 	struct shm_mb_hdr *h;
-	uint64_t seq;
+	size_t len;
 	char err[SHM_MB_ERRLEN] = "";
 	int rc;
 
@@ -218,26 +244,29 @@ int wk_kv_side_poll(struct worker *w)
 		return 1;
 	}
 	h = shm_ptr(w->reg, d.off);
-	seq = h->seq;
-	if (!w->joined || h->epoch != w->epoch) {
+	len = d.len < sizeof(snap) ? d.len : sizeof(snap);
+	memcpy(&snap, h, len);
+	if (!w->joined || snap.h.epoch != w->epoch) {
 		w->dropped++;
 		return 1; /* ctrld gave up on it */
 	}
-	if (h->magic != SHM_MB_MAGIC || h->kind != SHM_MB_KV || !shm_mb_kv_whole(h, d.len, WK_KV_MAX_BLOCKS)
-	    || h->stage != w->idx) {
+	if (snap.h.magic != SHM_MB_MAGIC || snap.h.kind != SHM_MB_KV || !shm_mb_kv_whole(&snap.h, len, WK_KV_MAX_BLOCKS)
+	    || snap.h.stage != w->idx) {
 		wk_fmt(err, sizeof(err), "stage %d (%s): a malformed KV message on the side ring (%u bytes, stage %d)",
-		       w->idx, w->o.role, d.len, h->stage);
+		       w->idx, w->o.role, d.len, snap.h.stage);
 		rc = -EBADMSG;
 	} else {
 		/* no drain: what ctrld sends here touches no block of a step in
 		 * flight (the header says why), so the copy runs beside them
 		 * (the CUDA engine moves pages on a stream of their own) */
-		rc = kv_act(w, (struct shm_mb_kv *)(h + 1), err, sizeof(err));
+		rc = kv_act(w, (struct shm_mb_kv *)(&snap.h + 1), err, sizeof(err));
 	}
 	if (rc < 0)
 		WK_ERR(w, "%s", err);
-	if (h->seq != seq)
+	if (h->seq != snap.h.seq)
 		return 1; /* ctrld gave up on it and reused the buffer meanwhile */
+	if (rc == 0 && ((struct shm_mb_kv *)(&snap.h + 1))->op == SHM_MB_KV_FORMAT)
+		memcpy(h + 1, &snap.h + 1, sizeof(struct shm_mb_kv)); /* the answer */
 	h->status = rc < 0 ? rc : 0;
 	if (rc < 0)
 		memcpy(h->err, err, sizeof(h->err));
