@@ -98,6 +98,7 @@ void sched_req_free(struct sched_req *r)
 	if (r == NULL)
 		return;
 	free(r->why);
+	free(r->doom);
 	free(r->toks);
 	free(r);
 }
@@ -165,6 +166,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->t_wait_ns = 0;
 	r->n_replays = 0;
 	r->why = NULL;
+	r->doom = NULL;
 	r->cb = rq->cb;
 	r->cb_arg = rq->cb_arg;
 	r->need = worst_blocks(rq->n_prompt, rq->max_tokens);
@@ -258,9 +260,9 @@ int32_t ctrl_sched_admissible(const struct ctrl_sched *s, int32_t n_prompt, int3
 	return (int32_t)most;
 }
 
-/* End request @p id if it waits in the queue @p head: @return 1 if it did. */
-static int cancel_queued(struct ctrl_sched *s, struct sched_req **head, struct sched_req **tail, int32_t *n,
-			 uint64_t id)
+/* End request @p id as @p why (@p msg) if it waits in the queue @p head: @return 1 if it did. */
+static int end_queued(struct ctrl_sched *s, struct sched_req **head, struct sched_req **tail, int32_t *n,
+		      uint64_t id, enum ctrl_finish why, const char *msg)
 {
 	for (struct sched_req *r = *head, *prev = NULL; r != NULL; prev = r, r = r->next) {
 		if (r->id != id)
@@ -269,10 +271,27 @@ static int cancel_queued(struct ctrl_sched *s, struct sched_req **head, struct s
 		(*n)--;
 		s->queued_bytes -= sched_req_queued_bytes(r);
 		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
-		sched_req_finish(s, r, CTRL_FINISH_CANCELLED, -1, NULL);
+		sched_req_finish(s, r, why, -1, msg);
 		return 1;
 	}
 	return 0;
+}
+
+int sched_end_waiting(struct ctrl_sched *s, uint64_t id, enum ctrl_finish why, const char *msg)
+{
+	int found = end_queued(s, &s->q_head, &s->q_tail, &s->n_queued, id, why, msg)
+		    || end_queued(s, &s->rp_head, &s->rp_tail, &s->n_replaying, id, why, msg);
+
+	if (found || msg == NULL)
+		return found;
+	/* not taken from the inbox yet (submitted since drain_inbox() ran):
+	 * marked, it ends when it is */
+	pthread_mutex_lock(&s->lock);
+	for (struct sched_req *r = s->in_head; r != NULL && !found; r = r->next)
+		if (r->id == id && r->doom == NULL && (r->doom = strdup(msg)) != NULL)
+			found = 1;
+	pthread_mutex_unlock(&s->lock);
+	return found;
 }
 
 /* Move new requests to the FIFO (or reject them) and apply cancellations. */
@@ -299,6 +318,11 @@ static int drain_inbox(struct ctrl_sched *s)
 		r->next = NULL;
 		busy = 1;
 		s->st.submitted++;
+		if (r->doom != NULL) { /* its prompt's KV failed before it got here */
+			atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+			sched_req_finish(s, r, CTRL_FINISH_ERROR, -1, r->doom);
+			continue;
+		}
 		if (never_fits(s, r->n_prompt, r->max_tokens, msg, sizeof(msg))) {
 			/* (the HTTP layer refuses these before they come: ctrl_sched_admissible()) */
 			s->st.rejected++;
@@ -314,8 +338,7 @@ static int drain_inbox(struct ctrl_sched *s)
 
 	for (size_t k = 0; k < n_cancel; k++) {
 		uint64_t id = cancels[k];
-		int found = cancel_queued(s, &s->q_head, &s->q_tail, &s->n_queued, id)
-			    || cancel_queued(s, &s->rp_head, &s->rp_tail, &s->n_replaying, id);
+		int found = sched_end_waiting(s, id, CTRL_FINISH_CANCELLED, NULL);
 
 		busy = 1;
 		for (int32_t i = 0; !found && i < s->n_slots; i++) {

@@ -37,6 +37,8 @@ struct sched_req {
 	uint64_t t_wait_ns;       /* when it last began to wait in a queue (replay_timeout) */
 	int32_t n_replays;        /* times the chain lost it and it was put back */
 	char *why;                /* after a replay: how the chain lost it (NULL before) */
+	char *doom;               /* kv_remote: its prompt's KV failed while it was still in the
+	                             inbox (ctrl_sched_kv_failed()): it ends with this when taken */
 	ctrl_token_cb cb;
 	void *cb_arg;
 	int32_t *toks;            /* prompt, then generated tokens */
@@ -144,6 +146,10 @@ void sched_flush(struct ctrl_sched *s);
 struct col_top sched_col_top(const struct ctrl_chain_result *res, const struct sched_req *r, int32_t col);
 /* Free a request record (NULL: nothing). */
 void sched_req_free(struct sched_req *r);
+/* End request @p id, waiting in the queue or the replay queue, as @p why
+ * (@p msg: the error's text); with @p msg, one still in the inbox is marked
+ * to end so once taken. @return 1 if it was found. Scheduler thread. */
+int sched_end_waiting(struct ctrl_sched *s, uint64_t id, enum ctrl_finish why, const char *msg);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
 

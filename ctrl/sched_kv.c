@@ -175,6 +175,9 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 		return;
 	}
 	i = slot_of(s, m->id);
+	if (i < 0 && m->kind == SCHED_KV_FAILED && sched_end_waiting(s, m->id, CTRL_FINISH_ERROR, m->why))
+		return; /* failed before admission: it ends where it waits, not when admitted (it would wait
+			 * there for KV no one sends, until its client left) */
 	if (i < 0 || !s->slots[i].kv_wait) {
 		s->st.kv_stale++; /* ended meanwhile (its blocks went back), or not waiting */
 		return;

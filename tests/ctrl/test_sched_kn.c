@@ -756,6 +756,19 @@ static void a_decode_node_continues_from_pages_another_chain_computed_token_for_
 	}
 }
 
+/* Request @p i, waiting for its pages on @p ds: they land in its reserved
+ * blocks of @p dc, its first token follows, and it decodes its solo tokens. */
+static void land_and_decode(struct ctrl_sched *ds, struct ctrl_chain *dc, struct pd_req *q, int i)
+{
+	assert_int_equal(q[i].import_rc, 0);
+	assert_int_equal(ctrl_chain_kv_import(dc, 0, q[i].rsv, q[i].n_blocks, q[i].pages[0], q[i].len[0],
+					      &q[i].fmt[0]), 0);
+	assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[i].got.id, q[i].rec.toks[0], q[i].lp, 0, NULL, NULL), 0);
+	drive_until_drained(ds);
+	assert_int_equal(q[i].got.finish, CTRL_FINISH_LENGTH);
+	assert_memory_equal(q[i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+}
+
 static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored(void **state)
 {
 	static struct pd_req q[N];
@@ -799,16 +812,67 @@ static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a
 	assert_int_equal(st.kv_waiting, 1);
 	assert_int_equal(q[0].got.done, 1);
 	/* the third one still lands and decodes its solo tokens */
-	assert_int_equal(q[2].import_rc, 0);
-	assert_int_equal(ctrl_chain_kv_import(dc, 0, q[2].rsv, q[2].n_blocks, q[2].pages[0], q[2].len[0],
-					      &q[2].fmt[0]), 0);
-	assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[2].got.id, q[2].rec.toks[0], q[2].lp, 0, NULL, NULL), 0);
-	drive_until_drained(ds);
-	assert_int_equal(q[2].got.finish, CTRL_FINISH_LENGTH);
-	assert_memory_equal(q[2].got.toks, g_ref[2].toks, sizeof(int32_t) * (size_t)g_ref[2].n);
+	land_and_decode(ds, dc, q, 2);
 	ctrl_sched_stats(ds, &st);
 	assert_int_equal(st.blocks_in_use, 0);
 	assert_int_equal(st.kv_waiting, 0);
+	ctrl_sched_destroy(ds);
+	ctrl_chain_destroy(dc);
+	pd_free(q);
+}
+
+/*
+ * A room may fail before the decode scheduler admitted its request (the
+ * prefill node died as it was forwarded): the request ends at once with the
+ * error where it waits, in the queue or not yet taken from the inbox; before,
+ * the failure was dropped as stale and the request, once admitted, waited for
+ * pages no one would send until its client gave up (the PD fault drill's
+ * prefill-kill found one hung).
+ */
+static void a_remote_request_failed_before_admission_ends_at_once_with_the_error(void **state)
+{
+	static struct pd_req q[N];
+	struct ctrl_chain *dc = kn_chain(1, 0);
+	struct ctrl_sched_opts o;
+	struct ctrl_sched_stats st;
+	struct ctrl_sched *ds;
+	char err[256];
+
+	(void)state;
+	ctrl_sched_opts_init(&o);
+	o.n_slots = 1; /* one admitted, the rest wait in the queue */
+	ds = ctrl_sched_create(dc, &o, err, sizeof(err));
+	assert_non_null(ds);
+	pd_prefill_all(q, 1);
+	for (int i = 0; i < 3; i++) {
+		q[i].dsched = ds;
+		q[i].dchain = dc;
+	}
+	/* 0 is admitted and waits for its pages; 1 waits in the queue */
+	assert_true(pd_submit_remote(&q[0], 0) > 0);
+	assert_true(pd_submit_remote(&q[1], 1) > 0);
+	for (int k = 0; k < 20; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	assert_int_equal(q[0].reserved, 1);
+	assert_int_equal(q[1].reserved, 0);
+	assert_int_equal(ctrl_sched_kv_failed(ds, (uint64_t)q[1].got.id, "prefill node 10.0.0.1:8998 lost"), 0);
+	/* 2 fails before the scheduler ever polled it */
+	assert_true(pd_submit_remote(&q[2], 2) > 0);
+	assert_int_equal(ctrl_sched_kv_failed(ds, (uint64_t)q[2].got.id, "forwarding the prompt failed"), 0);
+	for (int k = 0; k < 10; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	assert_int_equal(q[1].got.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(q[1].got.msg, "10.0.0.1:8998 lost"));
+	assert_int_equal(q[2].got.finish, CTRL_FINISH_ERROR);
+	assert_non_null(strstr(q[2].got.msg, "forwarding the prompt failed"));
+	assert_int_equal(q[1].reserved + q[2].reserved, 0); /* never admitted, no blocks taken */
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_stale, 0);
+	assert_int_equal(st.kv_waiting, 1);
+	/* 0 still lands and decodes its solo tokens */
+	land_and_decode(ds, dc, q, 0);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.blocks_in_use, 0);
 	ctrl_sched_destroy(ds);
 	ctrl_chain_destroy(dc);
 	pd_free(q);
@@ -1456,6 +1520,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
+		cmocka_unit_test(a_remote_request_failed_before_admission_ends_at_once_with_the_error),
 		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
 		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
 		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
