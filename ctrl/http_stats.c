@@ -115,6 +115,10 @@ static const struct prom_rule {
 	 "dataplane restarted or fell silent (their messages were lost with its session)", NULL},
 	{"backend.pd.rooms_retried_total", NULL, NULL, "requests run again in a fresh room after a dataplane "
 	 "restart lost theirs ([pd] room_retries)", NULL},
+	{"backend.pd.prefill_dataplane_silences_total", NULL, NULL, "times a prefill node's dataplane went silent "
+	 "(its rooms in flight wait for it)", NULL},
+	{"backend.pd.dataplane_deaths_total", NULL, NULL, "times this node's dataplane was seen dead by the PD service",
+	 NULL},
 	{"dataplane.peers[].up", NULL, NULL, "1 while the dataplane hears the peer (0: silent, down, never heard)", NULL},
 	{"dataplane.peers[].rtt_us", NULL, NULL, "smoothed RTT of the busiest stream to the peer", NULL},
 	{"dataplane.peers[].credit_msgs", NULL, NULL, "messages the peer still accepts (least over the streams)", NULL},

@@ -26,6 +26,7 @@
 #include "kn_stage.h"
 #include "kvf_clock.h"
 #include "pd_serve_int.h"
+#include "shm_live.h"
 #include "shm_region.h"
 
 /* prefill: @p node is the decode node's dataplane id (the manifest's sender);
@@ -260,6 +261,7 @@ static void relink(struct ctrl_pd_serve *s)
 	}
 	ctrl_pd_link_close(s->link);
 	s->link = nl;
+	s->dp_slot = -1; /* the new dataplane's slot is in the new region (watch()) */
 	/* what they sent or waited for went down with the old dataplane */
 	if (s->dec != NULL) /* each runs again in a fresh room where it may ([pd] room_retries) */
 		n_failed = ctrl_pd_decode_retry_all(s->dec, "this node's kvferry-dataplane restarted while the room "
@@ -277,8 +279,75 @@ static void relink(struct ctrl_pd_serve *s)
 		s->o.region, n_failed);
 }
 
+/* The decode end's requests in flight. Holds mu. */
+static int n_rooms(const struct ctrl_pd_serve *s);
+
+/*
+ * Say at once what the dataplanes' own state already tells (both ends):
+ * this node's kvferry-dataplane died (its live slot), or, on the decode end,
+ * a prefill node's dataplane went silent. The rooms in flight then wait:
+ * each runs again in a fresh room once the session is back as a new one
+ * (ctrl_pd_decode_retry_all(), check_peer() in pd_decode.c), or fails
+ * after CTRL_PD_PEER_GONE_MS; before this line an operator learnt of either
+ * only from those later events (the PD fault drill: 1.5 and 4.1 s). Holds mu.
+ */
+static void watch(struct ctrl_pd_serve *s)
+{
+	struct shm_region *reg = ctrl_pd_link_region(s->link);
+
+	if (s->dp_slot < 0 && reg != NULL && !shm_region_replaced(reg))
+		for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
+			struct shm_live_info li;
+
+			if (shm_live_check(reg, i, UINT64_MAX, &li) == SHM_LIVE_ALIVE && !strcmp(li.role, "dataplane")
+			    && li.pid != s->dp_pid) {
+				s->dp_slot = i;
+				s->dp_pid = li.pid;
+				break;
+			}
+		}
+	if (s->dp_slot >= 0 && reg != NULL) {
+		struct shm_live_info li;
+		int rc = shm_live_check(reg, s->dp_slot, UINT64_MAX, &li);
+
+		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->dp_pid)) {
+			if (s->dec != NULL)
+				kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: this node's kvferry-dataplane (pid %d) died: "
+					"%d request(s) in flight wait for it; each runs again in a fresh room once it is back "
+					"([pd] room_retries)", (int)s->dp_pid, n_rooms(s));
+			else
+				kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: this node's kvferry-dataplane (pid %d) died: "
+					"the rooms in flight fail once it is back (their pages went with it)", (int)s->dp_pid);
+			s->dp_slot = -1;
+			s->dp_deaths++;
+		}
+	}
+	for (int32_t i = 0; s->dec != NULL && i < ctrl_pd_peers_count(s->peers) && i < CTRL_PD_MAX_PEERS; i++) {
+		uint64_t epoch = 0, silent_ms = 0;
+		int silent = peer_state(s, (uint32_t)i, &epoch, &silent_ms) == 0 && silent_ms > 0;
+
+		if (silent && !s->peer_silent[i]) {
+			kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane (node %d) "
+				"went silent (the link is down, or it was not heard for 0.6 s): its rooms in flight wait "
+				"(they run again in fresh rooms if it comes back as a new session, and fail after %.0f s "
+				"of silence)", ctrl_pd_peer_addr(s->peers, i), (int)s->node[i].dp_node,
+				CTRL_PD_PEER_GONE_MS / 1e3);
+			s->peer_silences++;
+		} else if (!silent && s->peer_silent[i]) {
+			kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane is heard again",
+				ctrl_pd_peer_addr(s->peers, i));
+		}
+		s->peer_silent[i] = (uint8_t)silent;
+	}
+}
+
+/* How often the poller looks at the dataplanes' liveness (watch()). */
+#define PD_WATCH_EVERY_NS 50000000ull
+
 static void *poller(void *arg)
 {
+	uint64_t t_watch = 0;
+
 	struct ctrl_pd_serve *s = arg;
 	int idle = 0;
 
@@ -289,6 +358,10 @@ static void *poller(void *arg)
 		if (kvf_mono_ns() - s->t_region >= PD_REGION_EVERY_NS) {
 			s->t_region = kvf_mono_ns();
 			relink(s);
+		}
+		if (kvf_mono_ns() - t_watch >= PD_WATCH_EVERY_NS) {
+			t_watch = kvf_mono_ns();
+			watch(s);
 		}
 		moved = ctrl_pd_link_poll(s->link, &s->h);
 		if (s->pre != NULL)
@@ -377,6 +450,7 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 		return NULL;
 	}
 	s->o = *o;
+	s->dp_slot = -1;
 	pthread_mutex_init(&s->mu, NULL);
 	if (ctrl_chain_kv_format(o->chain, 0, &f) < 0)
 		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "stage 0 cannot move KV pages (its format is unknown): "
@@ -442,6 +516,15 @@ struct pd_wrap {
 	struct ctrl_request req;   /* forwarded: the request, req.prompt = prompt */
 	int32_t *prompt;           /* NULL: a router drove the room (no retry here) */
 };
+
+static int n_rooms(const struct ctrl_pd_serve *s)
+{
+	int n = 0;
+
+	for (const struct pd_wrap *w = s->wraps; w != NULL; w = w->next)
+		n++;
+	return n;
+}
 
 static void wrap_free(struct ctrl_pd_serve *s, struct pd_wrap *w)
 {

@@ -66,6 +66,12 @@ struct ctrl_pd_serve {
 	int fwd_running;
 	uint64_t forward_failures;
 	uint64_t nodes_lost;       /* prefill nodes the heartbeat lost, cumulative */
+	/* what the poller watches of the dataplanes, to say so at once (watch()) */
+	int dp_slot;               /* this node's kvferry-dataplane's live slot, -1: not seen yet or gone */
+	int32_t dp_pid;
+	uint64_t dp_deaths;        /* this node's dataplane seen dead, cumulative */
+	uint8_t peer_silent[CTRL_PD_MAX_PEERS]; /* decode: that prefill node's dataplane is silent now */
+	uint64_t peer_silences;    /* decode: prefill nodes' dataplanes gone silent, cumulative */
 };
 
 /* pd_serve_view.c */

@@ -66,9 +66,10 @@ json_t *pd_serve_stats(void *ctx)
 			int32_t fails = 0, rooms = 0;
 
 			ctrl_pd_peer_state(s->peers, i, &healthy, &fails, &rooms);
-			json_array_append_new(nodes, json_pack("{s:s, s:b, s:i, s:i}", "address", ctrl_pd_peer_addr(s->peers, i),
-							       "healthy", healthy, "heartbeat_misses", fails,
-							       "rooms_in_flight", rooms));
+			json_array_append_new(nodes, json_pack("{s:s, s:b, s:i, s:i, s:b}", "address",
+							       ctrl_pd_peer_addr(s->peers, i), "healthy", healthy,
+							       "heartbeat_misses", fails, "rooms_in_flight", rooms,
+							       "dataplane_silent", i < CTRL_PD_MAX_PEERS && s->peer_silent[i]));
 		}
 		int64_t by_state[CTRL_ROOM_FAILED + 1] = { 0 };
 		json_t *states = json_object();
@@ -86,6 +87,7 @@ json_t *pd_serve_stats(void *ctx)
 			       "prefill_nodes", nodes);
 		json_object_set_new(pd, "rooms_lost_dataplane_total", json_integer((json_int_t)ds.rooms_lost_dataplane));
 		json_object_set_new(pd, "rooms_retried_total", json_integer((json_int_t)ds.rooms_retried));
+		json_object_set_new(pd, "prefill_dataplane_silences_total", json_integer((json_int_t)s->peer_silences));
 		/* each landed room's pages from its first message to its last */
 		json_object_set_new(pd, "kv_rooms_timed_total", json_integer((json_int_t)ds.xfer_rooms));
 		json_object_set_new(pd, "kv_room_bytes_total", json_integer((json_int_t)ds.xfer_bytes));
@@ -105,6 +107,7 @@ json_t *pd_serve_stats(void *ctx)
 		json_object_set_new(pd, "control_sent_total", json_integer((json_int_t)ls.ctl_sent));
 		json_object_set_new(pd, "control_received_total", json_integer((json_int_t)ls.ctl_received));
 		json_object_set_new(pd, "kv_send_failures_total", json_integer((json_int_t)ls.kv_failed));
+		json_object_set_new(pd, "dataplane_deaths_total", json_integer((json_int_t)s->dp_deaths));
 	}
 	pthread_mutex_unlock(&s->mu);
 	json_object_set_new(j, "pd", pd != NULL ? pd : json_object());
