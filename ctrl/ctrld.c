@@ -552,11 +552,16 @@ static void teardown(struct daemon *d)
 	ctrl_pd_boot_destroy(d->pd_boot);
 	ctrl_admin_stop(d->admin);
 	ctrl_dispatch_destroy(d->disp);
-	for (int r = 0; r < d->n_rep; r++) {
+	for (int r = 0; r < d->n_rep; r++)
 		ctrl_sched_destroy(d->scheds[r]);
+	/* after the schedulers (their callbacks reach it), before the chains:
+	 * its link lives in the region a worker chain maps, and its poller
+	 * waits on that region's rings until it is stopped (a chain destroyed
+	 * first unmapped them under it: a SIGSEGV at SIGTERM, seen by the PD
+	 * fault drill with worker processes) */
+	ctrl_pd_serve_stop(d->pd);
+	for (int r = 0; r < d->n_rep; r++)
 		ctrl_chain_destroy(d->chains[r]);
-	}
-	ctrl_pd_serve_stop(d->pd); /* after the schedulers: their callbacks reach it */
 	kn_tok_close(d->tok);
 	kn_model_close(d->model);
 	ctrl_config_free(d->cfg);

@@ -115,6 +115,8 @@ static const struct prom_rule {
 	 "dataplane restarted or fell silent (their messages were lost with its session)", NULL},
 	{"backend.pd.rooms_retried_total", NULL, NULL, "requests run again in a fresh room after a dataplane "
 	 "restart lost theirs ([pd] room_retries)", NULL},
+	{"backend.pd.requests_replayed_here_total", NULL, NULL, "disaggregated requests whose stages here went "
+	 "down under them, run again here from their prompts (their rooms given up)", NULL},
 	{"backend.pd.prefill_dataplane_silences_total", NULL, NULL, "times a prefill node's dataplane went silent "
 	 "(its rooms in flight wait for it)", NULL},
 	{"backend.pd.dataplane_deaths_total", NULL, NULL, "times this node's dataplane was seen dead by the PD service",

@@ -37,6 +37,10 @@ struct pd_dreq {
 	uint64_t peer_epoch;       /* the prefill node's dataplane's epoch as the room opened (0: not known yet) */
 	int32_t *blocks;           /* the manifest's blocks (the request's reserved pages), NULL before */
 	uint32_t retries;          /* fresh rooms it ran in after its room was lost */
+	uint64_t t_lost;           /* a page message could not land (this node's stages were down):
+	                              never told ready; the scheduler replays it here (kv_lost),
+	                              or it fails PD_LOST_WAIT_NS later (tick's clock) */
+	char lost_why[160];
 	int ok_seen;
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
@@ -51,11 +55,24 @@ struct pd_dreq {
 const char *const ctrl_pd_phase_names[CTRL_PD_PHASES] = { "manifest", "first_page", "last_page", "status",
 							   "ready" };
 
+/* Rooms given up lately (their aborts sent), to send again once this node's
+ * dataplane is back: one sent while it was dead went nowhere, and the
+ * prefill node would hold the room's KV until its hold timeout. */
+#define PD_GONE_KEEP 256
+#define PD_GONE_NS 30000000000ull
+
+struct pd_gone {
+	uint64_t room, t;
+	uint32_t node, n_ranks;
+};
+
 struct ctrl_pd_decode {
 	struct ctrl_pd_decode_opts o;
 	struct pd_dreq *reqs;
 	struct ctrl_pd_decode_stats st;
 	uint64_t now;              /* the caller's clock, as of its last submit or tick */
+	struct pd_gone gone[PD_GONE_KEEP]; /* a ring */
+	uint32_t n_gone;
 };
 
 struct ctrl_pd_decode *ctrl_pd_decode_create(const struct ctrl_pd_decode_opts *o)
@@ -125,7 +142,7 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	} else if (rs == CTRL_ROOM_SUCCESS && q->t_status == 0) {
 		q->t_status = kvf_mono_ns();
 	}
-	if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0) {
+	if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0 && q->t_lost == 0) {
 		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;
 		d->st.rooms_ok += q->told;
@@ -175,6 +192,9 @@ static void send_all(struct ctrl_pd_decode *d, struct pd_dreq *q, int abort, con
 		else
 			d->st.manifests_sent++;
 	}
+	if (abort)
+		d->gone[d->n_gone++ % PD_GONE_KEEP] = (struct pd_gone){ .room = q->room, .t = kvf_mono_ns(),
+								       .node = q->node, .n_ranks = q->n_ranks };
 out:
 	if (!abort)
 		free(buf);
@@ -223,6 +243,22 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 				ctrl_room_waiting_since(d->o.rooms, q->room, d->now); /* the waiting timeout starts */
 		}
 		settle(d, q);
+		return;
+	}
+	if (ev->kv_lost) {
+		/* this node's stages went down under it: it runs again here from
+		 * its prompt (the scheduler's replay), its reserved blocks went
+		 * back. The room is given up (its ranks told, where it can still
+		 * land) and forgotten: no late page or status reaches those
+		 * blocks, which another request may have now */
+		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs != CTRL_ROOM_SUCCESS)
+			send_all(d, q, 1, NULL, 0);
+		ctrl_room_forget(d->o.rooms, q->room);
+		q->told = 1;
+		free(q->blocks);
+		q->blocks = NULL;
+		q->n_blocks = 0;
+		d->st.replayed_here++;
 		return;
 	}
 	if (ev->finish != CTRL_FINISH_NONE) {
@@ -305,6 +341,19 @@ void ctrl_pd_decode_on_control(struct ctrl_pd_decode *d, const uint8_t *buf, siz
 
 	if (parsed && m.kind == CTRL_PD_ABORT_ACK)
 		return; /* the rank freed its side: nothing of ours waits for it */
+	if (parsed && m.kind == CTRL_PD_STATUS && m.failed && m.session == d->o.session
+	    && (q = by_room(d, m.room)) != NULL && d->o.compute_here) {
+		/* the prefill rank could not do it (its chain failed the prompt,
+		 * or the pages): this node computes the prompt instead, with the
+		 * same tokens, rather than failing the client */
+		char why[200];
+
+		snprintf(why, sizeof(why), "prefill rank %u failed the room: %.*s", m.rank, (int)m.text_len, m.text);
+		if (ctrl_pd_decode_compute_here(d, m.room, why) == 0) {
+			d->st.msg.applied++;
+			return;
+		}
+	}
 	ctrl_pd_status_apply(d->o.rooms, d->o.session, buf, len, &d->st.msg); /* counts what it refuses */
 	/* applied, or a status that failed its room (a rank it does not expect) */
 	if (parsed && m.session == d->o.session && (q = by_room(d, m.room)) != NULL) {
@@ -356,6 +405,37 @@ static void fail_req(struct ctrl_pd_decode *d, struct pd_dreq *q, const char *wh
 		return;
 	}
 	tell_failed(d, q, why); /* Success already: the statuses came, the pages will not */
+}
+
+/* How long a request whose pages could not land waits for the scheduler's
+ * replay (kv_lost) before it fails: the stages' fall reaches the scheduler
+ * within a poll; this bounds the case where they re-formed before it looked. */
+#define PD_LOST_WAIT_NS 5000000000ull
+
+void ctrl_pd_decode_pages_lost(struct ctrl_pd_decode *d, uint64_t room, const char *why)
+{
+	struct pd_dreq *q = by_room(d, room);
+
+	if (q == NULL || q->told || q->t_lost != 0)
+		return;
+	q->t_lost = d->now != 0 ? d->now : 1;
+	snprintf(q->lost_why, sizeof(q->lost_why), "%s", why != NULL ? why : "");
+	d->st.pages_lost++;
+}
+
+int ctrl_pd_decode_compute_here(struct ctrl_pd_decode *d, uint64_t room, const char *why)
+{
+	struct pd_dreq *q = by_room(d, room);
+	enum ctrl_room_state rs;
+
+	if (q == NULL || q->told || q->t_lost != 0 || ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) < 0
+	    || rs == CTRL_ROOM_SUCCESS || rs == CTRL_ROOM_FAILED || ctrl_sched_kv_local(d->o.sched, q->id) < 0)
+		return -1;
+	/* never told ready from now on: the scheduler's kv_lost forgets the room */
+	q->t_lost = d->now != 0 ? d->now : 1;
+	snprintf(q->lost_why, sizeof(q->lost_why), "%s", why != NULL ? why : "");
+	d->st.computed_here++;
+	return 0;
 }
 
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why)
@@ -489,6 +569,13 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 	ctrl_rooms_expire(d->o.rooms, now_ns);
 	for (struct pd_dreq *q = d->reqs; q != NULL; q = q->next) {
 		check_peer(d, q);
+		if (!q->told && q->t_lost != 0 && now_ns > q->t_lost && now_ns - q->t_lost > PD_LOST_WAIT_NS) {
+			char why[sizeof(q->lost_why) + 120];
+
+			snprintf(why, sizeof(why), "a page message could not land (this node's stages were down: %s) and "
+				 "the request was not run again here", q->lost_why);
+			fail_req(d, q, why);
+		}
 		settle(d, q);
 		if (q->told || ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) < 0 || rs != CTRL_ROOM_SUCCESS)
 			continue;
@@ -504,6 +591,29 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 			fail_req(d, q, why);
 		}
 	}
+}
+
+int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d)
+{
+	uint8_t buf[CTRL_PD_MSG_HDR + 16 + CTRL_PD_MAX_TEXT];
+	uint64_t now = kvf_mono_ns();
+	uint32_t n = d->n_gone < PD_GONE_KEEP ? d->n_gone : PD_GONE_KEEP;
+	int sent = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct pd_gone *g = &d->gone[i];
+
+		if (now < g->t || now - g->t > PD_GONE_NS)
+			continue;
+		for (uint32_t r = 0; r < g->n_ranks; r++) {
+			int len = ctrl_pd_encode_abort(buf, sizeof(buf), g->room, d->o.session, r, "the request ended");
+
+			if (len >= 0 && d->o.send(d->o.send_arg, g->node, buf, (size_t)len) == 0)
+				sent++;
+		}
+	}
+	d->st.aborts_sent += (uint64_t)sent;
+	return sent;
 }
 
 void ctrl_pd_decode_stats(const struct ctrl_pd_decode *d, struct ctrl_pd_decode_stats *st)

@@ -527,6 +527,15 @@ struct imports {
 
 static void refuse(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h, uint64_t room, uint32_t session)
 {
+	char why[CTRL_CHAIN_ERRLEN];
+
+	if (h->lost != NULL && h->chain != NULL && !ctrl_chain_ready(h->chain, why, sizeof(why))) {
+		/* the stages went down under the import (or its format
+		 * question): the request runs again here, not failed */
+		l->st.kv_lost_down++;
+		h->lost(h->arg, room, session, l->refusal);
+		return;
+	}
 	l->st.kv_refused++;
 	if (h->refused != NULL) /* the room cannot land: it fails now, not at its timeout */
 		h->refused(h->arg, room, session, l->refusal);

@@ -86,6 +86,15 @@ static void on_refused(void *arg, uint64_t room, uint32_t session, const char *w
 	ctrl_pd_decode_fail(s->dec, room, why);
 }
 
+static void on_lost(void *arg, uint64_t room, uint32_t session, const char *why)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	(void)session;
+	if (s->dec != NULL)
+		ctrl_pd_decode_pages_lost(s->dec, room, why);
+}
+
 static const char *node_name(void *arg, uint32_t node)
 {
 	struct ctrl_pd_serve *s = arg;
@@ -168,7 +177,15 @@ static int forward_step(struct ctrl_pd_serve *s)
 			     || msg->data.result == CURLE_SEND_ERROR || msg->data.result == CURLE_GOT_NOTHING)
 			    && ctrl_pd_peers_unreachable(s->peers, f->peer, why, s->rooms) > 0)
 				s->nodes_lost++;
-			ctrl_pd_decode_fail(s->dec, f->room, why);
+			/* the node answered, with a server error (its chain failed
+			 * the prompt: a worker died, its dataplane restarted): the
+			 * prompt is computed here, its client sees no error */
+			if (msg->data.result == CURLE_OK && code >= 500
+			    && ctrl_pd_decode_compute_here(s->dec, f->room, why) == 0)
+				kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: room %llu: %s: its prompt is computed on "
+					"this node instead", (unsigned long long)f->room, why);
+			else
+				ctrl_pd_decode_fail(s->dec, f->room, why);
 			s->forward_failures++;
 			pthread_mutex_unlock(&s->mu);
 		}
@@ -263,9 +280,11 @@ static void relink(struct ctrl_pd_serve *s)
 	s->link = nl;
 	s->dp_slot = -1; /* the new dataplane's slot is in the new region (watch()) */
 	/* what they sent or waited for went down with the old dataplane */
-	if (s->dec != NULL) /* each runs again in a fresh room where it may ([pd] room_retries) */
+	if (s->dec != NULL) { /* each runs again in a fresh room where it may ([pd] room_retries) */
 		n_failed = ctrl_pd_decode_retry_all(s->dec, "this node's kvferry-dataplane restarted while the room "
 						    "was in flight: its messages were lost (try the request again)");
+		ctrl_pd_decode_resend_aborts(s->dec);
+	}
 	if (s->pre != NULL) /* their pages and statuses too: fail them now, their KV back at once */
 		n_failed = ctrl_pd_prefill_fail_all(s->pre, "the prefill node's kvferry-dataplane restarted while the "
 						    "room was in flight: its pages were lost (send the request again)");
@@ -423,6 +442,7 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.send = send_ctl;
 	dopt.send_arg = s;
 	dopt.lock = &s->mu;
+	dopt.compute_here = 1; /* a prefill node whose chain failed a prompt costs its client nothing */
 	dopt.node_name = node_name;
 	dopt.node_arg = s;
 	dopt.peer_state = peer_state;
@@ -487,7 +507,8 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 		}
 	}
 	s->h = (struct ctrl_pd_link_handlers){ .control = on_control, .expects = expects, .pages = on_pages,
-					       .refused = o->role == CTRL_PD_SERVE_DECODE ? on_refused : NULL, .arg = s,
+					       .refused = o->role == CTRL_PD_SERVE_DECODE ? on_refused : NULL,
+					       .lost = o->role == CTRL_PD_SERVE_DECODE ? on_lost : NULL, .arg = s,
 					       .chain = o->role == CTRL_PD_SERVE_DECODE ? o->chain : NULL,
 					       .n_stages = o->n_stages };
 	if (pthread_create(&s->th, NULL, poller, s) != 0) {

@@ -277,6 +277,17 @@ static int end_queued(struct ctrl_sched *s, struct sched_req **head, struct sche
 	return 0;
 }
 
+struct sched_req *sched_find_waiting(struct ctrl_sched *s, uint64_t id)
+{
+	for (struct sched_req *r = s->q_head; r != NULL; r = r->next)
+		if (r->id == id)
+			return r;
+	for (struct sched_req *r = s->rp_head; r != NULL; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
 int sched_end_waiting(struct ctrl_sched *s, uint64_t id, enum ctrl_finish why, const char *msg)
 {
 	int found = end_queued(s, &s->q_head, &s->q_tail, &s->n_queued, id, why, msg)

@@ -65,7 +65,7 @@ struct sched_slot {
 };
 
 /* A message to the scheduler about a request's KV (sched_kv.c). */
-enum sched_kv_kind { SCHED_KV_READY = 0, SCHED_KV_FAILED = 1, SCHED_KV_RELEASE = 2 };
+enum sched_kv_kind { SCHED_KV_READY = 0, SCHED_KV_FAILED = 1, SCHED_KV_RELEASE = 2, SCHED_KV_LOCAL = 3 };
 
 struct sched_kvmsg {
 	struct sched_kvmsg *next;
@@ -150,6 +150,12 @@ void sched_req_free(struct sched_req *r);
  * (@p msg: the error's text); with @p msg, one still in the inbox is marked
  * to end so once taken. @return 1 if it was found. Scheduler thread. */
 int sched_end_waiting(struct ctrl_sched *s, uint64_t id, enum ctrl_finish why, const char *msg);
+/* Tell kv_remote request @p r's owner, now (events held go first), that no
+ * page may land in its blocks any more (a kv_lost event): it is computed
+ * here from now on (kv_remote cleared). sched_kv.c. */
+void sched_kv_lost(struct ctrl_sched *s, struct sched_req *r);
+/* Request @p id waiting in the queue or the replay queue, or NULL. Scheduler thread. */
+struct sched_req *sched_find_waiting(struct ctrl_sched *s, uint64_t id);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
 

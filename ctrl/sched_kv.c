@@ -78,6 +78,27 @@ int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why)
 	return kv_post(s, m);
 }
 
+int ctrl_sched_kv_local(struct ctrl_sched *s, uint64_t id)
+{
+	struct sched_kvmsg *m = calloc(1, sizeof(*m));
+
+	if (m == NULL)
+		return -ENOMEM;
+	m->kind = SCHED_KV_LOCAL;
+	m->id = id;
+	return kv_post(s, m);
+}
+
+void sched_kv_lost(struct ctrl_sched *s, struct sched_req *r)
+{
+	struct ctrl_event ev = { .id = r->id, .finish = CTRL_FINISH_NONE, .token = -1, .kv_lost = 1 };
+
+	sched_flush(s);
+	r->cb(r->cb_arg, &ev);
+	r->kv_remote = 0;
+	s->st.kv_replayed_here++;
+}
+
 int ctrl_sched_kv_release(struct ctrl_sched *s, uint64_t id)
 {
 	struct sched_kvmsg *m = calloc(1, sizeof(*m));
@@ -175,6 +196,23 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 		return;
 	}
 	i = slot_of(s, m->id);
+	if (m->kind == SCHED_KV_LOCAL) {
+		struct sched_req *w = i >= 0 ? NULL : sched_find_waiting(s, m->id);
+
+		if (i >= 0 && s->slots[i].kv_wait) {
+			/* its reserved blocks stay: the prompt is prefilled into them */
+			sched_kv_lost(s, s->slots[i].r);
+			s->slots[i].kv_wait = 0;
+			s->st.kv_waiting--;
+			s->slots[i].n_fed = s->slots[i].n_sent = 0;
+			s->slots[i].ready_at = s->launch_no;
+		} else if (w != NULL && w->kv_remote) {
+			sched_kv_lost(s, w); /* admitted later as a local request */
+		} else {
+			s->st.kv_stale++;
+		}
+		return;
+	}
 	if (i < 0 && m->kind == SCHED_KV_FAILED && sched_end_waiting(s, m->id, CTRL_FINISH_ERROR, m->why))
 		return; /* failed before admission: it ends where it waits, not when admitted (it would wait
 			 * there for KV no one sends, until its client left) */

@@ -26,10 +26,13 @@
  * launched: a launch would fail at once and spend a replay. A request that
  * waits for it longer than replay_timeout ends with the chain's error,
  * naming the stage and the setting; one lost again after replay_max replays
- * ends likewise. Not replayed: PD requests (hold_kv, kv_remote: their KV
- * comes from or goes to another node), cancelled ones, and any with
- * replay_max 0, which end at once with the chain's error as they did before
- * replays.
+ * ends likewise. A decode node's kv_remote request is replayed as a local
+ * one: its KV came from a prefill node, but this node's chain computes the
+ * same bits from its prompt and the tokens it streamed (a kv_lost event
+ * first tells its owner that its reserved blocks go back). Not replayed:
+ * a prefill node's hold_kv requests (their KV goes to another node),
+ * cancelled ones, and any with replay_max 0, which end at once with the
+ * chain's error as they did before replays.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -45,7 +48,7 @@ static int replayable(const struct ctrl_sched *s, const struct sched_slot *sl)
 {
 	const struct sched_req *r = sl->r;
 
-	return s->o.replay_max > 0 && !sl->cancelled && !r->hold_kv && !r->kv_remote;
+	return s->o.replay_max > 0 && !sl->cancelled && !r->hold_kv;
 }
 
 void sched_slot_lost(struct ctrl_sched *s, int32_t i, const char *msg)
@@ -76,6 +79,12 @@ void sched_slot_lost(struct ctrl_sched *s, int32_t i, const char *msg)
 		return;
 	}
 	snprintf(r->why, WHY_LEN, "%s", msg);
+	if (r->kv_remote) {
+		/* its owner (the decode end) forgets the room before the blocks
+		 * go back: no page lands in them once another request has them.
+		 * So now, not held for the poll's end (sched_emit()) */
+		sched_kv_lost(s, r);
+	}
 	n_toks = sl->n_toks; /* prompt + generated: the replay's prompt */
 	sched_slot_release(s, i);
 	r->n_prompt = n_toks;

@@ -76,6 +76,10 @@ struct ctrl_pd_link_handlers {
 		      uint64_t bytes);
 	/** optional: a page message for a waiting room was refused (another layout...): @p why */
 	void (*refused)(void *arg, uint64_t room, uint32_t session, const char *why);
+	/** optional: a page message for a waiting room could not land because this node's
+	 *  stages are down (ctrl_chain_ready() false): not the room's fault, but it can no
+	 *  longer land whole here; the scheduler replays its request here (kv_lost) */
+	void (*lost)(void *arg, uint64_t room, uint32_t session, const char *why);
 	void *arg;
 	struct ctrl_chain *chain;  /**< where page messages land; NULL: they are refused */
 	int32_t n_stages;
@@ -85,6 +89,7 @@ struct ctrl_pd_link_stats {
 	uint64_t ctl_sent, ctl_received, ctl_failed;
 	uint64_t kv_sent, kv_bytes_sent, kv_received, kv_bytes_received, kv_failed;
 	uint64_t kv_refused;       /**< malformed, another layout, or for a room that no longer waits */
+	uint64_t kv_lost_down;     /**< not landed: this node's stages were down (handlers.lost) */
 	uint64_t rx_gathered_bytes; /**< received in place and copied by ctrld into one buffer (its copy) */
 	/* where a page's time goes (ns): its stage copying it out (ship) or in
 	 * (poll), and a ship waiting for a free page buffer or lane slot */

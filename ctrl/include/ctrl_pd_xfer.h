@@ -72,6 +72,10 @@ struct ctrl_pd_decode_opts {
 	pthread_mutex_t *lock;     /**< NULL: one thread drives everything */
 	/** a room whose ranks all reported fails if its pages are not all in this long after (0: 30 s) */
 	uint64_t landing_ns;
+	/** 1: a room a prefill rank reports failed (a failed status: its chain failed the prompt
+	 *  or the pages) computes its prompt on this node instead of failing its client
+	 *  (ctrl_pd_decode_compute_here()); 0: the room fails (issue #13's plain rule) */
+	int compute_here;
 	/** optional: a prefill node's name for messages (its address); NULL: its number */
 	const char *(*node_name)(void *arg, uint32_t node);
 	void *node_arg;
@@ -113,6 +117,13 @@ struct ctrl_pd_decode_stats {
 	uint64_t rooms_lost_dataplane;
 	/* rooms lost with a dataplane's session whose request ran again in a fresh room */
 	uint64_t rooms_retried;
+	/* requests whose stages here went down (their KV with them): they ran again
+	 * here from their prompts, their rooms given up (kv_lost) */
+	uint64_t replayed_here;
+	/* rooms with a page message that could not land (this node's stages were down) */
+	uint64_t pages_lost;
+	/* requests whose prefill node failed to prefill them, computed here instead */
+	uint64_t computed_here;
 	/* the pages of rooms that landed whole, each room timed from its first
 	 * page message to its last (rooms of one message have no span) */
 	uint64_t xfer_rooms, xfer_bytes, xfer_ns;
@@ -156,6 +167,29 @@ void ctrl_pd_decode_on_pages(struct ctrl_pd_decode *d, uint64_t room, uint32_t s
 
 /** Fail @p room's request with @p why (e.g. its prompt could not be sent to the prefill node). */
 void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *why);
+/**
+ * A page message of @p room could not land: this node's stages were down
+ * (@p why). Its request is never told ready (a page is missing): the
+ * scheduler replays it here as a local one (its kv_lost event), or it fails
+ * a few seconds later naming @p why.
+ */
+void ctrl_pd_decode_pages_lost(struct ctrl_pd_decode *d, uint64_t room, const char *why);
+/**
+ * This node's dataplane is back after a restart: send again the aborts of
+ * the rooms given up in the last 30 s (one sent while it was dead went
+ * nowhere, and the prefill node would hold that room's KV until its hold
+ * timeout). A prefill node ignores an abort of a room it no longer has.
+ * @return the messages sent.
+ */
+int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d);
+/**
+ * @p room's prefill node could not prefill it (its chain failed: it answered
+ * an error, @p why) before any of it landed: its request computes its prompt
+ * on this node instead (ctrl_sched_kv_local()), with the same tokens, rather
+ * than failing its client; the room is given up. @return 0, or -1 (not
+ * possible: the room is gone, landed or failed; the caller fails it).
+ */
+int ctrl_pd_decode_compute_here(struct ctrl_pd_decode *d, uint64_t room, const char *why);
 
 /** Fail every room whose request was not told yet (their messages were lost). @return how many. */
 int ctrl_pd_decode_fail_all(struct ctrl_pd_decode *d, const char *why);

@@ -88,6 +88,11 @@ struct ctrl_event {
 	                                from every stage; kv_blocks[0 .. n_kv_blocks) are
 	                                whole and final (kv_positions = positions computed), so
 	                                they may be read out while the rest of the prompt runs */
+	int kv_lost;               /**< 1: no token: a kv_remote request's stages went down (their
+	                                KV with them): it runs again here, its prompt and the
+	                                tokens it streamed computed by this node's chain, as any
+	                                replayed request; its reserved blocks went back, so no page
+	                                may be written into them any more */
 	const int32_t *kv_blocks;  /**< kv_reserved, kv_progress, or a hold_kv request's finish: the blocks
 	                                holding positions 0 .. kv_positions-1, in order (valid
 	                                during the callback) */
@@ -236,6 +241,7 @@ struct ctrl_sched_stats {
 	int32_t kv_waiting;        /**< kv_remote requests waiting for their KV */
 	uint64_t kv_imported;      /**< kv_remote requests that started decoding */
 	uint64_t kv_stale;         /**< kv_ready / failed / release for no such request */
+	uint64_t kv_replayed_here; /**< kv_remote requests replayed as local ones (kv_lost) */
 	uint64_t replayed;         /**< requests put back to run again after the chain lost
 	                                them (each replay counts) */
 	uint64_t replay_failures;  /**< requests that ended with the chain's error although
@@ -270,6 +276,16 @@ struct ctrl_sched;
  */
 int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
 			const int32_t *top_ids, const float *top_logprobs);
+
+/**
+ * A kv_remote request waiting for its prompt's KV computes it here instead
+ * (its room failed on the prefill node's side, not for want of this node):
+ * a kv_lost event tells its owner first (no page may land in its blocks any
+ * more), then this node's chain prefills its prompt in the blocks it
+ * reserved (or, still queued, it is admitted as a local request).
+ * Thread-safe (applied at the next poll). @return 0 or -ENOMEM.
+ */
+int ctrl_sched_kv_local(struct ctrl_sched *s, uint64_t id);
 
 /** A kv_remote request's KV will not come: end it with an error saying @p why. @return 0, -ENOMEM. */
 int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why);

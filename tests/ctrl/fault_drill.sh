@@ -18,11 +18,17 @@
 #    decode node runs the rooms in flight again in fresh ones: none fails),
 #    then the prefill node's ctrld the same way (the rooms it held fail with
 #    an error to their clients, by issue #13's rule). About 30 s.
-#   fault_drill.sh BUILD_DIR SOURCE_ROOT [DRILL]
+#    With "fault-drill-pd --workers" each node's stages run in kvferry-worker
+#    processes: the decode node's stage-1 worker killed (its requests run
+#    again here, token for token), the prefill node's (its failed prompts are
+#    computed on the decode node instead), the decode node's dataplane
+#    killed (its chain and PD link move to the new region): none fails.
+#   fault_drill.sh BUILD_DIR SOURCE_ROOT [DRILL [FLAGS]]
 # Root, hugepages and (fault-drill) network namespaces, else 77.
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd) drill=${3:-fault-drill}
-"$S/scripts/$drill" --build "$B" --no-build --faults "${FAULT_DRILL_FAULTS:-quick}"
+# shellcheck disable=SC2086 # FLAGS: words
+"$S/scripts/$drill" --build "$B" --no-build --faults "${FAULT_DRILL_FAULTS:-quick}" ${4:-}
 rc=$?
 [ $rc = 77 ] && exit 77
 [ $rc = 0 ] && echo "PASS: every fault of the quick drill ($drill) within its goals"

@@ -482,6 +482,7 @@ struct pd_req {
 	int32_t rsv[8];            /* the blocks the decode side reserved */
 	int import_rc;
 	int deliver;               /* 0: leave it waiting (the test ends it) */
+	int lost;                  /* kv_lost events seen */
 };
 
 static void pd_prefill_cb(void *arg, const struct ctrl_event *ev)
@@ -527,6 +528,10 @@ static void pd_decode_cb(void *arg, const struct ctrl_event *ev)
 {
 	struct pd_req *q = arg;
 
+	if (ev->kv_lost) {
+		q->lost++;
+		return;
+	}
 	if (!ev->kv_reserved) {
 		rec_cb(&q->got, ev);
 		return;
@@ -829,25 +834,35 @@ static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a
  * pages no one would send until its client gave up (the PD fault drill's
  * prefill-kill found one hung).
  */
+/* A decode scheduler of one slot on @p dc (one request admitted, the rest
+ * wait in the queue) for requests q[0 .. n), their prompts prefilled on a
+ * @p stages-stage chain (their pages ready to deliver). */
+static struct ctrl_sched *one_slot_decode(struct ctrl_chain *dc, struct pd_req *q, int32_t stages, int n)
+{
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *ds;
+	char err[256];
+
+	ctrl_sched_opts_init(&o);
+	o.n_slots = 1;
+	ds = ctrl_sched_create(dc, &o, err, sizeof(err));
+	assert_non_null(ds);
+	pd_prefill_all(q, stages);
+	for (int i = 0; i < n; i++) {
+		q[i].dsched = ds;
+		q[i].dchain = dc;
+	}
+	return ds;
+}
+
 static void a_remote_request_failed_before_admission_ends_at_once_with_the_error(void **state)
 {
 	static struct pd_req q[N];
 	struct ctrl_chain *dc = kn_chain(1, 0);
-	struct ctrl_sched_opts o;
+	struct ctrl_sched *ds = one_slot_decode(dc, q, 1, 3);
 	struct ctrl_sched_stats st;
-	struct ctrl_sched *ds;
-	char err[256];
 
 	(void)state;
-	ctrl_sched_opts_init(&o);
-	o.n_slots = 1; /* one admitted, the rest wait in the queue */
-	ds = ctrl_sched_create(dc, &o, err, sizeof(err));
-	assert_non_null(ds);
-	pd_prefill_all(q, 1);
-	for (int i = 0; i < 3; i++) {
-		q[i].dsched = ds;
-		q[i].dchain = dc;
-	}
 	/* 0 is admitted and waits for its pages; 1 waits in the queue */
 	assert_true(pd_submit_remote(&q[0], 0) > 0);
 	assert_true(pd_submit_remote(&q[1], 1) > 0);
@@ -873,6 +888,54 @@ static void a_remote_request_failed_before_admission_ends_at_once_with_the_error
 	land_and_decode(ds, dc, q, 0);
 	ctrl_sched_stats(ds, &st);
 	assert_int_equal(st.blocks_in_use, 0);
+	ctrl_sched_destroy(ds);
+	ctrl_chain_destroy(dc);
+	pd_free(q);
+}
+
+/*
+ * A decode node whose prefill node could not prefill a prompt (its chain
+ * failed it) computes the prompt itself (ctrl_sched_kv_local()): its owner
+ * hears kv_lost once (no page may land any more), and the request streams
+ * the co-located tokens, whether it was admitted and waiting for its pages
+ * (prefilled into the blocks it reserved) or still queued (admitted as a
+ * local request). One that is gone is stale.
+ */
+static void a_remote_request_told_to_compute_here_streams_the_co_located_tokens(void **state)
+{
+	static struct pd_req q[N];
+	struct ctrl_chain *dc = kn_chain(2, 1);
+	struct ctrl_sched *ds = one_slot_decode(dc, q, 2, 2);
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	for (int i = 0; i < 2; i++) /* one admitted, the other waits in the queue */
+		assert_true(pd_submit_remote(&q[i], i) > 0);
+	for (int k = 0; k < 20; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	assert_int_equal(q[0].reserved, 1);
+	assert_int_equal(q[1].reserved, 0);
+	assert_int_equal(ctrl_sched_kv_local(ds, (uint64_t)q[0].got.id), 0);
+	assert_int_equal(ctrl_sched_kv_local(ds, (uint64_t)q[1].got.id), 0);
+	drive_until_drained(ds);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(q[i].lost, 1);
+		if (q[i].got.finish != CTRL_FINISH_LENGTH)
+			fail_msg("request %d ended %s: %s", i, ctrl_finish_name(q[i].got.finish), q[i].got.msg);
+		assert_int_equal(q[i].got.n, g_ref[i].n);
+		assert_memory_equal(q[i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	}
+	assert_int_equal(q[1].reserved, 0); /* admitted as a local request: no reservation event */
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_replayed_here, 2);
+	assert_int_equal(st.kv_waiting, 0);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_true(st.prefill_cols > 0); /* the prompts were computed here */
+	/* gone: stale */
+	assert_int_equal(ctrl_sched_kv_local(ds, (uint64_t)q[0].got.id), 0);
+	assert_true(ctrl_sched_poll(ds) >= 0);
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_stale, 1);
 	ctrl_sched_destroy(ds);
 	ctrl_chain_destroy(dc);
 	pd_free(q);
@@ -1038,6 +1101,7 @@ static int x_peer_state(void *arg, uint32_t node, uint64_t *epoch, uint64_t *sil
  * g_retry): the prompt of request g_retry_req goes to the prefill end again
  * under room old + 1000, as kvferry-ctrld's forward would send it. */
 static int g_retry, g_retry_req;
+static int g_compute_here; /* x_pair_init: ctrl_pd_decode_opts.compute_here */
 static struct ctrl_pd_prefill *g_retry_pp;
 static struct rec g_retry_pre;
 
@@ -1086,6 +1150,7 @@ static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 		dopt.retry = x_retry;
 		dopt.max_retries = 1;
 	}
+	dopt.compute_here = g_compute_here;
 	x->pd = ctrl_pd_decode_create(&dopt);
 	popt.sched = x->ps;
 	popt.rank = 0;
@@ -1276,6 +1341,60 @@ static void a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_onl
 	ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
 	assert_int_equal(ctrl_rooms_count(x.rooms), 0);
 	x_pair_free(&x);
+}
+
+/*
+ * A prefill rank that reports a room failed (its chain failed the prompt or
+ * the pages: a worker died there): with compute_here the decode node
+ * computes the prompt itself and its client gets the co-located tokens; the
+ * room is given up (the rank told). Without, the room fails by issue #13's
+ * rule, naming the rank's reason.
+ */
+static void a_room_a_prefill_rank_failed_is_computed_here_with_the_co_located_tokens(void **state)
+{
+	for (int here = 0; here <= 1; here++) {
+		static struct rec got;
+		struct x_pair x;
+		struct ctrl_request rq;
+		struct ctrl_pd_decode_stats dst;
+		uint8_t buf[256];
+		int len;
+
+		(void)state;
+		g_compute_here = here;
+		x_pair_init(&x, 2, 0);
+		g_compute_here = 0;
+		memset(&got, 0, sizeof(got));
+		request_of(&rq, 5);
+		rq.cb = rec_cb;
+		rq.cb_arg = &got;
+		assert_true(ctrl_pd_decode_submit(x.pd, &rq, 77, 0, 1, 0) > 0);
+		for (int k = 0; k < 20; k++) /* admitted: its manifest goes out; no prefill runs it */
+			ctrl_sched_poll(x.ds);
+		len = ctrl_pd_encode_status(buf, sizeof(buf), 77, 42, 0, 1, -1, 0,
+					    "the stage chain failed this request's micro-batch");
+		assert_true(len > 0);
+		ctrl_pd_decode_on_control(x.pd, buf, (size_t)len);
+		x_run(&x);
+		ctrl_pd_decode_stats(x.pd, &dst);
+		if (here) {
+			if (got.finish != CTRL_FINISH_LENGTH)
+				fail_msg("ended %s: %s", ctrl_finish_name(got.finish), got.msg);
+			assert_int_equal(got.n, g_ref[5].n);
+			assert_memory_equal(got.toks, g_ref[5].toks, sizeof(int32_t) * (size_t)g_ref[5].n);
+			assert_int_equal(dst.computed_here, 1);
+			assert_int_equal(dst.replayed_here, 1); /* its kv_lost */
+			assert_int_equal(dst.rooms_failed, 0);
+			assert_int_equal(dst.aborts_sent, 1);
+		} else {
+			assert_int_equal(got.finish, CTRL_FINISH_ERROR);
+			assert_non_null(strstr(got.msg, "micro-batch"));
+			assert_int_equal(dst.computed_here, 0);
+			assert_int_equal(dst.rooms_failed, 1);
+		}
+		assert_int_equal(ctrl_rooms_count(x.rooms), 0);
+		x_pair_free(&x);
+	}
 }
 
 static void a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time(void **state)
@@ -1521,9 +1640,11 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 		cmocka_unit_test(a_remote_request_failed_before_admission_ends_at_once_with_the_error),
+		cmocka_unit_test(a_remote_request_told_to_compute_here_streams_the_co_located_tokens),
 		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
 		cmocka_unit_test(a_lost_node_a_landing_without_a_first_token_and_garbage_each_end_only_their_own_request),
 		cmocka_unit_test(a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manifest_never_comes),
+		cmocka_unit_test(a_room_a_prefill_rank_failed_is_computed_here_with_the_co_located_tokens),
 		cmocka_unit_test(a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time),
 		cmocka_unit_test(a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_stays_silent_past_its_give_up),
 		cmocka_unit_test(a_room_lost_with_its_prefill_dataplanes_session_runs_again_in_a_fresh_room_token_for_token),
