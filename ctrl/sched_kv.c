@@ -66,27 +66,28 @@ int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, 
 	return kv_post(s, m);
 }
 
-int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why)
+/* Post a message of @p kind for request @p id (@p why: a failure's text). */
+static int kv_post_kind(struct ctrl_sched *s, uint64_t id, int kind, const char *why)
 {
 	struct sched_kvmsg *m = calloc(1, sizeof(*m));
 
 	if (m == NULL)
 		return -ENOMEM;
-	m->kind = SCHED_KV_FAILED;
+	m->kind = kind;
 	m->id = id;
-	snprintf(m->why, sizeof(m->why), "%s", why != NULL ? why : "the prompt's KV did not arrive");
+	if (why != NULL)
+		snprintf(m->why, sizeof(m->why), "%s", why);
 	return kv_post(s, m);
+}
+
+int ctrl_sched_kv_failed(struct ctrl_sched *s, uint64_t id, const char *why)
+{
+	return kv_post_kind(s, id, SCHED_KV_FAILED, why != NULL ? why : "the prompt's KV did not arrive");
 }
 
 int ctrl_sched_kv_local(struct ctrl_sched *s, uint64_t id)
 {
-	struct sched_kvmsg *m = calloc(1, sizeof(*m));
-
-	if (m == NULL)
-		return -ENOMEM;
-	m->kind = SCHED_KV_LOCAL;
-	m->id = id;
-	return kv_post(s, m);
+	return kv_post_kind(s, id, SCHED_KV_LOCAL, NULL);
 }
 
 void sched_kv_lost(struct ctrl_sched *s, struct sched_req *r)
@@ -101,13 +102,7 @@ void sched_kv_lost(struct ctrl_sched *s, struct sched_req *r)
 
 int ctrl_sched_kv_release(struct ctrl_sched *s, uint64_t id)
 {
-	struct sched_kvmsg *m = calloc(1, sizeof(*m));
-
-	if (m == NULL)
-		return -ENOMEM;
-	m->kind = SCHED_KV_RELEASE;
-	m->id = id;
-	return kv_post(s, m);
+	return kv_post_kind(s, id, SCHED_KV_RELEASE, NULL);
 }
 
 int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
