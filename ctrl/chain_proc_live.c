@@ -49,16 +49,9 @@ void pc_region_seen(struct proc_chain *c)
 	c->dp_pid = 0;
 	if (c->ev == NULL)
 		return; /* no dataplane on this region */
-	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
-		struct shm_live_info li;
-		int rc = shm_live_check(c->reg, i, UINT64_MAX, &li);
-
-		if (rc == SHM_LIVE_ALIVE && strcmp(li.role, "dataplane") == 0) {
-			c->dp_slot = i;
-			c->dp_pid = li.pid;
-			return;
-		}
-	}
+	c->dp_slot = shm_live_find_alive(c->reg, "dataplane", &c->dp_pid);
+	if (c->dp_slot < 0)
+		c->dp_slot = -1;
 }
 
 /* The dataplane that created our region made it again (it restarted): what
@@ -129,10 +122,7 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 	if (c->dp_slot < 0 && c->ev != NULL)
 		pc_region_seen(c);
 	if (c->dp_slot >= 0) {
-		struct shm_live_info li;
-		int rc = shm_live_check(c->reg, c->dp_slot, UINT64_MAX, &li);
-
-		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != c->dp_pid)) {
+		if (shm_live_gone(c->reg, c->dp_slot, c->dp_pid)) {
 			char why[CTRL_CHAIN_ERRLEN];
 
 			pc_fmt(why, sizeof(why), "this node's kvferry-dataplane (pid %d) died: every stage is "

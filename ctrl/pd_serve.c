@@ -314,22 +314,17 @@ static void watch(struct ctrl_pd_serve *s)
 {
 	struct shm_region *reg = ctrl_pd_link_region(s->link);
 
-	if (s->dp_slot < 0 && reg != NULL && !shm_region_replaced(reg))
-		for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
-			struct shm_live_info li;
+	if (s->dp_slot < 0 && reg != NULL && !shm_region_replaced(reg)) {
+		int32_t pid = 0;
+		int slot = shm_live_find_alive(reg, "dataplane", &pid);
 
-			if (shm_live_check(reg, i, UINT64_MAX, &li) == SHM_LIVE_ALIVE && !strcmp(li.role, "dataplane")
-			    && li.pid != s->dp_pid) {
-				s->dp_slot = i;
-				s->dp_pid = li.pid;
-				break;
-			}
+		if (slot >= 0 && pid != s->dp_pid) { /* not the one already seen dead */
+			s->dp_slot = slot;
+			s->dp_pid = pid;
 		}
+	}
 	if (s->dp_slot >= 0 && reg != NULL) {
-		struct shm_live_info li;
-		int rc = shm_live_check(reg, s->dp_slot, UINT64_MAX, &li);
-
-		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->dp_pid)) {
+		if (shm_live_gone(reg, s->dp_slot, s->dp_pid)) {
 			if (s->dec != NULL)
 				kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: this node's kvferry-dataplane (pid %d) died: "
 					"%d request(s) in flight wait for it; each runs again in a fresh room once it is back "

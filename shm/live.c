@@ -177,6 +177,27 @@ int shm_live_check(struct shm_region *r, int slot, uint64_t stale_ns, struct shm
 	return SHM_LIVE_ALIVE;
 }
 
+int shm_live_find_alive(struct shm_region *r, const char *role, int32_t *pid)
+{
+	for (int i = 0; i < SHM_LIVE_SLOTS; i++) {
+		struct shm_live_info li;
+
+		if (shm_live_check(r, i, UINT64_MAX, &li) == SHM_LIVE_ALIVE && strcmp(li.role, role) == 0) {
+			*pid = li.pid;
+			return i;
+		}
+	}
+	return -ENOENT;
+}
+
+int shm_live_gone(struct shm_region *r, int slot, int32_t pid)
+{
+	struct shm_live_info li;
+	int rc = shm_live_check(r, slot, UINT64_MAX, &li);
+
+	return rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != pid);
+}
+
 int shm_live_find(struct shm_region *r, const char *role)
 {
 	struct live_slot *t;

@@ -63,6 +63,16 @@ int shm_live_check(struct shm_region *r, int slot, uint64_t stale_ns, struct shm
 /** @return the slot of the first registered process with @p role, or -ENOENT. */
 int shm_live_find(struct shm_region *r, const char *role);
 
+/**
+ * The slot of the first process with @p role that is alive now (a killed
+ * one's slot stays behind, dead, until it is reused), its pid in @p pid.
+ * @return the slot, or -ENOENT.
+ */
+int shm_live_find_alive(struct shm_region *r, const char *role, int32_t *pid);
+
+/** @return 1 if the process @p pid that held @p slot is gone (dead, the slot released or taken by another). */
+int shm_live_gone(struct shm_region *r, int slot, int32_t pid);
+
 #ifdef __cplusplus
 }
 #endif
