@@ -429,6 +429,11 @@ static int start_front(struct daemon *d)
 	ho.tok = d->tok;
 	ho.stop_ids = eos;
 	ho.n_stop = (int32_t)n_eos;
+	ho.model_path = d->set->model_dir;
+	ho.pp_size = d->n_stages;
+	if (d->set->pd_role != CTRL_CFG_PD_BOTH) {
+		ho.pd_mode = d->set->pd_role == CTRL_CFG_PD_DECODE ? "decode" : "prefill";
+	}
 	ctrl_http_backend_sched(&be, d->disp);
 	if (d->set->pd_role != CTRL_CFG_PD_BOTH && d->set->pd_dataplane_region[0]) {
 		int dec = d->set->pd_role == CTRL_CFG_PD_DECODE;
@@ -506,6 +511,7 @@ static int start_pd(struct daemon *d)
 	}
 	/* rank_address "host:port" ("[v6]:port"), or listen_address and the routes' port */
 	port = ctrl_pd_boot_server_port(d->pd_srv);
+	ctrl_http_set_bootstrap_port(d->http, port); /* GET /get_server_info */
 	snprintf(host, sizeof(host), "%s", d->set->listen_address);
 	colon = strrchr(d->set->rank_address, ':');
 	if (d->set->rank_address[0]) {

@@ -206,12 +206,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 {
 	struct ctrl_http *h = cls;
 	struct conn_state *cs = *con_cls;
-	int post = !strcmp(method, MHD_HTTP_METHOD_POST);
+	int post = !strcmp(method, MHD_HTTP_METHOD_POST), rc;
 
 	(void)version;
 	if (!cs) {
 		const char *cl;
-		int rc;
 
 		cs = calloc(1, sizeof(*cs));
 		if (!cs)
@@ -259,6 +258,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return http_error(h, c, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
 				  "request_too_large", "request body exceeds request_body_limit (%zu bytes); raise request_body_limit in kvferry.conf",
 				  h->body_limit);
+	if ((rc = http_native_route(h, c, cs, method, url)) >= 0)
+		return (enum MHD_Result)rc;
 	if (post)
 		return route_post(h, c, cs, url);
 	if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
@@ -351,6 +352,8 @@ static void http_free(struct ctrl_http *h)
 	pthread_mutex_destroy(&h->mu);
 	free(h->stop_ids);
 	free(h->model);
+	free(h->model_path);
+	free(h->pd_mode);
 	free(h->address);
 	free(h);
 }
@@ -409,8 +412,12 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h->be = *be;
 	h->address = strdup(o->address);
 	h->model = strdup(o->model_name);
+	h->model_path = strdup(o->model_path ? o->model_path : o->model_name);
+	h->pd_mode = strdup(o->pd_mode ? o->pd_mode : "null");
+	atomic_init(&h->bootstrap_port, o->bootstrap_port);
+	h->pp_size = o->pp_size > 0 ? o->pp_size : 1;
 	h->stop_ids = calloc((size_t)o->n_stop + 1, sizeof(int32_t));
-	if (!h->address || !h->model || !h->stop_ids) {
+	if (!h->address || !h->model || !h->model_path || !h->pd_mode || !h->stop_ids) {
 		http_free(h);
 		goto nomem;
 	}
@@ -514,6 +521,11 @@ void ctrl_http_stop(struct ctrl_http *h)
 uint16_t ctrl_http_port(const struct ctrl_http *h)
 {
 	return h->port;
+}
+
+void ctrl_http_set_bootstrap_port(struct ctrl_http *h, int32_t port)
+{
+	atomic_store(&h->bootstrap_port, port);
 }
 
 void ctrl_http_set_draining(struct ctrl_http *h, int draining)

@@ -172,11 +172,51 @@ static void note_done(struct gen *g)
 	atomic_fetch_add(&g->h->completion_tokens, (uint64_t)g->n_gen);
 }
 
+static void stream_end(struct gen *g)
+{
+	kvf_buf_add(&g->out, "data: [DONE]\n\n", 14);
+	g->final_sent = 1;
+	note_done(g);
+}
+
+static void stream_error(struct gen *g)
+{
+	sse(g, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+			 g->fail_msg ? g->fail_msg : "generation failed", "type", "server_error",
+			 "param", "code", "generation_failed"));
+}
+
+/* /generate's events: each one the whole answer so far (SGLang's), the
+ * last with its finish_reason. */
+static void native_build(struct gen *g)
+{
+	size_t upto = g->done ? g->text.len : g->text.len - held_back(g), valid = lp_valid(g), lp_upto = g->lp_sent;
+
+	while (lp_upto < valid && (g->done || g->lp[lp_upto].off < upto))
+		lp_upto++;
+	if (!g->failed && !g->done && (upto > g->emitted || lp_upto > g->lp_sent)) {
+		sse(g, http_native_json(g, upto, lp_upto, 0));
+		g->emitted = upto;
+		g->lp_sent = lp_upto;
+	}
+	if (!g->done || g->final_sent)
+		return;
+	if (g->failed)
+		stream_error(g);
+	else
+		sse(g, http_native_json(g, g->text.len, valid, 1));
+	stream_end(g);
+}
+
 /* Append to g->out the SSE events that are now due. */
 static void stream_build(struct gen *g)
 {
 	size_t upto, lp_upto = g->lp_sent;
 
+	if (g->kind == GEN_NATIVE) {
+		native_build(g);
+		return;
+	}
 	if (g->kind == GEN_CHAT && !g->role_sent) {
 		sse(g, chunk_json(g, "", 0, NULL, 1, NULL));
 		g->role_sent = 1;
@@ -199,9 +239,7 @@ static void stream_build(struct gen *g)
 	if (!g->done || g->final_sent)
 		return;
 	if (g->failed) {
-		sse(g, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
-				 g->fail_msg ? g->fail_msg : "generation failed", "type", "server_error",
-				 "param", "code", "generation_failed"));
+		stream_error(g);
 	} else {
 		/* tokens with no text of their own left: on the last chunk */
 		sse(g, chunk_json(g, NULL, 0, g->finish, 0,
@@ -215,9 +253,7 @@ static void stream_build(struct gen *g)
 			sse(g, u);
 		}
 	}
-	kvf_buf_add(&g->out, "data: [DONE]\n\n", 14);
-	g->final_sent = 1;
-	note_done(g);
+	stream_end(g);
 }
 
 ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -260,6 +296,8 @@ static enum MHD_Result respond_final(struct ctrl_http *h, struct MHD_Connection 
 		return http_error(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL,
 				  "generation_failed", "%s", g->fail_msg ? g->fail_msg : "generation failed");
 	note_done(g);
+	if (g->kind == GEN_NATIVE)
+		return http_json(h, c, MHD_HTTP_OK, http_native_json(g, g->text.len, lp_valid(g), 1));
 	lp = g->lp_on ? logprobs_json(g, 0, lp_valid(g)) : json_null();
 	if (g->kind == GEN_CHAT)
 		choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", 0, "message", "role",

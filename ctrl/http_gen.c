@@ -153,14 +153,18 @@ void gen_connection_closed(struct gen *g)
 static int match_stop(struct gen *g, size_t from)
 {
 	size_t best = SIZE_MAX;
+	int hit = -1;
 
 	for (int i = 0; i < g->n_stops; i++) {
 		const char *m = memmem(g->text.p + from, g->text.len - from, g->stops[i], strlen(g->stops[i]));
-		if (m && (size_t)(m - g->text.p) < best)
+		if (m && (size_t)(m - g->text.p) < best) {
 			best = (size_t)(m - g->text.p);
+			hit = i;
+		}
 	}
 	if (best == SIZE_MAX)
 		return 0;
+	g->stop_hit = hit;
 	g->text.len = best;
 	g->text.p[best] = 0;
 	g->cut = 1;
@@ -265,7 +269,10 @@ void gen_pump(struct gen *g)
 		g->done = 1;
 		switch (e->finish) {
 		case CTRL_FINISH_LENGTH: g->finish = "length"; break;
-		case CTRL_FINISH_STOP: g->finish = "stop"; break;
+		case CTRL_FINISH_STOP:
+			g->finish = "stop";
+			g->stop_token = e->token;
+			break;
 		case CTRL_FINISH_CANCELLED: g->finish = "abort"; break;
 		default:
 			g->failed = 1;

@@ -42,7 +42,9 @@ struct lp_ent {
 	float top_lps[HTTP_MAX_LOGPROBS];
 };
 
-enum gen_kind { GEN_COMPLETION, GEN_CHAT };
+/* GEN_NATIVE: SGLang's native POST /generate (text or input_ids, sampling_params,
+ * answers of text, output_ids and meta_info), what SGLang's router and tools send. */
+enum gen_kind { GEN_COMPLETION, GEN_CHAT, GEN_NATIVE };
 
 /*
  * Latency histograms (http_reply.c observes, http_stats.c renders). Each
@@ -118,8 +120,13 @@ struct gen {
 	const char *finish;          /* "stop", "length", "abort" */
 	int failed;                  /* the backend ended it with an error */
 	char *fail_msg;              /* why (malloc'd), when failed */
-	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true */
+	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true
+	                                (GEN_NATIVE: always, its output_ids come from the entries) */
 	int32_t lp_top;              /* alternatives per token */
+	int lp_report;               /* GEN_NATIVE: return_logprob */
+	int lp_text;                 /* GEN_NATIVE: return_text_in_logprobs */
+	int stop_hit;                /* the stop string that cut the text, -1: none */
+	int32_t stop_token;          /* the token that ended it (CTRL_FINISH_STOP), -1: none */
 	struct lp_ent *lp;           /* one per generated token */
 	size_t lp_n, lp_cap, lp_sent;
 	int cut;                     /* a stop string cut the text: tokens past it are not reported */
@@ -133,6 +140,9 @@ struct ctrl_http {
 	struct MHD_Daemon *d;
 	struct ctrl_http_backend be;
 	char *address, *model;
+	char *model_path, *pd_mode;  /* /get_model_info, /get_server_info */
+	atomic_int bootstrap_port;
+	int32_t pp_size;
 	uint16_t port;
 	int32_t threads, max_context, max_tokens_default;
 	size_t body_limit;
@@ -142,7 +152,7 @@ struct ctrl_http {
 	int64_t started;
 	double t0;
 	atomic_int draining, stopping, active;
-	atomic_uint_fast64_t n_req, n_4xx, n_5xx, n_completions, n_chat, n_streams,
+	atomic_uint_fast64_t n_req, n_4xx, n_5xx, n_completions, n_chat, n_generate, n_streams,
 		prompt_tokens, completion_tokens, client_cancels, tokenize_calls;
 	atomic_uint_fast64_t n_monitor; /* GET /stats, /dashboard, /metrics, the probes: not in n_req */
 	atomic_uint_fast64_t n_conn_refused; /* requests answered 503 beyond max_connections */
@@ -216,7 +226,14 @@ struct http_gen_req {
 	uint64_t seed;
 	int64_t room, bport;         /* bootstrap_room (-1: none), bootstrap_port */
 	const char *bhost;           /* bootstrap_host, inside the request's JSON, or NULL */
+	/* GEN_NATIVE */
+	int lp_report, lp_text;      /* return_logprob, return_text_in_logprobs */
+	const char *rid;             /* rid, inside the request's JSON, or NULL */
+	const char *prompt_param;    /* "text" or "input_ids" (NULL: the endpoint's own) */
 };
+
+/* SGLang's default max_new_tokens (a /generate request that does not say). */
+#define HTTP_NATIVE_MAX_NEW_TOKENS 128
 
 /* Fill @p e: its type follows @p status (500s are server errors). @return -1. */
 int http_verr_set(struct http_verr *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
@@ -226,12 +243,34 @@ int http_verr_set(struct http_verr *e, unsigned status, const char *param, const
  * the server's seed counter (atomic). */
 /* The body as a JSON object (JSON_REJECT_DUPLICATES), or NULL. */
 json_t *http_read_body(const char *body, size_t len, struct http_verr *e);
-/* A /v1/completions or /v1/chat/completions request, the prompt encoded and
+/* A /v1/completions, /v1/chat/completions or /generate request, the prompt encoded and
  * checked against max_context and the backend's admissible(). On -1 @p q
  * holds nothing; on 0 free it with http_gen_req_free(). */
 int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
 		  struct http_verr *e);
 void http_gen_req_free(struct http_gen_req *q);
+/* Pieces of the readers, shared with http_native.c: an optional field of
+ * @p req (1 absent or null, 0 read, -1 refused with @p e filled); a prompt
+ * (a string, encoded, or an array of token ids) as field @p param; the stop
+ * strings ("stop") and the bootstrap fields of @p req. */
+int http_opt_int(json_t *req, const char *key, int64_t lo, int64_t hi, int64_t *out, struct http_verr *e);
+int http_opt_num(json_t *req, const char *key, double lo, double hi, double *out, struct http_verr *e);
+int http_opt_bool(json_t *req, const char *key, int *out, struct http_verr *e);
+int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
+		    struct http_verr *e);
+int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e);
+int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* http_native.c: a POST /generate request up to its encoded prompt (q's
+ * seed is preset); the rest as http_read_gen(). */
+int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* Its answer: the whole of it (@p final), or a streamed event's, with the
+ * text up to @p upto and the tokens up to @p lp_upto. */
+json_t *http_native_json(const struct gen *g, size_t upto, size_t lp_upto, int final);
+/* SGLang's other routes: POST /generate, /health_generate, /flush_cache,
+ * GET /get_model_info, /get_server_info. @return -1 when @p url is none of
+ * them, else what MHD is told. */
+int http_native_route(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs, const char *method,
+		      const char *url);
 /* The answers of /tokenize and /detokenize (*reply, a new reference);
  * -ENOMEM too for detokenize (no answer can be built: drop the connection). */
 int http_read_tokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct http_verr *e);

@@ -51,6 +51,10 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	g->include_usage = q.include_usage;
 	g->lp_on = q.lp_on;
 	g->lp_top = q.lp_top;
+	g->lp_report = q.lp_report;
+	g->lp_text = q.lp_text;
+	g->stop_hit = -1;
+	g->stop_token = -1;
 	g->stops = q.stops; /* the request owns them from here */
 	g->n_stops = q.n_stops;
 	g->max_stop = q.max_stop;
@@ -67,8 +71,18 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	/* Not from the seed: two requests of one seed in one second would
 	 * share it. A bijection of a per-server counter never repeats within
 	 * the server's life; the random salt keeps two servers' apart. */
-	snprintf(g->rid, sizeof(g->rid), "%s-%016llx", kind == GEN_CHAT ? "chatcmpl" : "cmpl",
-		 (unsigned long long)mix64(h->id_salt + atomic_fetch_add(&h->ids, 1)));
+	if (kind == GEN_NATIVE && q.rid != NULL) {
+		snprintf(g->rid, sizeof(g->rid), "%s", q.rid); /* the client's (SGLang's rid) */
+	} else {
+		uint64_t x = mix64(h->id_salt + atomic_fetch_add(&h->ids, 1));
+
+		if (kind == GEN_NATIVE) /* 32 hex digits, as SGLang's ids */
+			snprintf(g->rid, sizeof(g->rid), "%016llx%016llx", (unsigned long long)x,
+				 (unsigned long long)mix64(x ^ h->id_salt));
+		else
+			snprintf(g->rid, sizeof(g->rid), "%s-%016llx", kind == GEN_CHAT ? "chatcmpl" : "cmpl",
+				 (unsigned long long)x);
+	}
 
 	memset(&r, 0, sizeof(r));
 	r.prompt = ids;
@@ -103,6 +117,11 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			http_verr_set(&e, 503, NULL, "no_prefill_node",
 			    "no prefill node is healthy (every [pd] prefill node missed its heartbeats); retry "
 			    "later, or check the prefill nodes (ctrlctl bootstrap, /stats backend.pd)");
+		else if (id == -EHOSTUNREACH)
+			http_verr_set(&e, 400, "bootstrap_host", "unknown_prefill_node",
+			    "bootstrap_host '%s' (bootstrap_port %lld) is not one of this decode node's prefill "
+			    "nodes: add its host:bootstrap_port to [pd] prefill (ctrlctl bootstrap lists them)",
+			    q.bhost ? q.bhost : "", (long long)q.bport);
 		else if (id == -ESHUTDOWN)
 			http_verr_set(&e, 503, NULL, "pd_released",
 			    "this decode node released its prefill registrations (ctrlctl pd release): "
@@ -124,6 +143,8 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	cs->gen = g;
 	if (kind == GEN_CHAT)
 		atomic_fetch_add(&h->n_chat, 1);
+	else if (kind == GEN_NATIVE)
+		atomic_fetch_add(&h->n_generate, 1);
 	else
 		atomic_fetch_add(&h->n_completions, 1);
 

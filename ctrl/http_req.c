@@ -33,7 +33,7 @@ int http_verr_set(struct http_verr *e, unsigned status, const char *param, const
 }
 
 /* 1 when absent or null, 0 when read, -1 on a type or range error. */
-static int opt_int(json_t *req, const char *key, int64_t lo, int64_t hi, int64_t *out, struct http_verr *e)
+int http_opt_int(json_t *req, const char *key, int64_t lo, int64_t hi, int64_t *out, struct http_verr *e)
 {
 	json_t *v = json_object_get(req, key);
 
@@ -48,7 +48,7 @@ static int opt_int(json_t *req, const char *key, int64_t lo, int64_t hi, int64_t
 	return 0;
 }
 
-static int opt_num(json_t *req, const char *key, double lo, double hi, double *out, struct http_verr *e)
+int http_opt_num(json_t *req, const char *key, double lo, double hi, double *out, struct http_verr *e)
 {
 	json_t *v = json_object_get(req, key);
 
@@ -63,7 +63,7 @@ static int opt_num(json_t *req, const char *key, double lo, double hi, double *o
 	return 0;
 }
 
-static int opt_bool(json_t *req, const char *key, int *out, struct http_verr *e)
+int http_opt_bool(json_t *req, const char *key, int *out, struct http_verr *e)
 {
 	json_t *v = json_object_get(req, key);
 
@@ -205,6 +205,50 @@ static int message_text(json_t *content, struct kvf_buf *out, struct http_verr *
 	return 0;
 }
 
+int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
+		    struct http_verr *e)
+{
+	int rc;
+
+	*ids = NULL;
+	*n = 0;
+	if (!p || json_is_null(p))
+		return http_verr_set(e, 400, param, "missing_required_parameter", "you must provide a prompt");
+	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+		p = json_array_get(p, 0);
+	if (json_is_string(p)) {
+		rc = kn_tok_encode(h->tok, json_string_value(p), json_string_length(p), add_special ? KN_TOK_ADD_BOS : 0,
+				   ids, n);
+		if (rc)
+			return http_verr_set(e, 400, param, "invalid_value", "cannot tokenize the prompt: %s", strerror(-rc));
+		return 0;
+	}
+	if (json_is_array(p)) {
+		size_t i;
+		json_t *v;
+		int32_t vocab = kn_tok_vocab_size(h->tok);
+
+		json_array_foreach(p, i, v) {
+			if (!json_is_integer(v))
+				return http_verr_set(e, 400, param, "invalid_type",
+						     "batched prompts are not supported: send a string, or one array of "
+						     "token ids, per request");
+			if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+				return http_verr_set(e, 400, param, "invalid_value",
+						     "token id %lld at %s[%zu] is outside the vocabulary (0..%d)",
+						     (long long)json_integer_value(v), param, i, vocab - 1);
+		}
+		*ids = malloc((json_array_size(p) + 1) * sizeof(int32_t));
+		if (!*ids)
+			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		json_array_foreach(p, i, v)
+			(*ids)[i] = (int32_t)json_integer_value(v);
+		*n = json_array_size(p);
+		return 0;
+	}
+	return http_verr_set(e, 400, param, "invalid_type", "'%s' must be a string or an array of token ids", param);
+}
+
 /* Encode the prompt of a completion or chat request (or of /tokenize). */
 static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, int add_special,
 			 int32_t **ids, size_t *n, struct http_verr *e)
@@ -213,42 +257,8 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 
 	*ids = NULL;
 	*n = 0;
-	if (kind == GEN_COMPLETION) {
-		json_t *p = json_object_get(req, "prompt");
-		if (!p || json_is_null(p))
-			return http_verr_set(e, 400, "prompt", "missing_required_parameter", "you must provide a prompt");
-		if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-			p = json_array_get(p, 0);
-		if (json_is_string(p)) {
-			rc = kn_tok_encode(h->tok, json_string_value(p), json_string_length(p),
-					   add_special ? KN_TOK_ADD_BOS : 0, ids, n);
-			if (rc)
-				return http_verr_set(e, 400, "prompt", "invalid_value", "cannot tokenize the prompt: %s",
-					   strerror(-rc));
-			return 0;
-		}
-		if (json_is_array(p)) {
-			size_t i;
-			json_t *v;
-			int32_t vocab = kn_tok_vocab_size(h->tok);
-			json_array_foreach(p, i, v) {
-				if (!json_is_integer(v))
-					return http_verr_set(e, 400, "prompt", "invalid_type",
-						   "batched prompts are not supported: send a string, or one array of token ids, per request");
-				if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
-					return http_verr_set(e, 400, "prompt", "invalid_value",
-						   "token id %lld at prompt[%zu] is outside the vocabulary (0..%d)",
-						   (long long)json_integer_value(v), i, vocab - 1);
-			}
-			*ids = malloc((json_array_size(p) + 1) * sizeof(int32_t));
-			if (!*ids)
-				return http_verr_set(e, 500, NULL, NULL, "out of memory");
-			json_array_foreach(p, i, v)
-				(*ids)[i] = (int32_t)json_integer_value(v);
-			*n = json_array_size(p);
-			return 0;
-		}
-		return http_verr_set(e, 400, "prompt", "invalid_type", "'prompt' must be a string or an array of token ids");
+	if (kind != GEN_CHAT) {
+		return http_prompt_ids(h, json_object_get(req, "prompt"), "prompt", add_special, ids, n, e);
 	} else {
 		json_t *msgs = json_object_get(req, "messages"), *m;
 		struct kn_chat_msg *cm;
@@ -333,11 +343,12 @@ static int admissible(struct ctrl_http *h, int32_t n_prompt, int64_t *max_tokens
 	}
 	if (most < 1) /* the prompt itself does not fit: say so for one token */
 		h->be.admissible(h->be.admit_ctx, n_prompt, 1, why, sizeof(why));
-	return http_verr_set(e, 400, most >= 1 ? "max_tokens" : kind == GEN_CHAT ? "messages" : "prompt",
+	return http_verr_set(e, 400, most >= 1 ? (kind == GEN_NATIVE ? "max_new_tokens" : "max_tokens")
+				 : kind == GEN_CHAT ? "messages" : kind == GEN_NATIVE ? "text" : "prompt",
 		   "context_length_exceeded", "%s", why[0] ? why : "the KV pool cannot hold this request");
 }
 
-static int read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e)
+int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e)
 {
 	json_t *s = json_object_get(req, "stop"), *v;
 	size_t i;
@@ -400,6 +411,22 @@ void http_gen_req_free(struct http_gen_req *q)
 	q->ids = NULL;
 }
 
+int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e)
+{
+	json_t *so = json_object_get(req, "bootstrap_host");
+
+	/* SGLang's PD bootstrap fields: a router names the room (and the
+	 * prefill node's bootstrap server) both nodes of a pair use */
+	if (http_opt_int(req, "bootstrap_room", 0, INT64_MAX, &q->room, e) < 0
+	    || http_opt_int(req, "bootstrap_port", 0, 65535, &q->bport, e) < 0)
+		return -1;
+	if (so != NULL && !json_is_null(so) && !json_is_string(so))
+		return http_verr_set(e, 400, "bootstrap_host", "invalid_type",
+				     "'bootstrap_host' must be a string (the prefill node's host)");
+	q->bhost = json_string_value(so);
+	return 0;
+}
+
 /* http_read_gen() up to the encoded prompt, in the order its errors are
  * reported; leaves what it allocated in @p q either way. */
 static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
@@ -411,55 +438,50 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	q->temperature = 1.0;
 	q->top_p = 1.0;
 	q->room = -1;
+	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
+	if (kind == GEN_NATIVE)
+		return http_read_native(h, req, q, e);
 	if (check_model(h, req, 1, e) || check_unsupported(req, e))
 		return -1;
-	if (opt_int(req, "n", 1, 128, &n, e) < 0)
+	if (http_opt_int(req, "n", 1, 128, &n, e) < 0)
 		return -1;
 	if (n != 1)
 		return http_verr_set(e, 400, "n", "unsupported_value",
 			   "n=%lld is not supported: kvferry returns one choice per request (n=1); send %lld requests instead",
 			   (long long)n, (long long)n);
-	if (opt_bool(req, "stream", &q->stream, e) < 0)
+	if (http_opt_bool(req, "stream", &q->stream, e) < 0)
 		return -1;
 	so = json_object_get(req, "stream_options");
 	if (so && !json_is_null(so)) {
-		if (!json_is_object(so) || opt_bool(so, "include_usage", &q->include_usage, e) < 0)
+		if (!json_is_object(so) || http_opt_bool(so, "include_usage", &q->include_usage, e) < 0)
 			return http_verr_set(e, 400, "stream_options", "invalid_type",
 				   "'stream_options' must be an object like {\"include_usage\": true}");
 	}
 	/* ignore_eos (as vLLM and SGLang accept it): generate max_tokens
 	 * whatever the model says, for benchmarks of a fixed output length */
-	if (opt_bool(req, "ignore_eos", &q->ignore_eos, e) < 0)
+	if (http_opt_bool(req, "ignore_eos", &q->ignore_eos, e) < 0)
 		return -1;
-	if (opt_int(req, "max_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
+	if (http_opt_int(req, "max_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
 		return -1;
 	if (kind == GEN_CHAT && !q->max_tokens &&
-	    opt_int(req, "max_completion_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
+	    http_opt_int(req, "max_completion_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
 		return -1;
-	if (opt_num(req, "temperature", 0, 2, &q->temperature, e) < 0 ||
-	    opt_num(req, "top_p", 0, 1, &q->top_p, e) < 0 ||
-	    opt_int(req, "top_k", -1, INT32_MAX, &q->top_k, e) < 0)
+	if (http_opt_num(req, "temperature", 0, 2, &q->temperature, e) < 0 ||
+	    http_opt_num(req, "top_p", 0, 1, &q->top_p, e) < 0 ||
+	    http_opt_int(req, "top_k", -1, INT32_MAX, &q->top_k, e) < 0)
 		return -1;
 	if (q->top_p <= 0)
 		return http_verr_set(e, 400, "top_p", "invalid_value", "'top_p' must be greater than 0 (1 = off)");
-	/* SGLang's PD bootstrap fields: a router names the room (and the
-	 * prefill node's bootstrap server) both nodes of a pair use */
-	if (opt_int(req, "bootstrap_room", 0, INT64_MAX, &q->room, e) < 0
-	    || opt_int(req, "bootstrap_port", 0, 65535, &q->bport, e) < 0)
+	if (http_read_bootstrap(req, q, e))
 		return -1;
-	so = json_object_get(req, "bootstrap_host");
-	if (so != NULL && !json_is_null(so) && !json_is_string(so))
-		return http_verr_set(e, 400, "bootstrap_host", "invalid_type", "'bootstrap_host' must be a string (the prefill node's host)");
-	q->bhost = json_string_value(so);
-	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
-	if (opt_int(req, "seed", INT64_MIN, INT64_MAX, &iv, e) < 0)
+	if (http_opt_int(req, "seed", INT64_MIN, INT64_MAX, &iv, e) < 0)
 		return -1;
 	else if (json_is_integer(json_object_get(req, "seed")))
 		q->seed = (uint64_t)iv;
 	lp = json_object_get(req, "logprobs");
 	if (kind == GEN_COMPLETION) {
 		/* legacy: logprobs N = the chosen token's logprob and N alternatives */
-		if (!json_is_false(lp) && opt_int(req, "logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
+		if (!json_is_false(lp) && http_opt_int(req, "logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
 			return -1;
 		if (lp && json_is_integer(lp)) {
 			q->lp_on = 1;
@@ -468,10 +490,10 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	} else {
 		int on = 0;
 
-		if (opt_bool(req, "logprobs", &on, e) < 0)
+		if (http_opt_bool(req, "logprobs", &on, e) < 0)
 			return -1;
 		iv = 0;
-		if (opt_int(req, "top_logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
+		if (http_opt_int(req, "top_logprobs", 0, HTTP_MAX_LOGPROBS, &iv, e) < 0)
 			return -1;
 		if (!on && json_is_integer(json_object_get(req, "top_logprobs")))
 			return http_verr_set(e, 400, "top_logprobs", "invalid_value",
@@ -479,7 +501,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		q->lp_on = on;
 		q->lp_top = on ? (int32_t)iv : 0;
 	}
-	if (read_stops(req, q, e))
+	if (http_read_stops(req, q, e))
 		return -1;
 	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);
 }
@@ -488,12 +510,15 @@ int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct h
 		  struct http_verr *e)
 {
 	const char *what = kind == GEN_CHAT ? "messages" : "prompt";
+	const char *mt = kind == GEN_NATIVE ? "max_new_tokens" : "max_tokens";
 	int asked;
 
 	memset(q, 0, sizeof(*q));
 	memset(e, 0, sizeof(*e));
 	if (read_gen(h, kind, req, q, e))
 		goto fail;
+	if (q->prompt_param != NULL)
+		what = q->prompt_param;
 	if (!q->n_ids) {
 		http_verr_set(e, 400, what, "invalid_value", "the prompt is empty");
 		goto fail;
@@ -505,16 +530,19 @@ int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct h
 		goto fail;
 	}
 	if (q->max_tokens && (int64_t)q->n_ids + q->max_tokens > h->max_context) {
-		http_verr_set(e, 400, "max_tokens", "context_length_exceeded",
-		    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or max_tokens",
-		    h->max_context, (long long)q->n_ids + q->max_tokens, q->n_ids, (long long)q->max_tokens);
+		http_verr_set(e, 400, mt, "context_length_exceeded",
+		    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or %s",
+		    h->max_context, (long long)q->n_ids + q->max_tokens, q->n_ids, (long long)q->max_tokens, mt);
 		goto fail;
 	}
 	asked = q->max_tokens != 0;
 	if (!q->max_tokens) {
+		/* /generate: SGLang's default max_new_tokens, as its clients expect */
+		int64_t dflt = kind == GEN_NATIVE ? HTTP_NATIVE_MAX_NEW_TOKENS : h->max_tokens_default;
+
 		q->max_tokens = h->max_context - (int64_t)q->n_ids;
-		if (q->max_tokens > h->max_tokens_default)
-			q->max_tokens = h->max_tokens_default;
+		if (q->max_tokens > dflt)
+			q->max_tokens = dflt;
 	}
 	if (admissible(h, (int32_t)q->n_ids, &q->max_tokens, asked, q->room >= 0 && h->be.submit_pd != NULL,
 		       kind, e))
@@ -535,7 +563,7 @@ int http_read_tokenize(struct ctrl_http *h, json_t *req, json_t **reply, struct 
 
 	memset(e, 0, sizeof(*e));
 	*reply = NULL;
-	if (check_model(h, req, 0, e) || opt_bool(req, "add_special_tokens", &add_special, e) < 0 ||
+	if (check_model(h, req, 0, e) || http_opt_bool(req, "add_special_tokens", &add_special, e) < 0 ||
 	    encode_prompt(h, req, kind, add_special, &ids, &n, e)) {
 		free(ids);
 		return -1;

@@ -52,6 +52,7 @@ json_t *ctrl_http_stats_json(struct ctrl_http *h)
 			 "tokenize_total", (json_int_t)atomic_load(&h->tokenize_calls),
 			 "active", atomic_load(&h->active),
 			 "monitor_requests_total", (json_int_t)atomic_load(&h->n_monitor));
+	json_object_set_new(http, "generate_total", json_integer((json_int_t)atomic_load(&h->n_generate)));
 	json_object_update_new(http, json_pack("{s:i, s:I, s:I}", "connections", atomic_load(&h->n_conns),
 					       "connections_refused_total", (json_int_t)atomic_load(&h->n_conn_refused),
 					       "slow_requests_closed_total", (json_int_t)atomic_load(&h->n_slow_closed)));
@@ -98,6 +99,7 @@ static const struct prom_rule {
 	{"latency.inter_token_latency_seconds", NULL, NULL, "one token to the next of a request", NULL},
 	{"latency.e2e_request_latency_seconds", NULL, NULL, "a request's arrival to its complete answer", NULL},
 	{"latency.request_queue_time_seconds", NULL, NULL, "a request's arrival to its admission (KV reserved)", NULL},
+	{"http.generate_total", NULL, NULL, "POST /generate requests (SGLang's native API) admitted", NULL},
 	{"http.monitor_requests_total", NULL, NULL, "GET /stats, /dashboard, /metrics, /health, /livez, /readyz (not in requests_total)", NULL},
 	{"http.connections", NULL, NULL, "HTTP connections open", NULL},
 	{"http.connections_refused_total", NULL, NULL, "requests answered 503 beyond max_connections", NULL},

@@ -758,7 +758,9 @@ static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struc
 	} else if (s->released) {
 		id = -ESHUTDOWN;
 	} else {
-		/* a router drives the pair: its prefill node is the one bootstrap_host names */
+		/* a router drives the pair: its prefill node is the one bootstrap_host
+		 * names (and bootstrap_port, when it says), one of [pd] prefill */
+		id = -EHOSTUNREACH;
 		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++) {
 			const char *a = ctrl_pd_peer_addr(s->peers, i), *colon = strrchr(a, ':');
 			size_t hl = (size_t)(colon - a);

@@ -3,6 +3,8 @@
  * @file ctrl_http.h
  * The OpenAI-compatible HTTP API of kvferry-ctrld (libmicrohttpd):
  * POST /v1/completions, POST /v1/chat/completions (JSON or SSE streaming),
+ * SGLang's native POST /generate (with /health_generate, /flush_cache,
+ * GET /get_model_info and /get_server_info: what its router and tools use),
  * GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize,
  * GET /health and /readyz (readiness), GET /livez (liveness),
  * GET /stats (JSON; ?format=html or /dashboard for a live page),
@@ -63,7 +65,9 @@ struct ctrl_http_backend {
 	void *ctx;
 	/**
 	 * Optional: start a request that carries bootstrap_room (submit's
-	 * semantics). NULL: such a request is served like any other.
+	 * semantics; also -EHOSTUNREACH: bootstrap_host names no prefill node
+	 * this decode node knows, 400). NULL: such a request is served like
+	 * any other.
 	 */
 	int64_t (*submit_pd)(void *ctx, const struct ctrl_request *r, const struct ctrl_http_pd *pd);
 	/*
@@ -116,6 +120,11 @@ struct ctrl_http_opts {
 	double request_timeout_s;    /**< a connection's request (headers and body) must arrive
 	                                   within this long of its opening or its previous answer's
 	                                   end, however it trickles; 0: no deadline */
+	/* what SGLang's GET /get_model_info and /get_server_info tell */
+	const char *model_path;      /**< the model's directory; NULL: the model's name */
+	const char *pd_mode;         /**< "prefill" or "decode" (disaggregation_mode); NULL: "null" */
+	int32_t bootstrap_port;      /**< the PD bootstrap server's port; 0: none (or later, ctrl_http_set_bootstrap_port()) */
+	int32_t pp_size;             /**< pipeline stages; 0: 1 */
 	int32_t max_connections;     /**< requests on connections beyond this many open get 503
 	                                   too_many_connections and the connection is closed; 0: no
 	                                   such limit (libmicrohttpd's own, FD_SETSIZE - 4) */
@@ -156,6 +165,9 @@ uint16_t ctrl_http_port(const struct ctrl_http *h);
  * requests in flight continue. Resume (0). Thread-safe.
  */
 void ctrl_http_set_draining(struct ctrl_http *h, int draining);
+
+/** The PD bootstrap server's port, once it listens (GET /get_server_info says it). Any thread. */
+void ctrl_http_set_bootstrap_port(struct ctrl_http *h, int32_t port);
 
 /**
  * Readiness, as GET /readyz and /health answer it: not draining, and the

@@ -20,6 +20,12 @@
 # ctrld2-split gives the decode node another stage split than the prefill
 # node's: every request fails at once with an error that says to split the
 # model the same way on both nodes (not at the room timeout).
+# ctrld2-router drives the pair as SGLang's router does: the same body, with
+# bootstrap_host / bootstrap_port (or null) / a random 63-bit bootstrap_room,
+# to both nodes at once, on SGLang's native /generate (streamed and not) and
+# /v1/completions: the decode node's answers equal the prefill node's
+# co-located ones, an unknown bootstrap_host is a 400 naming [pd] prefill,
+# /get_server_info says each node's role, /health_generate answers.
 # ctrld2-workers runs each node's two stages in kvferry-worker processes on
 # the node's dataplane region: the workers copy the pages between their KV
 # pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
@@ -35,7 +41,7 @@
 # within seconds (they waited for the 300 s waiting timeout before); the
 # prefill node gives the old rooms' KV back, and the pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-workers-inplace|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers|ctrld2-workers-inplace|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -49,7 +55,7 @@ KVF_RA=kvfpdP$$ KVF_RB=kvfpdD$$
 trap 'kvf_down; [ -n "${KVF_KEEP:-}" ] || rm -rf "$KVF_RUN"' EXIT
 topo=dataplane
 case $mode in
-  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill) ;;
+  memif|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers|ctrld2-dprestart|ctrld2-dprestart-prefill) ;;
   memif-impair) KVF_DP_EXTRA="--impair loss=0.05,dup=0.05,reorder=0.05,corrupt=0.05,seed=11" ;;
   # the decode side polls every 50 ms: page messages land in bursts of
   # several import batches (test_pd_dataplane fails if none was)
@@ -362,6 +368,122 @@ PY
     rc=$?
     cat "$KVF_RUN/out.log"
     kill -CONT "$pre_pid" 2>/dev/null
+    [ $rc = 0 ] || { for f in ctrld ctrld2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
+    echo "PASS ($mode)"
+    exit 0
+  fi
+  if [ "$mode" = ctrld2-router ]; then
+    # SGLang's router drives the pair: the same body to both nodes at once
+    # (bootstrap_host / bootstrap_port / bootstrap_room added, the port
+    # sometimes null as when the router is not told it), on /generate
+    # (SGLang's native API, streamed and not) and /v1/completions; the
+    # client gets the decode node's answer.
+    timeout 200 python3 - "$url2" "$url" "$boot" <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, random, sys, threading, time, urllib.error, urllib.request
+dec, pre, boot = sys.argv[1], sys.argv[2], sys.argv[3]
+bhost, bport = boot.rsplit(":", 1)
+rnd = random.Random(11)
+fails = []
+
+def call(url, path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            if not body.get("stream"):
+                return json.load(r)
+            return [("DONE" if l.strip() == b"data: [DONE]" else json.loads(l[6:])) for l in r if l.startswith(b"data: ")]
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "error": json.load(e)["error"]}
+
+def answer(path, got):
+    """(text, token ids) of an answer; a streamed /generate's events must each hold the answer so far"""
+    if isinstance(got, dict) and "error" in got:
+        return ("error", got)
+    if path == "/generate":
+        if isinstance(got, list):
+            if got[-1] != "DONE":
+                fails.append("a /generate stream did not end with [DONE]")
+            ev = got[:-1]
+            for a, b in zip(ev, ev[1:]):
+                if not b["text"].startswith(a["text"]) or b["output_ids"][:len(a["output_ids"])] != a["output_ids"]:
+                    fails.append("a /generate stream event does not extend the one before")
+            if any(e["meta_info"]["finish_reason"] is not None for e in ev[:-1]) or ev[-1]["meta_info"]["finish_reason"] is None:
+                fails.append("a /generate stream's finish_reason is not on its last event alone")
+            got = ev[-1]
+        return (got["text"], got["output_ids"], got["meta_info"]["finish_reason"])
+    if isinstance(got, list):
+        return ("".join(c.get("text", "") for e in got if e != "DONE" for c in e.get("choices", [])),)
+    return (got["choices"][0]["text"],)
+
+def routed(path, body, i):
+    rb = dict(body, bootstrap_host=bhost, bootstrap_port=int(bport) if i % 2 == 0 else None,
+              bootstrap_room=rnd.randint(0, 2**63 - 1))
+    res = {}
+    ts = [threading.Thread(target=lambda k=k, u=u: res.__setitem__(k, call(u, path, rb))) for k, u in (("p", pre), ("d", dec))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return res["d"]
+
+cases = []
+for i in range(24):
+    ids = [rnd.randrange(5, 400) for _ in range(4 + (i * 29) % 150)]
+    sp = {"max_new_tokens": 6 + i % 11, "temperature": 0.8 if i % 4 == 3 else 0.0, "sampling_seed": 700 + i,
+          "ignore_eos": True}
+    if i % 3 == 0:
+        cases.append(("/generate", {"input_ids": ids, "sampling_params": sp}))
+    elif i % 3 == 1:
+        cases.append(("/generate", {"input_ids": ids, "sampling_params": sp, "stream": True}))
+    else:
+        cases.append(("/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": sp["max_new_tokens"],
+                                          "temperature": sp["temperature"], "seed": 700 + i, "ignore_eos": True,
+                                          "stream": i % 2 == 0}))
+got = [None] * len(cases)
+def run(k):
+    got[k] = routed(cases[k][0], cases[k][1], k)
+ts = [threading.Thread(target=run, args=(k,)) for k in range(len(cases))]
+for t in ts: t.start()
+for t in ts: t.join()
+same = 0
+for k, (path, body) in enumerate(cases):
+    a, b = answer(path, got[k]), answer(path, call(pre, path, body))
+    if a == b and a[0] != "error":
+        same += 1
+    else:
+        fails.append("%s %d: routed %s, co-located %s" % (path, k, str(a)[:160], str(b)[:160]))
+print("%d of %d routed answers (/generate and /v1/completions, streamed and not, greedy and seeded) equal the "
+      "prefill node's co-located ones" % (same, len(cases)))
+bad = call(dec, "/generate", {"input_ids": [5, 6, 7], "bootstrap_host": "10.255.0.9", "bootstrap_port": 8998,
+                              "bootstrap_room": 12345})
+print("a room naming an unknown prefill node:", bad)
+if bad.get("status") != 400 or bad["error"]["code"] != "unknown_prefill_node" or "[pd] prefill" not in bad["error"]["message"]:
+    fails.append("a bootstrap_host that is no [pd] prefill node was not refused 400 naming the setting")
+ip, idd = (json.load(urllib.request.urlopen(u + "/get_server_info")) for u in (pre, dec))
+print("get_server_info: prefill %s %s, decode %s" % (ip["disaggregation_mode"], ip["disaggregation_bootstrap_port"],
+                                                    idd["disaggregation_mode"]))
+if ip["disaggregation_mode"] != "prefill" or ip["disaggregation_bootstrap_port"] != int(bport) \
+   or idd["disaggregation_mode"] != "decode":
+    fails.append("/get_server_info does not say each node's role and the prefill node's bootstrap port")
+hg = urllib.request.urlopen(urllib.request.Request(dec + "/health_generate", b"", method="POST"), timeout=60)
+if hg.status != 200:
+    fails.append("/health_generate on the decode node answered %d" % hg.status)
+deadline = time.time() + 20
+while True:
+    st = [json.load(urllib.request.urlopen(u + "/stats"))["backend"] for u in (pre, dec)]
+    used = [s["replicas"][0]["blocks_in_use"] for s in st]
+    if used == [0, 0] or time.time() > deadline:
+        break
+    time.sleep(0.2)
+print("KV blocks in use after: prefill %d, decode %d; decode rooms failed %d" % (used[0], used[1],
+                                                                                 st[1]["pd"]["rooms_failed_total"]))
+if used != [0, 0]:
+    fails.append("KV blocks still in use after every request ended")
+if st[1]["pd"]["rooms_failed_total"] != 0:
+    fails.append("a routed room failed")
+print("%s: SGLang's router's way of driving a pair%s" % ("FAIL" if fails else "PASS", ": " + "; ".join(fails[:6]) if fails else ""))
+sys.exit(1 if fails else 0)
+PY
+    rc=$?
+    cat "$KVF_RUN/out.log"
     [ $rc = 0 ] || { for f in ctrld ctrld2; do echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; done; exit 1; }
     echo "PASS ($mode)"
     exit 0

@@ -2,14 +2,15 @@
 /*
  * libFuzzer target: a request body of the OpenAI endpoints read as the
  * server reads it, with no connection: http_read_body(), then
- * http_read_gen() for /v1/completions and /v1/chat/completions (every
+ * http_read_gen() for /v1/completions, /v1/chat/completions and /generate (every
  * parameter's check, the chat template, the tokenizer, the context and
  * admission limits) or http_read_tokenize() / http_read_detokenize().
  *
- * Input: byte 0 picks the route (bits 0-1) and the tokenizer (bits 2-5:
- * models/ferry's, tests/kernels/data/tok_tiny's with its ChatML template,
- * with the Llama 3 config, or with one of a template of tests/kernels/data/chat/);
- * the rest is the body.
+ * Input: byte 0 picks the route (bits 0-1; bit 6 set: SGLang's /generate
+ * whatever bits 0-1 say) and the tokenizer (bits 2-5: models/ferry's,
+ * tests/kernels/data/tok_tiny's with its ChatML template, with the Llama 3
+ * config, or with one of a template of tests/kernels/data/chat/); the rest
+ * is the body.
  *
  * Beyond the sanitizers it checks what a client relies on: a refusal has an
  * HTTP error status, a type and a message; an accepted generation request
@@ -158,10 +159,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		refused(&e);
 		return 0;
 	}
-	switch (route) {
+	switch (data[0] & 0x40 ? 0 : route) {
 	case 0:
 	case 1:
-		rc = http_read_gen(h, route ? GEN_CHAT : GEN_COMPLETION, req, &q, &e);
+		rc = http_read_gen(h, data[0] & 0x40 ? GEN_NATIVE : route ? GEN_CHAT : GEN_COMPLETION, req, &q, &e);
 		if (rc)
 			refused(&e);
 		else

@@ -28,7 +28,7 @@ def js(o):
 
 
 # ---- http: byte 0 = route (bits 0-1: completions, chat, tokenize,
-# detokenize) | tokenizer << 2 (0 ferry, 1 tok_tiny, 2 tok_tiny + Llama 3,
+# detokenize; 0x40: /generate) | tokenizer << 2 (0 ferry, 1 tok_tiny, 2 tok_tiny + Llama 3,
 # 3.. tests/kernels/data/chat/*.jinja in name order)
 M = 'kvferry-fuzz'
 http = {
@@ -65,6 +65,16 @@ http = {
     'tokenize-chat': (2 | 1 << 2, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}]}),
     'detokenize': (3, {'tokens': [1, 72, 300, 2, 8191]}),
     'detokenize-bad': (3, {'model': M, 'tokens': [-1, 'x']}),
+    # 0x40: SGLang's /generate
+    'generate': (0x40, {'text': 'Hello, world', 'sampling_params': {'max_new_tokens': 8, 'temperature': 0}}),
+    'generate-every-param': (0x40 | 1 << 2, {
+        'input_ids': [1, 2, 3], 'stream': True, 'return_logprob': True, 'top_logprobs_num': 3,
+        'return_text_in_logprobs': True, 'rid': 'r1', 'logprob_start_len': -1, 'bootstrap_host': '10.0.0.2',
+        'bootstrap_port': None, 'bootstrap_room': 9223372036854775807,
+        'sampling_params': {'max_new_tokens': 4, 'temperature': 0.7, 'top_p': 0.9, 'top_k': 40, 'stop': ['x', ''],
+                            'ignore_eos': True, 'sampling_seed': 5, 'n': 1, 'min_p': 0, 'stop_token_ids': [],
+                            'skip_special_tokens': True, 'json_schema': None}}),
+    'generate-refused': (0x40, {'text': ['a', 'b'], 'sampling_params': {'frequency_penalty': 1, 'bogus': 2}}),
 }
 for name, (b0, body) in http.items():
     put('http', name, bytes([b0]) + js(body).encode())
