@@ -4,9 +4,12 @@
  * pick (ctrl_pd.h "prefill peers"). The table is driven by one thread.
  */
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "ctrl_pd.h"
 #include "kvf_log.h"
@@ -205,4 +208,74 @@ int ctrl_pd_peer_rooms(struct ctrl_pd_peers *p, int32_t node, int delta)
 	if (p->peer[node].rooms < 0)
 		p->peer[node].rooms = 0;
 	return 0;
+}
+
+/* The addresses @p host (@p len bytes, "[v6]" brackets taken off) resolves to. @return how many, up to @p max. */
+static int host_addrs(const char *host, size_t len, struct sockaddr_storage *out, int max)
+{
+	struct addrinfo hints, *res = NULL;
+	char name[128];
+	int n = 0;
+
+	if (len >= 2 && host[0] == '[' && host[len - 1] == ']') {
+		host++;
+		len -= 2;
+	}
+	if (len == 0 || len >= sizeof(name))
+		return 0;
+	memcpy(name, host, len);
+	name[len] = 0;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(name, NULL, &hints, &res) != 0)
+		return 0;
+	for (const struct addrinfo *a = res; a != NULL && n < max; a = a->ai_next)
+		if (a->ai_addrlen <= sizeof(out[0]))
+			memcpy(&out[n++], a->ai_addr, a->ai_addrlen);
+	freeaddrinfo(res);
+	return n;
+}
+
+static int same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return 0;
+	if (a->ss_family == AF_INET)
+		return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, &((const struct sockaddr_in *)b)->sin_addr,
+			       sizeof(struct in_addr));
+	if (a->ss_family == AF_INET6)
+		return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+			       sizeof(struct in6_addr));
+	return 0;
+}
+
+int32_t ctrl_pd_peers_find_host(const struct ctrl_pd_peers *p, const char *host, int32_t port)
+{
+	struct sockaddr_storage want[8], got[8];
+	int n_want = -1;
+
+	if (p == NULL || host == NULL || host[0] == 0)
+		return -1;
+	for (int pass = 0; pass < 2; pass++) {
+		for (int32_t i = 0; i < p->n; i++) {
+			const char *a = p->peer[i].addr, *colon = strrchr(a, ':');
+			size_t hl = (size_t)(colon - a);
+
+			if (port > 0 && atoi(colon + 1) != port)
+				continue;
+			if (pass == 0) {
+				if (strlen(host) == hl && !strncmp(a, host, hl))
+					return i;
+				continue;
+			}
+			if (n_want < 0)
+				n_want = host_addrs(host, strlen(host), want, 8);
+			for (int k = 0, n_got = host_addrs(a, hl, got, 8); k < n_got; k++)
+				for (int j = 0; j < n_want; j++)
+					if (same_addr(&got[k], &want[j]))
+						return i;
+		}
+	}
+	return -1;
 }

@@ -750,6 +750,10 @@ static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struc
 	struct ctrl_pd_serve *s = ctx;
 	char err[512];
 	int64_t id = -EINVAL;
+	/* a router drives the pair: its prefill node is the one bootstrap_host
+	 * (and bootstrap_port, when it says) names, one of [pd] prefill
+	 * (looked up before the lock: it may resolve names) */
+	int32_t i = s->pre == NULL ? ctrl_pd_peers_find_host(s->peers, pd->host, pd->port) : -1;
 
 	pthread_mutex_lock(&s->mu);
 	if (s->pre != NULL) {
@@ -757,20 +761,10 @@ static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struc
 		id = id == -EEXIST ? -EINVAL : id;
 	} else if (s->released) {
 		id = -ESHUTDOWN;
-	} else {
-		/* a router drives the pair: its prefill node is the one bootstrap_host
-		 * names (and bootstrap_port, when it says), one of [pd] prefill */
+	} else if (i < 0) {
 		id = -EHOSTUNREACH;
-		for (int32_t i = 0; i < ctrl_pd_peers_count(s->peers); i++) {
-			const char *a = ctrl_pd_peer_addr(s->peers, i), *colon = strrchr(a, ':');
-			size_t hl = (size_t)(colon - a);
-
-			if (pd->host == NULL || strlen(pd->host) != hl || strncmp(a, pd->host, hl) != 0
-			    || (pd->port > 0 && atoi(colon + 1) != pd->port))
-				continue;
-			id = node_ready(s, i, err, sizeof(err)) < 0 ? -EPROTO : decode_submit(s, r, i, pd->room, 0);
-			break;
-		}
+	} else {
+		id = node_ready(s, i, err, sizeof(err)) < 0 ? -EPROTO : decode_submit(s, r, i, pd->room, 0);
 	}
 	pthread_mutex_unlock(&s->mu);
 	return id;

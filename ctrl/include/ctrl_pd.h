@@ -169,6 +169,15 @@ int32_t ctrl_pd_peers_count(const struct ctrl_pd_peers *p);
 /** The address of node @p node, or NULL. */
 const char *ctrl_pd_peer_addr(const struct ctrl_pd_peers *p, int32_t node);
 
+/**
+ * The node a router's bootstrap_host (and bootstrap_port, when > 0) names:
+ * the entry whose host is written the same way, else the first whose host
+ * resolves to an address @p host resolves to ("localhost" names
+ * 127.0.0.1:8998). May resolve names (getaddrinfo): call it with no lock
+ * held. Reads only what never changes after create. @return the node, or -1.
+ */
+int32_t ctrl_pd_peers_find_host(const struct ctrl_pd_peers *p, const char *host, int32_t port);
+
 /** Node state for views: healthy (1/0), misses in a row, rooms in flight. @return 0 or -ENOENT. */
 int ctrl_pd_peer_state(const struct ctrl_pd_peers *p, int32_t node, int *healthy, int32_t *failures,
 		       int32_t *rooms);

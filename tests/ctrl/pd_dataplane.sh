@@ -21,7 +21,8 @@
 # node's: every request fails at once with an error that says to split the
 # model the same way on both nodes (not at the room timeout).
 # ctrld2-router drives the pair as SGLang's router does: the same body, with
-# bootstrap_host / bootstrap_port (or null) / a random 63-bit bootstrap_room,
+# bootstrap_host (an address or a name of it) / bootstrap_port (or null) /
+# a random 63-bit bootstrap_room,
 # to both nodes at once, on SGLang's native /generate (streamed and not) and
 # /v1/completions: the decode node's answers equal the prefill node's
 # co-located ones, an unknown bootstrap_host is a 400 naming [pd] prefill,
@@ -416,7 +417,8 @@ def answer(path, got):
     return (got["choices"][0]["text"],)
 
 def routed(path, body, i):
-    rb = dict(body, bootstrap_host=bhost, bootstrap_port=int(bport) if i % 2 == 0 else None,
+    # the host as the router's URL writes it: the address, or a name of it
+    rb = dict(body, bootstrap_host="localhost" if i % 4 == 1 else bhost, bootstrap_port=int(bport) if i % 2 == 0 else None,
               bootstrap_room=rnd.randint(0, 2**63 - 1))
     res = {}
     ts = [threading.Thread(target=lambda k=k, u=u: res.__setitem__(k, call(u, path, rb))) for k, u in (("p", pre), ("d", dec))]

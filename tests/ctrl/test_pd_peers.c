@@ -221,6 +221,29 @@ static void the_pick_is_the_healthy_node_with_the_fewest_rooms(void **state)
 	ctrl_pd_peers_destroy(p);
 }
 
+/* A router names the prefill node by the host in its URL: written as in
+ * [pd] prefill, or another name of the same address. */
+static void a_routers_bootstrap_host_finds_its_node_by_name_or_by_address(void **state)
+{
+	struct script s = { { NULL }, 0 };
+	struct ctrl_pd_peers *p = peers("10.0.0.1:80,10.0.0.1:8080,127.0.0.1:8998,[::1]:9000", &s, 2, 1);
+
+	(void)state;
+	assert_non_null(p);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "10.0.0.1", 8080), 1);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "10.0.0.1", 80), 0);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "10.0.0.1", 0), 0);  /* no port: the first of that host */
+	assert_int_equal(ctrl_pd_peers_find_host(p, "10.0.0.1", 8998), -1);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "127.0.0.1", 0), 2);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "localhost", 8998), 2); /* by address */
+	assert_int_equal(ctrl_pd_peers_find_host(p, "[::1]", 9000), 3);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "::1", 9000), 3);      /* brackets or not */
+	assert_int_equal(ctrl_pd_peers_find_host(p, "10.0.0.2", 0), -1);
+	assert_int_equal(ctrl_pd_peers_find_host(p, "", 0), -1);
+	assert_int_equal(ctrl_pd_peers_find_host(p, NULL, 0), -1);
+	ctrl_pd_peers_destroy(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -228,6 +251,7 @@ int main(void)
 		cmocka_unit_test(losing_a_node_fails_exactly_its_rooms_not_a_longer_address),
 		cmocka_unit_test(intervals_and_failures_are_clamped_and_an_answer_resets_the_count),
 		cmocka_unit_test(the_pick_is_the_healthy_node_with_the_fewest_rooms),
+		cmocka_unit_test(a_routers_bootstrap_host_finds_its_node_by_name_or_by_address),
 		cmocka_unit_test(an_unreachable_node_is_lost_at_once_and_a_heartbeat_brings_it_back),
 	};
 
