@@ -85,6 +85,16 @@ int ctrl_chain_kv_copies(struct ctrl_chain *c, int32_t stage, int import, const 
 	return rc;
 }
 
+int ctrl_chain_kv_rxroute(struct ctrl_chain *c, int32_t stage, uint32_t stream)
+{
+	return c->vt->kv_rxroute != NULL ? c->vt->kv_rxroute(c, stage, stream) : -ENOTSUP;
+}
+
+int ctrl_chain_kv_landed(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max)
+{
+	return c->vt->kv_landed != NULL ? c->vt->kv_landed(c, stage, out, max) : 0;
+}
+
 void ctrl_chain_destroy(struct ctrl_chain *c)
 {
 	if (c != NULL)

@@ -493,6 +493,8 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.kv_export = pc_kv_export,
 	.kv_import = pc_kv_import,
 	.kv_copies = pc_kv_copies,
+	.kv_rxroute = pc_kv_rxroute,
+	.kv_landed = pc_kv_landed,
 	.ready = pc_ready,
 };
 

@@ -91,6 +91,7 @@ struct proc_chain {
 	 * (woken after a side send), looked up once an epoch; q NULL: in band */
 	struct pc_kv_side {
 		struct shm_ring *q, *r, *in;
+		struct shm_ring *kvl;   /* its landing reports, once it takes its own pages */
 		uint64_t epoch;
 		const struct shm_region *reg;
 	} side[CTRL_CHAIN_MAX_STAGES];
@@ -150,6 +151,8 @@ int pc_kv_import(struct ctrl_chain *cc, int32_t stage, const int32_t *blocks, in
 void pc_kv_side_close(struct proc_chain *c);
 int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
 		 const struct kn_kv_format *f);
+int pc_kv_rxroute(struct ctrl_chain *cc, int32_t stage, uint32_t stream);
+int pc_kv_landed(struct ctrl_chain *cc, int32_t stage, struct ctrl_kv_landing *out, int max);
 
 /* chain_proc_join.c */
 

@@ -52,7 +52,8 @@ static void side_drop(struct pc_kv_side *s)
 	shm_ring_close(s->q);
 	shm_ring_close(s->r);
 	shm_ring_close(s->in);
-	s->q = s->r = s->in = NULL;
+	shm_ring_close(s->kvl);
+	s->q = s->r = s->in = s->kvl = NULL;
 }
 
 void pc_kv_side_close(struct proc_chain *c)
@@ -85,6 +86,10 @@ static struct pc_kv_side *kv_side(struct proc_chain *c, int32_t stage)
 		snprintf(name, sizeof(name), "%s.kvr", in);
 		s->r = shm_ring_lookup(c->reg, name);
 		s->in = shm_ring_lookup(c->reg, in);
+		/* its landing reports, if it takes its own pages (a worker that
+		 * outlived the chain's re-forming still does) */
+		snprintf(name, sizeof(name), "%s.kvl", in);
+		s->kvl = shm_ring_lookup(c->reg, name);
 		if (s->q == NULL || s->r == NULL || s->in == NULL)
 			side_drop(s);
 	}
@@ -138,7 +143,7 @@ static void kv_side_drain(struct proc_chain *c)
 
 static const char *kv_op_name(uint32_t op)
 {
-	return op == SHM_MB_KV_FORMAT ? "format"
+	return op == SHM_MB_KV_FORMAT ? "format" : op == SHM_MB_KV_RXROUTE ? "receive route"
 	       : op == SHM_MB_KV_EXPORT || op == SHM_MB_KV_EXPORT_V ? "export" : "import";
 }
 
@@ -327,4 +332,58 @@ int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct 
 	}
 	free(words);
 	return rc;
+}
+
+int pc_kv_rxroute(struct ctrl_chain *cc, int32_t stage, uint32_t stream)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	struct shm_mb_kv q = { .op = SHM_MB_KV_RXROUTE, .buf_off = stream };
+	char name[SHM_NAME_MAX + 8];
+	struct pc_kv_side *s;
+	uint64_t off = 0;
+	int rc = kv_check(c, stage, NULL, 0, 0, &off);
+
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&c->kv_mu);
+	rc = kv_call(c, stage, &q, NULL);
+	pthread_mutex_unlock(&c->kv_mu);
+	if (rc < 0)
+		return rc;
+	/* its reports come on <in>.kvl, which the stage made as it answered */
+	pthread_mutex_lock(&c->mu);
+	s = kv_side(c, stage);
+	if (s != NULL && s->kvl == NULL) {
+		if (stage == 0)
+			snprintf(name, sizeof(name), "%s.kvl", c->o.first_ring);
+		else
+			snprintf(name, sizeof(name), "%s.s%d.in.kvl", c->o.prefix, (int)stage);
+		s->kvl = shm_ring_lookup(c->reg, name);
+	}
+	rc = s != NULL && s->kvl != NULL ? 0 : -ENOENT;
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+int pc_kv_landed(struct ctrl_chain *cc, int32_t stage, struct ctrl_kv_landing *out, int max)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	struct shm_desc d[32];
+	struct pc_kv_side *s;
+	unsigned n = 0;
+
+	if (stage < 0 || stage >= c->o.n_stages || max <= 0)
+		return 0;
+	pthread_mutex_lock(&c->mu);
+	/* kv_side() looks the rings up again after the chain re-formed: a
+	 * worker that outlived it reports on as before */
+	if (c->state == PC_UP && (s = kv_side(c, stage)) != NULL && s->kvl != NULL)
+		n = shm_ring_dequeue_burst(s->kvl, d, max < 32 ? (unsigned)max : 32u);
+	pthread_mutex_unlock(&c->mu);
+	for (unsigned i = 0; i < n; i++)
+		out[i] = (struct ctrl_kv_landing){ .room = d[i].off, .session = (uint32_t)d[i].aux,
+						   .n_blocks = (uint32_t)d[i].seq, .bytes = d[i].len,
+						   .last = !!(d[i].flags & SHM_MB_KVL_LAST),
+						   .refused = !!(d[i].flags & SHM_MB_KVL_REFUSED) };
+	return (int)n;
 }

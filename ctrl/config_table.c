@@ -274,6 +274,11 @@ const struct cfg_key g_cfg_keys[] = {
 	 "role = decode: times a request whose room was lost with a dataplane's session (this node's "
 	 "or its prefill node's kvferry-dataplane restarted) runs again in a fresh room before it "
 	 "fails; nothing has reached its client by then, so it sees no error. 0: such a request fails"},
+	{"worker_rx", "pd", CFG_BOOL, OFF(pd_worker_rx), "yes", 0, 1,
+	 "KVFERRY_PD_WORKER_RX", "--pd-worker-rx", NULL, NULL,
+	 "role = decode with stages in kvferry-worker processes: each stage's worker takes its layers' "
+	 "KV pages from the dataplane itself (its own receive ring) and imports them, ctrld only opening "
+	 "and closing the rooms; no: ctrld takes every page message and hands it to the stage"},
 	{"ship_chunk", "pd", CFG_INT, OFF(pd_ship_chunk), "512", 0, 1 << 20,
 	 "KVFERRY_PD_SHIP_CHUNK", "--pd-ship-chunk", NULL, NULL,
 	 "role = prefill: a room's prompt runs in chunks of at most this many tokens (rounded down to "

@@ -446,6 +446,7 @@ static int start_front(struct daemon *d)
 			.heartbeat_failures = (int32_t)d->set->pd_heartbeat_failures,
 			.room_timeout_s = (double)d->set->pd_room_timeout, .vocab_size = mc->vocab_size,
 			.room_retries = (uint32_t)d->set->pd_room_retries,
+			.worker_rx = (int)d->set->pd_worker_rx,
 			.pin_cuda = d->set->backend == CTRL_CFG_BACKEND_CUDA ? d->set->cuda_module : NULL,
 		};
 

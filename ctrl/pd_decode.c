@@ -162,6 +162,19 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	}
 }
 
+/* The room's pages may land (@p open) or no longer may (see ctrl_pd_decode_opts.gate). */
+static int gate(struct ctrl_pd_decode *d, uint64_t room, int open)
+{
+	return d->o.gate != NULL ? d->o.gate(d->o.gate_arg, room, d->o.session, open) : 0;
+}
+
+/* Forget a room: no late page, status or admission brings it back. */
+static void forget(struct ctrl_pd_decode *d, uint64_t room)
+{
+	gate(d, room, 0);
+	ctrl_room_forget(d->o.rooms, room);
+}
+
 static void send_all(struct ctrl_pd_decode *d, struct pd_dreq *q, int abort, const int32_t *blocks, int32_t n)
 {
 	uint8_t small[CTRL_PD_MSG_HDR + 16 + CTRL_PD_MAX_TEXT];
@@ -175,6 +188,11 @@ static void send_all(struct ctrl_pd_decode *d, struct pd_dreq *q, int abort, con
 	}
 	for (int32_t i = 0; !abort && i < n; i++)
 		dst[i] = (uint32_t)blocks[i];
+	if (!abort && gate(d, q->room, 1) < 0) {
+		ctrl_room_fail(d->o.rooms, q->room, "no free slot in the rooms area the stages land pages by "
+			       "(more rooms in flight than it holds)");
+		goto out;
+	}
 	for (uint32_t r = 0; r < q->n_ranks; r++) {
 		int len = abort ? ctrl_pd_encode_abort(buf, cap, q->room, d->o.session, r, "the request ended")
 				: ctrl_pd_encode_manifest(buf, cap, q->room, d->o.session, r, 0, dst, (uint32_t)n);
@@ -253,7 +271,7 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 		 * blocks, which another request may have now */
 		if (ctrl_room_get(d->o.rooms, q->room, &rs, NULL, NULL) == 0 && rs != CTRL_ROOM_SUCCESS)
 			send_all(d, q, 1, NULL, 0);
-		ctrl_room_forget(d->o.rooms, q->room);
+		forget(d, q->room);
 		q->told = 1;
 		free(q->blocks);
 		q->blocks = NULL;
@@ -269,7 +287,7 @@ static void on_event_locked(struct pd_dreq *q, const struct ctrl_event *ev)
 			send_all(d, q, 1, NULL, 0);
 			ctrl_room_fail(d->o.rooms, q->room, "the request ended first");
 		}
-		ctrl_room_forget(d->o.rooms, q->room);
+		forget(d, q->room);
 		q->cb(q->cb_arg, ev);
 		unlink_req(d, q);
 		return;
@@ -503,7 +521,7 @@ static int retry_room(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	if (d->o.retry(d->o.retry_arg, q->node, old, &nr) < 0)
 		return -1;
 	send_all(d, q, 1, NULL, 0); /* the old room's abort: its ranks free their side */
-	ctrl_room_forget(d->o.rooms, old);
+	forget(d, old);
 	if (ctrl_room_open(d->o.rooms, nr, q->node, q->n_ranks, d->now) < 0) {
 		/* the prompt went under nr, but nothing here waits for it: the
 		 * prefill node's hold timeout gives its KV back */

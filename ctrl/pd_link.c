@@ -7,6 +7,7 @@
  * dataplane's in on dp.rx.ctl / dp.rx.kv and back to its pools.
  */
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "ctrl_pd_link.h"
 #include "dp_ipc.h"
 #include "dp_tx_lane.h"
+#include "shm_mb.h"
 #include "shm_pool.h"
 #include "shm_region.h"
 #include "shm_ring.h"
@@ -24,7 +26,6 @@
 #include "kvf_clock.h"
 
 #define PD_STREAM_CTL 0
-#define PD_STREAM_KV 1
 #define PD_POOL_SMALL "ctrld.pds"
 #define PD_POOL_LARGE "ctrld.pdl"
 #define PD_SMALL_BYTES (64 * 1024)
@@ -41,6 +42,8 @@ struct ctrl_pd_link {
 	struct shm_pool *rxs, *rxl;        /* the dataplane's: what it received */
 	struct ctrl_pd_link_stats st;
 	char refusal[256];
+	struct shm_mb_kvrooms *rooms; /* decode, stages taking their own pages: the rooms they may land */
+	struct dp_rxroute *route;     /* the dataplane's receive routes */
 };
 
 void ctrl_pd_link_opts_init(struct ctrl_pd_link_opts *o)
@@ -317,12 +320,13 @@ static int bi_flush(struct batch_io *x)
 }
 
 /* Hand one packed page message to the dataplane, waiting while its lane is full. */
-static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_t node, char *err, size_t errlen)
+static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_t node, uint16_t stream, char *err,
+		     size_t errlen)
 {
 	double t0 = kvf_mono_s();
 	uint64_t w0 = 0;
 
-	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, PD_STREAM_KV) == -EAGAIN) {
+	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, stream) == -EAGAIN) {
 		if (w0 == 0)
 			w0 = kvf_mono_ns();
 		if (kvf_mono_s() - t0 > l->o.wait_s) {
@@ -406,7 +410,9 @@ int ctrl_pd_link_ship(struct ctrl_pd_link *l, struct ctrl_chain *chain, int32_t 
 				return rc;
 			}
 			for (int32_t b = 0; b < nb; b++) {
-				rc = send_page(l, idx[b], lens[b], node, err, errlen);
+				/* each stage's pages are a stream of their own, which the
+				 * decode node's dataplane may route to that stage's owner */
+				rc = send_page(l, idx[b], lens[b], node, (uint16_t)(DP_STREAM_KV_STAGE + k), err, errlen);
 				if (rc < 0) {
 					for (int32_t j = b + 1; j < nb; j++)
 						shm_pool_put(l->pl, idx[j]);
@@ -634,6 +640,33 @@ static int take_pages(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	return 0;
 }
 
+/* What the stages that take their own pages (ctrl_chain_kv_rxroute()) say
+ * they landed: the rooms hear it as from pages ctrld landed. @return 1 if any. */
+static int landed(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
+{
+	struct ctrl_kv_landing g[32];
+	int any = 0, n;
+
+	for (int32_t k = 0; k < h->n_stages; k++)
+		while ((n = ctrl_chain_kv_landed(h->chain, k, g, 32)) > 0) {
+			any = 1;
+			for (int i = 0; i < n; i++) {
+				if (g[i].refused) {
+					snprintf(l->refusal, sizeof(l->refusal), "stage %d refused a KV page message of "
+						 "room %llu (its worker's log says why)", (int)k,
+						 (unsigned long long)g[i].room);
+					refuse(l, h, g[i].room, g[i].session);
+					continue;
+				}
+				l->st.kv_received++;
+				l->st.kv_landed_by_stages++;
+				l->st.kv_bytes_received += g[i].bytes;
+				h->pages(h->arg, g[i].room, g[i].session, k, g[i].last, g[i].n_blocks, g[i].bytes);
+			}
+		}
+	return any;
+}
+
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
 {
 	/* the gather buffer of messages received in place (one poller per thread) */
@@ -695,6 +728,8 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	}
 	if (burst > l->st.kv_burst_max)
 		l->st.kv_burst_max = burst;
+	if (l->rooms != NULL && h->chain != NULL && landed(l, h))
+		moved = 1;
 	return moved;
 }
 
@@ -752,4 +787,77 @@ int ctrl_pd_link_peer(const struct ctrl_pd_link *l, uint32_t node, uint64_t *epo
 const char *ctrl_pd_link_last_refusal(const struct ctrl_pd_link *l)
 {
 	return l->refusal;
+}
+
+int ctrl_pd_link_rooms_open(struct ctrl_pd_link *l)
+{
+	uint64_t off;
+	size_t size;
+	int rc;
+
+	if (l->rooms != NULL)
+		return 0;
+	if (shm_region_find_area(l->reg, DP_AREA_RXROUTE, &off, &size) < 0 || size < sizeof(*l->route))
+		return -ENOTSUP; /* a dataplane that routes no stream */
+	l->route = shm_ptr(l->reg, off);
+	rc = shm_region_add_area(l->reg, SHM_MB_KVROOMS_AREA, sizeof(*l->rooms), 64, SHM_AREA_RAW, &off);
+	if (rc < 0 && rc != -EEXIST)
+		return rc;
+	if (rc == -EEXIST && (shm_region_find_area(l->reg, SHM_MB_KVROOMS_AREA, &off, &size) < 0
+			      || size < sizeof(*l->rooms)))
+		return -EPROTO;
+	l->rooms = shm_ptr(l->reg, off);
+	/* ours alone (a ctrld before us on this region left rooms its successor does not know) */
+	for (uint32_t i = 0; i < SHM_MB_KVROOMS_SLOTS; i++)
+		__atomic_store_n(&l->rooms->slot[i].open, 0u, __ATOMIC_SEQ_CST);
+	l->rooms->n_slots = SHM_MB_KVROOMS_SLOTS;
+	__atomic_store_n(&l->rooms->magic, SHM_MB_KVROOMS_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+int32_t ctrl_pd_link_route_pid(const struct ctrl_pd_link *l, uint32_t stream)
+{
+	if (l->route == NULL || stream >= DP_MAX_STREAMS)
+		return 0;
+	return __atomic_load_n(&l->route->ent[stream].pid, __ATOMIC_ACQUIRE);
+}
+
+int ctrl_pd_link_room_gate(struct ctrl_pd_link *l, uint64_t room, uint32_t session, int open)
+{
+	struct shm_mb_kvrooms *r = l->rooms;
+	uint64_t t0;
+
+	if (r == NULL)
+		return 0;
+	if (open) {
+		for (uint32_t i = 0; i < SHM_MB_KVROOMS_SLOTS; i++) {
+			if (__atomic_load_n(&r->slot[i].open, __ATOMIC_RELAXED))
+				continue;
+			r->slot[i].room = room;
+			r->slot[i].session = session;
+			__atomic_store_n(&r->slot[i].open, 1u, __ATOMIC_SEQ_CST);
+			return 0;
+		}
+		l->st.rooms_gate_full++;
+		return -ENOSPC; /* its pages are refused by the stages: the room fails, named */
+	}
+	for (uint32_t i = 0; i < SHM_MB_KVROOMS_SLOTS; i++)
+		if (__atomic_load_n(&r->slot[i].open, __ATOMIC_RELAXED) && r->slot[i].room == room)
+			__atomic_store_n(&r->slot[i].open, 0u, __ATOMIC_SEQ_CST);
+	/* a stage importing this room's page now finishes it before the room's
+	 * blocks may go to another request (shm_mb.h); a dead one writes nothing */
+	t0 = kvf_mono_ns();
+	for (int k = 0; k < SHM_MB_MAX_STAGES; k++) {
+		while (__atomic_load_n(&r->busy[k].on, __ATOMIC_SEQ_CST)
+		       && __atomic_load_n(&r->busy[k].room, __ATOMIC_SEQ_CST) == room) {
+			int32_t pid = __atomic_load_n(&r->busy[k].pid, __ATOMIC_RELAXED);
+
+			if ((pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) || kvf_mono_ns() - t0 > 5000000000ull) {
+				l->st.rooms_gate_stuck++;
+				break;
+			}
+			usleep(20);
+		}
+	}
+	return 0;
 }

@@ -9,6 +9,7 @@
  */
 #include <curl/curl.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "ctrl_pd.h"
+#include "dp_ipc.h"
 #include "kvf_log.h"
 #include "ctrl_pd_link.h"
 #include "ctrl_proc_chain.h"
@@ -278,6 +280,8 @@ static void relink(struct ctrl_pd_serve *s)
 	}
 	ctrl_pd_link_close(s->link);
 	s->link = nl;
+	if (s->rx_on && ctrl_pd_link_rooms_open(nl) < 0)
+		s->rx_on = 0; /* the new dataplane routes no stream: ctrld lands every page */
 	s->dp_slot = -1; /* the new dataplane's slot is in the new region (watch()) */
 	/* what they sent or waited for went down with the old dataplane */
 	if (s->dec != NULL) { /* each runs again in a fresh room where it may ([pd] room_retries) */
@@ -355,6 +359,44 @@ static void watch(struct ctrl_pd_serve *s)
 	}
 }
 
+/*
+ * Decode, stages in worker processes ([pd] worker_rx): ask each stage whose
+ * layers' stream is not routed to a live process (at start, or its worker
+ * restarted) to take that stream's pages from the dataplane itself. Without
+ * the lock: the call waits for the stage's answer. At most once a second.
+ */
+static void routes(struct ctrl_pd_serve *s)
+{
+	int32_t pid[CTRL_CHAIN_MAX_STAGES];
+	int32_t n = s->o.n_stages < CTRL_CHAIN_MAX_STAGES ? s->o.n_stages : CTRL_CHAIN_MAX_STAGES;
+
+	if (!s->rx_on || kvf_mono_ns() - s->t_routes < 1000000000ull)
+		return;
+	s->t_routes = kvf_mono_ns();
+	pthread_mutex_lock(&s->mu);
+	for (int32_t k = 0; k < n; k++)
+		pid[k] = ctrl_pd_link_route_pid(s->link, DP_STREAM_KV_STAGE + (uint32_t)k);
+	pthread_mutex_unlock(&s->mu);
+	for (int32_t k = 0; k < n; k++) {
+		int rc;
+
+		if (pid[k] > 0 && (kill(pid[k], 0) == 0 || errno != ESRCH))
+			continue;
+		rc = ctrl_chain_kv_rxroute(s->o.chain, k, DP_STREAM_KV_STAGE + (uint32_t)k);
+		if (rc == -ENOTSUP) {
+			kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: stage %d's worker cannot take its own KV pages "
+				"(an older kvferry-worker or dataplane): ctrld lands every page", (int)k);
+			s->rx_on = 0;
+			return;
+		}
+		if (rc != s->route_rc[k] || rc == 0)
+			kvf_log(rc == 0 ? KVF_LOG_INFO : KVF_LOG_WARNING, "kvferry-ctrld", "PD: stage %d's worker %s%s",
+				(int)k, rc == 0 ? "takes its layers' KV pages from the dataplane itself" :
+				"could not take its own KV pages yet (ctrld lands them meanwhile): ", rc == 0 ? "" : strerror(-rc));
+		s->route_rc[k] = rc;
+	}
+}
+
 /* How often the poller looks at the dataplanes' liveness (watch()). */
 #define PD_WATCH_EVERY_NS 50000000ull
 
@@ -393,6 +435,7 @@ static void *poller(void *arg)
 			ctrl_pd_decode_tick(s->dec, t);
 		}
 		pthread_mutex_unlock(&s->mu);
+		routes(s);
 		if (s->multi != NULL)
 			moved |= forward_step(s);
 		idle = moved ? 0 : idle + 1;
@@ -405,6 +448,14 @@ static void *poller(void *arg)
 }
 
 static int retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *room);
+
+/* ctrl_pd_decode_opts.gate: the rooms area of stages taking their own pages. Holds mu. */
+static int gate(void *arg, uint64_t room, uint32_t session, int open)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	return ctrl_pd_link_room_gate(s->link, room, session, open);
+}
 
 static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 {
@@ -445,6 +496,12 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.retry = retry;
 	dopt.retry_arg = s;
 	dopt.max_retries = s->o.room_retries;
+	dopt.gate = gate;
+	dopt.gate_arg = s;
+	/* stages in worker processes take their own pages: the rooms area first,
+	 * so every room's gate opens there */
+	s->rx_on = s->o.worker_rx && ctrl_proc_chain_region(s->o.chain) != NULL
+		   && ctrl_pd_link_rooms_open(s->link) == 0;
 	s->dec = ctrl_pd_decode_create(&dopt);
 	s->multi = curl_multi_init();
 	if (s->dec == NULL || s->multi == NULL) {

@@ -72,6 +72,10 @@ struct ctrl_pd_serve {
 	uint64_t dp_deaths;        /* this node's dataplane seen dead, cumulative */
 	uint8_t peer_silent[CTRL_PD_MAX_PEERS]; /* decode: that prefill node's dataplane is silent now */
 	uint64_t peer_silences;    /* decode: prefill nodes' dataplanes gone silent, cumulative */
+	/* decode, stages in worker processes ([pd] worker_rx): each takes its own pages (routes()) */
+	int rx_on;                 /* the rooms area is made: stages are asked to route their streams */
+	uint64_t t_routes;         /* when routes() last looked */
+	int route_rc[CTRL_CHAIN_MAX_STAGES]; /* each stage's last answer (logged when it changes) */
 };
 
 /* pd_serve_view.c */

@@ -166,7 +166,10 @@ static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 	}
 	/* a peer with smaller frames may need more segments than a list has
 	 * room for: that message is reassembled by copy */
-	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs;
+	struct shm_ring *wake;
+	/* a routed stream's messages go whole to a ring whose owner reads buffers */
+	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs
+		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake) != NULL);
 	s->rx_in_place = (uint8_t)in_place;
 	s->rx_frags = frags;
 	if (in_place) {
@@ -242,6 +245,18 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 		desc.flags = DP_RX_SEGMENTS;
 	}
 	d->cur_stream->partial--;
+	if (ip < 0 && m->type == DP_MT_KVPAGE) {
+		/* to the stream's owner when it routed it (dp_route.c); its ring
+		 * too holds every pool buffer */
+		struct shm_ring *wake, *r = dp_route_ring(d, d->cur_stream->id, &wake);
+
+		if (r != NULL && shm_ring_enqueue_burst(r, &desc, 1) == 1) {
+			if (wake != NULL)
+				shm_ring_wake_(wake);
+			cnt_add(&d->cur_peer->stats->msgs_received, 1);
+			return;
+		}
+	}
 	/* each receive ring holds every pool buffer (see invariants): cannot fail */
 	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1)
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: the receive ring of type %u is full: a message from node %u is "
@@ -978,6 +993,7 @@ static void scan_live(struct dp *d, uint64_t now)
 		return;
 	d->next_live_scan = now + LIVE_SCAN_NS;
 	scan_lanes(d);
+	dp_route_scan(d);
 	/* a consumer that declared it reads segment lists and died: its
 	 * successor may not (it declares again if it does) */
 	for (unsigned k = 0; d->decl && k < DP_RX_RINGS; k++) {

@@ -138,6 +138,13 @@ struct dp {
 	uint32_t n_ip_out;
 	uint32_t mb_budget;           /* RX mbufs messages in place may reserve */
 	uint32_t mb_reserved;
+	/* Receive routes (dp_ipc.h, dp_route.c): a stream's KV pages to its owner's ring */
+	struct dp_rxroute *route;     /* DP_AREA_RXROUTE */
+	struct dp_route_cache {
+		uint32_t gen;
+		int32_t pid;
+		struct shm_ring *r, *wake;
+	} rt[DP_MAX_STREAMS];
 	/* context for reliab callbacks */
 	struct peer *cur_peer;
 	struct stream *cur_stream;
@@ -171,5 +178,13 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd);
 /* The port's link as dp_port_watch() saw it (1 up, 0 down): on going down,
  * every peer heard is reported silent at once. */
 void dp_link(struct dp *d, int up);
+
+/* dp_route.c: the receive routes. The ring stream @p stream's KV pages
+ * go to now (and the ring to wake after each, or NULL), or NULL: the usual
+ * DP_RING_RX_KV. dp_route_scan() drops the routes of dead consumers. */
+int dp_route_init(struct dp *d);
+struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake);
+void dp_route_scan(struct dp *d);
+void dp_route_close(struct dp *d);
 
 #endif /* DP_INT_H */

@@ -148,6 +148,8 @@ static int setup_shm(struct dp *d)
 	d->decl->version = DP_RXSEG_VERSION;
 	d->decl->in_place = 0;
 	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
+	if (dp_route_init(d) < 0)
+		return -ENOSPC;
 	/* the send lanes: a restart on the region keeps the live senders' claims
 	 * (scan_lanes() in dp.c frees those of the dead on its first pass) */
 	if ((d->txl = kept_area(d, DP_AREA_TXLANES, sizeof(*d->txl))) == NULL)
@@ -413,6 +415,7 @@ out:
 	shm_ring_close(d->r_ev);
 	shm_ring_close(d->r_rx_kv);
 	shm_ring_close(d->r_rx_ctl);
+	dp_route_close(d);
 	shm_pool_close(d->p_small);
 	shm_pool_close(d->p_large);
 	shm_region_detach(d->reg);

@@ -107,6 +107,15 @@ struct ctrl_kv_copy {
 	size_t len;
 };
 
+/** What a stage that takes its own KV pages (ctrl_chain_kv_rxroute()) says of one page message. */
+struct ctrl_kv_landing {
+	uint64_t room;
+	uint32_t session, n_blocks;
+	uint64_t bytes;
+	int last;                    /**< the stream's last message for the room */
+	int refused;                 /**< not imported (the stage's log says why) */
+};
+
 /** A chain implementation's entry points. */
 struct ctrl_chain_vtbl {
 	const char *name;
@@ -129,6 +138,11 @@ struct ctrl_chain_vtbl {
 	 * (ctrl_chain_kv_copies()); NULL: one call each, the stage held */
 	int (*kv_copies)(struct ctrl_chain *c, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
 			 const struct kn_kv_format *f);
+	/* optional: stage @p stage takes dataplane stream @p stream's KV pages
+	 * itself (ctrl_chain_kv_rxroute()), and what it says of them
+	 * (ctrl_chain_kv_landed()); NULL: -ENOTSUP / none */
+	int (*kv_rxroute)(struct ctrl_chain *c, int32_t stage, uint32_t stream);
+	int (*kv_landed)(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max);
 	/* optional: can the chain compute now (ctrl_chain_ready())? NULL: always */
 	int (*ready)(struct ctrl_chain *c, char *why, size_t whylen);
 };
@@ -220,6 +234,19 @@ int ctrl_chain_kv_hold(struct ctrl_chain *c, int32_t stage, int hold);
  */
 int ctrl_chain_kv_copies(struct ctrl_chain *c, int32_t stage, int import, const struct ctrl_kv_copy *v, int32_t n,
 			 const struct kn_kv_format *f);
+
+/**
+ * Have stage @p stage take dataplane stream @p stream's KV page messages
+ * itself (a decode node whose stages run in worker processes on the
+ * dataplane's region: SHM_MB_KV_RXROUTE): it imports those of rooms open in
+ * the rooms area (ctrl_pd_link_room_gate()) and says so
+ * (ctrl_chain_kv_landed()). @return 0, or -ENOTSUP (stages inside ctrld,
+ * or a worker or region that cannot), or the call's error.
+ */
+int ctrl_chain_kv_rxroute(struct ctrl_chain *c, int32_t stage, uint32_t stream);
+
+/** Up to @p max reports of page messages stage @p stage took itself. @return how many (0: none). */
+int ctrl_chain_kv_landed(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max);
 
 /**
  * Layer ranges of a chain's stages: explicit @p ends (validated to tile

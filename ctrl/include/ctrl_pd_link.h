@@ -95,7 +95,31 @@ struct ctrl_pd_link_stats {
 	 * (poll), and a ship waiting for a free page buffer or lane slot */
 	uint64_t export_ns, import_ns, buf_wait_ns, lane_wait_ns;
 	uint64_t kv_burst_max;     /**< most page messages one poll took off the ring */
+	uint64_t kv_landed_by_stages; /**< page messages the stages took from the dataplane themselves */
+	uint64_t rooms_gate_full;  /**< rooms that found no slot in the rooms area (their pages refused) */
+	uint64_t rooms_gate_stuck; /**< closes that stopped waiting on a stage still importing (dead, or 5 s) */
 };
+
+/**
+ * Decode, stages in worker processes: make the rooms area of the region
+ * (SHM_MB_KVROOMS_AREA) so that stages may take their own pages
+ * (ctrl_chain_kv_rxroute()); from then on the poll also takes what they
+ * landed (ctrl_chain_kv_landed()). @return 0, -ENOTSUP (the dataplane
+ * routes no stream), or -errno.
+ */
+int ctrl_pd_link_rooms_open(struct ctrl_pd_link *l);
+
+/**
+ * Open (@p open 1) or close a room in the rooms area: the stages land a
+ * room's pages only while it is open. Close returns once no stage is
+ * importing a page of it (shm_mb.h), so the room's blocks may then go to
+ * another request. No rooms area: nothing to do. @return 0, or -ENOSPC (no
+ * free slot: the room's pages will be refused).
+ */
+int ctrl_pd_link_room_gate(struct ctrl_pd_link *l, uint64_t room, uint32_t session, int open);
+
+/** The pid stream @p stream's KV pages are routed to (dp_ipc.h receive routes), 0: none. */
+int32_t ctrl_pd_link_route_pid(const struct ctrl_pd_link *l, uint32_t stream);
 
 /** Take completions and received messages. @return 1 if anything moved, 0 if not. */
 int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h);

@@ -104,6 +104,16 @@ struct ctrl_pd_decode_opts {
 	int (*retry)(void *arg, uint32_t node, uint64_t old_room, uint64_t *new_room);
 	void *retry_arg;
 	uint32_t max_retries;
+	/**
+	 * optional: a room's pages may land from now on (@p open 1: its
+	 * manifest is about to go out), or no longer (0: the room is given up
+	 * or forgotten; return only once none is landing, for its blocks may go
+	 * to another request next). For stages that take their own pages
+	 * (ctrl_pd_link_room_gate()). @return 0, or < 0 on open (the room
+	 * fails, naming why).
+	 */
+	int (*gate)(void *arg, uint64_t room, uint32_t session, int open);
+	void *gate_arg;
 };
 
 /** The silence after which a prefill node's dataplane is taken as gone with

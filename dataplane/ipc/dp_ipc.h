@@ -337,6 +337,73 @@ static inline int dp_ipc_rx_declare(struct dp_rxseg_decl *area, enum dp_rx_ring 
 	return 0;
 }
 
+/* ------------------------------------------------ receive routes */
+
+/*
+ * A stream's messages to the process that owns them. A consumer that owns
+ * one stream (a worker process whose stage owns the layers the stream's KV
+ * pages carry) names its own ring for it here; the dataplane then delivers
+ * that stream's KV page messages (DP_MT_KVPAGE) whole (never in place) on
+ * that ring and wakes the named ring's sleeper, instead of DP_RING_RX_KV.
+ * Its ring must hold every buffer of both receive pools (an enqueue cannot
+ * fail) and take several consumers (SHM_RING_MC: the dataplane drains a
+ * dead consumer's ring back into its pools). A route whose pid died is
+ * dropped by the dataplane; a message it could not route goes to
+ * DP_RING_RX_KV as before.
+ *
+ * A node sends stage k's pages (its chain's k-th layer range) on stream
+ * DP_STREAM_KV_STAGE + k, so each stage's pages are one stream end to end.
+ */
+#define DP_AREA_RXROUTE "dp.rxroute" /* struct dp_rxroute */
+#define DP_RXROUTE_MAGIC 0x54554f52u /* "ROUT" */
+#define DP_RXROUTE_VERSION 1u
+#define DP_STREAM_KV_STAGE 2u        /* stage k's KV pages: stream DP_STREAM_KV_STAGE + k */
+
+/** One stream's route: written by its consumer (gen odd while it writes). */
+struct dp_rxroute_ent {
+	int32_t pid;      /**< the consumer; 0: no route */
+	uint32_t gen;     /**< bumped twice per write: odd while the names change */
+	char ring[32];    /**< its receive ring (SHM_NAME_MAX) */
+	char wake[32];    /**< the ring it sleeps on, woken after each message ("": none) */
+};
+static_assert(sizeof(struct dp_rxroute_ent) == 72, "dp_rxroute_ent is a 72-byte ABI record");
+
+struct dp_rxroute {
+	uint32_t magic;
+	uint32_t version;
+	uint64_t reserved;
+	struct dp_rxroute_ent ent[DP_MAX_STREAMS];
+};
+
+/**
+ * Route stream @p stream's KV page messages to ring @p ring of process
+ * @p pid (0: withdraw the route), waking ring @p wake's sleeper after each.
+ * @p area is the DP_AREA_RXROUTE area. @return 0, or -1 (not such an area,
+ * or a name too long).
+ */
+static inline int dp_ipc_rx_route(struct dp_rxroute *area, unsigned stream, const char *ring, const char *wake,
+				  int32_t pid)
+{
+	struct dp_rxroute_ent *e;
+	uint32_t g;
+
+	if (area->magic != DP_RXROUTE_MAGIC || area->version != DP_RXROUTE_VERSION || stream >= DP_MAX_STREAMS
+	    || strlen(ring) >= sizeof(e->ring) || strlen(wake) >= sizeof(e->wake))
+		return -1;
+	e = &area->ent[stream];
+	__atomic_store_n(&e->pid, 0, __ATOMIC_SEQ_CST);
+	g = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
+	__atomic_store_n(&e->gen, g | 1u, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	memset(e->ring, 0, sizeof(e->ring));
+	memset(e->wake, 0, sizeof(e->wake));
+	memcpy(e->ring, ring, strlen(ring));
+	memcpy(e->wake, wake, strlen(wake));
+	__atomic_store_n(&e->gen, (g | 1u) + 1u, __ATOMIC_RELEASE);
+	__atomic_store_n(&e->pid, pid, __ATOMIC_RELEASE);
+	return 0;
+}
+
 /** One segment: @p len bytes at region offset @p off. */
 struct dp_rx_seg {
 	uint64_t off;

@@ -304,7 +304,7 @@ int main(int argc, char **argv)
 		 * message on the side ring goes ahead of the queued ones */
 		while (wk_head_ready(&w))
 			wk_finish_head(&w);
-		if (wk_kv_side_poll(&w))
+		if (wk_kv_side_poll(&w) || wk_kvrx_poll(&w))
 			continue;
 		/* 2. take the next one while there is room: sleep in the ring's futex
 		 * only when nothing is in flight (no spinning on a small machine; the
@@ -344,6 +344,7 @@ int main(int argc, char **argv)
 	rc = 0;
 	wk_out_close(w.out);
 out_in:
+	wk_kvrx_close(&w);
 	shm_ring_close(w.kvq);
 	shm_ring_close(w.kvr);
 	wk_in_close(w.in);

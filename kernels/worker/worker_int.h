@@ -43,6 +43,17 @@ struct wk_job {
 	char what[128];
 };
 
+/* The stage's own KV receive route (worker_kvrx.c), when ctrld asked for it. */
+struct wk_kvrx {
+	struct shm_ring *q, *kvl;   /* <in>.rx (the dataplane's deliveries), <in>.kvl (reports to ctrld) */
+	struct shm_ring *ctl;       /* ctrld's control ring, to wake its poller */
+	struct shm_pool *rxs, *rxl; /* the dataplane's receive pools */
+	struct shm_mb_kvrooms *rooms;
+	struct dp_rxroute *route;
+	uint32_t stream;
+	uint64_t taken, refused;
+};
+
 struct worker {
 	struct wk_opts o;
 	struct shm_region *reg;
@@ -63,6 +74,7 @@ struct worker {
 	struct wk_in *in;
 	struct wk_out *out;
 	struct shm_ring *kvq, *kvr; /* the KV side rings (worker_kv.c), NULL: KV in band only */
+	struct wk_kvrx rx;         /* KV pages straight from the dataplane (worker_kvrx.c) */
 	uint64_t steps, cols, busy_ns, dropped;
 	uint64_t host_ns;          /* CPU time spent preparing and finishing steps (not waiting,
 	                              and on the cpu backend not computing) */
@@ -113,6 +125,13 @@ void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len);
 /* A KV message (SHM_MB_KV): act on it if it targets this stage, forward it.
  * Nothing may be in flight: the caller drains first. */
 void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len);
+/* worker_kvrx.c: take stream @p stream's KV pages from the dataplane
+ * (SHM_MB_KV_RXROUTE; @return 0 or -errno with @p err filled), the poll that
+ * imports one of them (@return 1 if it took one), and the close. */
+int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen);
+int wk_kvrx_poll(struct worker *w);
+void wk_kvrx_close(struct worker *w);
+
 /* Make the KV side rings of a ring input (<in>.kv / <in>.kvr); a worker
  * fed by the dataplane has none. @return 0, or -errno with @p err filled. */
 int wk_kv_side_open(struct worker *w, char *err, size_t errlen);

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dp_ipc.h"
 #include "kn_stage.h"
 #include "shm_ring.h"
 #include "shm_mb.h"
@@ -146,6 +147,8 @@ static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errle
 		k->block_bytes = f.block_bytes;
 		return 0;
 	}
+	if (k->op == SHM_MB_KV_RXROUTE)
+		return k->buf_off < DP_MAX_STREAMS ? wk_kvrx_route(w, (uint32_t)k->buf_off, err, errlen) : -EINVAL;
 	f = (struct kn_kv_format){ .dtype = k->dtype, .layer_start = k->layer_start, .layer_end = k->layer_end,
 				   .n_kv_heads = k->n_kv_heads, .head_dim = k->head_dim,
 				   .block_bytes = (size_t)k->block_bytes };

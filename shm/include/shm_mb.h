@@ -229,6 +229,16 @@ static_assert(sizeof(struct shm_mb_setup) == 96 + 264 * SHM_MB_MAX_STAGES, "setu
 #define SHM_MB_KV_EXPORT_V 4u
 #define SHM_MB_KV_IMPORT_V 5u
 
+/** Take the KV page messages of dataplane stream buf_off (dp_ipc.h receive
+ * routes; ctrld sends it to the stage that owns the stream's layers): the
+ * stage makes its receive ring (<in>.rx) and its landing ring (<in>.kvl),
+ * routes the stream there, and from then on imports each page message
+ * itself, when its room is open in the SHM_MB_KVROOMS_AREA area, and says
+ * so on <in>.kvl (below). Answered like FORMAT; a stage that cannot (no
+ * such area, no dataplane in its region) answers an error and ctrld goes
+ * on taking the pages itself. */
+#define SHM_MB_KV_RXROUTE 6u
+
 struct shm_mb_kv {
 	uint32_t op;             /**< SHM_MB_KV_* */
 	int32_t target;          /**< the stage that acts */
@@ -248,6 +258,44 @@ static_assert(offsetof(struct shm_mb_kv, buf_off) == 8, "buf_off at 8");
 static_assert(offsetof(struct shm_mb_kv, n_blocks) == 24, "n_blocks at 24");
 static_assert(offsetof(struct shm_mb_kv, block_bytes) == 48, "block_bytes at 48");
 static_assert(sizeof(struct shm_mb_kv) == 64, "shm_mb_kv is 64 bytes");
+
+/*
+ * The rooms a decode node's stages may import pages for (SHM_MB_KV_RXROUTE),
+ * an area of the dataplane's region that ctrld makes and alone writes the
+ * slots of. A stage imports a page message only while the message's room
+ * and session are open in a slot. ctrld opens a room's slot before its
+ * manifest goes out and closes it before the room's blocks can go to
+ * another request; to close, it clears the slot and then waits while a
+ * stage says it is importing that room (busy[stage]): each side stores
+ * first and reads the other's word after (sequentially consistent), so
+ * either the stage sees the slot closed or ctrld sees the stage busy.
+ *
+ * Landing reports on <in>.kvl, one per page message taken off the stage's
+ * receive ring: off = room, len = the message's bytes, type = the stage,
+ * flags = SHM_MB_KVL_*, seq = its blocks, aux = its session.
+ */
+#define SHM_MB_KVROOMS_AREA "ctrld.kvrooms"
+#define SHM_MB_KVROOMS_MAGIC 0x4d4f4f52u /* "ROOM" */
+#define SHM_MB_KVROOMS_SLOTS 1024
+#define SHM_MB_KVL_LAST 0x1u   /**< the stream's last message for the room */
+#define SHM_MB_KVL_REFUSED 0x2u /**< not imported: closed room, other layers, or the copy failed */
+
+struct shm_mb_kvroom {
+	uint64_t room;
+	uint32_t session;
+	uint32_t open;           /**< 1: pages may land (ctrld's word) */
+};
+
+struct shm_mb_kvrooms {
+	uint32_t magic;
+	uint32_t n_slots;
+	struct {
+		uint64_t room;   /**< what the stage is importing while on */
+		int32_t pid;     /**< the stage's worker */
+		uint32_t on;
+	} busy[SHM_MB_MAX_STAGES];
+	struct shm_mb_kvroom slot[SHM_MB_KVROOMS_SLOTS];
+};
 
 /** One buffer of a vector KV op: its pages in the region, and how many
  *  of the blocks after the copy records are its own (in record order). */

@@ -28,8 +28,10 @@
 # co-located ones, an unknown bootstrap_host is a 400 naming [pd] prefill,
 # /get_server_info says each node's role, /health_generate answers.
 # ctrld2-workers runs each node's two stages in kvferry-worker processes on
-# the node's dataplane region: the workers copy the pages between their KV
-# pools and the dataplane's buffers (SHM_MB_KV), ctrld only frames them.
+# the node's dataplane region: the prefill node's workers copy the pages out
+# into the dataplane's buffers (SHM_MB_KV), ctrld only frames them; the
+# decode node's workers take their layers' page messages from the dataplane
+# themselves ([pd] worker_rx) and import them: ctrld lands none.
 # ctrld2-workers-inplace is ctrld2-workers with both dataplanes receiving in
 # place (rx_in_place = yes): ctrld gathers each page message's segments
 # into a buffer of its own in the region, where the workers can read it.
@@ -490,9 +492,9 @@ PY
     echo "PASS ($mode)"
     exit 0
   fi
-  timeout 300 python3 - "$url2" "$url" <<'PY' >"$KVF_RUN/out.log" 2>&1
+  timeout 300 python3 - "$url2" "$url" "$mode" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
-dec, pre = sys.argv[1], sys.argv[2]
+dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def post(url, body):
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
@@ -556,6 +558,14 @@ if not (0 < timed <= 64 and 0 < st["kv_room_bytes_total"] <= st["kv_bytes_receiv
 else:
     print("per room: %.3f GB/s from a room's first page message to its last (%d rooms)"
           % (st["kv_room_bytes_total"] / st["kv_room_seconds_total"] / 1e9, timed))
+# stages in worker processes take their layers' pages from the dataplane
+# themselves ([pd] worker_rx): ctrld lands none
+if mode == "ctrld2-workers":
+    print("page messages the decode node's stages took themselves: %d of %d" % (st["kv_landed_by_stages_total"],
+                                                                          st["kv_messages_received_total"]))
+    if not st["stages_take_pages"] or st["kv_landed_by_stages_total"] != st["kv_messages_received_total"]:
+        errs.append("the decode node's worker stages did not take every page message themselves")
+        ok = False
 print("%s: 64 requests to the decode node (%d streamed, %d with logprobs) equal the prefill node's own co-located "
       "answers; %s" % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")),
                        sum(1 for r in reqs if r.get("logprobs")), "; ".join(errs[:3])))
