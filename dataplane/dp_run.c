@@ -148,8 +148,6 @@ static int setup_shm(struct dp *d)
 	d->decl->version = DP_RXSEG_VERSION;
 	d->decl->in_place = 0;
 	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
-	if (dp_route_init(d) < 0)
-		return -ENOSPC;
 	/* the send lanes: a restart on the region keeps the live senders' claims
 	 * (scan_lanes() in dp.c frees those of the dead on its first pass) */
 	if ((d->txl = kept_area(d, DP_AREA_TXLANES, sizeof(*d->txl))) == NULL)
@@ -157,6 +155,8 @@ static int setup_shm(struct dp *d)
 	d->txl->version = DP_TXL_VERSION;
 	d->txl->n = DP_TX_LANES;
 	__atomic_store_n(&d->txl->magic, DP_TXL_MAGIC, __ATOMIC_RELEASE);
+	if (dp_route_init(d) < 0)
+		return -ENOSPC;
 	d->live_slot = shm_live_register(d->reg, "dataplane");
 	return 0;
 }

@@ -235,7 +235,8 @@ kvf_down() {
     # ctrld first, so it drains before its workers go
     if [ "${KVF_PIDS[$i]}" = "${KVF_CTRLD:-}" ]; then wait "${KVF_PIDS[$i]}" 2>/dev/null || true; fi
   done
-  wait 2>/dev/null || true
+  # only ours: a caller's own background jobs (a log follower) keep running
+  for ((i = 0; i < ${#KVF_PIDS[@]}; i++)); do wait "${KVF_PIDS[$i]}" 2>/dev/null || true; done
   rm -f /dev/hugepages/*"${KVF_RA:-none}"* /dev/hugepages/*"${KVF_RB:-none}"* \
         /dev/shm/*"${KVF_RA:-none}"* /dev/shm/*"${KVF_RB:-none}"* 2>/dev/null
   # deleting a namespace deletes the veth end inside it, and with it the pair

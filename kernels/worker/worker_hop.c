@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "dp_ipc.h"
@@ -181,7 +182,12 @@ struct wk_out *wk_out_open(struct shm_region *r, const char *spec, char *err, si
 		o->dp = 1;
 		o->peer = (uint16_t)peer;
 		o->stream = (uint16_t)stream;
-		if (dp_tx_lane_open(r, &o->lane, err, errlen) == 0) {
+		/* a dataplane that just re-created its region adds its send lanes
+		 * an instant after the region appears (a worker re-attaching to it
+		 * got there first): wait a little for them */
+		for (int tries = 0; dp_tx_lane_open(r, &o->lane, err, errlen) == -ENOENT && tries < 250; tries++)
+			usleep(20000);
+		if (o->lane.lane >= 0) {
 			o->q = o->lane.q;
 			o->txc = o->lane.c;
 		}

@@ -7,7 +7,9 @@
  * stale epoch, a cut header) is answered with an error naming it, or
  * dropped, never acted on; thousands of random mutations of a good message
  * never crash the worker (ASan/UBSan in the sanitizer pass) and each gets
- * one answer or none.
+ * one answer or none. And the pages a decode node's stage takes from the
+ * dataplane itself (worker_kvrx.c): landed only for a room ctrld opened,
+ * in its session and the stage's layers, each reported, every buffer back.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -22,6 +24,10 @@
 
 #include "../../shm/fallback_region.h"
 #include "kn_testutil.h"
+#include "dp_ipc.h"
+#include "shm_pool.h"
+#include "shm_ring.h"
+#include "wk_kvpage.h"
 #include "worker_int.h"
 
 /* What the worker's other files give worker_kv.c (worker.c, worker_step.c). */
@@ -361,12 +367,140 @@ static void random_mutations_never_crash_and_each_gets_at_most_one_answer(void *
 	restore_pool(x);
 }
 
+/* ---- KV pages straight from the dataplane (worker_kvrx.c) ---- */
+
+struct rx_fixture {
+	struct dp_rxroute *route;
+	struct shm_mb_kvrooms *rooms;
+	struct shm_pool *rxs, *rxl;
+	struct shm_ring *rx, *kvl;
+};
+
+/* A dataplane's receive pools and routes, ctrld's rooms, then the route. */
+static void rx_setup(struct fixture *x, struct rx_fixture *r)
+{
+	char err[256];
+
+	r->route = area(x, DP_AREA_RXROUTE, sizeof(*r->route));
+	r->route->magic = DP_RXROUTE_MAGIC;
+	r->route->version = DP_RXROUTE_VERSION;
+	r->rooms = area(x, SHM_MB_KVROOMS_AREA, sizeof(*r->rooms));
+	r->rooms->magic = SHM_MB_KVROOMS_MAGIC;
+	r->rxs = shm_pool_create(x->reg, DP_POOL_RX_SMALL, 8, 256);
+	r->rxl = shm_pool_create(x->reg, DP_POOL_RX_LARGE, 4, wk_kvpage_size(x->f.block_bytes, NBLK));
+	assert_non_null(r->rxs);
+	assert_non_null(r->rxl);
+	assert_int_equal(wk_kvrx_route(&x->w, 3, err, sizeof(err)), 0);
+	r->rx = shm_ring_lookup(x->reg, "t.in.rx");
+	r->kvl = shm_ring_lookup(x->reg, "t.in.kvl");
+	assert_non_null(r->rx);
+	assert_non_null(r->kvl);
+}
+
+/* Deliver a page message (blocks src -> dst of room/session) as the dataplane
+ * does, let the stage take it; @return its report. */
+static struct shm_desc rx_deliver(struct fixture *x, struct rx_fixture *r, uint64_t room, uint32_t session,
+				  const int32_t *src, const uint32_t *dst, int32_t n, void (*lie)(void *buf))
+{
+	struct wk_kv_io io = wk_kv_io_stage(x->st);
+	struct shm_desc d, rep;
+	uint32_t idx;
+	char err[256];
+	int64_t len;
+
+	assert_int_equal(shm_pool_get(r->rxl, &idx), 0);
+	len = wk_kvpage_pack(&io, room, session, 0, 1, src, dst, n, shm_pool_buf(r->rxl, idx),
+			     shm_pool_bufsize(r->rxl), err, sizeof(err));
+	assert_true(len > 0);
+	if (lie != NULL)
+		lie(shm_pool_buf(r->rxl, idx));
+	d = (struct shm_desc){ .off = shm_pool_buf_off(r->rxl, idx), .len = (uint32_t)len, .type = DP_MT_KVPAGE };
+	assert_int_equal(shm_ring_enqueue_burst(r->rx, &d, 1), 1);
+	assert_int_equal(wk_kvrx_poll(&x->w), 1);
+	assert_int_equal(wk_kvrx_poll(&x->w), 0); /* taken once */
+	assert_int_equal(shm_ring_dequeue_burst(r->kvl, &rep, 1), 1);
+	/* its buffer is back in the dataplane's pool, and no import is in progress */
+	assert_int_equal(shm_pool_available(r->rxl), shm_pool_count(r->rxl));
+	assert_int_equal(r->rooms->busy[0].on, 0);
+	assert_int_equal(rep.len, (uint32_t)len);
+	assert_int_equal(rep.type, 0);
+	return rep;
+}
+
+static void lie_other_layers_hdr(void *buf)
+{
+	struct dp_kvpage_fields f = { 0 };
+
+	assert_int_equal(dp_kvpage_hdr_get(buf, sizeof(struct dp_kvpage_hdr) + 4096, &f), 0);
+	f.layer_end += 3;
+	dp_kvpage_hdr_put(buf, &f);
+}
+
+static void pages_routed_to_the_stage_land_only_for_open_rooms_and_each_is_reported(void **state)
+{
+	struct fixture *x = *state;
+	struct rx_fixture r;
+	const int32_t src[3] = { 0, 1, 2 };
+	const uint32_t dst[3] = { 10, 11, 12 };
+	struct shm_desc rep;
+	uint8_t *now;
+
+	rx_setup(x, &r);
+	/* the stream routed to this process's ring, waking its input ring */
+	assert_int_equal(r.route->ent[3].pid, (int32_t)getpid());
+	assert_string_equal(r.route->ent[3].ring, "t.in.rx");
+	assert_string_equal(r.route->ent[3].wake, "t.in");
+	assert_int_equal(r.route->ent[3].gen % 2, 0);
+
+	/* a room ctrld has not opened: refused, no page written */
+	rep = rx_deliver(x, &r, 77, 5, src, dst, 3, NULL);
+	assert_int_equal(rep.off, 77);
+	assert_true(rep.flags & SHM_MB_KVL_REFUSED);
+	now = pool_now(x);
+	assert_memory_equal(now, x->pool0, NBLK * x->f.block_bytes);
+	free(now);
+
+	/* open (room 77, session 5): the pages land in the blocks the message names */
+	r.rooms->slot[9] = (struct shm_mb_kvroom){ .room = 77, .session = 5, .open = 1 };
+	rep = rx_deliver(x, &r, 77, 5, src, dst, 3, NULL);
+	assert_int_equal(rep.flags, SHM_MB_KVL_LAST);
+	assert_int_equal(rep.seq, 3);
+	assert_int_equal(rep.aux, 5);
+	now = pool_now(x);
+	for (int i = 0; i < 3; i++)
+		assert_memory_equal(now + (size_t)dst[i] * x->f.block_bytes, x->pool0 + (size_t)src[i] * x->f.block_bytes,
+				    x->f.block_bytes);
+	free(now);
+	restore_pool(x);
+
+	/* another session of that room, another layer range, a closed room: refused, nothing written */
+	rep = rx_deliver(x, &r, 77, 6, src, dst, 3, NULL);
+	assert_true(rep.flags & SHM_MB_KVL_REFUSED);
+	rep = rx_deliver(x, &r, 77, 5, src, dst, 3, lie_other_layers_hdr);
+	assert_true(rep.flags & SHM_MB_KVL_REFUSED);
+	r.rooms->slot[9].open = 0;
+	rep = rx_deliver(x, &r, 77, 5, src, dst, 3, NULL);
+	assert_true(rep.flags & SHM_MB_KVL_REFUSED);
+	now = pool_now(x);
+	assert_memory_equal(now, x->pool0, NBLK * x->f.block_bytes);
+	free(now);
+
+	/* closing gives the stream back: the dataplane routes it no longer */
+	wk_kvrx_close(&x->w);
+	assert_int_equal(r.route->ent[3].pid, 0);
+	shm_ring_close(r.rx);
+	shm_ring_close(r.kvl);
+	shm_pool_close(r.rxs);
+	shm_pool_close(r.rxl);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(a_batch_of_copies_moves_what_each_copy_alone_moves),
 		cmocka_unit_test(every_lie_of_a_message_is_refused_and_writes_no_page),
 		cmocka_unit_test(random_mutations_never_crash_and_each_gets_at_most_one_answer),
+		cmocka_unit_test(pages_routed_to_the_stage_land_only_for_open_rooms_and_each_is_reported),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
