@@ -90,6 +90,11 @@ int ctrl_chain_kv_rxroute(struct ctrl_chain *c, int32_t stage, uint32_t stream)
 	return c->vt->kv_rxroute != NULL ? c->vt->kv_rxroute(c, stage, stream) : -ENOTSUP;
 }
 
+uint64_t ctrl_chain_kv_generation(struct ctrl_chain *c)
+{
+	return c->vt->kv_generation != NULL ? c->vt->kv_generation(c) : 0;
+}
+
 int ctrl_chain_kv_landed(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max)
 {
 	return c->vt->kv_landed != NULL ? c->vt->kv_landed(c, stage, out, max) : 0;

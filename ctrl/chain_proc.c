@@ -495,6 +495,7 @@ const struct ctrl_chain_vtbl ctrl_proc_chain_vtbl = {
 	.kv_copies = pc_kv_copies,
 	.kv_rxroute = pc_kv_rxroute,
 	.kv_landed = pc_kv_landed,
+	.kv_generation = pc_kv_generation,
 	.ready = pc_ready,
 };
 

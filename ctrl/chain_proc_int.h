@@ -153,6 +153,7 @@ int pc_kv_copies(struct ctrl_chain *cc, int32_t stage, int import, const struct 
 		 const struct kn_kv_format *f);
 int pc_kv_rxroute(struct ctrl_chain *cc, int32_t stage, uint32_t stream);
 int pc_kv_landed(struct ctrl_chain *cc, int32_t stage, struct ctrl_kv_landing *out, int max);
+uint64_t pc_kv_generation(struct ctrl_chain *cc);
 
 /* chain_proc_join.c */
 

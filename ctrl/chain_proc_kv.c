@@ -387,3 +387,14 @@ int pc_kv_landed(struct ctrl_chain *cc, int32_t stage, struct ctrl_kv_landing *o
 						   .refused = !!(d[i].flags & SHM_MB_KVL_REFUSED) };
 	return (int)n;
 }
+
+uint64_t pc_kv_generation(struct ctrl_chain *cc)
+{
+	struct proc_chain *c = (struct proc_chain *)cc;
+	uint64_t e;
+
+	pthread_mutex_lock(&c->mu);
+	e = c->epoch;
+	pthread_mutex_unlock(&c->mu);
+	return e;
+}

@@ -23,6 +23,7 @@
 
 #include "ctrl_pd_xfer.h"
 #include "kvf_clock.h"
+#include "kvf_log.h"
 
 struct pd_preq {
 	struct pd_preq *next;
@@ -42,6 +43,7 @@ struct pd_preq {
 	int reported;              /* the status went out (a failed one may precede the finish) */
 	int ready;                 /* defer_ship: there is something to ship, tick ships it */
 	int shipping, doomed;      /* tick ships it with the lock released; drop it after */
+	uint64_t kv_gen;           /* the chain's KV generation its first final blocks came under (0: none yet) */
 	uint64_t t_held;           /* when the finished request's KV began to wait for its manifest */
 	uint64_t t_sub;            /* when its prompt was submitted (CLOCK_MONOTONIC) */
 	int32_t first_token;
@@ -162,6 +164,31 @@ static int ship_pages(struct ctrl_pd_prefill *p, const struct pd_preq *q, int32_
 	return p->o.ship(p->o.ship_arg, q->node, q->room, q->session, q->src, q->dst, from, to, last, err, errlen);
 }
 
+/* The chain's KV generation now (0: not known: nothing follows from it). */
+static uint64_t kv_gen(const struct ctrl_pd_prefill *p)
+{
+	return p->o.kv_gen != NULL ? p->o.kv_gen(p->o.kv_gen_arg) : 0;
+}
+
+/* Is @p q's KV gone with the stages it was computed on (they re-formed:
+ * a worker that re-joined may be a new process with an empty pool)? Then
+ * its room fails: no page of it may go (it would be garbage) and the decode
+ * node computes the prompt itself. @return 1 if it failed. */
+static int kv_gone(struct ctrl_pd_prefill *p, struct pd_preq *q)
+{
+	if (q->kv_gen == 0 || kv_gen(p) == q->kv_gen)
+		return 0;
+	if (!q->reported) {
+		send_status(p, q, 1, "the prefill node's stages re-formed after computing this prompt (a stage "
+			    "restarted): its KV is gone");
+		p->st.kv_gone++;
+		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: room %llu: the stages re-formed after its prompt's KV "
+			"was computed (a stage may have restarted with an empty pool): its pages stop and its room "
+			"fails, so the decode node computes the prompt itself", (unsigned long long)q->room);
+	}
+	return 1;
+}
+
 /* What a ship came to (the lock held): the blocks counted, and the status
  * once the last range went, or a failed one at the first error. */
 static void shipped(struct ctrl_pd_prefill *p, struct pd_preq *q, int rc, int32_t to, int last, const char *err)
@@ -171,6 +198,8 @@ static void shipped(struct ctrl_pd_prefill *p, struct pd_preq *q, int rc, int32_
 			send_status(p, q, 1, err[0] ? err : strerror(-rc));
 		return;
 	}
+	if (kv_gone(p, q)) /* the stages re-formed while the pages moved: what went may be garbage */
+		return;
 	if (to > q->n_shipped) {
 		p->st.pages_shipped += (uint64_t)(to - q->n_shipped);
 		q->n_shipped = to;
@@ -196,6 +225,11 @@ static void advance(struct ctrl_pd_prefill *p, struct pd_preq *q)
 
 	if (!q->have_manifest || q->shipping)
 		return;
+	if (!q->reported && kv_gone(p, q)) {
+		if (q->finished)
+			drop(p, q);
+		return;
+	}
 	if (!q->reported) {
 		if (q->finished && q->n_src == 0) {
 			send_status(p, q, 1, q->why[0] ? q->why : "the prefill request ended without its KV");
@@ -234,6 +268,8 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 {
 	struct ctrl_pd_prefill *p = q->p;
 
+	if ((ev->kv_progress || ev->finish != CTRL_FINISH_NONE) && q->kv_gen == 0)
+		q->kv_gen = kv_gen(p); /* this event's blocks came back from the stages as they are now */
 	if (ev->kv_progress) {
 		int32_t n = ev->n_kv_blocks < q->cap_src ? ev->n_kv_blocks : q->cap_src;
 

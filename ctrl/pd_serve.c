@@ -449,6 +449,14 @@ static void *poller(void *arg)
 
 static int retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *room);
 
+/* ctrl_pd_prefill_opts.kv_gen: the chain's KV generation. */
+static uint64_t kv_gen(void *arg)
+{
+	struct ctrl_pd_serve *s = arg;
+
+	return ctrl_chain_kv_generation(s->o.chain);
+}
+
 /* ctrl_pd_decode_opts.gate: the rooms area of stages taking their own pages. Holds mu. */
 static int gate(void *arg, uint64_t room, uint32_t session, int open)
 {
@@ -550,6 +558,7 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 	} else {
 		struct ctrl_pd_prefill_opts po = { .sched = o->sched, .rank = o->rank, .send = send_ctl, .send_arg = s,
 						   .ship = ship, .ship_arg = s, .lock = &s->mu, .defer_ship = 1,
+						   .kv_gen = kv_gen, .kv_gen_arg = s,
 						   .hold_ns = (uint64_t)(o->room_timeout_s * 1e9) };
 
 		s->pre = ctrl_pd_prefill_create(&po);

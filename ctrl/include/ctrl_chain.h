@@ -143,6 +143,8 @@ struct ctrl_chain_vtbl {
 	 * (ctrl_chain_kv_landed()); NULL: -ENOTSUP / none */
 	int (*kv_rxroute)(struct ctrl_chain *c, int32_t stage, uint32_t stream);
 	int (*kv_landed)(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max);
+	/* optional: the chain's KV generation (ctrl_chain_kv_generation()); NULL: 0, never changes */
+	uint64_t (*kv_generation)(struct ctrl_chain *c);
 	/* optional: can the chain compute now (ctrl_chain_ready())? NULL: always */
 	int (*ready)(struct ctrl_chain *c, char *why, size_t whylen);
 };
@@ -244,6 +246,15 @@ int ctrl_chain_kv_copies(struct ctrl_chain *c, int32_t stage, int import, const 
  * or a worker or region that cannot), or the call's error.
  */
 int ctrl_chain_kv_rxroute(struct ctrl_chain *c, int32_t stage, uint32_t stream);
+
+/**
+ * The chain's KV generation: it changes whenever the stages' KV pools may
+ * have been lost (worker processes: each time the chain re-forms, for a
+ * stage that re-joined may be a new process with an empty pool). KV
+ * computed under one generation is gone once it changed. Stages inside
+ * ctrld keep their pools: 0, always.
+ */
+uint64_t ctrl_chain_kv_generation(struct ctrl_chain *c);
 
 /** Up to @p max reports of page messages stage @p stage took itself. @return how many (0: none). */
 int ctrl_chain_kv_landed(struct ctrl_chain *c, int32_t stage, struct ctrl_kv_landing *out, int max);

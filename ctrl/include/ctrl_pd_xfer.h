@@ -271,6 +271,12 @@ struct ctrl_pd_prefill_opts {
 	 *  finish callback completes a room, never waits on a transfer); the
 	 *  thread that ticks must be the one that passes control messages in */
 	int defer_ship;
+	/** optional: the chain's KV generation (ctrl_chain_kv_generation()): a room
+	 *  whose prompt's KV was computed under another one (its stages re-formed
+	 *  since, their pools maybe empty) sends no more pages and a failed status
+	 *  (the decode node then computes the prompt itself) */
+	uint64_t (*kv_gen)(void *arg);
+	void *kv_gen_arg;
 };
 
 struct ctrl_pd_prefill_stats {
@@ -281,6 +287,7 @@ struct ctrl_pd_prefill_stats {
 	uint64_t timed_rooms, prefill_ns, tail_ns;
 	uint64_t expired;          /**< rooms whose manifest never came: their KV given back */
 	uint64_t refused_aborted;  /**< prompts for a room the decode node had already given up */
+	uint64_t kv_gone;          /**< rooms failed: their KV's stages re-formed before it all went */
 };
 
 struct ctrl_pd_prefill;

@@ -1118,6 +1118,15 @@ static int x_retry(void *arg, uint32_t node, uint64_t old_room, uint64_t *new_ro
 	return ctrl_pd_prefill_submit(g_retry_pp, &rq, *new_room, 7) > 0 ? 0 : -1;
 }
 
+/* x_pair_init's prefill end reads its chain's KV generation here */
+static uint64_t g_kv_gen;
+
+static uint64_t x_kv_gen(void *arg)
+{
+	(void)arg;
+	return g_kv_gen;
+}
+
 static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 {
 	struct ctrl_rooms_opts ro;
@@ -1159,6 +1168,7 @@ static void x_pair_init(struct x_pair *x, int32_t stages, uint64_t timeout_ns)
 	popt.ship = x_ship;
 	popt.ship_arg = &x->net;
 	popt.defer_ship = g_defer_ship;
+	popt.kv_gen = x_kv_gen;
 	x->pp = ctrl_pd_prefill_create(&popt);
 	assert_non_null(x->pd);
 	assert_non_null(x->pp);
@@ -1628,6 +1638,58 @@ static void a_prefill_node_refuses_an_aborted_room_and_gives_back_kv_whose_manif
 	x_pair_free(&x);
 }
 
+/*
+ * A prefill node whose stages re-formed after computing a prompt (a worker
+ * restarted: its pool may be empty) must not ship that prompt's pages: they
+ * could be garbage. Its room fails instead, and the decode node computes the
+ * prompt itself: the client still gets the co-located tokens.
+ */
+static void a_prefill_room_whose_stages_re_formed_after_its_kv_ships_nothing_and_is_computed_on_the_decode_node(
+	void **state)
+{
+	static struct rec got, pre;
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_decode_stats dst;
+	struct ctrl_pd_prefill_stats pst;
+	struct timespec t;
+
+	(void)state;
+	g_compute_here = 1;
+	g_kv_gen = 1;
+	x_pair_init(&x, 2, 0);
+	g_compute_here = 0;
+	memset(&got, 0, sizeof(got));
+	memset(&pre, 0, sizeof(pre));
+	request_of(&rq, 3);
+	rq.cb = rec_cb;
+	rq.cb_arg = &got;
+	assert_true(ctrl_pd_decode_submit(x.pd, &rq, 77, 0, 1, 0) > 0);
+	rq.cb_arg = &pre;
+	assert_true(ctrl_pd_prefill_submit(x.pp, &rq, 77, 7) > 0);
+	/* the prompt computes on the prefill node (its manifest not delivered yet) */
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	for (struct timespec now = t; !pre.done && now.tv_sec - t.tv_sec < 20; clock_gettime(CLOCK_MONOTONIC, &now))
+		assert_true(ctrl_sched_poll(x.ps) >= 0);
+	assert_true(pre.done);
+	g_kv_gen = 2; /* then its stages re-form */
+	x_run(&x);
+	ctrl_pd_decode_stats(x.pd, &dst);
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	if (got.finish != CTRL_FINISH_LENGTH)
+		fail_msg("ended %s: %s", ctrl_finish_name(got.finish), got.msg);
+	assert_int_equal(got.n, g_ref[3].n);
+	assert_memory_equal(got.toks, g_ref[3].toks, sizeof(int32_t) * (size_t)g_ref[3].n);
+	assert_int_equal(pst.kv_gone, 1);
+	assert_int_equal(pst.pages_shipped, 0);
+	assert_int_equal(x.net.ranges, 0);
+	assert_int_equal(dst.computed_here, 1);
+	assert_int_equal(dst.rooms_failed, 0);
+	ctrl_sched_poll(x.ps);
+	x_pair_free(&x);
+	g_kv_gen = 0;
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1648,6 +1710,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_room_whose_ranks_reported_but_whose_pages_never_land_fails_after_the_landing_time),
 		cmocka_unit_test(a_room_fails_at_once_when_its_prefill_nodes_dataplane_restarts_or_stays_silent_past_its_give_up),
 		cmocka_unit_test(a_room_lost_with_its_prefill_dataplanes_session_runs_again_in_a_fresh_room_token_for_token),
+		cmocka_unit_test(a_prefill_room_whose_stages_re_formed_after_its_kv_ships_nothing_and_is_computed_on_the_decode_node),
 	};
 
 	if (argc < 2) {
