@@ -260,6 +260,29 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 		    struct http_verr *e);
 int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e);
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* A parameter kvferry accepts only at its default (the value that asks
+ * for nothing), refused at any other with 400 unsupported_parameter naming
+ * it; a table of them is checked by http_check_fixed() (null and absent
+ * always pass). */
+enum http_neutral {
+	HTTP_NEUTRAL_NULL,           /* only null */
+	HTTP_NEUTRAL_ZERO,           /* 0 */
+	HTTP_NEUTRAL_ONE,            /* 1 */
+	HTTP_NEUTRAL_MINUS_ONE,      /* the integer -1 */
+	HTTP_NEUTRAL_FALSE,          /* false */
+	HTTP_NEUTRAL_TRUE,           /* true */
+	HTTP_NEUTRAL_EMPTY,          /* "", [] or {} */
+	HTTP_NEUTRAL_NONE_AUTO,      /* "none" or "auto" (no tools: nothing to call) */
+	HTTP_NEUTRAL_TEXT_FORMAT,    /* {"type": "text"} */
+	HTTP_NEUTRAL_TEXT_ONLY,      /* ["text"] */
+};
+struct http_fixed {
+	const char *key;
+	enum http_neutral ok;
+	const char *want;            /* the accepted value, as the message says it */
+};
+/* @p where prefixes the field's name in the message ("sampling_params "). */
+int http_check_fixed(json_t *obj, const struct http_fixed *t, size_t n, const char *where, struct http_verr *e);
 /* http_native.c: a POST /generate request up to its encoded prompt (q's
  * seed is preset); the rest as http_read_gen(). */
 int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, struct http_verr *e);

@@ -30,46 +30,38 @@
 #include "http_int.h"
 #include "kvf_config.h"
 
-enum native_ok { OK_ZERO, OK_ONE, OK_FALSE, OK_TRUE, OK_EMPTY, OK_MINUS_ONE };
-
 /* Fields kvferry accepts only at their default (the value that asks for nothing). */
-struct native_fixed {
-	const char *key;
-	enum native_ok ok;
-	const char *want;
-};
-
-static const struct native_fixed g_top_fixed[] = {
-	{"input_embeds", OK_EMPTY, "null"},
-	{"image_data", OK_EMPTY, "null"},
-	{"audio_data", OK_EMPTY, "null"},
-	{"video_data", OK_EMPTY, "null"},
-	{"lora_path", OK_EMPTY, "null"},
-	{"session_params", OK_EMPTY, "null"},
-	{"custom_logit_processor", OK_EMPTY, "null"},
-	{"token_ids_logprob", OK_EMPTY, "null"},
-	{"return_hidden_states", OK_FALSE, "false"},
+static const struct http_fixed g_top_fixed[] = {
+	{"input_embeds", HTTP_NEUTRAL_EMPTY, "null"},
+	{"image_data", HTTP_NEUTRAL_EMPTY, "null"},
+	{"audio_data", HTTP_NEUTRAL_EMPTY, "null"},
+	{"video_data", HTTP_NEUTRAL_EMPTY, "null"},
+	{"lora_path", HTTP_NEUTRAL_EMPTY, "null"},
+	{"session_params", HTTP_NEUTRAL_EMPTY, "null"},
+	{"custom_logit_processor", HTTP_NEUTRAL_EMPTY, "null"},
+	{"token_ids_logprob", HTTP_NEUTRAL_EMPTY, "null"},
+	{"return_hidden_states", HTTP_NEUTRAL_FALSE, "false"},
 	/* prompt logprobs: only the generated tokens' are reported */
-	{"logprob_start_len", OK_MINUS_ONE, "-1"},
+	{"logprob_start_len", HTTP_NEUTRAL_MINUS_ONE, "-1"},
 };
 
-static const struct native_fixed g_sp_fixed[] = {
-	{"n", OK_ONE, "1"},
-	{"min_new_tokens", OK_ZERO, "0"},
-	{"min_p", OK_ZERO, "0"},
-	{"frequency_penalty", OK_ZERO, "0"},
-	{"presence_penalty", OK_ZERO, "0"},
-	{"repetition_penalty", OK_ONE, "1"},
-	{"stop_token_ids", OK_EMPTY, "[]"},
-	{"skip_special_tokens", OK_TRUE, "true"},
-	{"spaces_between_special_tokens", OK_TRUE, "true"},
-	{"no_stop_trim", OK_FALSE, "false"},
-	{"json_schema", OK_EMPTY, "null"},
-	{"regex", OK_EMPTY, "null"},
-	{"ebnf", OK_EMPTY, "null"},
-	{"structural_tag", OK_EMPTY, "null"},
-	{"logit_bias", OK_EMPTY, "{}"},
-	{"custom_params", OK_EMPTY, "null"},
+static const struct http_fixed g_sp_fixed[] = {
+	{"n", HTTP_NEUTRAL_ONE, "1"},
+	{"min_new_tokens", HTTP_NEUTRAL_ZERO, "0"},
+	{"min_p", HTTP_NEUTRAL_ZERO, "0"},
+	{"frequency_penalty", HTTP_NEUTRAL_ZERO, "0"},
+	{"presence_penalty", HTTP_NEUTRAL_ZERO, "0"},
+	{"repetition_penalty", HTTP_NEUTRAL_ONE, "1"},
+	{"stop_token_ids", HTTP_NEUTRAL_EMPTY, "[]"},
+	{"skip_special_tokens", HTTP_NEUTRAL_TRUE, "true"},
+	{"spaces_between_special_tokens", HTTP_NEUTRAL_TRUE, "true"},
+	{"no_stop_trim", HTTP_NEUTRAL_FALSE, "false"},
+	{"json_schema", HTTP_NEUTRAL_EMPTY, "null"},
+	{"regex", HTTP_NEUTRAL_EMPTY, "null"},
+	{"ebnf", HTTP_NEUTRAL_EMPTY, "null"},
+	{"structural_tag", HTTP_NEUTRAL_EMPTY, "null"},
+	{"logit_bias", HTTP_NEUTRAL_EMPTY, "{}"},
+	{"custom_params", HTTP_NEUTRAL_EMPTY, "null"},
 };
 
 /* Sampling parameters read below, or that change nothing generated. */
@@ -77,35 +69,6 @@ static const char *const g_sp_read[] = {
 	"max_new_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos", "sampling_seed", "seed",
 	"stream_interval",
 };
-
-static int is_default(json_t *v, enum native_ok ok)
-{
-	switch (ok) {
-	case OK_ZERO: return json_is_number(v) && json_number_value(v) == 0.0;
-	case OK_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
-	case OK_FALSE: return json_is_false(v);
-	case OK_TRUE: return json_is_true(v);
-	case OK_MINUS_ONE: return json_is_integer(v) && json_integer_value(v) == -1;
-	case OK_EMPTY:
-		return (json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v))
-		       || (json_is_object(v) && !json_object_size(v));
-	}
-	return 0;
-}
-
-static int check_fixed(json_t *obj, const struct native_fixed *t, size_t n, const char *where, struct http_verr *e)
-{
-	for (size_t i = 0; i < n; i++) {
-		json_t *v = json_object_get(obj, t[i].key);
-
-		if (!v || json_is_null(v) || is_default(v, t[i].ok))
-			continue;
-		return http_verr_set(e, 400, t[i].key, "unsupported_parameter",
-				     "%s'%s' is not supported by kvferry: only %s (its default) is accepted; remove it, "
-				     "or send the default", where, t[i].key, t[i].want);
-	}
-	return 0;
-}
 
 static int known_sp(const char *key)
 {
@@ -135,7 +98,7 @@ static int read_sampling(json_t *sp, struct http_gen_req *q, struct http_verr *e
 					     "sampling_params has an unknown parameter '%s' (kvferry reads max_new_tokens, "
 					     "temperature, top_p, top_k, stop, ignore_eos, sampling_seed)", key);
 	}
-	if (check_fixed(sp, g_sp_fixed, sizeof(g_sp_fixed) / sizeof(g_sp_fixed[0]), "sampling_params ", e))
+	if (http_check_fixed(sp, g_sp_fixed, sizeof(g_sp_fixed) / sizeof(g_sp_fixed[0]), "sampling_params ", e))
 		return -1;
 	if (http_opt_int(sp, "max_new_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0
 	    || http_opt_num(sp, "temperature", 0, 2, &q->temperature, e) < 0
@@ -173,7 +136,7 @@ int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, s
 				     "'text', or one array of token ids in 'input_ids')");
 	if (has_text && !json_is_string(text))
 		return http_verr_set(e, 400, "text", "invalid_type", "'text' must be a string");
-	if (check_fixed(req, g_top_fixed, sizeof(g_top_fixed) / sizeof(g_top_fixed[0]), "", e)
+	if (http_check_fixed(req, g_top_fixed, sizeof(g_top_fixed) / sizeof(g_top_fixed[0]), "", e)
 	    || http_opt_bool(req, "stream", &q->stream, e) < 0 || http_opt_bool(req, "return_logprob", &q->lp_report, e) < 0
 	    || http_opt_bool(req, "return_text_in_logprobs", &q->lp_text, e) < 0
 	    || http_opt_int(req, "top_logprobs_num", 0, HTTP_MAX_LOGPROBS, &top, e) < 0)

@@ -103,82 +103,73 @@ static int check_model(struct ctrl_http *h, json_t *req, int required, struct ht
  * listed here and not read elsewhere are ignored (user, metadata, store...):
  * none of them changes what is generated.
  */
-enum neutral {
-	NEUTRAL_NULL,                /* only null */
-	NEUTRAL_ZERO,                /* 0 */
-	NEUTRAL_ONE,                 /* 1 */
-	NEUTRAL_FALSE,               /* false */
-	NEUTRAL_EMPTY,               /* "", [] or {} */
-	NEUTRAL_NONE_AUTO,           /* "none" or "auto" (no tools: nothing to call) */
-	NEUTRAL_TEXT_FORMAT,         /* {"type": "text"} */
-	NEUTRAL_TEXT_ONLY,           /* ["text"] */
-};
-
-static const struct unsupported {
-	const char *key;
-	enum neutral ok;
-	const char *want;            /* the accepted value, as the message says it */
-} g_unsupported[] = {
-	{"logit_bias", NEUTRAL_EMPTY, "{}"},
-	{"presence_penalty", NEUTRAL_ZERO, "0"},
-	{"frequency_penalty", NEUTRAL_ZERO, "0"},
-	{"best_of", NEUTRAL_ONE, "1"},
-	{"echo", NEUTRAL_FALSE, "false"},
-	{"suffix", NEUTRAL_EMPTY, "\"\""},
-	{"response_format", NEUTRAL_TEXT_FORMAT, "{\"type\": \"text\"}"},
-	{"tools", NEUTRAL_EMPTY, "[]"},
-	{"tool_choice", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
-	{"functions", NEUTRAL_EMPTY, "[]"},
-	{"function_call", NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
-	{"modalities", NEUTRAL_TEXT_ONLY, "[\"text\"]"},
-	{"audio", NEUTRAL_NULL, "null"},
+static const struct http_fixed g_unsupported[] = {
+	{"logit_bias", HTTP_NEUTRAL_EMPTY, "{}"},
+	{"presence_penalty", HTTP_NEUTRAL_ZERO, "0"},
+	{"frequency_penalty", HTTP_NEUTRAL_ZERO, "0"},
+	{"best_of", HTTP_NEUTRAL_ONE, "1"},
+	{"echo", HTTP_NEUTRAL_FALSE, "false"},
+	{"suffix", HTTP_NEUTRAL_EMPTY, "\"\""},
+	{"response_format", HTTP_NEUTRAL_TEXT_FORMAT, "{\"type\": \"text\"}"},
+	{"tools", HTTP_NEUTRAL_EMPTY, "[]"},
+	{"tool_choice", HTTP_NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"functions", HTTP_NEUTRAL_EMPTY, "[]"},
+	{"function_call", HTTP_NEUTRAL_NONE_AUTO, "\"none\" or \"auto\""},
+	{"modalities", HTTP_NEUTRAL_TEXT_ONLY, "[\"text\"]"},
+	{"audio", HTTP_NEUTRAL_NULL, "null"},
 	/* vLLM's sampling extensions */
-	{"repetition_penalty", NEUTRAL_ONE, "1"},
-	{"min_p", NEUTRAL_ZERO, "0"},
-	{"min_tokens", NEUTRAL_ZERO, "0"},
-	{"use_beam_search", NEUTRAL_FALSE, "false"},
-	{"guided_json", NEUTRAL_NULL, "null"},
-	{"guided_regex", NEUTRAL_NULL, "null"},
-	{"guided_choice", NEUTRAL_NULL, "null"},
-	{"guided_grammar", NEUTRAL_NULL, "null"},
+	{"repetition_penalty", HTTP_NEUTRAL_ONE, "1"},
+	{"min_p", HTTP_NEUTRAL_ZERO, "0"},
+	{"min_tokens", HTTP_NEUTRAL_ZERO, "0"},
+	{"use_beam_search", HTTP_NEUTRAL_FALSE, "false"},
+	{"guided_json", HTTP_NEUTRAL_NULL, "null"},
+	{"guided_regex", HTTP_NEUTRAL_NULL, "null"},
+	{"guided_choice", HTTP_NEUTRAL_NULL, "null"},
+	{"guided_grammar", HTTP_NEUTRAL_NULL, "null"},
 };
 
-static int is_neutral(json_t *v, enum neutral ok)
+static int is_neutral(json_t *v, enum http_neutral ok)
 {
 	const char *str = json_string_value(v);
 
 	switch (ok) {
-	case NEUTRAL_NULL: return 0;
-	case NEUTRAL_ZERO: return json_is_number(v) && json_number_value(v) == 0.0;
-	case NEUTRAL_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
-	case NEUTRAL_FALSE: return json_is_false(v);
-	case NEUTRAL_EMPTY:
+	case HTTP_NEUTRAL_NULL: return 0;
+	case HTTP_NEUTRAL_ZERO: return json_is_number(v) && json_number_value(v) == 0.0;
+	case HTTP_NEUTRAL_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
+	case HTTP_NEUTRAL_MINUS_ONE: return json_is_integer(v) && json_integer_value(v) == -1;
+	case HTTP_NEUTRAL_FALSE: return json_is_false(v);
+	case HTTP_NEUTRAL_TRUE: return json_is_true(v);
+	case HTTP_NEUTRAL_EMPTY:
 		return (json_is_string(v) && !json_string_length(v)) || (json_is_array(v) && !json_array_size(v))
 		       || (json_is_object(v) && !json_object_size(v));
-	case NEUTRAL_NONE_AUTO: return str && (!strcmp(str, "none") || !strcmp(str, "auto"));
-	case NEUTRAL_TEXT_FORMAT:
+	case HTTP_NEUTRAL_NONE_AUTO: return str && (!strcmp(str, "none") || !strcmp(str, "auto"));
+	case HTTP_NEUTRAL_TEXT_FORMAT:
 		str = json_string_value(json_object_get(v, "type"));
 		return json_is_object(v) && json_object_size(v) == 1 && str && !strcmp(str, "text");
-	case NEUTRAL_TEXT_ONLY:
+	case HTTP_NEUTRAL_TEXT_ONLY:
 		str = json_string_value(json_array_get(v, 0));
 		return json_is_array(v) && json_array_size(v) == 1 && str && !strcmp(str, "text");
 	}
 	return 0;
 }
 
-static int check_unsupported(json_t *req, struct http_verr *e)
+int http_check_fixed(json_t *obj, const struct http_fixed *t, size_t n, const char *where, struct http_verr *e)
 {
-	for (size_t i = 0; i < sizeof(g_unsupported) / sizeof(g_unsupported[0]); i++) {
-		const struct unsupported *u = &g_unsupported[i];
-		json_t *v = json_object_get(req, u->key);
+	for (size_t i = 0; i < n; i++) {
+		json_t *v = json_object_get(obj, t[i].key);
 
-		if (!v || json_is_null(v) || is_neutral(v, u->ok))
+		if (!v || json_is_null(v) || is_neutral(v, t[i].ok))
 			continue;
-		return http_verr_set(e, 400, u->key, "unsupported_parameter",
-			   "'%s' is not supported by kvferry: only %s (its default) is accepted; remove it, or "
-			   "send the default", u->key, u->want);
+		return http_verr_set(e, 400, t[i].key, "unsupported_parameter",
+				     "%s'%s' is not supported by kvferry: only %s (its default) is accepted; remove it, "
+				     "or send the default", where, t[i].key, t[i].want);
 	}
 	return 0;
+}
+
+static int check_unsupported(json_t *req, struct http_verr *e)
+{
+	return http_check_fixed(req, g_unsupported, sizeof(g_unsupported) / sizeof(g_unsupported[0]), "", e);
 }
 
 /* Gather the text of a message's content: a string, or an array of parts. */
