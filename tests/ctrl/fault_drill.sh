@@ -23,12 +23,16 @@
 #    again here, token for token), the prefill node's (its failed prompts are
 #    computed on the decode node instead), the decode node's dataplane
 #    killed (its chain and PD link move to the new region): none fails.
-#   fault_drill.sh BUILD_DIR SOURCE_ROOT [DRILL [FLAGS]]
+#    With "fault-drill-pd --workers --netns" and the faults netem,link-down
+#    the two dataplanes talk over a veth pair between two namespaces: 5%
+#    loss, duplication and 25% reordering for 5 s, then the prefill node's
+#    veth end down for 5 s: every room lands, none fails.
+#   fault_drill.sh BUILD_DIR SOURCE_ROOT [DRILL [FLAGS [FAULTS]]]
 # Root, hugepages and (fault-drill) network namespaces, else 77.
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd) drill=${3:-fault-drill}
 # shellcheck disable=SC2086 # FLAGS: words
-"$S/scripts/$drill" --build "$B" --no-build --faults "${FAULT_DRILL_FAULTS:-quick}" ${4:-}
+"$S/scripts/$drill" --build "$B" --no-build --faults "${FAULT_DRILL_FAULTS:-${5:-quick}}" ${4:-}
 rc=$?
 [ $rc = 77 ] && exit 77
 [ $rc = 0 ] && echo "PASS: every fault of the quick drill ($drill) within its goals"
