@@ -57,15 +57,17 @@ fixed=() verify=()
 nsA=() nsB=()
 case $mode in
   memif|memif-impair|restart|outage|lanes|pcrc-mismatch)
-    portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=9216"
-    portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=9216"
+    # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
+    frame=${DP_MEMIF_FRAME:-9000}
+    bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
+    portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=$bs"
+    portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=$bs"
     if [ "${DP_ZC:-0}" = 1 ]; then
       # zero-copy client: the server's PMD copies straight into B's mbufs; the
       # mbuf memory must be one file per segment list, and B copies what it
       # sends (region memory is not in the segments memif exports)
       portB="$portB,zero-copy=yes" ealB="-l 1 --single-file-segments $eal_more" extraB=(--tx-copy)
-    fi
-    frame=9000 ;;
+    fi ;;
   afpacket|outage-afpacket)
     command -v ip >/dev/null || skip "iproute2 missing"
     ip netns add kvfA$tag && ip netns add kvfB$tag || skip "cannot create network namespaces"
