@@ -384,7 +384,8 @@ int pc_kv_landed(struct ctrl_chain *cc, int32_t stage, struct ctrl_kv_landing *o
 		out[i] = (struct ctrl_kv_landing){ .room = d[i].off, .session = (uint32_t)d[i].aux,
 						   .n_blocks = (uint32_t)d[i].seq, .bytes = d[i].len,
 						   .last = !!(d[i].flags & SHM_MB_KVL_LAST),
-						   .refused = !!(d[i].flags & SHM_MB_KVL_REFUSED) };
+						   .refused = !!(d[i].flags & SHM_MB_KVL_REFUSED),
+						   .in_place = !!(d[i].flags & SHM_MB_KVL_IN_PLACE) };
 	return (int)n;
 }
 

@@ -660,6 +660,7 @@ static int landed(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers *h)
 				}
 				l->st.kv_received++;
 				l->st.kv_landed_by_stages++;
+				l->st.kv_landed_in_place += g[i].in_place != 0;
 				l->st.kv_bytes_received += g[i].bytes;
 				h->pages(h->arg, g[i].room, g[i].session, k, g[i].last, g[i].n_blocks, g[i].bytes);
 			}

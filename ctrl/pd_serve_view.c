@@ -109,6 +109,7 @@ json_t *pd_serve_stats(void *ctx)
 		json_object_set_new(pd, "kv_import_seconds_total", json_real((double)ls.import_ns / 1e9));
 		/* page messages the stages took from the dataplane themselves ([pd] worker_rx) */
 		json_object_set_new(pd, "kv_landed_by_stages_total", json_integer((json_int_t)ls.kv_landed_by_stages));
+		json_object_set_new(pd, "kv_landed_in_place_total", json_integer((json_int_t)ls.kv_landed_in_place));
 		json_object_set_new(pd, "stages_take_pages", json_boolean(s->rx_on));
 		json_object_set_new(pd, "rooms_gate_full_total", json_integer((json_int_t)ls.rooms_gate_full));
 		json_object_set_new(pd, "rooms_phased_total", json_integer((json_int_t)ds.phase_rooms));

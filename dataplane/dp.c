@@ -167,9 +167,12 @@ static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 	/* a peer with smaller frames may need more segments than a list has
 	 * room for: that message is reassembled by copy */
 	struct shm_ring *wake;
-	/* a routed stream's messages go whole to a ring whose owner reads buffers */
+	int segs = 0;
+	/* a routed stream's messages go whole to a ring whose owner reads
+	 * buffers, in place to one that reads segment lists (its fallback
+	 * ring, DP_RING_RX_KV, reads them too: rx_in_place()) */
 	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs
-		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake) != NULL);
+		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake, &segs) != NULL && !segs);
 	s->rx_in_place = (uint8_t)in_place;
 	s->rx_frags = frags;
 	if (in_place) {
@@ -245,12 +248,14 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 		desc.flags = DP_RX_SEGMENTS;
 	}
 	d->cur_stream->partial--;
-	if (ip < 0 && m->type == DP_MT_KVPAGE) {
-		/* to the stream's owner when it routed it (dp_route.c); its ring
-		 * too holds every pool buffer */
-		struct shm_ring *wake, *r = dp_route_ring(d, d->cur_stream->id, &wake);
+	if (m->type == DP_MT_KVPAGE) {
+		/* to the stream's owner when it routed it (dp_route.c): a list
+		 * only to one that reads lists (else DP_RING_RX_KV, which does);
+		 * its ring too holds every pool buffer */
+		int segs = 0;
+		struct shm_ring *wake, *r = dp_route_ring(d, d->cur_stream->id, &wake, &segs);
 
-		if (r != NULL && shm_ring_enqueue_burst(r, &desc, 1) == 1) {
+		if (r != NULL && (ip < 0 || segs) && shm_ring_enqueue_burst(r, &desc, 1) == 1) {
 			if (wake != NULL)
 				shm_ring_wake_(wake);
 			cnt_add(&d->cur_peer->stats->msgs_received, 1);

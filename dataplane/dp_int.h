@@ -143,6 +143,7 @@ struct dp {
 	struct dp_route_cache {
 		uint32_t gen;
 		int32_t pid;
+		int segs;  /* its consumer reads segment lists */
 		struct shm_ring *r, *wake;
 	} rt[DP_MAX_STREAMS];
 	/* context for reliab callbacks */
@@ -181,9 +182,10 @@ void dp_link(struct dp *d, int up);
 
 /* dp_route.c: the receive routes. The ring stream @p stream's KV pages
  * go to now (and the ring to wake after each, or NULL), or NULL: the usual
- * DP_RING_RX_KV. dp_route_scan() drops the routes of dead consumers. */
+ * DP_RING_RX_KV; *segs (when not NULL): whether its consumer reads segment
+ * lists. dp_route_scan() drops the routes of dead consumers. */
 int dp_route_init(struct dp *d);
-struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake);
+struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs);
 void dp_route_scan(struct dp *d);
 void dp_route_close(struct dp *d);
 

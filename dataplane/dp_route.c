@@ -67,7 +67,7 @@ static void drain(struct dp *d, struct shm_ring *r)
 			"back in the pool", d->o->node, back, back == 1 ? "" : "s");
 }
 
-struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake)
+struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs)
 {
 	struct dp_rxroute_ent *e;
 	struct dp_route_cache *c;
@@ -75,7 +75,11 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	int32_t pid;
 	uint32_t g;
 
+	int sg;
+
 	*wake = NULL;
+	if (segs != NULL)
+		*segs = 0;
 	if (d->route == NULL || stream >= DP_MAX_STREAMS)
 		return NULL;
 	e = &d->route->ent[stream];
@@ -89,6 +93,8 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	g = __atomic_load_n(&e->gen, __ATOMIC_ACQUIRE);
 	if (c->r != NULL && c->pid == pid && c->gen == g) {
 		*wake = c->wake;
+		if (segs != NULL)
+			*segs = c->segs;
 		return c->r;
 	}
 	if (g & 1u)
@@ -96,6 +102,7 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	memcpy(ring, e->ring, sizeof(e->ring));
 	memcpy(wk, e->wake, sizeof(e->wake));
 	ring[sizeof(e->ring)] = wk[sizeof(e->wake)] = 0;
+	sg = (int)((__atomic_load_n(&d->route->segs, __ATOMIC_RELAXED) >> stream) & 1u);
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != g)
 		return NULL;
@@ -113,9 +120,12 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	c->wake = wk[0] ? shm_ring_lookup(d->reg, wk) : NULL;
 	c->pid = pid;
 	c->gen = g;
-	kvf_log(KVF_LOG_INFO, NULL, "dataplane %u: stream %u's KV pages now go to pid %d on ring %s", d->o->node,
-		stream, (int)pid, ring);
+	c->segs = sg;
+	kvf_log(KVF_LOG_INFO, NULL, "dataplane %u: stream %u's KV pages now go to pid %d on ring %s%s", d->o->node,
+		stream, (int)pid, ring, sg && d->in_place ? " (as segment lists where received in place)" : "");
 	*wake = c->wake;
+	if (segs != NULL)
+		*segs = sg;
 	return c->r;
 }
 
@@ -128,7 +138,7 @@ void dp_route_scan(struct dp *d)
 
 		if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
 			continue;
-		r = dp_route_ring(d, (uint16_t)s, &w); /* its ring, before the route goes */
+		r = dp_route_ring(d, (uint16_t)s, &w, NULL); /* its ring, before the route goes */
 		if (!__atomic_compare_exchange_n(&e->pid, &pid, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
 			continue; /* a successor routed it meanwhile */
 		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: stream %u's consumer pid %d died: its KV pages go to %s "

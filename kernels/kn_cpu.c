@@ -440,6 +440,26 @@ static int cpu_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, c
 	return 0;
 }
 
+/* The same, the pages read from pieces row by row, each row straight into
+ * the pool (a row may span two pieces). */
+static int cpu_kv_import_segs(struct kn_stage *s, const int32_t *blocks, int32_t n, struct kn_seg_cursor *cur)
+{
+	struct cpu_stage *c = (struct cpu_stage *)s;
+	const size_t page = (size_t)KN_PAGE_BLK * c->KVD;
+
+	for (int32_t i = 0; i < n; i++)
+		for (int32_t l = 0; l < c->nl; l++)
+			for (int kv = 0; kv < 2; kv++) {
+				float *pool = (kv ? c->L[l].vc : c->L[l].kc) + (size_t)blocks[i] * page;
+
+				for (int32_t h = 0; h < c->nkv; h++)
+					for (int32_t p = 0; p < KN_PAGE_BLK; p++)
+						kn_seg_read(cur, pool + (size_t)p * c->KVD + (size_t)h * c->hd,
+							    (size_t)c->hd * sizeof(float));
+			}
+	return 0;
+}
+
 static const struct kn_stage_vtbl cpu_vtbl = {
 	.name = "cpu",
 	.create = kn_cpu_stage_create,
@@ -452,6 +472,7 @@ static const struct kn_stage_vtbl cpu_vtbl = {
 	.kv_dtype = KN_DT_F32,
 	.kv_export = cpu_kv_export,
 	.kv_import = cpu_kv_import,
+	.kv_import_segs = cpu_kv_import_segs,
 };
 
 static const struct kn_tensor *lt(const struct kn_model *m, int32_t l, const char *suffix, size_t *bytes)

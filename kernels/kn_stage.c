@@ -365,6 +365,50 @@ int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, con
 	return rc;
 }
 
+int kn_stage_kv_imports_segs(const struct kn_stage *s)
+{
+	return s->vt->kv_import_segs != NULL;
+}
+
+int kn_stage_kv_import_segs(struct kn_stage *s, const int32_t *blocks, int32_t n, const struct kn_seg *segs,
+			    int32_t n_segs, size_t skip, size_t len, const struct kn_kv_format *f)
+{
+	struct kn_seg_cursor c = { .seg = segs, .n = n_segs };
+	struct kn_kv_format me;
+	size_t have = 0;
+	void *tmp;
+	int rc;
+
+	if (f == NULL) {
+		kn_stage_seterr(s, "kn_stage_kv_import_segs: no page format given");
+		return -EINVAL;
+	}
+	for (int32_t i = 0; i < n_segs; i++)
+		have += segs[i].len;
+	if (n_segs < 0 || have < skip || have - skip < len) {
+		kn_stage_seterr(s, "kn_stage_kv_import_segs: %d pieces hold %zu bytes; the pages need %zu after the "
+				"first %zu", (int)n_segs, have, len, skip);
+		return -EINVAL;
+	}
+	rc = kn_stage_kv_check(s, blocks, n, len, f);
+	if (rc || n == 0)
+		return rc;
+	kn_stage_kv_format(s, &me);
+	kn_seg_read(&c, NULL, skip);
+	if (f->dtype == me.dtype && s->vt->kv_import_segs != NULL)
+		return s->vt->kv_import_segs(s, blocks, n, &c);
+	/* a backend that wants one buffer, or pages to convert: gather them */
+	tmp = malloc(len);
+	if (tmp == NULL) {
+		kn_stage_seterr(s, "kn_stage_kv_import_segs: out of memory gathering %zu bytes", len);
+		return -ENOMEM;
+	}
+	kn_seg_read(&c, tmp, len);
+	rc = kn_stage_kv_import(s, blocks, n, tmp, len, f);
+	free(tmp);
+	return rc;
+}
+
 const char *kn_stage_error(const struct kn_stage *s)
 {
 	if (s->vt && s->vt->error)

@@ -39,6 +39,7 @@
 #define KN_STAGE_IMPL_H
 
 #include <stdarg.h>
+#include <string.h>
 
 #include "kn_model.h"
 #include "kn_stage.h"
@@ -50,6 +51,8 @@ extern "C" {
 struct kn_stage;
 
 /** A backend's entry points. All take the embedded base pointer. */
+struct kn_seg_cursor;
+
 struct kn_stage_vtbl {
 	const char *name; /**< "cpu", "cuda" */
 	/** Build a stage; NULL + errno and @p err filled on failure. */
@@ -80,7 +83,41 @@ struct kn_stage_vtbl {
 	int (*kv_export)(struct kn_stage *s, const int32_t *blocks, int32_t n, void *dst);
 	/** Validated blocks in from @p src, already in this pool's type. @return 0 or -errno. */
 	int (*kv_import)(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src);
+	/** The same from pieces (@p c at the pages' first byte, every byte there);
+	 *  NULL: kn_stage.c gathers them and calls kv_import. @return 0 or -errno. */
+	int (*kv_import_segs)(struct kn_stage *s, const int32_t *blocks, int32_t n, struct kn_seg_cursor *c);
 };
+
+/** A read position in a list of pieces (kn_stage_kv_import_segs()). */
+struct kn_seg_cursor {
+	const struct kn_seg *seg;
+	int32_t n, i;  /**< pieces, and the one being read */
+	size_t at;     /**< bytes of seg[i] already read */
+};
+
+/** Copy the next @p len bytes to @p dst (NULL: pass over them); the caller
+ *  knows they are there. */
+static inline void kn_seg_read(struct kn_seg_cursor *c, void *dst, size_t len)
+{
+	char *o = (char *)dst;
+
+	while (len > 0 && c->i < c->n) {
+		size_t k = c->seg[c->i].len - c->at;
+
+		if (k > len)
+			k = len;
+		if (o != NULL) {
+			memcpy(o, (const char *)c->seg[c->i].p + c->at, k);
+			o += k;
+		}
+		len -= k;
+		c->at += k;
+		if (c->at == c->seg[c->i].len) {
+			c->i++;
+			c->at = 0;
+		}
+	}
+}
 
 /** State every backend shares; embed as the first member. */
 struct kn_stage {

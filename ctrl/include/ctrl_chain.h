@@ -114,6 +114,7 @@ struct ctrl_kv_landing {
 	uint64_t bytes;
 	int last;                    /**< the stream's last message for the room */
 	int refused;                 /**< not imported (the stage's log says why) */
+	int in_place;                /**< imported from its frames where the dataplane received them */
 };
 
 /** A chain implementation's entry points. */

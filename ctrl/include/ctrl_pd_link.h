@@ -96,6 +96,7 @@ struct ctrl_pd_link_stats {
 	uint64_t export_ns, import_ns, buf_wait_ns, lane_wait_ns;
 	uint64_t kv_burst_max;     /**< most page messages one poll took off the ring */
 	uint64_t kv_landed_by_stages; /**< page messages the stages took from the dataplane themselves */
+	uint64_t kv_landed_in_place;  /**< ... of them read from their frames where received (rx_in_place) */
 	uint64_t rooms_gate_full;  /**< rooms that found no slot in the rooms area (their pages refused) */
 	uint64_t rooms_gate_stuck; /**< closes that stopped waiting on a stage still importing (dead, or 5 s) */
 };

@@ -371,18 +371,22 @@ static_assert(sizeof(struct dp_rxroute_ent) == 72, "dp_rxroute_ent is a 72-byte 
 struct dp_rxroute {
 	uint32_t magic;
 	uint32_t version;
-	uint64_t reserved;
+	uint64_t segs;    /**< bit s: stream s's consumer reads segment lists (DP_RX_SEGMENTS) */
 	struct dp_rxroute_ent ent[DP_MAX_STREAMS];
 };
 
 /**
  * Route stream @p stream's KV page messages to ring @p ring of process
  * @p pid (0: withdraw the route), waking ring @p wake's sleeper after each.
+ * @p segs: the consumer reads segment lists, so a dataplane receiving in
+ * place (rx_in_place) may hand it messages as the list of their frames
+ * (DP_RX_SEGMENTS) rather than reassembled; it does so only while the
+ * route's fallback, DP_RING_RX_KV, reads them too (dp_ipc_rx_declare()).
  * @p area is the DP_AREA_RXROUTE area. @return 0, or -1 (not such an area,
  * or a name too long).
  */
 static inline int dp_ipc_rx_route(struct dp_rxroute *area, unsigned stream, const char *ring, const char *wake,
-				  int32_t pid)
+				  int32_t pid, int segs)
 {
 	struct dp_rxroute_ent *e;
 	uint32_t g;
@@ -399,6 +403,10 @@ static inline int dp_ipc_rx_route(struct dp_rxroute *area, unsigned stream, cons
 	memset(e->wake, 0, sizeof(e->wake));
 	memcpy(e->ring, ring, strlen(ring));
 	memcpy(e->wake, wake, strlen(wake));
+	if (segs && pid > 0)
+		__atomic_fetch_or(&area->segs, 1ull << stream, __ATOMIC_RELAXED);
+	else
+		__atomic_fetch_and(&area->segs, ~(1ull << stream), __ATOMIC_RELAXED);
 	__atomic_store_n(&e->gen, (g | 1u) + 1u, __ATOMIC_RELEASE);
 	__atomic_store_n(&e->pid, pid, __ATOMIC_RELEASE);
 	return 0;

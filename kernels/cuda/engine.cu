@@ -393,7 +393,7 @@ static int cu_kv_import(struct kn_stage *b, const int32_t *blocks, int32_t n, co
 
 static const struct kn_stage_vtbl cu_vtbl = {
 	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, NULL, cu_submit, cu_wait,
-	cu_ready, NULL, KN_DT_BF16, cu_kv_export, cu_kv_import,
+	cu_ready, NULL, KN_DT_BF16, cu_kv_export, cu_kv_import, NULL,
 };
 
 static void errfill(char *err, size_t errlen, const char *msg)

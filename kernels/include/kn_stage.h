@@ -307,6 +307,28 @@ int kn_stage_kv_export(struct kn_stage *s, const int32_t *blocks, int32_t n, voi
 int kn_stage_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, const void *src, size_t len,
 		       const struct kn_kv_format *f);
 
+/** A piece of bytes, for kn_stage_kv_import_segs(). */
+struct kn_seg {
+	const void *p;
+	size_t len;
+};
+
+/**
+ * kn_stage_kv_import() from bytes in pieces, read where they lie: the pages
+ * are the @p len bytes that start @p skip bytes into the concatenation of
+ * @p segs[0..n_segs) (a message received in place: each frame's payload
+ * where the network driver left it). A backend that reads pieces
+ * (kn_stage_kv_imports_segs()) copies each byte once, straight into the
+ * pool; the others, and pages of the other dtype, are gathered first.
+ * @return as kn_stage_kv_import(); -EINVAL also when the pieces hold fewer
+ *         than @p skip + @p len bytes.
+ */
+int kn_stage_kv_import_segs(struct kn_stage *s, const int32_t *blocks, int32_t n, const struct kn_seg *segs,
+			    int32_t n_segs, size_t skip, size_t len, const struct kn_kv_format *f);
+
+/** @return 1 if kn_stage_kv_import_segs() reads pages of the pool's own dtype where they lie (no gather copy). */
+int kn_stage_kv_imports_segs(const struct kn_stage *s);
+
 /**
  * What kn_stage_kv_export() (@p f NULL) or kn_stage_kv_import() (pages in
  * format @p f) would refuse of these arguments, without copying anything: a

@@ -27,6 +27,12 @@ static int st_import(void *arg, const int32_t *blocks, int32_t n, const void *sr
 	return kn_stage_kv_import(arg, blocks, n, src, len, f);
 }
 
+static int st_import_segs(void *arg, const int32_t *blocks, int32_t n, const struct kn_seg *segs, int32_t n_segs,
+			  size_t skip, size_t len, const struct kn_kv_format *f)
+{
+	return kn_stage_kv_import_segs(arg, blocks, n, segs, n_segs, skip, len, f);
+}
+
 static const char *st_error(void *arg)
 {
 	return kn_stage_error(arg);
@@ -35,6 +41,7 @@ static const char *st_error(void *arg)
 struct wk_kv_io wk_kv_io_stage(struct kn_stage *s)
 {
 	return (struct wk_kv_io){ .format = st_format, .export_pages = st_export, .import_pages = st_import,
+				  .import_pages_segs = st_import_segs,
 				  .error = st_error, .arg = s };
 }
 
@@ -94,15 +101,47 @@ int64_t wk_kvpage_pack(const struct wk_kv_io *io, uint64_t room, uint32_t sessio
 		return code;                                 \
 	} while (0)
 
+/* The first @p cap bytes of the pieces into @p dst; @return how many there were. */
+static size_t head_of(const struct kn_seg *segs, int32_t n_segs, uint8_t *dst, size_t cap)
+{
+	size_t got = 0;
+
+	for (int32_t i = 0; i < n_segs && got < cap; i++) {
+		size_t k = segs[i].len < cap - got ? segs[i].len : cap - got;
+
+		memcpy(dst + got, segs[i].p, k);
+		got += k;
+	}
+	return got;
+}
+
 int wk_kvpage_import(const struct wk_kv_io *io, const void *buf, size_t len, struct wk_kvpage_info *info, char *err,
 		     size_t errlen)
 {
+	const struct kn_seg one = { buf, len };
+
+	return wk_kvpage_import_segs(io, &one, 1, len, info, err, errlen);
+}
+
+int wk_kvpage_import_segs(const struct wk_kv_io *io, const struct kn_seg *segs, int32_t n_segs, size_t len,
+			  struct wk_kvpage_info *info, char *err, size_t errlen)
+{
 	struct dp_kvpage_fields h;
 	struct kn_kv_format mine, theirs;
-	const uint8_t *b = buf;
+	/* the header and the block ids, read out of the pieces (one buffer: in place) */
+	uint8_t head[sizeof(struct dp_kvpage_hdr) + 4 * WK_KVPAGE_MAX_BLOCKS];
 	const size_t hl = sizeof(struct dp_kvpage_hdr);
+	const uint8_t *b = n_segs == 1 ? segs[0].p : head;
 	int32_t blocks[WK_KVPAGE_MAX_BLOCKS];
-	int rc = dp_kvpage_hdr_get(buf, len, &h);
+	const void *buf = b;
+	int rc;
+
+	if (n_segs < 1)
+		BAD(-EBADMSG, "KV page message in %d pieces", (int)n_segs);
+	if (n_segs > 1 && head_of(segs, n_segs, head, len < sizeof(head) ? len : sizeof(head))
+			  < (len < sizeof(head) ? len : sizeof(head)))
+		BAD(-EBADMSG, "KV page message of %zu bytes in pieces that hold fewer", len);
+	rc = dp_kvpage_hdr_get(buf, len, &h);
 
 	if (rc == -1)
 		BAD(-EBADMSG, "KV page message of %zu bytes: shorter than its %zu-byte header", len, hl);
@@ -150,8 +189,14 @@ int wk_kvpage_import(const struct wk_kv_io *io, const void *buf, size_t len, str
 			BAD(-EINVAL, "KV page message: destination block %u (entry %u) is not a block id", v, i);
 		blocks[i] = (int32_t)v;
 	}
-	rc = io->import_pages(io->arg, blocks, (int32_t)h.n_blocks, b + hl + 4 * (size_t)h.n_blocks,
-			      (size_t)h.n_blocks * theirs.block_bytes, &theirs);
+	if (n_segs == 1)
+		rc = io->import_pages(io->arg, blocks, (int32_t)h.n_blocks, b + hl + 4 * (size_t)h.n_blocks,
+				      (size_t)h.n_blocks * theirs.block_bytes, &theirs);
+	else if (io->import_pages_segs != NULL)
+		rc = io->import_pages_segs(io->arg, blocks, (int32_t)h.n_blocks, segs, n_segs,
+					   hl + 4 * (size_t)h.n_blocks, (size_t)h.n_blocks * theirs.block_bytes, &theirs);
+	else
+		BAD(-ENOTSUP, "KV page message in %d pieces: this importer reads one buffer", (int)n_segs);
 	if (rc < 0)
 		BAD(rc, "importing room %llu's pages: %s", (unsigned long long)h.room, io->error(io->arg));
 	info->room = h.room;

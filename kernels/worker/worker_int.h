@@ -50,8 +50,11 @@ struct wk_kvrx {
 	struct shm_pool *rxs, *rxl; /* the dataplane's receive pools */
 	struct shm_mb_kvrooms *rooms;
 	struct dp_rxroute *route;
+	const struct dp_stats_shm *dpst; /* the dataplane's epoch: a list read in place is still its */
+	struct kn_seg *segv;        /* a list's segments, read where they lie (segcap of them) */
+	uint32_t segcap;
 	uint32_t stream;
-	uint64_t taken, refused;
+	uint64_t taken, refused, in_place;
 };
 
 struct worker {

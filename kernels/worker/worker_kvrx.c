@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -53,7 +54,7 @@ int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen)
 	struct wk_kvrx *x = &w->rx;
 	const char *in = w->o.in + 5;
 	char rxn[SHM_NAME_MAX], kvln[SHM_NAME_MAX];
-	uint64_t off_route, off_rooms;
+	uint64_t off_route, off_rooms, off_st;
 	size_t sz;
 	unsigned need;
 
@@ -94,9 +95,28 @@ int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen)
 	x->rooms = shm_ptr(w->reg, off_rooms);
 	x->route = shm_ptr(w->reg, off_route);
 	x->stream = stream;
+	/* a dataplane receiving in place may hand us a message as the list of
+	 * its frames when the stage reads pages where they lie (no gather) */
+	x->dpst = NULL;
+	if (kn_stage_kv_imports_segs(w->st) && shm_region_find_area(w->reg, DP_AREA_STATS, &off_st, &sz) == 0
+	    && sz >= sizeof(struct dp_stats_shm)) {
+		uint32_t cap = (uint32_t)((shm_pool_bufsize(x->rxs) - sizeof(struct dp_rx_seglist))
+					  / sizeof(struct dp_rx_seg));
+
+		if (x->segcap < cap) {
+			struct kn_seg *v = realloc(x->segv, cap * sizeof(*v));
+
+			if (v != NULL) {
+				x->segv = v;
+				x->segcap = cap;
+			}
+		}
+		if (x->segcap >= cap)
+			x->dpst = shm_ptr(w->reg, off_st);
+	}
 	__atomic_store_n(&x->rooms->busy[w->idx].pid, (int32_t)getpid(), __ATOMIC_RELAXED);
 	snprintf(rxn, sizeof(rxn), "%s.rx", in);
-	if (dp_ipc_rx_route(x->route, stream, rxn, in, (int32_t)getpid()) < 0) {
+	if (dp_ipc_rx_route(x->route, stream, rxn, in, (int32_t)getpid(), x->dpst != NULL) < 0) {
 		snprintf(err, errlen, "stage %d (%s): stream %u cannot be routed (receive routes of another version?)",
 			 w->idx, w->o.role, stream);
 		goto fail;
@@ -114,12 +134,17 @@ void wk_kvrx_close(struct worker *w)
 	struct wk_kvrx *x = &w->rx;
 
 	if (x->route != NULL)
-		dp_ipc_rx_route(x->route, x->stream, "", "", 0);
+		dp_ipc_rx_route(x->route, x->stream, "", "", 0, 0);
+	if (x->taken > 0)
+		WK_INFO(w, "KV page messages taken from the dataplane: %llu (%llu read in place, from their frames), "
+			"%llu refused", (unsigned long long)x->taken, (unsigned long long)x->in_place,
+			(unsigned long long)x->refused);
 	shm_ring_close(x->q);
 	shm_ring_close(x->kvl);
 	shm_ring_close(x->ctl);
 	shm_pool_close(x->rxs);
 	shm_pool_close(x->rxl);
+	free(x->segv);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -143,7 +168,10 @@ int wk_kvrx_poll(struct worker *w)
 	struct shm_pool *p;
 	struct wk_kv_io io;
 	char err[256] = "";
+	const struct dp_rx_seglist *sl = NULL;
+	uint8_t hb[sizeof(struct dp_kvpage_hdr)];
 	const void *buf;
+	uint32_t nseg = 0;
 	int64_t idx;
 	int ok = 0;
 
@@ -156,10 +184,31 @@ int wk_kvrx_poll(struct worker *w)
 		shm_pool_take(p, (uint32_t)idx); /* ours now: the dataplane reclaims it if we die */
 	x->taken++;
 	memset(&f, 0, sizeof(f));
-	if (idx < 0 || (d.flags & DP_RX_SEGMENTS) || d.len > shm_pool_bufsize(p)) {
-		snprintf(err, sizeof(err), "a KV page message at offset %llu (%u bytes) is no whole receive buffer",
-			 (unsigned long long)d.off, d.len);
-	} else if (buf = shm_ptr(w->reg, d.off), dp_kvpage_hdr_get(buf, d.len, &f) < 0) {
+	if (idx >= 0 && (d.flags & DP_RX_SEGMENTS) && x->dpst != NULL)
+		sl = dp_ipc_rx_seglist(shm_region_base(w->reg), shm_region_size(w->reg), d.off, d.len,
+				       shm_pool_bufsize(x->rxs));
+	if (sl != NULL && sl->n_segs <= x->segcap) {
+		/* received in place: the frames' payloads where they lie, the
+		 * header read out of the first */
+		size_t got = 0;
+
+		nseg = sl->n_segs;
+		for (uint32_t i = 0; i < nseg; i++) {
+			uint32_t n;
+			const void *q = dp_ipc_rx_seg(shm_region_base(w->reg), sl, i, &n);
+			size_t k = got < sizeof(hb) ? (n < sizeof(hb) - got ? n : sizeof(hb) - got) : 0;
+
+			x->segv[i] = (struct kn_seg){ q, n };
+			memcpy(hb + got, q, k);
+			got += k;
+		}
+	} else {
+		sl = NULL;
+	}
+	if (idx < 0 || ((d.flags & DP_RX_SEGMENTS) ? sl == NULL : d.len > shm_pool_bufsize(p))) {
+		snprintf(err, sizeof(err), "a KV page message at offset %llu (%u bytes) is no whole receive buffer "
+			 "nor a valid list of one's segments", (unsigned long long)d.off, d.len);
+	} else if (buf = sl != NULL ? (const void *)hb : shm_ptr(w->reg, d.off), dp_kvpage_hdr_get(buf, d.len, &f) < 0) {
 		snprintf(err, sizeof(err), "a KV page message with no valid header (%u bytes)", d.len);
 	} else {
 		/* busy first, then the room: ctrld clears the room first, then reads busy (shm_mb.h) */
@@ -170,7 +219,16 @@ int wk_kvrx_poll(struct worker *w)
 				 (unsigned long long)f.room, f.session);
 		} else {
 			io = wk_kv_io_stage(w->st);
-			ok = wk_kvpage_import(&io, buf, d.len, &info, err, sizeof(err)) == 0;
+			ok = (sl != NULL ? wk_kvpage_import_segs(&io, x->segv, (int32_t)nseg, d.len, &info, err, sizeof(err))
+					 : wk_kvpage_import(&io, buf, d.len, &info, err, sizeof(err))) == 0;
+			if (ok && sl != NULL && !dp_ipc_rx_seglist_current(x->dpst, sl)) {
+				/* its dataplane started again on the region meanwhile: the
+				 * frames may have been overwritten as we read them */
+				ok = 0;
+				snprintf(err, sizeof(err), "KV pages for room %llu read in place while their dataplane "
+					 "started again (they may be overwritten)", (unsigned long long)f.room);
+			}
+			x->in_place += ok && sl != NULL;
 		}
 		__atomic_store_n(&rm->busy[w->idx].on, 0u, __ATOMIC_RELEASE);
 	}
@@ -180,7 +238,8 @@ int wk_kvrx_poll(struct worker *w)
 	}
 	rep = (struct shm_desc){ .off = f.room, .len = d.len, .type = (uint16_t)w->idx,
 				 .flags = (uint16_t)((f.flags & DP_KVPAGE_LAST ? SHM_MB_KVL_LAST : 0)
-						     | (ok ? 0 : SHM_MB_KVL_REFUSED)),
+						     | (ok ? 0 : SHM_MB_KVL_REFUSED)
+						     | (ok && sl != NULL ? SHM_MB_KVL_IN_PLACE : 0)),
 				 .seq = f.n_blocks, .aux = f.session };
 	if (idx >= 0)
 		shm_pool_put(p, (uint32_t)idx);

@@ -279,6 +279,7 @@ static_assert(sizeof(struct shm_mb_kv) == 64, "shm_mb_kv is 64 bytes");
 #define SHM_MB_KVROOMS_SLOTS 1024
 #define SHM_MB_KVL_LAST 0x1u   /**< the stream's last message for the room */
 #define SHM_MB_KVL_REFUSED 0x2u /**< not imported: closed room, other layers, or the copy failed */
+#define SHM_MB_KVL_IN_PLACE 0x4u /**< imported from its frames where the dataplane received them (no gather) */
 
 struct shm_mb_kvroom {
 	uint64_t room;

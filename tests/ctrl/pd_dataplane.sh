@@ -33,8 +33,9 @@
 # decode node's workers take their layers' page messages from the dataplane
 # themselves ([pd] worker_rx) and import them: ctrld lands none.
 # ctrld2-workers-inplace is ctrld2-workers with both dataplanes receiving in
-# place (rx_in_place = yes): ctrld gathers each page message's segments
-# into a buffer of its own in the region, where the workers can read it.
+# place (rx_in_place = yes): the decode node's (CPU) workers read each page
+# message from its frames where the driver left them (no reassembly copy,
+# kv_landed_in_place_total); what ctrld lands itself it gathers first.
 # ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
 # ctrld moves its PD link to the new region and the pair serves on.
 # ctrld2-dprestart-prefill restarts only the prefill node's dataplane while
@@ -492,9 +493,10 @@ PY
     echo "PASS ($mode)"
     exit 0
   fi
-  timeout 300 python3 - "$url2" "$url" "$mode" <<'PY' >"$KVF_RUN/out.log" 2>&1
+  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
 dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+inplace = "--rx-in-place" in sys.argv[4]
 
 def post(url, body):
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
@@ -566,6 +568,14 @@ if mode == "ctrld2-workers":
     if not st["stages_take_pages"] or st["kv_landed_by_stages_total"] != st["kv_messages_received_total"]:
         errs.append("the decode node's worker stages did not take every page message themselves")
         ok = False
+    # received in place, the (CPU) stages read each message from its frames
+    # where they lie: the dataplane made no reassembly copy of any
+    if inplace:
+        print("of them read from their frames in place: %d" % st["kv_landed_in_place_total"])
+        if st["kv_landed_in_place_total"] != st["kv_landed_by_stages_total"]:
+            errs.append("the decode node's stages read %d of %d page messages in place"
+                        % (st["kv_landed_in_place_total"], st["kv_landed_by_stages_total"]))
+            ok = False
 print("%s: 64 requests to the decode node (%d streamed, %d with logprobs) equal the prefill node's own co-located "
       "answers; %s" % ("PASS" if ok else "FAIL", sum(1 for r in reqs if r.get("stream")),
                        sum(1 for r in reqs if r.get("logprobs")), "; ".join(errs[:3])))

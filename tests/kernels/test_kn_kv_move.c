@@ -4,7 +4,8 @@
  * the data path of prefill/decode disaggregation: after its pages move to
  * other blocks of another stage, a sequence decodes with the same logit
  * bits as where it was prefilled; a split model moves stage by stage; bf16
- * pages import exactly; bad block lists, short buffers and pages of other
+ * pages import exactly; pages in pieces (a message received in place) import
+ * as from one buffer; bad block lists, short buffers and pages of other
  * layers are refused with a message that names them.
  */
 #include <errno.h>
@@ -146,6 +147,89 @@ static void bf16_pages_import_exactly(void **state)
 	kn_stage_destroy(st[0]);
 }
 
+/* Cut @p len bytes at @p src into pieces of 1, 7, 333, 4 KiB + 3, ...
+ * bytes (a row of K or V split anywhere, empty pieces among them) after a
+ * @p skip-byte header piece; @return the piece count. */
+static int32_t cut(const char *hdr, size_t skip, const char *src, size_t len, struct kn_seg *seg, int32_t cap)
+{
+	static const size_t sizes[] = { 1, 7, 0, 333, 4099, 64, 8878, 5 };
+	int32_t n = 0;
+	size_t at = 0;
+
+	seg[n++] = (struct kn_seg){ hdr, skip };
+	for (int k = 0; at < len && n < cap - 1; k++) {
+		size_t m = sizes[k % 8];
+
+		if (m > len - at)
+			m = len - at;
+		seg[n++] = (struct kn_seg){ src + at, m };
+		at += m;
+	}
+	assert_true(at == len);
+	return n;
+}
+
+/* A page message received in place is read from its frames' payloads
+ * where they lie: the pool ends up bit for bit as after one buffer's
+ * import, f32 pages read straight (the CPU stage reads pieces) and bf16
+ * ones gathered and converted; pieces short of the pages are refused. */
+static void pages_in_pieces_import_as_from_one_buffer(void **state)
+{
+	struct fixture *f = *state;
+	struct kn_stage *st[1];
+	struct kn_kv_format fm, fb;
+	struct kn_seg seg[4096];
+	const int32_t blocks[3] = { 6, 1, 11 };
+	const char hdr[40] = "a header the import passes over";
+
+	make_chain(f, 1, st);
+	assert_int_equal(kn_stage_kv_imports_segs(st[0]), 1);
+	kn_stage_kv_format(st[0], &fm);
+	const size_t len = 3 * fm.block_bytes, elems = len / 4;
+	float *src = malloc(len), *want = malloc(len), *got = malloc(len);
+	for (size_t i = 0; i < elems; i++)
+		src[i] = (float)((int32_t)(i * 2654435761u >> 8) % 100000) / 977.0f;
+	assert_int_equal(kn_stage_kv_import(st[0], blocks, 3, src, len, &fm), 0);
+	assert_int_equal(kn_stage_kv_export(st[0], blocks, 3, want, len), 0);
+	memset(got, 0, len);
+	assert_int_equal(kn_stage_kv_import(st[0], blocks, 3, got, len, &fm), 0); /* zero them */
+	int32_t n = cut(hdr, sizeof(hdr), (const char *)src, len, seg, 4096);
+	assert_true(n > 9); /* every piece size at least once */
+	int rc = kn_stage_kv_import_segs(st[0], blocks, 3, seg, n, sizeof(hdr), len, &fm);
+	if (rc)
+		print_error("%s\n", kn_stage_error(st[0]));
+	assert_int_equal(rc, 0);
+	assert_int_equal(kn_stage_kv_export(st[0], blocks, 3, got, len), 0);
+	assert_memory_equal(got, want, len);
+
+	/* bf16 pages: gathered, converted, the same as from one buffer */
+	fb = fm;
+	fb.dtype = KN_DT_BF16;
+	uint16_t *b16 = malloc(len / 2);
+	for (size_t i = 0; i < elems; i++)
+		b16[i] = (uint16_t)(0x3c00u + (i * 2654435761u >> 20) % 0x0800u);
+	assert_int_equal(kn_stage_kv_import(st[0], blocks, 3, b16, len / 2, &fb), 0);
+	assert_int_equal(kn_stage_kv_export(st[0], blocks, 3, want, len), 0);
+	memset(got, 0, len);
+	assert_int_equal(kn_stage_kv_import(st[0], blocks, 3, got, len, &fm), 0);
+	n = cut(hdr, sizeof(hdr), (const char *)b16, len / 2, seg, 4096);
+	assert_int_equal(kn_stage_kv_import_segs(st[0], blocks, 3, seg, n, sizeof(hdr), len / 2, &fb), 0);
+	assert_int_equal(kn_stage_kv_export(st[0], blocks, 3, got, len), 0);
+	assert_memory_equal(got, want, len);
+
+	/* pieces one byte short of the pages: refused, the pool untouched */
+	n = cut(hdr, sizeof(hdr), (const char *)src, len - 1, seg, 4096);
+	assert_int_equal(kn_stage_kv_import_segs(st[0], blocks, 3, seg, n, sizeof(hdr), len, &fm), -EINVAL);
+	assert_non_null(strstr(kn_stage_error(st[0]), "pieces hold"));
+	assert_int_equal(kn_stage_kv_export(st[0], blocks, 3, got, len), 0);
+	assert_memory_equal(got, want, len);
+	free(src);
+	free(want);
+	free(got);
+	free(b16);
+	kn_stage_destroy(st[0]);
+}
+
 static void bad_moves_are_refused_with_the_reason(void **state)
 {
 	struct fixture *f = *state;
@@ -183,6 +267,7 @@ int main(void)
 		cmocka_unit_test(a_sequence_decodes_the_same_bits_after_its_pages_move),
 		cmocka_unit_test(a_split_model_moves_its_pages_stage_by_stage),
 		cmocka_unit_test(bf16_pages_import_exactly),
+		cmocka_unit_test(pages_in_pieces_import_as_from_one_buffer),
 		cmocka_unit_test(bad_moves_are_refused_with_the_reason),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

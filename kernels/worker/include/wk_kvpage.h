@@ -25,6 +25,10 @@ struct wk_kv_io {
 	int (*export_pages)(void *arg, const int32_t *blocks, int32_t n, void *dst, size_t len);
 	int (*import_pages)(void *arg, const int32_t *blocks, int32_t n, const void *src, size_t len,
 			    const struct kn_kv_format *f);
+	/* the pages are the @p len bytes @p skip bytes into the pieces (a
+	 * message received in place); NULL: wk_kvpage_import_segs() gathers */
+	int (*import_pages_segs)(void *arg, const int32_t *blocks, int32_t n, const struct kn_seg *segs,
+				 int32_t n_segs, size_t skip, size_t len, const struct kn_kv_format *f);
 	const char *(*error)(void *arg); /**< why the last call failed */
 	void *arg;
 };
@@ -68,5 +72,15 @@ struct wk_kvpage_info {
  */
 int wk_kvpage_import(const struct wk_kv_io *io, const void *buf, size_t len, struct wk_kvpage_info *info, char *err,
 		     size_t errlen);
+
+/**
+ * wk_kvpage_import() of a message in pieces (@p segs[0..n_segs), @p len
+ * bytes in all: one received in place, each frame's payload where the
+ * network driver left it): the header and block ids are read out, the
+ * pages go to io's import_pages_segs, which reads them where they lie.
+ * @return as wk_kvpage_import().
+ */
+int wk_kvpage_import_segs(const struct wk_kv_io *io, const struct kn_seg *segs, int32_t n_segs, size_t len,
+			  struct wk_kvpage_info *info, char *err, size_t errlen);
 
 #endif /* WK_KVPAGE_H */
