@@ -391,9 +391,71 @@ static int cu_kv_import(struct kn_stage *b, const int32_t *blocks, int32_t n, co
 	return cu_kv_move(b, blocks, n, NULL, src);
 }
 
+/* KV pages in from pieces (a page message received in place: each frame's
+ * payload in the pinned region where the driver left it): one DMA per
+ * piece of a page, the pieces of up to PIECES at a time in one
+ * cudaMemcpyBatchAsync, no gather on the host. */
+static int cu_kv_import_segs(struct kn_stage *b, const int32_t *blocks, int32_t n, struct kn_seg_cursor *cur)
+{
+	enum { PIECES = 512 };
+	struct cu_stage *s = (struct cu_stage *)b;
+	cudaStream_t kst = s->kvst ? s->kvst : s->st;
+	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
+	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
+	void *dst[PIECES];
+	const void *src[PIECES];
+	size_t len[PIECES];
+	int np = 0;
+	auto flush = [&]() -> int {
+		if (np == 0)
+			return 0;
+#if CUDART_VERSION >= 13000
+		struct cudaMemcpyAttributes at;
+		size_t first = 0;
+		memset(&at, 0, sizeof(at));
+		at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+		CK(cudaMemcpyBatchAsync(dst, src, len, (size_t)np, &at, &first, 1, kst));
+#else
+		for (int k = 0; k < np; k++)
+			CK(cudaMemcpyAsync(dst[k], src[k], len[k], cudaMemcpyHostToDevice, kst));
+#endif
+		np = 0;
+		return 0;
+	};
+	for (int32_t i = 0; i < n; i++)
+		for (int l = 0; l < s->nl; l++)
+			for (int kv = 0; kv < 2; kv++) {
+				char *d = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)l * lay + (size_t)blocks[i] * page;
+				size_t left = page;
+				while (left > 0 && cur->i < cur->n) {
+					size_t k = cur->seg[cur->i].len - cur->at;
+					if (k > left)
+						k = left;
+					if (k > 0) {
+						if (np == PIECES && flush())
+							return -EIO;
+						dst[np] = d;
+						src[np] = (const char *)cur->seg[cur->i].p + cur->at;
+						len[np++] = k;
+					}
+					d += k;
+					left -= k;
+					cur->at += k;
+					if (cur->at == cur->seg[cur->i].len) {
+						cur->i++;
+						cur->at = 0;
+					}
+				}
+			}
+	if (flush())
+		return -EIO;
+	CK(cudaStreamSynchronize(kst));
+	return 0;
+}
+
 static const struct kn_stage_vtbl cu_vtbl = {
 	"cuda", kn_cuda_stage_create, cu_destroy, cu_info, cu_set_pool, cu_apply_ops, NULL, cu_submit, cu_wait,
-	cu_ready, NULL, KN_DT_BF16, cu_kv_export, cu_kv_import, NULL,
+	cu_ready, NULL, KN_DT_BF16, cu_kv_export, cu_kv_import, cu_kv_import_segs,
 };
 
 static void errfill(char *err, size_t errlen, const char *msg)

@@ -408,6 +408,70 @@ out:
 	chain_close(&c);
 }
 
+/*
+ * A page message received in place (each frame's payload where the driver
+ * left it, in pinned memory) imports into a CUDA stage piece by piece with
+ * the same bits as from one buffer: pieces of 1, 7, 0, 333, 4099, 64, 8878
+ * and 5 bytes after a header, every page split at odd places.
+ */
+static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *m)
+{
+	static const size_t sizes[] = { 1, 7, 0, 333, 4099, 64, 8878, 5 };
+	struct chain a, b;
+	struct kn_kv_format f;
+	const int bps = 4, n = 3;
+	const int32_t src_b[3] = { 0, 1, 2 }, dst_b[3] = { 6, 4, 5 };
+	char err[256];
+	if (chain_open(&a, m, KN_BACKEND_CUDA, 1, 48, 2, bps, 1) || chain_open(&b, m, KN_BACKEND_CUDA, 1, 48, 2, bps, 1)) {
+		FAIL("opening the engines");
+		return;
+	}
+	kn_stage_kv_format(a.st[0], &f);
+	const size_t len = (size_t)n * f.block_bytes, hdr = 40;
+	char *msg = malloc(hdr + len), *back = malloc(len);
+	struct kn_seg seg[8192];
+	int32_t ns = 0;
+	size_t at = 0;
+	int ok = kn_stage_kv_imports_segs(b.st[0]) == 1;
+	/* pages with every byte set: pseudo-random bf16 in a's blocks first */
+	for (size_t i = 0; i < len / 2; i++) {
+		uint16_t v = (uint16_t)(0x3c00u + (i * 2654435761u >> 20) % 0x0800u);
+		memcpy(msg + hdr + 2 * i, &v, 2);
+	}
+	if (kn_cuda_host_register(msg, hdr + len, err, sizeof(err))) {
+		FAIL("pinning the message: %s", err);
+		goto out;
+	}
+	if (kn_stage_kv_import(a.st[0], src_b, n, msg + hdr, len, &f)) {
+		FAIL("kv_import: %s", kn_stage_error(a.st[0]));
+		goto unpin;
+	}
+	seg[ns++] = (struct kn_seg){ msg, hdr };
+	for (int k = 0; at < len; k++) {
+		size_t q = sizes[k % 8] < len - at ? sizes[k % 8] : len - at;
+		seg[ns++] = (struct kn_seg){ msg + hdr + at, q };
+		at += q;
+	}
+	if (kn_stage_kv_import_segs(b.st[0], dst_b, n, seg, ns, hdr, len, &f)) {
+		printf("kv_import_segs: %s\n", kn_stage_error(b.st[0]));
+		ok = 0;
+	} else if (kn_stage_kv_export(b.st[0], dst_b, n, back, len)) {
+		printf("kv_export: %s\n", kn_stage_error(b.st[0]));
+		ok = 0;
+	} else {
+		ok = ok && memcmp(back, msg + hdr, len) == 0;
+	}
+	printf("%s kv_pages_in_%d_pieces_import_into_a_cuda_stage_as_from_one_buffer\n", ok ? "ok  " : "FAIL", (int)ns);
+	g_fail += !ok;
+unpin:
+	kn_cuda_host_unregister(msg);
+out:
+	free(msg);
+	free(back);
+	chain_close(&a);
+	chain_close(&b);
+}
+
 int main(int argc, char **argv)
 {
 	char err[512], dir[] = "/tmp/kvferry-cuda-test-XXXXXX", cmd[1024];
@@ -448,6 +512,7 @@ int main(int argc, char **argv)
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
 	kv_pages_move_between_stages_and_engines(m);
+	kv_pages_in_pieces_import_as_from_one_buffer(m);
 	kn_model_close(m);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (!given && system(cmd) != 0)
