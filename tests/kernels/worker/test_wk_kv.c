@@ -438,6 +438,18 @@ static struct shm_desc rx_deliver(struct fixture *x, struct rx_fixture *r, uint6
 	return rep;
 }
 
+/* Blocks src[i] of the pool as it was now sit in blocks dst[i]; then the pool as it was. */
+static void assert_landed(struct fixture *x, const int32_t *src, const uint32_t *dst, int n)
+{
+	uint8_t *now = pool_now(x);
+
+	for (int i = 0; i < n; i++)
+		assert_memory_equal(now + (size_t)dst[i] * x->f.block_bytes, x->pool0 + (size_t)src[i] * x->f.block_bytes,
+				    x->f.block_bytes);
+	free(now);
+	restore_pool(x);
+}
+
 static void lie_other_layers_hdr(void *buf)
 {
 	struct dp_kvpage_fields f = { 0 };
@@ -477,12 +489,7 @@ static void pages_routed_to_the_stage_land_only_for_open_rooms_and_each_is_repor
 	assert_int_equal(rep.flags, SHM_MB_KVL_LAST);
 	assert_int_equal(rep.seq, 3);
 	assert_int_equal(rep.aux, 5);
-	now = pool_now(x);
-	for (int i = 0; i < 3; i++)
-		assert_memory_equal(now + (size_t)dst[i] * x->f.block_bytes, x->pool0 + (size_t)src[i] * x->f.block_bytes,
-				    x->f.block_bytes);
-	free(now);
-	restore_pool(x);
+	assert_landed(x, src, dst, 3);
 
 	/* another session of that room, another layer range, a closed room: refused, nothing written */
 	rep = rx_deliver(x, &r, 77, 6, src, dst, 3, NULL);
@@ -565,12 +572,7 @@ static void pages_received_in_place_land_from_their_frames_and_not_across_a_data
 	r.rooms->slot[4] = (struct shm_mb_kvroom){ .room = 78, .session = 5, .open = 1 };
 	rep = rx_deliver_list(x, &r, 78, 5, src, dst, 3, 42);
 	assert_int_equal(rep.flags, SHM_MB_KVL_LAST | SHM_MB_KVL_IN_PLACE);
-	now = pool_now(x);
-	for (int i = 0; i < 3; i++)
-		assert_memory_equal(now + (size_t)dst[i] * x->f.block_bytes, x->pool0 + (size_t)src[i] * x->f.block_bytes,
-				    x->f.block_bytes);
-	free(now);
-	restore_pool(x);
+	assert_landed(x, src, dst, 3);
 	/* its dataplane started again while the stage read (another epoch): refused */
 	rep = rx_deliver_list(x, &r, 78, 5, src, dst, 3, 41);
 	assert_true(rep.flags & SHM_MB_KVL_REFUSED);
