@@ -563,7 +563,6 @@ static void pages_received_in_place_land_from_their_frames_and_not_across_a_data
 	const int32_t src[3] = { 2, 0, 1 };
 	const uint32_t dst[3] = { 13, 10, 12 };
 	struct shm_desc rep;
-	uint8_t *now;
 
 	st->epoch = 42;
 	rx_setup(x, &r);
