@@ -24,6 +24,7 @@ static const char *const backend_names[] = { "cpu", "cuda", NULL };
 static const char *const cuda_gemv_names[] = { "auto", "ffma", "mma", NULL };
 static const char *const cuda_wide_x_names[] = { "round", "split", NULL };
 static const char *const cuda_attn_names[] = { "auto", "column", "tile", NULL };
+static const char *const pieces_names[] = { "auto", "yes", "no", NULL };
 
 static const struct cfg_key keys[] = {
 	{ "region", "worker", CFG_STRING, OFF(region), "", 0, 0, "KVFERRY_WK_REGION", "--region", NULL, NULL,
@@ -68,6 +69,10 @@ static const struct cfg_key keys[] = {
 	{ "spin_us", "worker", CFG_INT, OFF(spin_us), "-1", -1, 1000000, "KVFERRY_WK_SPIN_US", "--spin-us", NULL,
 	  NULL, "poll the input this long after the last message before sleeping in the ring's futex (-1: "
 	  "2000 on cuda, where a futex wake-up costs tens of us a step; 0 on cpu)" },
+	{ "kv_rx_pieces", "worker", CFG_ENUM, OFF(kv_rx_pieces), "auto", 0, 2, "KVFERRY_WK_KV_RX_PIECES",
+	  "--kv-rx-pieces", pieces_names, NULL, "KV page messages a dataplane received in place ([dp] rx_in_place): "
+	  "import them from their frames where they lie (yes), or take them reassembled (no); auto: yes on cpu, no "
+	  "on cuda (one DMA per piece of a page was slower than one copy on the H200: dataplane/BENCH.md)" },
 	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
 	  "a diagnostic: write each step's times (taken, done, columns, sequences decoding; CLOCK_MONOTONIC ns) to this file" },
 };
@@ -153,6 +158,7 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->cuda_gemv = (int32_t)s->cuda_gemv;
 	o->cuda_wide_x = (int32_t)s->cuda_wide_x;
 	o->cuda_attn = (int32_t)s->cuda_attn;
+	o->kv_rx_pieces = s->kv_rx_pieces == 1 || (s->kv_rx_pieces == 0 && o->backend != KN_BACKEND_CUDA);
 	o->wait_s = (int32_t)s->wait_s;
 	o->depth = s->depth ? (int32_t)s->depth : o->backend == KN_BACKEND_CUDA ? 2 : 1;
 	if (o->depth > max_depth)

@@ -19,6 +19,7 @@ struct wk_settings {
 	int64_t backend;  /* 0 cpu, 1 cuda */
 	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
 	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /* kn_stage_opts' CUDA kernel choices */
+	int64_t kv_rx_pieces;                    /* 0 auto, 1 yes, 2 no */
 	char trace[CFG_STRLEN], cuda_module[CFG_STRLEN];
 };
 
@@ -28,6 +29,7 @@ struct wk_opts {
 	enum kn_backend backend;
 	int32_t node, threads, device, wait_s, depth, spin_us;
 	int32_t cuda_gemv, cuda_wide_x, cuda_attn;
+	int kv_rx_pieces;            /* take KV page messages received in place as lists of frames */
 	size_t kv_bytes;
 };
 

@@ -98,7 +98,8 @@ int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen)
 	/* a dataplane receiving in place may hand us a message as the list of
 	 * its frames when the stage reads pages where they lie (no gather) */
 	x->dpst = NULL;
-	if (kn_stage_kv_imports_segs(w->st) && shm_region_find_area(w->reg, DP_AREA_STATS, &off_st, &sz) == 0
+	if (w->o.kv_rx_pieces && kn_stage_kv_imports_segs(w->st)
+	    && shm_region_find_area(w->reg, DP_AREA_STATS, &off_st, &sz) == 0
 	    && sz >= sizeof(struct dp_stats_shm)) {
 		uint32_t cap = (uint32_t)((shm_pool_bufsize(x->rxs) - sizeof(struct dp_rx_seglist))
 					  / sizeof(struct dp_rx_seg));

@@ -119,6 +119,7 @@ static int setup(void **state)
 	x->w.o.in = "ring:t.in";
 	x->w.o.role = "test";
 	x->w.o.region = x->name;
+	x->w.o.kv_rx_pieces = 1; /* a cpu stage's default (auto) */
 	if (wk_kv_side_open(&x->w, err, sizeof(err)) < 0 || x->w.kvq == NULL) {
 		fprintf(stderr, "wk_kv_side_open: %s\n", err);
 		return -1;
