@@ -293,6 +293,7 @@ static int build_pipelines(struct daemon *d)
 		so.spec_c_half = (int32_t)d->set->spec_c_half;
 		so.replay_max = (int32_t)d->set->replay_max;
 		so.hold_chunk = (int32_t)d->set->pd_ship_chunk;
+		so.hold_taper = (int)d->set->pd_ship_taper;
 		so.prefill_pipeline = d->set->prefill_pipeline;
 		/* A held prompt's chunks pipeline on worker processes too: a
 		 * worker takes a page copy on its KV side ring between two

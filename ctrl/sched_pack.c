@@ -186,7 +186,18 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 			int32_t hc = s->o.hold_chunk >= KN_PAGE_BLK ? s->o.hold_chunk / KN_PAGE_BLK * KN_PAGE_BLK
 								    : KN_PAGE_BLK;
 
-			n = min32(n, (pos / hc + 1) * hc - pos);
+			if (s->o.hold_taper && r->n_prompt - pos > hc) {
+				/* as wide as the launch allows up to the block edge
+				 * that leaves at most hc for the last chunk */
+				int32_t cut = (r->n_prompt - hc + KN_PAGE_BLK - 1) / KN_PAGE_BLK * KN_PAGE_BLK;
+
+				if (pos + n < cut)
+					cut = (pos + n) / KN_PAGE_BLK * KN_PAGE_BLK;
+				if (cut > pos)
+					n = cut - pos;
+			} else if (!s->o.hold_taper) {
+				n = min32(n, (pos / hc + 1) * hc - pos);
+			}
 		}
 		lastchunk = pos + n == r->n_prompt;
 		if (slot_prepare(s, g, i, pos + n - 1) < 0)

@@ -122,6 +122,7 @@ struct ctrl_settings {
 	int64_t pd_heartbeat_failures;
 	int64_t pd_room_timeout;           /**< seconds */
 	int64_t pd_ship_chunk;             /**< prefill: tokens per chunk of a room's prompt, 0 = whole */
+	int64_t pd_ship_taper;             /**< prefill: only the last chunks that small, the ones before wide */
 	int64_t pd_room_retries;           /**< decode: fresh rooms for a request whose room a dataplane restart lost */
 	int64_t pd_worker_rx;              /**< decode: worker stages take their KV pages from the dataplane themselves */
 };

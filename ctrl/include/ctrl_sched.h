@@ -169,6 +169,9 @@ struct ctrl_sched_opts {
 	int32_t hold_chunk;        /**< > 0: a hold_kv prompt advances at most this many
 	                                positions per launch (rounded down to whole blocks, at
 	                                least one), so its kv_progress comes chunk by chunk */
+	int hold_taper;            /**< with hold_chunk: only the last chunk that small; the ones
+	                                before take what the launch's width allows while they leave
+	                                hold_chunk positions for the end */
 	int32_t n_blocks;          /**< 0 = the chain's; else at most that */
 	int32_t n_slots;           /**< 0 = the chain's; else at most that */
 	int32_t max_queue;         /**< waiting requests beyond this are refused (-EAGAIN) */

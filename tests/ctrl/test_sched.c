@@ -581,6 +581,99 @@ static void decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_
 }
 
 
+/* A held prompt's events: its progress reports counted, its token and finish kept. */
+struct held_rec {
+	int32_t progress, tok, done;
+	enum ctrl_finish finish;
+};
+
+static void held_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct held_rec *h = arg;
+
+	if (ev->kv_progress)
+		h->progress++;
+	else if (ev->finish == CTRL_FINISH_NONE)
+		h->tok = ev->token;
+	else {
+		h->done++;
+		h->finish = ev->finish;
+	}
+}
+
+/*
+ * A prefill node's held prompt ([pd] ship_chunk = hold_chunk): in chunks of
+ * hold_chunk, or with ship_taper as wide as a launch takes and only the last
+ * one that small, so what the decode node waits for after the prompt stays
+ * one chunk's pages while the rest computes in wide launches. The first
+ * token is the same either way.
+ */
+static void a_held_prompt_tapers_to_one_small_chunk_at_its_end(void **state)
+{
+	static int32_t prompt[600];
+	int32_t tok[2] = { -1, -1 };
+
+	(void)state;
+	make_prompt(prompt, 600, 7, 64);
+	for (int taper = 0; taper <= 1; taper++) {
+		struct ctrl_fake_chain_opts fo;
+		struct ctrl_sched_opts o;
+		struct ctrl_request rq;
+		struct held_rec h = { 0 };
+		struct rec_chain *rc;
+		struct ctrl_sched *s;
+		int32_t sum = 0, n = 0, small = 0;
+		int64_t id;
+
+		ctrl_fake_chain_opts_init(&fo);
+		fo.n_stages = 1;
+		fo.n_slots = 8;
+		fo.max_cols = 256;
+		rc = rec_chain_wrap(ctrl_fake_chain_create(&fo));
+		ctrl_sched_opts_init(&o);
+		o.mb_cols = 16;
+		o.prefill_cols = 256;
+		o.spec = 0;
+		o.hold_chunk = 64;
+		o.hold_taper = taper;
+		s = sched(&rc->base, &o);
+		ctrl_request_init(&rq);
+		rq.prompt = prompt;
+		rq.n_prompt = 600;
+		rq.max_tokens = 1;
+		rq.hold_kv = 1;
+		rq.cb = held_cb;
+		rq.cb_arg = &h;
+		id = ctrl_sched_submit(s, &rq);
+		assert_true(id > 0);
+		assert_true(drive(s, 100000) > 0);
+		assert_int_equal(h.done, 1);
+		assert_int_equal(h.finish, CTRL_FINISH_LENGTH);
+		for (int32_t k = 0; k < rc->n_log; k++, n++) {
+			sum += rc->log[k].n_cols;
+			small += rc->log[k].n_cols <= 64;
+			print_message("taper %d: chunk %d of %d positions\n", taper, (int)k, (int)rc->log[k].n_cols);
+		}
+		assert_int_equal(sum, 600);
+		assert_true(rc->log[rc->n_log - 1].n_cols <= 64); /* the last chunk: one ship_chunk at most */
+		if (taper) {
+			assert_true(n <= 4);     /* 256, 256, then what leaves 64 for the end */
+			assert_true(small <= 2);
+			assert_int_equal(rc->log[0].n_cols, 256);
+		} else {
+			assert_int_equal(n, (600 + 63) / 64);
+			assert_int_equal(small, n);
+		}
+		assert_true(h.progress > 0); /* its whole blocks told chunk by chunk */
+		tok[taper] = h.tok;
+		assert_int_equal(ctrl_sched_kv_release(s, (uint64_t)id), 0);
+		assert_true(ctrl_sched_poll(s) >= 0);
+		ctrl_sched_destroy(s);
+		ctrl_chain_destroy(&rc->base);
+	}
+	assert_int_equal(tok[0], tok[1]);
+}
+
 /* Launches carrying decode columns when 4 requests start, then 4 more a few
  * polls later, on one stage: @p one_launch = ctrl_sched_opts.one_launch_decode. */
 /* What decode_launches_with_late_arrivals() saw besides its count. */
@@ -985,6 +1078,7 @@ int main(void)
 		cmocka_unit_test(a_dead_stage_fails_exactly_the_requests_in_its_micro_batch),
 		cmocka_unit_test(a_lost_slot_fails_only_its_request_and_its_micro_batch_neighbours_go_on),
 		cmocka_unit_test(decode_goes_first_but_pending_prefill_keeps_a_quarter_of_each_micro_batch),
+		cmocka_unit_test(a_held_prompt_tapers_to_one_small_chunk_at_its_end),
 		cmocka_unit_test(one_stage_decodes_ride_in_one_launch_when_asked),
 		cmocka_unit_test(a_step_budget_keeps_prompts_from_stretching_the_decodes_launch),
 		cmocka_unit_test(replicas_share_the_load_and_each_output_matches_its_solo_run),
