@@ -285,7 +285,7 @@ const struct cfg_key g_cfg_keys[] = {
 	 "whole 16-position pages), and each chunk's pages leave for the decode node as soon as every "
 	 "stage has computed it, overlapping the transfer with the rest of the prompt; 0: the whole "
 	 "prompt at once, its pages after it"},
-	{"ship_taper", "pd", CFG_BOOL, OFF(pd_ship_taper), "no", 0, 1,
+	{"ship_taper", "pd", CFG_BOOL, OFF(pd_ship_taper), "yes", 0, 1,
 	 "KVFERRY_PD_SHIP_TAPER", "--pd-ship-taper", NULL, NULL,
 	 "role = prefill, with ship_chunk: only a prompt's last chunk is ship_chunk tokens; the ones "
 	 "before run as wide as a launch takes (wide launches compute faster, and their pages leave while "
