@@ -115,8 +115,9 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			    "the request queue is full (max_queue); retry later or raise max_queue");
 		else if (id == -ENETDOWN)
 			http_verr_set(&e, 503, NULL, "no_prefill_node",
-			    "no prefill node is healthy (every [pd] prefill node missed its heartbeats); retry "
-			    "later, or check the prefill nodes (ctrlctl bootstrap, /stats backend.pd)");
+			    "no prefill node is healthy (every [pd] prefill node missed its heartbeats, or its "
+			    "kvferry-dataplane has not been heard for 10 s); retry later, or check the prefill nodes "
+			    "(ctrlctl bootstrap, /stats backend.pd)");
 		else if (id == -EHOSTUNREACH)
 			http_verr_set(&e, 400, "bootstrap_host", "unknown_prefill_node",
 			    "bootstrap_host '%s' (bootstrap_port %lld) is not one of this decode node's prefill "

@@ -58,7 +58,7 @@ const char *const ctrl_pd_phase_names[CTRL_PD_PHASES] = { "manifest", "first_pag
 /* Rooms given up lately (their aborts sent), to send again once this node's
  * dataplane is back: one sent while it was dead went nowhere, and the
  * prefill node would hold the room's KV until its hold timeout. */
-#define PD_GONE_KEEP 256
+#define PD_GONE_KEEP 4096
 #define PD_GONE_NS 30000000000ull
 
 struct pd_gone {
@@ -611,7 +611,7 @@ void ctrl_pd_decode_tick(struct ctrl_pd_decode *d, uint64_t now_ns)
 	}
 }
 
-int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d)
+int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d, uint32_t node)
 {
 	uint8_t buf[CTRL_PD_MSG_HDR + 16 + CTRL_PD_MAX_TEXT];
 	uint64_t now = kvf_mono_ns();
@@ -621,7 +621,7 @@ int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d)
 	for (uint32_t i = 0; i < n; i++) {
 		const struct pd_gone *g = &d->gone[i];
 
-		if (now < g->t || now - g->t > PD_GONE_NS)
+		if (now < g->t || now - g->t > PD_GONE_NS || (node != CTRL_PD_ALL_NODES && g->node != node))
 			continue;
 		for (uint32_t r = 0; r < g->n_ranks; r++) {
 			int len = ctrl_pd_encode_abort(buf, sizeof(buf), g->room, d->o.session, r, "the request ended");

@@ -17,6 +17,7 @@
 struct peer {
 	char addr[128];
 	int healthy;
+	int dp_gone;            /* its dataplane silent past the rooms' give-up: no new rooms */
 	int32_t failures, rooms;
 	double next_probe;   /* 0: at the first tick */
 	char last_err[256];
@@ -195,9 +196,20 @@ int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p)
 	int32_t best = -1;
 
 	for (int32_t k = 0; k < p->n; k++)
-		if (p->peer[k].healthy && (best < 0 || p->peer[k].rooms < p->peer[best].rooms))
+		if (p->peer[k].healthy && !p->peer[k].dp_gone && (best < 0 || p->peer[k].rooms < p->peer[best].rooms))
 			best = k;
 	return best;
+}
+
+int ctrl_pd_peers_dataplane_gone(struct ctrl_pd_peers *p, int32_t node, int gone)
+{
+	int was;
+
+	if (node < 0 || node >= p->n)
+		return -ENOENT;
+	was = p->peer[node].dp_gone;
+	p->peer[node].dp_gone = gone != 0;
+	return was;
 }
 
 int ctrl_pd_peer_rooms(struct ctrl_pd_peers *p, int32_t node, int delta)

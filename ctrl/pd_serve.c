@@ -287,7 +287,7 @@ static void relink(struct ctrl_pd_serve *s)
 	if (s->dec != NULL) { /* each runs again in a fresh room where it may ([pd] room_retries) */
 		n_failed = ctrl_pd_decode_retry_all(s->dec, "this node's kvferry-dataplane restarted while the room "
 						    "was in flight: its messages were lost (try the request again)");
-		ctrl_pd_decode_resend_aborts(s->dec);
+		ctrl_pd_decode_resend_aborts(s->dec, CTRL_PD_ALL_NODES);
 	}
 	if (s->pre != NULL) /* their pages and statuses too: fail them now, their KV back at once */
 		n_failed = ctrl_pd_prefill_fail_all(s->pre, "the prefill node's kvferry-dataplane restarted while the "
@@ -352,10 +352,20 @@ static void watch(struct ctrl_pd_serve *s)
 				CTRL_PD_PEER_GONE_MS / 1e3);
 			s->peer_silences++;
 		} else if (!silent && s->peer_silent[i]) {
-			kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane is heard again",
-				ctrl_pd_peer_addr(s->peers, i));
+			/* the rooms given up there meanwhile: their aborts again, or
+			 * it holds their KV for manifests that cannot come */
+			int n = ctrl_pd_decode_resend_aborts(s->dec, (uint32_t)i);
+
+			kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane is heard again "
+				"(%d abort(s) of rooms given up meanwhile sent again)", ctrl_pd_peer_addr(s->peers, i), n);
 		}
 		s->peer_silent[i] = (uint8_t)silent;
+		/* past the give-up bound its rooms fail at once: it gets no new one */
+		if (ctrl_pd_peers_dataplane_gone(s->peers, i, silent && silent_ms >= CTRL_PD_PEER_GONE_MS) == 0
+		    && silent && silent_ms >= CTRL_PD_PEER_GONE_MS)
+			kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane silent for "
+				"%.1f s: no new request goes there until it is heard again", ctrl_pd_peer_addr(s->peers, i),
+				(double)silent_ms / 1e3);
 	}
 }
 

@@ -198,8 +198,18 @@ int ctrl_pd_peers_tick(struct ctrl_pd_peers *p, double now_s, struct ctrl_rooms 
  */
 int ctrl_pd_peers_unreachable(struct ctrl_pd_peers *p, int32_t node, const char *why, struct ctrl_rooms *rooms);
 
-/** The healthy node with the fewest rooms in flight (lowest index on ties), or -1. */
+/** The healthy node with the fewest rooms in flight (lowest index on ties),
+ *  its dataplane not gone, or -1. */
 int32_t ctrl_pd_peers_pick(const struct ctrl_pd_peers *p);
+
+/**
+ * @p node's kvferry-dataplane has been silent past the rooms' give-up bound
+ * (@p gone 1: every room there fails, so it gets no new one: a request
+ * forwarded there would make it prefill, hold KV for a manifest that
+ * cannot come, and fail) or is heard again (0). Its heartbeats may still
+ * answer (its HTTP server is up). @return the previous value, or -ENOENT.
+ */
+int ctrl_pd_peers_dataplane_gone(struct ctrl_pd_peers *p, int32_t node, int gone);
 
 /** A room on @p node opened (+1) or ended (-1). @return 0 or -ENOENT. */
 int ctrl_pd_peer_rooms(struct ctrl_pd_peers *p, int32_t node, int delta);

@@ -185,13 +185,15 @@ void ctrl_pd_decode_fail(struct ctrl_pd_decode *d, uint64_t room, const char *wh
  */
 void ctrl_pd_decode_pages_lost(struct ctrl_pd_decode *d, uint64_t room, const char *why);
 /**
- * This node's dataplane is back after a restart: send again the aborts of
- * the rooms given up in the last 30 s (one sent while it was dead went
- * nowhere, and the prefill node would hold that room's KV until its hold
- * timeout). A prefill node ignores an abort of a room it no longer has.
- * @return the messages sent.
+ * This node's dataplane is back after a restart, or prefill node @p node's
+ * (its index in [pd] prefill; CTRL_PD_ALL_NODES: every one) is heard again after a
+ * silence: send again the aborts of the rooms given up there in the last
+ * 30 s (one sent meanwhile went nowhere, and the prefill node would hold
+ * that room's KV until its hold timeout). A prefill node ignores an abort
+ * of a room it no longer has. @return the messages sent.
  */
-int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d);
+#define CTRL_PD_ALL_NODES UINT32_MAX
+int ctrl_pd_decode_resend_aborts(struct ctrl_pd_decode *d, uint32_t node);
 /**
  * @p room's prefill node could not prefill it (its chain failed: it answered
  * an error, @p why) before any of it landed: its request computes its prompt

@@ -221,6 +221,28 @@ static void the_pick_is_the_healthy_node_with_the_fewest_rooms(void **state)
 	ctrl_pd_peers_destroy(p);
 }
 
+/* A node whose dataplane has been silent past the rooms' give-up bound
+ * answers its heartbeats but gets no new room (each would fail there and
+ * leave it holding KV) until its dataplane is heard again. */
+static void a_node_whose_dataplane_is_gone_gets_no_new_room_until_heard_again(void **state)
+{
+	struct script s = { { NULL }, 0 };
+	struct ctrl_pd_peers *p = peers("a:1,b:1", &s, 2, 1);
+
+	(void)state;
+	assert_int_equal(ctrl_pd_peers_pick(p), 0);
+	assert_int_equal(ctrl_pd_peers_dataplane_gone(p, 0, 1), 0);
+	assert_int_equal(ctrl_pd_peers_pick(p), 1); /* fewest rooms, but gone */
+	assert_int_equal(ctrl_pd_peers_dataplane_gone(p, 1, 1), 0);
+	assert_int_equal(ctrl_pd_peers_pick(p), -1);
+	ctrl_pd_peers_tick(p, 0.0, NULL);           /* heartbeats answer: still none */
+	assert_int_equal(ctrl_pd_peers_pick(p), -1);
+	assert_int_equal(ctrl_pd_peers_dataplane_gone(p, 0, 0), 1);
+	assert_int_equal(ctrl_pd_peers_pick(p), 0);
+	assert_int_equal(ctrl_pd_peers_dataplane_gone(p, 2, 1), -ENOENT);
+	ctrl_pd_peers_destroy(p);
+}
+
 /* A router names the prefill node by the host in its URL: written as in
  * [pd] prefill, or another name of the same address. */
 static void a_routers_bootstrap_host_finds_its_node_by_name_or_by_address(void **state)
@@ -251,6 +273,7 @@ int main(void)
 		cmocka_unit_test(losing_a_node_fails_exactly_its_rooms_not_a_longer_address),
 		cmocka_unit_test(intervals_and_failures_are_clamped_and_an_answer_resets_the_count),
 		cmocka_unit_test(the_pick_is_the_healthy_node_with_the_fewest_rooms),
+		cmocka_unit_test(a_node_whose_dataplane_is_gone_gets_no_new_room_until_heard_again),
 		cmocka_unit_test(a_routers_bootstrap_host_finds_its_node_by_name_or_by_address),
 		cmocka_unit_test(an_unreachable_node_is_lost_at_once_and_a_heartbeat_brings_it_back),
 	};
