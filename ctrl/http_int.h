@@ -226,6 +226,7 @@ struct http_gen_req {
 	uint64_t seed;
 	int64_t room, bport;         /* bootstrap_room (-1: none), bootstrap_port */
 	const char *bhost;           /* bootstrap_host, inside the request's JSON, or NULL */
+	int64_t psession;            /* kvferry_session (a kvferry decode node's forward), 0 if absent */
 	/* GEN_NATIVE */
 	int lp_report, lp_text;      /* return_logprob, return_text_in_logprobs */
 	const char *rid;             /* rid, inside the request's JSON, or NULL */

@@ -100,7 +100,8 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	/* The backend's reference exists before it can call back. */
 	atomic_fetch_add(&g->refs, 1);
 	if (q.room >= 0 && h->be.submit_pd != NULL) {
-		struct ctrl_http_pd pd = { .room = (uint64_t)q.room, .port = (int32_t)q.bport, .host = q.bhost };
+		struct ctrl_http_pd pd = { .room = (uint64_t)q.room, .port = (int32_t)q.bport, .host = q.bhost,
+					   .session = (uint32_t)q.psession };
 
 		id = h->be.submit_pd(h->be.ctx, &r, &pd);
 	} else {

@@ -409,7 +409,10 @@ int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e
 	/* SGLang's PD bootstrap fields: a router names the room (and the
 	 * prefill node's bootstrap server) both nodes of a pair use */
 	if (http_opt_int(req, "bootstrap_room", 0, INT64_MAX, &q->room, e) < 0
-	    || http_opt_int(req, "bootstrap_port", 0, 65535, &q->bport, e) < 0)
+	    || http_opt_int(req, "bootstrap_port", 0, 65535, &q->bport, e) < 0
+	    /* a kvferry decode node's forward names its session: a prefill node
+	     * drops the rooms of a session its decode node replaced */
+	    || http_opt_int(req, "kvferry_session", 0, UINT32_MAX, &q->psession, e) < 0)
 		return -1;
 	if (so != NULL && !json_is_null(so) && !json_is_string(so))
 		return http_verr_set(e, 400, "bootstrap_host", "invalid_type",

@@ -30,6 +30,7 @@ struct pd_preq {
 	uint64_t room;
 	int64_t id;                /* the scheduler's, 0 until submitted */
 	uint32_t node, session;    /* the decode node, and its registration (from the manifest) */
+	uint32_t fwd_session;      /* the forward's kvferry_session (0: not said) */
 	uint32_t *dst;             /* the manifest's blocks */
 	uint32_t n_dst;
 	int have_manifest;
@@ -58,6 +59,8 @@ struct pd_preq {
 };
 
 #define PD_ABORTED_KEEP 1024
+#define PD_SESSIONS 64          /* decode nodes whose session is tracked */
+#define PD_OVER_KEEP 64         /* sessions seen replaced, a ring */
 
 struct ctrl_pd_prefill {
 	struct ctrl_pd_prefill_opts o;
@@ -65,7 +68,21 @@ struct ctrl_pd_prefill {
 	struct ctrl_pd_prefill_stats st;
 	uint64_t aborted[PD_ABORTED_KEEP]; /* rooms given up, a ring */
 	uint32_t n_aborted;
+	struct { uint32_t node, session; } cur[PD_SESSIONS]; /* each decode node's session, as its messages say */
+	uint32_t n_cur;
+	uint32_t over[PD_OVER_KEEP]; /* sessions a decode node replaced (it restarted): a ring */
+	uint32_t n_over;
 };
+
+static int session_over(const struct ctrl_pd_prefill *p, uint32_t session)
+{
+	uint32_t n = p->n_over < PD_OVER_KEEP ? p->n_over : PD_OVER_KEEP;
+
+	for (uint32_t i = 0; session != 0 && i < n; i++)
+		if (p->over[i] == session)
+			return 1;
+	return 0;
+}
 
 static int was_aborted(const struct ctrl_pd_prefill *p, uint64_t room)
 {
@@ -316,6 +333,12 @@ static void on_event_locked(struct pd_preq *q, const struct ctrl_event *ev)
 
 int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room, uint32_t node)
 {
+	return ctrl_pd_prefill_submit_from(p, rq, room, node, 0);
+}
+
+int64_t ctrl_pd_prefill_submit_from(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room,
+				    uint32_t node, uint32_t session)
+{
 	struct pd_preq *q = by_room(p, room);
 	struct ctrl_request mine;
 	int64_t id;
@@ -328,8 +351,13 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 		p->st.refused_aborted++;
 		return -ECANCELED; /* the decode node gave this room up before its prompt came */
 	}
+	if (q == NULL && session_over(p, session)) {
+		p->st.refused_aborted++;
+		return -ECANCELED; /* a forward of a decode node that has restarted since */
+	}
 	if (q == NULL && (q = new_req(p, room, node)) == NULL)
 		return -ENOMEM;
+	q->fwd_session = session;
 	if (q->src == NULL) {
 		q->cap_src = rq->n_prompt > 0 ? (rq->n_prompt - 1) / KN_PAGE_BLK + 1 : 1;
 		q->src = malloc(sizeof(int32_t) * (size_t)q->cap_src);
@@ -359,6 +387,56 @@ int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_requ
 	return id;
 }
 
+/* End room @p q as its decode node's abort would. */
+static void give_up(struct ctrl_pd_prefill *p, struct pd_preq *q)
+{
+	if (!q->finished && q->id > 0) {
+		/* still running: its finish event drops the record */
+		q->aborted = 1;
+		ctrl_sched_cancel(p->o.sched, (uint64_t)q->id);
+	} else {
+		drop(p, q);
+	}
+}
+
+/*
+ * Decode node @p node speaks with session @p session. If it spoke with
+ * another before, it restarted (or was released and restored): the rooms
+ * its old session forwarded whose manifest has not come never get one (the
+ * new ctrld does not know them), so their KV goes back now, not after
+ * hold_ns, and a late forward of that session is refused.
+ */
+static void note_session(struct ctrl_pd_prefill *p, uint32_t node, uint32_t session)
+{
+	uint32_t i, old, n = 0;
+
+	for (i = 0; i < p->n_cur && p->cur[i].node != node; i++)
+		;
+	if (i == p->n_cur) {
+		if (p->n_cur < PD_SESSIONS) {
+			p->cur[p->n_cur].node = node;
+			p->cur[p->n_cur++].session = session;
+		}
+		return;
+	}
+	old = p->cur[i].session;
+	if (old == session || session == 0)
+		return;
+	p->cur[i].session = session;
+	p->over[p->n_over++ % PD_OVER_KEEP] = old;
+	for (struct pd_preq *q = p->reqs, *nx; q != NULL; q = nx) {
+		nx = q->next;
+		if (!q->have_manifest && q->fwd_session == old && !q->aborted) {
+			give_up(p, q);
+			n++;
+		}
+	}
+	p->st.orphaned += n;
+	if (n > 0)
+		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: decode node %u speaks with a new session (it restarted): "
+			"%u room(s) its old session forwarded will get no manifest: their KV given back", node, n);
+}
+
 void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const uint8_t *buf, size_t len)
 {
 	struct ctrl_pd_msg m;
@@ -368,6 +446,7 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 		p->st.malformed++;
 		return;
 	}
+	note_session(p, node, m.session);
 	q = by_room(p, m.room);
 	if (m.kind == CTRL_PD_ABORT) {
 		uint8_t ack[CTRL_PD_MSG_HDR + 16];
@@ -375,13 +454,8 @@ void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const 
 
 		p->st.aborts++;
 		p->aborted[p->n_aborted++ % PD_ABORTED_KEEP] = m.room;
-		if (q != NULL && !q->finished && q->id > 0) {
-			/* still running: its finish event drops the record */
-			q->aborted = 1;
-			ctrl_sched_cancel(p->o.sched, (uint64_t)q->id);
-		} else if (q != NULL) {
-			drop(p, q);
-		}
+		if (q != NULL)
+			give_up(p, q);
 		if (n > 0)
 			p->o.send(p->o.send_arg, node, ack, (size_t)n);
 		return;

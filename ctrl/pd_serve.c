@@ -692,6 +692,8 @@ static struct pd_fwd *forward_of(struct ctrl_pd_serve *s, int32_t i, const struc
 		      "max_tokens", 1, "temperature", (double)r->temperature, "top_p", (double)r->top_p, "top_k",
 		      r->top_k, "seed", (json_int_t)r->seed, "ignore_eos", 1, "bootstrap_host", n->host,
 		      "bootstrap_port", atoi(colon + 1), "bootstrap_room", (json_int_t)room);
+	if (b != NULL) /* ours: the prefill node drops this session's rooms once we restart */
+		json_object_set_new(b, "kvferry_session", json_integer((json_int_t)s->session));
 	if (b != NULL && r->n_logprobs > 0) /* the first token's top logprobs come from the prefill node */
 		json_object_set_new(b, "logprobs", json_integer(r->n_logprobs));
 	f->body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
@@ -833,7 +835,7 @@ static int64_t be_submit_pd(void *ctx, const struct ctrl_request *r, const struc
 
 	pthread_mutex_lock(&s->mu);
 	if (s->pre != NULL) {
-		id = ctrl_pd_prefill_submit(s->pre, r, pd->room, 0);
+		id = ctrl_pd_prefill_submit_from(s->pre, r, pd->room, 0, pd->session);
 		id = id == -EEXIST ? -EINVAL : id;
 	} else if (s->released) {
 		id = -ESHUTDOWN;

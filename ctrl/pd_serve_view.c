@@ -48,6 +48,7 @@ json_t *pd_serve_stats(void *ctx)
 			       (json_int_t)ls.kv_bytes_sent, "malformed_total", (json_int_t)ps.malformed);
 		/* rooms failed because their KV's stages re-formed before all of it went */
 		json_object_set_new(pd, "rooms_kv_gone_total", json_integer((json_int_t)ps.kv_gone));
+		json_object_set_new(pd, "rooms_orphaned_total", json_integer((json_int_t)ps.orphaned));
 		/* a successful room's prompt: its prefill, then its last pages until the status */
 		json_object_set_new(pd, "rooms_timed_total", json_integer((json_int_t)ps.timed_rooms));
 		json_object_set_new(pd, "prefill_seconds_mean", json_real(ps.timed_rooms ? (double)ps.prefill_ns / 1e9 /

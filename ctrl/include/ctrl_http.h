@@ -47,6 +47,7 @@ struct ctrl_http_pd {
 	uint64_t room;               /**< bootstrap_room */
 	const char *host;            /**< bootstrap_host, or NULL */
 	int32_t port;                /**< bootstrap_port, 0 if absent */
+	uint32_t session;            /**< kvferry_session: the forwarding decode node's session, 0 if absent */
 };
 
 struct ctrl_http_backend {

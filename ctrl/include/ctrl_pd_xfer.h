@@ -290,6 +290,7 @@ struct ctrl_pd_prefill_stats {
 	uint64_t expired;          /**< rooms whose manifest never came: their KV given back */
 	uint64_t refused_aborted;  /**< prompts for a room the decode node had already given up */
 	uint64_t kv_gone;          /**< rooms failed: their KV's stages re-formed before it all went */
+	uint64_t orphaned;         /**< rooms given up: the decode node that forwarded them restarted */
 };
 
 struct ctrl_pd_prefill;
@@ -304,6 +305,14 @@ void ctrl_pd_prefill_destroy(struct ctrl_pd_prefill *p);
  * @return the scheduler's request id, or -errno (-EEXIST: a request for the room runs).
  */
 int64_t ctrl_pd_prefill_submit(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room, uint32_t node);
+/**
+ * The same, the forward saying the decode node's session (kvferry_session;
+ * 0: not said): once that decode node speaks with another session (it
+ * restarted), the room is given up if its manifest has not come, and a
+ * later forward of the old session is refused (-ECANCELED).
+ */
+int64_t ctrl_pd_prefill_submit_from(struct ctrl_pd_prefill *p, const struct ctrl_request *rq, uint64_t room,
+				    uint32_t node, uint32_t session);
 
 /** A control message from decode node @p node (a manifest or an abort); malformed ones are counted. */
 void ctrl_pd_prefill_on_control(struct ctrl_pd_prefill *p, uint32_t node, const uint8_t *buf, size_t len);

@@ -1690,6 +1690,68 @@ static void a_prefill_room_whose_stages_re_formed_after_its_kv_ships_nothing_and
 	g_kv_gen = 0;
 }
 
+/*
+ * A decode node that restarts forgets the rooms whose prompts it had
+ * forwarded but whose manifests it had not sent: the prefill node, holding
+ * their KV, learns it from the first message of the new session (every
+ * message carries it) and gives that KV back at once, not after its hold
+ * timeout; a late forward of the old session is refused.
+ */
+static void a_decode_nodes_new_session_gives_back_the_kv_its_old_session_left_waiting_for_a_manifest(void **state)
+{
+	static struct rec pre[2];
+	uint8_t buf[256];
+	uint32_t blk = 3;
+	struct x_pair x;
+	struct ctrl_request rq;
+	struct ctrl_pd_prefill_stats pst;
+	struct ctrl_sched_stats st;
+	struct timespec t;
+	int len;
+
+	(void)state;
+	x_pair_init(&x, 1, 0);
+	memset(pre, 0, sizeof(pre));
+	/* decode node 7 speaks with session 11 (an abort of a room never seen) */
+	len = ctrl_pd_encode_abort(buf, sizeof(buf), 900, 11, 0, "the request ended");
+	assert_true(len > 0);
+	ctrl_pd_prefill_on_control(x.pp, 7, buf, (size_t)len);
+	/* it forwarded two prompts, sent no manifest, and died */
+	for (int i = 0; i < 2; i++) {
+		request_of(&rq, i);
+		rq.cb = rec_cb;
+		rq.cb_arg = &pre[i];
+		assert_true(ctrl_pd_prefill_submit_from(x.pp, &rq, 50u + (uint64_t)i, 7, 11) > 0);
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	for (struct timespec now = t; !(pre[0].done && pre[1].done) && now.tv_sec - t.tv_sec < 20;
+	     clock_gettime(CLOCK_MONOTONIC, &now))
+		assert_true(ctrl_sched_poll(x.ps) >= 0);
+	ctrl_sched_stats(x.ps, &st);
+	assert_true(st.kv_held_blocks > 0); /* their KV waits for manifests */
+	/* a message of its new session (a manifest for a new room): the old rooms go */
+	len = ctrl_pd_encode_manifest(buf, sizeof(buf), 60, 12, 0, 0, &blk, 1);
+	assert_true(len > 0);
+	ctrl_pd_prefill_on_control(x.pp, 7, buf, (size_t)len);
+	assert_true(ctrl_sched_poll(x.ps) >= 0);
+	ctrl_sched_stats(x.ps, &st);
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	assert_int_equal(pst.orphaned, 2);
+	assert_int_equal(st.kv_held_blocks, 0);
+	/* a forward of the old session that comes late is refused */
+	request_of(&rq, 2);
+	rq.cb = rec_cb;
+	rq.cb_arg = &pre[0];
+	assert_int_equal(ctrl_pd_prefill_submit_from(x.pp, &rq, 52, 7, 11), -ECANCELED);
+	/* another node's session, and the same session again, give up nothing */
+	len = ctrl_pd_encode_manifest(buf, sizeof(buf), 61, 99, 0, 0, &blk, 1);
+	ctrl_pd_prefill_on_control(x.pp, 8, buf, (size_t)len);
+	ctrl_pd_prefill_on_control(x.pp, 7, buf, (size_t)ctrl_pd_encode_abort(buf, sizeof(buf), 902, 12, 0, "x"));
+	ctrl_pd_prefill_stats(x.pp, &pst);
+	assert_int_equal(pst.orphaned, 2);
+	x_pair_free(&x);
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1697,6 +1759,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
 		cmocka_unit_test(a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages),
 		cmocka_unit_test(a_held_prompt_pipelines_its_chunks_only_where_page_copies_need_not_wait_for_them),
+		cmocka_unit_test(a_decode_nodes_new_session_gives_back_the_kv_its_old_session_left_waiting_for_a_manifest),
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
