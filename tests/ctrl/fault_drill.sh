@@ -17,7 +17,9 @@
 #    the prefill node's dataplane SIGKILLed and started again 1 s later (the
 #    decode node runs the rooms in flight again in fresh ones: none fails),
 #    then the prefill node's ctrld the same way (the rooms it held fail with
-#    an error to their clients, by issue #13's rule). About 45 s.
+#    an error to their clients, by issue #13's rule), then the decode node's
+#    ctrld (its clients' streams break; the prefill node keeps no KV of its
+#    rooms once the new session speaks). About 60 s.
 #    With "fault-drill-pd --workers" each node's stages run in kvferry-worker
 #    processes: the decode node's stage-1 worker killed (its requests run
 #    again here, token for token), the prefill node's (its failed prompts are
