@@ -361,8 +361,8 @@ static void watch(struct ctrl_pd_serve *s)
 		}
 		s->peer_silent[i] = (uint8_t)silent;
 		/* past the give-up bound its rooms fail at once: it gets no new one */
-		if (ctrl_pd_peers_dataplane_gone(s->peers, i, silent && silent_ms >= CTRL_PD_PEER_GONE_MS) == 0
-		    && silent && silent_ms >= CTRL_PD_PEER_GONE_MS)
+		s->peer_gone[i] = (uint8_t)(silent && silent_ms >= CTRL_PD_PEER_GONE_MS);
+		if (ctrl_pd_peers_dataplane_gone(s->peers, i, s->peer_gone[i]) == 0 && s->peer_gone[i])
 			kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "PD: prefill node %s: its kvferry-dataplane silent for "
 				"%.1f s: no new request goes there until it is heard again", ctrl_pd_peer_addr(s->peers, i),
 				(double)silent_ms / 1e3);

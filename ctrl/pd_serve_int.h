@@ -71,6 +71,7 @@ struct ctrl_pd_serve {
 	int32_t dp_pid;
 	uint64_t dp_deaths;        /* this node's dataplane seen dead, cumulative */
 	uint8_t peer_silent[CTRL_PD_MAX_PEERS]; /* decode: that prefill node's dataplane is silent now */
+	uint8_t peer_gone[CTRL_PD_MAX_PEERS];   /* ... past the rooms' give-up: it gets no new room */
 	uint64_t peer_silences;    /* decode: prefill nodes' dataplanes gone silent, cumulative */
 	/* decode, stages in worker processes ([pd] worker_rx): each takes its own pages (routes()) */
 	int rx_on;                 /* the rooms area is made: stages are asked to route their streams */

@@ -69,10 +69,11 @@ json_t *pd_serve_stats(void *ctx)
 			int32_t fails = 0, rooms = 0;
 
 			ctrl_pd_peer_state(s->peers, i, &healthy, &fails, &rooms);
-			json_array_append_new(nodes, json_pack("{s:s, s:b, s:i, s:i, s:b}", "address",
+			json_array_append_new(nodes, json_pack("{s:s, s:b, s:i, s:i, s:b, s:b}", "address",
 							       ctrl_pd_peer_addr(s->peers, i), "healthy", healthy,
 							       "heartbeat_misses", fails, "rooms_in_flight", rooms,
-							       "dataplane_silent", i < CTRL_PD_MAX_PEERS && s->peer_silent[i]));
+							       "dataplane_silent", i < CTRL_PD_MAX_PEERS && s->peer_silent[i],
+							       "dataplane_gone", i < CTRL_PD_MAX_PEERS && s->peer_gone[i]));
 		}
 		int64_t by_state[CTRL_ROOM_FAILED + 1] = { 0 };
 		json_t *states = json_object();
