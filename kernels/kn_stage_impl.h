@@ -95,6 +95,24 @@ struct kn_seg_cursor {
 	size_t at;     /**< bytes of seg[i] already read */
 };
 
+/** The next contiguous piece, at most @p max bytes, in *@p p; the cursor
+ *  moves past it. @return its length (0 at a piece's end: call again;
+ *  c->i == c->n once every piece is read). */
+static inline size_t kn_seg_next(struct kn_seg_cursor *c, size_t max, const void **p)
+{
+	size_t k = c->seg[c->i].len - c->at;
+
+	if (k > max)
+		k = max;
+	*p = (const char *)c->seg[c->i].p + c->at;
+	c->at += k;
+	if (c->at == c->seg[c->i].len) {
+		c->i++;
+		c->at = 0;
+	}
+	return k;
+}
+
 /** Copy the next @p len bytes to @p dst (NULL: pass over them); the caller
  *  knows they are there. */
 static inline void kn_seg_read(struct kn_seg_cursor *c, void *dst, size_t len)
@@ -102,20 +120,14 @@ static inline void kn_seg_read(struct kn_seg_cursor *c, void *dst, size_t len)
 	char *o = (char *)dst;
 
 	while (len > 0 && c->i < c->n) {
-		size_t k = c->seg[c->i].len - c->at;
+		const void *p;
+		size_t k = kn_seg_next(c, len, &p);
 
-		if (k > len)
-			k = len;
 		if (o != NULL) {
-			memcpy(o, (const char *)c->seg[c->i].p + c->at, k);
+			memcpy(o, p, k);
 			o += k;
 		}
 		len -= k;
-		c->at += k;
-		if (c->at == c->seg[c->i].len) {
-			c->i++;
-			c->at = 0;
-		}
 	}
 }
 

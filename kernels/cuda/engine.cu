@@ -428,23 +428,17 @@ static int cu_kv_import_segs(struct kn_stage *b, const int32_t *blocks, int32_t 
 				char *d = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)l * lay + (size_t)blocks[i] * page;
 				size_t left = page;
 				while (left > 0 && cur->i < cur->n) {
-					size_t k = cur->seg[cur->i].len - cur->at;
-					if (k > left)
-						k = left;
+					const void *p;
+					size_t k = kn_seg_next(cur, left, &p);
 					if (k > 0) {
 						if (np == PIECES && flush())
 							return -EIO;
 						dst[np] = d;
-						src[np] = (const char *)cur->seg[cur->i].p + cur->at;
+						src[np] = p;
 						len[np++] = k;
 					}
 					d += k;
 					left -= k;
-					cur->at += k;
-					if (cur->at == cur->seg[cur->i].len) {
-						cur->i++;
-						cur->at = 0;
-					}
 				}
 			}
 	if (flush())
