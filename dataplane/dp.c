@@ -172,7 +172,7 @@ static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 	 * buffers, in place to one that reads segment lists (its fallback
 	 * ring, DP_RING_RX_KV, reads them too: rx_in_place()) */
 	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs
-		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake, &segs) != NULL && !segs);
+		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake, &segs, NULL) != NULL && !segs);
 	s->rx_in_place = (uint8_t)in_place;
 	s->rx_frags = frags;
 	if (in_place) {
@@ -253,13 +253,29 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 		 * only to one that reads lists (else DP_RING_RX_KV, which does);
 		 * its ring too holds every pool buffer */
 		int segs = 0;
-		struct shm_ring *wake, *r = dp_route_ring(d, d->cur_stream->id, &wake, &segs);
+		int32_t to = 0;
+		struct shm_ring *wake, *r = dp_route_ring(d, d->cur_stream->id, &wake, &segs, &to);
 
-		if (r != NULL && (ip < 0 || segs) && shm_ring_enqueue_burst(r, &desc, 1) == 1) {
-			if (wake != NULL)
-				shm_ring_wake_(wake);
-			cnt_add(&d->cur_peer->stats->msgs_received, 1);
-			return;
+		if (r != NULL && (ip < 0 || segs)) {
+			/* its buffer is the consumer's before it can be dequeued
+			 * (dp_ipc.h, receive routes): a consumer killed between its
+			 * dequeue and its take leaves it to the reclaim of its pid */
+			struct shm_pool *p = dp_ipc_rx_in_small(desc.len, desc.flags, shm_pool_bufsize(d->p_small))
+						     ? d->p_small : d->p_large;
+			int64_t idx = shm_pool_idx_of(p, desc.off);
+			int passed = idx >= 0 && shm_pool_pass(p, (uint32_t)idx, 0, to) == 0;
+
+			if (passed)
+				desc.aux |= (uint64_t)(uint32_t)to << 32;
+			if (shm_ring_enqueue_burst(r, &desc, 1) == 1) {
+				if (wake != NULL)
+					shm_ring_wake_(wake);
+				cnt_add(&d->cur_peer->stats->msgs_received, 1);
+				return;
+			}
+			if (passed)
+				shm_pool_pass(p, (uint32_t)idx, to, (int32_t)getpid()); /* never: the ring holds every buffer */
+			desc.aux = (uint32_t)desc.aux;
 		}
 	}
 	/* each receive ring holds every pool buffer (see invariants): cannot fail */
@@ -1016,7 +1032,9 @@ static void scan_live(struct dp *d, uint64_t now)
 		rc = shm_live_check(d->reg, i, UINT64_MAX, &li);
 		if (d->live_pid[i] != 0 && (rc == SHM_LIVE_DEAD || (rc >= 0 && li.pid != d->live_pid[i]
 								     && rc != SHM_LIVE_EMPTY))) {
-			/* and the receive buffers it was handed and had not given back */
+			/* and the receive buffers it was handed and had not given back,
+			 * once no route passes it any more */
+			dp_route_forget(d, d->live_pid[i]);
 			uint32_t back = shm_pool_reclaim(d->p_small, d->live_pid[i]) +
 					shm_pool_reclaim(d->p_large, d->live_pid[i]);
 

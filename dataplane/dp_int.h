@@ -183,10 +183,13 @@ void dp_link(struct dp *d, int up);
 /* dp_route.c: the receive routes. The ring stream @p stream's KV pages
  * go to now (and the ring to wake after each, or NULL), or NULL: the usual
  * DP_RING_RX_KV; *segs (when not NULL): whether its consumer reads segment
- * lists. dp_route_scan() drops the routes of dead consumers. */
+ * lists; *pid (when not NULL): its consumer's pid. dp_route_scan() drops
+ * the routes of dead consumers, dp_route_forget() those of @p pid, known
+ * dead (before its buffers are reclaimed: no message is passed to it after). */
 int dp_route_init(struct dp *d);
-struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs);
+struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs, int32_t *pid);
 void dp_route_scan(struct dp *d);
+void dp_route_forget(struct dp *d, int32_t pid);
 void dp_route_close(struct dp *d);
 
 #endif /* DP_INT_H */

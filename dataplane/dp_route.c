@@ -46,7 +46,11 @@ void dp_route_close(struct dp *d)
 		cache_drop(&d->rt[s]);
 }
 
-/* Give every message still on a dead consumer's ring back to its pool. */
+/* Give every message still on a dead consumer's ring back to its pool: a
+ * buffer passed to a consumer only while that one still holds it (a
+ * reclaim of its buffers may have come first, and the buffer be another
+ * message's now). Every consumer that passed the ring on is dead: the
+ * route goes only when its pid is. */
 static void drain(struct dp *d, struct shm_ring *r)
 {
 	struct shm_desc m[BURST];
@@ -54,20 +58,22 @@ static void drain(struct dp *d, struct shm_ring *r)
 	uint32_t back = 0;
 
 	while ((n = shm_ring_dequeue_burst(r, m, BURST)) > 0)
-		for (unsigned i = 0; i < n; i++, back++) {
+		for (unsigned i = 0; i < n; i++) {
 			struct shm_pool *p = dp_ipc_rx_in_small(m[i].len, m[i].flags, shm_pool_bufsize(d->p_small))
 						     ? d->p_small : d->p_large;
 			int64_t idx = shm_pool_idx_of(p, m[i].off);
+			int32_t h = DP_AUX_HOLDER(m[i].aux);
 
-			if (idx >= 0)
-				shm_pool_put(p, (uint32_t)idx);
+			if (idx >= 0 && (h == 0 ? shm_pool_put(p, (uint32_t)idx)
+					 : shm_pool_pass(p, (uint32_t)idx, h, 0)) == 0)
+				back++;
 		}
 	if (back > 0)
 		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: %u KV page message%s left on a dead consumer's ring "
 			"back in the pool", d->o->node, back, back == 1 ? "" : "s");
 }
 
-struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs)
+struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **wake, int *segs, int32_t *pidp)
 {
 	struct dp_rxroute_ent *e;
 	struct dp_route_cache *c;
@@ -80,6 +86,8 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	*wake = NULL;
 	if (segs != NULL)
 		*segs = 0;
+	if (pidp != NULL)
+		*pidp = 0;
 	if (d->route == NULL || stream >= DP_MAX_STREAMS)
 		return NULL;
 	e = &d->route->ent[stream];
@@ -95,6 +103,8 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 		*wake = c->wake;
 		if (segs != NULL)
 			*segs = c->segs;
+		if (pidp != NULL)
+			*pidp = pid;
 		return c->r;
 	}
 	if (g & 1u)
@@ -126,25 +136,39 @@ struct shm_ring *dp_route_ring(struct dp *d, uint16_t stream, struct shm_ring **
 	*wake = c->wake;
 	if (segs != NULL)
 		*segs = sg;
+	if (pidp != NULL)
+		*pidp = pid;
 	return c->r;
+}
+
+/* Drop stream @p s's route to @p pid (dead), draining its ring. */
+static void drop(struct dp *d, unsigned s, int32_t pid)
+{
+	struct dp_rxroute_ent *e = &d->route->ent[s];
+	struct shm_ring *w, *r = dp_route_ring(d, (uint16_t)s, &w, NULL, NULL); /* its ring, before the route goes */
+
+	if (!__atomic_compare_exchange_n(&e->pid, &pid, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+		return; /* a successor routed it meanwhile */
+	kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: stream %u's consumer pid %d died: its KV pages go to %s "
+		"until a successor routes them", d->o->node, s, (int)pid, DP_RING_RX_KV);
+	if (r != NULL)
+		drain(d, r); /* a successor consumes it too: the ring takes several (dp_ipc.h) */
+	cache_drop(&d->rt[s]);
 }
 
 void dp_route_scan(struct dp *d)
 {
 	for (unsigned s = 0; d->route != NULL && s < DP_MAX_STREAMS; s++) {
-		struct dp_rxroute_ent *e = &d->route->ent[s];
-		int32_t pid = __atomic_load_n(&e->pid, __ATOMIC_ACQUIRE);
-		struct shm_ring *w, *r;
+		int32_t pid = __atomic_load_n(&d->route->ent[s].pid, __ATOMIC_ACQUIRE);
 
-		if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
-			continue;
-		r = dp_route_ring(d, (uint16_t)s, &w, NULL); /* its ring, before the route goes */
-		if (!__atomic_compare_exchange_n(&e->pid, &pid, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-			continue; /* a successor routed it meanwhile */
-		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: stream %u's consumer pid %d died: its KV pages go to %s "
-			"until a successor routes them", d->o->node, s, (int)pid, DP_RING_RX_KV);
-		if (r != NULL)
-			drain(d, r); /* a successor consumes it too: the ring takes several (dp_ipc.h) */
-		cache_drop(&d->rt[s]);
+		if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH)
+			drop(d, s, pid);
 	}
+}
+
+void dp_route_forget(struct dp *d, int32_t pid)
+{
+	for (unsigned s = 0; d->route != NULL && pid > 0 && s < DP_MAX_STREAMS; s++)
+		if (__atomic_load_n(&d->route->ent[s].pid, __ATOMIC_ACQUIRE) == pid)
+			drop(d, s, pid);
 }

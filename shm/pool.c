@@ -191,6 +191,14 @@ int shm_pool_take(struct shm_pool *p, uint32_t idx)
 	return swap_holder(p, idx, 0, (uint32_t)getpid(), memory_order_acquire);
 }
 
+int shm_pool_pass(struct shm_pool *p, uint32_t idx, int32_t from, int32_t to)
+{
+	if (idx >= p->n || to < 0 || from < 0)
+		return -EINVAL;
+	/* acq_rel: the new holder sees the old one's writes, and hands its own on */
+	return swap_holder(p, idx, (uint32_t)from, (uint32_t)to, memory_order_acq_rel);
+}
+
 uint32_t shm_pool_reclaim(struct shm_pool *p, int32_t pid)
 {
 	uint32_t n = 0;

@@ -129,6 +129,9 @@ extern "C" {
 #define DP_AUX(peer, stream) (((uint64_t)(peer) << 16) | (uint64_t)(uint16_t)(stream))
 #define DP_AUX_PEER(aux) ((uint16_t)((aux) >> 16))
 #define DP_AUX_STREAM(aux) ((uint16_t)(aux))
+/* A message on a route's ring (below): the pid its buffer was passed to
+ * (shm_pool_pass()) before the enqueue, 0 where the dataplane kept it. */
+#define DP_AUX_HOLDER(aux) ((int32_t)(uint32_t)((aux) >> 32))
 
 #define DP_TXC_FAILED 0x100u
 
@@ -350,6 +353,14 @@ static inline int dp_ipc_rx_declare(struct dp_rxseg_decl *area, enum dp_rx_ring 
  * dead consumer's ring back into its pools). A route whose pid died is
  * dropped by the dataplane; a message it could not route goes to
  * DP_RING_RX_KV as before.
+ *
+ * The dataplane passes each message's buffer to the route's pid before it
+ * enqueues it, and says so in the descriptor (DP_AUX_HOLDER(aux)); the
+ * consumer takes it with shm_pool_pass(pool, idx, DP_AUX_HOLDER(aux),
+ * getpid()) rather than shm_pool_take(), and skips a message that fails
+ * (its buffer was reclaimed from a dead predecessor on the same ring and
+ * may be another message's now). So a consumer killed between a dequeue
+ * and its take leaks nothing: the buffer is held by its dead pid.
  *
  * A node sends stage k's pages (its chain's k-th layer range) on stream
  * DP_STREAM_KV_STAGE + k, so each stage's pages are one stream end to end.

@@ -55,6 +55,7 @@ struct wk_kvrx {
 	uint32_t segcap;
 	uint32_t stream;
 	uint64_t taken, refused, in_place;
+	uint64_t stale;             /* messages a dead predecessor on the ring was handed, skipped */
 };
 
 struct worker {

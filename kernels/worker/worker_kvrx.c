@@ -136,10 +136,10 @@ void wk_kvrx_close(struct worker *w)
 
 	if (x->route != NULL)
 		dp_ipc_rx_route(x->route, x->stream, "", "", 0, 0);
-	if (x->taken > 0)
+	if (x->taken > 0 || x->stale > 0)
 		WK_INFO(w, "KV page messages taken from the dataplane: %llu (%llu read in place, from their frames), "
-			"%llu refused", (unsigned long long)x->taken, (unsigned long long)x->in_place,
-			(unsigned long long)x->refused);
+			"%llu refused, %llu skipped (handed to a dead predecessor)", (unsigned long long)x->taken,
+			(unsigned long long)x->in_place, (unsigned long long)x->refused, (unsigned long long)x->stale);
 	shm_ring_close(x->q);
 	shm_ring_close(x->kvl);
 	shm_ring_close(x->ctl);
@@ -181,8 +181,16 @@ int wk_kvrx_poll(struct worker *w)
 		return 0;
 	p = dp_ipc_rx_in_small(d.len, d.flags, shm_pool_bufsize(x->rxs)) ? x->rxs : x->rxl;
 	idx = shm_pool_idx_of(p, d.off);
-	if (idx >= 0)
-		shm_pool_take(p, (uint32_t)idx); /* ours now: the dataplane reclaims it if we die */
+	/* ours now (the dataplane reclaims it if we die): passed from the pid
+	 * the dataplane passed it to, ours or a dead predecessor's on this
+	 * ring; one that fails was reclaimed from that one and may be another
+	 * message's by now: not read, not given back, not reported */
+	if (idx >= 0 && shm_pool_pass(p, (uint32_t)idx, DP_AUX_HOLDER(d.aux), (int32_t)getpid()) < 0) {
+		x->stale++;
+		WK_WARN(w, "stage %d: skipped a KV page message its dead predecessor on this ring was handed "
+			"(its buffer went back to the pool)", w->idx);
+		return 1;
+	}
 	x->taken++;
 	memset(&f, 0, sizeof(f));
 	if (idx >= 0 && (d.flags & DP_RX_SEGMENTS) && x->dpst != NULL)

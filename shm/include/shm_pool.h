@@ -64,6 +64,21 @@ int shm_pool_put(struct shm_pool *p, uint32_t idx);
 int shm_pool_take(struct shm_pool *p, uint32_t idx);
 
 /**
+ * Hand buffer @p idx from holder @p from (a pid; 0: whoever holds it) to
+ * holder @p to (a pid; 0: back to the pool, a put that happens only while
+ * @p from holds it). A producer passes a buffer to the process that will
+ * consume it before it enqueues it, and the consumer passes it on to
+ * itself from that pid when it dequeues it: a consumer killed between its
+ * dequeue and its take then leaves a buffer held by a dead pid, which
+ * shm_pool_reclaim() gives back, and a successor consuming the same ring
+ * takes only a buffer still held by the pid it was passed to (a reclaimed
+ * one may be in use again).
+ * @return 0, -EINVAL (index out of range, or a negative pid), -EALREADY
+ * (it is free), -ESRCH (another than @p from holds it).
+ */
+int shm_pool_pass(struct shm_pool *p, uint32_t idx, int32_t from, int32_t to);
+
+/**
  * Give back every buffer process @p pid holds: call it once @p pid is known
  * dead (its liveness slot, shm_live.h), never for a live one.
  * @return the number of buffers returned.

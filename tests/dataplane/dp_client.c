@@ -12,6 +12,11 @@
  *         (--whole: it does not declare, and gets whole messages).
  *         --die-holding N: take N messages, keep them and SIGKILL itself
  *         (what a dead consumer leaves, for the dataplane to reclaim).
+ *         --route: KV pages of its streams on a ring of its own (a receive
+ *         route, dp_ipc.h, as a decode worker makes), each buffer taken
+ *         from the pid the dataplane passed it to. --die-dequeued N: with
+ *         --route, SIGKILL itself once it dequeued N messages, before it
+ *         took any (the window the pass closes).
  * Prints one summary line; exits 0 on success, 1 on failure, 77 if the
  * region is absent.
  */
@@ -56,6 +61,8 @@ struct cfg {
 	double timeout_s;
 	int whole;      /* recv: do not declare that it reads segment lists */
 	unsigned die_holding; /* recv: SIGKILL itself holding this many messages */
+	int route;            /* recv --type kv: its streams routed to a ring of its own */
+	unsigned die_dequeued; /* recv --route: SIGKILL itself once it dequeued this many, before taking them */
 	const char *pools;    /* send: the name of its buffer pools (NAME.s, NAME.l) */
 	int check;            /* 'L': the send lanes, 'P': the pools (below) */
 	int drain;            /* send: on SIGTERM, wait for what is in flight to complete */
@@ -342,6 +349,22 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 		fprintf(stderr, "recv: rings/pools missing in region %s\n", c->region);
 		return 1;
 	}
+	struct dp_rxroute *route = NULL;
+	char rname[32];
+	if (c->route) {
+		/* its own ring, holding every receive buffer, several consumers
+		 * (the dataplane drains it if this one dies); then each stream */
+		uint64_t ro;
+		snprintf(rname, sizeof(rname), "dpc.rt.%d", (int)getpid());
+		shm_ring_close(rx);
+		rx = shm_ring_create(r, rname, shm_pool_count(ps) + shm_pool_count(pl) + 1, sizeof(struct shm_desc),
+				     SHM_RING_MC);
+		if (rx == NULL || shm_region_find_area(r, DP_AREA_RXROUTE, &ro, NULL) < 0) {
+			fprintf(stderr, "recv: no ring %s or no route area in region %s\n", rname, c->region);
+			return 1;
+		}
+		route = shm_ptr(r, ro);
+	}
 	uint64_t *next = calloc(c->streams, sizeof(uint64_t));
 	for (unsigned s = 0; s < c->streams; s++)
 		next[s] = s;
@@ -355,8 +378,13 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	enum dp_rx_ring ring = dp_ipc_rx_ring_of(c->type);
 	/* in the liveness table, so that what it holds when it dies goes back */
 	int live = shm_live_register(r, "dp_client");
-	if (c->die_holding)
+	if (c->die_holding || c->die_dequeued)
 		usleep(200000); /* the dataplane reads the table every 50 ms: let it see this pid alive */
+	for (unsigned s = 0; route != NULL && s < c->streams; s++)
+		if (dp_ipc_rx_route(route, s, rname, "", (int32_t)getpid(), !c->whole) < 0) {
+			fprintf(stderr, "recv: cannot route stream %u to %s\n", s, rname);
+			return 1;
+		}
 	if (!c->whole && shm_region_find_area(r, DP_AREA_RXSEG, &off, NULL) == 0) {
 		decl = shm_ptr(r, off);
 		if (dp_ipc_rx_declare(decl, ring, (int32_t)getpid()) < 0)
@@ -370,11 +398,21 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	while (!g_stop && (c->until_stop || got < c->count)) {
 		struct shm_desc d[32];
 		unsigned n = shm_ring_dequeue_burst(rx, d, 32);
+		if (c->die_dequeued && got + n >= c->die_dequeued) {
+			printf("recv: dequeued %llu messages, killing myself before taking them (pid %d)\n",
+			       (unsigned long long)(got + n), (int)getpid());
+			fflush(stdout);
+			kill(getpid(), SIGKILL);
+		}
 		for (unsigned i = 0; i < n; i++) {
 			struct shm_pool *pool = dp_ipc_rx_in_small(d[i].len, d[i].flags, small) ? ps : pl;
 			int64_t idx = shm_pool_idx_of(pool, d[i].off);
-			if (idx >= 0)
-				shm_pool_take(pool, (uint32_t)idx);
+			if (idx >= 0 && shm_pool_pass(pool, (uint32_t)idx, DP_AUX_HOLDER(d[i].aux), (int32_t)getpid()) < 0
+			    && DP_AUX_HOLDER(d[i].aux) != 0) {
+				fprintf(stderr, "recv: a message's buffer was not held by pid %d, whom it was passed to\n",
+					(int)DP_AUX_HOLDER(d[i].aux));
+				bad = 1;
+			}
 		}
 		if (c->die_holding && got + n >= c->die_holding) {
 			printf("recv: holding %llu messages, killing myself (pid %d)\n",
@@ -431,6 +469,8 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	double dt = now_s() - t0;
 	if (decl != NULL)
 		dp_ipc_rx_declare(decl, ring, 0);
+	for (unsigned s = 0; route != NULL && s < c->streams; s++)
+		dp_ipc_rx_route(route, s, "", "", 0, 0);
 	if (live >= 0)
 		shm_live_release(r, live);
 	printf("recv: %llu messages, %llu bytes, %.3f s, %.3f GB/s, %.0f msg/s%s\n",
@@ -516,7 +556,8 @@ int main(int argc, char **argv)
 		{"fixed", 1, 0, 'f'}, {"no-verify", 0, 0, 'V'}, {"inflight", 1, 0, 'i'},
 		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
 		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
-		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {0, 0, 0, 0}};
+		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {"route", 0, 0, 'o'},
+		{"die-dequeued", 1, 0, 'e'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -538,6 +579,8 @@ int main(int argc, char **argv)
 		case 'L': c.check = 'L'; break;
 		case 'Q': c.check = 'P'; break;
 		case 'd': c.drain = 1; break;
+		case 'o': c.route = 1; break;
+		case 'e': c.die_dequeued = (unsigned)atoi(optarg); break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -547,10 +590,12 @@ int main(int argc, char **argv)
 		default: return 2;
 		}
 	}
-	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS) {
+	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS
+	    || ((c.route || c.die_dequeued) && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.route)) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
 			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--pools NAME] [--drain]\n"
+			"       [--route [--die-dequeued N]] (with --recv --type kv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;
 	}

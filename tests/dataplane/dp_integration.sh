@@ -305,6 +305,33 @@ if [ "$mode" = memif ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ]; 
   done
   "$cli" --region "$rb" --recv --peer 1 --count 1 --timeout 1 >"$tmp/recv-none.log" 2>&1 \
     && demux="a micro-batch receiver got a KV page or control message"
+  # a stream routed to a consumer of its own (as a decode worker routes its
+  # stage's pages), killed after it dequeued messages and before it took
+  # them: the dataplane passed each buffer to it before the enqueue, so the
+  # reclaim of its pid gives them back (they were on no ring any more, and
+  # held by the dataplane, until this was so)
+  "$cli" --region "$rb" --recv --peer 1 --type kv --route --count 4 --die-dequeued 4 --timeout 30 \
+    --fixed 200000 --no-verify >"$tmp/recv-route-die.log" 2>&1 &
+  prd=$!
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-route-die.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --type kv --count 4 --inflight 4 --timeout 30 --fixed 200000 --no-verify \
+    >"$tmp/send-route-die.log" 2>&1 || demux="send to a routed consumer that dies failed"
+  wait $prd
+  cat "$tmp/recv-route-die.log"
+  grep -q "killing myself before taking" "$tmp/recv-route-die.log" || demux="the routed consumer never dequeued its messages"
+  for _ in $(seq 50); do "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >"$tmp/pools-route.log" 2>&1 && break
+    sleep 0.1; done
+  cat "$tmp/pools-route.log"
+  "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >/dev/null 2>&1 \
+    || demux="buffers a routed consumer dequeued and died before taking were not given back"
+  # and the stream goes on to the usual ring once its consumer is gone
+  "$cli" --region "$rb" --recv --peer 1 --count 20 --seed 9 --timeout 30 --type kv --whole \
+    >"$tmp/recv-after-route.log" 2>&1 &
+  prt=$!
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-after-route.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --count 20 --seed 9 --inflight 8 --timeout 30 --type kv \
+    >"$tmp/send-after-route.log" 2>&1 || demux="send after the routed consumer died failed"
+  wait $prt || demux="KV pages after the routed consumer died did not arrive: $(tail -2 "$tmp/recv-after-route.log")"
   if [ "$rxip" = 1 ]; then
     grep -q "^recv: 300 of 300 messages received in place" "$tmp/recv-kv.log" || demux="KV pages not received in place"
     grep -q "^recv: 0 of 300 messages received in place" "$tmp/recv-ctl.log" \

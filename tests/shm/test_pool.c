@@ -186,6 +186,52 @@ static void what_a_killed_holder_held_goes_back_and_a_live_holders_stays(void **
 	shm_pool_close(p);
 }
 
+/* A producer passes a buffer to its consumer's pid before the consumer can
+ * dequeue it: a consumer killed between its dequeue and its take leaves the
+ * buffer to the reclaim of its pid; a successor on the same ring takes only
+ * a buffer still held by the pid it was passed to. */
+static void a_buffer_passed_to_a_consumer_that_dies_before_taking_it_goes_back_and_no_successor_takes_it_twice(
+	void **state)
+{
+	struct shm_pool *p = shm_pool_create(*state, "pass", 4, 64);
+	int32_t me = (int32_t)getpid();
+	uint32_t a, b, got[3];
+	int st;
+	pid_t dead = fork();
+
+	if (dead == 0)
+		_exit(0);
+	assert_int_equal(waitpid(dead, &st, 0), dead);
+	assert_non_null(p);
+	assert_int_equal(shm_pool_get(p, &a), 0);
+	assert_int_equal(shm_pool_get(p, &b), 0);
+	/* passed to the consumer, who died before taking either */
+	assert_int_equal(shm_pool_pass(p, a, 0, dead), 0);
+	assert_int_equal(shm_pool_pass(p, b, me, dead), 0);
+	assert_int_equal(shm_pool_holder(p, a), dead);
+	/* a successor took b over from the dead pid before the reclaim... */
+	assert_int_equal(shm_pool_pass(p, b, dead, me), 0);
+	/* ...so the reclaim gives back only a */
+	assert_int_equal(shm_pool_reclaim(p, dead), 1);
+	assert_int_equal(shm_pool_holder(p, a), 0);
+	assert_int_equal(shm_pool_holder(p, b), me);
+	/* a, reclaimed, then handed out again: no one takes it as passed to the dead pid */
+	assert_int_equal(shm_pool_pass(p, a, dead, me), -EALREADY);
+	for (int i = 0; i < 3; i++) /* every free one, a among them */
+		assert_int_equal(shm_pool_get(p, &got[i]), 0);
+	assert_int_equal(shm_pool_holder(p, a), me);
+	assert_int_equal(shm_pool_pass(p, a, dead, me), -ESRCH);
+	/* a conditional put (to 0) frees only what the named pid holds */
+	assert_int_equal(shm_pool_pass(p, a, dead, 0), -ESRCH);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(shm_pool_pass(p, got[i], me, 0), 0);
+	assert_int_equal(shm_pool_pass(p, b, 0, 0), 0);
+	assert_int_equal(shm_pool_available(p), 4);
+	assert_int_equal(shm_pool_pass(p, 4, 0, me), -EINVAL);
+	assert_int_equal(shm_pool_pass(p, 0, 0, -1), -EINVAL);
+	shm_pool_close(p);
+}
+
 static void wedged(int sig)
 {
 	(void)sig;
@@ -314,6 +360,7 @@ int main(void)
 		cmocka_unit_test(a_double_release_is_refused_and_the_buffer_is_not_handed_out_twice),
 		cmocka_unit_test(processes_sharing_a_pool_never_hold_the_same_buffer),
 		cmocka_unit_test(what_a_killed_holder_held_goes_back_and_a_live_holders_stays),
+		cmocka_unit_test(a_buffer_passed_to_a_consumer_that_dies_before_taking_it_goes_back_and_no_successor_takes_it_twice),
 		cmocka_unit_test(a_process_killed_at_random_points_200_times_leaves_every_buffer_to_reclaim),
 		cmocka_unit_test(what_a_dead_process_held_in_any_pool_of_the_region_goes_back_at_once),
 	};

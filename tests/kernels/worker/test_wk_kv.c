@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -588,6 +589,85 @@ static void pages_received_in_place_land_from_their_frames_and_not_across_a_data
 	shm_pool_close(r.rxl);
 }
 
+/* Put a page message on the stage's ring as the dataplane passed it to @p to. */
+static uint32_t rx_passed(struct fixture *x, struct rx_fixture *r, uint64_t room, const int32_t *src,
+			  const uint32_t *dst, int32_t n, int32_t to)
+{
+	struct wk_kv_io io = wk_kv_io_stage(x->st);
+	struct shm_desc d;
+	uint32_t idx;
+	char err[256];
+	int64_t len;
+
+	assert_int_equal(shm_pool_get(r->rxl, &idx), 0);
+	len = wk_kvpage_pack(&io, room, 5, 0, 1, src, dst, n, shm_pool_buf(r->rxl, idx), shm_pool_bufsize(r->rxl),
+			     err, sizeof(err));
+	assert_true(len > 0);
+	assert_int_equal(shm_pool_pass(r->rxl, idx, 0, to), 0);
+	d = (struct shm_desc){ .off = shm_pool_buf_off(r->rxl, idx), .len = (uint32_t)len, .type = DP_MT_KVPAGE,
+			       .aux = DP_AUX(1, 3) | (uint64_t)(uint32_t)to << 32 };
+	assert_int_equal(shm_ring_enqueue_burst(r->rx, &d, 1), 1);
+	return idx;
+}
+
+/* The dataplane passes each routed message's buffer to the route's pid
+ * before the enqueue. A message it passed to a predecessor on this ring
+ * that died lands while that pid still holds its buffer (taken over), and
+ * is skipped once a reclaim gave the buffer back: not read, not given back
+ * again, not reported (the buffer may be another message's by now). */
+static void a_page_message_passed_to_a_dead_predecessor_lands_only_while_that_one_still_holds_its_buffer(void **state)
+{
+	struct fixture *x = *state;
+	struct rx_fixture r;
+	const int32_t src[2] = { 1, 2 };
+	const uint32_t dst[2] = { 11, 14 };
+	uint32_t idx, all[4];
+	struct shm_desc rep;
+	uint8_t *now;
+	int st;
+	pid_t dead = fork();
+
+	if (dead == 0)
+		_exit(0);
+	assert_int_equal(waitpid(dead, &st, 0), dead);
+	rx_setup(x, &r);
+	r.rooms->slot[2] = (struct shm_mb_kvroom){ .room = 79, .session = 5, .open = 1 };
+	/* passed to the dead pid, still held by it: taken over, landed, given back */
+	rx_passed(x, &r, 79, src, dst, 2, dead);
+	assert_int_equal(wk_kvrx_poll(&x->w), 1);
+	assert_int_equal(shm_ring_dequeue_burst(r.kvl, &rep, 1), 1);
+	assert_int_equal(rep.flags, SHM_MB_KVL_LAST);
+	assert_int_equal(shm_pool_available(r.rxl), shm_pool_count(r.rxl));
+	assert_landed(x, src, dst, 2);
+	/* passed to it, then reclaimed (free): skipped */
+	rx_passed(x, &r, 79, src, dst, 2, dead);
+	assert_int_equal(shm_pool_reclaim(r.rxl, dead), 1);
+	assert_int_equal(wk_kvrx_poll(&x->w), 1);
+	assert_int_equal(wk_kvrx_poll(&x->w), 0);
+	assert_int_equal(shm_ring_dequeue_burst(r.kvl, &rep, 1), 0);
+	assert_int_equal(shm_pool_available(r.rxl), shm_pool_count(r.rxl));
+	/* reclaimed and handed out again (every buffer held by the dataplane): skipped, left to its holder */
+	idx = rx_passed(x, &r, 79, src, dst, 2, dead);
+	assert_int_equal(shm_pool_reclaim(r.rxl, dead), 1);
+	for (uint32_t i = 0; i < shm_pool_count(r.rxl); i++)
+		assert_int_equal(shm_pool_get(r.rxl, &all[i]), 0);
+	assert_int_equal(wk_kvrx_poll(&x->w), 1);
+	assert_int_equal(shm_ring_dequeue_burst(r.kvl, &rep, 1), 0);
+	assert_int_equal(shm_pool_available(r.rxl), 0);
+	assert_int_equal(shm_pool_holder(r.rxl, idx), (int32_t)getpid());
+	for (uint32_t i = 0; i < shm_pool_count(r.rxl); i++)
+		assert_int_equal(shm_pool_put(r.rxl, all[i]), 0);
+	now = pool_now(x);
+	assert_memory_equal(now, x->pool0, NBLK * x->f.block_bytes);
+	free(now);
+	assert_int_equal(x->w.rx.stale, 2);
+	wk_kvrx_close(&x->w);
+	shm_ring_close(r.rx);
+	shm_ring_close(r.kvl);
+	shm_pool_close(r.rxs);
+	shm_pool_close(r.rxl);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -596,6 +676,7 @@ int main(void)
 		cmocka_unit_test(random_mutations_never_crash_and_each_gets_at_most_one_answer),
 		cmocka_unit_test(pages_routed_to_the_stage_land_only_for_open_rooms_and_each_is_reported),
 		cmocka_unit_test(pages_received_in_place_land_from_their_frames_and_not_across_a_dataplane_restart),
+		cmocka_unit_test(a_page_message_passed_to_a_dead_predecessor_lands_only_while_that_one_still_holds_its_buffer),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
