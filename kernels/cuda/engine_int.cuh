@@ -20,6 +20,7 @@
 #include "attention.cuh"
 #include "embed.cuh"
 #include "fill.cuh"
+#include "gather.cuh"
 #include "gemm.cuh"
 #include "gemv.cuh"
 #include "kn_cuda.h"
@@ -36,6 +37,8 @@
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 /* Conversion staging for non-bf16 weights (f32/f16 files). */
 #define STAGE_BYTES ((size_t)64 << 20)
+/* Pieces per launch of the KV gather (gather.cuh): a 2 MiB page message is ~240 frames */
+#define CU_GATHER_TABLE 4096
 
 struct layer_w {
 	kn_bf16 *wqkv;  /* [q_dim + 2 kv_dim][hidden] */
@@ -99,6 +102,9 @@ struct cu_stage {
 	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
 	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
+	int kv_gather;         /* KV pages in pieces by one kernel (gather.cuh; KVFERRY_CUDA_KV_GATHER=0: a DMA each) */
+	struct cu_piece *pcs;  /* [CU_GATHER_TABLE] its table, mapped pinned host memory (lazily) ... */
+	struct cu_piece *pcs_dev; /* ... and the device's address of it */
 	struct plan plans[KN_MAX_PLANS];
 	int n_plans;
 	/* allocations to free, in order of acquisition */

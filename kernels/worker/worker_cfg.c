@@ -71,8 +71,9 @@ static const struct cfg_key keys[] = {
 	  "2000 on cuda, where a futex wake-up costs tens of us a step; 0 on cpu)" },
 	{ "kv_rx_pieces", "worker", CFG_ENUM, OFF(kv_rx_pieces), "auto", 0, 2, "KVFERRY_WK_KV_RX_PIECES",
 	  "--kv-rx-pieces", pieces_names, NULL, "KV page messages a dataplane received in place ([dp] rx_in_place): "
-	  "import them from their frames where they lie (yes), or take them reassembled (no); auto: yes on cpu, no "
-	  "on cuda (one DMA per piece of a page was slower than one copy on the H200: dataplane/BENCH.md)" },
+	  "import them from their frames where they lie (yes: on cuda one gather kernel a message), or take them "
+	  "reassembled (no); auto: yes on cpu, no on cuda (the kernel time-slices against other processes' kernels on "
+	  "a shared GPU; yes where the GPU is the worker's own or MPS is on: dataplane/BENCH.md)" },
 	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
 	  "a diagnostic: write each step's times (taken, done, columns, sequences decoding; CLOCK_MONOTONIC ns) to this file" },
 };

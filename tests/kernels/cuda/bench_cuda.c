@@ -8,7 +8,7 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick | --narrow | --wide | --attention | --one ... | --serve ...]
+ * usage: bench_cuda [--quick | --narrow | --wide | --attention | --one ... | --serve ... | --kv-pieces]
  *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
  *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
  *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
@@ -22,7 +22,9 @@
  *   closed-loop sequences, REQUESTS in all, each PROMPT positions of prefill
  *   then OUT tokens; every step carries each decoding sequence's column and
  *   prompt positions up to 512 columns, so the step widths match the served
- *   path's (plans 1..512, mb_k 512). Prints completion tokens/s.
+ *   path's (plans 1..512, mb_k 512). Prints completion tokens/s;
+ *   --kv-pieces: a KV page message imported whole, reassembled, and in
+ *   pieces by the gather kernel and by a DMA each (bench_kv_pieces()).
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -311,6 +313,103 @@ static void bench_prefill(const char *name, int len, double peak)
 	kn_stage_destroy(s);
 }
 
+/* A stage of the 1B shape's first 8 layers, a pool of 64 blocks; NULL on failure. */
+static struct kn_stage *kv_stage(char *err, size_t errlen)
+{
+	struct kn_model_config c = shape("llama3-1b");
+	struct kn_stage_opts o;
+
+	c.n_layers = 8;
+	c.tie_embeddings = 0;
+	kn_stage_opts_init(&o);
+	o.n_slots = 4;
+	o.max_blocks_per_slot = 16;
+	o.n_blocks = 64;
+	o.n_plans = 1;
+	o.plan_widths[0] = 1;
+	return kn_cuda_stage_create_random(&c, 42, &o, err, errlen);
+}
+
+/*
+ * --kv-pieces: a 2 MiB KV page message imported into a CUDA stage, as the
+ * dataplane hands it over: (a) whole in one pinned buffer (the reference:
+ * one DMA), (b) reassembled by one host copy from its frames, then (a) —
+ * what a receiver that does not read in place pays — and in pieces where
+ * the frames lie (one 8,878-byte payload per 10 KiB buffer, 250 bytes in,
+ * as a received frame's): (c) by the gather kernel, (d) by one DMA per
+ * piece. Prints each one's GB/s beside (a).
+ */
+static void bench_kv_pieces(void)
+{
+	enum { FRAME = 8878, STRIDE = 10240, AT = 250, N = 8, REPS = 50 };
+	char err[512];
+	struct kn_kv_format f;
+	struct kn_stage *g = kv_stage(err, sizeof(err)), *d;
+	const int32_t blocks[N] = { 3, 9, 12, 40, 41, 42, 7, 63 };
+
+	setenv("KVFERRY_CUDA_KV_GATHER", "0", 1);
+	d = kv_stage(err, sizeof(err));
+	unsetenv("KVFERRY_CUDA_KV_GATHER");
+	if (g == NULL || d == NULL) {
+		printf("RESULT kind=kv_pieces error=\"%s\"\n", err);
+		kn_stage_destroy(g);
+		kn_stage_destroy(d);
+		return;
+	}
+	kn_stage_kv_format(g, &f);
+	const size_t len = (size_t)N * f.block_bytes, nf = (len + FRAME - 1) / FRAME;
+	char *whole = malloc(len), *frames = malloc(nf * STRIDE);
+	struct kn_seg *seg = calloc(nf, sizeof(*seg));
+	double t[4] = { 0 };
+
+	for (size_t i = 0; i < len; i++)
+		whole[i] = (char)(i * 2654435761u >> 24);
+	for (size_t k = 0; k < nf; k++) {
+		size_t q = len - k * FRAME < FRAME ? len - k * FRAME : FRAME;
+		memcpy(frames + k * STRIDE + AT, whole + k * FRAME, q);
+		seg[k] = (struct kn_seg){ frames + k * STRIDE + AT, q };
+	}
+	if (kn_cuda_host_register(whole, len, err, sizeof(err)) || kn_cuda_host_register(frames, nf * STRIDE, err, sizeof(err))) {
+		printf("RESULT kind=kv_pieces error=\"%s\"\n", err);
+		goto out;
+	}
+	for (int r = 0; r <= REPS; r++) {
+		double t0 = now();
+		int rc = kn_stage_kv_import(g, blocks, N, whole, len, &f);
+		double t1 = now();
+		for (size_t k = 0; k < nf; k++)
+			memcpy(whole + k * FRAME, seg[k].p, seg[k].len);
+		rc |= kn_stage_kv_import(g, blocks, N, whole, len, &f);
+		double t2 = now();
+		rc |= kn_stage_kv_import_segs(g, blocks, N, seg, (int32_t)nf, 0, len, &f);
+		double t3 = now();
+		rc |= kn_stage_kv_import_segs(d, blocks, N, seg, (int32_t)nf, 0, len, &f);
+		double t4 = now();
+		if (rc) {
+			printf("RESULT kind=kv_pieces error=\"%s / %s\"\n", kn_stage_error(g), kn_stage_error(d));
+			goto unpin;
+		}
+		if (r > 0) { /* the first round warms up */
+			t[0] += t1 - t0;
+			t[1] += t2 - t1;
+			t[2] += t3 - t2;
+			t[3] += t4 - t3;
+		}
+	}
+	printf("RESULT kind=kv_pieces bytes=%zu pieces=%zu whole_gb_s=%.2f reassembled_gb_s=%.2f gather_gb_s=%.2f "
+	       "dma_each_gb_s=%.2f gather_vs_whole=%.2f\n", len, nf, len * REPS / t[0] / 1e9, len * REPS / t[1] / 1e9,
+	       len * REPS / t[2] / 1e9, len * REPS / t[3] / 1e9, t[0] / t[2]);
+unpin:
+	kn_cuda_host_unregister(whole);
+	kn_cuda_host_unregister(frames);
+out:
+	free(whole);
+	free(frames);
+	free(seg);
+	kn_stage_destroy(g);
+	kn_stage_destroy(d);
+}
+
 int main(int argc, char **argv)
 {
 	int quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -325,6 +424,12 @@ int main(int argc, char **argv)
 			return 77;
 		/* copy bandwidth unmeasured: the fraction printed assumes 4.2 TB/s */
 		bench_decode(argv[2], atoi(argv[3]), &b, 1, 4.2e12, (size_t)96 << 30);
+		return 0;
+	}
+	if (argc == 2 && !strcmp(argv[1], "--kv-pieces")) {
+		if (kn_cuda_device_count() < 1)
+			return 77;
+		bench_kv_pieces();
 		return 0;
 	}
 	if (argc == 7 && !strcmp(argv[1], "--serve")) {

@@ -412,9 +412,10 @@ out:
  * A page message received in place (each frame's payload where the driver
  * left it, in pinned memory) imports into a CUDA stage piece by piece with
  * the same bits as from one buffer: pieces of 1, 7, 0, 333, 4099, 64, 8878
- * and 5 bytes after a header, every page split at odd places.
+ * and 5 bytes after a header, every page split at odd places; by the
+ * gather kernel (the default) and by a DMA each.
  */
-static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *m)
+static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *m, const char *how)
 {
 	static const size_t sizes[] = { 1, 7, 0, 333, 4099, 64, 8878, 5 };
 	struct chain a, b;
@@ -461,7 +462,8 @@ static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *
 	} else {
 		ok = ok && memcmp(back, msg + hdr, len) == 0;
 	}
-	printf("%s kv_pages_in_%d_pieces_import_into_a_cuda_stage_as_from_one_buffer\n", ok ? "ok  " : "FAIL", (int)ns);
+	printf("%s kv_pages_in_%d_pieces_import_into_a_cuda_stage_%s_as_from_one_buffer\n", ok ? "ok  " : "FAIL", (int)ns,
+	       how);
 	g_fail += !ok;
 unpin:
 	kn_cuda_host_unregister(msg);
@@ -512,7 +514,10 @@ int main(int argc, char **argv)
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
 	kv_pages_move_between_stages_and_engines(m);
-	kv_pages_in_pieces_import_as_from_one_buffer(m);
+	kv_pages_in_pieces_import_as_from_one_buffer(m, "by_one_kernel");
+	setenv("KVFERRY_CUDA_KV_GATHER", "0", 1); /* read as the stages are made */
+	kv_pages_in_pieces_import_as_from_one_buffer(m, "by_a_dma_each");
+	unsetenv("KVFERRY_CUDA_KV_GATHER");
 	kn_model_close(m);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (!given && system(cmd) != 0)
