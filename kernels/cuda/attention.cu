@@ -14,33 +14,53 @@ static __host__ __device__ int gmax_of(int g)
 	return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8;
 }
 
-/* Partials layout: [n][n_kv_heads][splits][GM] x {acc[HD], m, l}. */
+/* More than 8 heads per KV head (MQA-like models): each KV head is served by
+ * nsub = ceil(G / 8) blocks ("virtual heads", grid y = n_kv_heads x nsub),
+ * each attending 8 of its heads over the same K/V. Block y's KV head, first
+ * head and head count. */
+struct vhead {
+	int kh, hb, g;
+};
+
+static __device__ __forceinline__ struct vhead vhead_of(const struct kn_cu_attn_args &a, int y, int gm)
+{
+	const int G = a.n_heads / a.n_kv_heads, nsub = (G + gm - 1) / gm, j = y % nsub;
+	const struct vhead v = { y / nsub, (y / nsub) * G + j * gm, min(gm, G - j * gm) };
+	return v;
+}
+
+static __host__ __device__ int nsub_of(int n_heads, int n_kv_heads)
+{
+	const int g = n_heads / n_kv_heads;
+	return g <= 8 ? 1 : (g + 7) / 8;
+}
+
+/* Partials layout: [n][n_kv_heads x nsub][splits][GM] x {acc[HD], m, l}. */
 static __host__ __device__ size_t part_stride(int hd)
 {
 	return (size_t)hd + 2;
 }
 
-/* Partials of one (column, KV head): splits x GM x {acc[HD], m, l}. Merge the
- * first k into out (heads kh*G .. kh*G+G-1) in split order 0..k-1: one
+/* Partials of one (column, KV head): splits x GM x {acc[hd], m, l}. Merge the
+ * first k into out (heads hb .. hb+G-1) in split order 0..k-1: one
  * formula for the merge kernel and the column kernel's last block. Loads go
  * out MERGE_U splits at a time (a split per load round trip made the last
  * block's merge of 16 splits cost ~10 us). */
 #define MERGE_U 16
-template <int HD, int GM>
+template <int GM>
 static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args &a, const float *part,
-						    int c, int kh, int k, int e0, int estep)
+						    int c, int hb, int G, int k, int e0, int estep, int hd)
 {
-	const int G = a.n_heads / a.n_kv_heads;
-	const size_t ss = GM * part_stride(HD);
-	for (int e = e0; e < G * HD; e += estep) {
-		const int g = e / HD, d = e % HD;
-		const float *pg = part + g * part_stride(HD);
+	const size_t ss = GM * part_stride(hd);
+	for (int e = e0; e < G * hd; e += estep) {
+		const int g = e / hd, d = e % hd;
+		const float *pg = part + g * part_stride(hd);
 		float M = -INFINITY;
 		for (int s0 = 0; s0 < k; s0 += MERGE_U) {
 			float m[MERGE_U];
 #pragma unroll
 			for (int u = 0; u < MERGE_U; u++)
-				m[u] = s0 + u < k ? kn_ld_cg(pg + (s0 + u) * ss + HD) : -INFINITY;
+				m[u] = s0 + u < k ? kn_ld_cg(pg + (s0 + u) * ss + hd) : -INFINITY;
 #pragma unroll
 			for (int u = 0; u < MERGE_U; u++)
 				M = fmaxf(M, m[u]);
@@ -51,8 +71,8 @@ static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args
 #pragma unroll
 			for (int u = 0; u < MERGE_U; u++) {
 				const bool on = s0 + u < k;
-				m[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + HD) : M;
-				l[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + HD + 1) : 0.f;
+				m[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + hd) : M;
+				l[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + hd + 1) : 0.f;
 				v[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + d) : 0.f;
 			}
 #pragma unroll
@@ -64,7 +84,7 @@ static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args
 				A += v[u] * w;
 			}
 		}
-		a.out[(size_t)c * a.n_heads * HD + (size_t)(kh * G + g) * HD + d] = A / L;
+		a.out[(size_t)c * a.n_heads * hd + (size_t)(hb + g) * hd + d] = A / L;
 	}
 }
 
@@ -97,24 +117,28 @@ static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
  * left at zero) merges them all in split order, with no second kernel;
  * wider plans run attn_merge_kernel.
  */
-template <int HD, int GM>
+template <int HD, int GM, bool PAD>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
 	constexpr int LP = HD / 8, PPW = 32 / LP, NGRP = ATTN_WARPS * PPW;
+	/* PAD: the head is hd < HD wide (a multiple of 16): lanes past it read
+	 * nothing and add zeros */
+	const int hd = PAD ? a.head_dim : HD;
 	__shared__ float sm_acc[NGRP][GM][HD];
 	__shared__ float sm_m[NGRP][GM], sm_l[NGRP][GM];
 	__shared__ bool last;
 
-	const int s = blockIdx.x, kh = blockIdx.y, c = blockIdx.z;
+	const int s = blockIdx.x, vh = blockIdx.y, c = blockIdx.z, nvh = gridDim.y;
 	const struct kn_column col = a.cols[c];
-	const int G = a.n_heads / a.n_kv_heads;
+	const struct vhead v = vhead_of(a, vh, GM);
+	const int kh = v.kh, G = v.g;
 	if (col.slot == KN_CU_PAD_SLOT) {
 		if (s == 0)
-			for (int e = threadIdx.x; e < G * HD; e += ATTN_WARPS * 32)
-				a.out[(size_t)c * a.n_heads * HD + (size_t)kh * G * HD + e] = 0.f;
+			for (int e = threadIdx.x; e < G * hd; e += ATTN_WARPS * 32)
+				a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
 		return;
 	}
 	const int len = col.pos + 1, split = col_split(len, a.n), start = s * split;
@@ -124,14 +148,15 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int grp = lane / LP, sub = lane % LP;
 	const int gg = warp * PPW + grp;
+	const bool lane_on = !PAD || sub * 8 < hd;
 
 	float qf[GM][8];
 #pragma unroll
 	for (int g = 0; g < GM; g++) {
 #pragma unroll
 		for (int i = 0; i < 8; i++)
-			qf[g][i] = g < G ? a.q[(size_t)c * a.q_stride + (kh * G + g) * HD + sub * 8 + i] *
-					   a.scale * LOG2E : 0.f;
+			qf[g][i] = g < G && lane_on ? a.q[(size_t)c * a.q_stride + (v.hb + g) * hd + sub * 8 + i] *
+							      a.scale * LOG2E : 0.f;
 	}
 	float m[GM], l[GM], acc[GM][8];
 #pragma unroll
@@ -143,8 +168,8 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			acc[g][i] = 0.f;
 	}
 	const int32_t *trow = a.table + (size_t)col.slot * a.max_bps;
-	const size_t head_off = (size_t)kh * KN_PAGE_BLK * HD + sub * 8;
-	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
+	const size_t head_off = (size_t)kh * KN_PAGE_BLK * hd + sub * 8;
+	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * hd;
 
 	for (int base = start + warp * PPW; base < end; base += ATTN_U * NGRP) {
 		uint4 kv[ATTN_U][2];
@@ -154,8 +179,8 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			const int p = base + u * NGRP + grp;
 			const int32_t blk = p < end ? trow[p / KN_PAGE_BLK] : -1;
 			ok[u] = blk >= 0;
-			if (ok[u]) {
-				const size_t o = blk * blk_stride + head_off + (size_t)(p % KN_PAGE_BLK) * HD;
+			if (ok[u] && lane_on) {
+				const size_t o = blk * blk_stride + head_off + (size_t)(p % KN_PAGE_BLK) * hd;
 				kv[u][0] = kn_ld_stream(a.k_cache + o);
 				kv[u][1] = kn_ld_stream(a.v_cache + o);
 			} else {
@@ -199,9 +224,9 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 		}
 	}
 	__syncthreads();
-	float *part = a.part + (((size_t)c * a.n_kv_heads + kh) * splits + s) * GM * part_stride(HD);
-	for (int e = threadIdx.x; e < GM * HD; e += ATTN_WARPS * 32) {
-		const int g = e / HD, d = e % HD;
+	float *part = a.part + (((size_t)c * nvh + vh) * splits + s) * GM * part_stride(hd);
+	for (int e = threadIdx.x; e < GM * hd; e += ATTN_WARPS * 32) {
+		const int g = e / hd, d = e % hd;
 		if (g >= G)
 			continue;
 		float M = -INFINITY;
@@ -213,34 +238,34 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			L += sm_l[j][g] * w;
 			A += sm_acc[j][g][d] * w;
 		}
-		float *pg = part + g * part_stride(HD);
+		float *pg = part + g * part_stride(hd);
 		pg[d] = A;
 		if (d == 0) {
-			pg[HD] = M;
-			pg[HD + 1] = L;
+			pg[hd] = M;
+			pg[hd + 1] = L;
 		}
 	}
 	/* wider plans: attn_merge_kernel (faster there: 16 columns at ctx 4k,
 	 * 156.6 us against 166.6 with the last block merging) */
 	if (a.n > 2)
 		return;
-	const float *part0 = part - (size_t)s * GM * part_stride(HD);
+	const float *part0 = part - (size_t)s * GM * part_stride(hd);
 	const int k = (len + split - 1) / split;
 	if (k == 1) {
 		__syncthreads();
-		merge_splits<HD, GM>(a, part0, c, kh, 1, threadIdx.x, ATTN_WARPS * 32);
+		merge_splits<GM>(a, part0, c, v.hb, G, 1, threadIdx.x, ATTN_WARPS * 32, hd);
 		return;
 	}
 	__threadfence();
 	__syncthreads();
-	unsigned *cnt = a.counters + (size_t)c * a.n_kv_heads + kh;
+	unsigned *cnt = a.counters + (size_t)c * nvh + vh;
 	if (threadIdx.x == 0)
 		last = atomicAdd(cnt, 1u) == (unsigned)k - 1;
 	__syncthreads();
 	if (!last)
 		return;
 	__threadfence();
-	merge_splits<HD, GM>(a, part0, c, kh, k, threadIdx.x, ATTN_WARPS * 32);
+	merge_splits<GM>(a, part0, c, v.hb, G, k, threadIdx.x, ATTN_WARPS * 32, hd);
 	if (threadIdx.x == 0)
 		*cnt = 0;
 }
@@ -248,22 +273,23 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 /* grid (n, n_kv_heads, ceil(GM * HD / 128)), block 128, one output element
  * per thread: the tile kernel's second pass, merging a column's splits (of
  * `split` positions) in order 0..k-1. */
-template <int HD, int GM>
+template <int HD, int GM, bool PAD>
 static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
-	const int c = blockIdx.x, kh = blockIdx.y;
+	const int hd = PAD ? a.head_dim : HD;
+	const int c = blockIdx.x, vh = blockIdx.y;
 	const struct kn_column col = a.cols[c];
-	const int G = a.n_heads / a.n_kv_heads;
+	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
 	if (col.slot == KN_CU_PAD_SLOT) {
-		if (e < G * HD)
-			a.out[(size_t)c * a.n_heads * HD + (size_t)kh * G * HD + e] = 0.f;
+		if (e < v.g * hd)
+			a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
 		return;
 	}
-	const float *part = a.part + ((size_t)c * a.n_kv_heads + kh) * splits * GM * part_stride(HD);
-	merge_splits<HD, GM>(a, part, c, kh, (col.pos + split) / split, e, GM * HD);
+	const float *part = a.part + ((size_t)c * gridDim.y + vh) * splits * GM * part_stride(hd);
+	merge_splits<GM>(a, part, c, v.hb, v.g, (col.pos + split) / split, e, GM * hd, hd);
 }
 
 static int splits_of(int max_ctx, int split)
@@ -274,7 +300,13 @@ static int splits_of(int max_ctx, int split)
 static size_t part_bytes(int n, int n_heads, int n_kv_heads, int head_dim, int splits)
 {
 	const int gm = gmax_of(n_heads / n_kv_heads);
-	return (size_t)n * n_kv_heads * splits * gm * part_stride(head_dim) * sizeof(float);
+	return (size_t)n * n_kv_heads * nsub_of(n_heads, n_kv_heads) * splits * gm * part_stride(head_dim) *
+	       sizeof(float);
+}
+
+int kn_cuda_attn_counters(int n, int n_heads, int n_kv_heads)
+{
+	return n * n_kv_heads * nsub_of(n_heads, n_kv_heads);
 }
 
 size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
@@ -305,7 +337,7 @@ int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads)
 
 int kn_cuda_attn_tile_ok(int head_dim)
 {
-	return head_dim >= 16 && head_dim <= 128;
+	return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
 /* ---- tensor-core tile kernel ---- */
@@ -649,39 +681,43 @@ static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_
 	return false;
 }
 
-template <int HD, int GM>
+template <int HD, int GM, bool PAD>
 static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	const bool tile = a->kernel == KN_CU_ATTN_TILE;
-	if (tile && (a->split <= 0 || a->split % KN_PAGE_BLK))
+	if (tile && (PAD || a->split <= 0 || a->split % KN_PAGE_BLK))
 		return cudaErrorInvalidValue;
 	const int splits = tile ? splits_of(a->max_ctx, a->split) : col_splits_max(a->max_ctx);
 	cudaError_t e = cudaSuccess;
+	const int nvh = a->n_kv_heads * nsub_of(a->n_heads, a->n_kv_heads);
+	if (tile && nvh != a->n_kv_heads)
+		return cudaErrorInvalidValue;
 	if (!tile)
-		e = kn_launch(attn_split_kernel<HD, GM>, dim3(splits, a->n_kv_heads, a->n), dim3(ATTN_WARPS * 32), 0,
-			      st, *a, splits);
+		e = kn_launch(attn_split_kernel<HD, GM, PAD>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st, *a,
+			      splits);
 	else if (!launch_tile<HD, GM>(a, splits, st, &e))
 		return cudaErrorInvalidValue;
 	if (e != cudaSuccess || (!tile && a->n <= 2))
 		return e;
-	return kn_launch(attn_merge_kernel<HD, GM>, dim3(a->n, a->n_kv_heads, (GM * HD + 127) / 128), dim3(128), 0,
-			 st, *a, splits, tile ? a->split : KN_CU_ATTN_SPLIT);
+	return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128),
+			 dim3(128), 0, st, *a, splits, tile ? a->split : KN_CU_ATTN_SPLIT);
 }
 
-template <int HD>
+template <int HD, bool PAD = false>
 static cudaError_t launch_hd(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	switch (gmax_of(a->n_heads / a->n_kv_heads)) {
-	case 1: return launch<HD, 1>(a, st);
-	case 2: return launch<HD, 2>(a, st);
-	case 4: return launch<HD, 4>(a, st);
-	default: return launch<HD, 8>(a, st);
+	case 1: return launch<HD, 1, PAD>(a, st);
+	case 2: return launch<HD, 2, PAD>(a, st);
+	case 4: return launch<HD, 4, PAD>(a, st);
+	default: return launch<HD, 8, PAD>(a, st);
 	}
 }
 
 cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
-	if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->n_heads / a->n_kv_heads > 8)
+	if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads
+	    || (a->n_heads / a->n_kv_heads > 8 && a->kernel == KN_CU_ATTN_TILE))
 		return cudaErrorInvalidValue;
 	if (a->kernel == KN_CU_ATTN_COLUMN && a->n <= 2 && !a->counters)
 		return cudaErrorInvalidValue;
@@ -693,6 +729,12 @@ cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st)
 	case 64: return launch_hd<64>(a, st);
 	case 128: return launch_hd<128>(a, st);
 	case 256: return a->kernel == KN_CU_ATTN_TILE ? cudaErrorInvalidValue : launch_hd<256>(a, st);
-	default: return cudaErrorInvalidValue;
+	default:
+		/* another multiple of 16 (48, 80, 96 ...): the column kernel of the
+		 * next power of two, its lanes past the head idle */
+		if (a->head_dim % 16 || a->head_dim < 16 || a->head_dim > 256 || a->kernel == KN_CU_ATTN_TILE)
+			return cudaErrorInvalidValue;
+		return a->head_dim < 64 ? launch_hd<64, true>(a, st)
+		       : a->head_dim < 128 ? launch_hd<128, true>(a, st) : launch_hd<256, true>(a, st);
 	}
 }

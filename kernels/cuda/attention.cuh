@@ -66,14 +66,20 @@ size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, 
  *  plans (prefill) 256, fewer partials. Always >= 64 positions. */
 int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads);
 
-/** @return whether the tile kernel serves @p head_dim (16..128; 256 has too
- *  many accumulators per lane and runs the column kernel). */
+/** @return the split counters (unsigned) the column kernel needs for plans
+ *  of up to @p n columns: one per column and KV head, times ceil(G / 8) for
+ *  more than 8 heads per KV head. */
+int kn_cuda_attn_counters(int n, int n_heads, int n_kv_heads);
+
+/** @return whether the tile kernel serves @p head_dim (16, 32, 64, 128; 256
+ *  has too many accumulators per lane, and the other multiples of 16 run the
+ *  column kernel of the next power of two, their idle lanes masked). */
 int kn_cuda_attn_tile_ok(int head_dim);
 
 /**
  * Attend every column of @p a. Padding columns (slot -1) produce zeros.
  * @return the launch's cudaError_t; cudaErrorInvalidValue for a head_dim
- *         outside {16, 32, 64, 128, 256} (tile: 16..128), more than 8 heads
+ *         that is no multiple of 16 in 16..256 (tile: 16, 32, 64, 128), (tile) more than 8 heads
  *         per KV head, a tile split that is not a positive multiple of 16, or
  *         no counters for the column kernel in a plan of 1-2 columns.
  */

@@ -572,8 +572,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->attn_tile = at ? (!strcmp(at, "tile") ? 2 : !strcmp(at, "column") ? 1 : 0) : op->cuda_attn;
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
-		if (!kn_cuda_attn_tile_ok(c->head_dim))
-			s->attn_tile = 1;
+		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))
+			s->attn_tile = 1; /* the column kernel serves the other shapes */
 	}
 	s->n_plans = op->n_plans;
 	for (int i = 0; i < s->n_plans; i++)
@@ -581,10 +581,9 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 	s->blk_bytes = (size_t)s->nl * 2 * s->nkv * KN_PAGE_BLK * s->hd * 2;
 
 	if (s->hidden % 8 || s->inter % 8 || s->q_dim % 8 ||
-	    (s->hd != 16 && s->hd != 32 && s->hd != 64 && s->hd != 128 && s->hd != 256) || s->nkv < 1 ||
-	    s->nh % s->nkv || s->nh / s->nkv > 8) {
+	    s->hd % 16 || s->hd < 16 || s->hd > 256 || s->nkv < 1 || s->nh % s->nkv) {
 		snprintf(s->base.err, sizeof(s->base.err),
-			 "kn_stage_create(cuda): unsupported shape (hidden %d, intermediate %d and heads x head_dim %d must be multiples of 8; head_dim %d must be 16/32/64/128/256; %d heads over %d KV heads must group by at most 8); use the cpu backend",
+			 "kn_stage_create(cuda): unsupported shape (hidden %d, intermediate %d and heads x head_dim %d must be multiples of 8; head_dim %d must be a multiple of 16 up to 256; %d heads must be a multiple of the %d KV heads); use the cpu backend",
 			 s->hidden, s->inter, s->q_dim, s->hd, s->nh, s->nkv);
 		rc = -EINVAL;
 		goto fail;

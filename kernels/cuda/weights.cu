@@ -243,7 +243,8 @@ int cu_alloc_workspace(struct cu_stage *s)
 		{ (void **)&s->act, W * s->inter * 4, "swiglu out" },
 		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
 		{ (void **)&s->attn_ws, aws, "attention partials" },
-		{ (void **)&s->attn_cnt, W * s->nkv * sizeof(unsigned), "attention split counters" },
+		{ (void **)&s->attn_cnt, (size_t)kn_cuda_attn_counters(W, s->nh, s->nkv) * sizeof(unsigned),
+		  "attention split counters" },
 		{ (void **)&s->d_in, (W + 1) * sizeof(struct kn_column), "columns" },
 		{ (void **)&s->d_out, W * (2 + 2 * KN_CU_MAX_TOP) * 4, "sampler outputs" },
 		{ (void **)&s->d_table, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4, "block table" },
@@ -256,7 +257,7 @@ int cu_alloc_workspace(struct cu_stage *s)
 	}
 	/* the attention column kernel's split counters start at zero; every
 	 * launch leaves them so */
-	CK(cudaMemset(s->attn_cnt, 0, W * s->nkv * sizeof(unsigned)));
+	CK(cudaMemset(s->attn_cnt, 0, (size_t)kn_cuda_attn_counters(W, s->nh, s->nkv) * sizeof(unsigned)));
 	if (s->base.last) {
 		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;
