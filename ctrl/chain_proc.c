@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chain_proc_int.h"
 #include "kvf_log.h"
@@ -115,16 +116,20 @@ static int recv_desc(struct proc_chain *c, struct shm_desc *d)
 	struct shm_pool *p;
 	int64_t idx;
 
-	if (shm_ring_dequeue_burst(c->ret, d, 1) != 1)
-		return 0;
-	if (c->rx_small == NULL)
-		return 1;
-	/* ours now: reclaimed by the dataplane if ctrld dies holding it */
-	p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(c->rx_small)) ? c->rx_small : c->rx_large;
-	idx = shm_pool_idx_of(p, d->off);
-	if (idx >= 0)
-		shm_pool_take(p, (uint32_t)idx);
-	return 1;
+	for (;;) {
+		if (shm_ring_dequeue_burst(c->ret, d, 1) != 1)
+			return 0;
+		if (c->rx_small == NULL)
+			return 1;
+		/* ours now, from whom the dataplane passed it to (us, or a
+		 * ctrld before us that died): reclaimed by the dataplane if
+		 * ctrld dies holding it; one that fails went back to the pool
+		 * after that one died, and is not ours to read (dp_ipc.h) */
+		p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(c->rx_small)) ? c->rx_small : c->rx_large;
+		idx = shm_pool_idx_of(p, d->off);
+		if (idx < 0 || shm_pool_pass(p, (uint32_t)idx, DP_AUX_HOLDER(d->aux), (int32_t)getpid()) == 0)
+			return 1;
+	}
 }
 
 static void release_desc(struct proc_chain *c, const struct shm_desc *d)
@@ -239,6 +244,8 @@ int pc_open_shm(struct proc_chain *c, char *err, size_t errlen)
 	if (o->return_ring != NULL) {
 		c->ret = ring_open(c->reg, o->return_ring);
 	} else {
+		uint64_t off;
+
 		c->ret = shm_ring_lookup(c->reg, DP_RING_RX);
 		c->rx_small = shm_pool_lookup(c->reg, DP_POOL_RX_SMALL);
 		c->rx_large = shm_pool_lookup(c->reg, DP_POOL_RX_LARGE);
@@ -247,6 +254,9 @@ int pc_open_shm(struct proc_chain *c, char *err, size_t errlen)
 				 "kvferry-dataplane on it first", DP_POOL_RX_SMALL, DP_POOL_RX_LARGE, o->region);
 			return -ENOENT;
 		}
+		/* the ring's consumer: the dataplane passes its buffers to ctrld */
+		if (shm_region_find_area(c->reg, DP_AREA_RXOWN, &off, NULL) == 0)
+			dp_ipc_rx_own(shm_ptr(c->reg, off), DP_RX_RING_MBATCH, (int32_t)getpid(), 0);
 	}
 	if (c->first == NULL || c->ret == NULL) {
 		rc = errno != 0 ? -errno : -ENOENT;

@@ -433,16 +433,26 @@ static void rx_put(struct ctrl_pd_link *l, const struct shm_desc *d)
 	shm_pool_put(p, (uint32_t)shm_pool_idx_of(p, d->off));
 }
 
-/* The messages just dequeued are ctrld's: reclaimed by the dataplane if it dies holding them. */
-static void rx_take(struct ctrl_pd_link *l, const struct shm_desc *d, unsigned n)
+/* The messages just dequeued are ctrld's, from whom the dataplane passed
+ * them to (this ctrld, or one before it that died): reclaimed by the
+ * dataplane if it dies holding them. One whose pass fails went back to the
+ * pool after that one died and is not ours to read (dp_ipc.h): left out.
+ * @return the messages left in @p d. */
+static unsigned rx_take(struct ctrl_pd_link *l, struct shm_desc *d, unsigned n)
 {
+	unsigned k = 0;
+
 	for (unsigned i = 0; i < n; i++) {
 		struct shm_pool *p = dp_ipc_rx_in_small(d[i].len, d[i].flags, shm_pool_bufsize(l->rxs)) ? l->rxs : l->rxl;
 		int64_t idx = shm_pool_idx_of(p, d[i].off);
 
-		if (idx >= 0)
-			shm_pool_take(p, (uint32_t)idx);
+		if (idx >= 0 && shm_pool_pass(p, (uint32_t)idx, DP_AUX_HOLDER(d[i].aux), (int32_t)getpid()) < 0) {
+			l->st.rx_stale++;
+			continue;
+		}
+		d[k++] = d[i];
 	}
+	return k;
 }
 
 /*
@@ -689,10 +699,15 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 			dp_ipc_rx_declare(shm_ptr(l->reg, off), DP_RX_RING_CTL, (int32_t)getpid());
 			dp_ipc_rx_declare(shm_ptr(l->reg, off), DP_RX_RING_KV, (int32_t)getpid());
 		}
+		/* and consumes them: the dataplane passes their buffers to ctrld */
+		if (shm_region_find_area(l->reg, DP_AREA_RXOWN, &off, NULL) == 0) {
+			dp_ipc_rx_own(shm_ptr(l->reg, off), DP_RX_RING_CTL, (int32_t)getpid(), 0);
+			dp_ipc_rx_own(shm_ptr(l->reg, off), DP_RX_RING_KV, (int32_t)getpid(), 0);
+		}
 		declared = l->reg;
 	}
 	while ((n = shm_ring_dequeue_burst(l->rx_ctl, d, 32)) > 0) {
-		rx_take(l, d, n);
+		n = rx_take(l, d, n);
 		for (unsigned i = 0; i < n; i++) {
 			const void *b = rx_bytes(l, &d[i], &scratch, &cap, NULL);
 
@@ -706,7 +721,7 @@ int ctrl_pd_link_poll(struct ctrl_pd_link *l, const struct ctrl_pd_link_handlers
 	while ((n = shm_ring_dequeue_burst(l->rx_kv, d, 32)) > 0) {
 		/* a burst's pages land in batches (land()): one chain call per
 		 * batch, not per message */
-		rx_take(l, d, n);
+		n = rx_take(l, d, n);
 		burst += n;
 		for (unsigned i = 0; i < n; i++) {
 			uint32_t held;

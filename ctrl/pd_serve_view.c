@@ -96,6 +96,7 @@ json_t *pd_serve_stats(void *ctx)
 		json_object_set_new(pd, "rooms_pages_lost_total", json_integer((json_int_t)ds.pages_lost));
 		json_object_set_new(pd, "requests_computed_here_total", json_integer((json_int_t)ds.computed_here));
 		json_object_set_new(pd, "kv_lost_stages_down_total", json_integer((json_int_t)ls.kv_lost_down));
+		json_object_set_new(pd, "kv_rx_stale_total", json_integer((json_int_t)ls.rx_stale));
 		/* each landed room's pages from its first message to its last */
 		json_object_set_new(pd, "kv_rooms_timed_total", json_integer((json_int_t)ds.xfer_rooms));
 		json_object_set_new(pd, "kv_room_bytes_total", json_integer((json_int_t)ds.xfer_bytes));

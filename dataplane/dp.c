@@ -278,10 +278,23 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 			desc.aux = (uint32_t)desc.aux;
 		}
 	}
+	/* the ring's owner holds the buffer before it can dequeue it (dp_ipc.h,
+	 * receive ring owners) */
+	int32_t own = d->own ? __atomic_load_n(&d->own->pid[dp_ipc_rx_ring_of(m->type)], __ATOMIC_ACQUIRE) : 0;
+	struct shm_pool *p = dp_ipc_rx_in_small(desc.len, desc.flags, shm_pool_bufsize(d->p_small)) ? d->p_small
+												      : d->p_large;
+	int64_t idx = shm_pool_idx_of(p, desc.off);
+	int passed = own > 0 && idx >= 0 && shm_pool_pass(p, (uint32_t)idx, 0, own) == 0;
+
+	if (passed)
+		desc.aux |= (uint64_t)(uint32_t)own << 32;
 	/* each receive ring holds every pool buffer (see invariants): cannot fail */
-	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1)
+	if (shm_ring_enqueue_burst(rx_ring(d, m->type), &desc, 1) != 1) {
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: the receive ring of type %u is full: a message from node %u is "
 			"lost (ring sized below the pools?)", m->type, d->cur_peer->node);
+		if (idx >= 0) /* and its buffer goes back, not left held */
+			passed ? shm_pool_pass(p, (uint32_t)idx, own, 0) : shm_pool_put(p, (uint32_t)idx);
+	}
 	cnt_add(&d->cur_peer->stats->msgs_received, 1);
 }
 
@@ -1006,6 +1019,20 @@ void dp_link(struct dp *d, int up)
  * (its slot now dead, or taken by another pid)? Then count it and tell every
  * peer at once in a hello (again in every keepalive: a lost hello costs
  * 300 ms, not the news). A clean exit releases its slot and is not a death. */
+/* Forget @p pid (dead) as the owner of any receive ring: nothing more is
+ * passed to it (dp_ipc.h, receive ring owners). @return how many it owned. */
+static unsigned own_forget(struct dp *d, int32_t pid)
+{
+	unsigned n = 0;
+
+	for (unsigned k = 0; d->own && pid > 0 && k < DP_RX_RINGS; k++) {
+		int32_t was = pid;
+
+		n += __atomic_compare_exchange_n(&d->own->pid[k], &was, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
+	}
+	return n;
+}
+
 static void scan_live(struct dp *d, uint64_t now)
 {
 	int died = 0;
@@ -1015,6 +1042,19 @@ static void scan_live(struct dp *d, uint64_t now)
 	d->next_live_scan = now + LIVE_SCAN_NS;
 	scan_lanes(d);
 	dp_route_scan(d);
+	/* a ring's owner that died without a liveness slot (the slots below
+	 * cover the rest): forgotten, then what was passed to it goes back */
+	for (unsigned k = 0; d->own && k < DP_RX_RINGS; k++) {
+		int32_t pid = __atomic_load_n(&d->own->pid[k], __ATOMIC_ACQUIRE);
+
+		if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH && own_forget(d, pid) > 0) {
+			uint32_t back = shm_pool_reclaim(d->p_small, pid) + shm_pool_reclaim(d->p_large, pid);
+
+			kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: the consumer of a receive ring, pid %d, died: "
+				"%u receive buffer%s it was handed back in the pool", d->o->node, (int)pid, back,
+				back == 1 ? "" : "s");
+		}
+	}
 	/* a consumer that declared it reads segment lists and died: its
 	 * successor may not (it declares again if it does) */
 	for (unsigned k = 0; d->decl && k < DP_RX_RINGS; k++) {
@@ -1033,8 +1073,9 @@ static void scan_live(struct dp *d, uint64_t now)
 		if (d->live_pid[i] != 0 && (rc == SHM_LIVE_DEAD || (rc >= 0 && li.pid != d->live_pid[i]
 								     && rc != SHM_LIVE_EMPTY))) {
 			/* and the receive buffers it was handed and had not given back,
-			 * once no route passes it any more */
+			 * once no route or ring passes it any more */
 			dp_route_forget(d, d->live_pid[i]);
+			own_forget(d, d->live_pid[i]);
 			uint32_t back = shm_pool_reclaim(d->p_small, d->live_pid[i]) +
 					shm_pool_reclaim(d->p_large, d->live_pid[i]);
 

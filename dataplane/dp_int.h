@@ -131,6 +131,7 @@ struct dp {
 	 * mbufs until its list (a small-pool buffer) is free again. */
 	int in_place;
 	struct dp_rxseg_decl *decl;   /* DP_AREA_RXSEG */
+	struct dp_rxown *own;         /* DP_AREA_RXOWN */
 	struct ip_msg *ip;            /* [rx_small_n], by small-pool index */
 	struct rte_mbuf **ip_mb;      /* [rx_small_n][ip_max_segs] */
 	uint32_t ip_max_segs;         /* frames of the largest message (rx_large) */

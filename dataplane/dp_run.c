@@ -148,6 +148,11 @@ static int setup_shm(struct dp *d)
 	d->decl->version = DP_RXSEG_VERSION;
 	d->decl->in_place = 0;
 	__atomic_store_n(&d->decl->magic, DP_RXSEG_MAGIC, __ATOMIC_RELEASE);
+	/* the rings' owners too (dp.c forgets the dead) */
+	if ((d->own = kept_area(d, DP_AREA_RXOWN, sizeof(*d->own))) == NULL)
+		return -ENOSPC;
+	d->own->version = DP_RXOWN_VERSION;
+	__atomic_store_n(&d->own->magic, DP_RXOWN_MAGIC, __ATOMIC_RELEASE);
 	/* the send lanes: a restart on the region keeps the live senders' claims
 	 * (scan_lanes() in dp.c frees those of the dead on its first pass) */
 	if ((d->txl = kept_area(d, DP_AREA_TXLANES, sizeof(*d->txl))) == NULL)

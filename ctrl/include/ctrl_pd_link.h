@@ -99,6 +99,7 @@ struct ctrl_pd_link_stats {
 	uint64_t kv_landed_in_place;  /**< ... of them read from their frames where received (rx_in_place) */
 	uint64_t rooms_gate_full;  /**< rooms that found no slot in the rooms area (their pages refused) */
 	uint64_t rooms_gate_stuck; /**< closes that stopped waiting on a stage still importing (dead, or 5 s) */
+	uint64_t rx_stale;         /**< messages a ctrld before this one was handed and died holding: skipped */
 };
 
 /**

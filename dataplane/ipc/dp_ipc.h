@@ -129,8 +129,9 @@ extern "C" {
 #define DP_AUX(peer, stream) (((uint64_t)(peer) << 16) | (uint64_t)(uint16_t)(stream))
 #define DP_AUX_PEER(aux) ((uint16_t)((aux) >> 16))
 #define DP_AUX_STREAM(aux) ((uint16_t)(aux))
-/* A message on a route's ring (below): the pid its buffer was passed to
- * (shm_pool_pass()) before the enqueue, 0 where the dataplane kept it. */
+/* A received message: the pid its buffer was passed to (shm_pool_pass())
+ * before the enqueue, its ring's owner or route's consumer (below), 0 where
+ * the dataplane kept it. */
 #define DP_AUX_HOLDER(aux) ((int32_t)(uint32_t)((aux) >> 32))
 
 #define DP_TXC_FAILED 0x100u
@@ -337,6 +338,52 @@ static inline int dp_ipc_rx_declare(struct dp_rxseg_decl *area, enum dp_rx_ring 
 	if (area->magic != DP_RXSEG_MAGIC || area->version != DP_RXSEG_VERSION || (unsigned)ring >= DP_RX_RINGS)
 		return -1;
 	__atomic_store_n(&area->pid[ring], pid, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* ------------------------------------------------ receive ring owners */
+
+/*
+ * Each receive ring's consumer (ctrld's chain and PD link, a worker whose
+ * stage's input comes over the dataplane, a test client) names itself in
+ * this area (dp_ipc_rx_own()). The dataplane then passes each message's
+ * buffer to that pid before the enqueue and says so in the descriptor
+ * (DP_AUX_HOLDER(aux)), as it does for a receive route (below); the
+ * consumer takes it with shm_pool_pass(pool, idx, DP_AUX_HOLDER(aux),
+ * getpid()) and skips a message whose pass fails: its buffer went back to
+ * the pool after the pid it was passed to died, and may be another
+ * message's by now. A consumer killed between its dequeue and its take so
+ * leaves a buffer held by its dead pid, which the dataplane reclaims once
+ * it sees the death (forgetting the name first: nothing more is passed to
+ * it). A ring nobody named keeps its buffers under the dataplane's pid (0
+ * in the descriptor), and shm_pool_pass() from 0 takes them as before.
+ */
+#define DP_AREA_RXOWN "dp.rxown"   /* struct dp_rxown */
+#define DP_RXOWN_MAGIC 0x4e574f52u /* "ROWN" */
+#define DP_RXOWN_VERSION 1u
+
+struct dp_rxown {
+	uint32_t magic;
+	uint32_t version;
+	int32_t pid[4];    /**< by enum dp_rx_ring: the ring's consumer, 0: none; [3] unused */
+	uint64_t reserved;
+};
+static_assert(sizeof(struct dp_rxown) == 32, "dp_rxown is a 32-byte ABI record");
+
+/**
+ * Say that process @p pid consumes receive ring @p ring; with @p pid 0,
+ * that process @p was stops (the name is cleared only while it is still
+ * @p was: a successor's stays). @p area is the DP_AREA_RXOWN area.
+ * @return 0, or -1 (not such an area).
+ */
+static inline int dp_ipc_rx_own(struct dp_rxown *area, enum dp_rx_ring ring, int32_t pid, int32_t was)
+{
+	if (area->magic != DP_RXOWN_MAGIC || area->version != DP_RXOWN_VERSION || (unsigned)ring >= DP_RX_RINGS)
+		return -1;
+	if (pid == 0)
+		__atomic_compare_exchange_n(&area->pid[ring], &was, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	else
+		__atomic_store_n(&area->pid[ring], pid, __ATOMIC_RELEASE);
 	return 0;
 }
 

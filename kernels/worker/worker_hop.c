@@ -92,9 +92,14 @@ struct wk_in *wk_in_open(struct shm_region *r, const char *spec, char *err, size
 		in->q = wk_ring_open(r, spec + 5, err, errlen);
 	} else if (strcmp(spec, "dp") == 0) {
 		in->dp = 1;
+		uint64_t off;
+
 		in->q = shm_ring_lookup(r, DP_RING_RX);
 		in->small = shm_pool_lookup(r, DP_POOL_RX_SMALL);
 		in->large = shm_pool_lookup(r, DP_POOL_RX_LARGE);
+		/* the ring's consumer: the dataplane passes its buffers to us */
+		if (in->q != NULL && shm_region_find_area(r, DP_AREA_RXOWN, &off, NULL) == 0)
+			dp_ipc_rx_own(shm_ptr(r, off), DP_RX_RING_MBATCH, (int32_t)getpid(), 0);
 		if (in->q == NULL || in->small == NULL || in->large == NULL)
 			snprintf(err, errlen, "shm_ring_lookup(%s)/shm_pool_lookup(%s, %s) in region %s "
 				 "failed: %s: start kvferry-dataplane on this region first",
@@ -110,36 +115,44 @@ struct wk_in *wk_in_open(struct shm_region *r, const char *spec, char *err, size
 	return in;
 }
 
-/* A receive buffer the dataplane handed over is ours now: if this worker
- * dies before it puts it back, the dataplane reclaims it. */
-static void take(struct wk_in *in, const struct shm_desc *d)
+/* A receive buffer the dataplane handed over is ours now, from whom it
+ * passed it to (this worker, or one before it on this ring that died): if
+ * this worker dies before it puts it back, the dataplane reclaims it.
+ * @return 0, or -1: it went back to the pool after that one died and is
+ * not ours to read (dp_ipc.h, receive ring owners). */
+static int take(struct wk_in *in, const struct shm_desc *d)
 {
 	struct shm_pool *p;
 	int64_t idx;
 
 	if (!in->dp)
-		return;
+		return 0;
 	p = dp_ipc_rx_pool_is_small(d->len, shm_pool_bufsize(in->small)) ? in->small : in->large;
 	idx = shm_pool_idx_of(p, d->off);
-	if (idx >= 0)
-		shm_pool_take(p, (uint32_t)idx);
+	if (idx >= 0 && shm_pool_pass(p, (uint32_t)idx, DP_AUX_HOLDER(d->aux), (int32_t)getpid()) < 0)
+		return -1;
+	return 0;
+}
+
+/* The next message that is ours, if one is there. @return 1 or 0. */
+static int get_one(struct wk_in *in, struct shm_desc *d)
+{
+	while (shm_ring_dequeue_burst(in->q, d, 1) == 1)
+		if (take(in, d) == 0)
+			return 1;
+	return 0;
 }
 
 int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns)
 {
 	int rc;
 
-	if (shm_ring_dequeue_burst(in->q, d, 1) == 1) {
-		take(in, d);
+	if (get_one(in, d))
 		return 1;
-	}
 	rc = shm_ring_wait(in->q, timeout_ns);
 	if (rc == -EINTR)
 		return rc;
-	if (shm_ring_dequeue_burst(in->q, d, 1) != 1)
-		return 0;
-	take(in, d);
-	return 1;
+	return get_one(in, d);
 }
 
 void wk_in_done(struct wk_in *in, const struct shm_desc *d)

@@ -14,9 +14,10 @@
  *         (what a dead consumer leaves, for the dataplane to reclaim).
  *         --route: KV pages of its streams on a ring of its own (a receive
  *         route, dp_ipc.h, as a decode worker makes), each buffer taken
- *         from the pid the dataplane passed it to. --die-dequeued N: with
- *         --route, SIGKILL itself once it dequeued N messages, before it
- *         took any (the window the pass closes).
+ *         from the pid the dataplane passed it to (without --route, it
+ *         names itself its ring's owner, and the same holds). --die-dequeued
+ *         N: SIGKILL itself once it dequeued N messages, before it took any
+ *         (the window the pass closes).
  * Prints one summary line; exits 0 on success, 1 on failure, 77 if the
  * region is absent.
  */
@@ -385,6 +386,12 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 			fprintf(stderr, "recv: cannot route stream %u to %s\n", s, rname);
 			return 1;
 		}
+	/* the ring's consumer: the dataplane passes each buffer to this pid */
+	struct dp_rxown *own = NULL;
+	if (route == NULL && shm_region_find_area(r, DP_AREA_RXOWN, &off, NULL) == 0) {
+		own = shm_ptr(r, off);
+		dp_ipc_rx_own(own, ring, (int32_t)getpid(), 0);
+	}
 	if (!c->whole && shm_region_find_area(r, DP_AREA_RXSEG, &off, NULL) == 0) {
 		decl = shm_ptr(r, off);
 		if (dp_ipc_rx_declare(decl, ring, (int32_t)getpid()) < 0)
@@ -471,6 +478,8 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 		dp_ipc_rx_declare(decl, ring, 0);
 	for (unsigned s = 0; route != NULL && s < c->streams; s++)
 		dp_ipc_rx_route(route, s, "", "", 0, 0);
+	if (own != NULL)
+		dp_ipc_rx_own(own, ring, 0, (int32_t)getpid());
 	if (live >= 0)
 		shm_live_release(r, live);
 	printf("recv: %llu messages, %llu bytes, %.3f s, %.3f GB/s, %.0f msg/s%s\n",
@@ -591,11 +600,11 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS
-	    || ((c.route || c.die_dequeued) && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.route)) {
+	    || (c.route && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.recv)) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
 			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--pools NAME] [--drain]\n"
-			"       [--route [--die-dequeued N]] (with --recv --type kv)\n"
+			"       [--route] (with --recv --type kv) [--die-dequeued N] (with --recv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;
 	}

@@ -305,25 +305,33 @@ if [ "$mode" = memif ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ]; 
   done
   "$cli" --region "$rb" --recv --peer 1 --count 1 --timeout 1 >"$tmp/recv-none.log" 2>&1 \
     && demux="a micro-batch receiver got a KV page or control message"
-  # a stream routed to a consumer of its own (as a decode worker routes its
-  # stage's pages), killed after it dequeued messages and before it took
-  # them: the dataplane passed each buffer to it before the enqueue, so the
+  # A consumer killed after it dequeued messages and before it took them:
+  # the dataplane passed each buffer to it before the enqueue, so the
   # reclaim of its pid gives them back (they were on no ring any more, and
-  # held by the dataplane, until this was so)
-  "$cli" --region "$rb" --recv --peer 1 --type kv --route --count 4 --die-dequeued 4 --timeout 30 \
-    --fixed 200000 --no-verify >"$tmp/recv-route-die.log" 2>&1 &
-  prd=$!
-  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-route-die.log" 2>/dev/null && break; sleep 0.02; done
-  "$cli" --region "$ra" --send --peer 2 --type kv --count 4 --inflight 4 --timeout 30 --fixed 200000 --no-verify \
-    >"$tmp/send-route-die.log" 2>&1 || demux="send to a routed consumer that dies failed"
-  wait $prd
-  cat "$tmp/recv-route-die.log"
-  grep -q "killing myself before taking" "$tmp/recv-route-die.log" || demux="the routed consumer never dequeued its messages"
-  for _ in $(seq 50); do "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >"$tmp/pools-route.log" 2>&1 && break
-    sleep 0.1; done
-  cat "$tmp/pools-route.log"
-  "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >/dev/null 2>&1 \
-    || demux="buffers a routed consumer dequeued and died before taking were not given back"
+  # held by the dataplane, until this was so). die_dequeued TAG WHO [ARGS]
+  die_dequeued() {
+    local tag=$1 who=$2; shift 2
+    "$cli" --region "$rb" --recv --peer 1 --type kv "$@" --count 4 --die-dequeued 4 --timeout 30 \
+      --fixed 200000 --no-verify >"$tmp/recv-$tag-die.log" 2>&1 &
+    prd=$!
+    for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-$tag-die.log" 2>/dev/null && break; sleep 0.02; done
+    "$cli" --region "$ra" --send --peer 2 --type kv --count 4 --inflight 4 --timeout 30 --fixed 200000 \
+      --no-verify >"$tmp/send-$tag-die.log" 2>&1 || demux="send to $who that dies failed"
+    wait $prd
+    cat "$tmp/recv-$tag-die.log"
+    grep -q "killing myself before taking" "$tmp/recv-$tag-die.log" || demux="$who never dequeued its messages"
+    for _ in $(seq 50); do
+      "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >"$tmp/pools-$tag.log" 2>&1 && break
+      sleep 0.1
+    done
+    cat "$tmp/pools-$tag.log"
+    "$cli" --region "$rb" --check-pools --pools dp.rxs,dp.rxl >/dev/null 2>&1 \
+      || demux="buffers $who dequeued and died before taking were not given back"
+  }
+  # a stream routed to a consumer of its own (as a decode worker routes its
+  # stage's pages), then the usual KV ring, whose consumer names itself its owner
+  die_dequeued route "a routed consumer" --route
+  die_dequeued own "a ring's owner"
   # and the stream goes on to the usual ring once its consumer is gone
   "$cli" --region "$rb" --recv --peer 1 --count 20 --seed 9 --timeout 30 --type kv --whole \
     >"$tmp/recv-after-route.log" 2>&1 &
