@@ -291,6 +291,11 @@ const struct cfg_key g_cfg_keys[] = {
 	 "before run as wide as a launch takes (wide launches compute faster, and their pages leave while "
 	 "the later chunks compute), so what the decode node waits for after the prompt stays one "
 	 "ship_chunk of pages"},
+	{"first_token_early", "pd", CFG_BOOL, OFF(pd_first_early), "yes", 0, 1,
+	 "KVFERRY_PD_FIRST_TOKEN_EARLY", "--pd-first-token-early", NULL, NULL,
+	 "role = decode: a disaggregated request's first token (the prefill node's) goes to its client "
+	 "as soon as its room succeeds, while its last KV pages are still landing; decoding starts once "
+	 "they all landed (no: the first token waits for them too)"},
 };
 
 const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);

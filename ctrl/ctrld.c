@@ -448,6 +448,7 @@ static int start_front(struct daemon *d)
 			.room_timeout_s = (double)d->set->pd_room_timeout, .vocab_size = mc->vocab_size,
 			.room_retries = (uint32_t)d->set->pd_room_retries,
 			.worker_rx = (int)d->set->pd_worker_rx,
+			.first_early = (int)d->set->pd_first_early,
 			.pin_cuda = d->set->backend == CTRL_CFG_BACKEND_CUDA ? d->set->cuda_module : NULL,
 		};
 

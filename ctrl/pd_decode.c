@@ -42,6 +42,7 @@ struct pd_dreq {
 	                              or it fails PD_LOST_WAIT_NS later (tick's clock) */
 	char lost_why[160];
 	int ok_seen;
+	int first_out;             /* first_early: the scheduler emitted the first token at Success */
 	int have_lp;               /* the first token's logprobs came with a status */
 	float first_lp;
 	int32_t n_top;
@@ -142,6 +143,10 @@ static void settle(struct ctrl_pd_decode *d, struct pd_dreq *q)
 	} else if (rs == CTRL_ROOM_SUCCESS && q->t_status == 0) {
 		q->t_status = kvf_mono_ns();
 	}
+	/* the first token need not wait for the last pages: out now */
+	if (rs == CTRL_ROOM_SUCCESS && d->o.first_early && !q->first_out && q->t_lost == 0
+	    && ctrl_sched_kv_first(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
+		q->first_out = 1;
 	if (rs == CTRL_ROOM_SUCCESS && q->streams_left == 0 && q->t_lost == 0) {
 		if (ctrl_sched_kv_ready(d->o.sched, q->id, first, q->first_lp, q->n_top, q->top_ids, q->top_lps) == 0)
 			q->told = 1;

@@ -507,6 +507,7 @@ static int start_decode(struct ctrl_pd_serve *s, char *err, size_t errlen)
 	dopt.send_arg = s;
 	dopt.lock = &s->mu;
 	dopt.compute_here = 1; /* a prefill node whose chain failed a prompt costs its client nothing */
+	dopt.first_early = s->o.first_early;
 	dopt.node_name = node_name;
 	dopt.node_arg = s;
 	dopt.peer_state = peer_state;

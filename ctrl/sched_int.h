@@ -61,11 +61,13 @@ struct sched_slot {
 	uint8_t fresh;            /* the row needs ZERO_SLOT before its first columns */
 	uint8_t cancelled;        /* end after the in-flight rounds return */
 	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
+	uint8_t kv_first;         /* kv_remote: its first token went out before its pages (ctrl_sched_kv_first) */
 	char *lost;               /* a round failed with rounds still in flight: lost (this why) once they return */
 };
 
 /* A message to the scheduler about a request's KV (sched_kv.c). */
-enum sched_kv_kind { SCHED_KV_READY = 0, SCHED_KV_FAILED = 1, SCHED_KV_RELEASE = 2, SCHED_KV_LOCAL = 3 };
+enum sched_kv_kind { SCHED_KV_READY = 0, SCHED_KV_FAILED = 1, SCHED_KV_RELEASE = 2, SCHED_KV_LOCAL = 3,
+		     SCHED_KV_FIRST = 4 };
 
 struct sched_kvmsg {
 	struct sched_kvmsg *next;

@@ -43,8 +43,9 @@ static int kv_post(struct ctrl_sched *s, struct sched_kvmsg *m)
 	return 0;
 }
 
-int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
-			const int32_t *top_ids, const float *top_logprobs)
+/* Post a ready or an early first token (@p kind) with its token's logprobs. */
+static int kv_post_token(struct ctrl_sched *s, int kind, uint64_t id, int32_t first_token, float logprob,
+			 int32_t n_top, const int32_t *top_ids, const float *top_logprobs)
 {
 	struct sched_kvmsg *m;
 
@@ -54,7 +55,7 @@ int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, 
 	m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return -ENOMEM;
-	m->kind = SCHED_KV_READY;
+	m->kind = kind;
 	m->id = id;
 	m->token = first_token;
 	m->logprob = logprob;
@@ -64,6 +65,18 @@ int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, 
 		memcpy(m->top_lps, top_logprobs, sizeof(float) * (size_t)n_top);
 	}
 	return kv_post(s, m);
+}
+
+int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
+			const int32_t *top_ids, const float *top_logprobs)
+{
+	return kv_post_token(s, SCHED_KV_READY, id, first_token, logprob, n_top, top_ids, top_logprobs);
+}
+
+int ctrl_sched_kv_first(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
+			const int32_t *top_ids, const float *top_logprobs)
+{
+	return kv_post_token(s, SCHED_KV_FIRST, id, first_token, logprob, n_top, top_ids, top_logprobs);
 }
 
 /* Post a message of @p kind for request @p id (@p why: a failure's text). */
@@ -121,6 +134,7 @@ int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
 	sl->n_blk = n;
 	sl->n_set = 0;
 	sl->kv_wait = 1;
+	sl->kv_first = 0;
 	s->st.kv_waiting++;
 	sl->n_fed = sl->n_sent = 0;
 	ev = (struct ctrl_event){
@@ -195,7 +209,11 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 		struct sched_req *w = i >= 0 ? NULL : sched_find_waiting(s, m->id);
 
 		if (i >= 0 && s->slots[i].kv_wait) {
-			/* its reserved blocks stay: the prompt is prefilled into them */
+			/* its reserved blocks stay: the prompt is prefilled into them,
+			 * with the first token when that went out already (as a
+			 * replay does: the next one computed is the second) */
+			if (s->slots[i].kv_first)
+				s->slots[i].r->n_prompt = s->slots[i].n_toks;
 			sched_kv_lost(s, s->slots[i].r);
 			s->slots[i].kv_wait = 0;
 			s->st.kv_waiting--;
@@ -219,14 +237,26 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 		sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1, m->why);
 		return;
 	}
+	const struct col_top top = { .n = m->n_top < s->slots[i].r->n_logprobs ? m->n_top : s->slots[i].r->n_logprobs,
+				     .ids = m->top_ids, .lps = m->top_lps };
+
+	if (m->kind == SCHED_KV_FIRST) {
+		/* out now; the pages are still landing (it may end with it) */
+		if (s->slots[i].kv_first) {
+			s->st.kv_stale++;
+			return;
+		}
+		s->slots[i].kv_first = 1;
+		sched_slot_emit(s, i, m->token, m->logprob, top);
+		return;
+	}
 	s->slots[i].kv_wait = 0;
 	s->st.kv_waiting--;
 	s->slots[i].n_fed = s->slots[i].n_sent = s->slots[i].r->n_prompt;
 	s->slots[i].ready_at = s->launch_no;
 	s->st.kv_imported++;
-	sched_slot_emit(s, i, m->token, m->logprob,
-			(struct col_top){ .n = m->n_top < s->slots[i].r->n_logprobs ? m->n_top : s->slots[i].r->n_logprobs,
-					  .ids = m->top_ids, .lps = m->top_lps });
+	if (!s->slots[i].kv_first) /* else its token went out already */
+		sched_slot_emit(s, i, m->token, m->logprob, top);
 }
 
 int sched_kv_drain(struct ctrl_sched *s)

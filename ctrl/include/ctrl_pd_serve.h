@@ -62,6 +62,8 @@ struct ctrl_pd_serve_opts {
 	int32_t vocab_size;             /**< first tokens must be below it */
 	uint32_t room_retries;          /**< fresh rooms for a request whose room a dataplane restart lost */
 	int worker_rx;                  /**< decode: stages in worker processes take their own KV pages */
+	int first_early;                /**< decode: a room's first token goes out when it succeeds, not
+	                                     when its last page landed */
 	/** non-NULL: the stages run in this process on CUDA; the region, where
 	 * their pages are copied to and from, is pinned (cudaHostRegister) with
 	 * this module ("" finds it). Pageable, each page copy went through the

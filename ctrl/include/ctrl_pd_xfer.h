@@ -76,6 +76,10 @@ struct ctrl_pd_decode_opts {
 	 *  or the pages) computes its prompt on this node instead of failing its client
 	 *  (ctrl_pd_decode_compute_here()); 0: the room fails (issue #13's plain rule) */
 	int compute_here;
+	/** 1: a room's first token goes to its client as soon as the room succeeds (every rank
+	 *  reported, one with the first token), its last pages still landing
+	 *  (ctrl_sched_kv_first()); 0: with ready, once every page stream landed */
+	int first_early;
 	/** optional: a prefill node's name for messages (its address); NULL: its number */
 	const char *(*node_name)(void *arg, uint32_t node);
 	void *node_arg;

@@ -281,6 +281,19 @@ int ctrl_sched_kv_ready(struct ctrl_sched *s, uint64_t id, int32_t first_token, 
 			const int32_t *top_ids, const float *top_logprobs);
 
 /**
+ * A kv_remote request's first token is known (the prefill node reported
+ * it) before its pages have all landed: emit it now, so the client's time
+ * to first token does not wait for the last page; decoding still starts
+ * only with ctrl_sched_kv_ready(), which then emits nothing more (its
+ * token is this one). The request may end here (a stop token, max_tokens
+ * 1): its blocks go back as for any request that ends while waiting. A
+ * failure after it ends the request with the error, the first token sent.
+ * @return as ctrl_sched_kv_ready().
+ */
+int ctrl_sched_kv_first(struct ctrl_sched *s, uint64_t id, int32_t first_token, float logprob, int32_t n_top,
+			const int32_t *top_ids, const float *top_logprobs);
+
+/**
  * A kv_remote request waiting for its prompt's KV computes it here instead
  * (its room failed on the prefill node's side, not for want of this node):
  * a kv_lost event tells its owner first (no page may land in its blocks any

@@ -774,14 +774,10 @@ static void land_and_decode(struct ctrl_sched *ds, struct ctrl_chain *dc, struct
 	assert_memory_equal(q[i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
 }
 
-static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored(void **state)
+/* Three remote requests on @p ds (prompts prefilled on a one-stage chain),
+ * polled until each has its blocks reserved and waits for its pages. */
+static void three_waiting(struct ctrl_sched *ds, struct ctrl_chain *dc, struct pd_req *q)
 {
-	static struct pd_req q[N];
-	struct ctrl_chain *dc = kn_chain(1, 0);
-	struct ctrl_sched *ds = pd_sched(dc, 0);
-	struct ctrl_sched_stats st;
-
-	(void)state;
 	pd_prefill_all(q, 1);
 	for (int i = 0; i < 3; i++) {
 		q[i].dsched = ds;
@@ -790,6 +786,17 @@ static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a
 	}
 	for (int k = 0; k < 100 && (q[0].reserved == 0 || q[1].reserved == 0 || q[2].reserved == 0); k++)
 		assert_true(ctrl_sched_poll(ds) >= 0);
+}
+
+static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored(void **state)
+{
+	static struct pd_req q[N];
+	struct ctrl_chain *dc = kn_chain(1, 0);
+	struct ctrl_sched *ds = pd_sched(dc, 0);
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	three_waiting(ds, dc, q);
 	ctrl_sched_stats(ds, &st);
 	assert_int_equal(st.kv_waiting, 3);
 	/* waiting requests are never packed: nothing computes their prompts */
@@ -821,6 +828,68 @@ static void a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a
 	ctrl_sched_stats(ds, &st);
 	assert_int_equal(st.blocks_in_use, 0);
 	assert_int_equal(st.kv_waiting, 0);
+	ctrl_sched_destroy(ds);
+	ctrl_chain_destroy(dc);
+	pd_free(q);
+}
+
+/*
+ * The first token need not wait for the last page: ctrl_sched_kv_first()
+ * emits it while the request still waits (nothing decodes, nothing is
+ * launched), and the ready that follows emits nothing more, so the client
+ * gets the co-located tokens, each once. A second first token is stale; a
+ * failure after the first token ends the request with the error, its
+ * blocks back.
+ */
+static void a_remote_requests_first_token_goes_out_before_its_pages_and_ready_does_not_send_it_again(void **state)
+{
+	static struct pd_req q[N];
+	struct ctrl_chain *dc = kn_chain(1, 0);
+	struct ctrl_sched *ds = pd_sched(dc, 0);
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	three_waiting(ds, dc, q);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(ctrl_sched_kv_first(ds, (uint64_t)q[i].got.id, q[i].rec.toks[0], q[i].lp, 0, NULL, NULL),
+				 0);
+	assert_int_equal(ctrl_sched_kv_first(ds, (uint64_t)q[2].got.id, q[2].rec.toks[0], q[2].lp, 0, NULL, NULL), 0);
+	assert_int_equal(ctrl_sched_kv_first(ds, (uint64_t)q[0].got.id, -1, 0.0f, 0, NULL, NULL), -EINVAL);
+	for (int k = 0; k < 50; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	/* each client has its first token, the co-located one, and nothing ran */
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.launches, 0);
+	assert_int_equal(st.kv_waiting, 3);
+	assert_int_equal(st.kv_stale, 1); /* q[2]'s second first token */
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(q[i].got.n, 1);
+		assert_int_equal(q[i].got.toks[0], g_ref[i].toks[0]);
+		assert_int_equal(q[i].got.done, 0);
+	}
+	/* a failure after it: the error, the first token already out */
+	assert_int_equal(ctrl_sched_kv_failed(ds, (uint64_t)q[1].got.id, "its pages did not land in 30 s"), 0);
+	for (int k = 0; k < 10; k++)
+		assert_true(ctrl_sched_poll(ds) >= 0);
+	assert_int_equal(q[1].got.finish, CTRL_FINISH_ERROR);
+	assert_int_equal(q[1].got.n, 1);
+	/* the pages land: the rest of the co-located tokens, the first not again */
+	for (int i = 0; i < 3; i += 2) {
+		assert_int_equal(ctrl_chain_kv_import(dc, 0, q[i].rsv, q[i].n_blocks, q[i].pages[0], q[i].len[0],
+						      &q[i].fmt[0]), 0);
+		assert_int_equal(ctrl_sched_kv_ready(ds, (uint64_t)q[i].got.id, q[i].rec.toks[0], q[i].lp, 0, NULL, NULL),
+				 0);
+	}
+	drive_until_drained(ds);
+	for (int i = 0; i < 3; i += 2) {
+		assert_int_equal(q[i].got.finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(q[i].got.n, g_ref[i].n);
+		assert_memory_equal(q[i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	}
+	ctrl_sched_stats(ds, &st);
+	assert_int_equal(st.kv_imported, 2);
+	assert_int_equal(st.kv_waiting, 0);
+	assert_int_equal(st.blocks_in_use, 0);
 	ctrl_sched_destroy(ds);
 	ctrl_chain_destroy(dc);
 	pd_free(q);
@@ -1764,6 +1833,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
+		cmocka_unit_test(a_remote_requests_first_token_goes_out_before_its_pages_and_ready_does_not_send_it_again),
 		cmocka_unit_test(a_remote_request_failed_before_admission_ends_at_once_with_the_error),
 		cmocka_unit_test(a_remote_request_told_to_compute_here_streams_the_co_located_tokens),
 		cmocka_unit_test(a_request_served_disaggregated_streams_the_co_located_tokens_in_either_arrival_order),
