@@ -119,6 +119,13 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 		if (shm_region_replaced(c->reg))
 			reattach(c);
 	}
+	/* a region the dataplane re-created may have had no event ring yet when
+	 * ctrld attached it (its creator adds the rings after the rename): look
+	 * again, or its events (a peer's process died, a peer restarted) would
+	 * pile up unread and their news be lost (the PD drill's decode-dataplane-kill
+	 * row then left "dp.ev 1" on the ring, and every later row too) */
+	if (c->ev == NULL)
+		c->ev = shm_ring_lookup(c->reg, DP_RING_EV);
 	if (c->dp_slot < 0 && c->ev != NULL)
 		pc_region_seen(c);
 	if (c->dp_slot >= 0) {
