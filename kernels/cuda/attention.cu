@@ -95,9 +95,17 @@ static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args
  * GPU with their columns and keep KN_CU_ATTN_SPLIT (smaller pieces made
  * batch 8-16 slower). A function of the column's own length and the plan
  * width: batch-invariant within a plan. */
+#define COL_PIECES_MAX 64
 static __host__ __device__ __forceinline__ int col_split(int len, int n)
 {
-	return n > 2 ? KN_CU_ATTN_SPLIT : len <= 16 * 32 ? 32 : len <= 16 * 64 ? 64 : KN_CU_ATTN_SPLIT;
+	if (n > 2)
+		return KN_CU_ATTN_SPLIT;
+	if (len <= 16 * 64)
+		return len <= 16 * 32 ? 32 : 64;
+	/* past 8,192 positions at most COL_PIECES_MAX pieces, each longer: 256
+	 * pieces of a 32k column left the last block a 256-way merge */
+	const int s = ((len + COL_PIECES_MAX - 1) / COL_PIECES_MAX + 15) / 16 * 16;
+	return s > KN_CU_ATTN_SPLIT ? s : KN_CU_ATTN_SPLIT;
 }
 
 /* Splits of the longest column (the grid's x), for any plan width. */
@@ -687,7 +695,8 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const bool tile = a->kernel == KN_CU_ATTN_TILE;
 	if (tile && (PAD || a->split <= 0 || a->split % KN_PAGE_BLK))
 		return cudaErrorInvalidValue;
-	const int splits = tile ? splits_of(a->max_ctx, a->split) : col_splits_max(a->max_ctx);
+	const int gctx = a->grid_ctx > 0 && a->grid_ctx < a->max_ctx ? a->grid_ctx : a->max_ctx;
+	const int splits = tile ? splits_of(gctx, a->split) : col_splits_max(gctx);
 	cudaError_t e = cudaSuccess;
 	const int nvh = a->n_kv_heads * nsub_of(a->n_heads, a->n_kv_heads);
 	if (tile && nvh != a->n_kv_heads)

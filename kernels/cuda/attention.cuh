@@ -46,7 +46,10 @@ struct kn_cu_attn_args {
 	                              launch; every launch leaves them zero. Its own buffer,
 	                              not in part: plans of other widths overwrite part */
 	int n, n_heads, n_kv_heads, head_dim, max_bps;
-	int max_ctx;             /**< largest pos + 1 any column may have */
+	int max_ctx;             /**< largest pos + 1 any column may have (it picks the splits) */
+	int grid_ctx;            /**< largest pos + 1 any column of this launch has, <= max_ctx (it
+	                              sizes the grids: blocks past every column's context are not
+	                              launched); 0: max_ctx */
 	float scale;             /**< 1/sqrt(head_dim) */
 	int kernel;              /**< KN_CU_ATTN_COLUMN or KN_CU_ATTN_TILE */
 	int exact;               /**< tile kernel: q and P as bf16 hi + lo */

@@ -206,9 +206,13 @@ static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 			CK(cudaMemcpyAsync(s->resid, s->h_hidden, (size_t)n * H * 4, cudaMemcpyHostToDevice, s->st));
 		}
 	}
-	if (!p->exec && (rc = cu_capture(s, p)))
+	int ctx = 1;
+	for (int j = 0; j < n; j++)
+		ctx = stp->cols[j].pos + 1 > ctx ? stp->cols[j].pos + 1 : ctx;
+	const int bk = cu_ctx_bucket(s, ctx);
+	if (!p->exec[bk] && (rc = cu_capture(s, p, bk)))
 		return rc;
-	CK(cudaGraphLaunch(p->exec, s->st));
+	CK(cudaGraphLaunch(p->exec[bk], s->st));
 	if (s->base.last)
 		CK(cudaMemcpyAsync(sl->h_out, s->d_out, out_bytes(W, n_top), cudaMemcpyDeviceToHost, s->st));
 	else
@@ -572,6 +576,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->attn_tile = at ? (!strcmp(at, "tile") ? 2 : !strcmp(at, "column") ? 1 : 0) : op->cuda_attn;
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
+		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");
+		s->ctx_buckets = cb == NULL || strcmp(cb, "0") != 0;
 		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))
 			s->attn_tile = 1; /* the column kernel serves the other shapes */
 	}

@@ -50,9 +50,16 @@ struct layer_w {
 	float *qn, *kn; /* [head_dim] or NULL */
 };
 
+/* A plan's graphs are captured per context bucket: the attention grids are
+ * sized for the longest context a step's columns have, rounded up to a power
+ * of two from CU_CTX_MIN (at most the stage's max_ctx), not for the stage's
+ * max_ctx (the model's, e.g. 131072, unless [model] max_context is set),
+ * whose grid launched thousands of blocks past every column. */
+#define CU_CTX_MIN 1024
+#define CU_CTX_BUCKETS 16
 struct plan {
 	int32_t width;
-	cudaGraphExec_t exec; /* NULL until the plan's first step */
+	cudaGraphExec_t exec[CU_CTX_BUCKETS]; /* NULL until the plan's first step in that bucket */
 };
 
 /* One in-flight step's host side (pinned) and its completion event. */
@@ -103,6 +110,7 @@ struct cu_stage {
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
 	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
 	int kv_gather;         /* KV pages in pieces by one kernel (gather.cuh; KVFERRY_CUDA_KV_GATHER=0: a DMA each) */
+	int ctx_buckets;       /* graphs per context bucket (KVFERRY_CUDA_CTX_BUCKETS=0: one, sized for max_ctx) */
 	struct cu_piece *pcs;  /* [CU_GATHER_TABLE] its table, mapped pinned host memory (lazily) ... */
 	struct cu_piece *pcs_dev; /* ... and the device's address of it */
 	struct plan plans[KN_MAX_PLANS];
@@ -162,7 +170,10 @@ int cu_alloc_pool(struct cu_stage *s, int32_t n_blocks);
 int cu_alloc_workspace(struct cu_stage *s);
 
 /* graph.cu: a plan's graph, captured at its first step; dropped when the pool moves. */
-int cu_capture(struct cu_stage *s, struct plan *p);
+int cu_capture(struct cu_stage *s, struct plan *p, int bucket);
+/* The context bucket of a step whose columns reach @p ctx positions, and its longest context. */
+int cu_ctx_bucket(const struct cu_stage *s, int ctx);
+int cu_bucket_ctx(const struct cu_stage *s, int bucket);
 void cu_drop_graphs(struct cu_stage *s);
 
 #endif /* KN_CUDA_ENGINE_INT_CUH */

@@ -57,7 +57,7 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 	return linear(s, w, s->x, y, W, H, out);
 }
 
-static int enqueue(struct cu_stage *s, int W)
+static int enqueue(struct cu_stage *s, int W, int gctx)
 {
 	const struct kn_model_config *c = s->base.cfg;
 	const int H = s->hidden;
@@ -105,6 +105,7 @@ static int enqueue(struct cu_stage *s, int W)
 		aa.head_dim = s->hd;
 		aa.max_bps = s->base.opts.max_blocks_per_slot;
 		aa.max_ctx = s->max_ctx;
+		aa.grid_ctx = gctx;
 		aa.scale = 1.0f / sqrtf((float)s->hd);
 		/* Tile kernel: exact (q, P as hi + lo) on narrow plans, so the decode
 		 * path stays f32-grade; wide plans follow the X choice (bf16 q and P,
@@ -157,13 +158,31 @@ static int enqueue(struct cu_stage *s, int W)
 void cu_drop_graphs(struct cu_stage *s)
 {
 	for (int i = 0; i < s->n_plans; i++)
-		if (s->plans[i].exec) {
-			cudaGraphExecDestroy(s->plans[i].exec);
-			s->plans[i].exec = NULL;
-		}
+		for (int b = 0; b < CU_CTX_BUCKETS; b++)
+			if (s->plans[i].exec[b]) {
+				cudaGraphExecDestroy(s->plans[i].exec[b]);
+				s->plans[i].exec[b] = NULL;
+			}
 }
 
-int cu_capture(struct cu_stage *s, struct plan *p)
+int cu_ctx_bucket(const struct cu_stage *s, int ctx)
+{
+	int b = 0;
+
+	while (s->ctx_buckets && b + 1 < CU_CTX_BUCKETS && ((long)CU_CTX_MIN << b) < ctx
+	       && ((long)CU_CTX_MIN << b) < s->max_ctx)
+		b++;
+	return s->ctx_buckets ? b : CU_CTX_BUCKETS - 1;
+}
+
+int cu_bucket_ctx(const struct cu_stage *s, int bucket)
+{
+	const long c = (long)CU_CTX_MIN << bucket;
+
+	return !s->ctx_buckets || bucket == CU_CTX_BUCKETS - 1 || c >= s->max_ctx ? s->max_ctx : (int)c;
+}
+
+int cu_capture(struct cu_stage *s, struct plan *p, int bucket)
 {
 	cudaGraph_t g = NULL;
 	CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
@@ -172,7 +191,7 @@ int cu_capture(struct cu_stage *s, struct plan *p)
 	 * batch 256 12.88 -> 12.82; the 2048-column prefill of 1B 14.9 -> 15.8 ms
 	 * slower with it, 8B equal. */
 	kn_cuda_pdl_suspend(p->width > KN_CU_PDL_MAX_W);
-	int rc = enqueue(s, p->width);
+	int rc = enqueue(s, p->width, cu_bucket_ctx(s, bucket));
 	kn_cuda_pdl_suspend(0);
 	cudaError_t e = cudaStreamEndCapture(s->st, &g);
 	if (rc) {
@@ -185,10 +204,10 @@ int cu_capture(struct cu_stage *s, struct plan *p)
 		cu_seterr(s, "cudaStreamEndCapture(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
 		return -EIO;
 	}
-	e = cudaGraphInstantiate(&p->exec, g, 0);
+	e = cudaGraphInstantiate(&p->exec[bucket], g, 0);
 	cudaGraphDestroy(g);
 	if (e != cudaSuccess) {
-		p->exec = NULL;
+		p->exec[bucket] = NULL;
 		cu_seterr(s, "cudaGraphInstantiate(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
 		return -EIO;
 	}

@@ -115,6 +115,12 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 	kn_stage_opts_init(&o);
 	o.n_slots = slots;
 	o.max_blocks_per_slot = bps;
+	/* BENCH_MAX_CTX: the stage's longest context (the served default is the
+	 * model's, e.g. 131072) above the context its steps run at: what the
+	 * kernels' grids, sized for the longest, cost a short one */
+	const char *mc = getenv("BENCH_MAX_CTX");
+	if (mc != NULL && atoi(mc) / 16 > bps)
+		o.max_blocks_per_slot = atoi(mc) / 16;
 	o.n_blocks = slots * bps;
 	o.n_plans = nb;
 	for (int i = 0; i < nb; i++)

@@ -314,6 +314,62 @@ static void a_narrow_plan_keeps_its_bits_between_wide_steps(const struct kn_mode
 	chain_close(&pure);
 }
 
+/*
+ * A step's attention grids are sized for the longest context its columns
+ * reach (a graph per context bucket: 1024, 2048, 4096 positions here), not
+ * for the stage's longest: the bits are those of one graph sized for the
+ * stage's (KVFERRY_CUDA_CTX_BUCKETS=0), in every bucket, on wide prompt
+ * chunks and narrow decode steps alike.
+ */
+static void graphs_per_context_bucket_give_the_bits_of_one_graph(const struct kn_model *m)
+{
+	struct chain bk, one;
+	const int bps = 256, slots = 2, W = 48, prompt = 2600;
+	int rc = chain_open(&bk, m, KN_BACKEND_CUDA, 1, W, slots, bps, 1);
+
+	setenv("KVFERRY_CUDA_CTX_BUCKETS", "0", 1); /* read as the stage is made */
+	rc = rc ? rc : chain_open(&one, m, KN_BACKEND_CUDA, 1, W, slots, bps, 1);
+	unsetenv("KVFERRY_CUDA_CTX_BUCKETS");
+	if (rc) {
+		FAIL("opening the engines");
+		return;
+	}
+	const int V = bk.vocab;
+	struct kn_column c[48];
+	float *la = malloc((size_t)W * V * 4), *lb = malloc((size_t)W * V * 4);
+	int32_t ta[48], tb[48];
+	int diff = 0, steps = 0, at = 0;
+	/* slot 0's prompt in wide chunks through every bucket, then both slots decode */
+	while (at < prompt + 12) {
+		int n = 0;
+
+		if (at < prompt) {
+			for (; n < W && at < prompt; n++, at++)
+				c[n] = (struct kn_column){ .token = (int32_t)((7 * at + 3) % V), .pos = at, .slot = 0,
+							   .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		} else {
+			c[n++] = (struct kn_column){ .token = (int32_t)(at % V), .pos = at, .slot = 0,
+						     .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+			c[n++] = (struct kn_column){ .token = (int32_t)((at * 5) % V), .pos = at - prompt, .slot = 1,
+						     .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+			at++;
+		}
+		if (chain_step(&bk, c, n, ta, la) || chain_step(&one, c, n, tb, lb)) {
+			FAIL("step");
+			break;
+		}
+		steps++;
+		diff += memcmp(la, lb, (size_t)n * V * 4) != 0 || memcmp(ta, tb, (size_t)n * 4) != 0;
+	}
+	printf("%s graphs_per_context_bucket_give_the_bits_of_one_graph: %d of %d steps differ\n", diff ? "FAIL" : "ok  ",
+	       diff, steps);
+	g_fail += diff != 0 || steps == 0;
+	free(la);
+	free(lb);
+	chain_close(&bk);
+	chain_close(&one);
+}
+
 /* Copy the first n blocks of slot `from` in chain a (one stage) into the
  * blocks of slot `to` in chain b, through the host. */
 static int move_pages(struct chain *a, int from, struct chain *b, int to, int n, int bps)
@@ -513,6 +569,7 @@ int main(int argc, char **argv)
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
+	graphs_per_context_bucket_give_the_bits_of_one_graph(m);
 	kv_pages_move_between_stages_and_engines(m);
 	kv_pages_in_pieces_import_as_from_one_buffer(m, "by_one_kernel");
 	setenv("KVFERRY_CUDA_KV_GATHER", "0", 1); /* read as the stages are made */
