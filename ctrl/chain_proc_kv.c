@@ -232,6 +232,16 @@ int pc_kv_format(struct ctrl_chain *cc, int32_t stage, struct kn_kv_format *f)
 	pthread_mutex_lock(&c->kv_mu);
 	if (c->fmt_epoch[stage] != c->epoch) {
 		rc = kv_call(c, stage, &q, NULL);
+		if (rc == 0 && (q.block_bytes == 0 || q.layer_end <= q.layer_start)) {
+			/* no stage has such pages: an answer that is not the stage's
+			 * (seen once after a restart of ctrld beside its workers: every
+			 * export of that epoch then failed, "buffer of 0 bytes"); not
+			 * kept, asked again at the next call */
+			pc_log(c, KVF_LOG_WARNING, "chain: stage %d answered its KV page format with %llu-byte blocks "
+			       "of layers %d..%d: ignored, asked again at the next page move", (int)stage,
+			       (unsigned long long)q.block_bytes, (int)q.layer_start, (int)q.layer_end);
+			rc = -EAGAIN;
+		}
 		if (rc == 0) {
 			c->fmt[stage] = (struct kn_kv_format){ .dtype = q.dtype, .layer_start = q.layer_start,
 							       .layer_end = q.layer_end, .n_kv_heads = q.n_kv_heads,
