@@ -260,8 +260,7 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 			/* its buffer is the consumer's before it can be dequeued
 			 * (dp_ipc.h, receive routes): a consumer killed between its
 			 * dequeue and its take leaves it to the reclaim of its pid */
-			struct shm_pool *p = dp_ipc_rx_in_small(desc.len, desc.flags, shm_pool_bufsize(d->p_small))
-						     ? d->p_small : d->p_large;
+			struct shm_pool *p = dp_rx_pool(d, &desc);
 			int64_t idx = shm_pool_idx_of(p, desc.off);
 			int passed = idx >= 0 && shm_pool_pass(p, (uint32_t)idx, 0, to) == 0;
 
@@ -281,8 +280,7 @@ static void rx_deliver(void *ctx, const struct dp_rel_msg *m)
 	/* the ring's owner holds the buffer before it can dequeue it (dp_ipc.h,
 	 * receive ring owners) */
 	int32_t own = d->own ? __atomic_load_n(&d->own->pid[dp_ipc_rx_ring_of(m->type)], __ATOMIC_ACQUIRE) : 0;
-	struct shm_pool *p = dp_ipc_rx_in_small(desc.len, desc.flags, shm_pool_bufsize(d->p_small)) ? d->p_small
-												      : d->p_large;
+	struct shm_pool *p = dp_rx_pool(d, &desc);
 	int64_t idx = shm_pool_idx_of(p, desc.off);
 	int passed = own > 0 && idx >= 0 && shm_pool_pass(p, (uint32_t)idx, 0, own) == 0;
 

@@ -181,6 +181,12 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd);
  * every peer heard is reported silent at once. */
 void dp_link(struct dp *d, int up);
 
+/* The receive pool a delivered message's buffer (or segment list) is in. */
+static inline struct shm_pool *dp_rx_pool(const struct dp *d, const struct shm_desc *m)
+{
+	return dp_ipc_rx_in_small(m->len, m->flags, shm_pool_bufsize(d->p_small)) ? d->p_small : d->p_large;
+}
+
 /* dp_route.c: the receive routes. The ring stream @p stream's KV pages
  * go to now (and the ring to wake after each, or NULL), or NULL: the usual
  * DP_RING_RX_KV; *segs (when not NULL): whether its consumer reads segment

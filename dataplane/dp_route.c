@@ -59,8 +59,7 @@ static void drain(struct dp *d, struct shm_ring *r)
 
 	while ((n = shm_ring_dequeue_burst(r, m, BURST)) > 0)
 		for (unsigned i = 0; i < n; i++) {
-			struct shm_pool *p = dp_ipc_rx_in_small(m[i].len, m[i].flags, shm_pool_bufsize(d->p_small))
-						     ? d->p_small : d->p_large;
+			struct shm_pool *p = dp_rx_pool(d, &m[i]);
 			int64_t idx = shm_pool_idx_of(p, m[i].off);
 			int32_t h = DP_AUX_HOLDER(m[i].aux);
 
