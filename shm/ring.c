@@ -207,6 +207,78 @@ int shm_ring_wait(struct shm_ring *q, int64_t timeout_ns)
 	return timeout_ns < 0 ? shm_ring_wait(q, timeout_ns) : -ETIMEDOUT;
 }
 
+static int any_ready(struct shm_ring *const *q, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (q[i] != NULL && rte_ring_count(q[i]->r) > 0)
+			return 1;
+	return 0;
+}
+
+/* The same Dekker pair as shm_ring_wait(), once per ring: W1 on each, one
+ * membarrier, the re-check of all, then one futex_waitv on every wake_seq
+ * (Linux >= 5.16). Where the call is missing the wait is on the first ring
+ * only, for at most 1 ms, so the others are polled at that rate. */
+int shm_ring_wait_any(struct shm_ring *const *q, unsigned n, int64_t timeout_ns)
+{
+	struct futex_waitv fw[SHM_RING_WAIT_MAX];
+	struct timespec ts, *tsp = NULL;
+	unsigned m = 0;
+	long rc;
+
+	if (n > SHM_RING_WAIT_MAX)
+		return -EINVAL;
+	for (int i = 0; i < WAIT_SPINS; i++) {
+		if (any_ready(q, n))
+			return 0;
+		rte_pause();
+	}
+	if (timeout_ns == 0)
+		return -ETIMEDOUT;
+	if (timeout_ns > 0) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_sec += timeout_ns / 1000000000;
+		ts.tv_nsec += timeout_ns % 1000000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		tsp = &ts;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (q[i] == NULL)
+			continue;
+		fw[m] = (struct futex_waitv){ .val = atomic_load_explicit(q[i]->wake_seq, memory_order_acquire),
+					      .uaddr = (uintptr_t)q[i]->wake_seq, .flags = FUTEX_32 };
+		atomic_fetch_add_explicit(q[i]->waiters, 1, memory_order_seq_cst); /* W1 */
+		m++;
+	}
+	syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
+	if (any_ready(q, n)) {
+		rc = 0;
+	} else {
+		rc = syscall(SYS_futex_waitv, fw, m, 0, tsp, CLOCK_MONOTONIC);
+		if (rc < 0 && errno == ENOSYS && m > 0) {
+			struct timespec ms = { 0, 1000000 };
+
+			rc = futex((_Atomic uint32_t *)(uintptr_t)fw[0].uaddr, FUTEX_WAIT, (uint32_t)fw[0].val,
+				   timeout_ns > 0 && timeout_ns < 1000000 ? &(struct timespec){ 0, timeout_ns } : &ms);
+			if (rc != 0 && errno == ETIMEDOUT && (timeout_ns < 0 || timeout_ns > 1000000))
+				errno = EAGAIN; /* polled: not the caller's timeout yet */
+		}
+	}
+	for (unsigned i = 0; i < n; i++)
+		if (q[i] != NULL)
+			atomic_fetch_sub_explicit(q[i]->waiters, 1, memory_order_relaxed);
+	if (any_ready(q, n))
+		return 0;
+	if (rc < 0 && errno == ETIMEDOUT)
+		return -ETIMEDOUT;
+	if (rc < 0 && errno == EINTR)
+		return -EINTR;
+	return -EAGAIN; /* woken, and another consumer took it, or polled */
+}
+
 unsigned shm_ring_count(const struct shm_ring *q)
 {
 	return rte_ring_count(q->r);

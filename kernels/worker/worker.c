@@ -314,7 +314,11 @@ int main(int argc, char **argv)
 		if (w.j_n < w.depth) {
 			int spin = w.j_n > 0 || kvf_mono_ns() - w.last_done_ns < (uint64_t)w.o.spin_us * 1000u;
 
-			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll);
+			/* the KV rings wake the sleep too: the dataplane, which fills
+			 * the stage's own receive route, does not know its input ring */
+			struct shm_ring *also[] = { w.kvq, w.rx.q };
+
+			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll, also, 2);
 			if (got > 0) {
 				if (!handle(&w, &d))
 					wk_in_done(w.in, &d);

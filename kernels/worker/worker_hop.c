@@ -143,13 +143,20 @@ static int get_one(struct wk_in *in, struct shm_desc *d)
 	return 0;
 }
 
-int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns)
+int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns, struct shm_ring *const *also,
+	      unsigned n_also)
 {
+	struct shm_ring *all[SHM_RING_WAIT_MAX] = { in->q };
 	int rc;
 
 	if (get_one(in, d))
 		return 1;
-	rc = shm_ring_wait(in->q, timeout_ns);
+	if (n_also == 0 || n_also >= SHM_RING_WAIT_MAX) {
+		rc = shm_ring_wait(in->q, timeout_ns);
+	} else {
+		memcpy(all + 1, also, n_also * sizeof(*also));
+		rc = shm_ring_wait_any(all, n_also + 1, timeout_ns);
+	}
 	if (rc == -EINTR)
 		return rc;
 	return get_one(in, d);

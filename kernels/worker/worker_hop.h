@@ -37,10 +37,13 @@ struct shm_ring *wk_ring_open(struct shm_region *r, const char *name, char *err,
 struct wk_in *wk_in_open(struct shm_region *r, const char *spec, char *err, size_t errlen);
 
 /**
- * Take the next message, sleeping up to @p timeout_ns when there is none.
+ * Take the next message, sleeping up to @p timeout_ns when there is none;
+ * a message on any of the @p n_also rings @p also (the worker's other
+ * inputs, NULL entries skipped) ends the sleep too, and is left there.
  * @return 1 (a message in @p d), 0 (none yet), -EINTR.
  */
-int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns);
+int wk_in_get(struct wk_in *in, struct shm_desc *d, int64_t timeout_ns, struct shm_ring *const *also,
+	      unsigned n_also);
 
 /** Give back what wk_in_get() returned (the dataplane's receive buffer). */
 void wk_in_done(struct wk_in *in, const struct shm_desc *d);

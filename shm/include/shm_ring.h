@@ -80,6 +80,20 @@ void shm_ring_close(struct shm_ring *q);
  */
 int shm_ring_wait(struct shm_ring *q, int64_t timeout_ns);
 
+/** The most rings shm_ring_wait_any() watches. */
+#define SHM_RING_WAIT_MAX 8
+
+/**
+ * Sleep until any of @p n rings (NULL entries are skipped; at most
+ * SHM_RING_WAIT_MAX) is non-empty or @p timeout_ns passes (< 0: no bound):
+ * for a consumer fed by several producers, none of which knows the others'
+ * rings. Spins briefly first. Each ring's producers wake it as they would
+ * a shm_ring_wait() on that ring.
+ * @return 0 (one is non-empty), -ETIMEDOUT, -EINTR, -EAGAIN (woken with
+ *         nothing left to take: call again), -EINVAL (too many rings).
+ */
+int shm_ring_wait_any(struct shm_ring *const *q, unsigned n, int64_t timeout_ns);
+
 /** @return elements in the ring now. */
 unsigned shm_ring_count(const struct shm_ring *q);
 /** @return free space now. */

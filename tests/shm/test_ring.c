@@ -169,6 +169,69 @@ static void a_wait_on_an_empty_ring_times_out(void **state)
 	shm_ring_close(q);
 }
 
+struct any_waiter {
+	struct shm_ring *q[3];
+	int rc;
+	uint64_t woke_ns;
+};
+
+static void *wait_any_thread(void *arg)
+{
+	struct any_waiter *w = arg;
+
+	w->rc = shm_ring_wait_any(w->q, 3, 5000000000ll);
+	w->woke_ns = now_ns();
+	return NULL;
+}
+
+/* A worker sleeps on its input ring and its KV rings at once: a message on
+ * the last of them wakes it (not the 5 s bound), the others are left
+ * alone, and a wait on rings that stay empty times out. */
+static void a_consumer_sleeping_on_several_rings_is_woken_by_any_of_them(void **state)
+{
+	struct shm_ring *a = shm_ring_create(*state, "any.a", 16, 32, 0);
+	struct shm_ring *b = shm_ring_create(*state, "any.b", 16, 32, 0);
+	struct any_waiter w = { .q = { a, NULL, b }, .rc = 1 };
+	struct shm_desc d = { .seq = 9 }, got;
+	struct shm_ring_meta *ma, *mb;
+	pthread_t th;
+	uint64_t off, sent, t0;
+
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(shm_region_find_area(*state, "any.a", &off, NULL), 0);
+	ma = shm_ptr(*state, off);
+	assert_int_equal(shm_region_find_area(*state, "any.b", &off, NULL), 0);
+	mb = shm_ptr(*state, off);
+	assert_int_equal(pthread_create(&th, NULL, wait_any_thread, &w), 0);
+	while (atomic_load(&mb->waiters) == 0)
+		usleep(100);
+	usleep(20000);
+	assert_int_equal(atomic_load(&ma->waiters), 1);
+	sent = now_ns();
+	assert_int_equal(shm_ring_enqueue_burst(b, &d, 1), 1);
+	pthread_join(th, NULL);
+	assert_int_equal(w.rc, 0);
+	assert_true(w.woke_ns - sent < 1000000000ull);
+	assert_int_equal(atomic_load(&ma->waiters), 0);
+	assert_int_equal(atomic_load(&mb->waiters), 0);
+	/* the message is still on its ring, for its own reader */
+	assert_int_equal(shm_ring_count(a), 0);
+	assert_int_equal(shm_ring_dequeue_burst(b, &got, 1), 1);
+	assert_int_equal(got.seq, 9);
+	/* a message already there: no sleep at all */
+	assert_int_equal(shm_ring_enqueue_burst(a, &d, 1), 1);
+	assert_int_equal(shm_ring_wait_any(w.q, 3, -1), 0);
+	assert_int_equal(shm_ring_dequeue_burst(a, &got, 1), 1);
+	t0 = now_ns();
+	assert_int_equal(shm_ring_wait_any(w.q, 3, 20000000), -ETIMEDOUT);
+	assert_true(now_ns() - t0 >= 15000000);
+	assert_int_equal(shm_ring_wait_any(w.q, 3, 0), -ETIMEDOUT);
+	assert_int_equal(shm_ring_wait_any(w.q, SHM_RING_WAIT_MAX + 1, 0), -EINVAL);
+	shm_ring_close(a);
+	shm_ring_close(b);
+}
+
 /* A consumer killed mid-run: the owner sees it dead through its liveness
  * word, resets the ring (what was in flight is discarded and reported by
  * count), and a new consumer carries on with fresh traffic. */
@@ -230,6 +293,7 @@ int main(void)
 		cmocka_unit_test(a_ring_rejects_bad_parameters_and_duplicate_names),
 		cmocka_unit_test(a_sleeping_consumer_is_woken_by_the_producer),
 		cmocka_unit_test(a_wait_on_an_empty_ring_times_out),
+		cmocka_unit_test(a_consumer_sleeping_on_several_rings_is_woken_by_any_of_them),
 		cmocka_unit_test(a_ring_whose_consumer_died_is_reset_by_the_owner_and_reused),
 	};
 

@@ -485,7 +485,7 @@ static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *
 	}
 	kn_stage_kv_format(a.st[0], &f);
 	const size_t len = (size_t)n * f.block_bytes, hdr = 40;
-	char *msg = malloc(hdr + len), *back = malloc(len);
+	char *msg = malloc(hdr + len), *back = malloc(len), *pinned = malloc(len);
 	struct kn_seg seg[8192];
 	int32_t ns = 0;
 	size_t at = 0;
@@ -497,6 +497,11 @@ static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *
 	}
 	if (kn_cuda_host_register(msg, hdr + len, err, sizeof(err))) {
 		FAIL("pinning the message: %s", err);
+		goto out;
+	}
+	if (kn_cuda_host_register(pinned, len, err, sizeof(err))) {
+		FAIL("pinning the export buffer: %s", err);
+		kn_cuda_host_unregister(msg);
 		goto out;
 	}
 	if (kn_stage_kv_import(a.st[0], src_b, n, msg + hdr, len, &f)) {
@@ -515,17 +520,23 @@ static void kv_pages_in_pieces_import_as_from_one_buffer(const struct kn_model *
 	} else if (kn_stage_kv_export(b.st[0], dst_b, n, back, len)) {
 		printf("kv_export: %s\n", kn_stage_error(b.st[0]));
 		ok = 0;
+	} else if (kn_stage_kv_export(b.st[0], dst_b, n, pinned, len)) {
+		/* into pinned memory the device writes itself (the same kernel) */
+		printf("kv_export (pinned): %s\n", kn_stage_error(b.st[0]));
+		ok = 0;
 	} else {
-		ok = ok && memcmp(back, msg + hdr, len) == 0;
+		ok = ok && memcmp(back, msg + hdr, len) == 0 && memcmp(pinned, msg + hdr, len) == 0;
 	}
-	printf("%s kv_pages_in_%d_pieces_import_into_a_cuda_stage_%s_as_from_one_buffer\n", ok ? "ok  " : "FAIL", (int)ns,
-	       how);
+	printf("%s kv_pages_in_%d_pieces_import_into_a_cuda_stage_%s_as_from_one_buffer_and_export_both_ways\n",
+	       ok ? "ok  " : "FAIL", (int)ns, how);
 	g_fail += !ok;
 unpin:
 	kn_cuda_host_unregister(msg);
+	kn_cuda_host_unregister(pinned);
 out:
 	free(msg);
 	free(back);
+	free(pinned);
 	chain_close(&a);
 	chain_close(&b);
 }
