@@ -369,42 +369,6 @@ static int cu_pieces(struct cu_stage *s)
 	return 0;
 }
 
-/* KV pages out by the gather kernel: the device writes each layer's K or V
- * page of a block straight into pinned host memory through its mapping,
- * one launch for up to a table of pages (n blocks x layers x 2), where one
- * 2-D DMA per block and K/V left the copy engine mostly idle (H200, 1B
- * stages of 8 layers: a 2048-token prompt's 64 MiB took 13.9 ms, 4.6 GB/s).
- * @return 0, 1 (@p out has no device address: copy another way), -EIO. */
-static int cu_kv_export_mapped(struct cu_stage *s, const int32_t *blocks, int32_t n, void *out, cudaStream_t kst)
-{
-	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
-	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
-	const size_t total = (size_t)n * s->nl * 2 * page;
-	const uint8_t *a = dev_alias(out), *z = dev_alias((const char *)out + total - 1);
-	int np = 0;
-
-	if (a == NULL || z == NULL || (size_t)(z - a) != total - 1)
-		return 1;
-	if (cu_pieces(s) < 0)
-		return -EIO;
-	for (int32_t i = 0; i < n; i++)
-		for (int l = 0; l < s->nl; l++)
-			for (int kv = 0; kv < 2; kv++) {
-				if (np == CU_GATHER_TABLE) {
-					/* the kernel reads the table where it lies: wait before it is refilled */
-					CK(kn_cuda_gather(s->pcs_dev, np, kst));
-					CK(cudaStreamSynchronize(kst));
-					np = 0;
-				}
-				s->pcs[np++] = (struct cu_piece){
-					(const uint8_t *)s->kv + (size_t)kv * lay / 2 + (size_t)l * lay + (size_t)blocks[i] * page,
-					(uint8_t *)a + ((size_t)(i * s->nl + l) * 2 + kv) * page, page };
-			}
-	CK(kn_cuda_gather(s->pcs_dev, np, kst));
-	CK(cudaStreamSynchronize(kst));
-	return 0;
-}
-
 /* KV pages to or from the host (kn_kv_format: per block, per layer, K then V
  * pages of [nkv][KN_PAGE_BLK][hd] bf16, which is how the pool stores a
  * block): one 2-D copy per block and K/V, the layers as its rows, done on
@@ -412,18 +376,17 @@ static int cu_kv_export_mapped(struct cu_stage *s, const int32_t *blocks, int32_
  * own, beside a step in flight, not behind it (the caller moves only blocks
  * no step in flight writes or reads: a finished chunk's pages out, reserved
  * blocks in); else on the steps' stream.
- * One call per block: fine for moving a prompt's pages, not tuned (a
- * gather kernel would be one copy). */
+ * One call per block. The copy engines run them beside the steps' kernels:
+ * out by the gather kernel (gather.cuh) through the device's mapping of
+ * the pinned region was 11% faster alone (H200, 2 MiB: 32.8 against 29.6
+ * GB/s) but slower in pd-bench (a 2048-token prompt's pages copied out in
+ * 19 ms against 14: its blocks wait for the SMs the prefill holds). */
 static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void *out, const void *in)
 {
 	struct cu_stage *s = (struct cu_stage *)b;
 	cudaStream_t kst = s->kvst ? s->kvst : s->st;
 	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
 	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
-	int rc = out != NULL && s->kv_gather && n > 0 ? cu_kv_export_mapped(s, blocks, n, out, kst) : 1;
-
-	if (rc <= 0)
-		return rc;
 	for (int32_t i = 0; i < n; i++)
 		for (int kv = 0; kv < 2; kv++) {
 			char *dev = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)blocks[i] * page;

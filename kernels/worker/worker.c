@@ -336,8 +336,12 @@ int main(int argc, char **argv)
 				continue;
 			}
 		}
-		/* 3. full: wait for the oldest */
-		if (w.j_n >= w.depth)
+		/* 3. full: wait for the oldest. With KV rings, by polling: a
+		 * page copy asked meanwhile runs at once on its own stream beside
+		 * the steps (a prefill node's chunks ship while the next ones
+		 * run; waiting for a step first made every ship wait a step,
+		 * and a prompt's last pages wait for the backlog) */
+		if (w.j_n >= w.depth && (w.kvq == NULL && w.rx.q == NULL))
 			wk_finish_head(&w);
 	}
 	wk_drain(&w);
