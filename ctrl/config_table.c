@@ -285,6 +285,12 @@ const struct cfg_key g_cfg_keys[] = {
 	 "whole 16-position pages), and each chunk's pages leave for the decode node as soon as every "
 	 "stage has computed it, overlapping the transfer with the rest of the prompt; 0: the whole "
 	 "prompt at once, its pages after it"},
+	{"page_buffers", "pd", CFG_INT, OFF(pd_page_buffers), "16", 2, 1024,
+	 "KVFERRY_PD_PAGE_BUFFERS", "--pd-page-buffers", NULL, NULL,
+	 "role = prefill: KV page messages a node may have on their way at once, each a buffer in the "
+	 "dataplane's region as large as its rx_large buffers (4 MiB by default, at most that); a room's "
+	 "pages wait for one to come back when all are out, which delays a prompt's last chunk when "
+	 "fewer than ~48 MiB are on their way. Takes effect when the region is created"},
 	{"ship_taper", "pd", CFG_BOOL, OFF(pd_ship_taper), "yes", 0, 1,
 	 "KVFERRY_PD_SHIP_TAPER", "--pd-ship-taper", NULL, NULL,
 	 "role = prefill, with ship_chunk: only a prompt's last chunk is ship_chunk tokens; the ones "

@@ -447,6 +447,7 @@ static int start_front(struct daemon *d)
 			.heartbeat_failures = (int32_t)d->set->pd_heartbeat_failures,
 			.room_timeout_s = (double)d->set->pd_room_timeout, .vocab_size = mc->vocab_size,
 			.room_retries = (uint32_t)d->set->pd_room_retries,
+			.page_buffers = (int32_t)d->set->pd_page_buffers,
 			.worker_rx = (int)d->set->pd_worker_rx,
 			.first_early = (int)d->set->pd_first_early,
 			.pin_cuda = d->set->backend == CTRL_CFG_BACKEND_CUDA ? d->set->cuda_module : NULL,

@@ -270,6 +270,8 @@ static void relink(struct ctrl_pd_serve *s)
 		return;
 	}
 	ctrl_pd_link_opts_init(&lo);
+	if (s->o.page_buffers > 0)
+		lo.n_large = (uint32_t)s->o.page_buffers;
 	lo.region = s->o.region;
 	lo.reg = reg;
 	lo.wait_s = 0.2; /* the lock is held: a region without its rings yet is tried again later */
@@ -547,6 +549,8 @@ struct ctrl_pd_serve *ctrl_pd_serve_start(const struct ctrl_pd_serve_opts *o, ch
 		kvf_log(KVF_LOG_WARNING, "kvferry-ctrld", "stage 0 cannot move KV pages (its format is unknown): "
 			"disaggregated requests will fail their rooms");
 	ctrl_pd_link_opts_init(&lo);
+	if (o->page_buffers > 0)
+		lo.n_large = (uint32_t)o->page_buffers;
 	lo.region = o->region;
 	lo.reg = ctrl_proc_chain_region(o->chain); /* ctrld checked it is the same region */
 	if (lo.reg == NULL) {

@@ -122,6 +122,7 @@ struct ctrl_settings {
 	int64_t pd_heartbeat_failures;
 	int64_t pd_room_timeout;           /**< seconds */
 	int64_t pd_ship_chunk;             /**< prefill: tokens per chunk of a room's prompt, 0 = whole */
+	int64_t pd_page_buffers;           /**< prefill: KV page messages on their way at once */
 	int64_t pd_ship_taper;             /**< prefill: only the last chunks that small, the ones before wide */
 	int64_t pd_first_early;            /**< decode: a room's first token out at its Success, before its last pages */
 	int64_t pd_room_retries;           /**< decode: fresh rooms for a request whose room a dataplane restart lost */

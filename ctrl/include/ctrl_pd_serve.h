@@ -51,6 +51,7 @@ struct ctrl_pd_serve_opts {
 	struct ctrl_chain *chain;       /**< its chain: pages are read from / written into it */
 	int32_t n_stages;
 	uint32_t rank;                  /**< prefill: this node's rank in a room */
+	int32_t page_buffers;           /**< prefill: KV page messages on their way at once (0: 16) */
 	struct ctrl_http_backend base;  /**< every other request (prefill) */
 	/* decode */
 	const char *prefill;            /**< "host:port, ..." the prefill nodes' bootstrap routes */
