@@ -154,6 +154,193 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 	}
 }
 
+/* ---- any width with the tensor-core kernel's bits (kn_cuda_gemm_mma) ---- */
+
+#define DET_BM 64               /* W rows per block */
+#define DET_BN 64               /* X columns per block */
+#define DET_BK 128              /* k per stage: one warp's chunk of gemv_mma_kernel (MMA_U x 32) */
+#define DET_WSTR (DET_BK + 32)  /* bf16 per W row in shared memory: 320 B, no bank conflicts */
+#define DET_XSTR (DET_BK + 4)   /* f32 per X row: 528 B, no bank conflicts */
+#define DET_STAGE (DET_BM * DET_WSTR * 2 + DET_BN * DET_XSTR * 4) /* bytes */
+
+static __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok)
+{
+	const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(g), "r"(ok ? 16 : 0)
+		     : "memory");
+}
+
+/* The k chunks of gemv_mma_kernel in the order one output element sums
+ * them there: warp w's chunks (w*128, then every 1024 on) into its own
+ * accumulator, the 8 accumulators then added in warp order. Chunk @p i of
+ * that sequence starts at *kb; *w is its warp; @return 0 past the end. */
+static __device__ __forceinline__ bool det_chunk(int i, int in, int *kb, int *w)
+{
+	for (int ww = 0; ww < MMA_WARPS; ww++) {
+		const int first = ww * DET_BK, n = first < in ? (in - first + MMA_WARPS * DET_BK - 1) / (MMA_WARPS * DET_BK) : 0;
+		if (i < n) {
+			*kb = first + i * MMA_WARPS * DET_BK;
+			*w = ww;
+			return true;
+		}
+		i -= n;
+	}
+	return false;
+}
+
+static __device__ __forceinline__ void det_load(unsigned char *st, const kn_bf16 *w, const float *x, int row0,
+						int col0, int kb, int n, int in, int out)
+{
+	kn_bf16 *ws = (kn_bf16 *)st;
+	float *xs = (float *)(st + DET_BM * DET_WSTR * 2);
+
+	/* W: 64 rows x 128 k = 1024 pieces of 16 B; X: 64 columns x 128 k = 2048 */
+	for (int e = threadIdx.x; e < DET_BM * DET_BK / 8; e += blockDim.x) {
+		const int r = e / (DET_BK / 8), k = (e % (DET_BK / 8)) * 8;
+		const bool ok = row0 + r < out && kb + k < in;
+		cp16(ws + r * DET_WSTR + k, w + (ok ? (size_t)(row0 + r) * in + kb + k : 0), ok);
+	}
+	for (int e = threadIdx.x; e < DET_BN * DET_BK / 4; e += blockDim.x) {
+		const int c = e / (DET_BK / 4), k = (e % (DET_BK / 4)) * 4;
+		const bool ok = col0 + c < n && kb + k < in;
+		cp16(xs + c * DET_XSTR + k, x + (ok ? (size_t)(col0 + c) * in + kb + k : 0), ok);
+	}
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/*
+ * grid (ceil(out / 64), ceil(n / 64)), block 128 (4 warps of 32 rows x 32
+ * columns), two stages of shared memory. Every output element gets the
+ * very operations gemv_mma_kernel gives it, in its order: the same 16-k
+ * fragments (lane (g, t) holding k 8t..8t+7 of a 32-k step), the same hi
+ * then lo mma pairs, one accumulator per warp chunk sequence of that
+ * kernel (det_chunk) and their sum from 0 in warp order. So a column's
+ * bits equal those of the narrow plans' tensor-core kernel at any width:
+ * the numerics of a plan no longer depend on its width.
+ */
+static __global__ void __launch_bounds__(128)
+gemm_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out)
+{
+	extern __shared__ __align__(16) unsigned char det_smem[];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+	const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+	const int row0 = blockIdx.x * DET_BM, col0 = blockIdx.y * DET_BN;
+	float acc[2][4][4], v[2][4][4];
+	int kb, cw, next_kb, next_w, i = 0;
+
+	kn_pdl_wait();
+	kn_pdl_trigger();
+#pragma unroll
+	for (int m = 0; m < 2; m++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int q = 0; q < 4; q++)
+				acc[m][j][q] = v[m][j][q] = 0.f;
+	bool more = det_chunk(0, in, &kb, &cw);
+	int done_w = 0; /* warp accumulators added so far */
+	if (more)
+		det_load(det_smem, w, x, row0, col0, kb, n, in, out);
+	while (more) {
+		bool has_next = det_chunk(i + 1, in, &next_kb, &next_w);
+		if (has_next)
+			det_load(det_smem + ((i + 1) & 1) * DET_STAGE, w, x, row0, col0, next_kb, n, in, out);
+		if (has_next)
+			asm volatile("cp.async.wait_group 1;" ::: "memory");
+		else
+			asm volatile("cp.async.wait_group 0;" ::: "memory");
+		__syncthreads();
+		const unsigned char *st = det_smem + (i & 1) * DET_STAGE;
+		const kn_bf16 *ws = (const kn_bf16 *)st;
+		const float *xs = (const float *)(st + DET_BM * DET_WSTR * 2);
+#pragma unroll
+		for (int u = 0; u < MMA_U; u++) {
+			const int k = u * 32 + t * 8;
+			uint4 A[2], B[2];
+#pragma unroll
+			for (int m = 0; m < 2; m++) {
+				A[m] = *(const uint4 *)(ws + (wm + m * 16 + g) * DET_WSTR + k);
+				B[m] = *(const uint4 *)(ws + (wm + m * 16 + g + 8) * DET_WSTR + k);
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const float4 x0 = *(const float4 *)(xs + (wn + j * 8 + g) * DET_XSTR + k);
+				const float4 x1 = *(const float4 *)(xs + (wn + j * 8 + g) * DET_XSTR + k + 4);
+				uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
+				split2(x0.x, x0.y, h0, l0);
+				split2(x0.z, x0.w, h1, l1);
+				split2(x1.x, x1.y, h2, l2);
+				split2(x1.z, x1.w, h3, l3);
+#pragma unroll
+				for (int m = 0; m < 2; m++) {
+					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, h0, h1);
+					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, l0, l1);
+					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, h2, h3);
+					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, l2, l3);
+				}
+			}
+		}
+		/* the last chunk of warp cw's sequence: its sum joins the total
+		 * (and so does every empty sequence before the next one) */
+		if (!has_next || next_w != cw) {
+			const int upto = has_next ? next_w : MMA_WARPS;
+			for (; done_w < upto; done_w++) {
+#pragma unroll
+				for (int m = 0; m < 2; m++)
+#pragma unroll
+					for (int j = 0; j < 4; j++)
+#pragma unroll
+						for (int q = 0; q < 4; q++) {
+							v[m][j][q] += done_w == cw ? acc[m][j][q] : 0.f;
+							if (done_w == cw)
+								acc[m][j][q] = 0.f;
+						}
+			}
+		}
+		__syncthreads(); /* the stage is refilled next */
+		kb = next_kb;
+		cw = next_w;
+		more = has_next;
+		i++;
+	}
+	for (; done_w < MMA_WARPS; done_w++) /* in <= 0 leaves every sum 0 + 0 ... */
+#pragma unroll
+		for (int m = 0; m < 2; m++)
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+#pragma unroll
+				for (int q = 0; q < 4; q++)
+					v[m][j][q] += 0.f;
+	/* C fragment: [0..1] rows g, columns 2t, 2t+1; [2..3] row g+8 */
+#pragma unroll
+	for (int m = 0; m < 2; m++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const int r = row0 + wm + m * 16 + g + (q >> 1) * 8, c = col0 + wn + j * 8 + 2 * t + (q & 1);
+				if (r < out && c < n)
+					y[(size_t)c * out + r] = v[m][j][q];
+			}
+}
+
+cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st)
+{
+	static bool sized;
+
+	if (n < 1 || in % 8 || in < 8 || out < 1)
+		return cudaErrorInvalidValue;
+	if (!sized) {
+		cudaError_t e = cudaFuncSetAttribute(gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						     2 * DET_STAGE);
+		if (e != cudaSuccess)
+			return e;
+		sized = true;
+	}
+	return kn_launch(gemm_mma_kernel, dim3((out + DET_BM - 1) / DET_BM, (n + DET_BN - 1) / DET_BN), dim3(128),
+			 (size_t)2 * DET_STAGE, st, w, x, y, n, in, out);
+}
+
 /* ---- CUDA-core kernel (KVFERRY_CUDA_GEMV=ffma; the first version) ---- */
 
 #define GEMV_THREADS 256

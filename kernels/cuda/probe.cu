@@ -14,6 +14,8 @@
 
 #include "attention.cuh"
 #include "fill.cuh"
+#include "gemm.cuh"
+#include "gemv.cuh"
 #include "kn_cuda.h"
 
 #define PCK(call)                                                                            \
@@ -123,6 +125,62 @@ out:
 	cudaFree(a);
 	cudaFree(b);
 	cudaFree(c);
+	cudaFree(ws);
+	free(ms);
+	return rc;
+}
+
+extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind, int iters, double *sec_per_call,
+				    char *err, size_t errlen)
+{
+	kn_bf16 *w = NULL, *xb = NULL;
+	float *x = NULL, *y = NULL;
+	void *ws = NULL;
+	cublasHandle_t h = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	int rc = 0;
+	if (!ms)
+		return -ENOMEM;
+	PCK(cudaSetDevice(device));
+	PCK(cudaMalloc((void **)&w, (size_t)out * in * 2));
+	PCK(cudaMalloc((void **)&x, (size_t)n * in * 4));
+	PCK(cudaMalloc((void **)&xb, (size_t)2 * n * in * 2));
+	PCK(cudaMalloc((void **)&y, (size_t)n * out * 4));
+	PCK(cudaMalloc(&ws, (size_t)32 << 20));
+	PCK(kn_cuda_fill_bf16(w, (size_t)out * in, 1, 1.f, 0));
+	PCK(kn_cuda_fill_f32(x, (size_t)n * in, 2, 0.f, 1.f, 0));
+	if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetWorkspace(h, ws, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS) {
+		snprintf(err, errlen, "cublasCreate/cublasSetWorkspace failed");
+		rc = -EIO;
+		goto out;
+	}
+	PCK(cudaEventCreate(&e0));
+	PCK(cudaEventCreate(&e1));
+	for (int i = -3; i < iters; i++) {
+		PCK(cudaEventRecord(e0));
+		if (kind == 2) {
+			PCK(kn_cuda_gemm_mma(w, x, y, n, in, out, 0));
+		} else if (kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen)) {
+			rc = -EIO;
+			goto out;
+		}
+		PCK(cudaEventRecord(e1));
+		PCK(cudaEventSynchronize(e1));
+		if (i >= 0)
+			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	*sec_per_call = median(ms, iters) * 1e-3;
+out:
+	if (h)
+		cublasDestroy(h);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaFree(w);
+	cudaFree(x);
+	cudaFree(xb);
+	cudaFree(y);
 	cudaFree(ws);
 	free(ms);
 	return rc;

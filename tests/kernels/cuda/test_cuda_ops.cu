@@ -165,6 +165,72 @@ static void skinny_and_wide_products_match_a_double_reference(cublasHandle_t h)
 	}
 }
 
+/* The wide tensor-core kernel gives every column the bits the narrow one
+ * (kn_cuda_gemv_mma) gives it alone, at every width: in a multiple of 1024
+ * and not (the last warp chunks short or empty), out not a multiple of 64,
+ * each column checked against its own n = 1 run; and it is within the
+ * f32-grade bound of a double reference. */
+static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_every_width(void)
+{
+	const int shapes[][2] = { { 4096, 96 }, { 1000, 200 }, { 2056, 1000 }, { 64, 37 } };
+	const int widths[] = { 1, 2, 8, 16, 17, 64, 65, 256, 300 };
+	const int N = 300;
+	for (auto &sh : shapes) {
+		const int in = sh[0], out = sh[1];
+		std::vector<uint16_t> w((size_t)in * out);
+		std::vector<float> x((size_t)N * in);
+		rand_bf16(w, 1.f);
+		for (auto &v : x)
+			v = frand();
+		uint16_t *dw = dev(w);
+		float *dx = dev(x), *dy;
+		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * out * 4));
+		/* each column alone through the narrow kernel */
+		std::vector<float> solo((size_t)N * out);
+		for (int c = 0; c < N; c++) {
+			CHECK_CUDA(kn_cuda_gemv_mma((kn_bf16 *)dw, dx + (size_t)c * in, dy, 1, in, out, 0));
+			CHECK_CUDA(cudaMemcpy(solo.data() + (size_t)c * out, dy, (size_t)out * 4, cudaMemcpyDeviceToHost));
+		}
+		int bad = 0;
+		for (int n : widths) {
+			CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
+			cudaError_t e = kn_cuda_gemm_mma((kn_bf16 *)dw, dx, dy, n, in, out, 0);
+			CHECK_CUDA(cudaDeviceSynchronize());
+			if (e != cudaSuccess) {
+				printf("FAIL kn_cuda_gemm_mma(n=%d, in=%d, out=%d): %s\n", n, in, out, cudaGetErrorString(e));
+				g_fail++;
+				continue;
+			}
+			std::vector<float> y = host(dy, (size_t)n * out);
+			for (int c = 0; c < n; c++)
+				if (memcmp(y.data() + (size_t)c * out, solo.data() + (size_t)c * out, (size_t)out * 4)) {
+					if (bad++ < 3)
+						printf("FAIL wide tensor-core kernel, in=%d out=%d n=%d: column %d differs from "
+						       "its narrow bits\n", in, out, n, c);
+				}
+			if (n == N) {
+				std::vector<double> ref((size_t)n * out);
+				for (int c = 0; c < n; c++)
+					for (int o = 0; o < out; o++) {
+						double sum = 0;
+						for (int k = 0; k < in; k++)
+							sum += (double)bf2f(w[(size_t)o * in + k]) * x[(size_t)c * in + k];
+						ref[(size_t)c * out + o] = sum;
+					}
+				char what[128];
+				snprintf(what, sizeof(what), "wide tensor-core kernel in=%d out=%d n=%d", in, out, n);
+				expect_close(what, y.data(), ref.data(), y.size(), 1e-4);
+			}
+		}
+		printf("%s wide tensor-core kernel, in=%d out=%d: every column of widths 1..300 equals its narrow bits\n",
+		       bad ? "FAIL" : "ok  ", in, out);
+		g_fail += bad != 0;
+		cudaFree(dw);
+		cudaFree(dx);
+		cudaFree(dy);
+	}
+}
+
 static void add_rmsnorm_matches_reference(void)
 {
 	for (int hidden : { 64, 512, 4096 }) {
@@ -634,6 +700,7 @@ extern "C" int kn_cuda_test_ops_main(void)
 		return 1;
 	}
 	skinny_and_wide_products_match_a_double_reference(h);
+	the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_every_width();
 	add_rmsnorm_matches_reference();
 	swiglu_matches_reference();
 	bf16_producers_equal_their_f32_outputs_rounded();
