@@ -45,6 +45,7 @@ _Static_assert(DP_TX_LANES <= 32, "struct dp's held_mask has a bit per send lane
 #define WINUPD_NS 1000000ull  /* a changed window (credit) is advertised within 1 ms */
 #define ACK_KEEP_NS 100000000ull /* an unchanged one is repeated every 100 ms */
 #define LIVE_SCAN_NS 50000000ull /* this node's liveness table is read every 50 ms (as ctrld reads it) */
+#define HOLDER_SCAN_NS 1000000000ull /* the receive pools' holders are checked every second */
 
 struct stream {
 	struct dp_rel_tx *tx;
@@ -115,6 +116,7 @@ struct dp {
 	uint32_t deaths;                  /* deaths seen since start */
 	int32_t last_dead_pid;
 	uint64_t next_live_scan;
+	uint64_t next_holder_scan;  /* dead holders of receive buffers (dp.c, scan_holders) */
 	uint64_t last_timers;             /* when dp_timers() last ran (a gap: we were off the CPU) */
 	int link_up;                      /* the port's link at the last watch; -1 before the first */
 	struct dp_wire_addr self;

@@ -17,7 +17,11 @@
  *         from the pid the dataplane passed it to (without --route, it
  *         names itself its ring's owner, and the same holds). --die-dequeued
  *         N: SIGKILL itself once it dequeued N messages, before it took any
- *         (the window the pass closes).
+ *         (the window the pass closes). --replaced (with --die-dequeued,
+ *         without --route): not in the liveness table, and it names its
+ *         parent the ring's owner just before it dies, as a consumer
+ *         started again at once replaces a dead one before the dataplane
+ *         saw the death.
  * Prints one summary line; exits 0 on success, 1 on failure, 77 if the
  * region is absent.
  */
@@ -64,6 +68,7 @@ struct cfg {
 	unsigned die_holding; /* recv: SIGKILL itself holding this many messages */
 	int route;            /* recv --type kv: its streams routed to a ring of its own */
 	unsigned die_dequeued; /* recv --route: SIGKILL itself once it dequeued this many, before taking them */
+	int replaced;          /* with die_dequeued: a live successor owns the ring when it dies */
 	const char *pools;    /* send: the name of its buffer pools (NAME.s, NAME.l) */
 	int check;            /* 'L': the send lanes, 'P': the pools (below) */
 	int drain;            /* send: on SIGTERM, wait for what is in flight to complete */
@@ -378,7 +383,7 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	size_t small = shm_pool_bufsize(ps);
 	enum dp_rx_ring ring = dp_ipc_rx_ring_of(c->type);
 	/* in the liveness table, so that what it holds when it dies goes back */
-	int live = shm_live_register(r, "dp_client");
+	int live = c->replaced ? -1 : shm_live_register(r, "dp_client");
 	if (c->die_holding || c->die_dequeued)
 		usleep(200000); /* the dataplane reads the table every 50 ms: let it see this pid alive */
 	for (unsigned s = 0; route != NULL && s < c->streams; s++)
@@ -409,6 +414,8 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 			printf("recv: dequeued %llu messages, killing myself before taking them (pid %d)\n",
 			       (unsigned long long)(got + n), (int)getpid());
 			fflush(stdout);
+			if (c->replaced && own != NULL)
+				dp_ipc_rx_own(own, ring, (int32_t)getppid(), 0);
 			kill(getpid(), SIGKILL);
 		}
 		for (unsigned i = 0; i < n; i++) {
@@ -566,7 +573,7 @@ int main(int argc, char **argv)
 		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
 		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
 		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {"route", 0, 0, 'o'},
-		{"die-dequeued", 1, 0, 'e'}, {0, 0, 0, 0}};
+		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -590,6 +597,7 @@ int main(int argc, char **argv)
 		case 'd': c.drain = 1; break;
 		case 'o': c.route = 1; break;
 		case 'e': c.die_dequeued = (unsigned)atoi(optarg); break;
+		case 'y': c.replaced = 1; break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -600,11 +608,12 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS
-	    || (c.route && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.recv)) {
+	    || (c.route && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.recv)
+	    || (c.replaced && (!c.die_dequeued || c.route))) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
 			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--pools NAME] [--drain]\n"
-			"       [--route] (with --recv --type kv) [--die-dequeued N] (with --recv)\n"
+			"       [--route] (with --recv --type kv) [--die-dequeued N [--replaced]] (with --recv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;
 	}

@@ -332,6 +332,9 @@ if [ "$mode" = memif ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ]; 
   # stage's pages), then the usual KV ring, whose consumer names itself its owner
   die_dequeued route "a routed consumer" --route
   die_dequeued own "a ring's owner"
+  # and one replaced as the owner before the dataplane saw it dead (as a
+  # ctrld killed and started again at once): given back by the holders' scan
+  die_dequeued replaced "a ring's owner replaced by a live successor" --replaced
   # and the stream goes on to the usual ring once its consumer is gone
   "$cli" --region "$rb" --recv --peer 1 --count 20 --seed 9 --timeout 30 --type kv --whole \
     >"$tmp/recv-after-route.log" 2>&1 &
