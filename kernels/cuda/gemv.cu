@@ -156,12 +156,12 @@ gemv_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 
 /* ---- any width with the tensor-core kernel's bits (kn_cuda_gemm_mma) ---- */
 
-#define DET_BM 64               /* W rows per block */
-#define DET_BN 64               /* X columns per block */
-#define DET_BK 128              /* k per stage: one warp's chunk of gemv_mma_kernel (MMA_U x 32) */
-#define DET_WSTR (DET_BK + 32)  /* bf16 per W row in shared memory: 320 B, no bank conflicts */
-#define DET_XSTR (DET_BK + 4)   /* f32 per X row: 528 B, no bank conflicts */
-#define DET_STAGE (DET_BM * DET_WSTR * 2 + DET_BN * DET_XSTR * 4) /* bytes */
+#define DET_BM 128             /* W rows per block */
+#define DET_BN 128             /* X columns per block */
+#define DET_BK 64              /* k per stage: half a warp chunk of gemv_mma_kernel (MMA_U x 32) */
+#define DET_STR (DET_BK + 32)  /* bf16 per row in shared memory: 192 B, no bank conflicts */
+#define DET_STAGES 3
+#define DET_STAGE ((DET_BM + 2 * DET_BN) * DET_STR * 2) /* bytes: W, X hi, X lo */
 
 static __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok)
 {
@@ -170,150 +170,143 @@ static __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok)
 		     : "memory");
 }
 
-/* The k chunks of gemv_mma_kernel in the order one output element sums
- * them there: warp w's chunks (w*128, then every 1024 on) into its own
- * accumulator, the 8 accumulators then added in warp order. Chunk @p i of
- * that sequence starts at *kb; *w is its warp; @return 0 past the end. */
-static __device__ __forceinline__ bool det_chunk(int i, int in, int *kb, int *w)
+/* The k of gemv_mma_kernel in the order one output element sums them
+ * there: warp w's chunks of 128 (w*128, then every 1024 on) into its own
+ * accumulator, the 8 accumulators then added in warp order. Half-chunk
+ * @p i of that sequence starts at *k0 and is warp *w's; @return false
+ * past the end. */
+static __device__ __forceinline__ bool det_sub(int i, int in, int *k0, int *w)
 {
+	int c = i >> 1;
+
 	for (int ww = 0; ww < MMA_WARPS; ww++) {
-		const int first = ww * DET_BK, n = first < in ? (in - first + MMA_WARPS * DET_BK - 1) / (MMA_WARPS * DET_BK) : 0;
-		if (i < n) {
-			*kb = first + i * MMA_WARPS * DET_BK;
+		const int first = ww * MMA_U * 32, step = MMA_WARPS * MMA_U * 32;
+		const int n = first < in ? (in - first + step - 1) / step : 0;
+
+		if (c < n) {
+			*k0 = first + c * step + (i & 1) * DET_BK;
 			*w = ww;
 			return true;
 		}
-		i -= n;
+		c -= n;
 	}
 	return false;
 }
 
-static __device__ __forceinline__ void det_load(unsigned char *st, const kn_bf16 *w, const float *x, int row0,
-						int col0, int kb, int n, int in, int out)
+/* One stage: W rows [row0, +128) and X hi, lo columns [col0, +128), k [k0, +64), zero past the ends. */
+static __device__ __forceinline__ void det_load(kn_bf16 *st, const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl,
+						int row0, int col0, int k0, int n, int in, int out)
 {
-	kn_bf16 *ws = (kn_bf16 *)st;
-	float *xs = (float *)(st + DET_BM * DET_WSTR * 2);
+	kn_bf16 *hs = st + DET_BM * DET_STR, *ls = hs + DET_BN * DET_STR;
 
-	/* W: 64 rows x 128 k = 1024 pieces of 16 B; X: 64 columns x 128 k = 2048 */
 	for (int e = threadIdx.x; e < DET_BM * DET_BK / 8; e += blockDim.x) {
 		const int r = e / (DET_BK / 8), k = (e % (DET_BK / 8)) * 8;
-		const bool ok = row0 + r < out && kb + k < in;
-		cp16(ws + r * DET_WSTR + k, w + (ok ? (size_t)(row0 + r) * in + kb + k : 0), ok);
+		const bool ok = row0 + r < out && k0 + k < in;
+
+		cp16(st + r * DET_STR + k, w + (ok ? (size_t)(row0 + r) * in + k0 + k : 0), ok);
 	}
-	for (int e = threadIdx.x; e < DET_BN * DET_BK / 4; e += blockDim.x) {
-		const int c = e / (DET_BK / 4), k = (e % (DET_BK / 4)) * 4;
-		const bool ok = col0 + c < n && kb + k < in;
-		cp16(xs + c * DET_XSTR + k, x + (ok ? (size_t)(col0 + c) * in + kb + k : 0), ok);
+	for (int e = threadIdx.x; e < DET_BN * DET_BK / 8; e += blockDim.x) {
+		const int c = e / (DET_BK / 8), k = (e % (DET_BK / 8)) * 8;
+		const bool ok = col0 + c < n && k0 + k < in;
+		const size_t at = ok ? (size_t)(col0 + c) * in + k0 + k : 0;
+
+		cp16(hs + c * DET_STR + k, xh + at, ok);
+		cp16(ls + c * DET_STR + k, xl + at, ok);
 	}
-	asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
 /*
- * grid (ceil(out / 64), ceil(n / 64)), block 128 (4 warps of 32 rows x 32
- * columns), two stages of shared memory. Every output element gets the
+ * grid (ceil(out / 128), ceil(n / 128)), block 256 (8 warps of 64 rows x 32
+ * columns), three stages of shared memory, X split into bf16 hi and lo
+ * beforehand (the same rounding as split2()). Every output element gets the
  * very operations gemv_mma_kernel gives it, in its order: the same 16-k
  * fragments (lane (g, t) holding k 8t..8t+7 of a 32-k step), the same hi
- * then lo mma pairs, one accumulator per warp chunk sequence of that
- * kernel (det_chunk) and their sum from 0 in warp order. So a column's
- * bits equal those of the narrow plans' tensor-core kernel at any width:
- * the numerics of a plan no longer depend on its width.
+ * then lo mma pairs, one accumulator per warp-chunk sequence of that
+ * kernel (det_sub) and their sum from 0 in warp order. So a column's bits
+ * equal those of the narrow plans' tensor-core kernel at any width: a
+ * plan's numerics no longer depend on its width.
  */
-static __global__ void __launch_bounds__(128)
-gemm_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out)
+static __global__ void __launch_bounds__(256, 1)
+gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 *xl, float *__restrict__ y, int n,
+		int in, int out)
 {
-	extern __shared__ __align__(16) unsigned char det_smem[];
+	extern __shared__ __align__(16) kn_bf16 det_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-	const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
 	const int row0 = blockIdx.x * DET_BM, col0 = blockIdx.y * DET_BN;
-	float acc[2][4][4], v[2][4][4];
-	int kb, cw, next_kb, next_w, i = 0;
+	constexpr int SE = DET_STAGE / 2; /* elements per stage */
+	float acc[4][4][4], v[4][4][4];
+	int k0, cw, done_w = 0;
 
 	kn_pdl_wait();
 	kn_pdl_trigger();
 #pragma unroll
-	for (int m = 0; m < 2; m++)
+	for (int m = 0; m < 4; m++)
 #pragma unroll
 		for (int j = 0; j < 4; j++)
 #pragma unroll
 			for (int q = 0; q < 4; q++)
 				acc[m][j][q] = v[m][j][q] = 0.f;
-	bool more = det_chunk(0, in, &kb, &cw);
-	int done_w = 0; /* warp accumulators added so far */
-	if (more)
-		det_load(det_smem, w, x, row0, col0, kb, n, in, out);
-	while (more) {
-		bool has_next = det_chunk(i + 1, in, &next_kb, &next_w);
-		if (has_next)
-			det_load(det_smem + ((i + 1) & 1) * DET_STAGE, w, x, row0, col0, next_kb, n, in, out);
-		if (has_next)
-			asm volatile("cp.async.wait_group 1;" ::: "memory");
-		else
-			asm volatile("cp.async.wait_group 0;" ::: "memory");
+	/* the first two stages in flight (an empty group where there is none) */
+	for (int p = 0; p < DET_STAGES - 1; p++) {
+		int pk, pw;
+		if (det_sub(p, in, &pk, &pw))
+			det_load(det_smem + p * SE, w, xh, xl, row0, col0, pk, n, in, out);
+		asm volatile("cp.async.commit_group;" ::: "memory");
+	}
+	for (int i = 0; det_sub(i, in, &k0, &cw); i++) {
+		int pk, pw, nk, nw;
+		if (det_sub(i + DET_STAGES - 1, in, &pk, &pw))
+			det_load(det_smem + ((i + DET_STAGES - 1) % DET_STAGES) * SE, w, xh, xl, row0, col0, pk, n, in,
+				 out);
+		asm volatile("cp.async.commit_group;" ::: "memory");
+		asm volatile("cp.async.wait_group %0;" ::"n"(DET_STAGES - 1) : "memory");
 		__syncthreads();
-		const unsigned char *st = det_smem + (i & 1) * DET_STAGE;
-		const kn_bf16 *ws = (const kn_bf16 *)st;
-		const float *xs = (const float *)(st + DET_BM * DET_WSTR * 2);
+		const kn_bf16 *ws = det_smem + (i % DET_STAGES) * SE, *hs = ws + DET_BM * DET_STR,
+			      *ls = hs + DET_BN * DET_STR;
 #pragma unroll
-		for (int u = 0; u < MMA_U; u++) {
+		for (int u = 0; u < DET_BK / 32; u++) {
 			const int k = u * 32 + t * 8;
-			uint4 A[2], B[2];
+			uint4 A[4], B[4];
 #pragma unroll
-			for (int m = 0; m < 2; m++) {
-				A[m] = *(const uint4 *)(ws + (wm + m * 16 + g) * DET_WSTR + k);
-				B[m] = *(const uint4 *)(ws + (wm + m * 16 + g + 8) * DET_WSTR + k);
+			for (int m = 0; m < 4; m++) {
+				A[m] = *(const uint4 *)(ws + (wm + m * 16 + g) * DET_STR + k);
+				B[m] = *(const uint4 *)(ws + (wm + m * 16 + g + 8) * DET_STR + k);
 			}
 #pragma unroll
 			for (int j = 0; j < 4; j++) {
-				const float4 x0 = *(const float4 *)(xs + (wn + j * 8 + g) * DET_XSTR + k);
-				const float4 x1 = *(const float4 *)(xs + (wn + j * 8 + g) * DET_XSTR + k + 4);
-				uint32_t h0, l0, h1, l1, h2, l2, h3, l3;
-				split2(x0.x, x0.y, h0, l0);
-				split2(x0.z, x0.w, h1, l1);
-				split2(x1.x, x1.y, h2, l2);
-				split2(x1.z, x1.w, h3, l3);
+				const uint4 H = *(const uint4 *)(hs + (wn + j * 8 + g) * DET_STR + k);
+				const uint4 L = *(const uint4 *)(ls + (wn + j * 8 + g) * DET_STR + k);
 #pragma unroll
-				for (int m = 0; m < 2; m++) {
-					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, h0, h1);
-					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, l0, l1);
-					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, h2, h3);
-					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, l2, l3);
+				for (int m = 0; m < 4; m++) {
+					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, H.x, H.y);
+					mma_bf16(acc[m][j], A[m].x, B[m].x, A[m].y, B[m].y, L.x, L.y);
+					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, H.z, H.w);
+					mma_bf16(acc[m][j], A[m].z, B[m].z, A[m].w, B[m].w, L.z, L.w);
 				}
 			}
 		}
-		/* the last chunk of warp cw's sequence: its sum joins the total
-		 * (and so does every empty sequence before the next one) */
-		if (!has_next || next_w != cw) {
-			const int upto = has_next ? next_w : MMA_WARPS;
-			for (; done_w < upto; done_w++) {
+		/* the last half-chunk of warp cw's sequence: its sum joins the
+		 * total, and so does every empty sequence before the next one */
+		const bool more = det_sub(i + 1, in, &nk, &nw);
+		if (!more || nw != cw) {
+			for (const int upto = more ? nw : MMA_WARPS; done_w < upto; done_w++)
 #pragma unroll
-				for (int m = 0; m < 2; m++)
+				for (int m = 0; m < 4; m++)
 #pragma unroll
 					for (int j = 0; j < 4; j++)
 #pragma unroll
 						for (int q = 0; q < 4; q++) {
 							v[m][j][q] += done_w == cw ? acc[m][j][q] : 0.f;
-							if (done_w == cw)
-								acc[m][j][q] = 0.f;
+							acc[m][j][q] = done_w == cw ? 0.f : acc[m][j][q];
 						}
-			}
 		}
-		__syncthreads(); /* the stage is refilled next */
-		kb = next_kb;
-		cw = next_w;
-		more = has_next;
-		i++;
+		__syncthreads(); /* this stage is refilled two half-chunks on */
 	}
-	for (; done_w < MMA_WARPS; done_w++) /* in <= 0 leaves every sum 0 + 0 ... */
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	/* C fragment: [0..1] row g, columns 2t, 2t+1; [2..3] row g+8 */
 #pragma unroll
-		for (int m = 0; m < 2; m++)
-#pragma unroll
-			for (int j = 0; j < 4; j++)
-#pragma unroll
-				for (int q = 0; q < 4; q++)
-					v[m][j][q] += 0.f;
-	/* C fragment: [0..1] rows g, columns 2t, 2t+1; [2..3] row g+8 */
-#pragma unroll
-	for (int m = 0; m < 2; m++)
+	for (int m = 0; m < 4; m++)
 #pragma unroll
 		for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -324,7 +317,8 @@ gemm_mma_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 			}
 }
 
-cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st)
+cudaError_t kn_cuda_gemm_mma_split(const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl, float *y, int n, int in,
+				   int out, cudaStream_t st)
 {
 	static bool sized;
 
@@ -332,13 +326,13 @@ cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, float *y, int n, 
 		return cudaErrorInvalidValue;
 	if (!sized) {
 		cudaError_t e = cudaFuncSetAttribute(gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						     2 * DET_STAGE);
+						     DET_STAGES * DET_STAGE);
 		if (e != cudaSuccess)
 			return e;
 		sized = true;
 	}
-	return kn_launch(gemm_mma_kernel, dim3((out + DET_BM - 1) / DET_BM, (n + DET_BN - 1) / DET_BN), dim3(128),
-			 (size_t)2 * DET_STAGE, st, w, x, y, n, in, out);
+	return kn_launch(gemm_mma_kernel, dim3((out + DET_BM - 1) / DET_BM, (n + DET_BN - 1) / DET_BN), dim3(256),
+			 (size_t)DET_STAGES * DET_STAGE, st, w, xh, xl, y, n, in, out);
 }
 
 /* ---- CUDA-core kernel (KVFERRY_CUDA_GEMV=ffma; the first version) ---- */

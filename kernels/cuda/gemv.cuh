@@ -50,13 +50,14 @@ cudaError_t kn_cuda_gemv_ffma(const kn_bf16 *w, const float *x, float *y, int n,
 			      cudaStream_t st);
 
 /**
- * Y = X W^T for any number of columns @p n, each column's bits those that
- * kn_cuda_gemv_mma() gives it (the same fragments, mma order and sums),
- * W tiles staged in shared memory and shared by 64 columns: a plan's
- * numerics no longer depend on its width. @p in a multiple of 8.
- * @return the launch's cudaError_t.
+ * Y = X W^T for any number of columns @p n from X already split into bf16
+ * hi and lo (@p xh, @p xl: [n][in] each, as kn_cuda_gemm_mma() splits it):
+ * each column's bits those kn_cuda_gemv_mma() gives it (the same fragments,
+ * mma order and sums), W and X tiles shared in shared memory by 128 rows
+ * and 128 columns. @p in a multiple of 8. @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st);
+cudaError_t kn_cuda_gemm_mma_split(const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl, float *y, int n, int in,
+				   int out, cudaStream_t st);
 
 /** @return the kernel kn_cuda_gemv() runs for @p n columns: KN_CU_GEMV_FFMA for
  *  n = 1, KN_CU_GEMV_MMA above, unless KVFERRY_CUDA_GEMV (read once) forces one. */

@@ -161,7 +161,7 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 	for (int i = -3; i < iters; i++) {
 		PCK(cudaEventRecord(e0));
 		if (kind == 2) {
-			PCK(kn_cuda_gemm_mma(w, x, y, n, in, out, 0));
+			PCK(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, 0));
 		} else if (kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen)) {
 			rc = -EIO;
 			goto out;

@@ -182,9 +182,10 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 		rand_bf16(w, 1.f);
 		for (auto &v : x)
 			v = frand();
-		uint16_t *dw = dev(w);
+		uint16_t *dw = dev(w), *dxb;
 		float *dx = dev(x), *dy;
 		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * out * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dxb, (size_t)2 * N * in * 2));
 		/* each column alone through the narrow kernel */
 		std::vector<float> solo((size_t)N * out);
 		for (int c = 0; c < N; c++) {
@@ -194,7 +195,7 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 		int bad = 0;
 		for (int n : widths) {
 			CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
-			cudaError_t e = kn_cuda_gemm_mma((kn_bf16 *)dw, dx, dy, n, in, out, 0);
+			cudaError_t e = kn_cuda_gemm_mma((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out, 0);
 			CHECK_CUDA(cudaDeviceSynchronize());
 			if (e != cudaSuccess) {
 				printf("FAIL kn_cuda_gemm_mma(n=%d, in=%d, out=%d): %s\n", n, in, out, cudaGetErrorString(e));
@@ -227,6 +228,7 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 		g_fail += bad != 0;
 		cudaFree(dw);
 		cudaFree(dx);
+		cudaFree(dxb);
 		cudaFree(dy);
 	}
 }
