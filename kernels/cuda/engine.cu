@@ -585,6 +585,10 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 			s->gemv_kind = !strcmp(gk, "ffma") ? KN_CU_GEMV_FFMA : !strcmp(gk, "mma") ? KN_CU_GEMV_MMA : -1;
 		const char *at = getenv("KVFERRY_CUDA_ATTN");
 		s->attn_tile = at ? (!strcmp(at, "tile") ? 2 : !strcmp(at, "column") ? 1 : 0) : op->cuda_attn;
+		/* mma: the wide linears with the narrow kernel's bits (gemv.cuh);
+		 * for measuring its cost, not yet the default (kernels/cuda/NOTES.md) */
+		const char *wk = getenv("KVFERRY_CUDA_WIDE");
+		s->wide_mma = wk != NULL && !strcmp(wk, "mma");
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
 		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");

@@ -107,6 +107,9 @@ struct cu_stage {
 	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
 	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
+	int wide_mma;          /* KVFERRY_CUDA_WIDE=mma: wide linears by kn_cuda_gemm_mma (a column's bits as in narrow plans) */
+	float *mma_part;       /* its warp sequences' sums for small products (kn_cuda_gemm_mma_parts() floats) */
+	size_t mma_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
 	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
 	int kv_gather;         /* KV pages in pieces by one kernel (gather.cuh; KVFERRY_CUDA_KV_GATHER=0: a DMA each) */

@@ -26,7 +26,7 @@ static __global__ void split_kernel(const float4 *x, __nv_bfloat162 *__restrict_
 }
 
 cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
-			     cudaStream_t st)
+			     float *part, size_t part_floats, cudaStream_t st)
 {
 	const size_t n4 = (size_t)n * in / 4;
 	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
@@ -36,7 +36,8 @@ cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, kn_bf16 *xb, floa
 	cudaError_t e = kn_launch(split_kernel, dim3(blocks), dim3(256), 0, st, reinterpret_cast<const float4 *>(x),
 				  reinterpret_cast<__nv_bfloat162 *>(xb),
 				  reinterpret_cast<__nv_bfloat162 *>(xb + (size_t)n * in), n4);
-	return e != cudaSuccess ? e : kn_cuda_gemm_mma_split(w, xb, xb + (size_t)n * in, y, n, in, out, st);
+	return e != cudaSuccess ? e : kn_cuda_gemm_mma_split(w, xb, xb + (size_t)n * in, y, n, in, out, part, part_floats,
+										  st);
 }
 
 int kn_cuda_linear_bf16(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *xb, float *y, int n,

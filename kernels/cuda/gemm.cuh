@@ -40,11 +40,12 @@ int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf1
  * Y = X W^T at any plan width with each column's bits those of the narrow
  * plans' tensor-core kernel (gemv.cuh, kn_cuda_gemm_mma_split()): X split
  * into bf16 hi + lo in @p xb (2*n*in elements), then one tensor-core GEMM
- * whose sums follow that kernel's order. @p in a multiple of 8.
- * @return the first failing launch's cudaError_t.
+ * whose sums follow that kernel's order. @p in a multiple of 8. @p part:
+ * room for the warp sequences' sums of a small product (or NULL), see
+ * kn_cuda_gemm_mma_split(). @return the first failing launch's cudaError_t.
  */
 cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
-			     cudaStream_t st);
+			     float *part, size_t part_floats, cudaStream_t st);
 
 /**
  * Y[c][o] = sum_k XB[c][k] W[o][k] by cuBLAS, X already in bf16 (produced

@@ -174,10 +174,18 @@ static __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok)
  * there: warp w's chunks of 128 (w*128, then every 1024 on) into its own
  * accumulator, the 8 accumulators then added in warp order. Half-chunk
  * @p i of that sequence starts at *k0 and is warp *w's; @return false
- * past the end. */
-static __device__ __forceinline__ bool det_sub(int i, int in, int *k0, int *w)
+ * past the end. With @p slice >= 0, warp @p slice's half-chunks only. */
+static __device__ __forceinline__ bool det_sub(int i, int in, int *k0, int *w, int slice)
 {
 	int c = i >> 1;
+
+	if (slice >= 0) { /* one warp's sequence only (kn_cuda_gemm_mma_split's parts) */
+		const int first = slice * MMA_U * 32 + c * MMA_WARPS * MMA_U * 32;
+
+		*k0 = first + (i & 1) * DET_BK;
+		*w = slice;
+		return first < in;
+	}
 
 	for (int ww = 0; ww < MMA_WARPS; ww++) {
 		const int first = ww * MMA_U * 32, step = MMA_WARPS * MMA_U * 32;
@@ -228,12 +236,12 @@ static __device__ __forceinline__ void det_load(kn_bf16 *st, const kn_bf16 *w, c
  */
 static __global__ void __launch_bounds__(256, 1)
 gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 *xl, float *__restrict__ y, int n,
-		int in, int out)
+		int in, int out, float *__restrict__ part)
 {
 	extern __shared__ __align__(16) kn_bf16 det_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
-	const int row0 = blockIdx.x * DET_BM, col0 = blockIdx.y * DET_BN;
+	const int row0 = blockIdx.x * DET_BM, col0 = blockIdx.y * DET_BN, slice = part ? (int)blockIdx.z : -1;
 	constexpr int SE = DET_STAGE / 2; /* elements per stage */
 	float acc[4][4][4], v[4][4][4];
 	int k0, cw, done_w = 0;
@@ -250,13 +258,13 @@ gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 
 	/* the first two stages in flight (an empty group where there is none) */
 	for (int p = 0; p < DET_STAGES - 1; p++) {
 		int pk, pw;
-		if (det_sub(p, in, &pk, &pw))
+		if (det_sub(p, in, &pk, &pw, slice))
 			det_load(det_smem + p * SE, w, xh, xl, row0, col0, pk, n, in, out);
 		asm volatile("cp.async.commit_group;" ::: "memory");
 	}
-	for (int i = 0; det_sub(i, in, &k0, &cw); i++) {
+	for (int i = 0; det_sub(i, in, &k0, &cw, slice); i++) {
 		int pk, pw, nk, nw;
-		if (det_sub(i + DET_STAGES - 1, in, &pk, &pw))
+		if (det_sub(i + DET_STAGES - 1, in, &pk, &pw, slice))
 			det_load(det_smem + ((i + DET_STAGES - 1) % DET_STAGES) * SE, w, xh, xl, row0, col0, pk, n, in,
 				 out);
 		asm volatile("cp.async.commit_group;" ::: "memory");
@@ -288,8 +296,8 @@ gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 
 		}
 		/* the last half-chunk of warp cw's sequence: its sum joins the
 		 * total, and so does every empty sequence before the next one */
-		const bool more = det_sub(i + 1, in, &nk, &nw);
-		if (!more || nw != cw) {
+		const bool more = det_sub(i + 1, in, &nk, &nw, slice);
+		if (slice < 0 && (!more || nw != cw)) {
 			for (const int upto = more ? nw : MMA_WARPS; done_w < upto; done_w++)
 #pragma unroll
 				for (int m = 0; m < 4; m++)
@@ -304,6 +312,16 @@ gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 
 		__syncthreads(); /* this stage is refilled two half-chunks on */
 	}
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	if (slice >= 0) { /* this warp sequence's sum, for det_sum_kernel */
+		y = part + (size_t)slice * n * out;
+#pragma unroll
+		for (int m = 0; m < 4; m++)
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+#pragma unroll
+				for (int q = 0; q < 4; q++)
+					v[m][j][q] = acc[m][j][q];
+	}
 	/* C fragment: [0..1] row g, columns 2t, 2t+1; [2..3] row g+8 */
 #pragma unroll
 	for (int m = 0; m < 4; m++)
@@ -317,22 +335,64 @@ gemm_mma_kernel(const kn_bf16 *__restrict__ w, const kn_bf16 *xh, const kn_bf16 
 			}
 }
 
-cudaError_t kn_cuda_gemm_mma_split(const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl, float *y, int n, int in,
-				   int out, cudaStream_t st)
+static bool det_sized;
+static int det_sms;
+
+/* The kernel's shared memory and the device's SM count, once (before any
+ * graph capture, from kn_cuda_gemm_mma_parts()). */
+static cudaError_t det_prepare(void)
 {
-	static bool sized;
+	if (det_sized)
+		return cudaSuccess;
+	cudaError_t e = cudaFuncSetAttribute(gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     DET_STAGES * DET_STAGE);
+	if (e == cudaSuccess && cudaDeviceGetAttribute(&det_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+		det_sms = 0;
+	det_sized = e == cudaSuccess;
+	return e;
+}
+
+size_t kn_cuda_gemm_mma_parts(void)
+{
+	return det_prepare() == cudaSuccess ? (size_t)MMA_WARPS * det_sms * DET_BM * DET_BN : 0;
+}
+
+/* y = the 8 warp sequences' sums added from 0 in warp order, as gemv_mma_kernel adds them. */
+static __global__ void __launch_bounds__(256) det_sum_kernel(const float *part, float *__restrict__ y, size_t count)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < count; e += (size_t)gridDim.x * blockDim.x) {
+		float v = 0.f;
+#pragma unroll
+		for (int k = 0; k < MMA_WARPS; k++)
+			v += part[(size_t)k * count + e];
+		y[e] = v;
+	}
+}
+
+cudaError_t kn_cuda_gemm_mma_split(const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl, float *y, int n, int in,
+				   int out, float *part, size_t part_floats, cudaStream_t st)
+{
+	const dim3 grid((out + DET_BM - 1) / DET_BM, (n + DET_BN - 1) / DET_BN);
+	cudaError_t pe;
 
 	if (n < 1 || in % 8 || in < 8 || out < 1)
 		return cudaErrorInvalidValue;
-	if (!sized) {
-		cudaError_t e = cudaFuncSetAttribute(gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						     DET_STAGES * DET_STAGE);
-		if (e != cudaSuccess)
-			return e;
-		sized = true;
+	if ((pe = det_prepare()) != cudaSuccess)
+		return pe;
+	/* fewer blocks than SMs: each warp sequence in blocks of its own, then their sum */
+	if (part != NULL && (int)(grid.x * grid.y) < det_sms && part_floats >= (size_t)MMA_WARPS * n * out) {
+		const size_t count = (size_t)n * out;
+		cudaError_t e = kn_launch(gemm_mma_kernel, dim3(grid.x, grid.y, MMA_WARPS), dim3(256),
+					  (size_t)DET_STAGES * DET_STAGE, st, w, xh, xl, y, n, in, out, part);
+		const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
+
+		return e != cudaSuccess ? e : kn_launch(det_sum_kernel, dim3(blocks), dim3(256), 0, st,
+							(const float *)part, y, count);
 	}
-	return kn_launch(gemm_mma_kernel, dim3((out + DET_BM - 1) / DET_BM, (n + DET_BN - 1) / DET_BN), dim3(256),
-			 (size_t)DET_STAGES * DET_STAGE, st, w, xh, xl, y, n, in, out);
+	return kn_launch(gemm_mma_kernel, grid, dim3(256), (size_t)DET_STAGES * DET_STAGE, st, w, xh, xl, y, n, in, out,
+			 (float *)NULL);
 }
 
 /* ---- CUDA-core kernel (KVFERRY_CUDA_GEMV=ffma; the first version) ---- */

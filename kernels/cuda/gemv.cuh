@@ -54,10 +54,19 @@ cudaError_t kn_cuda_gemv_ffma(const kn_bf16 *w, const float *x, float *y, int n,
  * hi and lo (@p xh, @p xl: [n][in] each, as kn_cuda_gemm_mma() splits it):
  * each column's bits those kn_cuda_gemv_mma() gives it (the same fragments,
  * mma order and sums), W and X tiles shared in shared memory by 128 rows
- * and 128 columns. @p in a multiple of 8. @return the launch's cudaError_t.
+ * and 128 columns. @p in a multiple of 8. A product of fewer tiles than
+ * the device has SMs runs each of the 8 warp sequences in blocks of its
+ * own when @p part (@p part_floats, at least 8 n out) can hold their sums,
+ * then adds them in warp order: the same bits.
+ * @return the first failing launch's cudaError_t.
  */
 cudaError_t kn_cuda_gemm_mma_split(const kn_bf16 *w, const kn_bf16 *xh, const kn_bf16 *xl, float *y, int n, int in,
-				   int out, cudaStream_t st);
+				   int out, float *part, size_t part_floats, cudaStream_t st);
+
+/** @return the floats @p part must hold for every product that runs in parts
+ *  on this device (0: the kernel cannot run); sets the kernel up, so call it
+ *  before capturing a graph that runs it. */
+size_t kn_cuda_gemm_mma_parts(void);
 
 /** @return the kernel kn_cuda_gemv() runs for @p n columns: KN_CU_GEMV_FFMA for
  *  n = 1, KN_CU_GEMV_MMA above, unless KVFERRY_CUDA_GEMV (read once) forces one. */

@@ -134,7 +134,7 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 				    char *err, size_t errlen)
 {
 	kn_bf16 *w = NULL, *xb = NULL;
-	float *x = NULL, *y = NULL;
+	float *x = NULL, *y = NULL, *part = NULL;
 	void *ws = NULL;
 	cublasHandle_t h = NULL;
 	cudaEvent_t e0 = NULL, e1 = NULL;
@@ -147,6 +147,7 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 	PCK(cudaMalloc((void **)&x, (size_t)n * in * 4));
 	PCK(cudaMalloc((void **)&xb, (size_t)2 * n * in * 2));
 	PCK(cudaMalloc((void **)&y, (size_t)n * out * 4));
+	PCK(cudaMalloc((void **)&part, (size_t)8 * n * out * 4));
 	PCK(cudaMalloc(&ws, (size_t)32 << 20));
 	PCK(kn_cuda_fill_bf16(w, (size_t)out * in, 1, 1.f, 0));
 	PCK(kn_cuda_fill_f32(x, (size_t)n * in, 2, 0.f, 1.f, 0));
@@ -161,7 +162,7 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 	for (int i = -3; i < iters; i++) {
 		PCK(cudaEventRecord(e0));
 		if (kind == 2) {
-			PCK(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, 0));
+			PCK(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, part, (size_t)8 * n * out, 0));
 		} else if (kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen)) {
 			rc = -EIO;
 			goto out;
@@ -181,6 +182,7 @@ out:
 	cudaFree(x);
 	cudaFree(xb);
 	cudaFree(y);
+	cudaFree(part);
 	cudaFree(ws);
 	free(ms);
 	return rc;

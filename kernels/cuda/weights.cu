@@ -258,6 +258,12 @@ int cu_alloc_workspace(struct cu_stage *s)
 	/* the attention column kernel's split counters start at zero; every
 	 * launch leaves them so */
 	CK(cudaMemset(s->attn_cnt, 0, (size_t)kn_cuda_attn_counters(W, s->nh, s->nkv) * sizeof(unsigned)));
+	if (s->wide_mma && W > KN_CU_GEMV_MAX_N) {
+		s->mma_part_floats = kn_cuda_gemm_mma_parts();
+		if ((rc = cu_dalloc(s, (void **)&s->mma_part, s->mma_part_floats * 4, "one-family linear parts")))
+			return rc;
+		s->ws_bytes += s->mma_part_floats * 4;
+	}
 	if (s->base.last) {
 		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;

@@ -183,8 +183,9 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 		for (auto &v : x)
 			v = frand();
 		uint16_t *dw = dev(w), *dxb;
-		float *dx = dev(x), *dy;
+		float *dx = dev(x), *dy, *dpart;
 		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * out * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dpart, (size_t)8 * N * out * 4));
 		CHECK_CUDA(cudaMalloc((void **)&dxb, (size_t)2 * N * in * 2));
 		/* each column alone through the narrow kernel */
 		std::vector<float> solo((size_t)N * out);
@@ -193,9 +194,11 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 			CHECK_CUDA(cudaMemcpy(solo.data() + (size_t)c * out, dy, (size_t)out * 4, cudaMemcpyDeviceToHost));
 		}
 		int bad = 0;
-		for (int n : widths) {
+		for (int n : widths)
+		for (int parts = 0; parts < 2; parts++) { /* each warp sequence in blocks of its own, or not */
 			CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
-			cudaError_t e = kn_cuda_gemm_mma((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out, 0);
+			cudaError_t e = kn_cuda_gemm_mma((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out,
+							 parts ? dpart : NULL, (size_t)8 * N * out, 0);
 			CHECK_CUDA(cudaDeviceSynchronize());
 			if (e != cudaSuccess) {
 				printf("FAIL kn_cuda_gemm_mma(n=%d, in=%d, out=%d): %s\n", n, in, out, cudaGetErrorString(e));
@@ -206,10 +209,10 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 			for (int c = 0; c < n; c++)
 				if (memcmp(y.data() + (size_t)c * out, solo.data() + (size_t)c * out, (size_t)out * 4)) {
 					if (bad++ < 3)
-						printf("FAIL wide tensor-core kernel, in=%d out=%d n=%d: column %d differs from "
-						       "its narrow bits\n", in, out, n, c);
+						printf("FAIL wide tensor-core kernel%s, in=%d out=%d n=%d: column %d differs "
+						       "from its narrow bits\n", parts ? " (in parts)" : "", in, out, n, c);
 				}
-			if (n == N) {
+			if (n == N && parts) {
 				std::vector<double> ref((size_t)n * out);
 				for (int c = 0; c < n; c++)
 					for (int o = 0; o < out; o++) {
@@ -223,12 +226,13 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 				expect_close(what, y.data(), ref.data(), y.size(), 1e-4);
 			}
 		}
-		printf("%s wide tensor-core kernel, in=%d out=%d: every column of widths 1..300 equals its narrow bits\n",
+		printf("%s wide tensor-core kernel, in=%d out=%d: every column of widths 1..300 equals its narrow bits, whole and in parts\n",
 		       bad ? "FAIL" : "ok  ", in, out);
 		g_fail += bad != 0;
 		cudaFree(dw);
 		cudaFree(dx);
 		cudaFree(dxb);
+		cudaFree(dpart);
 		cudaFree(dy);
 	}
 }
