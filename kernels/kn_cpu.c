@@ -15,6 +15,12 @@
  *    chunk attends causally within itself.
  *  - The KV pool is f32: [layer][block][KN_PAGE_BLK][n_kv_heads * head_dim]
  *    for K and for V.
+ *  - o and down, the layers whose outputs tensor parallelism sums over
+ *    ranks, reduce each output over 8 equal blocks of K added pairwise
+ *    (kn_mm.kblocks) where K splits so (a multiple of 8 x KN_LANES); a rank
+ *    of T computes its 8/T blocks' subtree, and the ranks' partials added
+ *    pairwise in rank order (kn_stage_opts.tp_reduce) are the whole tree:
+ *    a TP run's bits equal the unsharded stage's, for T = 1, 2, 4, 8.
  */
 #include <errno.h>
 #include <math.h>
@@ -46,7 +52,10 @@ struct cpu_stage {
 	struct cpu_layer *L;
 	const struct kn_tensor *embed, *norm, *head;
 	float *inv_freq;
-	int32_t H, Hp, QD, QDp, KVD, KVDp, I, Ip, V, hd, nh, nkv, ctx;
+	int32_t H, Hp, QD, QDp, KVD, KVDp, I, Ip, V, hd, nh, nkv, ctx; /* QD, KVD, I, nh, nkv: this rank's */
+	int32_t tp, rank;   /* tensor parallelism: ranks, and which this stage is */
+	int32_t ob, db;     /* K blocks of o and down (kn_mm.kblocks): 8 / tp, or 0 */
+	float *part;        /* tp > 1: [W][Hp] a rank's partial sum of o or down */
 	/* workspace, each [W][stride] */
 	float *x, *xn, *q, *k, *v, *att, *g, *u;
 	float *logits;      /* [LM_CHUNK][V] */
@@ -91,6 +100,50 @@ static struct kn_mm mk(const struct kn_tensor *w, const struct kn_tensor *b, con
 {
 	return (struct kn_mm){ .w = w, .bias = b, .x = x, .y = y, .ldx = ldx, .ldy = ldy, .n = n,
 			       .K = (int32_t)w->shape[1], .N = (int32_t)w->shape[0], .accumulate = accumulate };
+}
+
+/* This rank's rows [rank * N, +N) of @p w (q, k, v, gate, up: heads or MLP columns). */
+static struct kn_mm mk_rows(const struct cpu_stage *c, const struct kn_tensor *w, const struct kn_tensor *b,
+			    const float *x, int32_t ldx, float *y, int32_t ldy, int32_t n, int32_t N)
+{
+	struct kn_mm mm = mk(w, b, x, ldx, y, ldy, n, 0);
+
+	mm.N = N;
+	mm.row0 = c->rank * N;
+	return mm;
+}
+
+/* This rank's columns [rank * K, +K) of @p w (o, down), reduced over
+ * @p kblocks blocks; into c->part with tp > 1, else added to @p y. */
+static struct kn_mm mk_cols(const struct cpu_stage *c, const struct kn_tensor *w, const float *x, int32_t ldx,
+			    float *y, int32_t ldy, int32_t n, int32_t K, int32_t kblocks)
+{
+	struct kn_mm mm = mk(w, NULL, x, ldx, c->tp > 1 ? c->part : y, ldy, n, c->tp == 1);
+
+	mm.ldw = mm.K;
+	mm.K = K;
+	mm.koff = c->rank * K;
+	mm.kblocks = kblocks;
+	return mm;
+}
+
+/* tp > 1: every rank's partial (c->part) summed, then added to the residual. */
+static int tp_add(struct cpu_stage *c, int32_t n)
+{
+	int rc;
+
+	if (c->tp == 1)
+		return 0;
+	rc = c->base.opts.tp_reduce(c->base.opts.tp_arg, c->part, n, c->Hp, c->H);
+	if (rc < 0) {
+		kn_stage_seterr(&c->base, "tensor-parallel reduce (rank %d of %d) failed: %s", c->rank, c->tp,
+				strerror(-rc));
+		return rc;
+	}
+	for (int32_t j = 0; j < n; j++)
+		for (int32_t i = 0; i < c->H; i++)
+			c->x[(size_t)j * c->Hp + i] += c->part[(size_t)j * c->Hp + i];
+	return 0;
 }
 
 static void run_mm(struct cpu_stage *c, struct kn_mm *mm, int n_mm)
@@ -197,15 +250,16 @@ static int check_finite(struct cpu_stage *c, const float *x, int32_t n, int32_t 
 	return 0;
 }
 
-static void layer_forward(struct cpu_stage *c, struct cpu_layer *L, const struct kn_column *cols, int32_t n)
+static int layer_forward(struct cpu_stage *c, struct cpu_layer *L, const struct kn_column *cols, int32_t n)
 {
 	struct kn_mm mm[3];
 	const struct kn_model_config *cfg = c->base.cfg;
+	int rc;
 
 	norm_cols(c, L->in_norm, c->x, c->xn, n, c->H, c->Hp);
-	mm[0] = mk(L->q, L->qb, c->xn, c->Hp, c->q, c->QDp, n, 0);
-	mm[1] = mk(L->k, L->kb, c->xn, c->Hp, c->k, c->KVDp, n, 0);
-	mm[2] = mk(L->v, L->vb, c->xn, c->Hp, c->v, c->KVDp, n, 0);
+	mm[0] = mk_rows(c, L->q, L->qb, c->xn, c->Hp, c->q, c->QDp, n, c->QD);
+	mm[1] = mk_rows(c, L->k, L->kb, c->xn, c->Hp, c->k, c->KVDp, n, c->KVD);
+	mm[2] = mk_rows(c, L->v, L->vb, c->xn, c->Hp, c->v, c->KVDp, n, c->KVD);
 	run_mm(c, mm, 3);
 
 	float qn[c->hd], kn[c->hd];
@@ -236,20 +290,23 @@ static void layer_forward(struct cpu_stage *c, struct cpu_layer *L, const struct
 	struct attn_job aj = { .c = c, .cols = cols, .n = n, .L = L };
 	kn_pool_run(c->pool, attn_worker, &aj);
 
-	mm[0] = mk(L->o, NULL, c->att, c->QDp, c->x, c->Hp, n, 1);
+	mm[0] = mk_cols(c, L->o, c->att, c->QDp, c->x, c->Hp, n, c->QD, c->ob);
 	run_mm(c, mm, 1);
+	if ((rc = tp_add(c, n)) < 0)
+		return rc;
 
 	norm_cols(c, L->post_norm, c->x, c->xn, n, c->H, c->Hp);
-	mm[0] = mk(L->gate, NULL, c->xn, c->Hp, c->g, c->Ip, n, 0);
-	mm[1] = mk(L->up, NULL, c->xn, c->Hp, c->u, c->Ip, n, 0);
+	mm[0] = mk_rows(c, L->gate, NULL, c->xn, c->Hp, c->g, c->Ip, n, c->I);
+	mm[1] = mk_rows(c, L->up, NULL, c->xn, c->Hp, c->u, c->Ip, n, c->I);
 	run_mm(c, mm, 2);
 	for (int32_t j = 0; j < n; j++) {
 		float *g = c->g + (size_t)j * (size_t)c->Ip, *u = c->u + (size_t)j * (size_t)c->Ip;
 		for (int32_t i = 0; i < c->I; i++)
 			g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 	}
-	mm[0] = mk(L->down, NULL, c->g, c->Ip, c->x, c->Hp, n, 1);
+	mm[0] = mk_cols(c, L->down, c->g, c->Ip, c->x, c->Hp, n, c->I, c->db);
 	run_mm(c, mm, 1);
+	return tp_add(c, n);
 }
 
 static int cpu_step(struct kn_stage *s, struct kn_step *st)
@@ -270,7 +327,8 @@ static int cpu_step(struct kn_stage *s, struct kn_step *st)
 			       (size_t)c->H * sizeof(float));
 	}
 	for (int32_t l = 0; l < c->nl; l++) {
-		layer_forward(c, &c->L[l], cols, n);
+		if ((rc = layer_forward(c, &c->L[l], cols, n)) < 0)
+			return rc;
 		rc = check_finite(c, c->x, n, c->H, c->Hp, "after layer", s->opts.layer_start + l);
 		if (rc)
 			return rc;
@@ -392,6 +450,7 @@ static void cpu_destroy(struct kn_stage *s)
 	free(c->att);
 	free(c->g);
 	free(c->u);
+	free(c->part);
 	free(c->logits);
 	free(c->wbuf);
 	free(c->scores);
@@ -524,6 +583,38 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 	c->KVDp = kn_pad(c->KVD);
 	c->I = cfg->intermediate_size;
 	c->Ip = kn_pad(c->I);
+	c->tp = s->opts.tp_size > 1 ? s->opts.tp_size : 1;
+	c->rank = c->tp > 1 ? s->opts.tp_rank : 0;
+	/* o and down over 8 blocks of K where K allows it (any tp then gives
+	 * the same bits; kn_cpu.c's header) */
+	c->ob = c->QD % (KN_MM_MAX_KBLOCKS * KN_LANES) == 0 ? KN_MM_MAX_KBLOCKS : 0;
+	c->db = c->I % (KN_MM_MAX_KBLOCKS * KN_LANES) == 0 ? KN_MM_MAX_KBLOCKS : 0;
+	if (c->tp > 1) {
+		const char *why = (c->tp & (c->tp - 1)) || c->tp > KN_MM_MAX_KBLOCKS ? "tp_size must be 1, 2, 4 or 8"
+				  : c->rank < 0 || c->rank >= c->tp ? "tp_rank must be below tp_size"
+				  : !s->opts.tp_reduce ? "tensor parallelism needs a reduce (kn_stage_opts.tp_reduce)"
+				  : c->nh % c->tp || c->nkv % c->tp ? "the heads and KV heads must split evenly over the ranks"
+				  : !c->ob || !c->db ? "q_dim and the MLP's intermediate size must be multiples of 128"
+				  : NULL;
+
+		if (why != NULL) {
+			kn_seterr(err, errlen, "kn_stage_create(cpu): tp_size %d, rank %d with %d heads, %d KV heads, "
+				  "q_dim %d, intermediate %d: %s; run this model with fewer ranks (tp_size 1 always works)",
+				  s->opts.tp_size, s->opts.tp_rank, c->nh, c->nkv, c->QD, c->I, why);
+			cpu_destroy(s);
+			errno = EINVAL;
+			return NULL;
+		}
+		c->ob = c->db = KN_MM_MAX_KBLOCKS / c->tp;
+		c->nh /= c->tp;
+		c->nkv /= c->tp;
+		c->QD = c->nh * c->hd;
+		c->QDp = kn_pad(c->QD);
+		c->KVD = c->nkv * c->hd;
+		c->KVDp = kn_pad(c->KVD);
+		c->I /= c->tp;
+		c->Ip = kn_pad(c->I);
+	}
 	c->V = cfg->vocab_size;
 	c->ctx = s->opts.max_blocks_per_slot * KN_PAGE_BLK;
 	c->kmax = c->Hp > c->Ip ? c->Hp : c->Ip;
@@ -580,6 +671,7 @@ struct kn_stage *kn_cpu_stage_create(const struct kn_model *m, const struct kn_s
 	c->att = ws(c, W * (size_t)c->QDp, &fail);
 	c->g = ws(c, W * (size_t)c->Ip, &fail);
 	c->u = ws(c, W * (size_t)c->Ip, &fail);
+	c->part = c->tp > 1 ? ws(c, W * (size_t)c->Hp, &fail) : NULL;
 	c->logits = s->last ? ws(c, (size_t)LM_CHUNK * (size_t)c->V, &fail) : NULL;
 	c->wbuf = ws(c, (size_t)nt * 4 * (size_t)c->kmax, &fail);
 	c->scores = ws(c, (size_t)nt * (size_t)c->ctx, &fail);

@@ -33,7 +33,20 @@ struct kn_mm {
 	float *y;                     /**< [n][ldy] */
 	int32_t ldx, ldy, n, K, N;
 	int accumulate;               /**< y += result (residual add) */
+	/* a shard of @p w (tensor parallelism), all 0 for the whole tensor: */
+	int32_t row0;                 /**< its first row (and bias element) */
+	int32_t koff;                 /**< its first column: K columns from here ... */
+	int32_t ldw;                  /**< ... of rows this long (0: K) */
+	/** 0: each output reduced over K at once; B (2, 4, 8): over B equal
+	 *  blocks of K (each a multiple of KN_LANES) alone, the B sums then
+	 *  added pairwise ((s0 + s1) + (s2 + s3)) + ...: a shard of B/T blocks
+	 *  sums to one subtree, so T shards added pairwise in order give the
+	 *  bits of the whole. */
+	int32_t kblocks;
 };
+
+/** The most blocks kn_mm.kblocks takes. */
+#define KN_MM_MAX_KBLOCKS 8
 
 /**
  * Compute rows [o0, o1) of @p mm. @p wbuf is thread scratch of 4 * pad(K)

@@ -97,7 +97,8 @@ static void KN_MM_FN(axpy)(float a, const float *x, float *y, int32_t kp)
 
 static void KN_MM_FN(mm_rows)(const struct kn_mm *mm, int32_t o0, int32_t o1, float *wbuf)
 {
-	const int32_t kp = kn_pad(mm->K);
+	const int32_t kp = kn_pad(mm->K), ldw = mm->ldw > 0 ? mm->ldw : mm->K;
+	const int32_t nb = mm->kblocks > 0 ? mm->kblocks : 1, kb = mm->kblocks > 0 ? mm->K / mm->kblocks : kp;
 	const size_t esz = mm->w->dtype == KN_DT_F32 ? 4 : 2;
 	const uint8_t *wbase = mm->w->data;
 	float bias_f[4];
@@ -112,7 +113,8 @@ static void KN_MM_FN(mm_rows)(const struct kn_mm *mm, int32_t o0, int32_t o1, fl
 				w[i] = w[0];
 				continue;
 			}
-			KN_MM_FN(row_to_f32)(wbase + (size_t)row * (size_t)mm->K * esz, mm->w->dtype, mm->K, dst);
+			KN_MM_FN(row_to_f32)(wbase + ((size_t)(mm->row0 + row) * (size_t)ldw + (size_t)mm->koff) * esz,
+					     mm->w->dtype, mm->K, dst);
 			w[i] = dst;
 		}
 		const float *bias = NULL;
@@ -120,8 +122,8 @@ static void KN_MM_FN(mm_rows)(const struct kn_mm *mm, int32_t o0, int32_t o1, fl
 			for (int32_t i = 0; i < r; i++) {
 				float tmp[KN_LANES];
 				size_t bs = mm->bias->dtype == KN_DT_F32 ? 4 : 2;
-				KN_MM_FN(row_to_f32)((const uint8_t *)mm->bias->data + (size_t)(o + i) * bs, mm->bias->dtype,
-						     1, tmp);
+				KN_MM_FN(row_to_f32)((const uint8_t *)mm->bias->data + (size_t)(mm->row0 + o + i) * bs,
+						     mm->bias->dtype, 1, tmp);
 				bias_f[i] = tmp[0];
 			}
 			bias = bias_f;
@@ -129,44 +131,66 @@ static void KN_MM_FN(mm_rows)(const struct kn_mm *mm, int32_t o0, int32_t o1, fl
 		int32_t j = 0;
 		for (; j + 2 <= mm->n; j += 2) {
 			const float *x0 = mm->x + (size_t)j * (size_t)mm->ldx, *x1 = x0 + mm->ldx;
-			v8 a00 = { 0 }, a01 = { 0 }, a10 = { 0 }, a11 = { 0 };
-			v8 a20 = { 0 }, a21 = { 0 }, a30 = { 0 }, a31 = { 0 };
-			for (int32_t k = 0; k < kp; k += 8) {
-				v8 xa = KN_MM_LD8(x0 + k), xb = KN_MM_LD8(x1 + k);
-				v8 w0 = KN_MM_LD8(w[0] + k), w1 = KN_MM_LD8(w[1] + k);
-				v8 w2 = KN_MM_LD8(w[2] + k), w3 = KN_MM_LD8(w[3] + k);
-				a00 = KN_MM_FMA8(w0, xa, a00);
-				a01 = KN_MM_FMA8(w0, xb, a01);
-				a10 = KN_MM_FMA8(w1, xa, a10);
-				a11 = KN_MM_FMA8(w1, xb, a11);
-				a20 = KN_MM_FMA8(w2, xa, a20);
-				a21 = KN_MM_FMA8(w2, xb, a21);
-				a30 = KN_MM_FMA8(w3, xa, a30);
-				a31 = KN_MM_FMA8(w3, xb, a31);
+			float s[KN_MM_MAX_KBLOCKS][4][2];
+			for (int32_t b = 0; b < nb; b++) {
+				v8 a00 = { 0 }, a01 = { 0 }, a10 = { 0 }, a11 = { 0 };
+				v8 a20 = { 0 }, a21 = { 0 }, a30 = { 0 }, a31 = { 0 };
+				for (int32_t k = b * kb; k < (b + 1) * kb; k += 8) {
+					v8 xa = KN_MM_LD8(x0 + k), xb = KN_MM_LD8(x1 + k);
+					v8 w0 = KN_MM_LD8(w[0] + k), w1 = KN_MM_LD8(w[1] + k);
+					v8 w2 = KN_MM_LD8(w[2] + k), w3 = KN_MM_LD8(w[3] + k);
+					a00 = KN_MM_FMA8(w0, xa, a00);
+					a01 = KN_MM_FMA8(w0, xb, a01);
+					a10 = KN_MM_FMA8(w1, xa, a10);
+					a11 = KN_MM_FMA8(w1, xb, a11);
+					a20 = KN_MM_FMA8(w2, xa, a20);
+					a21 = KN_MM_FMA8(w2, xb, a21);
+					a30 = KN_MM_FMA8(w3, xa, a30);
+					a31 = KN_MM_FMA8(w3, xb, a31);
 			}
-			float s[4][2] = { { KN_MM_FN(hsum8)(&a00), KN_MM_FN(hsum8)(&a01) },
-					  { KN_MM_FN(hsum8)(&a10), KN_MM_FN(hsum8)(&a11) },
-					  { KN_MM_FN(hsum8)(&a20), KN_MM_FN(hsum8)(&a21) },
-					  { KN_MM_FN(hsum8)(&a30), KN_MM_FN(hsum8)(&a31) } };
+			s[b][0][0] = KN_MM_FN(hsum8)(&a00);
+			s[b][0][1] = KN_MM_FN(hsum8)(&a01);
+			s[b][1][0] = KN_MM_FN(hsum8)(&a10);
+			s[b][1][1] = KN_MM_FN(hsum8)(&a11);
+			s[b][2][0] = KN_MM_FN(hsum8)(&a20);
+			s[b][2][1] = KN_MM_FN(hsum8)(&a21);
+			s[b][3][0] = KN_MM_FN(hsum8)(&a30);
+			s[b][3][1] = KN_MM_FN(hsum8)(&a31);
+			}
+			for (int32_t step = 1; step < nb; step *= 2) /* the blocks' sums, pairwise */
+				for (int32_t b = 0; b + step < nb; b += 2 * step)
+					for (int32_t i = 0; i < 4; i++) {
+						s[b][i][0] += s[b + step][i][0];
+						s[b][i][1] += s[b + step][i][1];
+					}
 			for (int32_t i = 0; i < r; i++) {
-				store(mm, j, o, i, s[i][0], bias);
-				store(mm, j + 1, o, i, s[i][1], bias);
+				store(mm, j, o, i, s[0][i][0], bias);
+				store(mm, j + 1, o, i, s[0][i][1], bias);
 			}
 		}
 		for (; j < mm->n; j++) {
 			const float *x0 = mm->x + (size_t)j * (size_t)mm->ldx;
-			v8 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
-			for (int32_t k = 0; k < kp; k += 8) {
-				v8 xa = KN_MM_LD8(x0 + k);
-				a0 = KN_MM_FMA8(KN_MM_LD8(w[0] + k), xa, a0);
-				a1 = KN_MM_FMA8(KN_MM_LD8(w[1] + k), xa, a1);
-				a2 = KN_MM_FMA8(KN_MM_LD8(w[2] + k), xa, a2);
-				a3 = KN_MM_FMA8(KN_MM_LD8(w[3] + k), xa, a3);
+			float s[KN_MM_MAX_KBLOCKS][4];
+			for (int32_t b = 0; b < nb; b++) {
+				v8 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+				for (int32_t k = b * kb; k < (b + 1) * kb; k += 8) {
+					v8 xa = KN_MM_LD8(x0 + k);
+					a0 = KN_MM_FMA8(KN_MM_LD8(w[0] + k), xa, a0);
+					a1 = KN_MM_FMA8(KN_MM_LD8(w[1] + k), xa, a1);
+					a2 = KN_MM_FMA8(KN_MM_LD8(w[2] + k), xa, a2);
+					a3 = KN_MM_FMA8(KN_MM_LD8(w[3] + k), xa, a3);
 			}
-			float s[4] = { KN_MM_FN(hsum8)(&a0), KN_MM_FN(hsum8)(&a1), KN_MM_FN(hsum8)(&a2),
-				       KN_MM_FN(hsum8)(&a3) };
+			s[b][0] = KN_MM_FN(hsum8)(&a0);
+			s[b][1] = KN_MM_FN(hsum8)(&a1);
+			s[b][2] = KN_MM_FN(hsum8)(&a2);
+			s[b][3] = KN_MM_FN(hsum8)(&a3);
+			}
+			for (int32_t step = 1; step < nb; step *= 2)
+				for (int32_t b = 0; b + step < nb; b += 2 * step)
+					for (int32_t i = 0; i < 4; i++)
+						s[b][i] += s[b + step][i];
 			for (int32_t i = 0; i < r; i++)
-				store(mm, j, o, i, s[i], bias);
+				store(mm, j, o, i, s[0][i], bias);
 		}
 	}
 }

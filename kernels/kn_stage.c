@@ -53,6 +53,12 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 			errno = EINVAL;
 			return NULL;
 		}
+	if (o->tp_size > 1 && be != KN_BACKEND_CPU) {
+		kn_seterr(err, errlen, "kn_stage_create: tensor parallelism (tp_size %d) runs on the CPU engine only; "
+			  "use tp_size 1 on this backend", o->tp_size);
+		errno = EINVAL;
+		return NULL;
+	}
 	switch (be) {
 	case KN_BACKEND_CPU:
 		return kn_cpu_stage_create(m, o, err, errlen);
@@ -273,7 +279,7 @@ int kn_stage_kv_format(const struct kn_stage *s, struct kn_kv_format *f)
 	f->dtype = s->vt->kv_dtype;
 	f->layer_start = s->opts.layer_start;
 	f->layer_end = s->opts.layer_end;
-	f->n_kv_heads = s->cfg->n_kv_heads;
+	f->n_kv_heads = s->cfg->n_kv_heads / (s->opts.tp_size > 1 ? s->opts.tp_size : 1); /* a rank's share */
 	f->head_dim = s->cfg->head_dim;
 	f->block_bytes = (size_t)(f->layer_end - f->layer_start) * 2 * (size_t)f->n_kv_heads * KN_PAGE_BLK *
 			 (size_t)f->head_dim * (f->dtype == KN_DT_F32 ? 4 : 2);

@@ -125,6 +125,20 @@ struct kn_stage_opts {
 	                                   beside a step in flight (a worker's KV side ring, whose
 	                                   copies touch no block of a step in flight); 0: on the
 	                                   steps' stream, behind them (callers between two steps) */
+	/* Tensor parallelism (CPU engine): the stage holds rank tp_rank's share
+	 * of every layer, Megatron-style: heads and KV heads (q, k, v rows, o
+	 * columns) and the MLP's intermediate columns (gate, up rows, down
+	 * columns) split tp_size ways; norms, embedding and LM head whole.
+	 * After o and after down each rank has a partial sum, and tp_reduce
+	 * must leave in it the sum of every rank's, added pairwise in rank
+	 * order ((r0 + r1) + (r2 + r3)) + ... (the order that gives the bits of
+	 * the whole layer: kn_cpu.c). */
+	int32_t tp_size;              /**< 1, 2, 4 or 8 (0: 1) */
+	int32_t tp_rank;              /**< 0..tp_size-1 */
+	/** Sum the ranks' partials: @p buf holds @p n rows of @p ld floats, of
+	 *  which the first @p dim count. @return 0 or -errno (the step fails). */
+	int (*tp_reduce)(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim);
+	void *tp_arg;
 	const char *cuda_module;      /**< the CUDA backend's module (kvferry-cuda.so): NULL or ""
 	                                   to look beside the program, in the build tree it runs
 	                                   from, then in the installed module folder; the first
