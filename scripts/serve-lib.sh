@@ -72,13 +72,25 @@ kvf_ctrld_port() {
 }
 
 kvf_start_worker() { # stage region in out node
-  local k=$1
+  local k=$1 r tp=()
   local cmd=("$KVF_BIN/kvferry-worker" --region "$2" --model "$KVF_MODEL" --in "$3" --out "$4"
              --role "stage$k" --node "$5" --backend "$KVF_BACKEND" --threads "$KVF_THREADS")
-  KVF_WCMD[$k]="${cmd[*]}"
-  "${cmd[@]}" >>"$KVF_RUN/worker$k.log" 2>&1 &
+  # KVF_TP_STAGE=K KVF_TP=T: stage K runs as T ranks (tensor parallelism):
+  # this worker is rank 0, ranks 1.. are started beside it (KVF_TPCMD[r],
+  # KVF_TPPIDS[r], worker$k.tp$r.log)
+  [ "${KVF_TP_STAGE:-}" = "$k" ] && [ "${KVF_TP:-1}" -gt 1 ] && tp=(--tp-size "$KVF_TP" --tp-rank 0)
+  KVF_WCMD[$k]="${cmd[*]} ${tp[*]}"
+  "${cmd[@]}" ${tp[@]+"${tp[@]}"} >>"$KVF_RUN/worker$k.log" 2>&1 &
   KVF_WPIDS[$k]=$!
   KVF_PIDS+=($!)
+  for ((r = 1; ${#tp[@]} > 0 && r < KVF_TP; r++)); do
+    local fc=("${cmd[@]}")
+    fc[10]="stage$k.tp$r"
+    KVF_TPCMD[$r]="${fc[*]} --tp-size $KVF_TP --tp-rank $r"
+    "${fc[@]}" --tp-size "$KVF_TP" --tp-rank "$r" >>"$KVF_RUN/worker$k.tp$r.log" 2>&1 &
+    KVF_TPPIDS[$r]=$!
+    KVF_PIDS+=($!)
+  done
 }
 
 kvf_up() {
@@ -140,7 +152,12 @@ kvf_up() {
     for ((k = 0; k < stages; k++)); do echo "--- worker$k.log"; cat "$KVF_RUN/worker$k.log"; done
     return 1
   fi
-  KVF_URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
+  # the line may still be being written when "serving " shows
+  for _ in $(seq 100); do
+    KVF_URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
+    [ -n "$KVF_URL" ] && break
+    sleep 0.02
+  done
   KVF_MODEL_NAME=$(sed -n 's/.*serving \([^ ]*\) (.*/\1/p' "$KVF_RUN/ctrld.log" | head -n1)
   return 0
 }

@@ -111,6 +111,37 @@ static int handle(struct worker *w, const struct shm_desc *d)
 		WK_ERR(w, "dropping a truncated message (%u of %u bytes)", d->len, h->total_len);
 		return 0;
 	}
+	if (w->tp.size > 1) {
+		/* tensor parallelism: the leader hands every message on, a join
+		 * after the group's area is ready for it (worker_tp.c) */
+		if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
+			char err[SHM_MB_ERRLEN];
+
+			wk_drain(w);
+			if (wk_tp_begin(w, h, err, sizeof(err)) < 0)
+				WK_ERR(w, "tensor parallelism: %s", err);
+		}
+		wk_tp_forward(w, d);
+		if (h->kind == SHM_MB_KV) {
+			WK_ERR(w, "dropping a KV page message: stages with tensor parallelism (tp_size %d) do not move "
+			       "KV pages yet; run disaggregated stages with tp_size 1", (int)w->tp.size);
+			return 0;
+		}
+		if (w->tp.rank > 0 && (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL)) {
+			/* a follower answers in the group's area, never in the
+			 * message, which the leader fills in and hands on */
+			struct shm_mb_hdr *copy = malloc(h->total_len);
+
+			if (copy == NULL) {
+				WK_ERR(w, "out of memory for a setup message of %u bytes", h->total_len);
+				return 0;
+			}
+			memcpy(copy, h, h->total_len);
+			wk_handle_setup(w, copy, h->total_len);
+			free(copy);
+			return 0;
+		}
+	}
 	switch (h->kind) {
 	case SHM_MB_JOIN:
 	case SHM_MB_POOL:
@@ -207,7 +238,7 @@ int main(int argc, char **argv)
 {
 	struct worker w;
 	struct sigaction sa;
-	char err[512];
+	char err[512], tpin[CFG_STRLEN + 16];
 	const struct kn_model_config *cfg;
 	uint64_t t0;
 	int rc = 1, reexec = 0;
@@ -274,12 +305,16 @@ int main(int argc, char **argv)
 	WK_INFO(&w, "model %s: %s, %d layers, hidden %d, vocab %d, fingerprint %016" PRIx64 ", opened in %.0f ms",
 	        w.o.model, kn_arch_name(cfg->arch), cfg->n_layers, cfg->hidden_size, cfg->vocab_size, w.fp,
 	        (double)(kvf_mono_ns() - t0) / 1e6);
-	w.in = wk_in_open(w.reg, w.o.in, err, sizeof(err));
-	if (w.in == NULL) {
-		WK_ERR(&w, "input hop %s: %s", w.o.in, err);
+	if (wk_tp_init(&w, err, sizeof(err)) < 0) {
+		WK_ERR(&w, "tensor parallelism: %s", err);
 		goto out_model;
 	}
-	if (wk_kv_side_open(&w, err, sizeof(err)) < 0) {
+	w.in = wk_in_open(w.reg, wk_tp_input(&w, tpin, sizeof(tpin)), err, sizeof(err));
+	if (w.in == NULL) {
+		WK_ERR(&w, "input hop %s: %s", wk_tp_input(&w, tpin, sizeof(tpin)), err);
+		goto out_model;
+	}
+	if (w.tp.size == 1 && wk_kv_side_open(&w, err, sizeof(err)) < 0) {
 		WK_ERR(&w, "KV side rings of %s: %s", w.o.in, err);
 		goto out_in;
 	}
@@ -296,6 +331,12 @@ int main(int argc, char **argv)
 
 		shm_live_beat(w.reg, w.live);
 		wk_out_poll(w.out);
+		if (w.tp.broken || wk_tp_gone(&w)) {
+			WK_WARN(&w, "tensor parallelism: a rank of the stage is gone or did not keep up: starting again "
+			        "so that the group rejoins whole");
+			reexec = 1;
+			break;
+		}
 		if (g_report) {
 			g_report = 0;
 			report(&w, "SIGUSR1");
@@ -322,6 +363,7 @@ int main(int argc, char **argv)
 			if (got > 0) {
 				if (!handle(&w, &d))
 					wk_in_done(w.in, &d);
+				wk_tp_handled(&w);
 				continue;
 			}
 			if (w.j_n == 0) {
@@ -352,6 +394,7 @@ int main(int argc, char **argv)
 	rc = 0;
 	wk_out_close(w.out);
 out_in:
+	wk_tp_close(&w);
 	wk_kvrx_close(&w);
 	shm_ring_close(w.kvq);
 	shm_ring_close(w.kvr);

@@ -74,6 +74,12 @@ static const struct cfg_key keys[] = {
 	  "import them from their frames where they lie (yes: on cuda one gather kernel a message), or take them "
 	  "reassembled (no); auto: yes on cpu, no on cuda (the kernel time-slices against other processes' kernels on "
 	  "a shared GPU; yes where the GPU is the worker's own or MPS is on: dataplane/BENCH.md)" },
+	{ "tp_size", "worker", CFG_INT, OFF(tp_size), "1", 1, 8, "KVFERRY_WK_TP_SIZE", "--tp-size", NULL, NULL,
+	  "tensor parallelism: the stage runs as this many worker processes (1, 2, 4 or 8; cpu backend), "
+	  "each holding its share of every layer's heads and MLP columns; rank 0 reads the stage's input "
+	  "and answers for the stage, the others take what it hands them" },
+	{ "tp_rank", "worker", CFG_INT, OFF(tp_rank), "0", 0, 7, "KVFERRY_WK_TP_RANK", "--tp-rank", NULL, NULL,
+	  "tensor parallelism: this worker's rank in its stage (0 .. tp_size - 1; give each rank its own role)" },
 	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
 	  "a diagnostic: write each step's times (taken, done, columns, sequences decoding; CLOCK_MONOTONIC ns) to this file" },
 };
@@ -160,6 +166,16 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->cuda_wide_x = (int32_t)s->cuda_wide_x;
 	o->cuda_attn = (int32_t)s->cuda_attn;
 	o->kv_rx_pieces = s->kv_rx_pieces == 1 || (s->kv_rx_pieces == 0 && o->backend != KN_BACKEND_CUDA);
+	o->tp_size = (int32_t)s->tp_size;
+	o->tp_rank = (int32_t)s->tp_rank;
+	if ((o->tp_size & (o->tp_size - 1)) || o->tp_rank >= o->tp_size
+	    || (o->tp_size > 1 && (o->backend != KN_BACKEND_CPU || strncmp(o->in, "ring:", 5) != 0))) {
+		snprintf(err, errlen, "tp_size %d, tp_rank %d: tensor parallelism takes tp_size 1, 2, 4 or 8, a rank "
+			 "below it, the cpu backend and a ring input (in = ring:NAME); run this stage with tp_size 1",
+			 o->tp_size, o->tp_rank);
+		cfg_free(c);
+		return -EINVAL;
+	}
 	o->wait_s = (int32_t)s->wait_s;
 	o->depth = s->depth ? (int32_t)s->depth : o->backend == KN_BACKEND_CUDA ? 2 : 1;
 	if (o->depth > max_depth)

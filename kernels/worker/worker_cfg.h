@@ -20,6 +20,7 @@ struct wk_settings {
 	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
 	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /* kn_stage_opts' CUDA kernel choices */
 	int64_t kv_rx_pieces;                    /* 0 auto, 1 yes, 2 no */
+	int64_t tp_size, tp_rank;                /* tensor parallelism inside the stage (worker_tp.c) */
 	char trace[CFG_STRLEN], cuda_module[CFG_STRLEN];
 };
 
@@ -30,6 +31,7 @@ struct wk_opts {
 	int32_t node, threads, device, wait_s, depth, spin_us;
 	int32_t cuda_gemv, cuda_wide_x, cuda_attn;
 	int kv_rx_pieces;            /* take KV page messages received in place as lists of frames */
+	int32_t tp_size, tp_rank;    /* this worker is rank tp_rank of its stage's tp_size (worker_tp.c) */
 	size_t kv_bytes;
 };
 

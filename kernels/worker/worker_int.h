@@ -58,6 +58,23 @@ struct wk_kvrx {
 	uint64_t stale;             /* messages a dead predecessor on the ring was handed, skipped */
 };
 
+/* Tensor parallelism inside the stage (worker_tp.c). */
+#define WK_TP_MAX 8
+struct wk_tp_area;
+struct wk_tp {
+	int32_t size, rank;              /* 1, 0: none */
+	char base[64];                   /* the stage's input ring: the group's names start with it */
+	struct wk_tp_area *a;            /* the group's area (the leader makes it at its first join) */
+	float *slots;                    /* its partial-sum slots */
+	struct shm_ring *fq[WK_TP_MAX];  /* the leader: each follower's ring */
+	uint64_t seq;                    /* reduces since the last join (every rank in step) */
+	uint64_t fwd;                    /* the leader: messages handed on */
+	uint64_t base_done[WK_TP_MAX];   /* the leader: a follower's done count less fwd */
+	int32_t pid[WK_TP_MAX], live[WK_TP_MAX]; /* the leader: its followers, for the liveness check */
+	uint64_t next_check_ns;
+	int broken;                      /* a rank failed to keep up: the group starts again */
+};
+
 struct worker {
 	struct wk_opts o;
 	struct shm_region *reg;
@@ -92,6 +109,7 @@ struct worker {
 	int32_t j_head, j_n, depth;
 	uint64_t last_stat_ns;
 	int pinned;                /* the region is cudaHostRegister'ed */
+	struct wk_tp tp;           /* tensor parallelism (worker_tp.c) */
 };
 
 /* SIGTERM / SIGINT: the main loop stops; a send waiting on a full hop gives up. */
@@ -142,6 +160,30 @@ int wk_kv_side_open(struct worker *w, char *err, size_t errlen);
 /* Take a KV message waiting on the side ring (beside the steps in flight)
  * and answer it. @return 1 if one was taken, 0 if none waits. */
 int wk_kv_side_poll(struct worker *w);
+
+/* worker_tp.c (every call a no-op with tp_size 1) */
+
+/* The rank's set-up: the leader's rings to its followers. @return 0 or -errno with @p err. */
+int wk_tp_init(struct worker *w, char *err, size_t errlen);
+void wk_tp_close(struct worker *w);
+/* The input ring spec this rank reads (a follower: its ring from the leader). */
+const char *wk_tp_input(struct worker *w, char *buf, size_t n);
+/* A join or pool message @p h, before it is handed on (the leader) or handled:
+ * the group's area, the reduce counts from 0. @return 0 or -errno with @p err. */
+int wk_tp_begin(struct worker *w, const struct shm_mb_hdr *h, char *err, size_t errlen);
+/* The leader hands message @p d on to every follower. */
+void wk_tp_forward(struct worker *w, const struct shm_desc *d);
+/* A message handled: a follower counts it; the leader waits for every follower to have. */
+void wk_tp_handled(struct worker *w);
+/* A follower's answer to a join or pool message. */
+void wk_tp_answer(struct worker *w, int rc, const char *err);
+/* The leader: every follower's answer to the join or pool message handed on.
+ * @return 0, or a follower's refusal / -ETIMEDOUT with @p err naming the rank. */
+int wk_tp_answers(struct worker *w, char *err, size_t errlen);
+/* kn_stage_opts.tp_reduce (arg: the worker). */
+int wk_tp_reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim);
+/* @return 1 when the group must start again (a rank gone, or one did not keep up). */
+int wk_tp_gone(struct worker *w);
 
 /* worker_step.c */
 

@@ -97,6 +97,10 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	so.cuda_wide_x = w->o.cuda_wide_x;
 	so.cuda_attn = w->o.cuda_attn;
 	so.cuda_module = w->o.cuda_module;
+	so.tp_size = w->tp.size;
+	so.tp_rank = w->tp.rank;
+	so.tp_reduce = w->tp.size > 1 ? wk_tp_reduce : NULL;
+	so.tp_arg = w;
 	kn_model_range_tensors(w->m, a->layer_start, a->layer_end, &n_t, &t_bytes);
 	WK_INFO(w, "loading stage %d: layers %d..%d of %d%s%s: %d tensors, %.1f MiB from %s (%s backend)",
 	        idx, a->layer_start, a->layer_end, cfg->n_layers, a->layer_start == 0 ? " + embedding" : "",
@@ -302,8 +306,18 @@ void wk_handle_setup(struct worker *w, struct shm_mb_hdr *h, size_t len)
 			WK_INFO(w, "KV pool set to %d blocks (%.1f MiB), as every stage", w->info.n_blocks,
 			        w->info.kv_bytes / 1048576.0);
 	}
+	if (w->tp.size > 1 && w->tp.rank == 0 && rc == 0)
+		rc = wk_tp_answers(w, err, sizeof(err)); /* the followers' answers, before the stage's goes on */
 	me->status = rc;
 	snprintf(me->err, sizeof(me->err), "%s", err);
+	if (w->tp.rank > 0) {
+		if (rc < 0)
+			WK_ERR(w, "refused %s: %s", h->kind == SHM_MB_JOIN ? "join" : "pool", err);
+		if (rc == 0 && w->out_off == 0 && ensure_out_area(w, s, err, sizeof(err)) < 0)
+			rc = -ENOSPC;
+		wk_tp_answer(w, rc, err); /* a follower answers in the group's area */
+		return;
+	}
 	if (rc < 0) {
 		WK_ERR(w, "refused %s: %s", h->kind == SHM_MB_JOIN ? "join" : "pool", err);
 		report_fail(h, rc, "%s", err);

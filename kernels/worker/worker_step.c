@@ -18,6 +18,8 @@
 
 void wk_send_msg(struct worker *w, struct shm_mb_hdr *oh)
 {
+	if (w->tp.rank > 0)
+		return; /* a follower of its stage's leader sends nothing (worker_tp.c) */
 	if (wk_out_send(w->out, shm_off(w->reg, oh), oh->total_len, oh->kind, oh->seq, &g_stop) < 0)
 		WK_WARN(w, "stopping with message %llu of group %u unsent", (unsigned long long)oh->seq, oh->group);
 }
