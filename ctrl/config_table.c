@@ -290,7 +290,7 @@ const struct cfg_key g_cfg_keys[] = {
 	 "role = prefill: KV page messages a node may have on their way at once, each a buffer in the "
 	 "dataplane's region as large as its rx_large buffers (4 MiB by default, at most that); a room's "
 	 "pages wait for one to come back when all are out, which delays a prompt's last chunk when "
-	 "fewer than ~48 MiB are on their way. Takes effect when the region is created"},
+	 "fewer than ~64 MiB are on their way (H200, 1B, 2048 tokens). Takes effect when the region is created"},
 	{"ship_taper", "pd", CFG_BOOL, OFF(pd_ship_taper), "yes", 0, 1,
 	 "KVFERRY_PD_SHIP_TAPER", "--pd-ship-taper", NULL, NULL,
 	 "role = prefill, with ship_chunk: only a prompt's last chunk is ship_chunk tokens; the ones "
