@@ -10,6 +10,7 @@
 #include "chain_proc_int.h"
 #include "dp_ipc.h"
 #include "kn_model.h"
+#include "wk_tp_area.h"
 
 int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_stage *out)
 {
@@ -33,6 +34,25 @@ int ctrl_proc_chain_stage(struct ctrl_chain *cc, int32_t i, struct ctrl_proc_sta
 	out->load_ns = s->load_ns;
 	kn_model_range_tensors(c->m, i == 0 ? 0 : c->ends[i - 1], c->ends[i], &out->n_tensors,
 			       &out->tensor_bytes);
+	out->tp_size = 1;
+	if (c->reg != NULL) { /* a stage fed over the dataplane has no such area on this node */
+		char name[SHM_AREA_NAME_MAX + 8];
+		uint64_t off;
+		size_t size;
+
+		snprintf(name, sizeof(name), "%s.s%d.in" WK_TP_AREA_SUFFIX, c->o.prefix, (int)i);
+		if (shm_region_find_area(c->reg, name, &off, &size) == 0 && size >= sizeof(struct wk_tp_area)) {
+			const struct wk_tp_area *a = shm_ptr(c->reg, off);
+
+			if (__atomic_load_n(&a->magic, __ATOMIC_ACQUIRE) == WK_TP_MAGIC && a->size > 1
+			    && a->size <= WK_TP_MAX && a->leader_pid == s->pid) {
+				out->tp_size = (int32_t)a->size;
+				out->tp_pids[0] = a->leader_pid;
+				for (uint32_t r = 1; r < a->size; r++)
+					out->tp_pids[r] = a->r[r].pid;
+			}
+		}
+	}
 	if (c->state == PC_UP) {
 		out->state = "ready";
 	} else {

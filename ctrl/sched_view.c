@@ -38,10 +38,17 @@ static int cmd_stages(void *arg, const char *cmd, json_t *params, json_t **data,
 			struct ctrl_proc_stage ps;
 
 			/* Stages in worker processes: which process, where, and whether it answers. */
-			if (ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0)
-				json_object_update_new(js, json_pack("{s:s, s:i, s:i, s:s, s:b, s:i}", "worker", ps.role,
-					"pid", ps.pid, "node", ps.node, "backend", ps.backend, "up", ps.up,
-					"kv_blocks", ps.n_blocks));
+			if (ctrl_proc_chain_stage(d->chains[r], s, &ps) == 0) {
+				char pids[8 * 12] = "";
+
+				/* tensor parallelism: its ranks' processes, rank 0 first */
+				for (int k = 0, at = 0; k < ps.tp_size && k < 8; k++)
+					at += snprintf(pids + at, sizeof(pids) - (size_t)at, "%s%d", k ? "," : "",
+						       (int)ps.tp_pids[k]);
+				json_object_update_new(js, json_pack("{s:s, s:i, s:i, s:s, s:b, s:i, s:i, s:s}", "worker",
+					ps.role, "pid", ps.pid, "node", ps.node, "backend", ps.backend, "up", ps.up,
+					"kv_blocks", ps.n_blocks, "tp", ps.tp_size, "tp_pids", ps.tp_size > 1 ? pids : "-"));
+			}
 			json_array_append_new(stages, js);
 		}
 	}

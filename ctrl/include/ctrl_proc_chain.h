@@ -109,6 +109,10 @@ struct ctrl_proc_stage {
 	                                   "rejoining" (kept its weights, waits in the join),
 	                                   "pooling" (every stage joined, the pool is being set) */
 	uint64_t state_ms;            /**< time since the chain went down (0 when ready) */
+	/* Tensor parallelism: the stage's worker processes (its ranks, rank 0
+	 * the one above), as their group's area says (wk_tp_area.h). */
+	int32_t tp_size;              /**< 1: one process */
+	int32_t tp_pids[8];           /**< by rank; 0: not answered yet */
 };
 
 /**

@@ -25,6 +25,7 @@
 #include "shm_ring.h"
 #include "worker_cfg.h"
 #include "worker_hop.h"
+#include "wk_tp_area.h"
 #include "kvf_clock.h"
 #include "kvf_log.h"
 
@@ -58,9 +59,7 @@ struct wk_kvrx {
 	uint64_t stale;             /* messages a dead predecessor on the ring was handed, skipped */
 };
 
-/* Tensor parallelism inside the stage (worker_tp.c). */
-#define WK_TP_MAX 8
-struct wk_tp_area;
+/* Tensor parallelism inside the stage (worker_tp.c, wk_tp_area.h). */
 struct wk_tp {
 	int32_t size, rank;              /* 1, 0: none */
 	char base[64];                   /* the stage's input ring: the group's names start with it */

@@ -37,28 +37,9 @@
 #include "shm_ring.h"
 #include "worker_hop.h"
 #include "worker_int.h"
+#include "wk_tp_area.h"
 
-#define WK_TP_MAGIC 0x50544b57u /* "WKTP" */
 #define WK_TP_WAIT_S 30         /* a rank waited on longer than this: the step fails */
-
-struct wk_tp_rec {
-	_Atomic uint64_t arrive;  /* the reduces this rank has put its partial in for */
-	_Atomic uint64_t depart;  /* ... and finished reading the others' of */
-	_Atomic uint64_t done;    /* messages it has handled (followers) */
-	_Atomic uint64_t ack;     /* the join generation it answered (followers) */
-	uint64_t done_at;         /* its done count once that join is handled */
-	int32_t status, pid, live;
-	char err[SHM_MB_ERRLEN];
-} __attribute__((aligned(64)));
-
-struct wk_tp_area {
-	uint32_t magic, size;
-	uint32_t max_cols, ld;   /* a slot: max_cols rows of ld floats */
-	_Atomic uint64_t gen;    /* join generation: the leader bumps it before handing a join on */
-	int32_t leader_pid, leader_live;
-	struct wk_tp_rec r[WK_TP_MAX];
-	/* then size slots */
-} __attribute__((aligned(64)));
 
 static size_t area_bytes(uint32_t size, uint32_t max_cols, uint32_t ld)
 {
@@ -110,7 +91,7 @@ static int area(struct worker *w, uint32_t max_cols, char *err, size_t errlen)
 	size_t size;
 	int rc;
 
-	snprintf(name, sizeof(name), "%s.tp", t->base);
+	snprintf(name, sizeof(name), "%s" WK_TP_AREA_SUFFIX, t->base);
 	if (shm_region_find_area(w->reg, name, &off, &size) == 0) {
 		struct wk_tp_area *a = shm_ptr(w->reg, off);
 

@@ -72,6 +72,12 @@ for T in 2 4; do
   grep -q "rank 0 of $T" "$KVF_RUN/worker0.log" || fail "stage 0's worker is not rank 0 of $T"
   clients tp$T 8 160 || fail "the clients with $T ranks"
   same ref tp$T "stage 0 as $T worker processes (tensor parallelism)" || fail "answers with $T ranks"
+  # ctrlctl stages names the stage's ranks, rank 0 first
+  want="${KVF_WPIDS[0]}"
+  for ((r = 1; r < T; r++)); do want="$want,${KVF_TPPIDS[$r]}"; done
+  got=$("$B/ctrlctl" --socket "$KVF_SOCK" --json stages | python3 -c 'import json,sys; s=json.load(sys.stdin)["data"]["stages"]; print(s[0]["tp"], s[0]["tp_pids"], s[1]["tp"])')
+  [ "$got" = "$T $want 1" ] || fail "ctrlctl stages says '$got' for the stages' ranks, not '$T $want 1'"
+  echo "ok    ctrlctl stages: stage 0 has $T ranks (pids $want), stage 1 one"
   [ $T = 4 ] || { kvf_down; KVF_PIDS=(); }
 done
 

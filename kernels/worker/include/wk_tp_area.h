@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file wk_tp_area.h
+ * The area a tensor-parallel stage's worker processes share in their
+ * node's region (kernels/worker/worker_tp.c): named after the stage's input
+ * ring, "<in>.tp", made by rank 0 at its first join. Besides the ranks'
+ * reduce slots it says who the ranks are, which ctrld reads for `ctrlctl
+ * stages` (ctrl/chain_proc_view.c).
+ */
+#ifndef WK_TP_AREA_H
+#define WK_TP_AREA_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "shm_mb.h"
+
+#define WK_TP_MAX 8
+#define WK_TP_MAGIC 0x50544b57u /* "WKTP" */
+#define WK_TP_AREA_SUFFIX ".tp"
+
+/** One rank's record. */
+struct wk_tp_rec {
+	_Atomic uint64_t arrive;  /**< the reduces this rank has put its partial in for */
+	_Atomic uint64_t depart;  /**< ... and finished reading the others' of */
+	_Atomic uint64_t done;    /**< messages it has handled (followers) */
+	_Atomic uint64_t ack;     /**< the join generation it answered (followers) */
+	uint64_t done_at;         /**< its done count once that join is handled */
+	int32_t status, pid, live; /**< its answer to that join, its pid and liveness slot */
+	char err[SHM_MB_ERRLEN];
+} __attribute__((aligned(64)));
+
+/** The area's head; the ranks' slots follow it. */
+struct wk_tp_area {
+	uint32_t magic, size;     /**< WK_TP_MAGIC once made; the ranks */
+	uint32_t max_cols, ld;    /**< a slot: max_cols rows of ld floats */
+	_Atomic uint64_t gen;     /**< join generation: rank 0 bumps it before handing a join on */
+	int32_t leader_pid, leader_live;
+	struct wk_tp_rec r[WK_TP_MAX];
+} __attribute__((aligned(64)));
+
+#endif /* WK_TP_AREA_H */
