@@ -122,11 +122,6 @@ static int handle(struct worker *w, const struct shm_desc *d)
 				WK_ERR(w, "tensor parallelism: %s", err);
 		}
 		wk_tp_forward(w, d);
-		if (h->kind == SHM_MB_KV) {
-			WK_ERR(w, "dropping a KV page message: stages with tensor parallelism (tp_size %d) do not move "
-			       "KV pages yet; run disaggregated stages with tp_size 1", (int)w->tp.size);
-			return 0;
-		}
 		if (w->tp.rank > 0 && (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL)) {
 			/* a follower answers in the group's area, never in the
 			 * message, which the leader fills in and hands on */

@@ -133,6 +133,14 @@ static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errle
 {
 	struct kn_kv_format f;
 
+	if (w->tp.size > 1) {
+		/* each rank holds its share of the KV heads: the pages would be
+		 * one stream per rank (NOTES.md, "Tensor parallelism") */
+		snprintf(err, errlen, "stage %d (%s) runs as %d tensor-parallel workers, which do not move KV pages "
+			 "yet: run the stages of a disaggregated node with tp_size 1", w->idx, w->o.role,
+			 (int)w->tp.size);
+		return -EOPNOTSUPP;
+	}
 	if (w->st == NULL) {
 		snprintf(err, errlen, "stage %d (%s) has no engine", w->idx, w->o.role);
 		return -EPROTO;
