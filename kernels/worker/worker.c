@@ -115,11 +115,9 @@ static int handle(struct worker *w, const struct shm_desc *d)
 		/* tensor parallelism: the leader hands every message on, a join
 		 * after the group's area is ready for it (worker_tp.c) */
 		if (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL) {
-			char err[SHM_MB_ERRLEN];
-
 			wk_drain(w);
-			if (wk_tp_begin(w, h, err, sizeof(err)) < 0)
-				WK_ERR(w, "tensor parallelism: %s", err);
+			if (wk_tp_begin(w, h, w->tp.err, sizeof(w->tp.err)) < 0)
+				WK_ERR(w, "tensor parallelism: %s", w->tp.err); /* the join answers it */
 		}
 		wk_tp_forward(w, d);
 		if (w->tp.rank > 0 && (h->kind == SHM_MB_JOIN || h->kind == SHM_MB_POOL)) {
@@ -302,6 +300,7 @@ int main(int argc, char **argv)
 	        (double)(kvf_mono_ns() - t0) / 1e6);
 	if (wk_tp_init(&w, err, sizeof(err)) < 0) {
 		WK_ERR(&w, "tensor parallelism: %s", err);
+		wk_tp_close(&w);
 		goto out_model;
 	}
 	w.in = wk_in_open(w.reg, wk_tp_input(&w, tpin, sizeof(tpin)), err, sizeof(err));

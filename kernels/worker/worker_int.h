@@ -72,6 +72,7 @@ struct wk_tp {
 	int32_t pid[WK_TP_MAX], live[WK_TP_MAX]; /* the leader: its followers, for the liveness check */
 	uint64_t next_check_ns;
 	int broken;                      /* a rank failed to keep up: the group starts again */
+	char err[SHM_MB_ERRLEN];         /* why the group's area could not be had */
 };
 
 struct worker {

@@ -151,13 +151,21 @@ int wk_tp_begin(struct worker *w, const struct shm_mb_hdr *h, char *err, size_t 
 	return 0;
 }
 
+static int gone(struct worker *w);
+
 void wk_tp_forward(struct worker *w, const struct shm_desc *d)
 {
 	struct wk_tp *t = &w->tp;
 
-	for (int32_t r = 1; t->rank == 0 && r < t->size; r++) {
-		while (shm_ring_enqueue_burst(t->fq[r], d, 1) != 1 && !g_stop)
+	for (int32_t r = 1; t->rank == 0 && r < t->size && !t->broken; r++) {
+		/* a full ring: its follower is behind, or gone (then the group starts again) */
+		for (uint32_t spins = 0; shm_ring_enqueue_burst(t->fq[r], d, 1) != 1 && !g_stop; spins++) {
 			sched_yield();
+			if (spins % 1024 == 1023 && gone(w)) {
+				t->broken = 1;
+				break;
+			}
+		}
 	}
 	if (t->rank == 0 && t->size > 1)
 		t->fwd++;
@@ -279,7 +287,14 @@ void wk_tp_handled(struct worker *w)
 
 void wk_tp_answer(struct worker *w, int rc, const char *err)
 {
-	struct wk_tp_rec *me = &w->tp.a->r[w->tp.rank];
+	struct wk_tp_rec *me;
+
+	if (w->tp.a == NULL) {
+		/* no area to answer in: the leader's join times out naming this rank */
+		WK_ERR(w, "tensor parallelism: cannot answer the join: %s", w->tp.err);
+		return;
+	}
+	me = &w->tp.a->r[w->tp.rank];
 
 	me->status = rc;
 	me->done_at = atomic_load(&me->done) + 1; /* wk_tp_handled() counts this join next */
@@ -294,11 +309,13 @@ int wk_tp_answers(struct worker *w, char *err, size_t errlen)
 	struct wk_tp *t = &w->tp;
 	const uint64_t gen = t->a != NULL ? atomic_load(&t->a->gen) : 0;
 
+	if (t->a == NULL) {
+		snprintf(err, errlen, "tensor parallelism: %s", t->err);
+		return -EIO;
+	}
 	for (int32_t r = 1; r < t->size; r++) {
 		uint64_t t0 = kvf_mono_ns();
 
-		if (t->a == NULL)
-			break;
 		while (atomic_load_explicit(&t->a->r[r].ack, memory_order_acquire) != gen) {
 			if (g_stop || kvf_mono_ns() - t0 > (uint64_t)WK_TP_WAIT_S * 1000000000ull) {
 				snprintf(err, errlen, "rank %d of %d of the stage (tensor parallelism) did not answer in "
