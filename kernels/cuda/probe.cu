@@ -40,37 +40,66 @@ static float median(float *v, int n)
 	return v[n / 2];
 }
 
+/* A CUDA call's failure as the probes report it. @return 0 or -EIO. */
+static int ck(cudaError_t e, const char *what, char *err, size_t errlen)
+{
+	if (e == cudaSuccess)
+		return 0;
+	snprintf(err, errlen, "%s failed: %s", what, cudaGetErrorString(e));
+	return -EIO;
+}
+
+/* Every probe's timing: @p call (0, or -EIO with @p err filled) 3 times
+ * unmeasured, then @p iters times, each between two events on the default
+ * stream. @return 0 with the median in *@p ms_median, or -EIO / -ENOMEM. */
+template <typename F>
+static int median_ms(int iters, double *ms_median, char *err, size_t errlen, F call)
+{
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	int rc = 0;
+
+	if (!ms) {
+		snprintf(err, errlen, "out of memory for %d timings", iters);
+		return -ENOMEM;
+	}
+	PCK(cudaEventCreate(&e0));
+	PCK(cudaEventCreate(&e1));
+	for (int i = -3; i < iters; i++) {
+		PCK(cudaEventRecord(e0));
+		if ((rc = call()) < 0)
+			goto out;
+		PCK(cudaEventRecord(e1));
+		PCK(cudaEventSynchronize(e1));
+		if (i >= 0)
+			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	*ms_median = median(ms, iters);
+out:
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	free(ms);
+	return rc;
+}
+
 extern "C" int kn_cuda_probe_copy_bw(int device, size_t bytes, int iters, double *bytes_per_s,
 				     char *err, size_t errlen)
 {
 	void *a = NULL, *b = NULL;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	double med;
 	int rc = 0;
-	if (!ms)
-		return -ENOMEM;
 	PCK(cudaSetDevice(device));
 	PCK(cudaMalloc(&a, bytes));
 	PCK(cudaMalloc(&b, bytes));
 	PCK(cudaMemset(a, 1, bytes));
-	PCK(cudaEventCreate(&e0));
-	PCK(cudaEventCreate(&e1));
-	for (int i = 0; i < 3; i++)
-		PCK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-	for (int i = 0; i < iters; i++) {
-		PCK(cudaEventRecord(e0));
-		PCK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-		PCK(cudaEventRecord(e1));
-		PCK(cudaEventSynchronize(e1));
-		PCK(cudaEventElapsedTime(&ms[i], e0, e1));
-	}
-	*bytes_per_s = 2.0 * (double)bytes / (median(ms, iters) * 1e-3);
+	rc = median_ms(iters, &med, err, errlen, [&]() {
+		return ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync", err, errlen);
+	});
+	if (rc == 0)
+		*bytes_per_s = 2.0 * (double)bytes / (med * 1e-3);
 out:
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
 	cudaFree(a);
 	cudaFree(b);
-	free(ms);
 	return rc;
 }
 
@@ -80,12 +109,9 @@ extern "C" int kn_cuda_probe_gemm(int device, int m, int n, int k, int iters, do
 	kn_bf16 *a = NULL, *b = NULL, *c = NULL;
 	void *ws = NULL;
 	cublasHandle_t h = NULL;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	float *ms = (float *)calloc((size_t)iters, sizeof(float));
 	const float one = 1.f, zero = 0.f;
+	double med;
 	int rc = 0;
-	if (!ms)
-		return -ENOMEM;
 	PCK(cudaSetDevice(device));
 	PCK(cudaMalloc((void **)&a, (size_t)m * k * 2));
 	PCK(cudaMalloc((void **)&b, (size_t)k * n * 2));
@@ -99,34 +125,24 @@ extern "C" int kn_cuda_probe_gemm(int device, int m, int n, int k, int iters, do
 		rc = -EIO;
 		goto out;
 	}
-	PCK(cudaEventCreate(&e0));
-	PCK(cudaEventCreate(&e1));
-	for (int i = -3; i < iters; i++) {
-		PCK(cudaEventRecord(e0));
+	rc = median_ms(iters, &med, err, errlen, [&]() {
 		cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, k,
 						 b, CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, m,
 						 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-		if (st != CUBLAS_STATUS_SUCCESS) {
-			snprintf(err, errlen, "cublasGemmEx(%d, %d, %d): %s", m, n, k, cublasGetStatusString(st));
-			rc = -EIO;
-			goto out;
-		}
-		PCK(cudaEventRecord(e1));
-		PCK(cudaEventSynchronize(e1));
-		if (i >= 0)
-			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
-	}
-	*flop_per_s = 2.0 * m * n * (double)k / (median(ms, iters) * 1e-3);
+		if (st == CUBLAS_STATUS_SUCCESS)
+			return 0;
+		snprintf(err, errlen, "cublasGemmEx(%d, %d, %d): %s", m, n, k, cublasGetStatusString(st));
+		return -EIO;
+	});
+	if (rc == 0)
+		*flop_per_s = 2.0 * m * n * (double)k / (med * 1e-3);
 out:
 	if (h)
 		cublasDestroy(h);
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
 	cudaFree(a);
 	cudaFree(b);
 	cudaFree(c);
 	cudaFree(ws);
-	free(ms);
 	return rc;
 }
 
@@ -137,11 +153,8 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 	float *x = NULL, *y = NULL, *part = NULL;
 	void *ws = NULL;
 	cublasHandle_t h = NULL;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	float *ms = (float *)calloc((size_t)iters, sizeof(float));
+	double med;
 	int rc = 0;
-	if (!ms)
-		return -ENOMEM;
 	PCK(cudaSetDevice(device));
 	PCK(cudaMalloc((void **)&w, (size_t)out * in * 2));
 	PCK(cudaMalloc((void **)&x, (size_t)n * in * 4));
@@ -157,34 +170,23 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 		rc = -EIO;
 		goto out;
 	}
-	PCK(cudaEventCreate(&e0));
-	PCK(cudaEventCreate(&e1));
-	for (int i = -3; i < iters; i++) {
-		PCK(cudaEventRecord(e0));
-		if (kind == 2) {
-			PCK(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, part, (size_t)8 * n * out, 0));
-		} else if (kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen)) {
-			rc = -EIO;
-			goto out;
-		}
-		PCK(cudaEventRecord(e1));
-		PCK(cudaEventSynchronize(e1));
-		if (i >= 0)
-			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
-	}
-	*sec_per_call = median(ms, iters) * 1e-3;
+	rc = median_ms(iters, &med, err, errlen, [&]() {
+		if (kind == 2)
+			return ck(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, part, (size_t)8 * n * out, 0), "kn_cuda_gemm_mma",
+				  err, errlen);
+		return kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen) ? -EIO : 0;
+	});
+	if (rc == 0)
+		*sec_per_call = med * 1e-3;
 out:
 	if (h)
 		cublasDestroy(h);
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
 	cudaFree(w);
 	cudaFree(x);
 	cudaFree(xb);
 	cudaFree(y);
 	cudaFree(part);
 	cudaFree(ws);
-	free(ms);
 	return rc;
 }
 
@@ -202,16 +204,14 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	unsigned *cnt = NULL;
 	int32_t *table = NULL, *h_table = NULL;
 	struct kn_column *cols = NULL, *h_cols = NULL;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	float *ms = (float *)calloc((size_t)iters, sizeof(float));
 	struct kn_cu_attn_args a;
+	double med;
 	int rc = 0;
 	memset(&a, 0, sizeof(a));
-	if (!ms)
-		return -ENOMEM;
 	h_table = (int32_t *)malloc((size_t)nb * 4);
 	h_cols = (struct kn_column *)calloc((size_t)n_cols, sizeof(*h_cols));
 	if (!h_table || !h_cols) {
+		snprintf(err, errlen, "out of memory for %d blocks", nb);
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -264,21 +264,13 @@ extern "C" int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_he
 	a.kernel = tile ? KN_CU_ATTN_TILE : KN_CU_ATTN_COLUMN;
 	a.exact = n_cols <= 16;
 	a.split = kn_cuda_attn_tile_split(n_cols, ctx, n_heads, n_kv_heads);
-	PCK(cudaEventCreate(&e0));
-	PCK(cudaEventCreate(&e1));
-	for (int i = -3; i < iters; i++) {
-		PCK(cudaEventRecord(e0));
-		PCK(kn_cuda_attention(&a, 0));
-		PCK(cudaEventRecord(e1));
-		PCK(cudaEventSynchronize(e1));
-		if (i >= 0)
-			PCK(cudaEventElapsedTime(&ms[i], e0, e1));
+	rc = median_ms(iters, &med, err, errlen,
+		       [&]() { return ck(kn_cuda_attention(&a, 0), "kn_cuda_attention", err, errlen); });
+	if (rc == 0) {
+		*sec_per_call = med * 1e-3;
+		*bytes_per_s = 2.0 * (double)n_cols * ctx * n_kv_heads * head_dim * 2 / *sec_per_call;
 	}
-	*sec_per_call = median(ms, iters) * 1e-3;
-	*bytes_per_s = 2.0 * (double)n_cols * ctx * n_kv_heads * head_dim * 2 / *sec_per_call;
 out:
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
 	cudaFree(kc);
 	cudaFree(vc);
 	cudaFree(q);
@@ -289,6 +281,5 @@ out:
 	cudaFree(cols);
 	free(h_table);
 	free(h_cols);
-	free(ms);
 	return rc;
 }
