@@ -127,7 +127,7 @@ static int parse_rope(json_t *root, struct kn_model_config *c, char *err, size_t
 	if (json_num(sc, "high_freq_factor", &d))
 		c->rope_high_freq_factor = (float)d;
 	if (json_num(sc, "original_max_position_embeddings", &d))
-		c->rope_orig_max_position = (int32_t)d;
+		c->rope_orig_max_position = d > 0 && d <= 1e9 ? (int32_t)d : -1; /* refused below */
 	if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
 	    || c->rope_orig_max_position <= 0) {
 		kn_seterr(err, errlen, "config.json: llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0");
