@@ -11,6 +11,12 @@
 
 #include "dp.h"
 
+int dp_memif_zc(const char *spec)
+{
+	return spec != NULL && strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "zero-copy=yes") != NULL
+	       && strstr(spec, "role=server") == NULL;
+}
+
 void dp_opts_init(struct dp_opts *o)
 {
 	memset(o, 0, sizeof(*o));

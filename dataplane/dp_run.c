@@ -184,6 +184,11 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 	uint64_t off;
 	size_t have = 0;
 
+	if (d->port.memif_zc) { /* dp_cfg_load() names the settings; this is for other callers */
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place cannot be used with a zero-copy memif client (%s)",
+			o->port);
+		return -EINVAL;
+	}
 	if (need == 0) {
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place needs the region '%s' on hugepages (its pages are "
 			"%zu B, smaller than one receive buffer): reserve hugepages or set rx_in_place = no", o->region,
@@ -310,8 +315,10 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
-		d->port.multiseg ? "zero-copy (ext buffers)" : "copy",
-		d->in_place ? "in place (region mbufs) where the consumer reads segments" : "reassembled by copy",
+		d->port.multiseg ? "zero-copy (ext buffers)"
+		: d->port.memif_zc ? "copy (a zero-copy memif client sends from EAL memory only)" : "copy",
+		d->in_place ? "in place (region mbufs) where the consumer reads segments"
+		: d->port.memif_zc ? "reassembled by copy from the mbufs the memif server wrote" : "reassembled by copy",
 		d->pcrc ? "on" : eff.payload_crc == DP_PCRC_NO ? "off" : "off (memif: shared memory)",
 		eff.idle ? "sleep" : "poll",
 		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,

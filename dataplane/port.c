@@ -30,6 +30,7 @@
 #include <rte_mbuf.h>
 #include <rte_memory.h>
 
+#include "dp.h"
 #include "kvf_log.h"
 #include "port.h"
 
@@ -178,6 +179,9 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		snprintf(vdev, sizeof(vdev), "--allow=%s", spec);
 		argv[argc++] = vdev;
 	}
+	p->memif_zc = dp_memif_zc(spec);
+	if (p->memif_zc && (extra == NULL || strstr(extra, "--single-file-segments") == NULL))
+		argv[argc++] = (char *)"--single-file-segments"; /* one fd per segment list (dp_memif_zc()) */
 	if (extra && *extra) {
 		extra_dup = strdup(extra);
 		for (char *t = strtok(extra_dup, " "); t && argc < 62; t = strtok(NULL, " "))
@@ -217,7 +221,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_info_get(%u) failed: %s", pid, rte_strerror(-r));
 		return r;
 	}
-	p->multiseg = !force_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
+	p->multiseg = !force_copy && !p->memif_zc && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
 	p->n_rx_desc = RX_DESC; /* what dp_port_start() asks for (the driver may lower it) */
 	p->n_tx_desc = TX_DESC;
 	return 0;
@@ -374,17 +378,19 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
 		void *va = (char *)base + i * page;
 		iova[i] = va_mode ? (rte_iova_t)(uintptr_t)va : rte_mem_virt2phy(va);
 	}
-	int r = rte_extmem_register(base, len, iova, (unsigned)n, page);
-	if (r && rte_errno != EEXIST) {
-		kvf_log(KVF_LOG_ERR, NULL, "rte_extmem_register(%p, %zu, %zu pages of %zu) failed: %s", base,
-			len, n, page, rte_strerror(rte_errno));
-		free(iova);
-		return -rte_errno;
-	}
 	p->region_base = base;
 	p->region_len = len;
 	p->region_page = page;
 	p->region_iova = iova;
+	if (p->memif_zc)
+		return 0; /* an external segment list would keep its link down (dp_memif_zc()) */
+	int r = rte_extmem_register(base, len, iova, (unsigned)n, page);
+	if (r && rte_errno != EEXIST) {
+		kvf_log(KVF_LOG_ERR, NULL, "rte_extmem_register(%p, %zu, %zu pages of %zu) failed: %s", base,
+			len, n, page, rte_strerror(rte_errno));
+		return -rte_errno;
+	}
+	p->extmem = 1;
 	struct rte_eth_dev_info info;
 	if (rte_eth_dev_info_get(p->port, &info) == 0 && info.device) {
 		/* Only a real device behind an IOMMU needs the mapping; vdevs
@@ -451,12 +457,9 @@ void dp_port_fini(struct dp_port *p)
 		rte_eth_dev_stop(p->port);
 		rte_eth_dev_close(p->port);
 	}
-	if (p->region_iova) {
-		struct rte_eth_dev_info info;
-		(void)info;
+	if (p->extmem)
 		rte_extmem_unregister(p->region_base, p->region_len);
-		free(p->region_iova);
-	}
+	free(p->region_iova);
 	if (p->eal_up)
 		rte_eal_cleanup();
 	memset(p, 0, sizeof(*p));

@@ -14,6 +14,8 @@ struct dp_port {
 	int eal_up, started;
 	int multiseg;                 /* PMD takes header + ext-buffer chains */
 	int reconnects;               /* net_memif client: the PMD never reconnects by itself */
+	int memif_zc;                 /* net_memif client with zero-copy=yes (dp_memif_zc()) */
+	int extmem;                   /* the region is registered with the EAL as external memory */
 	uint64_t down_since;          /* ns (caller's clock) the link was first seen down; 0: up */
 	char oper_path[96];           /* net_af_packet: /sys/class/net/IFACE/operstate (its PMD's link never changes) */
 	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
@@ -28,8 +30,9 @@ struct dp_port {
 	rte_iova_t *region_iova;
 };
 
-/** EAL init (its own --file-prefix, --in-memory) and the port found (@p force_copy: never
- *  header + ext-buffer chains). @return 0 or -errno. */
+/** EAL init (its own --file-prefix, --in-memory; --single-file-segments for a
+ *  zero-copy memif client) and the port found (@p force_copy, or a zero-copy
+ *  memif client: never header + ext-buffer chains). @return 0 or -errno. */
 int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char *spec,
 		 const char *extra, int force_copy);
 
@@ -45,7 +48,8 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 /** @return the region bytes @p n_mbufs in-place RX buffers for @p frame_size take on pages of @p page (0: none fit a page). */
 size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page);
 
-/** Register the region as external memory (and DMA-map it for a real device). @return 0 or -errno. */
+/** Register the region as external memory (and DMA-map it for a real device);
+ *  for a zero-copy memif client only its IOVAs are noted (dp_memif_zc()). @return 0 or -errno. */
 int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t page);
 
 /**

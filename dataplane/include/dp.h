@@ -92,6 +92,21 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfg, int 
 		size_t errlen);
 
 /**
+ * @return 1 if @p spec is a net_memif client in zero-copy mode (zero-copy=yes):
+ * the server's driver copies straight into this node's mbufs and takes its
+ * frames from them, so the client copies nothing. net_memif shares with the
+ * server only the EAL's own memory segments, each by its file descriptor, and
+ * takes every descriptor's buffer from the first of them (DPDK 22.11's
+ * memif_region_init_zc() and its "FIXME: get region index"): so the port's
+ * mbufs must all be EAL memory in one file per segment list, the region's
+ * pages cannot be frames (no external buffers on send: the payload is copied
+ * into an mbuf; no receive in place), and the region must not be registered
+ * as external memory, which has no file descriptor (rte_memseg_get_fd()
+ * answers ENOTSUP for it) and keeps the link from ever coming up.
+ */
+int dp_memif_zc(const char *spec);
+
+/**
  * Parse "id=[mac,]a.b.c.d[,port]" into @p p.
  * @return 0 or -EINVAL.
  */
