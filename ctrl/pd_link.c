@@ -40,6 +40,7 @@ struct ctrl_pd_link {
 	pthread_mutex_t txc_mu; /* one thread at a time reads the lane's completions */
 	struct shm_pool *ps, *pl;          /* ours: sends */
 	struct shm_pool *rxs, *rxl;        /* the dataplane's: what it received */
+	struct dp_rx_mem mem;              /* where received segments lie (rx_bytes(), the poller's) */
 	struct ctrl_pd_link_stats st;
 	char refusal[256];
 	struct shm_mb_kvrooms *rooms; /* decode, stages taking their own pages: the rooms they may land */
@@ -164,6 +165,7 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	pthread_mutex_destroy(&l->txc_mu);
 	shm_ring_close(l->rx_ctl);
 	shm_ring_close(l->rx_kv);
+	dp_ipc_rx_mem_fini(&l->mem);
 	if (l->reg != NULL && l->o.reg == NULL)
 		shm_region_detach(l->reg);
 	free(l);
@@ -484,7 +486,16 @@ static const void *rx_bytes(struct ctrl_pd_link *l, const struct shm_desc *d, ui
 		*held = UINT32_MAX;
 	if (!(d->flags & DP_RX_SEGMENTS))
 		return shm_ptr(l->reg, d->off);
-	sl = dp_ipc_rx_seglist(base, shm_region_size(l->reg), d->off, d->len, shm_pool_bufsize(l->rxs));
+	if (l->mem.base != base) {
+		uint64_t pk;
+		size_t pk_size;
+
+		dp_ipc_rx_mem_fini(&l->mem);
+		dp_ipc_rx_mem_init(&l->mem, base, shm_region_size(l->reg),
+				   shm_region_find_area(l->reg, DP_AREA_PKTMEM, &pk, &pk_size) == 0
+				   && pk_size >= sizeof(struct dp_pktmem) ? shm_ptr(l->reg, pk) : NULL);
+	}
+	sl = dp_ipc_rx_seglist(&l->mem, d->off, d->len, shm_pool_bufsize(l->rxs));
 	if (sl == NULL || shm_region_find_area(l->reg, DP_AREA_STATS, &off, &size) < 0 || size < sizeof(*st))
 		return NULL;
 	if (held != NULL && d->len <= shm_pool_bufsize(l->pl) && shm_pool_get(l->pl, &idx) == 0) {
@@ -504,7 +515,7 @@ static const void *rx_bytes(struct ctrl_pd_link *l, const struct shm_desc *d, ui
 		room = *cap;
 	}
 	st = shm_ptr(l->reg, off);
-	if (dp_ipc_rx_gather(base, sl, dst, room) < 0 || !dp_ipc_rx_seglist_current(st, sl)) {
+	if (dp_ipc_rx_gather(&l->mem, sl, dst, room) < 0 || !dp_ipc_rx_seglist_current(st, sl)) {
 		if (held != NULL && *held != UINT32_MAX) {
 			shm_pool_put(l->pl, *held);
 			*held = UINT32_MAX;

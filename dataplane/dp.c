@@ -685,7 +685,10 @@ static int place_in_mbuf(struct dp *d, struct peer *p, struct stream *s, struct 
 		}
 	}
 	struct dp_rx_seglist *sl = shm_ptr(d->reg, list_off);
-	sl->seg[v->h.frag_idx] = (struct dp_rx_seg){ .off = shm_off(d->reg, pl), .len = v->h.payload_len };
+	sl->seg[v->h.frag_idx] = d->pk_base != NULL
+		? (struct dp_rx_seg){ .off = (uint64_t)((const char *)pl - d->pk_base), .len = v->h.payload_len,
+				      .area = DP_RX_AREA_PKTMEM }
+		: (struct dp_rx_seg){ .off = shm_off(d->reg, pl), .len = v->h.payload_len };
 	*slot = m;
 	d->ip[idx].held++;
 	dp_rel_rx_commit(s->rx, &v->h); /* may deliver the message */

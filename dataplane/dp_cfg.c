@@ -201,15 +201,6 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int
 	o->rx_in_place = s->rx_in_place;
 	o->payload_crc = (int)s->payload_crc;
 	o->eal_args = s->eal[0] ? s->eal : NULL;
-	if (o->rx_in_place && dp_memif_zc(o->port)) {
-		const char *origin = "?";
-
-		cfg_source(c, "rx_in_place", &origin);
-		snprintf(err, errlen, "%s: rx_in_place = yes cannot be used with a zero-copy memif client (port '%s' "
-			 "has zero-copy=yes): net_memif lends the server only the EAL's own memory, not the region's "
-			 "receive buffers; set rx_in_place = no or drop zero-copy=yes", origin, o->port);
-		goto fail;
-	}
 	if (!pow2(s->max_msgs) || !pow2(s->window)) {
 		rc = pow2(s->max_msgs) ? refuse_pow2(c, "window", s->window, err, errlen)
 				       : refuse_pow2(c, "max_msgs", s->max_msgs, err, errlen);

@@ -134,6 +134,8 @@ struct dp {
 	int in_place;
 	struct dp_rxseg_decl *decl;   /* DP_AREA_RXSEG */
 	struct dp_rxown *own;         /* DP_AREA_RXOWN */
+	struct dp_pktmem *pk;         /* DP_AREA_PKTMEM */
+	const char *pk_base;          /* RX mbufs outside the region (a zero-copy memif client): their file's start, else NULL */
 	struct ip_msg *ip;            /* [rx_small_n], by small-pool index */
 	struct rte_mbuf **ip_mb;      /* [rx_small_n][ip_max_segs] */
 	uint32_t ip_max_segs;         /* frames of the largest message (rx_large) */

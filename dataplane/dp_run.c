@@ -151,6 +151,13 @@ static int setup_shm(struct dp *d)
 	/* the rings' owners too (dp.c forgets the dead) */
 	if ((d->own = kept_area(d, DP_AREA_RXOWN, sizeof(*d->own))) == NULL)
 		return -ENOSPC;
+	/* our packet memory, named once the port is up (dp_run()) */
+	if ((d->pk = kept_area(d, DP_AREA_PKTMEM, sizeof(*d->pk))) == NULL)
+		return -ENOSPC;
+	__atomic_store_n(&d->pk->epoch, 0, __ATOMIC_RELEASE);
+	d->pk->pid = 0;
+	d->pk->version = DP_PKTMEM_VERSION;
+	__atomic_store_n(&d->pk->magic, DP_PKTMEM_MAGIC, __ATOMIC_RELEASE);
 	d->own->version = DP_RXOWN_VERSION;
 	__atomic_store_n(&d->own->magic, DP_RXOWN_MAGIC, __ATOMIC_RELEASE);
 	/* the send lanes: a restart on the region keeps the live senders' claims
@@ -181,15 +188,10 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 	 * ahead), the TX ring when frames are copied into these mbufs, the
 	 * mempool cache (1.5 x its size at most), the reorder hold, two bursts */
 	uint32_t keep = d->port.n_rx_desc + (d->port.multiseg ? 0 : d->port.n_tx_desc) + 384 + HOLD_MAX + 2 * BURST;
-	uint64_t off;
+	uint64_t off = 0;
 	size_t have = 0;
 
-	if (d->port.memif_zc) { /* dp_cfg_load() names the settings; this is for other callers */
-		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place cannot be used with a zero-copy memif client (%s)",
-			o->port);
-		return -EINVAL;
-	}
-	if (need == 0) {
+	if (need == 0 && !d->port.memif_zc) {
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place needs the region '%s' on hugepages (its pages are "
 			"%zu B, smaller than one receive buffer): reserve hugepages or set rx_in_place = no", o->region,
 			page);
@@ -207,7 +209,9 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 			o->n_mbufs, keep, max_segs, keep + max_segs);
 		return -EINVAL;
 	}
-	int r = shm_region_add_area(d->reg, DP_AREA_RX_MBUFS, need, page, SHM_AREA_RAW, &off);
+	/* a zero-copy memif client's driver takes only the EAL's memory: its
+	 * mbufs stay there and the consumers map it (dp_port_rx_file()) */
+	int r = d->port.memif_zc ? 0 : shm_region_add_area(d->reg, DP_AREA_RX_MBUFS, need, page, SHM_AREA_RAW, &off);
 	if (r == -EEXIST)
 		shm_region_find_area(d->reg, DP_AREA_RX_MBUFS, &off, &have);
 	if ((r && r != -EEXIST) || (r == -EEXIST && have < need)) {
@@ -225,8 +229,30 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 		return -ENOMEM; /* dp_run() frees them */
 	}
 	d->mb_budget = o->n_mbufs - keep;
-	*area = shm_ptr(d->reg, off);
-	*len = need;
+	*area = d->port.memif_zc ? NULL : shm_ptr(d->reg, off);
+	*len = d->port.memif_zc ? 0 : need;
+	return 0;
+}
+
+/* Name the file the RX mbufs lie in for the consumers (DP_AREA_PKTMEM):
+ * received in place by a zero-copy memif client. @return 0 or -errno. */
+static int publish_pktmem(struct dp *d)
+{
+	void *base;
+	size_t len;
+	int fd, r = dp_port_rx_file(&d->port, &base, &len, &fd);
+
+	if (r) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place on a zero-copy memif client needs its receive mbufs in "
+			"one file-backed segment list of the EAL (%s): set rx_in_place = no or drop zero-copy=yes",
+			strerror(-r));
+		return r;
+	}
+	d->pk_base = base;
+	d->pk->pid = (int32_t)getpid();
+	d->pk->fd = fd;
+	d->pk->len = len;
+	__atomic_store_n(&d->pk->epoch, d->base_epoch, __ATOMIC_RELEASE);
 	return 0;
 }
 
@@ -278,6 +304,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	r = dp_port_start(&d->port, eff.port, eff.node, eff.frame_size, eff.n_mbufs, rx_area, rx_area_len);
 	if (r)
 		goto out;
+	if (eff.rx_in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
+		goto out;
 	d->in_place = eff.rx_in_place;
 	if (d->in_place)
 		__atomic_store_n(&d->decl->in_place, 1u, __ATOMIC_RELEASE);
@@ -317,7 +345,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		d->self.mac[3], d->self.mac[4], d->self.mac[5], eff.frame_size,
 		d->port.multiseg ? "zero-copy (ext buffers)"
 		: d->port.memif_zc ? "copy (a zero-copy memif client sends from EAL memory only)" : "copy",
-		d->in_place ? "in place (region mbufs) where the consumer reads segments"
+		d->in_place && d->pk_base ? "in place (the mbufs the memif server wrote, consumers map them) where the consumer reads segments"
+		: d->in_place ? "in place (region mbufs) where the consumer reads segments"
 		: d->port.memif_zc ? "reassembled by copy from the mbufs the memif server wrote" : "reassembled by copy",
 		d->pcrc ? "on" : eff.payload_crc == DP_PCRC_NO ? "off" : "off (memif: shared memory)",
 		eff.idle ? "sleep" : "poll",
@@ -413,6 +442,8 @@ out:
 		dp_ip_free(d, d->ip_out[i]); /* their consumers may still read them: the region outlives us */
 	if (d->decl)
 		__atomic_store_n(&d->decl->in_place, 0u, __ATOMIC_RELEASE);
+	if (d->pk) /* a consumer's mapping keeps the memory; no new one is made */
+		__atomic_store_n(&d->pk->pid, 0, __ATOMIC_RELEASE);
 	dp_port_fini(&d->port);
 	free(d->ip);
 	free(d->ip_mb);

@@ -14,6 +14,7 @@
 /* rte_dev_dma_map() is still experimental in DPDK 22.11. */
 #define ALLOW_EXPERIMENTAL_API 1
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,7 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 	int argc = 0;
 	char prefix[32], vdev[512], *extra_dup = NULL;
 	memset(p, 0, sizeof(*p));
+	p->rx_file_fd = -1;
 	if (spec == NULL || prog == NULL)
 		return -EINVAL;
 	snprintf(prefix, sizeof(prefix), "--file-prefix=kvfdp%u", node);
@@ -253,6 +255,57 @@ static struct rte_mempool *rx_pool_in_region(struct dp_port *p, const char *name
 	mp = rte_pktmbuf_pool_create_extbuf(name, n, POOL_CACHE, 0, (uint16_t)room, socket, ext, (unsigned)n_ext);
 	free(ext);
 	return mp;
+}
+
+struct rx_file_scan {
+	const struct rte_memseg_list *msl;
+	const void *first;
+	uintptr_t end;
+	int mixed;
+};
+
+static void rx_file_chunk(struct rte_mempool *mp, void *opaque, struct rte_mempool_memhdr *memhdr, unsigned idx)
+{
+	struct rx_file_scan *s = opaque;
+	const struct rte_memseg_list *msl = rte_mem_virt2memseg_list(memhdr->addr);
+	uintptr_t end = (uintptr_t)memhdr->addr + memhdr->len;
+
+	(void)mp;
+	(void)idx;
+	if (s->first == NULL) {
+		s->first = memhdr->addr;
+		s->msl = msl;
+	} else if (msl != s->msl) {
+		s->mixed = 1;
+	}
+	if (end > s->end)
+		s->end = end;
+}
+
+int dp_port_rx_file(struct dp_port *p, void **base, size_t *len, int *fd)
+{
+	struct rx_file_scan s = {0};
+	size_t off;
+
+	if (p->rx_pool == NULL)
+		return -ENOTSUP;
+	rte_mempool_mem_iter(p->rx_pool, rx_file_chunk, &s);
+	if (s.msl == NULL || s.mixed || s.msl->external)
+		return -ENOTSUP;
+	const struct rte_memseg *ms = rte_mem_virt2memseg(s.first, s.msl);
+	int f = ms != NULL ? rte_memseg_get_fd(ms) : -1;
+	/* one file for the list, at the list's offsets */
+	if (f < 0 || rte_memseg_get_fd_offset(ms, &off) < 0
+	    || off != (size_t)((const char *)ms->addr - (const char *)s.msl->base_va))
+		return -ENOTSUP;
+	/* our own descriptor: net_memif closes the one it lent its peer (the
+	 * EAL's) when its link goes down */
+	if (p->rx_file_fd < 0 && (p->rx_file_fd = fcntl(f, F_DUPFD_CLOEXEC, 0)) < 0)
+		return -errno;
+	*base = s.msl->base_va;
+	*len = RTE_ALIGN_CEIL(s.end - (uintptr_t)s.msl->base_va, s.msl->page_sz);
+	*fd = p->rx_file_fd;
+	return 0;
 }
 
 int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t frame_size, uint32_t n_mbufs,
@@ -460,7 +513,10 @@ void dp_port_fini(struct dp_port *p)
 	if (p->extmem)
 		rte_extmem_unregister(p->region_base, p->region_len);
 	free(p->region_iova);
+	if (p->rx_file_fd > 0) /* 0: a port never initialised */
+		close(p->rx_file_fd);
 	if (p->eal_up)
 		rte_eal_cleanup();
 	memset(p, 0, sizeof(*p));
+	p->rx_file_fd = -1;
 }

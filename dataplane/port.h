@@ -16,6 +16,7 @@ struct dp_port {
 	int reconnects;               /* net_memif client: the PMD never reconnects by itself */
 	int memif_zc;                 /* net_memif client with zero-copy=yes (dp_memif_zc()) */
 	int extmem;                   /* the region is registered with the EAL as external memory */
+	int rx_file_fd;               /* ours, of the file the RX mbufs lie in (dp_port_rx_file()), or -1 */
 	uint64_t down_since;          /* ns (caller's clock) the link was first seen down; 0: up */
 	char oper_path[96];           /* net_af_packet: /sys/class/net/IFACE/operstate (its PMD's link never changes) */
 	struct rte_mempool *rx_pool;  /* RX frames; also TX frames in copy mode */
@@ -44,6 +45,16 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
  */
 int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t frame_size, uint32_t n_mbufs,
 		  void *rx_area, size_t rx_area_len);
+
+/**
+ * The file the RX mbufs' memory lies in, for consumers that read frames in
+ * place outside the region (a zero-copy memif client, whose EAL memory is
+ * one file per segment list under --single-file-segments): its start as
+ * mapped here in *@p base, the bytes that cover every mbuf in *@p len, our
+ * descriptor of it in *@p fd. @return 0, or -ENOTSUP (the pool spans
+ * several segment lists or its memory has no file).
+ */
+int dp_port_rx_file(struct dp_port *p, void **base, size_t *len, int *fd);
 
 /** @return the region bytes @p n_mbufs in-place RX buffers for @p frame_size take on pages of @p page (0: none fit a page). */
 size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page);

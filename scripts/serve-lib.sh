@@ -188,7 +188,7 @@ kvf_dataplanes() {
     dpc+=(--frame-size 8000)
   else
     portA="net_memif0,role=server,socket=$KVF_RUN/memif.sock,bsize=9216"
-    portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216"
+    portB="net_memif0,role=client,socket=$KVF_RUN/memif.sock,bsize=9216${KVF_MEMIF_B_EXTRA:-}"
     dpc+=(--frame-size 9000)
   fi
   local dp0=("${nsA[@]}" "$KVF_BIN/kvferry-dataplane" --node-id 1 --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$KVF_RA"

@@ -57,6 +57,10 @@
  * the dataplane that delivered them: a successor started on the same region
  * makes its receive buffers anew, so a consumer that cannot rule out a
  * dataplane restart checks dp_ipc_rx_seglist_current() after reading.
+ * A zero-copy net_memif client cannot have its receive mbufs in the region
+ * (its driver takes only the EAL's own memory): its segments lie in that
+ * memory, which it names in DP_AREA_PKTMEM, and a consumer maps it read-only
+ * (struct dp_rx_mem does, at the first such segment it reads).
  *
  * Threading: as for shm rings and pools; the stats block has one writer (the
  * dataplane) and is read with relaxed loads (counters may be mutually skewed
@@ -67,9 +71,13 @@
 
 #include <assert.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /** Message types: the wire header's `type`, and what a client puts in a send
  *  descriptor's type (dp_wire.h frames them). */
@@ -470,13 +478,16 @@ static inline int dp_ipc_rx_route(struct dp_rxroute *area, unsigned stream, cons
 	return 0;
 }
 
-/** One segment: @p len bytes at region offset @p off. */
+/** One segment: @p len bytes at offset @p off of area @p area. */
 struct dp_rx_seg {
 	uint64_t off;
 	uint32_t len;
-	uint32_t reserved;
+	uint32_t area; /**< DP_RX_AREA_REGION or DP_RX_AREA_PKTMEM */
 };
 static_assert(sizeof(struct dp_rx_seg) == 16, "dp_rx_seg is a 16-byte ABI record");
+
+#define DP_RX_AREA_REGION 0u /* the node's region */
+#define DP_RX_AREA_PKTMEM 1u /* the dataplane's packet memory (DP_AREA_PKTMEM) */
 
 #define DP_RX_SEGLIST_MAGIC 0x4c474553u /* "SEGL" */
 #define DP_RX_SEGLIST_VERSION 1u
@@ -493,6 +504,101 @@ struct dp_rx_seglist {
 };
 static_assert(sizeof(struct dp_rx_seglist) == 24, "dp_rx_seglist header is 24 bytes");
 
+#define DP_AREA_PKTMEM "dp.pktmem" /* struct dp_pktmem */
+#define DP_PKTMEM_MAGIC 0x4d4b5044u /* "DPKM" */
+#define DP_PKTMEM_VERSION 1u
+
+/**
+ * The DP_AREA_PKTMEM area: where a dataplane whose receive mbufs are not in
+ * the region (a zero-copy memif client) receives in place. Its memory is
+ * the file it holds open as @p fd (a memfd or a hugetlbfs file), which a
+ * process of the same user opens as /proc/<pid>/fd/<fd>; a DP_RX_AREA_PKTMEM
+ * segment's offset is an offset in that file, below @p len. @p pid is 0
+ * while no dataplane receives there; @p epoch is the publishing dataplane's
+ * (dp_stats_shm.epoch), written last (release).
+ */
+struct dp_pktmem {
+	uint32_t magic;
+	uint32_t version;
+	int32_t pid;
+	int32_t fd;
+	uint64_t len;
+	uint64_t epoch;
+};
+static_assert(sizeof(struct dp_pktmem) == 32, "dp_pktmem is a 32-byte ABI record");
+
+/**
+ * Where a consumer reads segments: the region, and the dataplane's packet
+ * memory, mapped read-only the first time a segment lies there and again
+ * when another dataplane publishes it (a restart). Zeroed, then
+ * dp_ipc_rx_mem_init(); dp_ipc_rx_mem_fini() unmaps.
+ */
+struct dp_rx_mem {
+	const void *base;             /**< the region, mapped here */
+	size_t size;
+	const struct dp_pktmem *pk;   /**< its DP_AREA_PKTMEM area, or NULL */
+	const void *pk_base;          /**< the packet memory mapped here, or NULL */
+	size_t pk_size;
+	uint64_t pk_epoch;            /**< the dataplane's whose memory is mapped */
+	unsigned maps;                /**< times it was mapped (once per dataplane that delivered there) */
+};
+
+/** @p pk: the region's DP_AREA_PKTMEM area (NULL where there is none). */
+static inline void dp_ipc_rx_mem_init(struct dp_rx_mem *m, const void *base, size_t size, const struct dp_pktmem *pk)
+{
+	memset(m, 0, sizeof(*m));
+	m->base = base;
+	m->size = size;
+	m->pk = pk != NULL && pk->magic == DP_PKTMEM_MAGIC && pk->version == DP_PKTMEM_VERSION ? pk : NULL;
+}
+
+static inline void dp_ipc_rx_mem_unmap(struct dp_rx_mem *m)
+{
+	if (m->pk_base != NULL)
+		munmap((void *)(uintptr_t)m->pk_base, m->pk_size);
+	m->pk_base = NULL;
+	m->pk_size = 0;
+	m->pk_epoch = 0;
+}
+
+static inline void dp_ipc_rx_mem_fini(struct dp_rx_mem *m)
+{
+	dp_ipc_rx_mem_unmap(m);
+	m->maps = 0;
+}
+
+/**
+ * Map the packet memory of the dataplane that delivered a list of @p epoch
+ * (once per dataplane). @return 0, or -1 (none published for that epoch, or
+ * it could not be opened: its dataplane is gone; the list is not readable).
+ */
+static inline int dp_ipc_rx_mem_map(struct dp_rx_mem *m, uint64_t epoch)
+{
+	char path[64];
+	void *p;
+	int fd;
+
+	if (m->pk_base != NULL && m->pk_epoch == epoch)
+		return 0;
+	if (m->pk == NULL || __atomic_load_n(&m->pk->epoch, __ATOMIC_ACQUIRE) != epoch || m->pk->pid <= 0
+	    || m->pk->len == 0)
+		return -1;
+	dp_ipc_rx_mem_unmap(m);
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)m->pk->pid, (int)m->pk->fd);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return -1;
+	/* no reservation: a hugetlbfs file's holes past the mbufs are never read */
+	p = mmap(NULL, (size_t)m->pk->len, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return -1;
+	m->pk_base = p;
+	m->pk_size = (size_t)m->pk->len;
+	m->pk_epoch = epoch;
+	m->maps++;
+	return 0;
+}
+
 /** @return the bytes a list of @p n segments takes. */
 static inline size_t dp_ipc_rx_seglist_size(uint32_t n)
 {
@@ -501,37 +607,48 @@ static inline size_t dp_ipc_rx_seglist_size(uint32_t n)
 
 /**
  * The segment list of a received descriptor (@p off, @p len, flags with
- * DP_RX_SEGMENTS) in a region mapped at @p base of @p region_size bytes,
- * checked: magic and version, a list that fits a @p small_bufsize buffer,
- * every segment inside the region, lengths that add up to @p len.
+ * DP_RX_SEGMENTS) in the region of @p m, checked: magic and version, a list
+ * that fits a @p small_bufsize buffer, every segment inside its area (the
+ * packet memory mapped here if a segment lies there), lengths that add up
+ * to @p len.
  * @return the list, or NULL (not a valid list: give the buffer back and
  *         count the message lost).
  */
-static inline const struct dp_rx_seglist *dp_ipc_rx_seglist(const void *base, size_t region_size, uint64_t off,
-							   uint32_t len, size_t small_bufsize)
+static inline const struct dp_rx_seglist *dp_ipc_rx_seglist(struct dp_rx_mem *m, uint64_t off, uint32_t len,
+							   size_t small_bufsize)
 {
 	const struct dp_rx_seglist *sl;
 	uint64_t sum = 0;
 
-	if (off > region_size || region_size - off < small_bufsize || small_bufsize < sizeof(*sl))
+	if (off > m->size || m->size - off < small_bufsize || small_bufsize < sizeof(*sl))
 		return NULL;
-	sl = (const struct dp_rx_seglist *)((const char *)base + off);
+	sl = (const struct dp_rx_seglist *)((const char *)m->base + off);
 	if (sl->magic != DP_RX_SEGLIST_MAGIC || sl->version != DP_RX_SEGLIST_VERSION || sl->msg_len != len
 	    || sl->n_segs > (small_bufsize - sizeof(*sl)) / sizeof(sl->seg[0]))
 		return NULL;
 	for (uint32_t i = 0; i < sl->n_segs; i++) {
-		if (sl->seg[i].off > region_size || region_size - sl->seg[i].off < sl->seg[i].len)
+		size_t size = m->size;
+
+		if (sl->seg[i].area == DP_RX_AREA_PKTMEM) {
+			if (dp_ipc_rx_mem_map(m, sl->epoch) < 0)
+				return NULL;
+			size = m->pk_size;
+		} else if (sl->seg[i].area != DP_RX_AREA_REGION) {
+			return NULL;
+		}
+		if (sl->seg[i].off > size || size - sl->seg[i].off < sl->seg[i].len)
 			return NULL;
 		sum += sl->seg[i].len;
 	}
 	return sum == len ? sl : NULL;
 }
 
-/** @return segment @p i of @p sl (i < n_segs) in the region mapped at @p base; its length in *@p len. */
-static inline const void *dp_ipc_rx_seg(const void *base, const struct dp_rx_seglist *sl, uint32_t i, uint32_t *len)
+/** @return segment @p i of @p sl (i < n_segs, a list dp_ipc_rx_seglist() checked); its length in *@p len. */
+static inline const void *dp_ipc_rx_seg(const struct dp_rx_mem *m, const struct dp_rx_seglist *sl, uint32_t i,
+					uint32_t *len)
 {
 	*len = sl->seg[i].len;
-	return (const char *)base + sl->seg[i].off;
+	return (const char *)(sl->seg[i].area == DP_RX_AREA_PKTMEM ? m->pk_base : m->base) + sl->seg[i].off;
 }
 
 /**
@@ -539,7 +656,8 @@ static inline const void *dp_ipc_rx_seg(const void *base, const struct dp_rx_seg
  * needs it in one buffer. That copy is the consumer's to count.
  * @return the bytes copied (msg_len), or -1 if @p cap is too small.
  */
-static inline int64_t dp_ipc_rx_gather(const void *base, const struct dp_rx_seglist *sl, void *dst, size_t cap)
+static inline int64_t dp_ipc_rx_gather(const struct dp_rx_mem *m, const struct dp_rx_seglist *sl, void *dst,
+				       size_t cap)
 {
 	char *o = (char *)dst;
 
@@ -547,7 +665,7 @@ static inline int64_t dp_ipc_rx_gather(const void *base, const struct dp_rx_segl
 		return -1;
 	for (uint32_t i = 0; i < sl->n_segs; i++) {
 		uint32_t n;
-		const void *p = dp_ipc_rx_seg(base, sl, i, &n);
+		const void *p = dp_ipc_rx_seg(m, sl, i, &n);
 
 		memcpy(o, p, n);
 		o += n;

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "dp_ipc.h"
 #include "kn_model.h"
 #include "kn_stage.h"
 #include "shm_mb.h"
@@ -52,6 +53,7 @@ struct wk_kvrx {
 	struct shm_mb_kvrooms *rooms;
 	struct dp_rxroute *route;
 	const struct dp_stats_shm *dpst; /* the dataplane's epoch: a list read in place is still its */
+	struct dp_rx_mem mem;       /* where lists' segments lie (the region, the dataplane's packet memory) */
 	struct kn_seg *segv;        /* a list's segments, read where they lie (segcap of them) */
 	uint32_t segcap;
 	uint32_t stream;

@@ -112,8 +112,16 @@ int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen)
 				x->segcap = cap;
 			}
 		}
-		if (x->segcap >= cap)
+		if (x->segcap >= cap) {
+			uint64_t off_pk;
+			size_t sz_pk;
+
 			x->dpst = shm_ptr(w->reg, off_st);
+			dp_ipc_rx_mem_fini(&x->mem);
+			dp_ipc_rx_mem_init(&x->mem, shm_region_base(w->reg), shm_region_size(w->reg),
+					   shm_region_find_area(w->reg, DP_AREA_PKTMEM, &off_pk, &sz_pk) == 0
+					   && sz_pk >= sizeof(struct dp_pktmem) ? shm_ptr(w->reg, off_pk) : NULL);
+		}
 	}
 	__atomic_store_n(&x->rooms->busy[w->idx].pid, (int32_t)getpid(), __ATOMIC_RELAXED);
 	snprintf(rxn, sizeof(rxn), "%s.rx", in);
@@ -146,6 +154,7 @@ void wk_kvrx_close(struct worker *w)
 	shm_pool_close(x->rxs);
 	shm_pool_close(x->rxl);
 	free(x->segv);
+	dp_ipc_rx_mem_fini(&x->mem);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -194,8 +203,7 @@ int wk_kvrx_poll(struct worker *w)
 	x->taken++;
 	memset(&f, 0, sizeof(f));
 	if (idx >= 0 && (d.flags & DP_RX_SEGMENTS) && x->dpst != NULL)
-		sl = dp_ipc_rx_seglist(shm_region_base(w->reg), shm_region_size(w->reg), d.off, d.len,
-				       shm_pool_bufsize(x->rxs));
+		sl = dp_ipc_rx_seglist(&x->mem, d.off, d.len, shm_pool_bufsize(x->rxs));
 	if (sl != NULL && sl->n_segs <= x->segcap) {
 		/* received in place: the frames' payloads where they lie, the
 		 * header read out of the first */
@@ -204,7 +212,7 @@ int wk_kvrx_poll(struct worker *w)
 		nseg = sl->n_segs;
 		for (uint32_t i = 0; i < nseg; i++) {
 			uint32_t n;
-			const void *q = dp_ipc_rx_seg(shm_region_base(w->reg), sl, i, &n);
+			const void *q = dp_ipc_rx_seg(&x->mem, sl, i, &n);
 			size_t k = got < sizeof(hb) ? (n < sizeof(hb) - got ? n : sizeof(hb) - got) : 0;
 
 			x->segv[i] = (struct kn_seg){ q, n };

@@ -45,7 +45,7 @@
 # within seconds (they waited for the 300 s waiting timeout before); the
 # prefill node gives the old rooms' KV back, and the pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers|ctrld2-workers-inplace|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers|ctrld2-workers-inplace[-zc]|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -67,11 +67,18 @@ case $mode in
   # the dataplanes receive in place: ctrld gets segment lists, which the
   # worker processes (who copy the pages) cannot read from ctrld's heap
   ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
+  # the same, the decode node's dataplane a zero-copy memif client: the
+  # prefill node's driver writes the pages into the mbufs its workers read
+  ctrld2-workers-inplace-zc) KVF_DP_EXTRA="--rx-in-place" KVF_MEMIF_B_EXTRA=",zero-copy=yes" mode=ctrld2-workers ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 KVF_DP_REGION=160
 kvf_dataplanes "$topo" || { echo "FAIL: the dataplanes did not start"; exit 1; }
+if [ -n "${KVF_MEMIF_B_EXTRA:-}" ]; then
+  grep -q "rx in place (the mbufs the memif server wrote" "$KVF_RUN/dataplane2.log" \
+    || { echo "FAIL: the decode node's dataplane is no zero-copy client receiving in place"; cat "$KVF_RUN/dataplane2.log"; exit 1; }
+fi
 "$B/kvferry-mkmodel" --out "$KVF_RUN/model" --preset tiny >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
 extra=()
 # ctrld2-workers: stage k of node N (region R) in its own process, over shm rings

@@ -322,21 +322,19 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 /* Compare message @p k (@p want bytes, generated into @p scratch) with the
  * descriptor's bytes where they lie. @return 0 if identical, 1 if they
  * differ, -1 if a segment list is not valid. */
-static int compare(const struct cfg *c, struct shm_region *r, const struct shm_desc *d, size_t small,
-		   uint64_t k, uint8_t *scratch, uint32_t want)
+static int compare(const struct cfg *c, struct shm_region *r, struct dp_rx_mem *mem, const struct shm_desc *d,
+		   size_t small, uint64_t k, uint8_t *scratch, uint32_t want)
 {
-	const void *base = shm_region_base(r);
-
 	fill(c, k, scratch, want);
 	if (!(d->flags & DP_RX_SEGMENTS))
 		return memcmp(scratch, shm_ptr(r, d->off), want) != 0;
-	const struct dp_rx_seglist *sl = dp_ipc_rx_seglist(base, shm_region_size(r), d->off, d->len, small);
+	const struct dp_rx_seglist *sl = dp_ipc_rx_seglist(mem, d->off, d->len, small);
 	if (sl == NULL)
 		return -1;
 	size_t at = 0;
 	for (uint32_t i = 0; i < sl->n_segs; i++) {
 		uint32_t n;
-		const void *p = dp_ipc_rx_seg(base, sl, i, &n);
+		const void *p = dp_ipc_rx_seg(mem, sl, i, &n);
 
 		if (memcmp(scratch + at, p, n))
 			return 1;
@@ -375,7 +373,7 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	for (unsigned s = 0; s < c->streams; s++)
 		next[s] = s;
 	uint8_t *scratch = malloc(4 * 1024 * 1024);
-	uint64_t got = 0, bytes = 0, in_place = 0;
+	uint64_t got = 0, bytes = 0, in_place = 0, lists_bad = 0;
 	int bad = 0;
 	struct copies k0;
 	struct dp_rxseg_decl *decl = NULL;
@@ -402,6 +400,12 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 		if (dp_ipc_rx_declare(decl, ring, (int32_t)getpid()) < 0)
 			decl = NULL;
 	}
+	/* segments may lie in the dataplane's packet memory (a zero-copy memif client) */
+	struct dp_rx_mem mem;
+	size_t pk_size;
+	dp_ipc_rx_mem_init(&mem, shm_region_base(r), shm_region_size(r),
+			   shm_region_find_area(r, DP_AREA_PKTMEM, &off, &pk_size) == 0 && pk_size >= sizeof(struct dp_pktmem)
+			   ? shm_ptr(r, off) : NULL);
 	read_copies(r, &k0);
 	/* the counters are read: a script may start the sender now */
 	printf("recv: ready\n");
@@ -443,6 +447,9 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 				fprintf(stderr, "recv: a segment list on a ring whose consumer never declared it reads them\n");
 				bad = 1;
 			}
+			if ((d[i].flags & DP_RX_SEGMENTS) && (!c->verify || c->until_stop)
+			    && dp_ipc_rx_seglist(&mem, d[i].off, d[i].len, small) == NULL)
+				lists_bad++; /* unread, a list is still checked: where it lies is mapped */
 			if (c->verify && !c->until_stop) {
 				uint64_t k = s < c->streams ? next[s] : UINT64_MAX;
 				uint32_t want = k < c->count ? msg_size(c, k) : 0;
@@ -451,7 +458,7 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 						"of %u bytes\n", s, d[i].len, (unsigned long long)k, want);
 					bad = 1;
 				} else {
-					int rc = compare(c, r, &d[i], small, k, scratch, want);
+					int rc = compare(c, r, &mem, &d[i], small, k, scratch, want);
 					if (rc) {
 						fprintf(stderr, "recv: message %llu %s\n", (unsigned long long)k,
 							rc < 0 ? "came with a segment list that is not valid" : "differs");
@@ -494,7 +501,11 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	       c->verify ? ", verified in order and byte-identical" : "");
 	printf("recv: %llu of %llu messages received in place (segment lists read where they lie)\n",
 	       (unsigned long long)in_place, (unsigned long long)got);
+	if (mem.maps)
+		printf("recv: the dataplane's packet memory mapped %u times; %llu unverified segment lists not valid\n",
+		       mem.maps, (unsigned long long)lists_bad);
 	print_copies("recv", r, &k0, bytes);
+	dp_ipc_rx_mem_fini(&mem);
 	free(scratch);
 	free(next);
 	return bad || (!c->until_stop && got != c->count);
