@@ -4,8 +4,16 @@
 #include <math.h>
 
 #define ATTN_WARPS 4
-/* Positions per lane group whose K/V loads are issued before first use: 2 gave
- * 13-38% of copy bandwidth (too few bytes in flight per SM); 4 doubles them. */
+/* Positions per lane group whose K/V loads are issued before first use (the
+ * column kernel's U): 2 gave 13-38% of copy bandwidth (too few bytes in
+ * flight per SM); 4 doubles them. A 1-column plan takes 8 (H200, 8B heads,
+ * back to back: 32k 122.0 -> 113.9 us, 4k 26.3 -> 25.7), wider ones 4 (8
+ * made 2 columns at 32k 187 -> 210 us and 16 at 4k 175 -> 225: 8 costs
+ * the 8B shape a block per SM, 2 resident instead of 3, and 512 blocks of
+ * one 32k column fill two waves of 264 where 1024 of two columns then take
+ * four). U only batches the loads: each lane group still takes its
+ * positions in the same order, so the bits do not depend on it. */
+#define ATTN_U_NARROW 8
 #define ATTN_U 4
 #define LOG2E 1.4426950408889634f
 
@@ -108,6 +116,78 @@ static __host__ __device__ __forceinline__ int col_split(int len, int n)
 	return s > KN_CU_ATTN_SPLIT ? s : KN_CU_ATTN_SPLIT;
 }
 
+/*
+ * The column kernel's last block merging a column's k <= COL_PIECES_MAX
+ * splits: the arithmetic of merge_splits() (the max, then per split in order
+ * w = exp2f(m - M), L += l * w, A += v * w, out = A / L), so the bits are
+ * the same, with its loads out together: each split's m and l read once by
+ * the block (merge_splits() read them for every element, two passes of
+ * MERGE_U round trips each: 32 round trips per thread at 8B's 4 heads x 128
+ * and 64 splits), the weights computed once per head, then every thread's
+ * elements for MERGE_LOADS / elements splits at a time. @p w, @p lw: shared
+ * [COL_PIECES_MAX][GM]; @p L: shared [GM].
+ */
+#define MERGE_LOADS 64
+template <int HD, int GM>
+static __device__ __forceinline__ void merge_last(const struct kn_cu_attn_args &a, const float *part, int c, int hb,
+						  int G, int k, int hd, float (*w)[GM], float (*lw)[GM], float *L)
+{
+	constexpr int NT = ATTN_WARPS * 32, EPT = (GM * HD + NT - 1) / NT;
+	constexpr int UM = MERGE_LOADS / EPT > 0 ? MERGE_LOADS / EPT : 1;
+	const size_t ss = GM * part_stride(hd);
+
+#pragma unroll 4
+	for (int t = threadIdx.x; t < k * G; t += NT) {
+		const int s = t / G, g = t % G;
+		const float *pg = part + s * ss + g * part_stride(hd);
+		w[s][g] = kn_ld_cg(pg + hd);
+		lw[s][g] = kn_ld_cg(pg + hd + 1);
+	}
+	__syncthreads();
+	if ((int)threadIdx.x < G) {
+		const int g = threadIdx.x;
+		float M = -INFINITY, l = 0.f;
+		for (int s = 0; s < k; s++)
+			M = fmaxf(M, w[s][g]);
+		for (int s = 0; s < k; s++) {
+			const float ws = exp2f(w[s][g] - M);
+			l += lw[s][g] * ws;
+			w[s][g] = ws;
+		}
+		L[g] = l;
+	}
+	__syncthreads();
+	float A[EPT];
+#pragma unroll
+	for (int j = 0; j < EPT; j++)
+		A[j] = 0.f;
+	for (int s0 = 0; s0 < k; s0 += UM) {
+		float v[EPT][UM];
+#pragma unroll
+		for (int j = 0; j < EPT; j++) {
+			const int e = threadIdx.x + j * NT, g = e / hd, d = e % hd;
+#pragma unroll
+			for (int u = 0; u < UM; u++)
+				v[j][u] = e < G * hd && s0 + u < k ? kn_ld_cg(part + (s0 + u) * ss + g * part_stride(hd) + d)
+								   : 0.f;
+		}
+#pragma unroll
+		for (int j = 0; j < EPT; j++) {
+			const int g = (threadIdx.x + j * NT) / hd;
+#pragma unroll
+			for (int u = 0; u < UM; u++)
+				if (s0 + u < k && g < G)
+					A[j] += v[j][u] * w[s0 + u][g];
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < EPT; j++) {
+		const int e = threadIdx.x + j * NT, g = e / hd, d = e % hd;
+		if (e < G * hd)
+			a.out[(size_t)c * a.n_heads * hd + (size_t)(hb + g) * hd + d] = A[j] / L[g];
+	}
+}
+
 /* Splits of the longest column (the grid's x), for any plan width. */
 static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 {
@@ -118,14 +198,14 @@ static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 /*
  * grid (col_splits_max, n_kv_heads, n), block 128. A group of LP = HD/8 lanes
  * owns one position at a time (16 bytes of K and of V per lane); a warp
- * covers PPW positions per step, ATTN_U steps' loads are issued before use.
+ * covers PPW positions per step, U steps' loads are issued before use.
  * Each group keeps an online softmax per head; the block merges its groups
  * in a fixed order and writes its partial. In plans of 1-2 columns the last
  * of the column's splits to finish (a.counters: one per column and KV head,
  * left at zero) merges them all in split order, with no second kernel;
  * wider plans run attn_merge_kernel.
  */
-template <int HD, int GM, bool PAD>
+template <int HD, int GM, bool PAD, int U>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 {
@@ -137,6 +217,7 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	const int hd = PAD ? a.head_dim : HD;
 	__shared__ float sm_acc[NGRP][GM][HD];
 	__shared__ float sm_m[NGRP][GM], sm_l[NGRP][GM];
+	__shared__ float sm_w[COL_PIECES_MAX][GM], sm_lw[COL_PIECES_MAX][GM], sm_L[GM]; /* merge_last() */
 	__shared__ bool last;
 
 	const int s = blockIdx.x, vh = blockIdx.y, c = blockIdx.z, nvh = gridDim.y;
@@ -179,11 +260,11 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	const size_t head_off = (size_t)kh * KN_PAGE_BLK * hd + sub * 8;
 	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * hd;
 
-	for (int base = start + warp * PPW; base < end; base += ATTN_U * NGRP) {
-		uint4 kv[ATTN_U][2];
-		bool ok[ATTN_U];
+	for (int base = start + warp * PPW; base < end; base += U * NGRP) {
+		uint4 kv[U][2];
+		bool ok[U];
 #pragma unroll
-		for (int u = 0; u < ATTN_U; u++) {
+		for (int u = 0; u < U; u++) {
 			const int p = base + u * NGRP + grp;
 			const int32_t blk = p < end ? trow[p / KN_PAGE_BLK] : -1;
 			ok[u] = blk >= 0;
@@ -196,7 +277,7 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			}
 		}
 #pragma unroll
-		for (int u = 0; u < ATTN_U; u++) {
+		for (int u = 0; u < U; u++) {
 			float kf[8], vf[8];
 			kn_bf16x8_to_f32(kv[u][0], kf);
 			kn_bf16x8_to_f32(kv[u][1], vf);
@@ -273,7 +354,10 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	if (!last)
 		return;
 	__threadfence();
-	merge_splits<GM>(a, part0, c, v.hb, G, k, threadIdx.x, ATTN_WARPS * 32, hd);
+	if (k <= COL_PIECES_MAX) /* always, by col_split() */
+		merge_last<HD, GM>(a, part0, c, v.hb, G, k, hd, sm_w, sm_lw, sm_L);
+	else
+		merge_splits<GM>(a, part0, c, v.hb, G, k, threadIdx.x, ATTN_WARPS * 32, hd);
 	if (threadIdx.x == 0)
 		*cnt = 0;
 }
@@ -701,9 +785,12 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const int nvh = a->n_kv_heads * nsub_of(a->n_heads, a->n_kv_heads);
 	if (tile && nvh != a->n_kv_heads)
 		return cudaErrorInvalidValue;
-	if (!tile)
-		e = kn_launch(attn_split_kernel<HD, GM, PAD>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st, *a,
-			      splits);
+	if (!tile && a->n == 1)
+		e = kn_launch(attn_split_kernel<HD, GM, PAD, ATTN_U_NARROW>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
+			      0, st, *a, splits);
+	else if (!tile)
+		e = kn_launch(attn_split_kernel<HD, GM, PAD, ATTN_U>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0,
+			      st, *a, splits);
 	else if (!launch_tile<HD, GM>(a, splits, st, &e))
 		return cudaErrorInvalidValue;
 	if (e != cudaSuccess || (!tile && a->n <= 2))

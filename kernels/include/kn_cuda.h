@@ -77,10 +77,15 @@ int kn_cuda_probe_gemm(int device, int m, int n, int k, int iters, double *flop_
  * @param tile  0: the column kernel (CUDA cores); 1: the tensor-core tile
  *              kernel with the engine's choices for a plan of @p n_cols
  *              columns (split, q and P exact when n_cols <= 16)
+ * @param back_to_back  0: one launch between two events (the host's launch
+ *              gap included); 1: at least 8 launches back to back, each
+ *              over the next of several K/V copies that together pass
+ *              256 MB (so none is read from L2): the time a launch takes
+ *              in a stream, as inside the engine's CUDA graphs
  * @return 0 or -EIO / -ENOMEM with @p err filled.
  */
 int kn_cuda_probe_attention(int device, int n_cols, int ctx, int n_heads, int n_kv_heads,
-			    int head_dim, int tile, int iters, double *bytes_per_s,
+			    int head_dim, int tile, int back_to_back, int iters, double *bytes_per_s,
 			    double *sec_per_call, char *err, size_t errlen);
 
 #ifdef __cplusplus

@@ -505,17 +505,22 @@ int main(int argc, char **argv)
 		printf("RESULT kind=ceiling gemm_tflops=%.1f\n", peak / 1e12);
 	/* each probe with both kernels: tile (the default) and column */
 	const int probes[][2] = { { 4096, 16 }, { 4096, 1 }, { 4096, 64 }, { 32768, 2 }, { 32768, 1 } };
+	/* and each both ways: one launch timed alone (the host's launch gap in
+	 * it), and launches back to back over K/V past L2 (as in a graph) */
 	for (int i = 0; i < 5; i++)
-		for (int tile = 1; tile >= 0; tile--) {
-			double abw, sec;
-			const int ctx = probes[i][0], ncol = probes[i][1];
-			if (kn_cuda_probe_attention(0, ncol, ctx, 32, 8, 128, tile, 20, &abw, &sec, err, sizeof(err)) == 0)
-				printf("RESULT kind=attention kernel=%s ctx=%d cols=%d us=%.1f tb_s=%.3f frac=%.3f\n",
-				       tile ? "tile" : "column", ctx, ncol, sec * 1e6, abw / 1e12, abw / bw);
-			else
-				printf("RESULT kind=attention kernel=%s ctx=%d cols=%d error=\"%s\"\n",
-				       tile ? "tile" : "column", ctx, ncol, err);
-		}
+		for (int tile = 1; tile >= 0; tile--)
+			for (int b2b = 0; b2b <= 1; b2b++) {
+				double abw, sec;
+				const int ctx = probes[i][0], ncol = probes[i][1];
+				const char *kn = tile ? "tile" : "column", *how = b2b ? "stream" : "alone";
+				if (kn_cuda_probe_attention(0, ncol, ctx, 32, 8, 128, tile, b2b, 20, &abw, &sec, err,
+							    sizeof(err)) == 0)
+					printf("RESULT kind=attention kernel=%s timing=%s ctx=%d cols=%d us=%.1f tb_s=%.3f "
+					       "frac=%.3f\n", kn, how, ctx, ncol, sec * 1e6, abw / 1e12, abw / bw);
+				else
+					printf("RESULT kind=attention kernel=%s timing=%s ctx=%d cols=%d error=\"%s\"\n",
+					       kn, how, ctx, ncol, err);
+			}
 	fflush(stdout);
 	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 }, skinny[] = { 1, 8, 16 };
 	const char *models[] = { "llama3-1b", "llama3-8b" };
