@@ -4,17 +4,24 @@
 #include <math.h>
 
 #define ATTN_WARPS 4
-/* Positions per lane group whose K/V loads are issued before first use (the
- * column kernel's U): 2 gave 13-38% of copy bandwidth (too few bytes in
- * flight per SM); 4 doubles them. A 1-column plan takes 8 (H200, 8B heads,
- * back to back: 32k 122.0 -> 113.9 us, 4k 26.3 -> 25.7), wider ones 4 (8
- * made 2 columns at 32k 187 -> 210 us and 16 at 4k 175 -> 225: 8 costs
- * the 8B shape a block per SM, 2 resident instead of 3, and 512 blocks of
- * one 32k column fill two waves of 264 where 1024 of two columns then take
- * four). U only batches the loads: each lane group still takes its
- * positions in the same order, so the bits do not depend on it. */
-#define ATTN_U_NARROW 8
+/* Positions per lane group whose K/V loads are issued before first use: 2 gave
+ * 13-38% of copy bandwidth (too few bytes in flight per SM); 4 doubles them.
+ * 8 (tried, H200) helped one column at 32k by 10% and cost 2-16 columns
+ * 12-28%: the 8B shape lost a resident block per SM. */
 #define ATTN_U 4
+/* Blocks of the column kernel resident per SM, for launches of many blocks
+ * (MANY): the compiler otherwise gives the 8B shape 168 registers a thread,
+ * 3 blocks (12 warps, 12% occupancy: ncu, 32k, one column: 19% of DRAM
+ * bandwidth), and the 512 blocks of one 32k column then take 1.3 waves. 4
+ * fits 128 registers (40 bytes spilled): H200, back to back, one column at
+ * 32k 114 -> 83 us, two 210 -> 148, 16 at 4k 175 -> 150; 5 spilled 312
+ * bytes and was slower than 3. A launch that fits one wave anyway only pays
+ * the spills (1B, batch 1: ctx 512 1.026 -> 1.042 ms a step, 4k 1.114 ->
+ * 1.139), so it keeps the compiler's choice, as do 8 heads per KV head (GM
+ * 8: Llama 70B's shape), which would spill ~700 bytes. Registers do not
+ * change the arithmetic: the bits are the same either way. */
+#define ATTN_MIN_BLOCKS(HD, GM) ((GM) <= 4 ? 4 : 1)
+#define ATTN_MANY_BLOCKS 384 /* 3 blocks on each of the H200's 132 SMs, rounded down */
 #define LOG2E 1.4426950408889634f
 
 static __host__ __device__ int gmax_of(int g)
@@ -198,15 +205,15 @@ static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 /*
  * grid (col_splits_max, n_kv_heads, n), block 128. A group of LP = HD/8 lanes
  * owns one position at a time (16 bytes of K and of V per lane); a warp
- * covers PPW positions per step, U steps' loads are issued before use.
+ * covers PPW positions per step, ATTN_U steps' loads are issued before use.
  * Each group keeps an online softmax per head; the block merges its groups
  * in a fixed order and writes its partial. In plans of 1-2 columns the last
  * of the column's splits to finish (a.counters: one per column and KV head,
  * left at zero) merges them all in split order, with no second kernel;
  * wider plans run attn_merge_kernel.
  */
-template <int HD, int GM, bool PAD, int U>
-static __global__ void __launch_bounds__(ATTN_WARPS * 32)
+template <int HD, int GM, bool PAD, bool MANY>
+static __global__ void __launch_bounds__(ATTN_WARPS * 32, MANY ? ATTN_MIN_BLOCKS(HD, GM) : 1)
 attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 {
 	kn_pdl_wait();
@@ -260,11 +267,11 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	const size_t head_off = (size_t)kh * KN_PAGE_BLK * hd + sub * 8;
 	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * hd;
 
-	for (int base = start + warp * PPW; base < end; base += U * NGRP) {
-		uint4 kv[U][2];
-		bool ok[U];
+	for (int base = start + warp * PPW; base < end; base += ATTN_U * NGRP) {
+		uint4 kv[ATTN_U][2];
+		bool ok[ATTN_U];
 #pragma unroll
-		for (int u = 0; u < U; u++) {
+		for (int u = 0; u < ATTN_U; u++) {
 			const int p = base + u * NGRP + grp;
 			const int32_t blk = p < end ? trow[p / KN_PAGE_BLK] : -1;
 			ok[u] = blk >= 0;
@@ -277,7 +284,7 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 			}
 		}
 #pragma unroll
-		for (int u = 0; u < U; u++) {
+		for (int u = 0; u < ATTN_U; u++) {
 			float kf[8], vf[8];
 			kn_bf16x8_to_f32(kv[u][0], kf);
 			kn_bf16x8_to_f32(kv[u][1], vf);
@@ -354,7 +361,9 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	if (!last)
 		return;
 	__threadfence();
-	if (k <= COL_PIECES_MAX) /* always, by col_split() */
+	/* merge_last() for more than 16 splits (1B, batch 1, ctx 4k: 1.120 ->
+	 * 1.114 ms a step), merge_splits() below (ctx 512: 1.012 against 1.026) */
+	if (k > 16 && k <= COL_PIECES_MAX) /* <= always, by col_split() */
 		merge_last<HD, GM>(a, part0, c, v.hb, G, k, hd, sm_w, sm_lw, sm_L);
 	else
 		merge_splits<GM>(a, part0, c, v.hb, G, k, threadIdx.x, ATTN_WARPS * 32, hd);
@@ -785,12 +794,15 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const int nvh = a->n_kv_heads * nsub_of(a->n_heads, a->n_kv_heads);
 	if (tile && nvh != a->n_kv_heads)
 		return cudaErrorInvalidValue;
-	if (!tile && a->n == 1)
-		e = kn_launch(attn_split_kernel<HD, GM, PAD, ATTN_U_NARROW>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
-			      0, st, *a, splits);
+	/* blocks with work: the grid's longest column's splits, every column */
+	const int csplit = col_split(gctx, a->n);
+	const bool many = (long)((gctx + csplit - 1) / csplit) * nvh * a->n > ATTN_MANY_BLOCKS;
+	if (!tile && many)
+		e = kn_launch(attn_split_kernel<HD, GM, PAD, true>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st,
+			      *a, splits);
 	else if (!tile)
-		e = kn_launch(attn_split_kernel<HD, GM, PAD, ATTN_U>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0,
-			      st, *a, splits);
+		e = kn_launch(attn_split_kernel<HD, GM, PAD, false>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st,
+			      *a, splits);
 	else if (!launch_tile<HD, GM>(a, splits, st, &e))
 		return cudaErrorInvalidValue;
 	if (e != cudaSuccess || (!tile && a->n <= 2))
