@@ -368,10 +368,12 @@ if [ "$mode" = memif ] && [ $rs = 0 ] && [ $rr = 0 ] && [ -z "${DP_FIXED:-}" ]; 
     wait $prd
     cat "$tmp/recv-die.log"
     grep -q "killing myself" "$tmp/recv-die.log" || demux="the dying consumer never held its messages"
-    for _ in $(seq 50); do grep -q "(dp_client) on this node died.* [1-9][0-9]* receive buffers\? it held back" \
-      "$tmp/B.log" && break; sleep 0.1; done
-    grep -q "(dp_client) on this node died.* [1-9][0-9]* receive buffers\? it held back" "$tmp/B.log" \
-      || demux="the dead consumer's buffers were not taken back"
+    # by whichever reclaim sees it dead first: the holders' scan ("... it
+    # held back") or the ring consumers' ("... it was handed back")
+    dpid=$(sed -n 's/^recv: holding .*killing myself (pid \([0-9]*\)).*/\1/p' "$tmp/recv-die.log")
+    back="pid ${dpid:-none} (dp_client) on this node died.* [1-9][0-9]* receive buffers\? it held back\|consumer of a receive ring, pid ${dpid:-none}, died: [1-9][0-9]* receive buffers\? it was handed back"
+    for _ in $(seq 50); do grep -q "$back" "$tmp/B.log" && break; sleep 0.1; done
+    grep -q "$back" "$tmp/B.log" || demux="the dead consumer's buffers were not taken back"
   fi
 fi
 big=ok
