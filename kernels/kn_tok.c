@@ -519,6 +519,15 @@ static struct kn_tok *tok_from_json(json_t *root, json_t *cfg, const char *json_
 		if (id + 1 > t->n_ids)
 			t->n_ids = (int32_t)id + 1;
 	}
+	/* Ids index tables of n_ids entries: a tokenizer whose ids are far
+	 * sparser than its tokens (one id near 2^31 asked for 38 GB; found by
+	 * fuzz_tok_load) is refused, not allocated for. Real ones are dense,
+	 * added tokens at most a few hundred past the vocabulary. */
+	if ((size_t)t->n_ids > 4 * (n_vocab + t->n_added) + 65536) {
+		kn_seterr(err, errlen, "%s: token id %d is far beyond the %zu tokens it defines: ids must be "
+			  "(nearly) dense, 0 to about the token count", json_path, t->n_ids - 1, n_vocab + t->n_added);
+		goto fail;
+	}
 	t->spell_off = calloc((size_t)t->n_ids, sizeof(uint32_t));
 	t->spell_len = calloc((size_t)t->n_ids, sizeof(uint32_t));
 	t->bytes_off = calloc((size_t)t->n_ids, sizeof(uint32_t));
