@@ -589,6 +589,10 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * for measuring its cost, not yet the default (kernels/cuda/NOTES.md) */
 		const char *wk = getenv("KVFERRY_CUDA_WIDE");
 		s->wide_mma = wk != NULL && !strcmp(wk, "mma");
+		/* wg: every linear layer on the warpgroup kernel, X rounded to bf16
+		 * at every width (gemm_wg.cuh); Hopper only, for measuring it */
+		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
+		s->linear_wg = lk != NULL && !strcmp(lk, "wg") && kn_cuda_gemm_wg_ok();
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
 		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");

@@ -22,6 +22,7 @@
 #include "fill.cuh"
 #include "gather.cuh"
 #include "gemm.cuh"
+#include "gemm_wg.cuh"
 #include "gemv.cuh"
 #include "kn_cuda.h"
 #include "kn_stage_impl.h"
@@ -110,6 +111,9 @@ struct cu_stage {
 	int wide_mma;          /* KVFERRY_CUDA_WIDE=mma: wide linears by kn_cuda_gemm_mma (a column's bits as in narrow plans) */
 	float *mma_part;       /* its warp sequences' sums for small products (kn_cuda_gemm_mma_parts() floats) */
 	size_t mma_part_floats;
+	int linear_wg;         /* KVFERRY_CUDA_LINEAR=wg: every linear by kn_cuda_gemm_wg (bits independent of the plan width) */
+	float *wg_part;        /* its segment sums for products of few tiles */
+	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
 	int attn_tile;         /* opts.cuda_attn (or KVFERRY_CUDA_ATTN): 0 auto (tile on wide plans), 1 column, 2 tile */
 	int kv_gather;         /* KV pages in pieces by one kernel (gather.cuh; KVFERRY_CUDA_KV_GATHER=0: a DMA each) */

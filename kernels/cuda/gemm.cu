@@ -25,17 +25,23 @@ static __global__ void split_kernel(const float4 *x, __nv_bfloat162 *__restrict_
 	}
 }
 
+cudaError_t kn_cuda_round_bf16(const float *x, kn_bf16 *hi, kn_bf16 *lo, size_t count, cudaStream_t st)
+{
+	const size_t n4 = count / 4;
+	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
+
+	if (count % 4)
+		return cudaErrorInvalidValue;
+	return kn_launch(split_kernel, dim3(blocks), dim3(256), 0, st, reinterpret_cast<const float4 *>(x),
+			 reinterpret_cast<__nv_bfloat162 *>(hi), reinterpret_cast<__nv_bfloat162 *>(lo), n4);
+}
+
 cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 			     float *part, size_t part_floats, cudaStream_t st)
 {
-	const size_t n4 = (size_t)n * in / 4;
-	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
-
 	if (n < 1 || in % 8 || in < 8 || out < 1)
 		return cudaErrorInvalidValue;
-	cudaError_t e = kn_launch(split_kernel, dim3(blocks), dim3(256), 0, st, reinterpret_cast<const float4 *>(x),
-				  reinterpret_cast<__nv_bfloat162 *>(xb),
-				  reinterpret_cast<__nv_bfloat162 *>(xb + (size_t)n * in), n4);
+	cudaError_t e = kn_cuda_round_bf16(x, xb, xb + (size_t)n * in, (size_t)n * in, st);
 	return e != cudaSuccess ? e : kn_cuda_gemm_mma_split(w, xb, xb + (size_t)n * in, y, n, in, out, part, part_floats,
 										  st);
 }
@@ -70,12 +76,8 @@ int kn_cuda_linear(cublasHandle_t blas, const kn_bf16 *w, const float *x, kn_bf1
 		}
 		return 0;
 	}
-	const size_t n4 = (size_t)n * in / 4;
 	kn_bf16 *lo = split ? xb + (size_t)n * in : NULL;
-	const int blocks = (int)((n4 + 255) / 256 < 4096 ? (n4 + 255) / 256 : 4096);
-	cudaError_t e = kn_launch(split_kernel, dim3(blocks), dim3(256), 0, st,
-				  reinterpret_cast<const float4 *>(x), reinterpret_cast<__nv_bfloat162 *>(xb),
-				  reinterpret_cast<__nv_bfloat162 *>(lo), n4);
+	cudaError_t e = kn_cuda_round_bf16(x, xb, lo, (size_t)n * in, st);
 	if (e != cudaSuccess) {
 		snprintf(err, errlen, "split_kernel(n=%d, in=%d): %s", n, in, cudaGetErrorString(e));
 		return -1;

@@ -59,4 +59,10 @@ cudaError_t kn_cuda_gemm_mma(const kn_bf16 *w, const float *x, kn_bf16 *xb, floa
  */
 int kn_cuda_linear_bf16(cublasHandle_t blas, const kn_bf16 *w, const kn_bf16 *xb, float *y, int n,
 			int in, int out, char *err, size_t errlen);
+/**
+ * hi = bf16(x) (round to nearest even), and lo = bf16(x - hi) when @p lo is
+ * not NULL, over @p count floats (a multiple of 4; 16-byte aligned buffers).
+ * @return the launch's cudaError_t.
+ */
+cudaError_t kn_cuda_round_bf16(const float *x, kn_bf16 *hi, kn_bf16 *lo, size_t count, cudaStream_t st);
 #endif

@@ -22,6 +22,14 @@ static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y
 		  int out)
 {
 	char e[256];
+	if (s->linear_wg) {
+		cudaError_t ce = kn_cuda_gemm_wg(w, x, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
+		if (ce != cudaSuccess) {
+			cu_seterr(s, "kn_cuda_gemm_wg(n=%d, in=%d, out=%d): %s", n, in, out, cudaGetErrorString(ce));
+			return -EIO;
+		}
+		return 0;
+	}
 	if (n > KN_CU_GEMV_MAX_N && s->wide_mma) {
 		cudaError_t ce = kn_cuda_gemm_mma(w, x, s->xb, y, n, in, out, s->mma_part, s->mma_part_floats, s->st);
 		if (ce != cudaSuccess) {
@@ -56,7 +64,7 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 {
 	const int H = s->hidden;
 	const float eps = s->base.cfg->rms_eps;
-	if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma) {
+	if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma && !s->linear_wg) {
 		CKL(kn_cuda_add_rmsnorm_bf16(s->resid, delta, nw, eps, W, H, s->xb, s->st),
 		    "kn_cuda_add_rmsnorm_bf16");
 		return linear_bf16(s, w, y, W, H, out);
@@ -131,7 +139,7 @@ static int enqueue(struct cu_stage *s, int W, int gctx)
 			return rc;
 		if ((rc = norm_linear(s, W, s->delta, w->ln2, w->wgu, s->gu, 2 * s->inter, l)))
 			return rc;
-		if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma) {
+		if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma && !s->linear_wg) {
 			CKL(kn_cuda_swiglu_bf16(s->gu, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
 			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H);
 		} else {

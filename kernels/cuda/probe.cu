@@ -15,6 +15,7 @@
 #include "attention.cuh"
 #include "fill.cuh"
 #include "gemm.cuh"
+#include "gemm_wg.cuh"
 #include "gemv.cuh"
 #include "kn_cuda.h"
 
@@ -154,13 +155,15 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 	void *ws = NULL;
 	cublasHandle_t h = NULL;
 	double med;
+	size_t wg_part = 0;
 	int rc = 0;
 	PCK(cudaSetDevice(device));
 	PCK(cudaMalloc((void **)&w, (size_t)out * in * 2));
 	PCK(cudaMalloc((void **)&x, (size_t)n * in * 4));
 	PCK(cudaMalloc((void **)&xb, (size_t)2 * n * in * 2));
 	PCK(cudaMalloc((void **)&y, (size_t)n * out * 4));
-	PCK(cudaMalloc((void **)&part, (size_t)8 * n * out * 4));
+	wg_part = kn_cuda_gemm_wg_part_floats(n, in, out);
+	PCK(cudaMalloc((void **)&part, ((size_t)8 * n * out > wg_part ? (size_t)8 * n * out : wg_part) * 4));
 	PCK(cudaMalloc(&ws, (size_t)32 << 20));
 	PCK(kn_cuda_fill_bf16(w, (size_t)out * in, 1, 1.f, 0));
 	PCK(kn_cuda_fill_f32(x, (size_t)n * in, 2, 0.f, 1.f, 0));
@@ -174,6 +177,9 @@ extern "C" int kn_cuda_probe_linear(int device, int n, int in, int out, int kind
 		if (kind == 2)
 			return ck(kn_cuda_gemm_mma(w, x, xb, y, n, in, out, part, (size_t)8 * n * out, 0), "kn_cuda_gemm_mma",
 				  err, errlen);
+		if (kind == 3)
+			return ck(kn_cuda_gemm_wg(w, x, xb, y, n, in, out, part, wg_part, 0), "kn_cuda_gemm_wg", err,
+				  errlen);
 		return kn_cuda_linear(h, w, x, xb, y, n, in, out, kind, -1, 0, err, errlen) ? -EIO : 0;
 	});
 	if (rc == 0)

@@ -264,6 +264,22 @@ int cu_alloc_workspace(struct cu_stage *s)
 			return rc;
 		s->ws_bytes += s->mma_part_floats * 4;
 	}
+	if (s->linear_wg) {
+		/* the widest plan's products that run in segment parts (a narrower
+		 * plan's need no more: n times out per segment) */
+		const int h = s->hidden;
+		const int lin[][2] = { { h, s->qkv_dim }, { s->q_dim, h }, { h, 2 * s->inter }, { s->inter, h },
+				       { h, s->base.last ? s->vocab : 1 } };
+		for (int i = 0; i < s->n_plans; i++)
+			for (size_t j = 0; j < sizeof(lin) / sizeof(lin[0]); j++) {
+				const size_t f = kn_cuda_gemm_wg_part_floats(s->plans[i].width, lin[j][0], lin[j][1]);
+				s->wg_part_floats = f > s->wg_part_floats ? f : s->wg_part_floats;
+			}
+		if (s->wg_part_floats &&
+		    (rc = cu_dalloc(s, (void **)&s->wg_part, s->wg_part_floats * 4, "one-family linear segment sums")))
+			return rc;
+		s->ws_bytes += s->wg_part_floats * 4;
+	}
 	if (s->base.last) {
 		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;

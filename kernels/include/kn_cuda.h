@@ -58,7 +58,10 @@ int kn_cuda_probe_copy_bw(int device, size_t bytes, int iters, double *bytes_per
  * One linear layer Y = X W^T (X f32 [n][in], W bf16 [out][in]) as the
  * engine runs it: @p kind 0 cuBLAS with X rounded to bf16, 1 cuBLAS with X
  * split into bf16 hi + lo (two products), 2 the tensor-core kernel whose
- * bits do not depend on n (kn_cuda_gemm_mma). Median seconds of @p iters.
+ * bits do not depend on n (kn_cuda_gemm_mma), 3 the warpgroup kernel whose
+ * bits do not depend on n, X rounded (kn_cuda_gemm_wg). Plans of at most
+ * 16 columns run the engine's skinny kernels in kinds 0 and 1. Median
+ * seconds of @p iters.
  * @return 0 or -EIO / -ENOMEM with @p err filled.
  */
 int kn_cuda_probe_linear(int device, int n, int in, int out, int kind, int iters, double *sec_per_call, char *err,

@@ -25,9 +25,9 @@
  *   path's (plans 1..512, mb_k 512). Prints completion tokens/s;
  *   --kv-pieces: a KV page message imported whole, reassembled, and in
  *   pieces by the gather kernel and by a DMA each (bench_kv_pieces());
- *   --gemm: each linear layer of both shapes at 64, 256 and 2048 columns:
- *   cuBLAS (X rounded, X split) beside the tensor-core kernel whose bits do
- *   not depend on the plan width (bench_gemm()).
+ *   --gemm [N,N...]: each linear layer of both shapes at plan widths 1 to
+ *   2048 (or those listed): the engine's default, cuBLAS with X split, and
+ *   the two kernels whose bits do not depend on the plan width (bench_gemm()).
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
@@ -425,39 +425,52 @@ out:
 }
 
 /*
- * --gemm: the linear layers of the 1B and 8B shapes at plan widths 64, 256
- * and 2048, timed three ways in one run: cuBLAS with X rounded to bf16 (the
- * default wide path), cuBLAS with X split into hi + lo (the f32-grade one),
- * and kn_cuda_gemm_mma (f32-grade, a column's bits the same at every
- * width). Prints microseconds and TFLOP/s (one product) per layer.
+ * --gemm: the linear layers of the 1B and 8B shapes at plan widths 1 to
+ * 2048, timed four ways in one run: the engine's default (the skinny
+ * kernels up to 16 columns, above them cuBLAS with X rounded to bf16),
+ * cuBLAS with X split into hi + lo (the f32-grade one), kn_cuda_gemm_mma
+ * (f32-grade, a column's bits the same at every width) and kn_cuda_gemm_wg
+ * (X rounded, a column's bits the same at every width). Prints
+ * microseconds, the warpgroup kernel's TFLOP/s and its weight stream in
+ * TB/s, and its time over the default's.
  */
-static void bench_gemm(void)
+static void bench_gemm(const char *widths)
 {
 	static const struct { const char *name; int in, out; } L[] = {
 		{ "1b.qkv", 2048, 3072 }, { "1b.o", 2048, 2048 }, { "1b.gate_up", 2048, 16384 }, { "1b.down", 8192, 2048 },
 		{ "8b.qkv", 4096, 6144 }, { "8b.o", 4096, 4096 }, { "8b.gate_up", 4096, 28672 }, { "8b.down", 14336, 4096 },
+		{ "1b.lm_head", 2048, 128256 },
 	};
-	static const char *kinds[] = { "cublas_rounded", "cublas_split", "mma_one_family" };
-	const int ns[] = { 64, 256, 2048 };
+	static const char *kinds[] = { "default", "cublas_split", "mma_one_family", "wg_one_family" };
+	int ns[16] = { 1, 8, 16, 32, 64, 128, 256, 2048 };
+	size_t nn = 8;
 	char err[512];
 
+	if (widths) { /* --gemm 64,2048: those plan widths only */
+		nn = 0;
+		for (const char *p = widths; *p && nn < 16; p += strcspn(p, ","), p += *p == ',')
+			if (atoi(p) > 0)
+				ns[nn++] = atoi(p);
+	}
 	for (size_t i = 0; i < sizeof(L) / sizeof(L[0]); i++)
-		for (int j = 0; j < 3; j++) {
-			double sec[3] = { 0 };
+		for (size_t j = 0; j < nn; j++) {
+			double sec[4] = { 0 };
 			int ok = 1;
 
-			for (int k = 0; k < 3 && ok; k++)
-				if (kn_cuda_probe_linear(0, ns[j], L[i].in, L[i].out, k, 20, &sec[k], err, sizeof(err))) {
-					printf("RESULT kind=gemm layer=%s n=%d way=%s error=\"%s\"\n", L[i].name, ns[j], kinds[k], err);
-					ok = 0;
-				}
+			for (int k = 0; k < 4 && ok; k++)
+				if ((k != 1 && k != 2) || ns[j] >= 64)
+					if (kn_cuda_probe_linear(0, ns[j], L[i].in, L[i].out, k, 20, &sec[k], err, sizeof(err))) {
+						printf("RESULT kind=gemm layer=%s n=%d way=%s error=\"%s\"\n", L[i].name, ns[j],
+						       kinds[k], err);
+						ok = 0;
+					}
 			if (!ok)
 				continue;
-			const double fl = 2.0 * ns[j] * L[i].in * (double)L[i].out;
-			printf("RESULT kind=gemm layer=%s n=%d rounded_us=%.1f split_us=%.1f mma_us=%.1f mma_tflops=%.1f "
-			       "rounded_tflops=%.1f mma_vs_rounded=%.2f mma_vs_split=%.2f\n", L[i].name, ns[j], sec[0] * 1e6,
-			       sec[1] * 1e6, sec[2] * 1e6, fl / sec[2] / 1e12, fl / sec[0] / 1e12, sec[2] / sec[0],
-			       sec[2] / sec[1]);
+			const double fl = 2.0 * ns[j] * L[i].in * (double)L[i].out, wb = 2.0 * L[i].in * (double)L[i].out;
+			printf("RESULT kind=gemm layer=%s n=%d default_us=%.1f split_us=%.1f mma_us=%.1f wg_us=%.1f "
+			       "wg_tflops=%.1f wg_w_tb_s=%.2f default_w_tb_s=%.2f wg_vs_default=%.2f\n", L[i].name, ns[j],
+			       sec[0] * 1e6, sec[1] * 1e6, sec[2] * 1e6, sec[3] * 1e6, fl / sec[3] / 1e12, wb / sec[3] / 1e12,
+			       wb / sec[0] / 1e12, sec[3] / sec[0]);
 			fflush(stdout);
 		}
 }
@@ -478,10 +491,10 @@ int main(int argc, char **argv)
 		bench_decode(argv[2], atoi(argv[3]), &b, 1, 4.2e12, (size_t)96 << 30);
 		return 0;
 	}
-	if (argc == 2 && !strcmp(argv[1], "--gemm")) {
+	if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--gemm")) {
 		if (kn_cuda_device_count() < 1)
 			return 77;
-		bench_gemm();
+		bench_gemm(argc == 3 ? argv[2] : NULL);
 		return 0;
 	}
 	if (argc == 2 && !strcmp(argv[1], "--kv-pieces")) {

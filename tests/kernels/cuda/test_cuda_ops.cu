@@ -17,6 +17,7 @@
 #include "attention.cuh"
 #include "gemv.cuh"
 #include "gemm.cuh"
+#include "gemm_wg.cuh"
 #include "qkv_rope.cuh"
 #include "rmsnorm.cuh"
 #include "sample.cuh"
@@ -94,6 +95,33 @@ static void rand_bf16(std::vector<uint16_t> &v, float scale)
 {
 	for (auto &x : v)
 		x = f2bf(frand() * scale);
+}
+
+/* W [out][in] bf16 and X [n][in] f32, random in [-1, 1) */
+static void rand_product(std::vector<uint16_t> &w, std::vector<float> &x, int in, int out, int n)
+{
+	w.resize((size_t)in * out);
+	x.resize((size_t)n * in);
+	rand_bf16(w, 1.f);
+	for (auto &v : x)
+		v = frand();
+}
+
+/* Y = X W^T in double, X rounded to bf16 first when @p round_x */
+static std::vector<double> ref_product(const std::vector<uint16_t> &w, const std::vector<float> &x, int n, int in,
+				       int out, bool round_x)
+{
+	std::vector<double> ref((size_t)n * out);
+	for (int c = 0; c < n; c++)
+		for (int o = 0; o < out; o++) {
+			double sum = 0;
+			for (int k = 0; k < in; k++) {
+				const float xv = x[(size_t)c * in + k];
+				sum += (double)bf2f(w[(size_t)o * in + k]) * (round_x ? bf2f(f2bf(xv)) : xv);
+			}
+			ref[(size_t)c * out + o] = sum;
+		}
+	return ref;
 }
 
 /* Both skinny kernels and the cuBLAS path (X rounded, and X split into
@@ -177,11 +205,9 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 	const int N = 300;
 	for (auto &sh : shapes) {
 		const int in = sh[0], out = sh[1];
-		std::vector<uint16_t> w((size_t)in * out);
-		std::vector<float> x((size_t)N * in);
-		rand_bf16(w, 1.f);
-		for (auto &v : x)
-			v = frand();
+		std::vector<uint16_t> w;
+		std::vector<float> x;
+		rand_product(w, x, in, out, N);
 		uint16_t *dw = dev(w), *dxb;
 		float *dx = dev(x), *dy, *dpart;
 		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * out * 4));
@@ -213,14 +239,7 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 						       "from its narrow bits\n", parts ? " (in parts)" : "", in, out, n, c);
 				}
 			if (n == N && parts) {
-				std::vector<double> ref((size_t)n * out);
-				for (int c = 0; c < n; c++)
-					for (int o = 0; o < out; o++) {
-						double sum = 0;
-						for (int k = 0; k < in; k++)
-							sum += (double)bf2f(w[(size_t)o * in + k]) * x[(size_t)c * in + k];
-						ref[(size_t)c * out + o] = sum;
-					}
+				const std::vector<double> ref = ref_product(w, x, n, in, out, false);
 				char what[128];
 				snprintf(what, sizeof(what), "wide tensor-core kernel in=%d out=%d n=%d", in, out, n);
 				expect_close(what, y.data(), ref.data(), y.size(), 1e-4);
@@ -228,6 +247,89 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
 		}
 		printf("%s wide tensor-core kernel, in=%d out=%d: every column of widths 1..300 equals its narrow bits, whole and in parts\n",
 		       bad ? "FAIL" : "ok  ", in, out);
+		g_fail += bad != 0;
+		cudaFree(dw);
+		cudaFree(dx);
+		cudaFree(dxb);
+		cudaFree(dpart);
+		cudaFree(dy);
+	}
+}
+
+/* The warpgroup kernel (gemm_wg.cuh): every column of every width, whole or
+ * in segment parts, and each forced instruction width, equals that column
+ * computed alone; and the product is X rounded to bf16 times W, summed in
+ * f32 (against a double reference of exactly that). */
+static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(void)
+{
+	if (!kn_cuda_gemm_wg_ok()) {
+		printf("skip warpgroup kernel: not a Hopper GPU\n");
+		return;
+	}
+	const int shapes[][2] = { { 4096, 96 }, { 1000, 200 }, { 2056, 1000 }, { 64, 37 }, { 14336, 130 } };
+	const int widths[] = { 1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 300 };
+	const int N = 300;
+	for (auto &sh : shapes) {
+		const int in = sh[0], out = sh[1];
+		std::vector<uint16_t> w;
+		std::vector<float> x;
+		rand_product(w, x, in, out, N);
+		/* room for segments of 64 k or more */
+		const size_t part_floats = (size_t)(in / 64 + 1) * N * out;
+		uint16_t *dw = dev(w), *dxb;
+		float *dx = dev(x), *dy, *dpart;
+		CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * out * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dpart, part_floats * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dxb, (size_t)N * in * 2));
+		std::vector<float> solo((size_t)N * out);
+		for (int c = 0; c < N; c++) {
+			CHECK_CUDA(kn_cuda_gemm_wg((kn_bf16 *)dw, dx + (size_t)c * in, (kn_bf16 *)dxb, dy, 1, in, out, NULL, 0, 0));
+			CHECK_CUDA(cudaMemcpy(solo.data() + (size_t)c * out, dy, (size_t)out * 4, cudaMemcpyDeviceToHost));
+		}
+		int bad = 0, runs = 0;
+		auto compare = [&](int n, const char *how) {
+			std::vector<float> y = host(dy, (size_t)n * out);
+			runs++;
+			for (int c = 0; c < n; c++)
+				if (memcmp(y.data() + (size_t)c * out, solo.data() + (size_t)c * out, (size_t)out * 4)) {
+					if (bad++ < 3)
+						printf("FAIL warpgroup kernel (%s), in=%d out=%d n=%d: column %d differs from "
+						       "its bits alone\n", how, in, out, n, c);
+				}
+			return y;
+		};
+		for (int n : widths)
+			for (int parts = 0; parts < 2; parts++) {
+				CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
+				cudaError_t e = kn_cuda_gemm_wg((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out,
+								parts ? dpart : NULL, part_floats, 0);
+				CHECK_CUDA(cudaDeviceSynchronize());
+				if (e != cudaSuccess) {
+					printf("FAIL kn_cuda_gemm_wg(n=%d, in=%d, out=%d): %s\n", n, in, out, cudaGetErrorString(e));
+					g_fail++;
+					continue;
+				}
+				std::vector<float> y = compare(n, parts ? "in parts" : "whole");
+				if (n == N && parts) {
+					const std::vector<double> ref = ref_product(w, x, n, in, out, true);
+					char what[128];
+					snprintf(what, sizeof(what), "warpgroup kernel in=%d out=%d n=%d vs bf16(X) W in double",
+						 in, out, n);
+					expect_close(what, y.data(), ref.data(), y.size(), 1e-5);
+				}
+			}
+		for (int way = 0; way < 3; way++)
+			for (int n : { 5, 40, N }) {
+				CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
+				CHECK_CUDA(kn_cuda_gemm_wg_forced((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out,
+								  way == 1 ? dpart : NULL, part_floats, way, 0));
+				CHECK_CUDA(cudaDeviceSynchronize());
+				char how[32];
+				snprintf(how, sizeof(how), "forced way %d", way);
+				compare(n, how);
+			}
+		printf("%s warpgroup kernel, in=%d out=%d: every column of %d runs (widths 1..300, whole, in parts, three "
+		       "instruction widths) equals its bits alone\n", bad ? "FAIL" : "ok  ", in, out, runs);
 		g_fail += bad != 0;
 		cudaFree(dw);
 		cudaFree(dx);
@@ -707,6 +809,7 @@ extern "C" int kn_cuda_test_ops_main(void)
 	}
 	skinny_and_wide_products_match_a_double_reference(h);
 	the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_every_width();
+	the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width();
 	add_rmsnorm_matches_reference();
 	swiglu_matches_reference();
 	bf16_producers_equal_their_f32_outputs_rounded();

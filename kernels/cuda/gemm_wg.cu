@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * One numerics family for the linear layers on Hopper's warpgroup MMA
+ * (gemm_wg.cuh has the contract). The order of a column's sum, fixed by
+ * `in` alone:
+ *   - X rounded to bf16 (round to nearest even), W bf16, products summed in
+ *     f32 by the tensor cores 16 k at a time (one wgmma k16 step), steps in
+ *     increasing k into one accumulator per segment of WG_SEG k;
+ *   - the segments' sums added from 0 in segment order.
+ * Which block computes which segment (all of a tile's segments in its
+ * registers, or one segment each and a second kernel adding them) and how
+ * wide the instruction is (N = 8..128 columns, 64 W rows a warpgroup) is
+ * chosen per launch for speed; the order above does not change with it, so
+ * neither do the bits (test_cuda_ops checks every width against width 1).
+ *
+ * Block: one or two warpgroups (wg_cfg). W streams through shared stages
+ * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read it. Narrow plans (n <= 32) keep a segment's X resident in shared
+ * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
+ * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W.
+ */
+#include "gemm_wg.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.cuh"
+#include "wgmma.cuh"
+
+#define WG_BK 64       /* k per stage: one 128-byte row per operand row */
+#define WG_SEG 512     /* k per segment of the sum */
+#define WG_XRES_MAX 32 /* widest plan whose X stays resident */
+#define WG_SMEM_MAX (227 * 1024)
+
+/*
+ * WGS warpgroups a block: MSPLIT, each takes 64 W rows of the block's
+ * BM = 64 WGS and all BN columns; else (WGS = 2) both take the same 64 rows
+ * and BN columns each. Narrow plans (XRES) run one warpgroup a block, twice
+ * the blocks, and wait for each stage's products (memory-bound: the tensor
+ * pipe idles anyway); wider ones keep one group of products in flight
+ * while the next is issued (PIPE), loads DIST stages ahead.
+ */
+template <int BN, bool MSPLIT, bool XRES, int WGS> struct wg_cfg {
+	static constexpr int THREADS = WGS * 128;
+	static constexpr int BM = MSPLIT ? 64 * WGS : 64;      /* W rows a block */
+	static constexpr int BNB = MSPLIT ? BN : WGS * BN;     /* columns a block (wg_tile()) */
+	static constexpr int W_BYTES = BM * 128;
+	static constexpr int X_BYTES = XRES ? 0 : BNB * 128;
+	static constexpr int STAGE = W_BYTES + X_BYTES;
+	static constexpr int XRES_BYTES = XRES ? BNB * 128 * (WG_SEG / WG_BK) : 0;
+	static constexpr int STAGES = (6 * STAGE + XRES_BYTES + 1024 <= WG_SMEM_MAX) ? 6 : 5;
+	static constexpr int PIPE = XRES ? 0 : 1;
+	static constexpr int DIST = STAGES - 1 - PIPE;
+	static constexpr int SMEM = STAGE * STAGES + XRES_BYTES + 1024; /* + alignment */
+};
+
+/* helpers the compute_90 PTX pass (no wgmma: the kernel traps) leaves unused */
+#define WG_DEV static __device__ __forceinline__ __attribute__((unused))
+
+WG_DEV uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Descriptor of a K-major bf16 tile with 128-byte swizzle: rows of 128
+ * bytes, 8-row groups 1,024 bytes apart (the tile 1,024-aligned). */
+WG_DEV uint64_t desc_sw128(uint32_t addr)
+{
+	return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+	       ((uint64_t)1 << 62);
+}
+
+/* byte offset of 16-byte chunk c of row r in a 128-byte swizzled tile */
+WG_DEV int sw128(int r, int c)
+{
+	return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
+WG_DEV void cp16(void *dst, const void *src, bool ok)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+		     "r"(ok ? 16 : 0)
+		     : "memory");
+}
+
+WG_DEV void cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> WG_DEV void cp_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+WG_DEV void wg_fence_operands(float *d, int n)
+{
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/*
+ * grid (ceil(n / BNB), ceil(out / BM), parts ? segments : 1), block THREADS,
+ * dynamic shared memory wg_cfg::SMEM. With parts, block z sums segment z
+ * into part + z n out; else each block sums all of its tile's segments.
+ */
+template <int BN, bool MSPLIT, bool XRES, int WGS>
+static __global__ void __launch_bounds__(WGS * 128, 1)
+gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb, float *y, float *part, int n,
+	       int in, int out)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+	using C = wg_cfg<BN, MSPLIT, XRES, WGS>;
+	constexpr int S = C::STAGES, D = C::DIST, T = C::THREADS;
+	extern __shared__ unsigned char wg_smem_raw[];
+	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+	unsigned char *xres = sm + S * C::STAGE;
+	const int tid = threadIdx.x, wg = tid >> 7;
+	const int row0 = blockIdx.y * C::BM, col0 = blockIdx.x * C::BNB;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const bool parts = gridDim.z > 1;
+	const int s0 = parts ? blockIdx.z : 0, s1 = parts ? blockIdx.z + 1 : nseg;
+	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
+	const int nch = (kend - kbeg + WG_BK - 1) / WG_BK;
+
+	auto load_w = [&](int i) {
+		const int k0 = kbeg + i * WG_BK;
+		unsigned char *dst = sm + (i % S) * C::STAGE;
+#pragma unroll
+		for (int u = tid; u < C::BM * 8; u += T) {
+			const int r = u >> 3, c = u & 7, gr = row0 + r, gk = k0 + c * 8;
+			const bool ok = gr < out && gk < in;
+			cp16(dst + sw128(r, c), w + (ok ? (size_t)gr * in + gk : 0), ok);
+		}
+	};
+	auto load_x = [&](int i) {
+		const int k0 = kbeg + i * WG_BK;
+		unsigned char *dst = sm + (i % S) * C::STAGE + C::W_BYTES;
+#pragma unroll
+		for (int u = tid; u < C::BNB * 8; u += T) {
+			const int r = u >> 3, c = u & 7, gc = col0 + r, gk = k0 + c * 8;
+			const bool ok = gc < n && gk < in;
+			cp16(dst + sw128(r, c), xb + (ok ? (size_t)gc * in + gk : 0), ok);
+		}
+	};
+	/* a segment's X, rounded to bf16, as WG_SEG / WG_BK swizzled tiles: a
+	 * thread's loads go out 8 at a time before the first is used */
+	auto load_xres = [&](int seg) {
+		constexpr int U = C::BNB * (WG_SEG / 8) / T, V = U < 8 ? U : 8;
+		const int k0 = seg * WG_SEG;
+#pragma unroll
+		for (int v0 = 0; v0 < U; v0 += V) {
+			float4 a[V], b[V];
+#pragma unroll
+			for (int v = 0; v < V; v++) {
+				const int u = tid + (v0 + v) * T;
+				const int r = u / (WG_SEG / 8), kk = (u % (WG_SEG / 8)) * 8, gc = col0 + r, gk = k0 + kk;
+				a[v] = b[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+				if (gc < n && gk < in) {
+					a[v] = kn_ld_f4(x + (size_t)gc * in + gk);
+					b[v] = kn_ld_f4(x + (size_t)gc * in + gk + 4);
+				}
+			}
+#pragma unroll
+			for (int v = 0; v < V; v++) {
+				const int u = tid + (v0 + v) * T;
+				const int r = u / (WG_SEG / 8), kk = (u % (WG_SEG / 8)) * 8;
+				__nv_bfloat162 h[4] = { __floats2bfloat162_rn(a[v].x, a[v].y),
+							__floats2bfloat162_rn(a[v].z, a[v].w),
+							__floats2bfloat162_rn(b[v].x, b[v].y),
+							__floats2bfloat162_rn(b[v].z, b[v].w) };
+				*reinterpret_cast<uint4 *>(xres + (kk / WG_BK) * (C::BNB * 128) +
+							   sw128(r, (kk % WG_BK) / 8)) = *reinterpret_cast<const uint4 *>(h);
+			}
+		}
+	};
+
+	float acc[BN / 2], tot[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; i++)
+		acc[i] = tot[i] = 0.f;
+
+	/* the weights' first stages go out before waiting for X's producer */
+#pragma unroll
+	for (int i = 0; i < D; i++)
+		if (i < nch)
+			load_w(i);
+	kn_pdl_wait();
+	kn_pdl_trigger();
+#pragma unroll
+	for (int i = 0; i < D; i++) {
+		if (!XRES && i < nch)
+			load_x(i);
+		cp_commit();
+	}
+
+	const uint32_t wg_w = MSPLIT ? wg * 64 * 128 : 0, wg_x = MSPLIT ? 0 : wg * BN * 128;
+	for (int i = 0; i < nch; i++) {
+		const int k0 = kbeg + i * WG_BK;
+		const bool first = k0 % WG_SEG == 0, last = i == nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
+		cp_wait<D - 1>(); /* chunk i's group */
+		if (XRES && first) {
+			__syncthreads(); /* every warpgroup is done with the last segment's X */
+			load_xres(k0 / WG_SEG);
+		}
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+		/* chunk i landed for all; the stage D chunks on was read by products
+		 * that every warpgroup has waited for (PIPE groups back) */
+		__syncthreads();
+		if (i + D < nch) {
+			load_w(i + D);
+			if (!XRES)
+				load_x(i + D);
+		}
+		cp_commit();
+
+		const unsigned char *st = sm + (i % S) * C::STAGE;
+		const uint32_t a0 = smem_u32(st) + wg_w;
+		const uint32_t b0 = (XRES ? smem_u32(xres) + ((k0 % WG_SEG) / WG_BK) * (C::BNB * 128)
+					  : smem_u32(st + C::W_BYTES)) + wg_x;
+		if (C::PIPE == 0)
+			wg_fence_operands(acc, BN / 2);
+		asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+		for (int j = 0; j < WG_BK / 16; j++)
+			wg_mma_n<BN>::run(acc, desc_sw128(a0 + 32 * j), desc_sw128(b0 + 32 * j), first && j == 0 ? 0 : 1);
+		asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+		if (last || C::PIPE == 0) {
+			asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+			wg_fence_operands(acc, BN / 2);
+			if (last)
+#pragma unroll
+				for (int e = 0; e < BN / 2; e++)
+					tot[e] += acc[e];
+		} else {
+			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+		}
+	}
+	cp_wait<0>();
+
+	float *dst = parts ? part + (size_t)blockIdx.z * n * out : y;
+	const int warp = (tid & 127) >> 5, lane = tid & 31;
+	const int rb = row0 + (MSPLIT ? wg * 64 : 0) + warp * 16 + (lane >> 2);
+	const int cb = col0 + (MSPLIT ? 0 : wg * BN) + 2 * (lane & 3);
+#pragma unroll
+	for (int e = 0; e < BN / 2; e++) {
+		const int r = rb + 8 * ((e >> 1) & 1), c = cb + 8 * (e >> 2) + (e & 1);
+		if (r < out && c < n)
+			dst[(size_t)c * out + r] = tot[e];
+	}
+#else
+	(void)w, (void)x, (void)xb, (void)y, (void)part, (void)n, (void)in, (void)out;
+	__trap();
+#endif
+}
+
+/* y = the segments' sums added from 0 in segment order, as one block adds them */
+static __global__ void __launch_bounds__(256) wg_fold_kernel(const float *part, float *__restrict__ y, size_t count,
+							     int nseg)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < count; e += (size_t)gridDim.x * blockDim.x) {
+		float v = 0.f;
+		for (int s = 0; s < nseg; s++)
+			v += part[(size_t)s * count + e];
+		y[e] = v;
+	}
+}
+
+static int wg_sms = -1;
+
+/* Launch choices (not the bits), read once: KVFERRY_WG_NARROW_WGS (1 or 2
+ * warpgroups a block for plans of at most WG_XRES_MAX columns, default 2)
+ * and KVFERRY_WG_PARTS (1, the default: wg_parts_for()'s rule; 0: parts
+ * whenever there are fewer tiles than two waves). For measuring; what was
+ * measured is in kernels/cuda/NOTES.md. */
+static int wg_narrow_wgs = 2, wg_parts_policy = 1;
+
+static void wg_read_env(void)
+{
+	const char *e = getenv("KVFERRY_WG_NARROW_WGS");
+	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : 2;
+	e = getenv("KVFERRY_WG_PARTS");
+	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
+}
+
+/* the tile shape kn_cuda_gemm_wg() runs n columns with: W rows and columns a block */
+static void wg_tile(int n, int *bm, int *bnb)
+{
+	*bm = n <= WG_XRES_MAX ? 64 * wg_narrow_wgs : n <= 128 ? 128 : 64;
+	*bnb = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : 256;
+}
+
+/* Whether a product of this many tiles runs one segment a block. Narrow
+ * plans always do (their sums are small; the blocks many and short, so the
+ * last wave is short too); wider ones when the tiles cannot fill half the
+ * GPU, or less than two waves of them when the sums, written and read
+ * again (8 bytes a column, row and segment), cost at most a quarter of the
+ * weight stream (2 bytes a row and k). H200, bench_cuda --gemm: 8B down at
+ * 64 columns 77 us in parts against 169 in 32 tiles; 8B gate_up 102 us in
+ * 224 tiles against 134 in parts. */
+static bool wg_parts_for(long tiles, int n, int in, int out)
+{
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	if (nseg < 2)
+		return false;
+	if (wg_parts_policy == 0)
+		return tiles < 2L * wg_sms;
+	const double sums = 8.0 * nseg * n * out, weights = 2.0 * in * out;
+	return n <= WG_XRES_MAX || tiles < wg_sms / 2 || (tiles < 2L * wg_sms && sums * 4 <= weights);
+}
+
+static bool wg_parts(int n, int in, int out)
+{
+	int bm, bnb;
+	wg_tile(n, &bm, &bnb);
+	return wg_parts_for((long)((out + bm - 1) / bm) * ((n + bnb - 1) / bnb), n, in, out);
+}
+
+
+template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_smem(void)
+{
+	return cudaFuncSetAttribute(gemm_wg_kernel<BN, MSPLIT, XRES, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    wg_cfg<BN, MSPLIT, XRES, WGS>::SMEM);
+}
+
+int kn_cuda_gemm_wg_ok(void)
+{
+	int dev = 0, major = 0;
+	return cudaGetDevice(&dev) == cudaSuccess &&
+	       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
+}
+
+cudaError_t kn_cuda_gemm_wg_prepare(void)
+{
+	if (wg_sms > 0)
+		return cudaSuccess;
+	cudaError_t e;
+	int dev = 0, sms = 0;
+	if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+		return e;
+	const cudaError_t r[] = {
+		wg_set_smem<8, true, true, 1>(),    wg_set_smem<16, true, true, 1>(),   wg_set_smem<32, true, true, 1>(),
+		wg_set_smem<8, true, true, 2>(),    wg_set_smem<16, true, true, 2>(),   wg_set_smem<32, true, true, 2>(),
+		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
+		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(),
+	};
+	for (cudaError_t v : r)
+		if (v != cudaSuccess)
+			return v;
+	wg_read_env();
+	wg_sms = sms;
+	return cudaSuccess;
+}
+
+size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
+{
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_parts(n, in, out))
+		return 0;
+	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
+}
+
+template <int BN, bool MSPLIT, bool XRES, int WGS>
+static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb, float *y, int n, int in, int out,
+			     float *part, size_t part_floats, cudaStream_t st)
+{
+	using C = wg_cfg<BN, MSPLIT, XRES, WGS>;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	/* column tiles first: the blocks that run together share W's rows, which
+	 * HBM then sends once (X, the smaller operand, stays in L2) */
+	const dim3 grid((n + C::BNB - 1) / C::BNB, (out + C::BM - 1) / C::BM);
+	const size_t count = (size_t)n * out;
+	const bool parts = part != NULL && part_floats >= (size_t)nseg * count &&
+			   wg_parts_for((long)grid.x * grid.y, n, in, out);
+	cudaError_t e = kn_launch(gemm_wg_kernel<BN, MSPLIT, XRES, WGS>, dim3(grid.x, grid.y, parts ? nseg : 1),
+				  dim3(C::THREADS), (size_t)C::SMEM, st, w, x, xb, y, part, n, in, out);
+	if (e != cudaSuccess || !parts)
+		return e;
+	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
+	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, y, count, nseg);
+}
+
+cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+			    float *part, size_t part_floats, cudaStream_t st)
+{
+	cudaError_t e;
+	if (n < 1 || in % 8 || in < 8 || out < 1)
+		return cudaErrorInvalidValue;
+	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
+		return e;
+	if (n <= WG_XRES_MAX && wg_narrow_wgs == 2)
+		return n <= 8    ? wg_launch<8, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st)
+		       : n <= 16 ? wg_launch<16, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st)
+				 : wg_launch<32, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st);
+	if (n <= WG_XRES_MAX)
+		return n <= 8    ? wg_launch<8, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st)
+		       : n <= 16 ? wg_launch<16, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st)
+				 : wg_launch<32, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st);
+	if ((e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+		return e;
+	return n <= 64    ? wg_launch<64, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
+	       : n <= 128 ? wg_launch<128, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
+			  : wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+}
+
+cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				   float *part, size_t part_floats, int way, cudaStream_t st)
+{
+	cudaError_t e;
+	if (n < 1 || in % 8 || in < 8 || out < 1)
+		return cudaErrorInvalidValue;
+	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
+		return e;
+	if (way != 0 && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+		return e;
+	switch (way) {
+	case 0: /* X resident, 32-column instructions, two warpgroups a block */
+		return wg_launch<32, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st);
+	case 1: /* X streamed, 8-column instructions */
+		return wg_launch<8, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+	case 2: /* X streamed, two warpgroups side by side on 128 columns each */
+		return wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+	default:
+		return cudaErrorInvalidValue;
+	}
+}

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/**
+ * @file gemm_wg.cuh
+ * A linear layer Y = X W^T on Hopper's warpgroup MMA (wgmma, sm_90a) whose
+ * bits for a column depend on that column, W and `in` alone: never on the
+ * plan width, the column's neighbours or its index (the order is in
+ * gemm_wg.cu). X is rounded to bf16, as cuBLAS's default wide path and
+ * transformers' bf16 path round it; W bf16; f32 accumulate and output.
+ * `KVFERRY_CUDA_LINEAR=wg` puts every linear layer of the engine on it.
+ */
+#ifndef KN_CU_GEMM_WG_CUH
+#define KN_CU_GEMM_WG_CUH
+#include <stddef.h>
+
+#include "cu_common.cuh"
+
+/**
+ * Y[c][o] = sum_k bf16(X[c][k]) W[o][k] for c < n, o < out.
+ * @param w     [out][in] bf16, 16-byte aligned rows
+ * @param x     [n][in] f32, 16-byte aligned rows
+ * @param xb    bf16 scratch of n*in elements (used above 32 columns)
+ * @param y     [n][out] f32
+ * @param part  scratch for products of few tiles, which then run one
+ *              segment of `in` a block and add the segments in a second
+ *              kernel (the same bits); NULL or too small: one pass
+ * @param part_floats  floats @p part holds
+ * @return the first failing launch's cudaError_t; cudaErrorInvalidValue
+ *         when @p in is not a positive multiple of 8.
+ */
+cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+			    float *part, size_t part_floats, cudaStream_t st);
+
+/** kn_cuda_gemm_wg() with its kernel forced, for tests: @p way 0 = X resident,
+ *  32-column instructions; 1 = X streamed, 8-column instructions; 2 = X
+ *  streamed, 2 x 128 columns a block. Every way gives the same bits. */
+cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				   float *part, size_t part_floats, int way, cudaStream_t st);
+
+/** @return the floats kn_cuda_gemm_wg() needs in @p part to run this product
+ *  in segment parts (0: it runs in one pass). */
+size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out);
+
+/** Sets the kernels' shared memory sizes (call before capturing a graph that
+ *  runs them). @return cudaSuccess, or the failing call's error. */
+cudaError_t kn_cuda_gemm_wg_prepare(void);
+
+/** @return 1 when the current device is Hopper (compute capability 9.x). */
+int kn_cuda_gemm_wg_ok(void);
+#endif
