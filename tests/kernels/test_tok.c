@@ -531,6 +531,43 @@ static char *slurp(const char *path, size_t *n)
 	return b;
 }
 
+/* Found by tests/fuzz/fuzz_tok_load.c: one added token with an id near 1e9
+ * made the loader allocate tables of a billion entries. Such a file is
+ * refused with a message naming the id and the token count; an id just past
+ * the vocabulary still loads. */
+static void an_added_token_id_far_past_the_vocabulary_is_refused_naming_it(void **state)
+{
+	static const char anchor[] = "\"added_tokens\": [";
+	size_t jn;
+	char *json = slurp(data("tok_tiny/tokenizer.json"), &jn), err[512];
+	const char *at = strstr(json, anchor);
+
+	(void)state;
+	assert_non_null(at);
+	for (int sparse = 0; sparse < 2; sparse++) {
+		const size_t head = (size_t)(at - json) + strlen(anchor);
+		char *text = malloc(jn + 256);
+		assert_non_null(text);
+		const int n = snprintf(text, 256 + head, "%.*s{\"id\": %d, \"content\": \"<|far|>\", \"single_word\": false, "
+				       "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true}, ",
+				       (int)head, json, sparse ? 934560235 : 300);
+		memcpy(text + n, json + head, jn - head);
+		struct kn_tok *t = kn_tok_open_buf(text, (size_t)n + jn - head, NULL, 0, err, sizeof(err));
+		if (sparse) {
+			assert_null(t);
+			assert_int_equal(errno, EINVAL);
+			assert_non_null(strstr(err, "token id 934560235"));
+			assert_non_null(strstr(err, "dense"));
+		} else {
+			assert_non_null(t);
+			assert_true(kn_tok_vocab_size(t) >= 301);
+			kn_tok_close(t);
+		}
+		free(text);
+	}
+	free(json);
+}
+
 static void a_tokenizer_read_from_memory_is_the_one_read_from_its_files(void **state)
 {
 	size_t jn, cn, na, nb;
@@ -690,6 +727,7 @@ int main(void)
 		cmocka_unit_test(roles_follow_what_the_template_does_with_them),
 		cmocka_unit_test(bad_tokenizer_files_fail_with_a_message_naming_the_problem),
 		cmocka_unit_test(a_file_cut_after_a_backslash_past_a_big_integer_is_refused_not_overread),
+		cmocka_unit_test(an_added_token_id_far_past_the_vocabulary_is_refused_naming_it),
 		cmocka_unit_test(a_tokenizer_read_from_memory_is_the_one_read_from_its_files),
 		cmocka_unit_test(a_vocab_holding_an_empty_token_loads_and_decodes_it_to_nothing),
 		cmocka_unit_test(threads_encoding_at_once_get_the_same_ids),
