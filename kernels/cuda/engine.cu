@@ -599,6 +599,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->ctx_buckets = cb == NULL || strcmp(cb, "0") != 0;
 		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))
 			s->attn_tile = 1; /* the column kernel serves the other shapes */
+		else if (s->linear_wg)
+			s->attn_tile = 2; /* one family: the tile kernel at every width (cu_attn_split()) */
 	}
 	s->n_plans = op->n_plans;
 	for (int i = 0; i < s->n_plans; i++)

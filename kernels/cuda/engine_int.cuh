@@ -111,7 +111,8 @@ struct cu_stage {
 	int wide_mma;          /* KVFERRY_CUDA_WIDE=mma: wide linears by kn_cuda_gemm_mma (a column's bits as in narrow plans) */
 	float *mma_part;       /* its warp sequences' sums for small products (kn_cuda_gemm_mma_parts() floats) */
 	size_t mma_part_floats;
-	int linear_wg;         /* KVFERRY_CUDA_LINEAR=wg: every linear by kn_cuda_gemm_wg (bits independent of the plan width) */
+	int linear_wg;         /* KVFERRY_CUDA_LINEAR=wg: one family: every linear by kn_cuda_gemm_wg, attention by the
+	                        * tile kernel, exact, in pieces of CU_FAMILY_SPLIT (bits independent of the plan width) */
 	float *wg_part;        /* its segment sums for products of few tiles */
 	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
@@ -183,4 +184,12 @@ int cu_ctx_bucket(const struct cu_stage *s, int ctx);
 int cu_bucket_ctx(const struct cu_stage *s, int bucket);
 void cu_drop_graphs(struct cu_stage *s);
 
+/* Attention pieces for plan width W: the tile kernel's width-dependent
+ * choice (kn_cuda_attn_tile_split()), or, in one family, CU_FAMILY_SPLIT
+ * positions at every width, so a column's pieces and their merge are its own. */
+#define CU_FAMILY_SPLIT 128
+static inline int cu_attn_split(const struct cu_stage *s, int W)
+{
+	return s->linear_wg && s->attn_tile == 2 ? CU_FAMILY_SPLIT : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+}
 #endif /* KN_CUDA_ENGINE_INT_CUH */

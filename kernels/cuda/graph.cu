@@ -132,8 +132,8 @@ static int enqueue(struct cu_stage *s, int W, int gctx)
 		 * columns' slots one after another with one page in flight. */
 		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
 											  : KN_CU_ATTN_COLUMN;
-		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma;
-		aa.split = kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
+		aa.split = cu_attn_split(s, W);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
 		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)))
 			return rc;

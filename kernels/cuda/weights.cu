@@ -226,7 +226,7 @@ int cu_alloc_workspace(struct cu_stage *s)
 		for (int i = 0; i < s->n_plans; i++) {
 			const int pw = s->plans[i].width;
 			const size_t b = kn_cuda_attn_workspace(pw, s->nh, s->nkv, s->hd, s->max_ctx,
-								kn_cuda_attn_tile_split(pw, s->max_ctx, s->nh, s->nkv));
+								cu_attn_split(s, pw));
 			aws = b > aws ? b : aws;
 		}
 	struct {

@@ -11,7 +11,9 @@
  *  - a column's logits bits are the same solo or batched (any neighbour,
  *    any place in the batch), for a narrow and a wide plan;
  *  - the model split into two stages gives the bits of one stage;
- *  - a narrow plan's bits do not depend on the wide steps run in between.
+ *  - a narrow plan's bits do not depend on the wide steps run in between;
+ *  - in one numerics family (KVFERRY_CUDA_LINEAR=wg, Hopper), a sequence's
+ *    bits do not depend on the plan width either.
  * Exits 77 without a CUDA device.
  * usage: test_cuda_engine MKMODEL [PRESET [ARCH]]   (MKMODEL: kvferry-mkmodel)
  *        test_cuda_engine --model DIR [--ids FILE]   (FILE: comma-separated prompt ids)
@@ -541,6 +543,80 @@ out:
 	chain_close(&b);
 }
 
+/*
+ * One numerics family (KVFERRY_CUDA_LINEAR=wg: every linear layer on the
+ * warpgroup kernel, attention on the tile kernel in fixed pieces): a
+ * sequence's logits are the same bits whatever plan width runs it, alone
+ * or among neighbours, its prompt fed one token a step or as one chunk.
+ * Plans of 1, 16, 48 and 160 columns; the prompt is 12 tokens, then 10
+ * decode steps. Skipped where the family is not built (not Hopper).
+ */
+static void one_family_gives_a_sequence_the_same_bits_at_every_plan_width(const struct kn_model *m)
+{
+	static const int widths[] = { 1, 16, 48, 160 };
+	enum { NW = 4, FP = 12, FD = 10, FSLOTS = 160, FBPS = 4 };
+	struct chain c[NW];
+	int opened = 0;
+
+	setenv("KVFERRY_CUDA_LINEAR", "wg", 1); /* read as the stages are made */
+	for (; opened < NW; opened++)
+		if (chain_open(&c[opened], m, KN_BACKEND_CUDA, 1, widths[opened], FSLOTS, FBPS, 0)) {
+			FAIL("opening the engines");
+			break;
+		}
+	unsetenv("KVFERRY_CUDA_LINEAR");
+	const int V = opened ? c[0].vocab : 1;
+	float *lg = malloc((size_t)160 * V * 4), *ref = malloc((size_t)(FD + 1) * V * 4);
+	int32_t tok[160];
+	struct kn_column cols[160];
+	int diff = 0, compared = 0;
+	for (int w = 0; opened == NW && w < NW; w++) {
+		const int W = widths[w];
+		/* the target sequence sits in slot 0; neighbours in other slots at other positions */
+		for (int step = 0; step < (W == 1 ? FP : 1) + FD; step++) {
+			int n = 0;
+			const int in_prompt = W == 1 ? step < FP : step == 0;
+			const int p0 = W == 1 ? step : step == 0 ? 0 : FP + step - 1;
+			const int p1 = W == 1 || step > 0 ? p0 + 1 : FP; /* the target's positions this step */
+			for (int p = p0; p < p1; p++)
+				cols[n++] = (struct kn_column){ .token = (int32_t)((13 * p + 5) % V), .pos = p, .slot = 0,
+								.flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+			const int tgt = n - 1; /* the column whose logits count */
+			for (int j = 1; n < W; j++)
+				cols[n++] = (struct kn_column){ .token = (int32_t)((7 * j + 3 * step + 1) % V),
+								.pos = (3 * j + step) % (FBPS * KN_PAGE_BLK - 1), .slot = j,
+								.flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+			if (chain_step(&c[w], cols, n, tok, lg)) {
+				FAIL("step");
+				break;
+			}
+			const int k = p1 - FP; /* 0: the prompt's last position; 1..: decode steps */
+			if ((in_prompt && p1 != FP) || k < 0 || k > FD)
+				continue;
+			if (w == 0) {
+				memcpy(ref + (size_t)k * V, lg + (size_t)tgt * V, (size_t)V * 4);
+				continue;
+			}
+			compared++;
+			if (memcmp(ref + (size_t)k * V, lg + (size_t)tgt * V, (size_t)V * 4)) {
+				if (diff++ < 3)
+					printf("     plan %d: position %d differs from plan 1 (rel %.3g)\n", W, p1 - 1,
+					       rel_err(lg + (size_t)tgt * V, ref + (size_t)k * V, V));
+			}
+		}
+	}
+	if (opened == NW) {
+		printf("%s one_family_gives_a_sequence_the_same_bits_at_every_plan_width (plans 1, 16, 48, 160; "
+		       "prompt one token a step and as a chunk): %d of %d steps differ\n", diff ? "FAIL" : "ok  ", diff,
+		       compared);
+		g_fail += diff != 0 || compared != 3 * (FD + 1);
+	}
+	free(lg);
+	free(ref);
+	for (int w = 0; w < opened; w++)
+		chain_close(&c[w]);
+}
+
 int main(int argc, char **argv)
 {
 	char err[512], dir[] = "/tmp/kvferry-cuda-test-XXXXXX", cmd[1024];
@@ -580,6 +656,7 @@ int main(int argc, char **argv)
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
+	one_family_gives_a_sequence_the_same_bits_at_every_plan_width(m);
 	graphs_per_context_bucket_give_the_bits_of_one_graph(m);
 	kv_pages_move_between_stages_and_engines(m);
 	kv_pages_in_pieces_import_as_from_one_buffer(m, "by_one_kernel");
