@@ -288,8 +288,8 @@ static void wg_read_env(void)
 /* the tile shape kn_cuda_gemm_wg() runs n columns with: W rows and columns a block */
 static void wg_tile(int n, int *bm, int *bnb)
 {
-	*bm = n <= WG_XRES_MAX ? 64 * wg_narrow_wgs : n <= 128 ? 128 : 64;
-	*bnb = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : n <= 128 ? 128 : 256;
+	*bm = n <= WG_XRES_MAX ? 64 * wg_narrow_wgs : n <= 128 ? 128 : 192;
+	*bnb = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
 }
 
 /* Whether a product of this many tiles runs one segment a block. Narrow
@@ -345,7 +345,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 1>(),    wg_set_smem<16, true, true, 1>(),   wg_set_smem<32, true, true, 1>(),
 		wg_set_smem<8, true, true, 2>(),    wg_set_smem<16, true, true, 2>(),   wg_set_smem<32, true, true, 2>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
-		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(),
+		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
@@ -400,9 +400,13 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 				 : wg_launch<32, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st);
 	if ((e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
+	/* above 128 columns three warpgroups share each 128-column X stage over
+	 * 192 W rows: 79 FLOP a byte loaded from L2, against 64 for 128 x 128
+	 * (H200, .devcarry/run10.sh: 8B gate_up at 2,048 columns 1,716 -> 1,348
+	 * us); at 65-128 columns its fewer tiles lost (8B gate_up 120 -> 157) */
 	return n <= 64    ? wg_launch<64, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
 	       : n <= 128 ? wg_launch<128, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
-			  : wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+			  : wg_launch<128, true, false, 3>(w, NULL, xb, y, n, in, out, part, part_floats, st);
 }
 
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
