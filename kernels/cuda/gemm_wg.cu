@@ -13,7 +13,7 @@
  * chosen per launch for speed; the order above does not change with it, so
  * neither do the bits (test_cuda_ops checks every width against width 1).
  *
- * Block: one or two warpgroups (wg_cfg). W streams through shared stages
+ * Block: one to three warpgroups (wg_cfg). W streams through shared stages
  * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read it. Narrow plans (n <= 32) keep a segment's X resident in shared
  * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W.
@@ -34,10 +34,11 @@
 /*
  * WGS warpgroups a block: MSPLIT, each takes 64 W rows of the block's
  * BM = 64 WGS and all BN columns; else (WGS = 2) both take the same 64 rows
- * and BN columns each. Narrow plans (XRES) run one warpgroup a block, twice
- * the blocks, and wait for each stage's products (memory-bound: the tensor
- * pipe idles anyway); wider ones keep one group of products in flight
- * while the next is issued (PIPE), loads DIST stages ahead.
+ * and BN columns each. Narrow plans (XRES: two warpgroups a block, or one,
+ * wg_narrow_wgs) wait for each stage's products (memory-bound: the tensor
+ * pipe idles anyway); wider ones (two, or three above 128 columns) keep one
+ * group of products in flight while the next is issued (PIPE), loads DIST
+ * stages ahead.
  */
 template <int BN, bool MSPLIT, bool XRES, int WGS> struct wg_cfg {
 	static constexpr int THREADS = WGS * 128;
