@@ -589,10 +589,11 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * for measuring its cost, not yet the default (kernels/cuda/NOTES.md) */
 		const char *wk = getenv("KVFERRY_CUDA_WIDE");
 		s->wide_mma = wk != NULL && !strcmp(wk, "mma");
-		/* wg: every linear layer on the warpgroup kernel, X rounded to bf16
-		 * at every width (gemm_wg.cuh); Hopper only, for measuring it */
+		/* wg: one numerics family: every linear layer on the warpgroup
+		 * kernel, X rounded to bf16 at every width (gemm_wg.cuh), attention
+		 * on the tile kernel in fixed pieces; Hopper only (checked below) */
 		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
-		s->linear_wg = lk != NULL && !strcmp(lk, "wg") && kn_cuda_gemm_wg_ok();
+		s->linear_wg = lk != NULL && !strcmp(lk, "wg");
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
 		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");
@@ -629,6 +630,15 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		snprintf(s->base.err, sizeof(s->base.err), "kn_stage_create(cuda): cudaSetDevice/cudaStreamCreate(%d) failed: %s",
 			 s->dev, cudaGetErrorString(cudaGetLastError()));
 		rc = -EIO;
+		goto fail;
+	}
+	if (s->linear_wg && (!kn_cuda_one_family_ok(s->dev) || s->attn_tile != 2)) {
+		snprintf(s->base.err, sizeof(s->base.err),
+			 "kn_stage_create(cuda): KVFERRY_CUDA_LINEAR=wg (one numerics family) needs a Hopper GPU (device %d "
+			 "%s) and a shape the attention tile kernel serves (head_dim 16, 32, 64 or 128: this one %d; at most "
+			 "8 heads per KV head: %d); unset it", s->dev, kn_cuda_one_family_ok(s->dev) ? "is one" : "is not",
+			 s->hd, s->nh / s->nkv);
+		rc = -EINVAL;
 		goto fail;
 	}
 	if (cublasCreate(&s->blas) != CUBLAS_STATUS_SUCCESS) {

@@ -190,6 +190,6 @@ void cu_drop_graphs(struct cu_stage *s);
 #define CU_FAMILY_SPLIT 128
 static inline int cu_attn_split(const struct cu_stage *s, int W)
 {
-	return s->linear_wg && s->attn_tile == 2 ? CU_FAMILY_SPLIT : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+	return s->linear_wg ? CU_FAMILY_SPLIT : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
 }
 #endif /* KN_CUDA_ENGINE_INT_CUH */

@@ -40,10 +40,12 @@
  * group of products in flight while the next is issued (PIPE), loads DIST
  * stages ahead.
  */
-template <int BN, bool MSPLIT, bool XRES, int WGS> struct wg_cfg {
+template <int BN_, bool MSPLIT_, bool XRES_, int WGS_> struct wg_cfg {
+	static constexpr int BN = BN_, WGS = WGS_;
+	static constexpr bool MSPLIT = MSPLIT_, XRES = XRES_;
 	static constexpr int THREADS = WGS * 128;
 	static constexpr int BM = MSPLIT ? 64 * WGS : 64;      /* W rows a block */
-	static constexpr int BNB = MSPLIT ? BN : WGS * BN;     /* columns a block (wg_tile()) */
+	static constexpr int BNB = MSPLIT ? BN : WGS * BN;     /* columns a block */
 	static constexpr int W_BYTES = BM * 128;
 	static constexpr int X_BYTES = XRES ? 0 : BNB * 128;
 	static constexpr int STAGE = W_BYTES + X_BYTES;
@@ -286,11 +288,23 @@ static void wg_read_env(void)
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
 }
 
-/* the tile shape kn_cuda_gemm_wg() runs n columns with: W rows and columns a block */
-static void wg_tile(int n, int *bm, int *bnb)
+/* The kernel kn_cuda_gemm_wg() runs n columns with, handed to @p f as a
+ * wg_cfg value: the one place that choice is made (launches and the sizing
+ * of parts both ask it). Above 128 columns three warpgroups share each
+ * 128-column X stage over 192 W rows: 79 FLOP a byte loaded from L2,
+ * against 64 for 128 x 128 (H200, .devcarry/run10.sh: 8B gate_up at 2,048
+ * columns 1,716 -> 1,348 us); at 65-128 columns its fewer tiles lost (8B
+ * gate_up 120 -> 157 us). */
+template <class F> static cudaError_t wg_pick(int n, F &&f)
 {
-	*bm = n <= WG_XRES_MAX ? 64 * wg_narrow_wgs : n <= 128 ? 128 : 192;
-	*bnb = n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : 128;
+	if (n <= WG_XRES_MAX && wg_narrow_wgs == 2)
+		return n <= 8 ? f(wg_cfg<8, true, true, 2>()) : n <= 16 ? f(wg_cfg<16, true, true, 2>())
+								 : f(wg_cfg<32, true, true, 2>());
+	if (n <= WG_XRES_MAX)
+		return n <= 8 ? f(wg_cfg<8, true, true, 1>()) : n <= 16 ? f(wg_cfg<16, true, true, 1>())
+								 : f(wg_cfg<32, true, true, 1>());
+	return n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
+								    : f(wg_cfg<128, true, false, 3>());
 }
 
 /* Whether a product of this many tiles runs one segment a block. Narrow
@@ -314,9 +328,12 @@ static bool wg_parts_for(long tiles, int n, int in, int out)
 
 static bool wg_parts(int n, int in, int out)
 {
-	int bm, bnb;
-	wg_tile(n, &bm, &bnb);
-	return wg_parts_for((long)((out + bm - 1) / bm) * ((n + bnb - 1) / bnb), n, in, out);
+	long tiles = 0;
+	wg_pick(n, [&](auto c) {
+		tiles = (long)((out + c.BM - 1) / c.BM) * ((n + c.BNB - 1) / c.BNB);
+		return cudaSuccess;
+	});
+	return wg_parts_for(tiles, n, in, out);
 }
 
 
@@ -326,11 +343,10 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 				    wg_cfg<BN, MSPLIT, XRES, WGS>::SMEM);
 }
 
-int kn_cuda_gemm_wg_ok(void)
+extern "C" int kn_cuda_one_family_ok(int device)
 {
-	int dev = 0, major = 0;
-	return cudaGetDevice(&dev) == cudaSuccess &&
-	       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
+	int major = 0;
+	return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9;
 }
 
 cudaError_t kn_cuda_gemm_wg_prepare(void)
@@ -391,23 +407,14 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
-	if (n <= WG_XRES_MAX && wg_narrow_wgs == 2)
-		return n <= 8    ? wg_launch<8, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st)
-		       : n <= 16 ? wg_launch<16, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st)
-				 : wg_launch<32, true, true, 2>(w, x, NULL, y, n, in, out, part, part_floats, st);
-	if (n <= WG_XRES_MAX)
-		return n <= 8    ? wg_launch<8, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st)
-		       : n <= 16 ? wg_launch<16, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st)
-				 : wg_launch<32, true, true, 1>(w, x, NULL, y, n, in, out, part, part_floats, st);
-	if ((e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+	/* narrow plans round X as it is loaded; wider ones take it rounded */
+	if (n > WG_XRES_MAX && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
-	/* above 128 columns three warpgroups share each 128-column X stage over
-	 * 192 W rows: 79 FLOP a byte loaded from L2, against 64 for 128 x 128
-	 * (H200, .devcarry/run10.sh: 8B gate_up at 2,048 columns 1,716 -> 1,348
-	 * us); at 65-128 columns its fewer tiles lost (8B gate_up 120 -> 157) */
-	return n <= 64    ? wg_launch<64, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
-	       : n <= 128 ? wg_launch<128, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st)
-			  : wg_launch<128, true, false, 3>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+	return wg_pick(n, [&](auto c) {
+		using C = decltype(c);
+		return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y, n, in,
+								      out, part, part_floats, st);
+	});
 }
 
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "cu_common.cuh"
+#include "kn_cuda.h"
 
 /**
  * Y[c][o] = sum_k bf16(X[c][k]) W[o][k] for c < n, o < out.
@@ -44,6 +45,4 @@ size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out);
  *  runs them). @return cudaSuccess, or the failing call's error. */
 cudaError_t kn_cuda_gemm_wg_prepare(void);
 
-/** @return 1 when the current device is Hopper (compute capability 9.x). */
-int kn_cuda_gemm_wg_ok(void);
 #endif

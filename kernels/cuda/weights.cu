@@ -265,8 +265,7 @@ int cu_alloc_workspace(struct cu_stage *s)
 		s->ws_bytes += s->mma_part_floats * 4;
 	}
 	if (s->linear_wg) {
-		/* the widest plan's products that run in segment parts (a narrower
-		 * plan's need no more: n times out per segment) */
+		/* the most any plan's product run in segment parts needs */
 		const int h = s->hidden;
 		const int lin[][2] = { { h, s->qkv_dim }, { s->q_dim, h }, { h, 2 * s->inter }, { s->inter, h },
 				       { h, s->base.last ? s->vocab : 1 } };

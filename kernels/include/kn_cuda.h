@@ -36,6 +36,10 @@ struct kn_stage *kn_cuda_stage_create_random(const struct kn_model_config *cfg, 
 /** @return the number of usable CUDA devices (0 when there is no driver or GPU). */
 int kn_cuda_device_count(void);
 
+/** @return 1 when CUDA device @p device can run the one numerics family
+ *  (KVFERRY_CUDA_LINEAR=wg: Hopper, compute capability 9.x), else 0. */
+int kn_cuda_one_family_ok(int device);
+
 /**
  * Pin a host range (e.g. the worker's shm region) so hidden rows move by
  * copy-engine DMA straight from/to it (cudaHostRegister, portable).

@@ -549,7 +549,7 @@ out:
  * sequence's logits are the same bits whatever plan width runs it, alone
  * or among neighbours, its prompt fed one token a step or as one chunk.
  * Plans of 1, 16, 48 and 160 columns; the prompt is 12 tokens, then 10
- * decode steps. Skipped where the family is not built (not Hopper).
+ * decode steps. Skipped on a GPU that is not Hopper.
  */
 static void one_family_gives_a_sequence_the_same_bits_at_every_plan_width(const struct kn_model *m)
 {
@@ -558,6 +558,10 @@ static void one_family_gives_a_sequence_the_same_bits_at_every_plan_width(const 
 	struct chain c[NW];
 	int opened = 0;
 
+	if (!kn_cuda_one_family_ok(0)) {
+		printf("skip one_family_gives_a_sequence_the_same_bits_at_every_plan_width: not a Hopper GPU\n");
+		return;
+	}
 	setenv("KVFERRY_CUDA_LINEAR", "wg", 1); /* read as the stages are made */
 	for (; opened < NW; opened++)
 		if (chain_open(&c[opened], m, KN_BACKEND_CUDA, 1, widths[opened], FSLOTS, FBPS, 0)) {

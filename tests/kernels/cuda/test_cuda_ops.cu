@@ -262,7 +262,7 @@ static void the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_eve
  * f32 (against a double reference of exactly that). */
 static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(void)
 {
-	if (!kn_cuda_gemm_wg_ok()) {
+	if (!kn_cuda_one_family_ok(0)) {
 		printf("skip warpgroup kernel: not a Hopper GPU\n");
 		return;
 	}
