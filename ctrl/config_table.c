@@ -137,6 +137,11 @@ const struct cfg_key g_cfg_keys[] = {
 	 "KVFERRY_CUDA_ATTN", "--cuda-attn", cuda_attn_names, NULL,
 	 "cuda: attention kernel: auto (tensor-core tile kernel on plans > 16 columns, column kernel "
 	 "below), column or tile everywhere"},
+	{"cuda_batch_invariant", "engine", CFG_BOOL, OFF(cuda_batch_invariant), "no", 0, 1,
+	 "KVFERRY_CUDA_BATCH_INVARIANT", "--cuda-batch-invariant", NULL, NULL,
+	 "cuda: yes: one numerics family at every plan width (warpgroup-MMA linears, tile attention in "
+	 "fixed pieces), so a request's tokens do not depend on what it is batched with; Hopper only "
+	 "(refused at start elsewhere); steps of 64 columns and more take 1.3-1.9x as long"},
 	{"cuda_module", "engine", CFG_STRING, OFF(cuda_module), "", 0, 0,
 	 "KVFERRY_CUDA_MODULE", "--cuda-module", NULL, NULL,
 	 "cuda: the CUDA backend's module, kvferry-cuda.so (empty: beside the program, else the "
@@ -308,10 +313,10 @@ const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
 
 /* The file also holds the worker's [worker] (and each instance's [worker.K]) and the dataplane's
  * [dp] sections; their variables
- * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (KVFERRY_CUDA_PDL, the shm
+ * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (KVFERRY_CUDA_PDL, _LINEAR, the shm
  * fallback directory, the ring fence) are not ctrld's. */
 static const char *const foreign_sections[] = {"worker", "worker.", "dp", NULL};
-static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_PDL", "KVFERRY_SHM_DIR",
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_CUDA_PDL", "KVFERRY_CUDA_LINEAR", "KVFERRY_SHM_DIR",
 				       "KVFERRY_RING_FENCE", NULL};
 
 const struct cfg_table g_cfg_table = {

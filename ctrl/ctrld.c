@@ -245,6 +245,7 @@ static int build_pipelines(struct daemon *d)
 		ko.stage.cuda_gemv = (int32_t)d->set->cuda_gemv;
 		ko.stage.cuda_wide_x = (int32_t)d->set->cuda_wide_x;
 		ko.stage.cuda_attn = (int32_t)d->set->cuda_attn;
+		ko.stage.cuda_batch_invariant = (int32_t)d->set->cuda_batch_invariant;
 		ko.stage.cuda_module = d->set->cuda_module;
 		{
 			int32_t w[8], np = 0, mb = mb_cols(d);

@@ -32,6 +32,7 @@ void kn_stage_opts_init(struct kn_stage_opts *o)
 	o->cuda_gemv = 0;
 	o->cuda_wide_x = 0;
 	o->cuda_attn = 0;
+	o->cuda_batch_invariant = 0;
 	o->cuda_module = NULL;
 }
 

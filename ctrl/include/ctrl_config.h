@@ -85,7 +85,7 @@ struct ctrl_settings {
 	int64_t kv_memory;            /**< bytes (CPU pool budget) */
 	double kv_mem_fraction;       /**< CUDA: share of free device memory */
 	int64_t device;               /**< CUDA device ordinal */
-	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /**< kn_stage_opts' CUDA kernel choices */
+	int64_t cuda_gemv, cuda_wide_x, cuda_attn, cuda_batch_invariant; /**< kn_stage_opts' CUDA kernel choices */
 	char cuda_module[CTRL_CFG_STRLEN]; /**< kvferry-cuda.so; "" = beside the program, else installed */
 	char plans[CTRL_CFG_STRLEN];  /**< "auto" or ascending plan widths "8,32,64,256" */
 	/* [sched] */

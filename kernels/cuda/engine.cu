@@ -593,7 +593,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * kernel, X rounded to bf16 at every width (gemm_wg.cuh), attention
 		 * on the tile kernel in fixed pieces; Hopper only (checked below) */
 		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
-		s->linear_wg = lk != NULL && !strcmp(lk, "wg");
+		s->linear_wg = op->cuda_batch_invariant || (lk != NULL && !strcmp(lk, "wg"));
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
 		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");
@@ -634,9 +634,9 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 	}
 	if (s->linear_wg && (!kn_cuda_one_family_ok(s->dev) || s->attn_tile != 2)) {
 		snprintf(s->base.err, sizeof(s->base.err),
-			 "kn_stage_create(cuda): KVFERRY_CUDA_LINEAR=wg (one numerics family) needs a Hopper GPU (device %d "
+			 "kn_stage_create(cuda): cuda_batch_invariant (one numerics family) needs a Hopper GPU (device %d "
 			 "%s) and a shape the attention tile kernel serves (head_dim 16, 32, 64 or 128: this one %d; at most "
-			 "8 heads per KV head: %d); unset it", s->dev, kn_cuda_one_family_ok(s->dev) ? "is one" : "is not",
+			 "8 heads per KV head: %d); set cuda_batch_invariant = no (and unset KVFERRY_CUDA_LINEAR)", s->dev, kn_cuda_one_family_ok(s->dev) ? "is one" : "is not",
 			 s->hd, s->nh / s->nkv);
 		rc = -EINVAL;
 		goto fail;

@@ -121,6 +121,12 @@ struct kn_stage_opts {
 	                                   1 = column kernel everywhere; 2 = tile kernel everywhere
 	                                   (head_dim 256 always runs the column kernel).
 	                                   KVFERRY_CUDA_ATTN=column|tile overrides */
+	int32_t cuda_batch_invariant; /**< 1 = one numerics family at every plan width: every linear
+	                                   on the warpgroup-MMA kernel, attention on the tile kernel
+	                                   in fixed pieces, so a column's bits do not depend on its
+	                                   neighbours (Hopper only: refused elsewhere; cuda_gemv,
+	                                   cuda_wide_x and cuda_attn then do not apply).
+	                                   KVFERRY_CUDA_LINEAR=wg turns it on too */
 	int32_t kv_own_stream;        /**< CUDA: kn_stage_kv_export/import on a stream of their own,
 	                                   beside a step in flight (a worker's KV side ring, whose
 	                                   copies touch no block of a step in flight); 0: on the

@@ -58,6 +58,11 @@ static const struct cfg_key keys[] = {
 	{ "cuda_attn", "worker", CFG_ENUM, OFF(cuda_attn), "auto", 0, 2, "KVFERRY_WK_CUDA_ATTN", "--cuda-attn",
 	  cuda_attn_names, NULL, "cuda: attention kernel: auto (tile kernel on plans > 16 columns, column "
 	  "kernel below), column or tile everywhere" },
+	{ "cuda_batch_invariant", "worker", CFG_BOOL, OFF(cuda_batch_invariant), "no", 0, 1,
+	  "KVFERRY_WK_CUDA_BATCH_INVARIANT", "--cuda-batch-invariant", NULL, NULL,
+	  "cuda: yes: one numerics family at every plan width (warpgroup-MMA linears, tile attention in "
+	  "fixed pieces), so a request's tokens do not depend on what it is batched with; Hopper only "
+	  "(refused at start elsewhere); steps of 64 columns and more take 1.3-1.9x as long" },
 	{ "cuda_module", "worker", CFG_STRING, OFF(cuda_module), "", 0, 0, "KVFERRY_WK_CUDA_MODULE",
 	  "--cuda-module", NULL, NULL, "cuda: the CUDA backend's module, kvferry-cuda.so (empty: beside the "
 	  "program, else the kvferry-cuda package's)" },
@@ -165,6 +170,7 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->cuda_gemv = (int32_t)s->cuda_gemv;
 	o->cuda_wide_x = (int32_t)s->cuda_wide_x;
 	o->cuda_attn = (int32_t)s->cuda_attn;
+	o->cuda_batch_invariant = (int32_t)s->cuda_batch_invariant;
 	o->kv_rx_pieces = s->kv_rx_pieces == 1 || (s->kv_rx_pieces == 0 && o->backend != KN_BACKEND_CUDA);
 	o->tp_size = (int32_t)s->tp_size;
 	o->tp_rank = (int32_t)s->tp_rank;

@@ -18,7 +18,7 @@ struct wk_settings {
 	char region[CFG_STRLEN], model[CFG_STRLEN], in[CFG_STRLEN], out[CFG_STRLEN], role[CFG_STRLEN];
 	int64_t backend;  /* 0 cpu, 1 cuda */
 	int64_t node, threads, kv_mib, device, wait_s, depth, spin_us;
-	int64_t cuda_gemv, cuda_wide_x, cuda_attn; /* kn_stage_opts' CUDA kernel choices */
+	int64_t cuda_gemv, cuda_wide_x, cuda_attn, cuda_batch_invariant; /* kn_stage_opts' CUDA kernel choices */
 	int64_t kv_rx_pieces;                    /* 0 auto, 1 yes, 2 no */
 	int64_t tp_size, tp_rank;                /* tensor parallelism inside the stage (worker_tp.c) */
 	char trace[CFG_STRLEN], cuda_module[CFG_STRLEN];
@@ -29,7 +29,7 @@ struct wk_opts {
 	const char *region, *model, *in, *out, *role, *trace, *cuda_module;
 	enum kn_backend backend;
 	int32_t node, threads, device, wait_s, depth, spin_us;
-	int32_t cuda_gemv, cuda_wide_x, cuda_attn;
+	int32_t cuda_gemv, cuda_wide_x, cuda_attn, cuda_batch_invariant;
 	int kv_rx_pieces;            /* take KV page messages received in place as lists of frames */
 	int32_t tp_size, tp_rank;    /* this worker is rank tp_rank of its stage's tp_size (worker_tp.c) */
 	size_t kv_bytes;

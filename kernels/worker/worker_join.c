@@ -96,6 +96,7 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	so.cuda_gemv = w->o.cuda_gemv;
 	so.cuda_wide_x = w->o.cuda_wide_x;
 	so.cuda_attn = w->o.cuda_attn;
+	so.cuda_batch_invariant = w->o.cuda_batch_invariant;
 	so.cuda_module = w->o.cuda_module;
 	so.tp_size = w->tp.size;
 	so.tp_rank = w->tp.rank;
