@@ -12,7 +12,7 @@
  *    any place in the batch), for a narrow and a wide plan;
  *  - the model split into two stages gives the bits of one stage;
  *  - a narrow plan's bits do not depend on the wide steps run in between;
- *  - in one numerics family (KVFERRY_CUDA_LINEAR=wg, Hopper), a sequence's
+ *  - in one numerics family (cuda_batch_invariant, Hopper), a sequence's
  *    bits do not depend on the plan width either.
  * Exits 77 without a CUDA device.
  * usage: test_cuda_engine MKMODEL [PRESET [ARCH]]   (MKMODEL: kvferry-mkmodel)
@@ -49,6 +49,9 @@ struct chain {
 	float *h[2];
 };
 
+/* kn_stage_opts.cuda_batch_invariant for the chains opened while it is set */
+static int g_batch_invariant;
+
 static int chain_open(struct chain *c, const struct kn_model *m, enum kn_backend be, int n_stages,
 		      int plan, int n_slots, int bps, int narrow)
 {
@@ -70,6 +73,7 @@ static int chain_open(struct chain *c, const struct kn_model *m, enum kn_backend
 		o.n_plans = narrow && plan > 8 ? 2 : 1;
 		o.plan_widths[0] = o.n_plans == 2 ? 8 : plan;
 		o.plan_widths[1] = plan;
+		o.cuda_batch_invariant = g_batch_invariant;
 		c->st[s] = kn_stage_create(m, be, &o, err, sizeof(err));
 		if (!c->st[s]) {
 			if (errno == ENODEV)
@@ -544,7 +548,7 @@ out:
 }
 
 /*
- * One numerics family (KVFERRY_CUDA_LINEAR=wg: every linear layer on the
+ * One numerics family (cuda_batch_invariant: every linear layer on the
  * warpgroup kernel, attention on the tile kernel in fixed pieces): a
  * sequence's logits are the same bits whatever plan width runs it, alone
  * or among neighbours, its prompt fed one token a step or as one chunk.
@@ -562,13 +566,13 @@ static void one_family_gives_a_sequence_the_same_bits_at_every_plan_width(const 
 		printf("skip one_family_gives_a_sequence_the_same_bits_at_every_plan_width: not a Hopper GPU\n");
 		return;
 	}
-	setenv("KVFERRY_CUDA_LINEAR", "wg", 1); /* read as the stages are made */
+	g_batch_invariant = 1; /* cuda_batch_invariant = yes, as a deployment sets it */
 	for (; opened < NW; opened++)
 		if (chain_open(&c[opened], m, KN_BACKEND_CUDA, 1, widths[opened], FSLOTS, FBPS, 0)) {
 			FAIL("opening the engines");
 			break;
 		}
-	unsetenv("KVFERRY_CUDA_LINEAR");
+	g_batch_invariant = 0;
 	const int V = opened ? c[0].vocab : 1;
 	float *lg = malloc((size_t)160 * V * 4), *ref = malloc((size_t)(FD + 1) * V * 4);
 	int32_t tok[160];
