@@ -274,11 +274,13 @@ static __global__ void __launch_bounds__(256) wg_fold_kernel(const float *part, 
 static int wg_sms = -1;
 
 /* Launch choices (not the bits), read once: KVFERRY_WG_NARROW_WGS (1 or 2
- * warpgroups a block for plans of at most WG_XRES_MAX columns, default 2)
- * and KVFERRY_WG_PARTS (1, the default: wg_parts_for()'s rule; 0: parts
- * whenever there are fewer tiles than two waves). For measuring; what was
+ * warpgroups a block for plans of at most WG_XRES_MAX columns, default 2),
+ * KVFERRY_WG_PARTS (1, the default: wg_parts_for()'s rule; 0: parts
+ * whenever there are fewer tiles than two waves) and KVFERRY_WG_XRES_MAX
+ * (8 or 16: plans wider than that stream X rounded in advance, as wide
+ * plans do; default WG_XRES_MAX). For measuring; what was
  * measured is in kernels/cuda/NOTES.md. */
-static int wg_narrow_wgs = 2, wg_parts_policy = 1;
+static int wg_narrow_wgs = 2, wg_parts_policy = 1, wg_xres_max = WG_XRES_MAX;
 
 static void wg_read_env(void)
 {
@@ -286,6 +288,8 @@ static void wg_read_env(void)
 	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : 2;
 	e = getenv("KVFERRY_WG_PARTS");
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
+	e = getenv("KVFERRY_WG_XRES_MAX");
+	wg_xres_max = e && !strcmp(e, "16") ? 16 : e && !strcmp(e, "8") ? 8 : WG_XRES_MAX;
 }
 
 /* The kernel kn_cuda_gemm_wg() runs n columns with, handed to @p f as a
@@ -297,13 +301,15 @@ static void wg_read_env(void)
  * gate_up 120 -> 157 us). */
 template <class F> static cudaError_t wg_pick(int n, F &&f)
 {
-	if (n <= WG_XRES_MAX && wg_narrow_wgs == 2)
+	if (n <= wg_xres_max && wg_narrow_wgs == 2)
 		return n <= 8 ? f(wg_cfg<8, true, true, 2>()) : n <= 16 ? f(wg_cfg<16, true, true, 2>())
 								 : f(wg_cfg<32, true, true, 2>());
-	if (n <= WG_XRES_MAX)
+	if (n <= wg_xres_max)
 		return n <= 8 ? f(wg_cfg<8, true, true, 1>()) : n <= 16 ? f(wg_cfg<16, true, true, 1>())
 								 : f(wg_cfg<32, true, true, 1>());
-	return n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
+	if (n <= 16)
+		return f(wg_cfg<16, true, false, 2>());
+	return n <= 32 ? f(wg_cfg<32, true, false, 2>()) : n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
 								    : f(wg_cfg<128, true, false, 3>());
 }
 
@@ -361,7 +367,8 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 	const cudaError_t r[] = {
 		wg_set_smem<8, true, true, 1>(),    wg_set_smem<16, true, true, 1>(),   wg_set_smem<32, true, true, 1>(),
 		wg_set_smem<8, true, true, 2>(),    wg_set_smem<16, true, true, 2>(),   wg_set_smem<32, true, true, 2>(),
-		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
+		wg_set_smem<8, true, false, 2>(),   wg_set_smem<16, true, false, 2>(),  wg_set_smem<32, true, false, 2>(),
+		wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
 	};
 	for (cudaError_t v : r)
@@ -408,7 +415,7 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
 	/* narrow plans round X as it is loaded; wider ones take it rounded */
-	if (n > WG_XRES_MAX && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+	if (n > wg_xres_max && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
 	return wg_pick(n, [&](auto c) {
 		using C = decltype(c);
