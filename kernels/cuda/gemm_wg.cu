@@ -273,19 +273,20 @@ static __global__ void __launch_bounds__(256) wg_fold_kernel(const float *part, 
 
 static int wg_sms = -1;
 
-/* Launch choices (not the bits), read once: KVFERRY_WG_NARROW_WGS (1 or 2
- * warpgroups a block for plans of at most WG_XRES_MAX columns, default 2),
+/* Launch choices (not the bits), read once: KVFERRY_WG_NARROW_WGS (1, 2 or 4
+ * warpgroups a block for plans of at most WG_XRES_MAX columns; default:
+ * wg_pick()'s rule),
  * KVFERRY_WG_PARTS (1, the default: wg_parts_for()'s rule; 0: parts
  * whenever there are fewer tiles than two waves) and KVFERRY_WG_XRES_MAX
  * (8 or 16: plans wider than that stream X rounded in advance, as wide
  * plans do; default WG_XRES_MAX). For measuring; what was
  * measured is in kernels/cuda/NOTES.md. */
-static int wg_narrow_wgs = 2, wg_parts_policy = 1, wg_xres_max = WG_XRES_MAX;
+static int wg_narrow_wgs = 0, wg_parts_policy = 1, wg_xres_max = WG_XRES_MAX;
 
 static void wg_read_env(void)
 {
 	const char *e = getenv("KVFERRY_WG_NARROW_WGS");
-	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : 2;
+	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
 	e = getenv("KVFERRY_WG_PARTS");
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
 	e = getenv("KVFERRY_WG_XRES_MAX");
@@ -299,9 +300,21 @@ static void wg_read_env(void)
  * against 64 for 128 x 128 (H200, .devcarry/run10.sh: 8B gate_up at 2,048
  * columns 1,716 -> 1,348 us); at 65-128 columns its fewer tiles lost (8B
  * gate_up 120 -> 157 us). */
-template <class F> static cudaError_t wg_pick(int n, F &&f)
+template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 {
-	if (n <= wg_xres_max && wg_narrow_wgs == 2)
+	int wgs = wg_narrow_wgs;
+	if (wgs == 0) {
+		/* four warpgroups (256 W rows a block: half the X loads per W byte)
+		 * at 17-32 columns when their segment blocks still cover 3/4 of
+		 * the SMs; two otherwise (H200, .devcarry/run5.sh: 8B decode at 32
+		 * columns 9.27 -> 8.31 ms; 1B o and qkv, 32 and 48 blocks, lose) */
+		const long blocks4 = (long)((out + 255) / 256) * ((in + WG_SEG - 1) / WG_SEG);
+		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
+	}
+	if (n <= wg_xres_max && wgs == 4)
+		return n <= 8 ? f(wg_cfg<8, true, true, 4>()) : n <= 16 ? f(wg_cfg<16, true, true, 4>())
+								 : f(wg_cfg<32, true, true, 4>());
+	if (n <= wg_xres_max && wgs == 2)
 		return n <= 8 ? f(wg_cfg<8, true, true, 2>()) : n <= 16 ? f(wg_cfg<16, true, true, 2>())
 								 : f(wg_cfg<32, true, true, 2>());
 	if (n <= wg_xres_max)
@@ -309,7 +322,9 @@ template <class F> static cudaError_t wg_pick(int n, F &&f)
 								 : f(wg_cfg<32, true, true, 1>());
 	if (n <= 16)
 		return f(wg_cfg<16, true, false, 2>());
-	return n <= 32 ? f(wg_cfg<32, true, false, 2>()) : n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
+	if (n <= 32)
+		return f(wg_cfg<32, true, false, 2>());
+	return n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
 								    : f(wg_cfg<128, true, false, 3>());
 }
 
@@ -335,7 +350,7 @@ static bool wg_parts_for(long tiles, int n, int in, int out)
 static bool wg_parts(int n, int in, int out)
 {
 	long tiles = 0;
-	wg_pick(n, [&](auto c) {
+	wg_pick(n, in, out, [&](auto c) {
 		tiles = (long)((out + c.BM - 1) / c.BM) * ((n + c.BNB - 1) / c.BNB);
 		return cudaSuccess;
 	});
@@ -367,6 +382,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 	const cudaError_t r[] = {
 		wg_set_smem<8, true, true, 1>(),    wg_set_smem<16, true, true, 1>(),   wg_set_smem<32, true, true, 1>(),
 		wg_set_smem<8, true, true, 2>(),    wg_set_smem<16, true, true, 2>(),   wg_set_smem<32, true, true, 2>(),
+		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<16, true, false, 2>(),  wg_set_smem<32, true, false, 2>(),
 		wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
@@ -417,7 +433,7 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	/* narrow plans round X as it is loaded; wider ones take it rounded */
 	if (n > wg_xres_max && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
-	return wg_pick(n, [&](auto c) {
+	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
 		return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y, n, in,
 								      out, part, part_floats, st);
