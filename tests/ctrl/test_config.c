@@ -168,6 +168,28 @@ static void unknown_keys_are_rejected_wherever_they_come_from(void **state)
 	ctrl_config_free(c);
 }
 
+/* A deployment turns the CUDA one numerics family on in the file or the
+ * environment; the engine's own measurement variables beside it are not
+ * ctrld's to refuse (they once kept ctrld from starting). */
+static void batch_invariant_numerics_is_a_key_and_the_engines_knobs_pass(void **state)
+{
+	struct ctrl_config *c = ctrl_config_new();
+	const struct ctrl_settings *v = ctrl_config_settings(c);
+	char err[512];
+	char *path = write_file("bi.conf", "[engine]\ncuda_batch_invariant = yes\n");
+	char *env[] = {"KVFERRY_CUDA_LINEAR=wg", "KVFERRY_CUDA_PDL=0", NULL};
+	char *env_bad[] = {"KVFERRY_CUDA_BATCH_INVARIANT=maybe", NULL};
+
+	(void)state;
+	assert_int_equal(v->cuda_batch_invariant, 0);
+	assert_int_equal(ctrl_config_load_file(c, path, 1, err, sizeof(err)), 0);
+	assert_int_equal(v->cuda_batch_invariant, 1);
+	assert_int_equal(ctrl_config_load_env(c, env, err, sizeof(err)), 0);
+	assert_int_not_equal(ctrl_config_load_env(c, env_bad, err, sizeof(err)), 0);
+	assert_non_null(strstr(err, "KVFERRY_CUDA_BATCH_INVARIANT"));
+	ctrl_config_free(c);
+}
+
 static void ini_syntax_errors_give_the_line_number(void **state)
 {
 	struct ctrl_config *c = ctrl_config_new();
@@ -382,6 +404,7 @@ int main(void)
 		cmocka_unit_test(an_out_of_range_env_value_names_the_variable),
 		cmocka_unit_test(a_bad_flag_value_names_the_flag_and_the_expected_type),
 		cmocka_unit_test(unknown_keys_are_rejected_wherever_they_come_from),
+		cmocka_unit_test(batch_invariant_numerics_is_a_key_and_the_engines_knobs_pass),
 		cmocka_unit_test(ini_syntax_errors_give_the_line_number),
 		cmocka_unit_test(a_missing_default_file_is_fine_but_a_named_one_is_not),
 		cmocka_unit_test(values_parse_by_type),
