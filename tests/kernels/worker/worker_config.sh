@@ -44,6 +44,11 @@ grep -q "value '-3' for 'threads' is out of range 0..1024" "$tmp/out" || fail "-
 grep -q "expected one of cpu or cuda" "$tmp/out" || fail "--backend gpu: message"
 [ "$(run KVFERRY_WK_CUDA_GEMV=fast "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] || fail "cuda_gemv fast"
 grep -q "invalid value 'fast' for 'cuda_gemv': expected one of auto, ffma or mma" "$tmp/out" || fail "cuda_gemv: message"
+[ "$(run KVFERRY_WK_CUDA_BATCH_INVARIANT=sometimes "$worker" --config "$tmp/kvferry.conf" --check)" = 2 ] \
+  || fail "cuda_batch_invariant sometimes"
+grep -q "KVFERRY_WK_CUDA_BATCH_INVARIANT" "$tmp/out" || fail "cuda_batch_invariant: message"
+[ "$(run KVFERRY_WK_CUDA_BATCH_INVARIANT=yes "$worker" --config "$tmp/kvferry.conf" --check)" = 0 ] \
+  || fail "cuda_batch_invariant yes refused"
 echo "ok    bad values from the file, a variable and flags are refused at start, naming key, origin and range"
 
 # unknown section, key, option, variable of the worker's prefix; a missing requirement
