@@ -277,11 +277,9 @@ static int wg_sms = -1;
  * warpgroups a block for plans of at most WG_XRES_MAX columns; default:
  * wg_pick()'s rule),
  * KVFERRY_WG_PARTS (1, the default: wg_parts_for()'s rule; 0: parts
- * whenever there are fewer tiles than two waves) and KVFERRY_WG_XRES_MAX
- * (8 or 16: plans wider than that stream X rounded in advance, as wide
- * plans do; default WG_XRES_MAX). For measuring; what was
+ * whenever there are fewer tiles than two waves). For measuring; what was
  * measured is in kernels/cuda/NOTES.md. */
-static int wg_narrow_wgs = 0, wg_parts_policy = 1, wg_xres_max = WG_XRES_MAX;
+static int wg_narrow_wgs = 0, wg_parts_policy = 1;
 
 static void wg_read_env(void)
 {
@@ -289,8 +287,13 @@ static void wg_read_env(void)
 	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
 	e = getenv("KVFERRY_WG_PARTS");
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
-	e = getenv("KVFERRY_WG_XRES_MAX");
-	wg_xres_max = e && !strcmp(e, "16") ? 16 : e && !strcmp(e, "8") ? 8 : WG_XRES_MAX;
+}
+
+/* plans of at most WG_XRES_MAX columns: X resident, WGS warpgroups a block */
+template <int WGS, class F> static cudaError_t wg_pick_narrow(int n, F &&f)
+{
+	return n <= 8 ? f(wg_cfg<8, true, true, WGS>()) : n <= 16 ? f(wg_cfg<16, true, true, WGS>())
+								 : f(wg_cfg<32, true, true, WGS>());
 }
 
 /* The kernel kn_cuda_gemm_wg() runs n columns with, handed to @p f as a
@@ -311,19 +314,8 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		const long blocks4 = (long)((out + 255) / 256) * ((in + WG_SEG - 1) / WG_SEG);
 		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
 	}
-	if (n <= wg_xres_max && wgs == 4)
-		return n <= 8 ? f(wg_cfg<8, true, true, 4>()) : n <= 16 ? f(wg_cfg<16, true, true, 4>())
-								 : f(wg_cfg<32, true, true, 4>());
-	if (n <= wg_xres_max && wgs == 2)
-		return n <= 8 ? f(wg_cfg<8, true, true, 2>()) : n <= 16 ? f(wg_cfg<16, true, true, 2>())
-								 : f(wg_cfg<32, true, true, 2>());
-	if (n <= wg_xres_max)
-		return n <= 8 ? f(wg_cfg<8, true, true, 1>()) : n <= 16 ? f(wg_cfg<16, true, true, 1>())
-								 : f(wg_cfg<32, true, true, 1>());
-	if (n <= 16)
-		return f(wg_cfg<16, true, false, 2>());
-	if (n <= 32)
-		return f(wg_cfg<32, true, false, 2>());
+	if (n <= WG_XRES_MAX)
+		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
 	return n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
 								    : f(wg_cfg<128, true, false, 3>());
 }
@@ -383,8 +375,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 1>(),    wg_set_smem<16, true, true, 1>(),   wg_set_smem<32, true, true, 1>(),
 		wg_set_smem<8, true, true, 2>(),    wg_set_smem<16, true, true, 2>(),   wg_set_smem<32, true, true, 2>(),
 		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
-		wg_set_smem<8, true, false, 2>(),   wg_set_smem<16, true, false, 2>(),  wg_set_smem<32, true, false, 2>(),
-		wg_set_smem<64, true, false, 2>(),
+		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
 	};
 	for (cudaError_t v : r)
@@ -431,7 +422,7 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
 	/* narrow plans round X as it is loaded; wider ones take it rounded */
-	if (n > wg_xres_max && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+	if (n > WG_XRES_MAX && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
