@@ -80,7 +80,8 @@ int main(int argc, char **argv)
 	}
 	double dt = t - t0;
 	printf("copy: %zu B messages%s, %zu MiB region (%s), %.3f s, %.3f GB/s, %.0f msg/s\n", size,
-	       piece ? " (rte_memcpy pieces)" : "", region >> 20, huge ? "hugepages" : "4 KiB pages", dt, (double)n * (double)size / dt / 1e9, (double)n / dt);
+	       piece ? " (rte_memcpy pieces)" : "", region >> 20, huge ? "hugepages" : "4 KiB pages", dt,
+	       (double)n * (double)size / dt / 1e9, (double)n / dt);
 	munmap(buf, region);
 	return 0;
 }
