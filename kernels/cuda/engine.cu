@@ -636,8 +636,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		snprintf(s->base.err, sizeof(s->base.err),
 			 "kn_stage_create(cuda): cuda_batch_invariant (one numerics family) needs a Hopper GPU (device %d "
 			 "%s) and a shape the attention tile kernel serves (head_dim 16, 32, 64 or 128: this one %d; at most "
-			 "8 heads per KV head: %d); set cuda_batch_invariant = no (and unset KVFERRY_CUDA_LINEAR)", s->dev, kn_cuda_one_family_ok(s->dev) ? "is one" : "is not",
-			 s->hd, s->nh / s->nkv);
+			 "8 heads per KV head: %d); set cuda_batch_invariant = no (and unset KVFERRY_CUDA_LINEAR)", s->dev,
+			 kn_cuda_one_family_ok(s->dev) ? "is one" : "is not", s->hd, s->nh / s->nkv);
 		rc = -EINVAL;
 		goto fail;
 	}

@@ -37,7 +37,7 @@ struct kn_stage *kn_cuda_stage_create_random(const struct kn_model_config *cfg, 
 int kn_cuda_device_count(void);
 
 /** @return 1 when CUDA device @p device can run the one numerics family
- *  (KVFERRY_CUDA_LINEAR=wg: Hopper, compute capability 9.x), else 0. */
+ *  (kn_stage_opts.cuda_batch_invariant: Hopper, compute capability 9.x), else 0. */
 int kn_cuda_one_family_ok(int device);
 
 /**
