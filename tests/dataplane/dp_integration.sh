@@ -440,8 +440,11 @@ in_place, zc = sys.argv[3] == "1", sys.argv[4] == "1"
 # to a zero-copy client the server's driver copies straight into the
 # client's mbufs, and the client's driver copies nothing
 rx_copy, rx_crc = (0, 0) if in_place else (1, 0)
-rx_drv = (0, 0.0001) if zc else (1, 1.05)
-ok = (s[0] == 0 and s[2] == 0 and 1 <= s[3] < 1.05
+# the driver copies a resent frame again: 0.01-0.03 a byte on a quiet
+# machine, 0.06 seen under CI load; a second copy by design would be 2.0
+DRV_MAX = 1.25
+rx_drv = (0, 0.0001) if zc else (1, DRV_MAX)
+ok = (s[0] == 0 and s[2] == 0 and 1 <= s[3] < DRV_MAX
       and abs(r[1] - rx_copy) < 0.002 and abs(r[2] - rx_crc) < 0.002 and rx_drv[0] <= r[4] < rx_drv[1])
 total = s[0] + s[3] + r[1] + r[4]
 # by design (one driver copy each way, or one to a zero-copy client; resends
