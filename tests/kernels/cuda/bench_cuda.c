@@ -8,13 +8,15 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick | --narrow | --wide | --attention | --one ... | --serve ... | --kv-pieces]
+ * usage: bench_cuda [--quick | --narrow | --wide | --attention | --attn-probes | --one ... | --serve ... | --kv-pieces]
  *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
  *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
  *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
  *   8B decode at batch 64 and 256 (context 512) and both prefills, to price
  *   KVFERRY_CUDA_WIDE_X=split; --attention: the attention probes, then 8B
  *   decode at context 4096, batch 1 and 32 (for attention kernel variants);
+ *   --attn-probes: the attention probes alone, back to back only
+ *   (KVFERRY_BENCH_PROBE=4096x1:column picks one, for ncu);
  *   --one MODEL CTX BATCH: that decode step alone, no probes (for a profiler:
  *   ncu --graph-profiling node sees only the engine's kernels);
  *   --serve MODEL CLIENTS PROMPT OUT REQUESTS: the served workload run by the
@@ -475,12 +477,29 @@ static void bench_gemm(const char *widths)
 		}
 }
 
+/* KVFERRY_BENCH_PROBE="CTXxCOLS[:tile|column]" runs that attention probe
+ * alone (for a profiler). */
+static int probe_wanted(int ctx, int ncol, const char *kernel)
+{
+	const char *f = getenv("KVFERRY_BENCH_PROBE");
+	char want[64];
+	if (!f || !*f)
+		return 1;
+	snprintf(want, sizeof(want), "%dx%d", ctx, ncol);
+	const size_t n = strlen(want);
+	if (strncmp(f, want, n) || (f[n] && f[n] != ':'))
+		return 0;
+	return !f[n] || !strcmp(f + n + 1, kernel);
+}
+
 int main(int argc, char **argv)
 {
 	int quick = argc > 1 && !strcmp(argv[1], "--quick");
 	int narrow = argc > 1 && !strcmp(argv[1], "--narrow");
 	int wide = argc > 1 && !strcmp(argv[1], "--wide");
 	int attn_only = argc > 1 && !strcmp(argv[1], "--attention");
+	/* --attn-probes: the attention probes alone, back to back (no decode) */
+	int probes_only = argc > 1 && !strcmp(argv[1], "--attn-probes");
 	char err[512];
 	double bw = 0, peak = 0;
 	if (argc == 5 && !strcmp(argv[1], "--one")) {
@@ -514,7 +533,7 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	printf("RESULT kind=ceiling copy_bw_tb_s=%.3f\n", bw / 1e12);
-	if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) == 0)
+	if (!probes_only && kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) == 0)
 		printf("RESULT kind=ceiling gemm_tflops=%.1f\n", peak / 1e12);
 	/* each probe with both kernels: tile (the default) and column */
 	const int probes[][2] = { { 4096, 16 }, { 4096, 1 }, { 4096, 64 }, { 32768, 2 }, { 32768, 1 } };
@@ -522,10 +541,12 @@ int main(int argc, char **argv)
 	 * it), and launches back to back over K/V past L2 (as in a graph) */
 	for (int i = 0; i < 5; i++)
 		for (int tile = 1; tile >= 0; tile--)
-			for (int b2b = 0; b2b <= 1; b2b++) {
+			for (int b2b = probes_only; b2b <= 1; b2b++) {
 				double abw, sec;
 				const int ctx = probes[i][0], ncol = probes[i][1];
 				const char *kn = tile ? "tile" : "column", *how = b2b ? "stream" : "alone";
+				if (!probe_wanted(ctx, ncol, kn))
+					continue;
 				if (kn_cuda_probe_attention(0, ncol, ctx, 32, 8, 128, tile, b2b, 20, &abw, &sec, err,
 							    sizeof(err)) == 0)
 					printf("RESULT kind=attention kernel=%s timing=%s ctx=%d cols=%d us=%.1f tb_s=%.3f "
@@ -535,6 +556,8 @@ int main(int argc, char **argv)
 					       kn, how, ctx, ncol, err);
 			}
 	fflush(stdout);
+	if (probes_only)
+		return 0;
 	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 }, skinny[] = { 1, 8, 16 };
 	const char *models[] = { "llama3-1b", "llama3-8b" };
 	const size_t budget = (size_t)96 << 30;

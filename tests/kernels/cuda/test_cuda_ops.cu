@@ -447,7 +447,8 @@ static void bf16_producers_equal_their_f32_outputs_rounded(void)
 static void paged_attention_matches_reference(void)
 {
 	/* last: a long context, checked at its last column only (the reference is
-	 * quadratic): a 1-column plan splits it into at most 64 pieces */
+	 * quadratic): a 1-column plan splits it into at most 64 pieces, of 128
+	 * positions or more past 1,024 (merged by the last block to finish) */
 	struct { int nh, nkv, hd, ctx, qk_norm, bias, last; } cases[] = {
 		{ 4, 2, 16, 37, 0, 0, 0 }, { 8, 4, 64, 300, 1, 1, 0 }, { 32, 8, 128, 1000, 0, 0, 0 },
 		{ 14, 2, 64, 129, 0, 1, 0 }, { 16, 16, 32, 17, 1, 0, 0 }, { 8, 1, 256, 260, 0, 0, 0 },
@@ -456,6 +457,7 @@ static void paged_attention_matches_reference(void)
 		 * (several blocks per KV head, 8 heads each) */
 		{ 8, 2, 48, 200, 0, 0, 0 }, { 10, 10, 80, 300, 1, 1, 0 }, { 12, 2, 96, 150, 0, 1, 0 }, { 4, 2, 160, 90, 1, 0, 0 },
 		{ 32, 2, 64, 260, 0, 0, 0 }, { 12, 1, 240, 70, 0, 0, 0 }, { 8, 2, 64, 20000, 0, 0, 1 },
+		{ 32, 8, 128, 3000, 0, 0, 1 }, { 8, 8, 256, 1500, 0, 1, 1 }, { 16, 2, 128, 2100, 0, 0, 1 },
 	};
 	for (auto &cs : cases) {
 		const int nh = cs.nh, nkv = cs.nkv, hd = cs.hd, ctx = cs.ctx;
