@@ -206,7 +206,8 @@ static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
  * grid (col_splits_max, n_kv_heads, n), block 128. A group of LP = HD/8 lanes
  * owns one position at a time (16 bytes of K and of V per lane); a warp
  * covers PPW positions per step, ATTN_U steps' loads are issued before use.
- * Each group keeps an online softmax per head; the block merges its groups
+ * Each group keeps an online softmax per head, rescaled once per ATTN_U
+ * positions; the block merges its groups
  * in a fixed order and writes its partial. In plans of 1-2 columns the last
  * of the column's splits to finish (a.counters: one per column and KV head,
  * left at zero) merges them all in split order, with no second kernel;
@@ -283,30 +284,57 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 				kv[u][0] = kv[u][1] = make_uint4(0, 0, 0, 0);
 			}
 		}
+		/* the step's ATTN_U positions' scores first (independent chains),
+		 * then one rescale per head and the positions added in order. Once
+		 * a rescale and two exp2f per position and head, each waiting on
+		 * the last: H200, back to back, 8B heads, 4k x 16 columns 148 ->
+		 * 137 us, 4k x 64 571 -> 516, 32k x 1 83 -> 76, 32k x 2 147 ->
+		 * 133; 8B decode at 32k batch 8 23.3 -> 21.4 ms */
+		float d[ATTN_U][GM];
 #pragma unroll
 		for (int u = 0; u < ATTN_U; u++) {
-			float kf[8], vf[8];
+			float kf[8];
 			kn_bf16x8_to_f32(kv[u][0], kf);
-			kn_bf16x8_to_f32(kv[u][1], vf);
 #pragma unroll
 			for (int g = 0; g < GM; g++) {
-				float d = 0.f;
+				float x = 0.f;
 #pragma unroll
 				for (int i = 0; i < 8; i++)
-					d += qf[g][i] * kf[i];
+					x += qf[g][i] * kf[i];
 #pragma unroll
 				for (int o = LP / 2; o > 0; o >>= 1)
-					d += __shfl_xor_sync(0xffffffffu, d, o);
+					x += __shfl_xor_sync(0xffffffffu, x, o);
+				d[u][g] = x;
+			}
+		}
+#pragma unroll
+		for (int g = 0; g < GM; g++) {
+			float mn = m[g];
+#pragma unroll
+			for (int u = 0; u < ATTN_U; u++)
+				if (ok[u])
+					mn = fmaxf(mn, d[u][g]);
+			/* equal: nothing new above the max (and -inf - -inf is NaN) */
+			const float corr = mn == m[g] ? 1.f : exp2f(m[g] - mn);
+			l[g] *= corr;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[g][i] *= corr;
+			m[g] = mn;
+		}
+#pragma unroll
+		for (int u = 0; u < ATTN_U; u++) {
+			float vf[8];
+			kn_bf16x8_to_f32(kv[u][1], vf);
+#pragma unroll
+			for (int g = 0; g < GM; g++)
 				if (ok[u] && g < G) {
-					const float mn = fmaxf(m[g], d);
-					const float corr = exp2f(m[g] - mn), pe = exp2f(d - mn);
-					l[g] = l[g] * corr + pe;
+					const float pe = exp2f(d[u][g] - m[g]);
+					l[g] += pe;
 #pragma unroll
 					for (int i = 0; i < 8; i++)
-						acc[g][i] = acc[g][i] * corr + pe * vf[i];
-					m[g] = mn;
+						acc[g][i] += pe * vf[i];
 				}
-			}
 		}
 	}
 #pragma unroll
