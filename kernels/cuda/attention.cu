@@ -203,6 +203,84 @@ static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 }
 
 /*
+ * Each of GM values summed over the LP lanes of a lane group (LP a power of
+ * two, groups aligned), every lane of the group left with all GM sums, the
+ * same bits in each. While a lane holds more than one value, an exchange
+ * halves them: the lane keeps one half, its partner the other, and each
+ * adds what the other sends (GM / 2 shuffles, not GM); once one is left the
+ * usual butterfly; then each sum is read from a lane that holds it. 8B's
+ * shape (GM 4, LP 16): 9 shuffles and 5 adds a position, not 16 and 16.
+ */
+template <int C, int O> struct halve_sum {
+	static __device__ __forceinline__ void run(float *x, int lane)
+	{
+		if constexpr (O > 0) {
+			if constexpr (C > 1) {
+				const bool hi = lane & O;
+#pragma unroll
+				for (int j = 0; j < C / 2; j++) {
+					const float send = hi ? x[j] : x[j + C / 2];
+					const float keep = hi ? x[j + C / 2] : x[j];
+					x[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+				}
+				halve_sum<C / 2, O / 2>::run(x, lane);
+			} else {
+				x[0] += __shfl_xor_sync(0xffffffffu, x[0], O);
+				halve_sum<1, O / 2>::run(x, lane);
+			}
+		}
+	}
+};
+
+static constexpr int ilog2(int v)
+{
+	return v <= 1 ? 0 : 1 + ilog2(v / 2);
+}
+
+/* shuffles of group_sums(): by halving, or the plain butterfly per value */
+template <int GM, int LP> static constexpr bool halving_pays()
+{
+	constexpr int k = ilog2(GM) < ilog2(LP) ? ilog2(GM) : ilog2(LP);
+	int sh = 0, c = GM;
+	for (int i = 0; i < ilog2(LP); i++) {
+		sh += c > 1 ? c / 2 : 1;
+		c = c > 1 ? c / 2 : 1;
+	}
+	return k > 0 && sh + GM < GM * ilog2(LP);
+}
+
+template <int GM, int LP>
+static __device__ __forceinline__ void group_sums(float (&x)[GM], int lane)
+{
+	if constexpr (!halving_pays<GM, LP>()) {
+#pragma unroll
+		for (int g = 0; g < GM; g++)
+#pragma unroll
+			for (int o = LP / 2; o > 0; o >>= 1)
+				x[g] += __shfl_xor_sync(0xffffffffu, x[g], o);
+	} else {
+		halve_sum<GM, LP / 2>::run(x, lane);
+		/* x[j] now holds head j + sum over the halving exchanges i (offset
+		 * LP >> (i + 1), GM >> (i + 1) values kept) of that part if the
+		 * lane's offset bit was set */
+		constexpr int K = ilog2(GM) < ilog2(LP) ? ilog2(GM) : ilog2(LP), R = GM >> K;
+		float y[GM];
+#pragma unroll
+		for (int g = 0; g < GM; g++) {
+			int src = lane & ~(LP - 1);
+#pragma unroll
+			for (int i = 0; i < K; i++)
+				if ((g - g % R) & (GM >> (i + 1)))
+					src |= LP >> (i + 1);
+			y[g] = __shfl_sync(0xffffffffu, x[g % R], src);
+		}
+#pragma unroll
+		for (int g = 0; g < GM; g++)
+			x[g] = y[g];
+	}
+}
+
+/*
  * grid (col_splits_max, n_kv_heads, n), block 128. A group of LP = HD/8 lanes
  * owns one position at a time (16 bytes of K and of V per lane); a warp
  * covers PPW positions per step, ATTN_U steps' loads are issued before use.
@@ -301,11 +379,9 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 #pragma unroll
 				for (int i = 0; i < 8; i++)
 					x += qf[g][i] * kf[i];
-#pragma unroll
-				for (int o = LP / 2; o > 0; o >>= 1)
-					x += __shfl_xor_sync(0xffffffffu, x, o);
 				d[u][g] = x;
 			}
+			group_sums<GM, LP>(d[u], lane);
 		}
 #pragma unroll
 		for (int g = 0; g < GM; g++) {
