@@ -535,6 +535,7 @@ int main(int argc, char **argv)
 	printf("RESULT kind=ceiling copy_bw_tb_s=%.3f\n", bw / 1e12);
 	if (!probes_only && kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) == 0)
 		printf("RESULT kind=ceiling gemm_tflops=%.1f\n", peak / 1e12);
+	int probe_wanted_any = 0;
 	/* each probe with both kernels: tile (the default) and column */
 	const int probes[][2] = { { 4096, 16 }, { 4096, 1 }, { 4096, 64 }, { 32768, 2 }, { 32768, 1 } };
 	/* and each both ways: one launch timed alone (the host's launch gap in
@@ -547,6 +548,7 @@ int main(int argc, char **argv)
 				const char *kn = tile ? "tile" : "column", *how = b2b ? "stream" : "alone";
 				if (!probe_wanted(ctx, ncol, kn))
 					continue;
+				probe_wanted_any = 1;
 				if (kn_cuda_probe_attention(0, ncol, ctx, 32, 8, 128, tile, b2b, 20, &abw, &sec, err,
 							    sizeof(err)) == 0)
 					printf("RESULT kind=attention kernel=%s timing=%s ctx=%d cols=%d us=%.1f tb_s=%.3f "
@@ -556,6 +558,11 @@ int main(int argc, char **argv)
 					       kn, how, ctx, ncol, err);
 			}
 	fflush(stdout);
+	if (!probe_wanted_any) {
+		fprintf(stderr, "bench_cuda: KVFERRY_BENCH_PROBE=%s names no probe; use CTXxCOLS[:tile|column] with "
+				"CTXxCOLS one of 4096x16 4096x1 4096x64 32768x2 32768x1\n", getenv("KVFERRY_BENCH_PROBE"));
+		return 2;
+	}
 	if (probes_only)
 		return 0;
 	const int small[] = { 1, 8, 32, 64 }, large[] = { 128, 256 }, skinny[] = { 1, 8, 16 };
