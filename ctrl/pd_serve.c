@@ -389,17 +389,27 @@ static void routes(struct ctrl_pd_serve *s)
 	for (int32_t k = 0; k < n; k++)
 		pid[k] = ctrl_pd_link_route_pid(s->link, DP_STREAM_KV_STAGE + (uint32_t)k);
 	pthread_mutex_unlock(&s->mu);
+	const uint64_t gen = ctrl_chain_kv_generation(s->o.chain);
+
 	for (int32_t k = 0; k < n; k++) {
 		int rc;
 
 		if (pid[k] > 0 && (kill(pid[k], 0) == 0 || errno != ESRCH))
 			continue;
+		if (s->route_no[k] == gen + 1)
+			continue; /* it said no; its workers are the same ones */
 		rc = ctrl_chain_kv_rxroute(s->o.chain, k, DP_STREAM_KV_STAGE + (uint32_t)k);
 		if (rc == -ENOTSUP) {
-			kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: stage %d's worker cannot take its own KV pages "
-				"(an older kvferry-worker or dataplane): ctrld lands every page", (int)k);
-			s->rx_on = 0;
-			return;
+			/* a tensor-parallel stage, or an older kvferry-worker or
+			 * dataplane (the worker's log says which): the stream stays
+			 * ctrld's, the other stages' are still asked */
+			if (s->route_rc[k] != rc)
+				kvf_log(KVF_LOG_INFO, "kvferry-ctrld", "PD: stage %d's worker does not take its own KV "
+					"pages (a tensor-parallel stage, or an older kvferry-worker or dataplane; its log "
+					"says which): ctrld lands that stage's pages", (int)k);
+			s->route_rc[k] = rc;
+			s->route_no[k] = gen + 1;
+			continue;
 		}
 		if (rc != s->route_rc[k] || rc == 0)
 			kvf_log(rc == 0 ? KVF_LOG_INFO : KVF_LOG_WARNING, "kvferry-ctrld", "PD: stage %d's worker %s%s",

@@ -77,6 +77,8 @@ struct ctrl_pd_serve {
 	int rx_on;                 /* the rooms area is made: stages are asked to route their streams */
 	uint64_t t_routes;         /* when routes() last looked */
 	int route_rc[CTRL_CHAIN_MAX_STAGES]; /* each stage's last answer (logged when it changes) */
+	uint64_t route_no[CTRL_CHAIN_MAX_STAGES]; /* 1 + the chain generation in which the stage said it
+						   * cannot take its pages (-ENOTSUP): not asked again until then */
 };
 
 /* pd_serve_view.c */

@@ -461,13 +461,16 @@ static void cpu_destroy(struct kn_stage *s)
 }
 
 /* One page of one layer between the pool's [pos][head][d] rows and the
- * kn_kv_format's [head][pos][d]: to `out` when set, else from `in`. */
+ * kn_kv_format's [head][pos][d]: to `out` when set, else from `in`. The
+ * format holds every KV head of the stage; a rank of a tensor-parallel
+ * stage moves its own heads' rows, [rank * nkv, +nkv), and leaves the
+ * others' bytes to their ranks. */
 static void kv_page(const struct cpu_stage *c, float *pool, float *out, const float *in)
 {
 	for (int32_t h = 0; h < c->nkv; h++)
 		for (int32_t p = 0; p < KN_PAGE_BLK; p++) {
 			float *a = pool + (size_t)p * c->KVD + (size_t)h * c->hd;
-			const size_t o = ((size_t)h * KN_PAGE_BLK + p) * c->hd;
+			const size_t o = ((size_t)(c->rank * c->nkv + h) * KN_PAGE_BLK + p) * c->hd;
 			if (out)
 				memcpy(out + o, a, (size_t)c->hd * sizeof(float));
 			else
@@ -475,15 +478,21 @@ static void kv_page(const struct cpu_stage *c, float *pool, float *out, const fl
 		}
 }
 
+/* Floats of one layer's K (or V) page in the kn_kv_format: every rank's heads. */
+static size_t fmt_page(const struct cpu_stage *c)
+{
+	return (size_t)KN_PAGE_BLK * c->KVD * c->tp;
+}
+
 static void kv_move(struct cpu_stage *c, const int32_t *blocks, int32_t n, float *out, const float *in)
 {
-	const size_t page = (size_t)KN_PAGE_BLK * c->KVD;
+	const size_t page = (size_t)KN_PAGE_BLK * c->KVD, fpage = fmt_page(c);
 	for (int32_t i = 0; i < n; i++)
 		for (int32_t l = 0; l < c->nl; l++) {
-			const size_t o = ((size_t)i * c->nl + l) * 2 * page;
+			const size_t o = ((size_t)i * c->nl + l) * 2 * fpage;
 			kv_page(c, c->L[l].kc + (size_t)blocks[i] * page, out ? out + o : NULL, in ? in + o : NULL);
-			kv_page(c, c->L[l].vc + (size_t)blocks[i] * page, out ? out + o + page : NULL,
-				in ? in + o + page : NULL);
+			kv_page(c, c->L[l].vc + (size_t)blocks[i] * page, out ? out + o + fpage : NULL,
+				in ? in + o + fpage : NULL);
 		}
 }
 
@@ -500,21 +509,24 @@ static int cpu_kv_import(struct kn_stage *s, const int32_t *blocks, int32_t n, c
 }
 
 /* The same, the pages read from pieces row by row, each row straight into
- * the pool (a row may span two pieces). */
+ * the pool (a row may span two pieces); a rank skips the other ranks' heads. */
 static int cpu_kv_import_segs(struct kn_stage *s, const int32_t *blocks, int32_t n, struct kn_seg_cursor *cur)
 {
 	struct cpu_stage *c = (struct cpu_stage *)s;
-	const size_t page = (size_t)KN_PAGE_BLK * c->KVD;
+	const size_t page = (size_t)KN_PAGE_BLK * c->KVD, mine = page * sizeof(float);
+	const size_t before = (size_t)c->rank * mine, after = (size_t)(c->tp - 1 - c->rank) * mine;
 
 	for (int32_t i = 0; i < n; i++)
 		for (int32_t l = 0; l < c->nl; l++)
 			for (int kv = 0; kv < 2; kv++) {
 				float *pool = (kv ? c->L[l].vc : c->L[l].kc) + (size_t)blocks[i] * page;
 
+				kn_seg_read(cur, NULL, before);
 				for (int32_t h = 0; h < c->nkv; h++)
 					for (int32_t p = 0; p < KN_PAGE_BLK; p++)
 						kn_seg_read(cur, pool + (size_t)p * c->KVD + (size_t)h * c->hd,
 							    (size_t)c->hd * sizeof(float));
+				kn_seg_read(cur, NULL, after);
 			}
 	return 0;
 }

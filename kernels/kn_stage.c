@@ -279,7 +279,10 @@ int kn_stage_kv_format(const struct kn_stage *s, struct kn_kv_format *f)
 	f->dtype = s->vt->kv_dtype;
 	f->layer_start = s->opts.layer_start;
 	f->layer_end = s->opts.layer_end;
-	f->n_kv_heads = s->cfg->n_kv_heads / (s->opts.tp_size > 1 ? s->opts.tp_size : 1); /* a rank's share */
+	/* every KV head of the stage, also on a rank of a tensor-parallel
+	 * stage, which moves its own heads' bytes of each page: pages travel
+	 * between stages of any tp_size */
+	f->n_kv_heads = s->cfg->n_kv_heads;
 	f->head_dim = s->cfg->head_dim;
 	f->block_bytes = (size_t)(f->layer_end - f->layer_start) * 2 * (size_t)f->n_kv_heads * KN_PAGE_BLK *
 			 (size_t)f->head_dim * (f->dtype == KN_DT_F32 ? 4 : 2);

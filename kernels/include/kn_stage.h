@@ -296,6 +296,13 @@ int kn_stage_step_inflight(const struct kn_stage *s);
  * prefill node exports the blocks of a sequence; the decode node imports
  * them into blocks it chose, sets its table, and decodes as if it had run
  * the prefill itself.
+ *
+ * The format holds every KV head of the stage's layers, also for a rank of
+ * a tensor-parallel stage (kn_stage_opts.tp_size > 1): a rank exports its
+ * own heads' rows of each page and leaves the other bytes of the buffer as
+ * they were, and imports only its own heads' rows. The T ranks of a stage
+ * exporting into one buffer write the unsharded stage's pages, byte for
+ * byte, and pages import into a stage of any tp_size.
  */
 struct kn_kv_format {
 	int32_t dtype;           /**< KN_DT_F32 or KN_DT_BF16 */

@@ -182,6 +182,13 @@ void wk_tp_answer(struct worker *w, int rc, const char *err);
 /* The leader: every follower's answer to the join or pool message handed on.
  * @return 0, or a follower's refusal / -ETIMEDOUT with @p err naming the rank. */
 int wk_tp_answers(struct worker *w, char *err, size_t errlen);
+/* A follower's share of a KV page copy done (@p rc, @p err): the leader
+ * reads it once the follower's done count passed the message. */
+void wk_tp_kv_note(struct worker *w, int rc, const char *err);
+/* The leader, before it answers a KV page copy: every follower has copied
+ * its share. @return 0, or a follower's error (@p err naming the rank) /
+ * -EPIPE (the group broke). */
+int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen);
 /* kn_stage_opts.tp_reduce (arg: the worker). */
 int wk_tp_reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim);
 /* @return 1 when the group must start again (a rank gone, or one did not keep up). */

@@ -9,7 +9,11 @@
  * what they wrote and an import lands before anything after it runs.
  *
  * Two ways in. In band, on the input ring in order with the micro-batches,
- * through every stage and back on the return hop. On the side (proto 4,
+ * through every stage and back on the return hop. A tensor-parallel stage
+ * takes them only so: the leader hands each on to its followers, as every
+ * message, each rank copies its own KV heads' share of the pages
+ * (kn_stage.h: the pages' format is the stage's whatever its tp_size), and
+ * the leader answers once they all have. On the side (proto 4,
  * a ring input only): ctrld puts the message on <in>.kv and the stage
  * answers in the message itself, handed back on <in>.kvr; the stage takes
  * it at once, ahead of the micro-batches queued on its input and beside
@@ -133,14 +137,13 @@ static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errle
 {
 	struct kn_kv_format f;
 
-	if (w->tp.size > 1) {
-		/* each rank holds its share of the KV heads: the pages would be
-		 * one stream per rank (NOTES.md, "Tensor parallelism") */
-		snprintf(err, errlen, "stage %d (%s) runs as %d tensor-parallel workers, which do not move KV pages "
-			 "yet: run the stages of a disaggregated node with tp_size 1", w->idx, w->o.role,
-			 (int)w->tp.size);
-		return -EOPNOTSUPP;
+	if (w->tp.size > 1 && k->op == SHM_MB_KV_RXROUTE) {
+		snprintf(err, errlen, "stage %d (%s) runs as %d tensor-parallel workers, which take no page messages "
+			 "from the dataplane themselves: ctrld lands them", w->idx, w->o.role, (int)w->tp.size);
+		return -ENOTSUP;
 	}
+	if (w->tp.rank > 0 && k->op == SHM_MB_KV_FORMAT)
+		return 0; /* the leader answers */
 	if (w->st == NULL) {
 		snprintf(err, errlen, "stage %d (%s) has no engine", w->idx, w->o.role);
 		return -EPROTO;
@@ -197,6 +200,14 @@ void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)
 		char err[SHM_MB_ERRLEN] = "";
 		int rc = kv_act(w, k, err, sizeof(err));
 
+		/* tensor parallelism: each rank copies its heads' share of the
+		 * pages; the leader answers once every follower has (a page
+		 * leaves only whole), with the first refusal */
+		wk_tp_kv_note(w, rc, err);
+		if (rc == 0)
+			rc = wk_tp_kv_wait(w, err, sizeof(err));
+		else
+			(void)wk_tp_kv_wait(w, (char[SHM_MB_ERRLEN]){ 0 }, SHM_MB_ERRLEN);
 		if (rc < 0) {
 			oh->status = rc;
 			memcpy(oh->err, err, sizeof(oh->err));

@@ -258,18 +258,11 @@ int wk_tp_reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim)
 	return wait_all(w, offsetof(struct wk_tp_rec, depart), seq, "finish a reduce");
 }
 
-void wk_tp_handled(struct worker *w)
+/* The leader: wait until every follower has handled what it was handed. */
+static void followers_done(struct worker *w)
 {
 	struct wk_tp *t = &w->tp;
 
-	if (t->size == 1)
-		return;
-	if (t->rank != 0) {
-		if (t->a != NULL)
-			atomic_fetch_add_explicit(&t->a->r[t->rank].done, 1, memory_order_release);
-		return;
-	}
-	/* the leader: every follower has handled what it was handed */
 	for (int32_t r = 1; r < t->size && t->a != NULL && !t->broken; r++) {
 		uint64_t t0 = kvf_mono_ns();
 
@@ -283,6 +276,52 @@ void wk_tp_handled(struct worker *w)
 			}
 		}
 	}
+}
+
+void wk_tp_handled(struct worker *w)
+{
+	struct wk_tp *t = &w->tp;
+
+	if (t->size == 1)
+		return;
+	if (t->rank != 0) {
+		if (t->a != NULL)
+			atomic_fetch_add_explicit(&t->a->r[t->rank].done, 1, memory_order_release);
+		return;
+	}
+	followers_done(w);
+}
+
+void wk_tp_kv_note(struct worker *w, int rc, const char *err)
+{
+	struct wk_tp_rec *me;
+
+	if (w->tp.rank == 0 || w->tp.a == NULL)
+		return;
+	me = &w->tp.a->r[w->tp.rank];
+	me->kv_status = rc;
+	snprintf(me->kv_err, sizeof(me->kv_err), "%s", rc < 0 ? err : "");
+	/* published by the done count that follows (wk_tp_handled) */
+}
+
+int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen)
+{
+	struct wk_tp *t = &w->tp;
+
+	if (t->size == 1 || t->rank != 0)
+		return 0;
+	followers_done(w);
+	if (t->broken || t->a == NULL) {
+		snprintf(err, errlen, "a rank of the stage's %d tensor-parallel workers is gone or did not copy its "
+			 "share of the KV pages: the group starts again", (int)t->size);
+		return -EPIPE;
+	}
+	for (int32_t r = 1; r < t->size; r++)
+		if (t->a->r[r].kv_status < 0) {
+			snprintf(err, errlen, "rank %d of %d of the stage: %s", (int)r, (int)t->size, t->a->r[r].kv_err);
+			return t->a->r[r].kv_status;
+		}
+	return 0;
 }
 
 void wk_tp_answer(struct worker *w, int rc, const char *err)

@@ -36,6 +36,14 @@
 # place (rx_in_place = yes): the decode node's (CPU) workers read each page
 # message from its frames where the driver left them (no reassembly copy,
 # kv_landed_in_place_total); what ctrld lands itself it gathers first.
+# ctrld2-workers-tp is ctrld2-workers on a model whose heads split (the
+# small preset, 2 layers), with a tensor-parallel stage on each node, at
+# another place on each: the prefill node's stage 0 and the decode node's
+# stage 1 each run as 2 worker processes (--tp-size 2). Each rank copies its
+# KV heads' share of a page, and a page's bytes are the stage's whatever
+# its tp_size, so pages cross between stages of tp 2 and tp 1 both ways;
+# the decode node's tensor-parallel stage leaves its pages to ctrld, the
+# other stage takes its own.
 # ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
 # ctrld moves its PD link to the new region and the pair serves on.
 # ctrld2-dprestart-prefill restarts only the prefill node's dataplane while
@@ -45,7 +53,7 @@
 # within seconds (they waited for the 300 s waiting timeout before); the
 # prefill node gives the old rooms' KV back, and the pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers|ctrld2-workers-inplace[-zc]|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers[-tp]|ctrld2-workers-inplace[-zc]|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -67,6 +75,8 @@ case $mode in
   # the dataplanes receive in place: ctrld gets segment lists, which the
   # worker processes (who copy the pages) cannot read from ctrld's heap
   ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
+  # a tensor-parallel stage on each node: prefill stage 0, decode stage 1
+  ctrld2-workers-tp) tp_at="1:0 2:1" mode=ctrld2-workers ;;
   # the same, the decode node's dataplane a zero-copy memif client: the
   # prefill node's driver writes the pages into the mbufs its workers read
   ctrld2-workers-inplace-zc) KVF_DP_EXTRA="--rx-in-place" KVF_MEMIF_B_EXTRA=",zero-copy=yes" mode=ctrld2-workers ;;
@@ -79,7 +89,9 @@ if [ -n "${KVF_MEMIF_B_EXTRA:-}" ]; then
   grep -q "rx in place (the mbufs the memif server wrote" "$KVF_RUN/dataplane2.log" \
     || { echo "FAIL: the decode node's dataplane is no zero-copy client receiving in place"; cat "$KVF_RUN/dataplane2.log"; exit 1; }
 fi
-"$B/kvferry-mkmodel" --out "$KVF_RUN/model" --preset tiny >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
+preset=(--preset tiny)
+[ -n "${tp_at:-}" ] && preset=(--preset small --layers 2 --seed 12) # heads that split over 2 ranks
+"$B/kvferry-mkmodel" --out "$KVF_RUN/model" "${preset[@]}" >/dev/null || { echo "FAIL: kvferry-mkmodel"; exit 1; }
 extra=()
 # ctrld2-workers: stage k of node N (region R) in its own process, over shm rings
 wargs() { :; }
@@ -88,9 +100,17 @@ if [ "$mode" = ctrld2-workers ]; then
     reg=$KVF_RA; [ $node = 2 ] && reg=$KVF_RB
     for k in 0 1; do
       out="ring:serve.s$((k + 1)).in"; [ $k = 1 ] && out="ring:serve.ret"
-      "$B/kvferry-worker" --region "$reg" --model "$KVF_RUN/model" --in "ring:serve.s$k.in" --out "$out" \
-        --role "stage$k" --node $node --backend cpu --threads 1 >"$KVF_RUN/worker$node.$k.log" 2>&1 &
-      KVF_PIDS+=($!)
+      T=1
+      case " ${tp_at:-} " in *" $node:$k "*) T=2 ;; esac
+      for ((r = 0; r < T; r++)); do
+        role=stage$k log=worker$node.$k
+        [ $r -gt 0 ] && role=stage$k.tp$r log=worker$node.$k.tp$r
+        # shellcheck disable=SC2046
+        "$B/kvferry-worker" --region "$reg" --model "$KVF_RUN/model" --in "ring:serve.s$k.in" --out "$out" \
+          --role "$role" --node $node --backend cpu --threads 1 $([ $T -gt 1 ] && echo --tp-size $T --tp-rank $r) \
+          >"$KVF_RUN/$log.log" 2>&1 &
+        KVF_PIDS+=($!)
+      done
     done
   done
   wargs() { echo --worker-region "$1" --worker-return ring --worker-join-timeout 60 --kv-memory 64M; }
@@ -500,10 +520,11 @@ PY
     echo "PASS ($mode)"
     exit 0
   fi
-  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
+  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
 dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 inplace = "--rx-in-place" in sys.argv[4]
+tp = sys.argv[5] != ""
 
 def post(url, body):
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
@@ -569,7 +590,15 @@ else:
           % (st["kv_room_bytes_total"] / st["kv_room_seconds_total"] / 1e9, timed))
 # stages in worker processes take their layers' pages from the dataplane
 # themselves ([pd] worker_rx): ctrld lands none
-if mode == "ctrld2-workers":
+if mode == "ctrld2-workers" and tp:
+    # the decode node's tensor-parallel stage 1 leaves its pages to ctrld,
+    # stage 0 (one worker) takes its own: both ways landed pages
+    print("page messages the decode node's stages took themselves: %d of %d (stage 1 is tensor-parallel: "
+          "ctrld lands its pages)" % (st["kv_landed_by_stages_total"], st["kv_messages_received_total"]))
+    if not 0 < st["kv_landed_by_stages_total"] < st["kv_messages_received_total"]:
+        errs.append("the decode node's stage 0 should take its own pages and ctrld stage 1's")
+        ok = False
+elif mode == "ctrld2-workers":
     print("page messages the decode node's stages took themselves: %d of %d" % (st["kv_landed_by_stages_total"],
                                                                           st["kv_messages_received_total"]))
     if not st["stages_take_pages"] or st["kv_landed_by_stages_total"] != st["kv_messages_received_total"]:
@@ -590,8 +619,15 @@ sys.exit(0 if ok else 1)
 PY
   rc=$?
   cat "$KVF_RUN/out.log"
-  [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2 worker1.0 worker1.1 worker2.0 worker2.1; do
+  [ $rc = 0 ] || { for f in ctrld ctrld2 dataplane1 dataplane2 worker1.0 worker1.0.tp1 worker1.1 worker2.0 worker2.1 \
+                     worker2.1.tp1; do
                      [ -f "$KVF_RUN/$f.log" ] && { echo "--- $f.log"; tail -n 20 "$KVF_RUN/$f.log"; }; done; exit 1; }
+  if [ -n "${tp_at:-}" ]; then
+    for w in 1.0 2.1; do
+      grep -q "rank 0 of 2" "$KVF_RUN/worker$w.log" || { echo "FAIL: worker$w is not rank 0 of 2"; exit 1; }
+    done
+    echo "ok    the prefill node's stage 0 and the decode node's stage 1 ran as 2 ranks each"
+  fi
   echo "PASS ($mode)"
   exit 0
 fi

@@ -28,6 +28,8 @@ struct wk_tp_rec {
 	uint64_t done_at;         /**< its done count once that join is handled */
 	int32_t status, pid, live; /**< its answer to that join, its pid and liveness slot */
 	char err[SHM_MB_ERRLEN];
+	int32_t kv_status;        /**< its share of the last KV page copy (followers): 0 or -errno */
+	char kv_err[SHM_MB_ERRLEN];
 } __attribute__((aligned(64)));
 
 /** The area's head; the ranks' slots follow it. */
