@@ -53,12 +53,6 @@ struct kn_stage *kn_stage_create(const struct kn_model *m, enum kn_backend be,
 			errno = EINVAL;
 			return NULL;
 		}
-	if (o->tp_size > 1 && be != KN_BACKEND_CPU) {
-		kn_seterr(err, errlen, "kn_stage_create: tensor parallelism (tp_size %d) runs on the CPU engine only; "
-			  "use tp_size 1 on this backend", o->tp_size);
-		errno = EINVAL;
-		return NULL;
-	}
 	switch (be) {
 	case KN_BACKEND_CPU:
 		return kn_cpu_stage_create(m, o, err, errlen);
@@ -91,6 +85,9 @@ int kn_stage_info(const struct kn_stage *s, struct kn_stage_info *info)
 	info->max_blocks_per_slot = s->opts.max_blocks_per_slot;
 	info->hidden_size = s->cfg->hidden_size;
 	info->vocab_size = s->cfg->vocab_size;
+	info->tp_size = s->opts.tp_size > 1 ? s->opts.tp_size : 1;
+	info->tp_transport = info->tp_size > 1 ? "cpu" : ""; /* the CUDA engine's info says its own */
+	info->tp_why = "";
 	return s->vt->info ? s->vt->info(s, info) : 0;
 }
 

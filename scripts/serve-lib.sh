@@ -141,8 +141,11 @@ kvf_up() {
       [ $k -eq $((stages - 1)) ] && out="ring:serve.ret"
       kvf_start_worker $k "$KVF_RA" "ring:serve.s$k.in" "$out" -1
     done
-    ctrld_args+=(--worker-return ring --worker-region-size 64M)
+    ctrld_args+=(--worker-return ring --worker-region-size "${KVF_WREGION_SIZE:-64M}")
   fi
+  # KVF_CTRLD_EXTRA: more ctrld flags (word-split), e.g. "--kv-mem-fraction 0.05"
+  # shellcheck disable=SC2206
+  [ -n "${KVF_CTRLD_EXTRA:-}" ] && ctrld_args+=($KVF_CTRLD_EXTRA)
   KVF_CTRLD_CMD=("$KVF_BIN/kvferry-ctrld" "${ctrld_args[@]}")
   "${KVF_CTRLD_CMD[@]}" >"$KVF_RUN/ctrld.log" 2>&1 &
   KVF_CTRLD=$!

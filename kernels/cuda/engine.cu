@@ -210,9 +210,15 @@ static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 	for (int j = 0; j < n; j++)
 		ctx = stp->cols[j].pos + 1 > ctx ? stp->cols[j].pos + 1 : ctx;
 	const int bk = cu_ctx_bucket(s, ctx);
-	if (!p->exec[bk] && (rc = cu_capture(s, p, bk)))
-		return rc;
-	CK(cudaGraphLaunch(p->exec[bk], s->st));
+	if (s->tp_host) {
+		/* the ranks sum on the host, waiting for the device: no graph */
+		if ((rc = cu_enqueue(s, W, cu_bucket_ctx(s, bk))))
+			return rc;
+	} else {
+		if (!p->exec[bk] && (rc = cu_capture(s, p, bk)))
+			return rc;
+		CK(cudaGraphLaunch(p->exec[bk], s->st));
+	}
 	if (s->base.last)
 		CK(cudaMemcpyAsync(sl->h_out, s->d_out, out_bytes(W, n_top), cudaMemcpyDeviceToHost, s->st));
 	else
@@ -268,6 +274,7 @@ static void cu_destroy(struct kn_stage *b)
 	if (s->st)
 		cudaStreamSynchronize(s->st);
 	cu_drop_graphs(s);
+	cu_tp_fini(s);
 	if (s->blas)
 		cublasDestroy(s->blas);
 	if (s->st)
@@ -299,6 +306,8 @@ static int cu_info(const struct kn_stage *b, struct kn_stage_info *info)
 	info->weight_bytes = s->weight_bytes;
 	info->kv_bytes = s->kv_bytes;
 	info->workspace_bytes = s->ws_bytes;
+	info->tp_transport = cu_tp_transport(s);
+	info->tp_why = s->tp_why;
 	return 0;
 }
 
@@ -387,19 +396,21 @@ static int cu_kv_move(struct kn_stage *b, const int32_t *blocks, int32_t n, void
 	cudaStream_t kst = s->kvst ? s->kvst : s->st;
 	const size_t page = (size_t)s->nkv * KN_PAGE_BLK * s->hd * 2;               /* bytes */
 	const size_t lay = (size_t)2 * s->base.n_blocks * s->nkv * KN_PAGE_BLK * s->hd * 2; /* bytes */
+	/* the format's page holds every rank's heads: this rank's are its share at rank * page */
+	const size_t fpage = page * (size_t)s->tp;
 	for (int32_t i = 0; i < n; i++)
 		for (int kv = 0; kv < 2; kv++) {
 			char *dev = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)blocks[i] * page;
-			const size_t host = ((size_t)i * s->nl * 2 + kv) * page;
+			const size_t host = ((size_t)i * s->nl * 2 + kv) * fpage + (size_t)s->rank * page;
 			/* pitches past 2^31 (pools over 2 GB a layer) go layer by layer */
 			const int rows = lay < ((size_t)1 << 31) ? s->nl : 1;
 			cudaError_t e = cudaSuccess;
 			for (int l = 0; l < s->nl && e == cudaSuccess; l += rows) {
 				char *d = dev + (size_t)l * lay;
-				const size_t h = host + (size_t)l * 2 * page;
-				e = out ? cudaMemcpy2DAsync((char *)out + h, 2 * page, d, lay, page, (size_t)rows,
+				const size_t h = host + (size_t)l * 2 * fpage;
+				e = out ? cudaMemcpy2DAsync((char *)out + h, 2 * fpage, d, lay, page, (size_t)rows,
 							    cudaMemcpyDeviceToHost, kst)
-					: cudaMemcpy2DAsync(d, lay, (const char *)in + h, 2 * page, page, (size_t)rows,
+					: cudaMemcpy2DAsync(d, lay, (const char *)in + h, 2 * fpage, page, (size_t)rows,
 							    cudaMemcpyHostToDevice, kst);
 			}
 			if (e != cudaSuccess) {
@@ -482,6 +493,8 @@ static int cu_kv_import_segs(struct kn_stage *b, const int32_t *blocks, int32_t 
 			for (int kv = 0; kv < 2; kv++) {
 				char *d = (char *)s->kv + (size_t)kv * lay / 2 + (size_t)l * lay + (size_t)blocks[i] * page;
 				size_t left = page;
+				/* a rank reads its heads' share of the format's page */
+				kn_seg_read(cur, NULL, (size_t)s->rank * page);
 				while (left > 0 && cur->i < cur->n) {
 					const void *p;
 					size_t k = kn_seg_next(cur, left, &p);
@@ -500,6 +513,7 @@ static int cu_kv_import_segs(struct kn_stage *b, const int32_t *blocks, int32_t 
 					d += k;
 					left -= k;
 				}
+				kn_seg_read(cur, NULL, (size_t)(s->tp - 1 - s->rank) * page);
 			}
 	if (flush())
 		return -EIO;
@@ -566,6 +580,27 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 	s->hd = c->head_dim;
 	s->nh = c->n_heads;
 	s->nkv = c->n_kv_heads;
+	s->tp = op->tp_size > 1 ? op->tp_size : 1;
+	s->rank = s->tp > 1 ? op->tp_rank : 0;
+	if (s->tp > 1) {
+		/* this rank's share of the heads and the MLP columns (tp.cu) */
+		const char *why = (s->tp & (s->tp - 1)) || s->tp > 8 ? "tp_size must be 1, 2, 4 or 8"
+				  : s->rank < 0 || s->rank >= s->tp ? "tp_rank must be below tp_size"
+				  : s->nh % s->tp || s->nkv % s->tp ? "the heads and KV heads must split evenly over the ranks"
+				  : s->inter % (8 * s->tp) ? "the MLP's intermediate size must split into multiples of 8"
+				  : NULL;
+		if (why != NULL) {
+			snprintf(s->base.err, sizeof(s->base.err),
+				 "kn_stage_create(cuda): tp_size %d, rank %d with %d heads, %d KV heads, intermediate %d: "
+				 "%s; run this model with fewer ranks (tp_size 1 always works)", s->tp, s->rank, s->nh,
+				 s->nkv, s->inter, why);
+			rc = -EINVAL;
+			goto fail;
+		}
+		s->nh /= s->tp;
+		s->nkv /= s->tp;
+		s->inter /= s->tp;
+	}
 	s->q_dim = s->nh * s->hd;
 	s->kv_dim = s->nkv * s->hd;
 	s->qkv_dim = s->q_dim + 2 * s->kv_dim;
@@ -673,6 +708,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		rc = -EIO;
 		goto fail;
 	}
+	if ((rc = cu_tp_init(s)))
+		goto fail;
 	{
 		int32_t nb = op->n_blocks;
 		if (nb < 0) {

@@ -123,6 +123,12 @@ struct cu_stage {
 	struct cu_piece *pcs_dev; /* ... and the device's address of it */
 	struct plan plans[KN_MAX_PLANS];
 	int n_plans;
+	/* tensor parallelism (tp.cu): nh, nkv, q_dim, kv_dim, qkv_dim, inter above are this rank's */
+	int tp, rank;          /* ranks of the stage (1: none), and this one */
+	void *nccl;            /* ncclComm_t: the ranks sum with NCCL's all-reduce, in the graphs */
+	int tp_host;           /* ... or through tp_reduce on host rows, eagerly (no graphs) */
+	float *h_red;          /* [wmax][hidden] pinned: the rows tp_reduce sums */
+	char tp_why[300];      /* why not NCCL */
 	/* allocations to free, in order of acquisition */
 	void *dptr[4096];
 	int n_dptr;
@@ -177,8 +183,19 @@ int cu_load_weights(struct cu_stage *s, int rand, uint64_t seed);
 int cu_alloc_pool(struct cu_stage *s, int32_t n_blocks);
 int cu_alloc_workspace(struct cu_stage *s);
 
+/* tp.cu: how the ranks sum (NCCL, or tp_reduce on host rows), their sum of
+ * the partial @p d ([W][hidden] on the device) on the step's stream, the
+ * transport's name for kn_stage_info, and its teardown. */
+int cu_tp_init(struct cu_stage *s);
+int cu_tp_reduce(struct cu_stage *s, float *d, int W);
+const char *cu_tp_transport(const struct cu_stage *s);
+void cu_tp_fini(struct cu_stage *s);
+
 /* graph.cu: a plan's graph, captured at its first step; dropped when the pool moves. */
 int cu_capture(struct cu_stage *s, struct plan *p, int bucket);
+/* The step at plan width W for contexts up to @p gctx, enqueued on the stream
+ * (what a graph holds; run eagerly where the ranks sum on the host). */
+int cu_enqueue(struct cu_stage *s, int W, int gctx);
 /* The context bucket of a step whose columns reach @p ctx positions, and its longest context. */
 int cu_ctx_bucket(const struct cu_stage *s, int ctx);
 int cu_bucket_ctx(const struct cu_stage *s, int bucket);

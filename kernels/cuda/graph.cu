@@ -73,7 +73,7 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 	return linear(s, w, s->x, y, W, H, out);
 }
 
-static int enqueue(struct cu_stage *s, int W, int gctx)
+int cu_enqueue(struct cu_stage *s, int W, int gctx)
 {
 	const struct kn_model_config *c = s->base.cfg;
 	const int H = s->hidden;
@@ -135,7 +135,7 @@ static int enqueue(struct cu_stage *s, int W, int gctx)
 		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
 		aa.split = cu_attn_split(s, W);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
-		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)))
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)) || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
 		if ((rc = norm_linear(s, W, s->delta, w->ln2, w->wgu, s->gu, 2 * s->inter, l)))
 			return rc;
@@ -146,7 +146,7 @@ static int enqueue(struct cu_stage *s, int W, int gctx)
 			CKL(kn_cuda_swiglu(s->gu, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
 			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H);
 		}
-		if (rc)
+		if (rc || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
 		pending = s->delta;
 	}
@@ -207,7 +207,7 @@ int cu_capture(struct cu_stage *s, struct plan *p, int bucket)
 	 * batch 256 12.88 -> 12.82; the 2048-column prefill of 1B 14.9 -> 15.8 ms
 	 * slower with it, 8B equal. */
 	kn_cuda_pdl_suspend(p->width > KN_CU_PDL_MAX_W);
-	int rc = enqueue(s, p->width, cu_bucket_ctx(s, bucket));
+	int rc = cu_enqueue(s, p->width, cu_bucket_ctx(s, bucket));
 	kn_cuda_pdl_suspend(0);
 	cudaError_t e = cudaStreamEndCapture(s->st, &g);
 	if (rc) {

@@ -107,6 +107,73 @@ static int fill_or_load_mat(struct cu_stage *s, kn_bf16 *dst, int64_t rows, int6
 	return t ? upload_bf16(s, dst, t, rows, cols) : -EINVAL;
 }
 
+/*
+ * Rows [r0, r0 + nr) x columns [c0, c0 + nc) of the R x C matrix a tensor
+ * (or its random fill) holds, to @p dst (nr x nc): a tensor-parallel rank's
+ * share (q, k, v, gate, up: rows; o, down: columns). The whole matrix when
+ * the stage has no ranks.
+ */
+static int fill_or_load_part(struct cu_stage *s, kn_bf16 *dst, int64_t R, int64_t C, int64_t r0, int64_t nr,
+			     int64_t c0, int64_t nc, const char *fmt, int l, int rand, uint64_t seed, int id)
+{
+	if (nr == R && nc == C)
+		return fill_or_load_mat(s, dst, R, C, fmt, l, rand, seed, id);
+	if (rand) {
+		/* the whole matrix's fill, then the share: the same weights as one rank */
+		kn_bf16 *tmp = NULL;
+		int rc = cu_dalloc(s, (void **)&tmp, (size_t)R * C * 2, "weight share staging");
+		if (rc || (rc = fill_or_load_mat(s, tmp, R, C, fmt, l, rand, seed, id))) {
+			cu_dfree(s, tmp);
+			return rc;
+		}
+		cudaError_t e = cudaMemcpy2DAsync(dst, (size_t)nc * 2, tmp + (size_t)r0 * C + c0, (size_t)C * 2,
+						  (size_t)nc * 2, (size_t)nr, cudaMemcpyDeviceToDevice, s->st);
+		if (e == cudaSuccess)
+			e = cudaStreamSynchronize(s->st);
+		cu_dfree(s, tmp);
+		if (e != cudaSuccess) {
+			cu_seterr(s, "cudaMemcpy2D(weight share, layer %d) failed: %s", l, cudaGetErrorString(e));
+			return -EIO;
+		}
+		return 0;
+	}
+	const struct kn_tensor *t = need(s, fmt, l);
+	if (!t)
+		return -EINVAL;
+	size_t have = 1;
+	for (int i = 0; i < t->n_dims; i++)
+		have *= (size_t)t->shape[i];
+	if (have != (size_t)R * C) {
+		cu_seterr(s, "tensor %s has %zu elements, the config implies %lld x %lld", t->name, have, (long long)R,
+			  (long long)C);
+		return -EINVAL;
+	}
+	if (t->dtype == KN_DT_BF16) {
+		CK(cudaMemcpy2D(dst, (size_t)nc * 2, (const uint16_t *)t->data + (size_t)r0 * C + c0, (size_t)C * 2,
+				(size_t)nc * 2, (size_t)nr, cudaMemcpyHostToDevice));
+		return 0;
+	}
+	uint16_t *row = (uint16_t *)malloc((size_t)nc * 2);
+	if (!row) {
+		cu_seterr(s, "malloc(%lld) for weight conversion failed", (long long)nc * 2);
+		return -ENOMEM;
+	}
+	for (int64_t r = 0; r < nr; r++) {
+		const size_t at = (size_t)(r0 + r) * C + c0;
+		for (int64_t i = 0; i < nc; i++)
+			row[i] = kn_f32_to_bf16(t->dtype == KN_DT_F32 ? ((const float *)t->data)[at + i]
+								   : kn_f16_to_f32(((const uint16_t *)t->data)[at + i]));
+		cudaError_t e = cudaMemcpy(dst + (size_t)r * nc, row, (size_t)nc * 2, cudaMemcpyHostToDevice);
+		if (e != cudaSuccess) {
+			free(row);
+			cu_seterr(s, "cudaMemcpy(%s) failed: %s", t->name, cudaGetErrorString(e));
+			return -EIO;
+		}
+	}
+	free(row);
+	return 0;
+}
+
 static int fill_or_load_vec(struct cu_stage *s, float *dst, int64_t n, const char *fmt, int l,
 			    int rand, uint64_t seed, int id, float base, float scale)
 {
@@ -116,6 +183,31 @@ static int fill_or_load_vec(struct cu_stage *s, float *dst, int64_t n, const cha
 	}
 	const struct kn_tensor *t = need(s, fmt, l);
 	return t ? upload_f32(s, dst, t, n) : -EINVAL;
+}
+
+/* Elements [e0, e0 + ne) of an N-element bias (or its random fill): a rank's share. */
+static int fill_or_load_vec_part(struct cu_stage *s, float *dst, int64_t N, int64_t e0, int64_t ne, const char *fmt,
+				 int l, int rand, uint64_t seed, int id)
+{
+	float *tmp = NULL;
+	int rc;
+
+	if (ne == N)
+		return fill_or_load_vec(s, dst, N, fmt, l, rand, seed, id, 0.f, 0.1f);
+	if ((rc = cu_dalloc(s, (void **)&tmp, (size_t)N * 4, "bias share staging")) ||
+	    (rc = fill_or_load_vec(s, tmp, N, fmt, l, rand, seed, id, 0.f, 0.1f))) {
+		cu_dfree(s, tmp);
+		return rc;
+	}
+	cudaError_t e = cudaMemcpyAsync(dst, tmp + e0, (size_t)ne * 4, cudaMemcpyDeviceToDevice, s->st);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(s->st);
+	cu_dfree(s, tmp);
+	if (e != cudaSuccess) {
+		cu_seterr(s, "cudaMemcpy(bias share, layer %d) failed: %s", l, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
 }
 
 int cu_load_weights(struct cu_stage *s, int rand, uint64_t seed)
@@ -141,21 +233,24 @@ int cu_load_weights(struct cu_stage *s, int rand, uint64_t seed)
 		    (rc = cu_dalloc(s, (void **)&w->ln2, H * 4, "ln2")))
 			return rc;
 		s->weight_bytes += (qkv_e + o_e + gu_e + d_e) * 2 + 2 * H * 4;
-		if ((rc = fill_or_load_mat(s, w->wqkv, s->q_dim, H, "model.layers.%d.self_attn.q_proj.weight", l, rand, seed, 0)) ||
-		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)s->q_dim * H, s->kv_dim, H, "model.layers.%d.self_attn.k_proj.weight", l, rand, seed, 1)) ||
-		    (rc = fill_or_load_mat(s, w->wqkv + (size_t)(s->q_dim + s->kv_dim) * H, s->kv_dim, H, "model.layers.%d.self_attn.v_proj.weight", l, rand, seed, 2)) ||
-		    (rc = fill_or_load_mat(s, w->wo, H, s->q_dim, "model.layers.%d.self_attn.o_proj.weight", l, rand, seed, 3)) ||
-		    (rc = fill_or_load_mat(s, w->wgu, I, H, "model.layers.%d.mlp.gate_proj.weight", l, rand, seed, 4)) ||
-		    (rc = fill_or_load_mat(s, w->wgu + (size_t)I * H, I, H, "model.layers.%d.mlp.up_proj.weight", l, rand, seed, 5)) ||
-		    (rc = fill_or_load_mat(s, w->wd, H, I, "model.layers.%d.mlp.down_proj.weight", l, rand, seed, 6)) ||
+		/* a rank's share (tp.cu): its heads' rows of q, k, v and columns of
+		 * o, its MLP columns' rows of gate and up and columns of down */
+		const int T = s->tp, r = s->rank, Q = s->q_dim, K = s->kv_dim;
+		if ((rc = fill_or_load_part(s, w->wqkv, (int64_t)Q * T, H, (int64_t)Q * r, Q, 0, H, "model.layers.%d.self_attn.q_proj.weight", l, rand, seed, 0)) ||
+		    (rc = fill_or_load_part(s, w->wqkv + (size_t)Q * H, (int64_t)K * T, H, (int64_t)K * r, K, 0, H, "model.layers.%d.self_attn.k_proj.weight", l, rand, seed, 1)) ||
+		    (rc = fill_or_load_part(s, w->wqkv + (size_t)(Q + K) * H, (int64_t)K * T, H, (int64_t)K * r, K, 0, H, "model.layers.%d.self_attn.v_proj.weight", l, rand, seed, 2)) ||
+		    (rc = fill_or_load_part(s, w->wo, H, (int64_t)Q * T, 0, H, (int64_t)Q * r, Q, "model.layers.%d.self_attn.o_proj.weight", l, rand, seed, 3)) ||
+		    (rc = fill_or_load_part(s, w->wgu, (int64_t)I * T, H, (int64_t)I * r, I, 0, H, "model.layers.%d.mlp.gate_proj.weight", l, rand, seed, 4)) ||
+		    (rc = fill_or_load_part(s, w->wgu + (size_t)I * H, (int64_t)I * T, H, (int64_t)I * r, I, 0, H, "model.layers.%d.mlp.up_proj.weight", l, rand, seed, 5)) ||
+		    (rc = fill_or_load_part(s, w->wd, H, (int64_t)I * T, 0, H, (int64_t)I * r, I, "model.layers.%d.mlp.down_proj.weight", l, rand, seed, 6)) ||
 		    (rc = fill_or_load_vec(s, w->ln1, H, "model.layers.%d.input_layernorm.weight", l, rand, seed, 7, 1.f, 0.1f)) ||
 		    (rc = fill_or_load_vec(s, w->ln2, H, "model.layers.%d.post_attention_layernorm.weight", l, rand, seed, 8, 1.f, 0.1f)))
 			return rc;
 		if (c->qkv_bias) {
 			if ((rc = cu_dalloc(s, (void **)&w->bqkv, (size_t)s->qkv_dim * 4, "bqkv")) ||
-			    (rc = fill_or_load_vec(s, w->bqkv, s->q_dim, "model.layers.%d.self_attn.q_proj.bias", l, rand, seed, 9, 0.f, 0.1f)) ||
-			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim, s->kv_dim, "model.layers.%d.self_attn.k_proj.bias", l, rand, seed, 10, 0.f, 0.1f)) ||
-			    (rc = fill_or_load_vec(s, w->bqkv + s->q_dim + s->kv_dim, s->kv_dim, "model.layers.%d.self_attn.v_proj.bias", l, rand, seed, 11, 0.f, 0.1f)))
+			    (rc = fill_or_load_vec_part(s, w->bqkv, (int64_t)Q * T, (int64_t)Q * r, Q, "model.layers.%d.self_attn.q_proj.bias", l, rand, seed, 9)) ||
+			    (rc = fill_or_load_vec_part(s, w->bqkv + Q, (int64_t)K * T, (int64_t)K * r, K, "model.layers.%d.self_attn.k_proj.bias", l, rand, seed, 10)) ||
+			    (rc = fill_or_load_vec_part(s, w->bqkv + Q + K, (int64_t)K * T, (int64_t)K * r, K, "model.layers.%d.self_attn.v_proj.bias", l, rand, seed, 11)))
 				return rc;
 			s->weight_bytes += (size_t)s->qkv_dim * 4;
 		}

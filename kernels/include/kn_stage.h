@@ -131,19 +131,28 @@ struct kn_stage_opts {
 	                                   beside a step in flight (a worker's KV side ring, whose
 	                                   copies touch no block of a step in flight); 0: on the
 	                                   steps' stream, behind them (callers between two steps) */
-	/* Tensor parallelism (CPU engine): the stage holds rank tp_rank's share
-	 * of every layer, Megatron-style: heads and KV heads (q, k, v rows, o
-	 * columns) and the MLP's intermediate columns (gate, up rows, down
-	 * columns) split tp_size ways; norms, embedding and LM head whole.
-	 * After o and after down each rank has a partial sum, and tp_reduce
-	 * must leave in it the sum of every rank's, added pairwise in rank
-	 * order ((r0 + r1) + (r2 + r3)) + ... (the order that gives the bits of
-	 * the whole layer: kn_cpu.c). */
+	/* Tensor parallelism: the stage holds rank tp_rank's share of every
+	 * layer, Megatron-style: heads and KV heads (q, k, v rows, o columns)
+	 * and the MLP's intermediate columns (gate, up rows, down columns)
+	 * split tp_size ways; norms, embedding and LM head whole. After o and
+	 * after down each rank has a partial sum, and tp_reduce must leave in
+	 * it the sum of every rank's, added pairwise in rank order
+	 * ((r0 + r1) + (r2 + r3)) + ... (on the CPU engine the order that
+	 * gives the bits of the whole layer: kn_cpu.c).
+	 * The CUDA engine sums on the device with NCCL's all-reduce when it
+	 * can: every rank on a GPU of its own, libnccl.so.2 found, and
+	 * tp_share given (rank 0's NCCL id handed to the others); else through
+	 * tp_reduce on host rows, step by step without CUDA graphs (ranks
+	 * sharing one GPU; slow, for tests). KVFERRY_CUDA_TP=host or nccl
+	 * forces one (nccl: refused where it cannot run). */
 	int32_t tp_size;              /**< 1, 2, 4 or 8 (0: 1) */
 	int32_t tp_rank;              /**< 0..tp_size-1 */
 	/** Sum the ranks' partials: @p buf holds @p n rows of @p ld floats, of
 	 *  which the first @p dim count. @return 0 or -errno (the step fails). */
 	int (*tp_reduce)(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim);
+	/** Rank 0's @p len bytes at @p buf become every rank's (a broadcast,
+	 *  called by every rank at stage creation). @return 0 or -errno. */
+	int (*tp_share)(void *arg, void *buf, size_t len);
 	void *tp_arg;
 	const char *cuda_module;      /**< the CUDA backend's module (kvferry-cuda.so): NULL or ""
 	                                   to look beside the program, in the build tree it runs
@@ -216,6 +225,10 @@ struct kn_stage_info {
 	size_t weight_bytes;          /**< resident weight bytes of this stage */
 	size_t kv_bytes;              /**< KV pool bytes */
 	size_t workspace_bytes;       /**< scratch */
+	int32_t tp_size;              /**< tensor-parallel ranks of the stage (1: none) */
+	const char *tp_transport;     /**< how the ranks sum: "cpu" (tp_reduce), "nccl", "host" (the
+	                                   CUDA engine through tp_reduce), "" without ranks */
+	const char *tp_why;           /**< "host": why not NCCL ("" otherwise) */
 };
 
 /** Fill @p info. @return 0. */

@@ -175,9 +175,9 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 	o->tp_size = (int32_t)s->tp_size;
 	o->tp_rank = (int32_t)s->tp_rank;
 	if ((o->tp_size & (o->tp_size - 1)) || o->tp_rank >= o->tp_size
-	    || (o->tp_size > 1 && (o->backend != KN_BACKEND_CPU || strncmp(o->in, "ring:", 5) != 0))) {
+	    || (o->tp_size > 1 && strncmp(o->in, "ring:", 5) != 0)) {
 		snprintf(err, errlen, "tp_size %d, tp_rank %d: tensor parallelism takes tp_size 1, 2, 4 or 8, a rank "
-			 "below it, the cpu backend and a ring input (in = ring:NAME); run this stage with tp_size 1",
+			 "below it and a ring input (in = ring:NAME); run this stage with tp_size 1",
 			 o->tp_size, o->tp_rank);
 		cfg_free(c);
 		return -EINVAL;

@@ -189,6 +189,8 @@ void wk_tp_kv_note(struct worker *w, int rc, const char *err);
  * its share. @return 0, or a follower's error (@p err naming the rank) /
  * -EPIPE (the group broke). */
 int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen);
+/* kn_stage_opts.tp_share (arg: the worker): rank 0's bytes to every rank, through the area. */
+int wk_tp_share(void *arg, void *buf, size_t len);
 /* kn_stage_opts.tp_reduce (arg: the worker). */
 int wk_tp_reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim);
 /* @return 1 when the group must start again (a rank gone, or one did not keep up). */

@@ -101,6 +101,7 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 	so.tp_size = w->tp.size;
 	so.tp_rank = w->tp.rank;
 	so.tp_reduce = w->tp.size > 1 ? wk_tp_reduce : NULL;
+	so.tp_share = w->tp.size > 1 ? wk_tp_share : NULL;
 	so.tp_arg = w;
 	kn_model_range_tensors(w->m, a->layer_start, a->layer_end, &n_t, &t_bytes);
 	WK_INFO(w, "loading stage %d: layers %d..%d of %d%s%s: %d tensors, %.1f MiB from %s (%s backend)",
@@ -144,6 +145,14 @@ static int load_stage(struct worker *w, const struct shm_mb_setup *s, int32_t id
 		        "(%.1f MiB), workspace %.1f MiB", idx, ms, ms > 0 ? t_bytes / 1048576.0 / (ms / 1e3) : 0.0,
 		        w->info.weight_bytes / 1048576.0, w->info.n_blocks, w->info.kv_bytes / 1048576.0,
 		        w->info.workspace_bytes / 1048576.0);
+		if (w->info.tp_size > 1)
+			WK_INFO(w, "tensor parallelism: rank %d of %d, its share of the heads and MLP columns; the ranks sum "
+				"their partials by %s%s%s", (int)w->tp.rank, (int)w->info.tp_size,
+				!strcmp(w->info.tp_transport, "nccl") ? "NCCL's all-reduce on the device"
+				: !strcmp(w->info.tp_transport, "host") ? "the region, on the host, each step without CUDA "
+									  "graphs (slow; not NCCL: "
+				: "the region", w->info.tp_why,
+				!strcmp(w->info.tp_transport, "host") ? ")" : "");
 	}
 	w->cur = *s;
 	w->idx = idx;

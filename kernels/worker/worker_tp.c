@@ -278,6 +278,26 @@ static void followers_done(struct worker *w)
 	}
 }
 
+int wk_tp_share(void *arg, void *buf, size_t len)
+{
+	struct worker *w = arg;
+	float token = 0.f;
+	int rc;
+
+	if (w->tp.a == NULL || len > sizeof(w->tp.a->share))
+		return -EINVAL;
+	if (w->tp.rank == 0)
+		memcpy(w->tp.a->share, buf, len);
+	/* a reduce of nothing is the group's barrier: rank 0's bytes are in
+	 * the area once every rank has reached it, and stay until every rank
+	 * has read them and reached the second */
+	if ((rc = wk_tp_reduce(w, &token, 1, 1, 1)) < 0)
+		return rc;
+	if (w->tp.rank != 0)
+		memcpy(buf, w->tp.a->share, len);
+	return wk_tp_reduce(w, &token, 1, 1, 1);
+}
+
 void wk_tp_handled(struct worker *w)
 {
 	struct wk_tp *t = &w->tp;

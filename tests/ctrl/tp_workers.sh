@@ -13,13 +13,21 @@
 #     starts again whole (rank 0 sees it gone), ctrld replays what was in
 #     flight, and every answer still equals the reference; no KV block left.
 #   tp_workers.sh BUILD_DIR SOURCE_ROOT
+# KVF_BACKEND=cuda runs the same on a GPU (BUILD_DIR: scripts/gpu-carry's
+# bin): the ranks share the one GPU and sum on the host (no NCCL between
+# ranks of one device), their sums in another order than one worker's, so
+# each answer must complete in full and the share of identical answers and
+# tokens is printed (not asserted: near-ties of random weights may flip).
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd)
 skip() { echo "SKIP: $*"; exit 77; }
 command -v python3 >/dev/null || skip "python3 missing"
 command -v curl >/dev/null || skip "curl missing"
 
-KVF_BIN=$B KVF_BACKEND=cpu KVF_THREADS=1 KVF_KV_MEMORY=16M
+KVF_BIN=$B KVF_BACKEND=${KVF_BACKEND:-cpu} KVF_THREADS=1 KVF_KV_MEMORY=16M
+# CUDA workers: wider output areas than the CPU's, and every process of the
+# one GPU a small share of its memory for KV
+[ "$KVF_BACKEND" = cuda ] && KVF_WREGION_SIZE=512M KVF_CTRLD_EXTRA="--kv-mem-fraction 0.04"
 KVF_RUN=$(mktemp -d /tmp/kvferry-tp.XXXXXX)
 KVF_MODEL=$KVF_RUN/tiny # the name stream_clients.py asks for; the small preset inside
 . "$S/scripts/serve-lib.sh"
@@ -38,10 +46,24 @@ wait_ready() {
   fail "the streams of $1 did not start"
 }
 same() { # REF RUN WHAT
-  python3 - "$KVF_RUN/$1.json" "$KVF_RUN/$2.json" "$3" <<'EOF'
+  python3 - "$KVF_RUN/$1.json" "$KVF_RUN/$2.json" "$3" "$KVF_BACKEND" <<'EOF'
 import json, sys
 ref, run = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert len(ref) == len(run), (len(ref), len(run))
+if sys.argv[4] == "cuda":
+    n_same = n_tok = n_all = 0
+    for i, (a, b) in enumerate(zip(ref, run)):
+        assert b["status"] == 200 and b["done"] and not b["errors"], (i, b["status"], b["errors"])
+        assert a["usage"] == b["usage"] and a["finish"] == b["finish"], (i, a["usage"], b["usage"])
+        n_same += a["tokens"] == b["tokens"]
+        k = 0
+        while k < min(len(a["tokens"]), len(b["tokens"])) and a["tokens"][k] == b["tokens"][k]:
+            k += 1
+        n_tok += k
+        n_all += len(a["tokens"])
+    print("ok    %s: every answer complete; %d of %d identical to one worker per stage's, %d of %d tokens "
+          "before the first difference" % (sys.argv[3], n_same, len(ref), n_tok, n_all))
+    sys.exit(0)
 for i, (a, b) in enumerate(zip(ref, run)):
     assert b["status"] == 200 and b["done"] and not b["errors"], (i, b["status"], b["errors"])
     for k in ("text", "tokens", "token_logprobs", "top_logprobs", "finish", "usage"):

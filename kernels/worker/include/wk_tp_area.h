@@ -38,6 +38,7 @@ struct wk_tp_area {
 	uint32_t max_cols, ld;    /**< a slot: max_cols rows of ld floats */
 	_Atomic uint64_t gen;     /**< join generation: rank 0 bumps it before handing a join on */
 	int32_t leader_pid, leader_live;
+	uint8_t share[256];       /**< what rank 0 hands the others at stage creation (wk_tp_share: NCCL's id) */
 	struct wk_tp_rec r[WK_TP_MAX];
 } __attribute__((aligned(64)));
 

@@ -66,11 +66,12 @@ printf '[worker]\nregion = x\n' > "$tmp/short.conf"
 grep -q "model is not set: give --model, KVFERRY_WK_MODEL or \[worker\] model" "$tmp/out" || fail "no model: message"
 echo "ok    unknown sections, options and variables are refused by name; a missing requirement says where to set it"
 
-# tensor parallelism: a rank needs a tp_size of 1, 2, 4 or 8 above it, the
-# cpu backend and a ring input; each refusal names the fix
+# tensor parallelism: a rank needs a tp_size of 1, 2, 4 or 8 above it and a
+# ring input (either backend); each refusal names the fix
 tpc=(--region r --model m --in ring:a --out ring:b)
 [ "$(run "$worker" "${tpc[@]}" --tp-size 2 --tp-rank 1 --check)" = 0 ] || fail "rank 1 of 2 refused"
-for bad in "--tp-size 3" "--tp-size 2 --tp-rank 2" "--tp-size 2 --backend cuda" "--tp-size 2 --in dp"; do
+[ "$(run "$worker" "${tpc[@]}" --tp-size 2 --tp-rank 1 --backend cuda --check)" = 0 ] || fail "a cuda rank refused"
+for bad in "--tp-size 3" "--tp-size 2 --tp-rank 2" "--tp-size 2 --in dp"; do
   # shellcheck disable=SC2086 # each case is a list of flags
   [ "$(run "$worker" "${tpc[@]}" $bad --check)" = 2 ] || fail "tensor parallelism with $bad accepted"
   grep -q "run this stage with tp_size 1" "$tmp/out" || fail "$bad: the message names no fix"
