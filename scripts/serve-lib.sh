@@ -77,7 +77,8 @@ kvf_start_worker() { # stage region in out node
              --role "stage$k" --node "$5" --backend "$KVF_BACKEND" --threads "$KVF_THREADS")
   # KVF_TP_STAGE=K KVF_TP=T: stage K runs as T ranks (tensor parallelism):
   # this worker is rank 0, ranks 1.. are started beside it (KVF_TPCMD[r],
-  # KVF_TPPIDS[r], worker$k.tp$r.log)
+  # KVF_TPPIDS[r], worker$k.tp$r.log); KVF_TP_GPUS=1 puts rank r on CUDA
+  # device r (a machine with a GPU per rank: NCCL sums them)
   [ "${KVF_TP_STAGE:-}" = "$k" ] && [ "${KVF_TP:-1}" -gt 1 ] && tp=(--tp-size "$KVF_TP" --tp-rank 0)
   KVF_WCMD[$k]="${cmd[*]} ${tp[*]}"
   "${cmd[@]}" ${tp[@]+"${tp[@]}"} >>"$KVF_RUN/worker$k.log" 2>&1 &
@@ -86,6 +87,7 @@ kvf_start_worker() { # stage region in out node
   for ((r = 1; ${#tp[@]} > 0 && r < KVF_TP; r++)); do
     local fc=("${cmd[@]}")
     fc[10]="stage$k.tp$r"
+    [ "${KVF_TP_GPUS:-0}" = 1 ] && fc+=(--device "$r")
     KVF_TPCMD[$r]="${fc[*]} --tp-size $KVF_TP --tp-rank $r"
     "${fc[@]}" --tp-size "$KVF_TP" --tp-rank "$r" >>"$KVF_RUN/worker$k.tp$r.log" 2>&1 &
     KVF_TPPIDS[$r]=$!

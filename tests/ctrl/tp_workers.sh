@@ -18,6 +18,8 @@
 # ranks of one device), their sums in another order than one worker's, so
 # each answer must complete in full and the share of identical answers and
 # tokens is printed (not asserted: near-ties of random weights may flip).
+# With KVF_TP_GPUS=1 on a machine with a GPU per rank, rank r runs on
+# device r and the ranks sum with NCCL (the workers' logs say which).
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd)
 skip() { echo "SKIP: $*"; exit 77; }

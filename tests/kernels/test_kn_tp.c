@@ -21,26 +21,17 @@
 #include "kn_model.h"
 #include "kn_stage.h"
 #include "kn_testutil.h"
+#include "kt_tp.h"
 
 #define PROMPT 20
 #define NGEN 6
 #define BPS 2 /* PROMPT + NGEN <= 2 * KN_PAGE_BLK */
-#define MAXT 4
-
-/* The ranks' meeting point: each hands its partial, each leaves with the sum. */
-struct tp_group {
-	int T;
-	pthread_barrier_t bar;
-	float *part[MAXT];
-};
+#define MAXT 4 /* <= KT_TP_MAX */
 
 struct tp_rank {
-	struct tp_group *g;
-	int rank;
+	struct kt_tp_rank k; /* first: the tp_arg (kt_tp.h) */
 	struct kn_stage *st;
 	const struct kt_model *t;
-	float *sum; /* scratch: the sum, until every rank has read the partials */
-	size_t sum_cap;
 	float *logits; /* [1 + NGEN][vocab] */
 	int32_t toks[1 + NGEN];
 	int rc;
@@ -49,32 +40,6 @@ struct tp_rank {
 	uint8_t *page;
 	size_t page_len;
 };
-
-static int reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim)
-{
-	struct tp_rank *r = arg;
-	struct tp_group *g = r->g;
-
-	if ((size_t)n * ld > r->sum_cap)
-		return -ENOMEM;
-	g->part[r->rank] = buf;
-	pthread_barrier_wait(&g->bar);
-	for (int32_t j = 0; j < n; j++)
-		for (int32_t i = 0; i < dim; i++) {
-			float v[MAXT] = { 0 };
-
-			for (int k = 0; k < g->T; k++)
-				v[k] = g->part[k][(size_t)j * ld + i];
-			for (int step = 1; step < g->T; step *= 2) /* pairwise, in rank order */
-				for (int k = 0; k + step < g->T; k += 2 * step)
-					v[k] += v[k + step];
-			r->sum[(size_t)j * ld + i] = v[0];
-		}
-	pthread_barrier_wait(&g->bar); /* every rank has read every partial */
-	for (int32_t j = 0; j < n; j++)
-		memcpy(buf + (size_t)j * ld, r->sum + (size_t)j * ld, (size_t)dim * sizeof(float));
-	return 0;
-}
 
 static struct kn_stage *stage(const struct kt_model *t, int T, int rank, struct tp_rank *arg, char *err,
 			      size_t errlen)
@@ -89,7 +54,7 @@ static struct kn_stage *stage(const struct kt_model *t, int T, int rank, struct 
 	o.n_threads = 1;
 	o.tp_size = T;
 	o.tp_rank = rank;
-	o.tp_reduce = T > 1 ? reduce : NULL;
+	o.tp_reduce = T > 1 ? kt_tp_reduce : NULL;
 	o.tp_arg = arg;
 	s = kn_stage_create(t->m, KN_BACKEND_CPU, &o, err, errlen);
 	if (s != NULL) {
@@ -158,7 +123,7 @@ static void *run_pages(void *arg)
 }
 
 /* T ranks (threads), each its own stage, running @p fn; @p r[0..T) set up here. */
-static void ranks_run(const struct kt_model *t, int T, struct tp_group *g, struct tp_rank *r, void *(*fn)(void *),
+static void ranks_run(const struct kt_model *t, int T, struct kt_tp_group *g, struct tp_rank *r, void *(*fn)(void *),
 		      int import, int pieces, uint8_t *page, size_t page_len, const int32_t *toks)
 {
 	pthread_t th[MAXT];
@@ -167,11 +132,11 @@ static void ranks_run(const struct kt_model *t, int T, struct tp_group *g, struc
 	g->T = T;
 	assert_int_equal(pthread_barrier_init(&g->bar, NULL, (unsigned)T), 0);
 	for (int k = 0; k < T; k++) {
-		r[k] = (struct tp_rank){ .g = g, .rank = k, .t = t, .sum_cap = (size_t)PROMPT * (t->hidden + 64),
+		r[k] = (struct tp_rank){ .k = { .g = g, .rank = k, .sum_cap = (size_t)PROMPT * (t->hidden + 64) }, .t = t,
 					 .import = import, .pieces = pieces, .page = page, .page_len = page_len };
 		if (toks != NULL)
 			r[k].toks[0] = toks[0];
-		r[k].sum = calloc(r[k].sum_cap, sizeof(float));
+		r[k].k.sum = calloc(r[k].k.sum_cap, sizeof(float));
 		r[k].logits = calloc((size_t)(1 + NGEN) * t->vocab, sizeof(float));
 		r[k].st = stage(t, T, k, &r[k], err, sizeof(err));
 		if (r[k].st == NULL)
@@ -188,7 +153,7 @@ static void ranks_done(int T, struct tp_rank *r)
 {
 	for (int k = 0; k < T; k++) {
 		kn_stage_destroy(r[k].st);
-		free(r[k].sum);
+		free(r[k].k.sum);
 		free(r[k].logits);
 	}
 }
@@ -225,7 +190,7 @@ static void pages_are_one_format_for_every_tp_size(void **state)
 				       whole.logits + (size_t)k * t.vocab);
 	assert_true(whole.toks[NGEN] >= 0);
 	for (int T = 2; T <= MAXT; T *= 2) {
-		struct tp_group g;
+		struct kt_tp_group g;
 		struct tp_rank r[MAXT];
 
 		memset(got, 0xA5, len); /* bytes no rank writes would show */
@@ -242,7 +207,7 @@ static void pages_are_one_format_for_every_tp_size(void **state)
 	/* the unsharded stage's pages into 1, 2 and 4 ranks, whole and in pieces */
 	for (int pieces = 0; pieces < 2; pieces++)
 		for (int T = 1; T <= MAXT; T *= 2) {
-			struct tp_group g;
+			struct kt_tp_group g;
 			struct tp_rank r[MAXT];
 
 			if (T == 1) {
@@ -290,7 +255,7 @@ static void ranks_give_the_unsharded_bits(const char *flags)
 	run(&whole);
 	assert_int_equal(whole.rc, 0);
 	for (int T = 2; T <= MAXT; T *= 2) {
-		struct tp_group g;
+		struct kt_tp_group g;
 		struct tp_rank r[MAXT];
 
 		ranks_run(&t, T, &g, r, run, 0, 0, NULL, 0, NULL);

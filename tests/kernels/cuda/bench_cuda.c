@@ -29,10 +29,16 @@
  *   pieces by the gather kernel and by a DMA each (bench_kv_pieces());
  *   --gemm [N,N...]: each linear layer of both shapes at plan widths 1 to
  *   2048 (or those listed): the engine's default, cuBLAS with X split, and
- *   the two kernels whose bits do not depend on the plan width (bench_gemm()).
+ *   the two kernels whose bits do not depend on the plan width (bench_gemm());
+ *   --tp MODEL CTX BATCH T: that decode step as one stage, then as T
+ *   tensor-parallel ranks (threads, rank r on device r mod the devices:
+ *   NCCL's all-reduce when each has its own, else summed on the host), and
+ *   the ratio (bench_tp(); KVFERRY_CUDA_TP=nccl with T 1 prices a one-rank
+ *   NCCL all-reduce in the graphs).
  * Exits 77 without a CUDA device.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +47,7 @@
 #include "kn_cuda.h"
 #include "kn_model.h"
 #include "kn_stage.h"
+#include "kt_tp.h"
 
 static double now(void)
 {
@@ -177,6 +184,121 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 	free(cols);
 	free(tok);
 	kn_stage_destroy(s);
+}
+
+/* ---- tensor-parallel ranks as threads (bench_tp) ---- */
+
+struct tp_bench {
+	struct kt_tp_group k;
+	const char *name;
+	int ctx, batch, ndev;
+	double step_s;
+	char transport[16], err[512];
+};
+
+struct tp_arg {
+	struct kt_tp_rank k; /* first: the tp_arg */
+	struct tp_bench *b;
+};
+
+/* One rank: a random-weight stage of the shape (its share), the decode step
+ * at BATCH columns of context CTX, 3 warm-up steps then 30 timed (the ranks
+ * step together: each sum waits for every rank). Rank 0 keeps the time. */
+static void *tp_rank_run(void *arg)
+{
+	struct tp_arg *a = arg;
+	struct tp_bench *b = a->b;
+	struct kn_model_config c = shape(b->name);
+	const int bps = b->ctx / 16;
+	struct kn_stage_opts o;
+	struct kn_stage *s;
+	char err[512];
+
+	kn_stage_opts_init(&o);
+	o.n_slots = b->batch;
+	o.max_blocks_per_slot = bps;
+	o.n_blocks = b->batch * bps;
+	o.n_plans = 1;
+	o.plan_widths[0] = b->batch;
+	o.device = a->k.rank % b->ndev;
+	o.tp_size = b->k.T;
+	o.tp_rank = a->k.rank;
+	o.tp_reduce = b->k.T > 1 ? kt_tp_reduce : NULL;
+	o.tp_share = kt_tp_share;
+	o.tp_arg = a;
+	a->k.sum_cap = (size_t)b->batch * (c.hidden_size + 64);
+	a->k.sum = calloc(a->k.sum_cap, 4);
+	s = kn_cuda_stage_create_random(&c, 42, &o, err, sizeof(err));
+	if (s == NULL) {
+		if (a->k.rank == 0)
+			snprintf(b->err, sizeof(b->err), "%s", err);
+		free(a->k.sum);
+		return NULL;
+	}
+	struct kn_stage_info info;
+	kn_stage_info(s, &info);
+	struct kn_column *cols = calloc((size_t)b->batch, sizeof(*cols));
+	int32_t *tok = calloc((size_t)b->batch, 4);
+	int rc = setup_slots(s, b->batch, bps);
+	for (int j = 0; j < b->batch; j++)
+		cols[j] = (struct kn_column){ .token = j + 1, .pos = b->ctx - 1, .slot = j, .flags = KN_COL_NEED_LOGIT,
+					      .top_p = 1 };
+	struct kn_step st = { .n_cols = b->batch, .cols = cols, .tokens_out = tok };
+	for (int w = 0; w < 3 && !rc; w++)
+		rc = kn_stage_step(s, &st);
+	double t0 = now();
+	for (int k = 0; k < 30 && !rc; k++)
+		rc = kn_stage_step(s, &st);
+	if (a->k.rank == 0) {
+		b->step_s = rc ? -1 : (now() - t0) / 30;
+		snprintf(b->transport, sizeof(b->transport), "%s", info.tp_transport[0] ? info.tp_transport : "none");
+		if (rc)
+			snprintf(b->err, sizeof(b->err), "%s", kn_stage_error(s));
+	}
+	free(cols);
+	free(tok);
+	kn_stage_destroy(s);
+	free(a->k.sum);
+	return NULL;
+}
+
+static double tp_time(struct tp_bench *b, int T)
+{
+	pthread_t th[KT_TP_MAX];
+	struct tp_arg a[KT_TP_MAX];
+
+	b->k.T = T;
+	b->step_s = -1;
+	b->err[0] = 0;
+	pthread_barrier_init(&b->k.bar, NULL, (unsigned)T);
+	for (int r = 0; r < T; r++) {
+		a[r] = (struct tp_arg){ .k = { .g = &b->k, .rank = r }, .b = b };
+		pthread_create(&th[r], NULL, tp_rank_run, &a[r]);
+	}
+	for (int r = 0; r < T; r++)
+		pthread_join(th[r], NULL);
+	pthread_barrier_destroy(&b->k.bar);
+	return b->step_s;
+}
+
+static void bench_tp(const char *name, int ctx, int batch, int T)
+{
+	struct tp_bench b = { .name = name, .ctx = ctx, .batch = batch, .ndev = kn_cuda_device_count() };
+	double one, many;
+
+	if (T < 1 || T > KT_TP_MAX || (T & (T - 1))) {
+		printf("RESULT kind=tp model=%s error=\"T must be 1, 2, 4 or 8\"\n", name);
+		return;
+	}
+	one = tp_time(&b, 1);
+	printf("RESULT kind=tp model=%s ctx=%d batch=%d ranks=1 sum=%s step_ms=%.3f%s%s%s\n", name, ctx, batch, b.transport,
+	       one * 1e3, b.err[0] ? " error=\"" : "", b.err, b.err[0] ? "\"" : "");
+	if (T == 1 || one <= 0)
+		return;
+	many = tp_time(&b, T);
+	printf("RESULT kind=tp model=%s ctx=%d batch=%d ranks=%d devices=%d sum=%s step_ms=%.3f ratio=%.3f%s%s%s\n", name,
+	       ctx, batch, T, b.ndev < T ? b.ndev : T, b.transport, many * 1e3, many > 0 ? many / one : 0.0,
+	       b.err[0] ? " error=\"" : "", b.err, b.err[0] ? "\"" : "");
 }
 
 /* One client's state in bench_serve: prompt positions sent, tokens produced. */
@@ -520,6 +642,12 @@ int main(int argc, char **argv)
 		if (kn_cuda_device_count() < 1)
 			return 77;
 		bench_kv_pieces();
+		return 0;
+	}
+	if (argc == 6 && !strcmp(argv[1], "--tp")) {
+		if (kn_cuda_device_count() < 1)
+			return 77;
+		bench_tp(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
 		return 0;
 	}
 	if (argc == 7 && !strcmp(argv[1], "--serve")) {

@@ -36,6 +36,7 @@
 #include "kn_cuda.h"
 #include "kn_model.h"
 #include "kn_stage.h"
+#include "kt_tp.h"
 
 static int g_fail;
 static int g_greedy_asserted;      /* trained weights: no excuse for a flip */
@@ -634,15 +635,13 @@ static void one_family_gives_a_sequence_the_same_bits_at_every_plan_width(const 
 
 /* ---- tensor parallelism: ranks as threads on the one GPU ---- */
 
-#define TP_MAX 4
+#define TP_MAX 4 /* <= KT_TP_MAX */
 #define TP_STEPS 8
 #define TP_BPS 4
 
+/* What the ranks of one run share besides kt_tp.h's meeting point. */
 struct tp_group {
-	int T;
-	pthread_barrier_t bar;
-	float *part[TP_MAX];
-	void *share;
+	struct kt_tp_group k;
 	const struct kn_model *m;
 	const int32_t *toks;       /* [PROMPT + TP_STEPS]: the prompt, then the tokens fed at each decode step */
 	uint8_t *pages;            /* the pages out (export) or in (import) */
@@ -651,51 +650,14 @@ struct tp_group {
 };
 
 struct tp_rank {
+	struct kt_tp_rank k;       /* first: the tp_arg */
 	struct tp_group *g;
-	int rank;
 	struct kn_stage *st;
-	float *sum;
 	float *logits;             /* [1 + TP_STEPS][vocab]: the prompt's last position, then each step */
 	char err[512];
 	const char *transport;
 	int rc;
 };
-
-static int tp_reduce(void *arg, float *buf, int32_t n, int32_t ld, int32_t dim)
-{
-	struct tp_rank *r = arg;
-	struct tp_group *g = r->g;
-
-	g->part[r->rank] = buf;
-	pthread_barrier_wait(&g->bar);
-	for (int32_t j = 0; j < n; j++)
-		for (int32_t i = 0; i < dim; i++) {
-			float v[TP_MAX] = { 0 };
-			for (int k = 0; k < g->T; k++)
-				v[k] = g->part[k][(size_t)j * ld + i];
-			for (int step = 1; step < g->T; step *= 2)
-				for (int k = 0; k + step < g->T; k += 2 * step)
-					v[k] += v[k + step];
-			r->sum[(size_t)j * ld + i] = v[0];
-		}
-	pthread_barrier_wait(&g->bar);
-	for (int32_t j = 0; j < n; j++)
-		memcpy(buf + (size_t)j * ld, r->sum + (size_t)j * ld, (size_t)dim * 4);
-	return 0;
-}
-
-static int tp_share(void *arg, void *buf, size_t len)
-{
-	struct tp_rank *r = arg;
-
-	if (r->rank == 0)
-		r->g->share = buf;
-	pthread_barrier_wait(&r->g->bar);
-	if (r->rank != 0)
-		memcpy(buf, r->g->share, len);
-	pthread_barrier_wait(&r->g->bar);
-	return 0;
-}
 
 /* One rank (or the whole stage, T = 1 without a group): a slot on blocks
  * 0..TP_BPS-1; the prompt and its pages out, or the pages in; then
@@ -720,12 +682,13 @@ static void *tp_run(void *arg)
 	o.n_plans = 2;
 	o.plan_widths[0] = 8;
 	o.plan_widths[1] = PROMPT;
-	o.tp_size = g->T;
-	o.tp_rank = r->rank;
-	o.tp_reduce = g->T > 1 ? tp_reduce : NULL;
-	o.tp_share = tp_share;
+	o.tp_size = g->k.T;
+	o.tp_rank = r->k.rank;
+	o.tp_reduce = g->k.T > 1 ? kt_tp_reduce : NULL;
+	o.tp_share = kt_tp_share;
 	o.tp_arg = r;
-	r->sum = calloc((size_t)PROMPT * H + 64, 4);
+	r->k.sum_cap = (size_t)PROMPT * H + 64;
+	r->k.sum = calloc(r->k.sum_cap, 4);
 	r->st = kn_stage_create(g->m, KN_BACKEND_CUDA, &o, r->err, sizeof(r->err));
 	if (r->st == NULL || lg == NULL || h == NULL)
 		goto out;
@@ -779,10 +742,10 @@ static int tp_ranks(struct tp_group *g, int T, float *logits, const char **trans
 	const int V = kn_model_config(g->m)->vocab_size;
 	int rc = 0;
 
-	g->T = T;
-	pthread_barrier_init(&g->bar, NULL, (unsigned)T);
+	g->k.T = T;
+	pthread_barrier_init(&g->k.bar, NULL, (unsigned)T);
 	for (int k = 0; k < T; k++) {
-		r[k] = (struct tp_rank){ .g = g, .rank = k };
+		r[k] = (struct tp_rank){ .k = { .g = &g->k, .rank = k }, .g = g };
 		r[k].logits = calloc((size_t)(1 + TP_STEPS) * V, 4);
 		pthread_create(&th[k], NULL, tp_run, &r[k]);
 	}
@@ -794,7 +757,7 @@ static int tp_ranks(struct tp_group *g, int T, float *logits, const char **trans
 			rc = -1;
 		}
 		kn_stage_destroy(r[k].st);
-		free(r[k].sum);
+		free(r[k].k.sum);
 	}
 	if (rc == 0) {
 		memcpy(logits, r[0].logits, (size_t)(1 + TP_STEPS) * V * 4);
@@ -802,7 +765,7 @@ static int tp_ranks(struct tp_group *g, int T, float *logits, const char **trans
 	}
 	for (int k = 0; k < T; k++)
 		free(r[k].logits);
-	pthread_barrier_destroy(&g->bar);
+	pthread_barrier_destroy(&g->k.bar);
 	return rc;
 }
 
@@ -889,11 +852,11 @@ static void tensor_parallel_ranks_decode_as_the_whole_stage(const struct kn_mode
 	/* NCCL with one rank: its all-reduce in the graphs is a copy, so the whole stage's bits */
 	setenv("KVFERRY_CUDA_TP", "nccl", 1);
 	{
-		struct tp_rank r = { .g = &g, .rank = 0 };
-		g.T = 1;
+		struct tp_rank r = { .k = { .g = &g.k, .rank = 0 }, .g = &g };
+		g.k.T = 1;
 		g.pages = pages;
 		r.logits = calloc(nl, 4);
-		pthread_barrier_init(&g.bar, NULL, 1);
+		pthread_barrier_init(&g.k.bar, NULL, 1);
 		tp_run(&r);
 		if (r.rc) {
 			printf("%s one_rank_over_nccl_gives_the_whole_stages_bits: %s\n",
@@ -906,9 +869,9 @@ static void tensor_parallel_ranks_decode_as_the_whole_stage(const struct kn_mode
 			g_fail += !same;
 		}
 		kn_stage_destroy(r.st);
-		free(r.sum);
+		free(r.k.sum);
 		free(r.logits);
-		pthread_barrier_destroy(&g.bar);
+		pthread_barrier_destroy(&g.k.bar);
 	}
 	unsetenv("KVFERRY_CUDA_TP");
 out:
