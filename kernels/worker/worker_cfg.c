@@ -80,11 +80,17 @@ static const struct cfg_key keys[] = {
 	  "reassembled (no); auto: yes on cpu, no on cuda (the kernel time-slices against other processes' kernels on "
 	  "a shared GPU; yes where the GPU is the worker's own or MPS is on: dataplane/BENCH.md)" },
 	{ "tp_size", "worker", CFG_INT, OFF(tp_size), "1", 1, 8, "KVFERRY_WK_TP_SIZE", "--tp-size", NULL, NULL,
-	  "tensor parallelism: the stage runs as this many worker processes (1, 2, 4 or 8; cpu backend), "
-	  "each holding its share of every layer's heads and MLP columns; rank 0 reads the stage's input "
-	  "and answers for the stage, the others take what it hands them" },
+	  "tensor parallelism: the stage runs as this many worker processes (1, 2, 4 or 8), each holding "
+	  "its share of every layer's heads and MLP columns; rank 0 reads the stage's input and answers "
+	  "for the stage, the others take what it hands them. Set it in [worker.K] and start instance K "
+	  "(rank 0) and K-1 .. K-(tp_size - 1) (kvferry-worker@K-R.service): each rank reads [worker.K]" },
 	{ "tp_rank", "worker", CFG_INT, OFF(tp_rank), "0", 0, 7, "KVFERRY_WK_TP_RANK", "--tp-rank", NULL, NULL,
-	  "tensor parallelism: this worker's rank in its stage (0 .. tp_size - 1; give each rank its own role)" },
+	  "tensor parallelism: this worker's rank in its stage (0 .. tp_size - 1; give each rank its own role); "
+	  "instance K-R is rank R (role stageK.tpR) unless set" },
+	{ "tp_devices", "worker", CFG_STRING, OFF(tp_devices), "", 0, 0, "KVFERRY_WK_TP_DEVICES", "--tp-devices",
+	  NULL, NULL, "cuda, tensor parallelism: the CUDA devices of the stage's ranks in rank order, e.g. "
+	  "0,1,2,3 (rank R on the R-th; the ranks sum with NCCL when each has its own); empty: device for "
+	  "every rank" },
 	{ "trace", "worker", CFG_STRING, OFF(trace), "", 0, 0, "KVFERRY_WK_TRACE", "--trace", NULL, NULL,
 	  "a diagnostic: write each step's times (taken, done, columns, sequences decoding; CLOCK_MONOTONIC ns) to this file" },
 };
@@ -105,9 +111,46 @@ static const struct cfg_table table = {
 	.instances = 1,
 };
 
+/* tp_devices: this rank's device, the tp_rank-th of the list (device, if set too, must agree). */
+static int tp_device(struct cfg *c, const struct wk_settings *s, struct wk_opts *o, char *err, size_t errlen)
+{
+	const char *p = s->tp_devices, *origin;
+	int32_t n = 0, dev = -1;
+
+	while (*p) {
+		char *end;
+		long d = strtol(p, &end, 10);
+
+		if (end == p || d < 0 || d > 63 || (*end != ',' && *end != 0)) {
+			cfg_source(c, "tp_devices", &origin);
+			snprintf(err, errlen, "tp_devices '%s' (from %s) is not a list of CUDA devices 0..63 such as "
+				 "0,1,2,3", s->tp_devices, origin);
+			return -EINVAL;
+		}
+		if (n++ == o->tp_rank)
+			dev = (int32_t)d;
+		p = *end ? end + 1 : end;
+	}
+	if (n != o->tp_size) {
+		cfg_source(c, "tp_devices", &origin);
+		snprintf(err, errlen, "tp_devices '%s' (from %s) names %d devices for the stage's %d ranks: give one "
+			 "per rank, in rank order", s->tp_devices, origin, (int)n, (int)o->tp_size);
+		return -EINVAL;
+	}
+	if (cfg_source(c, "device", &origin) != CFG_SRC_DEFAULT && o->device != dev) {
+		snprintf(err, errlen, "device %d (from %s) is not rank %d's of tp_devices '%s': set one of them",
+			 (int)o->device, origin, (int)o->tp_rank, s->tp_devices);
+		return -EINVAL;
+	}
+	o->device = dev;
+	return 0;
+}
+
 int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct cfg **cfgp, char *err,
 		 size_t errlen)
 {
+	int rc;
+
 	static const struct {
 		const char *key, *env;
 		size_t off;
@@ -124,10 +167,26 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 		return done;
 	inst = cfg_instance(c);
 	if (inst != NULL && cfg_source(c, "role", NULL) == CFG_SRC_DEFAULT) {
-		char role[CFG_INSTANCE_MAX + 8];
+		char role[CFG_INSTANCE_MAX + 16];
+		int stage, rank = cfg_instance_rank(inst, &stage);
 
-		snprintf(role, sizeof(role), "stage%s", inst);
+		/* K-R: rank R of stage K (rank 0 is the stage's own role) */
+		if (rank > 0)
+			snprintf(role, sizeof(role), "stage%d.tp%d", stage, rank);
+		else if (rank == 0)
+			snprintf(role, sizeof(role), "stage%d", stage);
+		else
+			snprintf(role, sizeof(role), "stage%s", inst);
 		if (cfg_set(c, "role", role, CFG_SRC_DEFAULT, "--instance", err, errlen)) {
+			cfg_free(c);
+			return -EINVAL;
+		}
+	}
+	if (inst != NULL && cfg_instance_rank(inst, NULL) >= 0 && cfg_source(c, "tp_rank", NULL) == CFG_SRC_DEFAULT) {
+		char rank[16];
+
+		snprintf(rank, sizeof(rank), "%d", cfg_instance_rank(inst, NULL));
+		if (cfg_set(c, "tp_rank", rank, CFG_SRC_DEFAULT, "--instance", err, errlen)) {
 			cfg_free(c);
 			return -EINVAL;
 		}
@@ -182,13 +241,25 @@ int wk_load_opts(int argc, char **argv, int max_depth, struct wk_opts *o, struct
 		cfg_free(c);
 		return -EINVAL;
 	}
+	if (s->tp_devices[0] != 0 && (rc = tp_device(c, s, o, err, errlen)) < 0) {
+		cfg_free(c);
+		return rc;
+	}
 	o->wait_s = (int32_t)s->wait_s;
 	o->depth = s->depth ? (int32_t)s->depth : o->backend == KN_BACKEND_CUDA ? 2 : 1;
 	if (o->depth > max_depth)
 		o->depth = max_depth;
 	o->spin_us = s->spin_us >= 0 ? (int32_t)s->spin_us : o->backend == KN_BACKEND_CUDA ? 2000 : 0;
 	*cfgp = c;
-	if (done)
+	if (done) {
 		printf("configuration OK\n");
+		printf("stage worker %s: in %s, out %s, %s backend", o->role, o->in, o->out,
+		       o->backend == KN_BACKEND_CUDA ? "cuda" : "cpu");
+		if (o->backend == KN_BACKEND_CUDA)
+			printf(" on device %d", o->device);
+		if (o->tp_size > 1)
+			printf(", tensor-parallel rank %d of %d", o->tp_rank, o->tp_size);
+		printf("\n");
+	}
 	return done;
 }

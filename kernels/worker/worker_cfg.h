@@ -21,6 +21,7 @@ struct wk_settings {
 	int64_t cuda_gemv, cuda_wide_x, cuda_attn, cuda_batch_invariant; /* kn_stage_opts' CUDA kernel choices */
 	int64_t kv_rx_pieces;                    /* 0 auto, 1 yes, 2 no */
 	int64_t tp_size, tp_rank;                /* tensor parallelism inside the stage (worker_tp.c) */
+	char tp_devices[CFG_STRLEN];             /* the ranks' CUDA devices, "0,1,..." */
 	char trace[CFG_STRLEN], cuda_module[CFG_STRLEN];
 };
 

@@ -9,7 +9,9 @@
  * current one is ignored, which makes the result independent of the order
  * layers are read. An instance's section ([worker.0]) is one more pass over
  * the file after the base sections, at the file's layer: it wins over
- * [worker] whichever comes first in the file.
+ * [worker] whichever comes first in the file. An instance named K-R (two
+ * numbers: rank R of stage K, tensor parallelism) reads [worker.K] and then
+ * its own [worker.K-R], if any: a stage's ranks share their stage's section.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -513,7 +515,33 @@ int cfg_load_file_instance(struct cfg *c, const char *path, int must_exist, cons
 	}
 	snprintf(c->instance, sizeof(c->instance), "%s", instance);
 	rc = load_file(c, path, must_exist, NULL, err, errlen);
+	if (rc == 0 && cfg_instance_rank(instance, NULL) >= 0) {
+		/* K-R: its stage's section first, its own over it */
+		char stage[CFG_INSTANCE_MAX];
+
+		snprintf(stage, sizeof(stage), "%.*s", (int)(strchr(instance, '-') - instance), instance);
+		rc = load_file(c, path, must_exist, stage, err, errlen);
+	}
 	return rc ? rc : load_file(c, path, must_exist, instance, err, errlen);
+}
+
+int cfg_instance_rank(const char *instance, int *stage)
+{
+	const char *d = instance != NULL ? strchr(instance, '-') : NULL;
+	char *end;
+	long k, r;
+
+	if (d == NULL || d == instance || !isdigit((unsigned char)*instance) || !isdigit((unsigned char)d[1]))
+		return -1;
+	k = strtol(instance, &end, 10);
+	if (end != d)
+		return -1;
+	r = strtol(d + 1, &end, 10);
+	if (*end != 0 || k > 65535 || r > 65535)
+		return -1;
+	if (stage != NULL)
+		*stage = (int)k;
+	return (int)r;
 }
 
 const char *cfg_instance(const struct cfg *c)

@@ -164,6 +164,13 @@ int cfg_load_daemon(const struct cfg_table *t, const char *usage, int argc, char
 /** The instance cfg_load_daemon() read (--instance NAME), or NULL. */
 const char *cfg_instance(const struct cfg *c);
 
+/**
+ * An instance named K-R (two numbers) is rank R of stage K: it reads
+ * [SECTION.K], then [SECTION.K-R] over it.
+ * @return R, with the stage K in @p *stage (may be NULL); -1 for any other name.
+ */
+int cfg_instance_rank(const char *instance, int *stage);
+
 /** Where @p key came from (@p origin may be NULL). @return the source, or -ENOENT. */
 int cfg_source(const struct cfg *c, const char *key, const char **origin);
 

@@ -78,6 +78,32 @@ for bad in "--tp-size 3" "--tp-size 2 --tp-rank 2" "--tp-size 2 --in dp"; do
 done
 echo "ok    tensor-parallel ranks that cannot work are refused at start, naming the fix"
 
+# a stage's ranks from one section: instance K-R reads [worker.K] (then its
+# own [worker.K-R]) as rank R, role stageK.tpR, on the R-th of tp_devices
+cat > "$tmp/tp.conf" <<'CONF'
+[worker]
+region = kvf_test
+model = /nonexistent/model
+backend = cuda
+[worker.0]
+in = ring:serve.s0.in
+out = ring:serve.s1.in
+tp_size = 2
+tp_devices = 2,3
+[worker.0-1]
+spin_us = 10
+CONF
+for want in "0|stage worker stage0: .* on device 2, tensor-parallel rank 0 of 2" \
+            "0-1|stage worker stage0.tp1: in ring:serve.s0.in, out ring:serve.s1.in, cuda backend on device 3, tensor-parallel rank 1 of 2"; do
+  [ "$(run "$worker" --config "$tmp/tp.conf" --instance "${want%%|*}" --check)" = 0 ] || fail "instance ${want%%|*} refused"
+  grep -q "${want#*|}" "$tmp/out" || fail "instance ${want%%|*} is not what [worker.0] says"
+done
+[ "$(run "$worker" --config "$tmp/tp.conf" --instance 0-1 --device 1 --check)" = 2 ] || fail "a device off tp_devices accepted"
+grep -q "device 1 (from --device) is not rank 1's of tp_devices '2,3'" "$tmp/out" || fail "device vs tp_devices: message"
+[ "$(run "$worker" --config "$tmp/tp.conf" --instance 0-1 --tp-devices 1,2,3 --check)" = 2 ] || fail "3 devices for 2 ranks"
+grep -q "names 3 devices for the stage's 2 ranks" "$tmp/out" || fail "tp_devices count: message"
+echo "ok    instance K-R is rank R of [worker.K]'s stage (role stageK.tpR, the R-th of tp_devices); mismatches are named"
+
 # --print-config writes a [worker] section every key of which parses back
 "$worker" --print-config > "$tmp/print.conf" || fail "--print-config"
 grep -q "^\[worker\]" "$tmp/print.conf" || fail "--print-config has no [worker]"
