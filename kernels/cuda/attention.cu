@@ -232,6 +232,12 @@ template <int C, int O> struct halve_sum {
 	}
 };
 
+/* Does this launch serve a column of @p len positions (kn_cu_attn_args.len_lo / len_hi)? */
+static __device__ __forceinline__ bool len_in(const struct kn_cu_attn_args &a, int len)
+{
+	return len >= a.len_lo && (a.len_hi == 0 || len < a.len_hi);
+}
+
 static constexpr int ilog2(int v)
 {
 	return v <= 1 ? 0 : 1 + ilog2(v / 2);
@@ -317,11 +323,13 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int kh = v.kh, G = v.g;
 	if (col.slot == KN_CU_PAD_SLOT) {
-		if (s == 0)
+		if (s == 0 && a.len_lo == 0)
 			for (int e = threadIdx.x; e < G * hd; e += ATTN_WARPS * 32)
 				a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
 		return;
 	}
+	if (!len_in(a, col.pos + 1))
+		return; /* the other kernel's column (tile_from) */
 	const int len = col.pos + 1, split = col_split(len, a.n), start = s * split;
 	if (start >= len)
 		return;
@@ -498,10 +506,12 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
 	if (col.slot == KN_CU_PAD_SLOT) {
-		if (e < v.g * hd)
+		if (e < v.g * hd && a.len_lo == 0)
 			a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
 		return;
 	}
+	if (!len_in(a, col.pos + 1))
+		return;
 	const float *part = a.part + ((size_t)c * gridDim.y + vh) * splits * GM * part_stride(hd);
 	merge_splits<GM>(a, part, c, v.hb, v.g, (col.pos + split) / split, e, GM * hd, hd);
 }
@@ -642,7 +652,7 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 		cpos[ci] = -1;
 		if (c < a.n) {
 			const struct kn_column col = a.cols[c];
-			if (col.slot != KN_CU_PAD_SLOT && col.pos >= kstart) {
+			if (col.slot != KN_CU_PAD_SLOT && col.pos >= kstart && len_in(a, col.pos + 1)) {
 				cslot[ci] = col.slot;
 				cpos[ci] = col.pos;
 			}
@@ -935,8 +945,57 @@ static cudaError_t launch_hd(const struct kn_cu_attn_args *a, cudaStream_t st)
 	}
 }
 
-cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *a, cudaStream_t st)
+int kn_cuda_attn_tile_from(int n, int head_dim, int G)
 {
+	/* Measured (H200, `.devcarry/run5.sh`): the decode step with the tile
+	 * kernel against the column kernel for every column, ctx 512 / 4096 /
+	 * 16384. 8B (head_dim 128): batch 1 tile faster from 4096 (4.67 vs 4.79
+	 * ms; 512: equal); 4 from 16384 (8.35 vs 8.99; 4096: 5.94 vs 5.86); 8
+	 * and 16 from 4096 (6.44 vs 7.06, 8.87 vs 10.17; 512: slower). 1B (64):
+	 * batch 1-8 never (16384 b1: 1.49 vs 1.33); 16 from 4096 (2.39 vs 2.67).
+	 * The thresholds sit between the measured contexts. */
+	const char *e = getenv("KVFERRY_CUDA_ATTN_TILE_FROM"); /* read as a plan's graph is captured */
+	const int env = e != NULL && *e ? atoi(e) : -1;
+
+	if (n > 16 || !kn_cuda_attn_tile_ok(head_dim) || G > 8)
+		return 0;
+	if (env >= 0)
+		return env;
+	if (head_dim == 128)
+		return n == 1 ? 2048 : n <= 4 ? 8192 : 2048;
+	if (head_dim == 64)
+		return n > 8 ? 2048 : 0;
+	return 0;
+}
+
+cudaError_t kn_cuda_attention(const struct kn_cu_attn_args *in, cudaStream_t st)
+{
+	struct kn_cu_attn_args both[2];
+	const struct kn_cu_attn_args *a = in;
+	if (in->tile_from > 0 && in->kernel == KN_CU_ATTN_COLUMN) {
+		/* long columns to the tile kernel, the others to the column kernel;
+		 * no tile launch where no column of this launch's grid is long */
+		const int gctx = in->grid_ctx > 0 && in->grid_ctx < in->max_ctx ? in->grid_ctx : in->max_ctx;
+		both[0] = *in;
+		both[0].tile_from = 0;
+		if (gctx >= in->tile_from) {
+			both[1] = both[0];
+			both[1].kernel = KN_CU_ATTN_TILE;
+			both[1].exact = 1;
+			both[1].len_lo = in->tile_from;
+			both[1].len_hi = 0;
+			both[0].len_lo = 0;
+			both[0].len_hi = in->tile_from;
+			/* the column kernel's columns are all shorter: its grid too
+			 * (a 16k grid of blocks that find nothing cost 8B 0.4-0.7 ms
+			 * a step at batch 8-16) */
+			both[0].grid_ctx = in->tile_from - 1;
+			cudaError_t e = kn_cuda_attention(&both[1], st);
+			if (e != cudaSuccess)
+				return e;
+		}
+		return kn_cuda_attention(&both[0], st);
+	}
 	if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads
 	    || (a->n_heads / a->n_kv_heads > 8 && a->kernel == KN_CU_ATTN_TILE))
 		return cudaErrorInvalidValue;

@@ -55,7 +55,21 @@ struct kn_cu_attn_args {
 	int exact;               /**< tile kernel: q and P as bf16 hi + lo */
 	int split;               /**< tile kernel: positions per split, a multiple of 16
 	                              (kn_cuda_attn_tile_split()) */
+	int tile_from;           /**< column kernel: columns of at least this many positions
+	                              go to the tile kernel instead (its split in split; 0:
+	                              none). A function of a column's own length, so its bits
+	                              still depend on nothing else (kn_cuda_attn_tile_from()) */
+	int len_lo, len_hi;      /**< set by kn_cuda_attention(): a launch serves the columns of
+	                              len_lo <= pos + 1 < len_hi (len_hi 0: no bound); padding
+	                              columns are zeroed by the launch whose len_lo is 0 */
 };
+
+/** @return where the column kernel's plans of @p n columns hand their long
+ *  columns to the tile kernel (kn_cu_attn_args.tile_from), for a head of
+ *  @p head_dim with @p G heads a KV head: 0 (never) where the tile kernel
+ *  measured no faster at any context (kernels/cuda/NOTES.md, "One kernel a
+ *  column"). KVFERRY_CUDA_ATTN_TILE_FROM=N sets N at every narrow width. */
+int kn_cuda_attn_tile_from(int n, int head_dim, int G);
 
 /** @return workspace bytes for @p n columns: enough for the column kernel's
  *  partials and for the tile kernel's at @p split positions per piece (0:

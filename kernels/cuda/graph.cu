@@ -134,6 +134,10 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 											  : KN_CU_ATTN_COLUMN;
 		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
 		aa.split = cu_attn_split(s, W);
+		/* auto, narrow plans: each long column to the tile kernel (by its own
+		 * length: kn_cuda_attn_tile_from()) */
+		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)
+			aa.tile_from = kn_cuda_attn_tile_from(W, s->hd, s->nh / s->nkv);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
 		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)) || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
