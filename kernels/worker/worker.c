@@ -308,7 +308,7 @@ int main(int argc, char **argv)
 		WK_ERR(&w, "input hop %s: %s", wk_tp_input(&w, tpin, sizeof(tpin)), err);
 		goto out_model;
 	}
-	if (w.tp.size == 1 && wk_kv_side_open(&w, err, sizeof(err)) < 0) {
+	if (wk_kv_side_open(&w, err, sizeof(err)) < 0) {
 		WK_ERR(&w, "KV side rings of %s: %s", w.o.in, err);
 		goto out_in;
 	}
@@ -339,7 +339,7 @@ int main(int argc, char **argv)
 		 * message on the side ring goes ahead of the queued ones */
 		while (wk_head_ready(&w))
 			wk_finish_head(&w);
-		if (wk_kv_side_poll(&w) || wk_kvrx_poll(&w))
+		if (wk_kv_side_poll(&w) || wk_kvrx_poll(&w) || wk_tp_kv_poll(&w))
 			continue;
 		/* 2. take the next one while there is room: sleep in the ring's futex
 		 * only when nothing is in flight (no spinning on a small machine; the
@@ -351,9 +351,9 @@ int main(int argc, char **argv)
 
 			/* the KV rings wake the sleep too: the dataplane, which fills
 			 * the stage's own receive route, does not know its input ring */
-			struct shm_ring *also[] = { w.kvq, w.rx.q };
+			struct shm_ring *also[] = { w.kvq, w.rx.q, w.tp.kin };
 
-			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll, also, 2);
+			got = wk_in_get(w.in, &d, spin ? 0 : 200 * 1000000ll, also, 3);
 			if (got > 0) {
 				if (!handle(&w, &d))
 					wk_in_done(w.in, &d);
@@ -377,7 +377,7 @@ int main(int argc, char **argv)
 		 * the steps (a prefill node's chunks ship while the next ones
 		 * run; waiting for a step first made every ship wait a step,
 		 * and a prompt's last pages wait for the backlog) */
-		if (w.j_n >= w.depth && (w.kvq == NULL && w.rx.q == NULL))
+		if (w.j_n >= w.depth && (w.kvq == NULL && w.rx.q == NULL && w.tp.kin == NULL))
 			wk_finish_head(&w);
 	}
 	wk_drain(&w);

@@ -68,6 +68,9 @@ struct wk_tp {
 	struct wk_tp_area *a;            /* the group's area (the leader makes it at its first join) */
 	float *slots;                    /* its partial-sum slots */
 	struct shm_ring *fq[WK_TP_MAX];  /* the leader: each follower's ring */
+	struct shm_ring *kq[WK_TP_MAX];  /* the leader: each follower's KV job ring (<in>.tp.k<r>) */
+	struct shm_ring *kin;            /* a follower: its KV job ring */
+	int kv_failed;                   /* the leader: a job it could not hand on (its end fails) */
 	uint64_t seq;                    /* reduces since the last join (every rank in step) */
 	uint64_t fwd;                    /* the leader: messages handed on */
 	uint64_t base_done[WK_TP_MAX];   /* the leader: a follower's done count less fwd */
@@ -162,6 +165,9 @@ int wk_kv_side_open(struct worker *w, char *err, size_t errlen);
 /* Take a KV message waiting on the side ring (beside the steps in flight)
  * and answer it. @return 1 if one was taken, 0 if none waits. */
 int wk_kv_side_poll(struct worker *w);
+/* Do what the KV message @p k asks of this stage (this rank's share).
+ * @return 0 or -errno with @p err filled. */
+int wk_kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errlen);
 
 /* worker_tp.c (every call a no-op with tp_size 1) */
 
@@ -189,6 +195,19 @@ void wk_tp_kv_note(struct worker *w, int rc, const char *err);
  * its share. @return 0, or a follower's error (@p err naming the rank) /
  * -EPIPE (the group broke). */
 int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen);
+/* A KV job outside the input's order (the side ring's copies, the
+ * dataplane's page messages): the leader hands it to its followers
+ * (@p kind WK_TP_KV_MSG_JOB: the @p len bytes of KV message @p msg;
+ * WK_TP_KV_PAGES_JOB: the page message of @p len bytes at region offset
+ * @p off, which stays put until the end), does its own share, then waits
+ * in wk_tp_kv_end() for theirs. @return the job (0: no followers, or the
+ * group broke: the end then fails). */
+uint64_t wk_tp_kv_begin(struct worker *w, uint32_t kind, const void *msg, uint32_t len, uint64_t off);
+/* @return 0 once every follower did its share of @p job, else a follower's
+ * error (named in @p err) or -EPIPE / -ETIMEDOUT (the group starts again). */
+int wk_tp_kv_end(struct worker *w, uint64_t job, char *err, size_t errlen);
+/* A follower: do the KV job its leader handed on, if one waits. @return 1 if one was done. */
+int wk_tp_kv_poll(struct worker *w);
 /* kn_stage_opts.tp_share (arg: the worker): rank 0's bytes to every rank, through the area. */
 int wk_tp_share(void *arg, void *buf, size_t len);
 /* kn_stage_opts.tp_reduce (arg: the worker). */

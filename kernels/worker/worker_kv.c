@@ -35,10 +35,11 @@
 #include "shm_region.h"
 #include "worker_hop.h"
 #include "worker_int.h"
+#include "wk_tp_area.h"
 
 /* Most words one KV message carries after its record (ctrld frames at most
  * WK_KVPAGE_MAX_BLOCKS blocks a page message, and batches a few). */
-#define WK_KV_MAX_BLOCKS 8192
+#define WK_KV_MAX_BLOCKS WK_TP_KV_WORDS
 
 /* @return a buffer of the region [off, off+len) (its error in @p err), or NULL. */
 static void *kv_buf(struct worker *w, uint64_t off, uint64_t len, char *err, size_t errlen)
@@ -132,18 +133,12 @@ static int kv_many(struct worker *w, const struct shm_mb_kv *k, const struct kn_
 	return 0;
 }
 
-/* Do what @p k asks of this stage. @return 0 or -errno with @p err filled. */
-static int kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errlen)
+int wk_kv_act(struct worker *w, struct shm_mb_kv *k, char *err, size_t errlen)
 {
 	struct kn_kv_format f;
 
-	if (w->tp.size > 1 && k->op == SHM_MB_KV_RXROUTE) {
-		snprintf(err, errlen, "stage %d (%s) runs as %d tensor-parallel workers, which take no page messages "
-			 "from the dataplane themselves: ctrld lands them", w->idx, w->o.role, (int)w->tp.size);
-		return -ENOTSUP;
-	}
-	if (w->tp.rank > 0 && k->op == SHM_MB_KV_FORMAT)
-		return 0; /* the leader answers */
+	if (w->tp.rank > 0 && (k->op == SHM_MB_KV_FORMAT || k->op == SHM_MB_KV_RXROUTE))
+		return 0; /* the leader answers, and takes the stream */
 	if (w->st == NULL) {
 		snprintf(err, errlen, "stage %d (%s) has no engine", w->idx, w->o.role);
 		return -EPROTO;
@@ -198,7 +193,7 @@ void wk_handle_kv(struct worker *w, struct shm_mb_hdr *h, size_t len)
 	k = (struct shm_mb_kv *)(oh + 1);
 	if (oh->status == 0 && k->target == w->idx) {
 		char err[SHM_MB_ERRLEN] = "";
-		int rc = kv_act(w, k, err, sizeof(err));
+		int rc = wk_kv_act(w, k, err, sizeof(err));
 
 		/* tensor parallelism: each rank copies its heads' share of the
 		 * pages; the leader answers once every follower has (a page
@@ -223,8 +218,8 @@ int wk_kv_side_open(struct worker *w, char *err, size_t errlen)
 	char name[SHM_NAME_MAX];
 	const char *in = w->o.in + 5;
 
-	if (strncmp(w->o.in, "ring:", 5) != 0)
-		return 0; /* fed by the dataplane: pages move only on ctrld's node */
+	if (strncmp(w->o.in, "ring:", 5) != 0 || w->tp.rank > 0)
+		return 0; /* fed by the dataplane: pages move only on ctrld's node; a follower: its leader's */
 	if (strlen(in) + 5 > sizeof(name)) {
 		WK_WARN(w, "input ring %s: its name leaves no room for the KV side rings (%s.kvr): page copies "
 			"go in band, behind queued micro-batches", in, in);
@@ -239,6 +234,9 @@ int wk_kv_side_open(struct worker *w, char *err, size_t errlen)
 		w->kvq = NULL;
 		return -EIO;
 	}
+	if (w->tp.size > 1)
+		WK_INFO(w, "KV page copies asked on %s.kv run beside the steps, each of the stage's %d ranks copying its "
+			"share", in, (int)w->tp.size);
 	return 0;
 }
 
@@ -281,7 +279,23 @@ int wk_kv_side_poll(struct worker *w)
 		/* no drain: what ctrld sends here touches no block of a step in
 		 * flight (the header says why), so the copy runs beside them
 		 * (the CUDA engine moves pages on a stream of their own) */
-		rc = kv_act(w, (struct shm_mb_kv *)(&snap.h + 1), err, sizeof(err));
+		struct shm_mb_kv *k = (struct shm_mb_kv *)(&snap.h + 1);
+		/* tensor parallelism: every rank copies its heads' share of the
+		 * pages, the followers from the group's area (worker_tp.c) */
+		const uint64_t job = k->op != SHM_MB_KV_FORMAT && k->op != SHM_MB_KV_RXROUTE
+					     ? wk_tp_kv_begin(w, WK_TP_KV_MSG_JOB, &snap, (uint32_t)len, 0)
+					     : 0;
+
+		rc = wk_kv_act(w, k, err, sizeof(err));
+		if (job != 0) {
+			char ferr[SHM_MB_ERRLEN] = "";
+			int frc = wk_tp_kv_end(w, job, ferr, sizeof(ferr));
+
+			if (rc == 0 && frc < 0) {
+				rc = frc;
+				memcpy(err, ferr, sizeof(err));
+			}
+		}
 	}
 	if (rc < 0)
 		WK_ERR(w, "%s", err);

@@ -27,6 +27,7 @@
 #include "shm_ring.h"
 #include "wk_kvpage.h"
 #include "worker_int.h"
+#include "wk_tp_area.h"
 
 #define KVL_SLOTS 4096u
 
@@ -98,7 +99,9 @@ int wk_kvrx_route(struct worker *w, uint32_t stream, char *err, size_t errlen)
 	/* a dataplane receiving in place may hand us a message as the list of
 	 * its frames when the stage reads pages where they lie (no gather) */
 	x->dpst = NULL;
-	if (w->o.kv_rx_pieces && kn_stage_kv_imports_segs(w->st)
+	/* a tensor-parallel stage's followers read the message whole, at its
+	 * offset in the region: no lists of frames (worker_tp.c) */
+	if (w->o.kv_rx_pieces && w->tp.size <= 1 && kn_stage_kv_imports_segs(w->st)
 	    && shm_region_find_area(w->reg, DP_AREA_STATS, &off_st, &sz) == 0
 	    && sz >= sizeof(struct dp_stats_shm)) {
 		uint32_t cap = (uint32_t)((shm_pool_bufsize(x->rxs) - sizeof(struct dp_rx_seglist))
@@ -235,9 +238,21 @@ int wk_kvrx_poll(struct worker *w)
 			snprintf(err, sizeof(err), "KV pages for room %llu (session %u), which is not open",
 				 (unsigned long long)f.room, f.session);
 		} else {
+			/* tensor parallelism: each rank imports its heads' share of the
+			 * pages, the followers from the same buffer (held until all did) */
+			const uint64_t job = sl == NULL ? wk_tp_kv_begin(w, WK_TP_KV_PAGES_JOB, NULL, d.len, d.off) : 0;
+
 			io = wk_kv_io_stage(w->st);
 			ok = (sl != NULL ? wk_kvpage_import_segs(&io, x->segv, (int32_t)nseg, d.len, &info, err, sizeof(err))
 					 : wk_kvpage_import(&io, buf, d.len, &info, err, sizeof(err))) == 0;
+			if (job != 0 || w->tp.size > 1) {
+				char ferr[256];
+
+				if (wk_tp_kv_end(w, job, ferr, sizeof(ferr)) < 0 && ok) {
+					ok = 0;
+					snprintf(err, sizeof(err), "%s", ferr);
+				}
+			}
 			if (ok && sl != NULL && !dp_ipc_rx_seglist_current(x->dpst, sl)) {
 				/* its dataplane started again on the region meanwhile: the
 				 * frames may have been overwritten as we read them */

@@ -38,6 +38,8 @@
 #include "worker_hop.h"
 #include "worker_int.h"
 #include "wk_tp_area.h"
+#include "wk_kvpage.h"
+#include "shm_region.h"
 
 #define WK_TP_WAIT_S 30         /* a rank waited on longer than this: the step fails */
 
@@ -60,6 +62,14 @@ int wk_tp_init(struct worker *w, char *err, size_t errlen)
 		snprintf(name, sizeof(name), "%s.tp.f%d", t->base, (int)r);
 		if ((t->fq[r] = wk_ring_open(w->reg, name, err, errlen)) == NULL)
 			return -EIO;
+		snprintf(name, sizeof(name), "%s.tp.k%d", t->base, (int)r);
+		if ((t->kq[r] = wk_ring_open(w->reg, name, err, errlen)) == NULL)
+			return -EIO;
+	}
+	if (t->rank > 0) {
+		snprintf(name, sizeof(name), "%s.tp.k%d", t->base, (int)t->rank);
+		if ((t->kin = wk_ring_open(w->reg, name, err, errlen)) == NULL)
+			return -EIO;
 	}
 	WK_INFO(w, "tensor parallelism: rank %d of %d of the stage fed by %s%s", t->rank, t->size, t->base,
 	        t->rank == 0 ? " (it reads the input and answers for the stage)" : "");
@@ -68,8 +78,11 @@ int wk_tp_init(struct worker *w, char *err, size_t errlen)
 
 void wk_tp_close(struct worker *w)
 {
-	for (int32_t r = 1; r < WK_TP_MAX; r++)
+	for (int32_t r = 1; r < WK_TP_MAX; r++) {
 		shm_ring_close(w->tp.fq[r]);
+		shm_ring_close(w->tp.kq[r]);
+	}
+	shm_ring_close(w->tp.kin);
 }
 
 const char *wk_tp_input(struct worker *w, char *buf, size_t n)
@@ -276,6 +289,111 @@ static void followers_done(struct worker *w)
 			}
 		}
 	}
+}
+
+uint64_t wk_tp_kv_begin(struct worker *w, uint32_t kind, const void *msg, uint32_t len, uint64_t off)
+{
+	struct wk_tp *t = &w->tp;
+	struct wk_tp_area *a = t->a;
+	uint64_t job;
+
+	if (t->size == 1 || t->rank != 0)
+		return 0;
+	t->kv_failed = 0;
+	if (a == NULL || t->broken || (kind == WK_TP_KV_MSG_JOB && len > sizeof(a->kv_msg))) {
+		t->kv_failed = 1;
+		return 0;
+	}
+	/* every follower finished the last job (the leader waited): the slot is free */
+	a->kv_kind = kind;
+	a->kv_len = len;
+	a->kv_off = off;
+	if (kind == WK_TP_KV_MSG_JOB)
+		memcpy(a->kv_msg, msg, len);
+	job = atomic_load(&a->kv_seq) + 1;
+	atomic_store_explicit(&a->kv_seq, job, memory_order_release);
+	for (int32_t r = 1; r < t->size; r++) {
+		const struct shm_desc d = { .seq = job };
+
+		/* a full ring: its follower is behind, or gone */
+		for (uint32_t spins = 0; shm_ring_enqueue_burst(t->kq[r], &d, 1) != 1; spins++) {
+			sched_yield();
+			if (g_stop || (spins % 1024 == 1023 && gone(w))) {
+				t->kv_failed = 1;
+				return job;
+			}
+		}
+	}
+	return job;
+}
+
+int wk_tp_kv_end(struct worker *w, uint64_t job, char *err, size_t errlen)
+{
+	struct wk_tp *t = &w->tp;
+
+	if (t->size == 1 || t->rank != 0)
+		return 0;
+	if (job == 0 || t->kv_failed) {
+		snprintf(err, errlen, "the stage's %d tensor-parallel workers could not share a KV page copy (a rank "
+			 "is gone or behind): the group starts again", (int)t->size);
+		t->broken = 1;
+		return -EPIPE;
+	}
+	for (int32_t r = 1; r < t->size; r++) {
+		const uint64_t t0 = kvf_mono_ns();
+
+		while (atomic_load_explicit(&t->a->r[r].kv_done, memory_order_acquire) < job) {
+			sched_yield();
+			if (g_stop || gone(w) || kvf_mono_ns() - t0 > (uint64_t)WK_TP_WAIT_S * 1000000000ull) {
+				snprintf(err, errlen, "rank %d of %d of the stage did not copy its share of the KV pages "
+					 "within %d s (or is gone): the group starts again", (int)r, (int)t->size,
+					 WK_TP_WAIT_S);
+				t->broken = 1;
+				return g_stop ? -EINTR : -ETIMEDOUT;
+			}
+		}
+		if (t->a->r[r].kv_status < 0) {
+			snprintf(err, errlen, "rank %d of %d of the stage: %s", (int)r, (int)t->size, t->a->r[r].kv_err);
+			return t->a->r[r].kv_status;
+		}
+	}
+	return 0;
+}
+
+int wk_tp_kv_poll(struct worker *w)
+{
+	struct wk_tp *t = &w->tp;
+	struct wk_tp_area *a = t->a;
+	struct wk_kvpage_info info;
+	struct shm_desc d;
+	char err[SHM_MB_ERRLEN] = "";
+	int rc;
+
+	if (t->kin == NULL || shm_ring_dequeue_burst(t->kin, &d, 1) != 1)
+		return 0;
+	if (a == NULL || d.seq != atomic_load_explicit(&a->kv_seq, memory_order_acquire))
+		return 1; /* a job of a leader before this group's: nobody waits for it */
+	if (!w->joined || w->st == NULL) {
+		snprintf(err, sizeof(err), "rank %d has no stage yet", (int)t->rank);
+		rc = -EPROTO;
+	} else if (a->kv_kind == WK_TP_KV_MSG_JOB && a->kv_len >= sizeof(struct shm_mb_hdr) + sizeof(struct shm_mb_kv)) {
+		rc = wk_kv_act(w, (struct shm_mb_kv *)(a->kv_msg + sizeof(struct shm_mb_hdr)), err, sizeof(err));
+	} else if (a->kv_kind == WK_TP_KV_PAGES_JOB && a->kv_len <= shm_region_size(w->reg)
+		   && a->kv_off <= shm_region_size(w->reg) - a->kv_len) {
+		struct wk_kv_io io = wk_kv_io_stage(w->st);
+
+		rc = wk_kvpage_import(&io, shm_ptr(w->reg, a->kv_off), a->kv_len, &info, err, sizeof(err));
+	} else {
+		snprintf(err, sizeof(err), "a KV job of kind %u, %u bytes, that this rank cannot read", a->kv_kind,
+			 a->kv_len);
+		rc = -EBADMSG;
+	}
+	if (rc < 0)
+		WK_ERR(w, "tensor parallelism: %s", err);
+	a->r[t->rank].kv_status = rc;
+	snprintf(a->r[t->rank].kv_err, sizeof(a->r[t->rank].kv_err), "%s", rc < 0 ? err : "");
+	atomic_store_explicit(&a->r[t->rank].kv_done, d.seq, memory_order_release);
+	return 1;
 }
 
 int wk_tp_share(void *arg, void *buf, size_t len)

@@ -18,6 +18,11 @@
 #define WK_TP_MAX 8
 #define WK_TP_MAGIC 0x50544b57u /* "WKTP" */
 #define WK_TP_AREA_SUFFIX ".tp"
+/* Most block words a KV message carries (worker_kv.c): the area holds one whole */
+#define WK_TP_KV_WORDS 8192
+#define WK_TP_KV_MSG (sizeof(struct shm_mb_hdr) + sizeof(struct shm_mb_kv) + 4 * WK_TP_KV_WORDS)
+
+enum { WK_TP_KV_MSG_JOB = 1, WK_TP_KV_PAGES_JOB = 2 };
 
 /** One rank's record. */
 struct wk_tp_rec {
@@ -30,6 +35,7 @@ struct wk_tp_rec {
 	char err[SHM_MB_ERRLEN];
 	int32_t kv_status;        /**< its share of the last KV page copy (followers): 0 or -errno */
 	char kv_err[SHM_MB_ERRLEN];
+	_Atomic uint64_t kv_done; /**< the last KV job (kv_seq) it finished (followers) */
 } __attribute__((aligned(64)));
 
 /** The area's head; the ranks' slots follow it. */
@@ -39,6 +45,13 @@ struct wk_tp_area {
 	_Atomic uint64_t gen;     /**< join generation: rank 0 bumps it before handing a join on */
 	int32_t leader_pid, leader_live;
 	uint8_t share[256];       /**< what rank 0 hands the others at stage creation (wk_tp_share: NCCL's id) */
+	/* a KV job: page copies outside the input's order (the side ring, the
+	 * dataplane's page messages), each rank its share (worker_tp.c) */
+	_Atomic uint64_t kv_seq;  /**< the leader's last job */
+	uint32_t kv_kind, kv_len; /**< WK_TP_KV_MSG_JOB: the KV message in kv_msg; WK_TP_KV_PAGES_JOB: a page
+	                               message of kv_len bytes at region offset kv_off */
+	uint64_t kv_off;
+	uint8_t kv_msg[WK_TP_KV_MSG];
 	struct wk_tp_rec r[WK_TP_MAX];
 } __attribute__((aligned(64)));
 

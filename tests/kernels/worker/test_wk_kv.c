@@ -76,6 +76,25 @@ int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen)
 	return 0;
 }
 
+uint64_t wk_tp_kv_begin(struct worker *w, uint32_t kind, const void *msg, uint32_t len, uint64_t off)
+{
+	(void)w;
+	(void)kind;
+	(void)msg;
+	(void)len;
+	(void)off;
+	return 0;
+}
+
+int wk_tp_kv_end(struct worker *w, uint64_t job, char *err, size_t errlen)
+{
+	(void)w;
+	(void)job;
+	(void)err;
+	(void)errlen;
+	return 0;
+}
+
 #define NBLK 16
 #define EPOCH 7
 #define MSG_BYTES (64 << 10)
