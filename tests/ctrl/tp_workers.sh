@@ -11,7 +11,10 @@
 #  2. the same with 4 ranks;
 #  3. rank 1 SIGKILLed mid-stream and started again at once: the group
 #     starts again whole (rank 0 sees it gone), ctrld replays what was in
-#     flight, and every answer still equals the reference; no KV block left.
+#     flight, and every answer still equals the reference; no KV block left;
+#  4. the ranks declared once in kvferry.conf ([worker.0] tp_size = 2) and
+#     started as instances 0 and 0-1, as kvferry-worker@0-1.service does:
+#     the same answers.
 #   tp_workers.sh BUILD_DIR SOURCE_ROOT
 # KVF_BACKEND=cuda runs the same on a GPU (BUILD_DIR: scripts/gpu-carry's
 # bin): the ranks share the one GPU and sum on the host (no NCCL between
@@ -119,4 +122,37 @@ clients after 8 160 || fail "the clients after the restart"
 same tp4 after "after the group started again" || fail "answers after the restart"
 blocks_back "after the kill"
 echo "ok    every KV block back in the pool"
+
+# 4. the stage's ranks declared once, as the package's units start them:
+# [worker.0] says tp_size 2, instances 0 and 0-1 are its ranks (the same
+# ring, roles stage0 and stage0.tp1), instance 1 the next stage; they
+# replace the running workers and ctrld's chain re-forms on them
+kvf_down
+KVF_PIDS=()
+KVF_TP=1 kvf_up shm 2 || fail "the shm topology for the declared ranks did not come up"
+cat > "$KVF_RUN/kvferry.conf" <<CONF
+[worker]
+region = $KVF_RA
+model = $KVF_MODEL
+backend = $KVF_BACKEND
+threads = 1
+[worker.0]
+in = ring:serve.s0.in
+out = ring:serve.s1.in
+tp_size = 2
+[worker.1]
+in = ring:serve.s1.in
+out = ring:serve.ret
+CONF
+for k in 0 1; do kill -9 "${KVF_WPIDS[$k]}"; kvf_reap "${KVF_WPIDS[$k]}"; done
+for i in 0 0-1 1; do
+  env -u KVFERRY_CONFIG "$B/kvferry-worker" --config "$KVF_RUN/kvferry.conf" --instance $i >"$KVF_RUN/declared.$i.log" 2>&1 &
+  KVF_PIDS+=($!)
+done
+for _ in $(seq 100); do grep -q "rank 1 of 2, its share" "$KVF_RUN/declared.0-1.log" && break; sleep 0.2; done
+grep -q "tensor parallelism: rank 1 of 2 of the stage fed by serve.s0.in" "$KVF_RUN/declared.0-1.log" \
+  || fail "instance 0-1 is not rank 1 of stage 0"
+clients declared 8 160 || fail "the clients of the declared ranks"
+same ref declared "stage 0's 2 ranks declared in [worker.0], started as instances 0 and 0-1" \
+  || fail "answers of the declared ranks"
 echo "PASS: a stage as 2 and 4 worker processes gives one worker's answers, and survives a killed rank"
