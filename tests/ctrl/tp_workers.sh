@@ -125,11 +125,10 @@ echo "ok    every KV block back in the pool"
 
 # 4. the stage's ranks declared once, as the package's units start them:
 # [worker.0] says tp_size 2, instances 0 and 0-1 are its ranks (the same
-# ring, roles stage0 and stage0.tp1), instance 1 the next stage; they
-# replace the running workers and ctrld's chain re-forms on them
+# ring, roles stage0 and stage0.tp1), instance 1 the next stage; then
+# ctrld as kvf_up starts it, on the same region
 kvf_down
 KVF_PIDS=()
-KVF_TP=1 kvf_up shm 2 || fail "the shm topology for the declared ranks did not come up"
 cat > "$KVF_RUN/kvferry.conf" <<CONF
 [worker]
 region = $KVF_RA
@@ -144,12 +143,20 @@ tp_size = 2
 in = ring:serve.s1.in
 out = ring:serve.ret
 CONF
-for k in 0 1; do kill -9 "${KVF_WPIDS[$k]}"; kvf_reap "${KVF_WPIDS[$k]}"; done
+rm -f /dev/hugepages/*"$KVF_RA"* /dev/shm/*"$KVF_RA"* 2>/dev/null
 for i in 0 0-1 1; do
   env -u KVFERRY_CONFIG "$B/kvferry-worker" --config "$KVF_RUN/kvferry.conf" --instance $i >"$KVF_RUN/declared.$i.log" 2>&1 &
   KVF_PIDS+=($!)
 done
-for _ in $(seq 100); do grep -q "rank 1 of 2, its share" "$KVF_RUN/declared.0-1.log" && break; sleep 0.2; done
+"${KVF_CTRLD_CMD[@]}" >"$KVF_RUN/ctrld.declared.log" 2>&1 &
+KVF_CTRLD=$!
+KVF_PIDS+=($!)
+kvf_wait_log "$KVF_RUN/ctrld.declared.log" "serving " 150 || fail "ctrld did not serve the declared ranks"
+for _ in $(seq 100); do # the line may still be being written
+  KVF_URL=$(sed -n 's/.* on \(http:\/\/[^,]*\), admin.*/\1/p' "$KVF_RUN/ctrld.declared.log" | head -n1)
+  [ -n "$KVF_URL" ] && break
+  sleep 0.02
+done
 grep -q "tensor parallelism: rank 1 of 2 of the stage fed by serve.s0.in" "$KVF_RUN/declared.0-1.log" \
   || fail "instance 0-1 is not rank 1 of stage 0"
 clients declared 8 160 || fail "the clients of the declared ranks"
