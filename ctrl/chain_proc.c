@@ -615,6 +615,7 @@ struct ctrl_chain *ctrl_proc_chain_create(const struct kn_model *m, const struct
 	for (int32_t k = 0; k < o->n_stages; k++)
 		c->stage_up[k] = 1;
 	c->state = PC_UP;
+	pc_note_live(c);
 	c->setup_ok = 1;
 	fflush(c->log);
 	return &c->base;

@@ -64,6 +64,9 @@ struct proc_chain {
 	int32_t ends[CTRL_CHAIN_MAX_STAGES];
 	struct shm_mb_stage st[SHM_MB_MAX_STAGES];
 	int stage_up[SHM_MB_MAX_STAGES];
+	uint64_t live_epoch[SHM_MB_MAX_STAGES]; /* each stage's liveness registration when the chain came up
+						 * (0: not on this node): a worker that started again under
+						 * the same pid (execv) registers anew */
 	enum pc_state state;
 	uint16_t wire_version; /* micro-batches go out in the oldest version a stage speaks */
 	uint64_t epoch, seq, setup_sent_ns, last_live_ns;
@@ -165,6 +168,9 @@ void pc_print_table(struct proc_chain *c, const char *what);
 int pc_setup_reply(struct proc_chain *c, struct shm_mb_hdr *h, char *err, size_t errlen);
 /* Run one setup round synchronously (create()). @return 0 or -errno with @p err. */
 int pc_setup_sync(struct proc_chain *c, enum shm_mb_kind kind, char *err, size_t errlen);
+
+/* chain_proc_live.c: each stage's liveness registration, noted as the chain comes up */
+void pc_note_live(struct proc_chain *c);
 
 /* chain_proc_live.c */
 

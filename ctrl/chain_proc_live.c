@@ -150,11 +150,15 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 		/* A slot of this region with the stage's role: the stage is on this node. */
 		if (strncmp(li.role, s->role, sizeof(li.role)) != 0)
 			continue;
-		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->pid)) {
+		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->pid)
+		    || (c->live_epoch[k] != 0 && li.epoch != c->live_epoch[k])) {
 			char why[CTRL_CHAIN_ERRLEN];
 
-			pc_fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) died", k, s->role, s->pid,
-			       s->layer_start, s->layer_end);
+			/* the same pid registered anew: it started again (execv), e.g. a
+			 * tensor-parallel group that lost a rank; what it had in flight is lost */
+			pc_fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) %s", k, s->role, s->pid,
+			       s->layer_start, s->layer_end, rc >= 0 && li.pid == s->pid && rc != SHM_LIVE_DEAD
+			       && rc != SHM_LIVE_EMPTY ? "started again" : "died");
 			c->stage_up[k] = 0;
 			go_down(c, why);
 		}
@@ -244,6 +248,7 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 		for (int32_t k = 0; k < c->o.n_stages; k++)
 			c->stage_up[k] = 1;
 		c->state = PC_UP;
+		pc_note_live(c);
 		c->rejoin_wait_ns = 0;
 		pc_print_table(c, "re-formed");
 		return;
@@ -258,6 +263,21 @@ void pc_rejoin_step(struct proc_chain *c, uint64_t now)
 			c->state = PC_JOINING;
 		if (pc_send_setup(c, SHM_MB_JOIN) < 0)
 			c->setup_sent_ns = now;
+	}
+}
+
+void pc_note_live(struct proc_chain *c)
+{
+	for (int32_t k = 0; k < c->o.n_stages; k++) {
+		const struct shm_mb_stage *s = &c->st[k];
+		struct shm_live_info li;
+
+		c->live_epoch[k] = 0;
+		if (s->live_slot < 0 || shm_live_check(c->reg, s->live_slot, UINT64_MAX, &li) < 0)
+			continue;
+		/* a slot of this region with the stage's role and pid: the stage is on this node */
+		if (strncmp(li.role, s->role, sizeof(li.role)) == 0 && li.pid == s->pid)
+			c->live_epoch[k] = li.epoch;
 	}
 }
 

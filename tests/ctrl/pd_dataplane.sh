@@ -45,6 +45,10 @@
 # the ranks copy pages out on the side ring (beside the steps), and the
 # decode node's stages take their page messages from the dataplane
 # themselves, each rank of the tensor-parallel one its share.
+# ctrld2-workers-tp-kill SIGKILLs the prefill node's stage 0 rank 1
+# mid-run and starts it again: its group starts again whole, and every
+# client still gets the co-located answer (the rooms the prefill node could
+# not serve meanwhile are computed on the decode node).
 # ctrld2-dprestart kills both nodes' dataplanes and starts them again: each
 # ctrld moves its PD link to the new region and the pair serves on.
 # ctrld2-dprestart-prefill restarts only the prefill node's dataplane while
@@ -54,7 +58,7 @@
 # within seconds (they waited for the 300 s waiting timeout before); the
 # prefill node gives the old rooms' KV back, and the pair serves on.
 #
-#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers[-tp]|ctrld2-workers-inplace[-zc]|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
+#   pd_dataplane.sh memif|memif-impair|netns|ctrld|ctrld2|ctrld2-lost|ctrld2-split|ctrld2-router|ctrld2-workers[-tp[-kill]]|ctrld2-workers-inplace[-zc]|ctrld2-dprestart|ctrld2-dprestart-prefill BUILD SOURCE
 # Needs root (hugepages, namespaces): exits 77 without.
 set -u
 mode=$1 B=$2 S=$3
@@ -78,6 +82,8 @@ case $mode in
   ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
   # a tensor-parallel stage on each node: prefill stage 0, decode stage 1
   ctrld2-workers-tp) tp_at="1:0 2:1" mode=ctrld2-workers ;;
+  # the same, rank 1 of the prefill node's stage 0 SIGKILLed mid-run and started again
+  ctrld2-workers-tp-kill) tp_at="1:0 2:1" tp_kill=1 mode=ctrld2-workers ;;
   # the same, the decode node's dataplane a zero-copy memif client: the
   # prefill node's driver writes the pages into the mbufs its workers read
   ctrld2-workers-inplace-zc) KVF_DP_EXTRA="--rx-in-place" KVF_MEMIF_B_EXTRA=",zero-copy=yes" mode=ctrld2-workers ;;
@@ -107,10 +113,13 @@ if [ "$mode" = ctrld2-workers ]; then
         role=stage$k log=worker$node.$k
         [ $r -gt 0 ] && role=stage$k.tp$r log=worker$node.$k.tp$r
         # shellcheck disable=SC2046
-        "$B/kvferry-worker" --region "$reg" --model "$KVF_RUN/model" --in "ring:serve.s$k.in" --out "$out" \
-          --role "$role" --node $node --backend cpu --threads 1 $([ $T -gt 1 ] && echo --tp-size $T --tp-rank $r) \
-          >"$KVF_RUN/$log.log" 2>&1 &
+        wcmd=("$B/kvferry-worker" --region "$reg" --model "$KVF_RUN/model" --in "ring:serve.s$k.in" --out "$out"
+              --role "$role" --node $node --backend cpu --threads 1)
+        [ $T -gt 1 ] && wcmd+=(--tp-size $T --tp-rank $r)
+        "${wcmd[@]}" >"$KVF_RUN/$log.log" 2>&1 &
         KVF_PIDS+=($!)
+        # the prefill node's stage 0, rank 1: the one ctrld2-workers-tp-kill kills
+        [ $node = 1 ] && [ $k = 0 ] && [ $r = 1 ] && { victim=$!; victim_cmd=("${wcmd[@]}"); }
       done
     done
   done
@@ -521,11 +530,15 @@ PY
     echo "PASS ($mode)"
     exit 0
   fi
-  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
+  if [ -n "${tp_kill:-}" ]; then
+    # mid-run: the follower dies, and is started again at once
+    ( sleep 1.5; kill -9 "$victim"; sleep 0.3; "${victim_cmd[@]}" >>"$KVF_RUN/worker1.0.tp1.log" 2>&1 ) &
+  fi
+  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" "${tp_kill:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
 dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 inplace = "--rx-in-place" in sys.argv[4]
-tp = sys.argv[5] != ""
+tp, kill = sys.argv[5] != "", sys.argv[6] != ""
 
 def post(url, body):
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
@@ -577,7 +590,14 @@ for i in bad[:5]:
     print("request %d: decode node %r, co-located %r" % (i, got[i], want[i]))
 st = json.load(urllib.request.urlopen(dec + "/stats"))["backend"]["pd"]
 print("decode node /stats pd:", st)
-ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
+if kill:
+    # a prefill rank killed mid-run: its group starts again, and the rooms it
+    # could not serve are computed here instead; no request is lost
+    print("rooms served by the prefill node %d, requests computed here %d (a prefill rank was killed)"
+          % (st["rooms_ok_total"], st["requests_computed_here_total"]))
+    ok = not errs and not bad and st["rooms_ok_total"] + st["requests_computed_here_total"] >= 64
+else:
+    ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
 # each landed room timed from its first page message to its last: rooms of
 # more than one message (every prompt here spans several layers' pages)
 timed = st.get("kv_rooms_timed_total", 0)
@@ -623,6 +643,11 @@ PY
     grep -q "KV page copies asked on serve.s0.in.kv run beside the steps" "$KVF_RUN/worker1.0.log" \
       || { echo "FAIL: the prefill node's tensor-parallel stage has no KV side ring"; exit 1; }
     echo "ok    the prefill node's stage 0 and the decode node's stage 1 ran as 2 ranks each, their pages beside the steps"
+    if [ -n "${tp_kill:-}" ]; then
+      grep -q "starting again so that the group rejoins whole" "$KVF_RUN/worker1.0.log" \
+        || { echo "FAIL: the prefill node's rank 0 did not start again when rank 1 died"; exit 1; }
+      echo "ok    the killed rank's group started again whole"
+    fi
   fi
   echo "PASS ($mode)"
   exit 0
