@@ -378,12 +378,33 @@ static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 	return 1;
 }
 
+/* The queue pairs both ends of the link have, from a peer's hello (@p w:
+ * its third word, or NULL from a dataplane of one queue). Over memif the
+ * client's count is what its server connected; a queue of ours past it must
+ * stay unused. */
+static void link_queues(struct dp *d, const uint8_t *w)
+{
+	uint64_t theirs = 1;
+	uint16_t q;
+
+	if (w != NULL)
+		memcpy(&theirs, w, sizeof(theirs));
+	q = (uint16_t)(theirs < 1 ? 1 : theirs < d->port.n_queues ? theirs : d->port.n_queues);
+	if (q != d->link_q)
+		kvf_log(KVF_LOG_INFO, NULL, "dataplane %u: %u queue pair%s in use (%u here, %llu at the peer)%s",
+			d->o->node, q, q == 1 ? "" : "s", d->port.n_queues, (unsigned long long)theirs,
+			q > 1 ? ": streams' frames sent by the worker lcores" : "");
+	d->link_q = q;
+}
+
 static void send_hello(struct dp *d, struct peer *p, uint16_t flags)
 {
 	/* body: our MAC is in the Ethernet header; the body names the base epoch,
 	 * then how many of this node's processes died and the last one's pid
-	 * (WIRE.md "Hello"; 0 from a dataplane that does not watch them) */
-	uint64_t body[2] = {d->base_epoch, (uint64_t)d->deaths << 32 | (uint32_t)d->last_dead_pid};
+	 * (WIRE.md "Hello"; 0 from a dataplane that does not watch them), then
+	 * the port's queue pairs */
+	uint64_t body[3] = {d->base_epoch, (uint64_t)d->deaths << 32 | (uint32_t)d->last_dead_pid,
+			    d->port.n_queues};
 	tx_ctl(d, p, ctl_frame(d, p, DP_MT_HELLO, 0, flags, body, sizeof(body)));
 }
 
@@ -521,7 +542,9 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 		if (!m[k])
 			break;
 	}
-	unsigned sent = rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
+	/* a stream keeps one queue (its frames in order); queue 0 is the main lcore's */
+	unsigned q = d->link_q > 1 ? 1u + (s->id + p->node) % (d->link_q - 1u) : 0u;
+	unsigned sent = q ? dp_port_txq_send(&d->port, q, m, k) : rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
 	uint64_t bytes = 0;
 	for (unsigned i = 0; i < sent; i++)
 		bytes += f[i].payload_len;
@@ -531,7 +554,8 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 		dp_rel_tx_unsent(s->tx, f + sent, n - sent);
 	cnt_add(&p->stats->tx_frames, sent);
 	cnt_add(&p->stats->tx_bytes, bytes);
-	cnt_add(&d->stats->payload_tx_bytes, bytes); /* what the driver takes (and copies) */
+	if (!q) /* a worker's queue: counted as its driver takes them (txq_fold()) */
+		cnt_add(&d->stats->payload_tx_bytes, bytes); /* what the driver takes (and copies) */
 	return sent;
 }
 
@@ -751,6 +775,7 @@ static int handle_frame(struct dp *d, struct rte_mbuf *m)
 			p->remote_deaths = (uint32_t)(w >> 32);
 			p->deaths_known = 1;
 		}
+		link_queues(d, v.h.payload_len >= 24 && v.payload_off + 24 <= hl ? f + v.payload_off + 16 : NULL);
 		if (!(v.h.flags & DP_WF_REPLY))
 			send_hello(d, p, DP_WF_REPLY);
 		return 0;
@@ -819,10 +844,10 @@ static void impaired(struct dp *d, struct rte_mbuf *m)
 		rte_pktmbuf_free(m);
 }
 
-static unsigned poll_rx(struct dp *d)
+static unsigned poll_rx_queue(struct dp *d, uint16_t q)
 {
 	struct rte_mbuf *m[BURST];
-	uint16_t n = rte_eth_rx_burst(d->port.port, 0, m, BURST);
+	uint16_t n = rte_eth_rx_burst(d->port.port, q, m, BURST);
 	if (d->o->outage && *d->o->outage && d->o->impair.outage_s > 0) {
 		/* a self-ending outage: timed here, not by the signalling script */
 		uint64_t now = kvf_mono_ns();
@@ -858,6 +883,17 @@ static unsigned poll_rx(struct dp *d)
 				rte_pktmbuf_free(d->hold[i]);
 		d->n_hold = 0;
 	}
+	return n;
+}
+
+/* Every queue both ends have (a memif server's queues past its client's are
+ * not connected, and the driver must not touch them). */
+static unsigned poll_rx(struct dp *d)
+{
+	unsigned n = 0;
+
+	for (uint16_t q = 0; q < d->link_q; q++)
+		n += poll_rx_queue(d, q);
 	return n;
 }
 
@@ -1001,6 +1037,13 @@ void dp_link(struct dp *d, int up)
 	d->link_up = up;
 	if (up)
 		return;
+	if (d->link_q > 1) {
+		/* the peer may come back with fewer queues: none past queue 0
+		 * until its hello says, and nothing left queued for the old link */
+		d->link_q = 1;
+		dp_port_txq_pause(&d->port, 1);
+		dp_port_txq_pause(&d->port, 0);
+	}
 	/* Nothing crosses a link that is down: say so now rather than after
 	 * the silence bound (DP_PEER_SILENT_MS). Messages in flight are kept and resent, as for any
 	 * silence; the first frame heard reports the peer up again. */
@@ -1185,9 +1228,28 @@ static void watch_peer(struct dp *d, struct peer *p, uint64_t now)
 	}
 }
 
+/* What the worker lcores' TX queues handed to their driver (the payload it
+ * copies) and dropped since the last look, into the stats. */
+static void txq_fold(struct dp *d)
+{
+	uint64_t frames, bytes, dropped;
+
+	if (d->port.n_queues < 2)
+		return;
+	dp_port_txq_totals(&d->port, &frames, &bytes, &dropped);
+	cnt_add(&d->stats->payload_tx_bytes,
+		(bytes - d->txq_seen_bytes) - (frames - d->txq_seen_frames) * DP_FRAME_HLEN);
+	cnt_add(&d->stats->drops_unknown[DP_DROP_TXFULL], dropped - d->txq_seen_dropped);
+	d->txq_seen_frames = frames;
+	d->txq_seen_bytes = bytes;
+	d->txq_seen_dropped = dropped;
+}
+
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 {
 	int winupd = now >= *next_winupd;
+
+	txq_fold(d);
 
 	/* A loop that did not run for this long is told, so that a peer's
 	 * silent verdict can be weighed against our own (and its) gaps: on the

@@ -187,7 +187,10 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 	/* what the messages in place must leave: the RX ring (a NIC fills it
 	 * ahead), the TX ring when frames are copied into these mbufs, the
 	 * mempool cache (1.5 x its size at most), the reorder hold, two bursts */
-	uint32_t keep = d->port.n_rx_desc + (d->port.multiseg ? 0 : d->port.n_tx_desc) + 384 + HOLD_MAX + 2 * BURST;
+	uint32_t keep = d->port.n_queues * (d->port.n_rx_desc + (d->port.multiseg ? 0 : d->port.n_tx_desc)) + 384 +
+			HOLD_MAX + 2 * BURST;
+	/* each worker lcore's TX queue: its mempool cache and the frames it may hold (port_txq.c) */
+	keep += (d->port.n_queues - 1u) * (384 + 512 + BURST);
 	uint64_t off = 0;
 	size_t have = 0;
 
@@ -306,6 +309,9 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		goto out;
 	if (eff.rx_in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
 		goto out;
+	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP)) != 0)
+		goto out;
+	d->link_q = 1;
 	d->in_place = eff.rx_in_place;
 	if (d->in_place)
 		__atomic_store_n(&d->decl->in_place, 1u, __ATOMIC_RELEASE);
@@ -338,7 +344,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	}
 	kvf_log(KVF_LOG_INFO, NULL,
 		"dataplane %u: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x, frame %u B, tx %s, rx %s, "
-		"payload CRC %s, idle %s, epoch %llu\n"
+		"payload CRC %s, idle %s, %u queue pair%s%s, epoch %llu\n"
 		"  memory: mbuf pools %.1f MiB (DPDK %s), region '%s' %.1f MiB (%s, reassembly "
 		"pools %.1f MiB), per-stream windows at most %.1f MiB (heap); fixed at start",
 		eff.node, d->port.port, eff.port, d->self.mac[0], d->self.mac[1], d->self.mac[2],
@@ -349,7 +355,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		: d->in_place ? "in place (region mbufs) where the consumer reads segments"
 		: d->port.memif_zc ? "reassembled by copy from the mbufs the memif server wrote" : "reassembled by copy",
 		d->pcrc ? "on" : eff.payload_crc == DP_PCRC_NO ? "off" : "off (memif: shared memory)",
-		eff.idle ? "sleep" : "poll",
+		eff.idle ? "sleep" : "poll", d->port.n_queues, d->port.n_queues == 1 ? "" : "s",
+		d->port.n_queues > 1 ? " (streams spread over the worker lcores' TX queues once the peer has as many)" : "",
 		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,
 		rte_eal_has_hugepages() ? "hugepages" : "heap: --no-huge", eff.region,
 		shm_region_size(d->reg) / 1048576.0,
@@ -417,6 +424,14 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 
 		fmt_drops(drops, sizeof(drops), d->stats->drops_unknown);
 		kvf_log(KVF_LOG_INFO, NULL, "  unattributed drops:%s", drops);
+	}
+	if (d->port.n_queues > 1) {
+		uint64_t frames, bytes, dropped;
+
+		dp_port_txq_totals(&d->port, &frames, &bytes, &dropped);
+		kvf_log(KVF_LOG_INFO, NULL, "  queue pairs: %u in use of %u; the worker lcores' TX queues sent %llu frames "
+			"(%llu B), dropped %llu", d->link_q, d->port.n_queues, (unsigned long long)frames,
+			(unsigned long long)bytes, (unsigned long long)dropped);
 	}
 	if (d->in_place) {
 		dp_ip_reap(d);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * EAL and port setup: one port, one RX and one TX queue, three mbuf pools
+ * EAL and port setup: one port, one RX and one TX queue (over memif one
+ * pair per EAL lcore, the others' TX served by port_txq.c), three mbuf pools
  * (RX frames; small TX header mbufs; data-less mbufs that carry region
  * payload as external buffers), and the region registered as external
  * memory so a NIC can DMA payload straight from it. Received in place, the
@@ -224,6 +225,18 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		return r;
 	}
 	p->multiseg = !force_copy && !p->memif_zc && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
+	/* Over memif, a queue pair per EAL lcore (port_txq.c); a NIC would
+	 * need RSS by stream to spread what it receives, which is not set up. */
+	p->n_queues = 1;
+	if (strncmp(spec, "net_memif", 9) == 0) {
+		unsigned nq = RTE_MIN(rte_lcore_count(), (unsigned)DP_MAX_QUEUES);
+
+		if (info.max_rx_queues && nq > info.max_rx_queues)
+			nq = info.max_rx_queues;
+		if (info.max_tx_queues && nq > info.max_tx_queues)
+			nq = info.max_tx_queues;
+		p->n_queues = (uint16_t)(nq ? nq : 1);
+	}
 	p->n_rx_desc = RX_DESC; /* what dp_port_start() asks for (the driver may lower it) */
 	p->n_tx_desc = TX_DESC;
 	return 0;
@@ -364,10 +377,11 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 	if (mtu < RTE_ETHER_MIN_MTU)
 		mtu = RTE_ETHER_MIN_MTU;
 	conf.rxmode.mtu = mtu;
-	r = rte_eth_dev_configure(pid, 1, 1, &conf);
+	uint16_t nq = p->n_queues;
+	r = rte_eth_dev_configure(pid, nq, nq, &conf);
 	if (r) {
 		conf.rxmode.mtu = 0;
-		r = rte_eth_dev_configure(pid, 1, 1, &conf);
+		r = rte_eth_dev_configure(pid, nq, nq, &conf);
 	}
 	if (r) {
 		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_dev_configure(port %u) failed: %s", pid, rte_strerror(-r));
@@ -377,9 +391,12 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 	rte_eth_dev_adjust_nb_rx_tx_desc(pid, &nrx, &ntx);
 	p->n_rx_desc = nrx;
 	p->n_tx_desc = ntx;
-	r = rte_eth_rx_queue_setup(pid, 0, nrx, (unsigned)socket, NULL, p->rx_pool);
-	if (!r)
-		r = rte_eth_tx_queue_setup(pid, 0, ntx, (unsigned)socket, NULL);
+	r = 0;
+	for (uint16_t q = 0; q < nq && !r; q++) {
+		r = rte_eth_rx_queue_setup(pid, q, nrx, (unsigned)socket, NULL, p->rx_pool);
+		if (!r)
+			r = rte_eth_tx_queue_setup(pid, q, ntx, (unsigned)socket, NULL);
+	}
 	if (r) {
 		kvf_log(KVF_LOG_ERR, NULL, "rte_eth_{rx,tx}_queue_setup(port %u, %u/%u desc) failed: %s", pid,
 			nrx, ntx, rte_strerror(-r));
@@ -495,17 +512,22 @@ int dp_port_watch(struct dp_port *p, uint64_t now_ns)
 	}
 	if (!p->reconnects || now_ns - p->down_since < 1000000000ull)
 		return 0;
-	kvf_log(KVF_LOG_WARNING, NULL, "dataplane: memif link down for %.1f s: reconnecting (stop and start port %u)",
-		(now_ns - p->down_since) / 1e9, p->port);
+	kvf_log(KVF_LOG_WARNING, NULL, "dataplane: memif link down for %.1f s: reconnecting (stop and start port %u)%s",
+		(now_ns - p->down_since) / 1e9, p->port,
+		p->n_queues > 1 ? "; a memif server with fewer queue pairs refuses this client's: give both "
+				  "dataplanes the same number of EAL lcores (-l)" : "");
+	dp_port_txq_pause(p, 1); /* no worker lcore sends while the port stops */
 	if (p->started)
 		rte_eth_dev_stop(p->port);
 	p->started = rte_eth_dev_start(p->port) == 0;
+	dp_port_txq_pause(p, 0);
 	p->down_since = now_ns;
 	return 0;
 }
 
 void dp_port_fini(struct dp_port *p)
 {
+	dp_port_txq_stop(p);
 	if (p->started) {
 		rte_eth_dev_stop(p->port);
 		rte_eth_dev_close(p->port);

@@ -7,9 +7,26 @@
 #include <stdint.h>
 
 #include <rte_mbuf.h>
+#include <rte_ring.h>
+
+#define DP_MAX_QUEUES 8 /* queue pairs of a port: one per lcore, at most */
+
+/* A TX queue served by a worker lcore (port_txq.c). */
+struct dp_txq {
+	struct rte_ring *r;           /* frames from the main lcore (single producer, single consumer) */
+	uint16_t port, queue;
+	unsigned lcore;
+	int launched, sleepy;
+	int run, pause, paused;       /* the main lcore's requests, the worker's answer */
+	uint32_t sleeping;            /* futex word: 1 while the worker sleeps on an empty ring */
+	uint64_t dropped;             /* frames it dropped (refused too long, or paused) */
+	uint64_t sent_frames, sent_bytes; /* handed to the driver (frame bytes, headers included) */
+};
 
 struct dp_port {
 	uint16_t port;
+	uint16_t n_queues;            /* queue pairs: 1, or one per EAL lcore over memif (port_txq.c) */
+	struct dp_txq txq[DP_MAX_QUEUES]; /* [1, n_queues): the worker lcores' */
 	uint8_t mac[6];
 	int eal_up, started;
 	int multiseg;                 /* PMD takes header + ext-buffer chains */
@@ -74,6 +91,25 @@ int dp_port_register_region(struct dp_port *p, void *base, size_t len, size_t pa
  * @return 1 if the link is up.
  */
 int dp_port_watch(struct dp_port *p, uint64_t now_ns);
+
+/**
+ * Start a worker lcore on each TX queue q >= 1 (port_txq.c). @p sleepy: a
+ * worker with nothing to send sleeps until dp_port_txq_send() wakes it
+ * (idle mode sleep), else it polls. @return 0 or -errno.
+ */
+int dp_port_txq_start(struct dp_port *p, int sleepy);
+
+/** Hand @p n frames to queue @p q's worker (q >= 1). @return how many it took; the rest are the caller's. */
+unsigned dp_port_txq_send(struct dp_port *p, unsigned q, struct rte_mbuf **m, unsigned n);
+
+/** Pause (@p on) the workers, each dropping what it holds, or let them go on. */
+void dp_port_txq_pause(struct dp_port *p, int on);
+
+/** What the workers handed to the driver so far (frames, their bytes) and dropped (refused too long, or paused). */
+void dp_port_txq_totals(const struct dp_port *p, uint64_t *frames, uint64_t *bytes, uint64_t *dropped);
+
+/** Stop the workers and free their rings. */
+void dp_port_txq_stop(struct dp_port *p);
 
 /** Stop the port, unregister memory, clean up the EAL. */
 void dp_port_fini(struct dp_port *p);

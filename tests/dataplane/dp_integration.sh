@@ -90,7 +90,13 @@ imp=()
 # --impair arms the test-only outage signals (SIGUSR1 drops all input until SIGUSR2)
 [ -z "${mode##outage*}" ] && imp=(--impair loss=0,outage=5)
 
-ealB=${ealB:-"-l 1 $eal_more"} extraB=(${extraB[@]+"${extraB[@]}"})
+# DP_LCORES_A / DP_LCORES_B: the EAL's -l of each node (default 0 and 1; more
+# lcores give a memif port a queue pair each, the workers' TX queues)
+for c in $(echo "${DP_LCORES_A:-0},${DP_LCORES_B:-1}" | tr ',' ' '); do
+  [ "$c" -lt "$(nproc)" ] || skip "lcore $c asked for, but this machine has $(nproc) CPUs"
+done
+ealA="-l ${DP_LCORES_A:-0} $eal_more"
+ealB=${ealB:-"-l ${DP_LCORES_B:-1} $eal_more"} extraB=(${extraB[@]+"${extraB[@]}"})
 startB() { # $1: extra args
   "${nsB[@]}" "$dp" --node-id 2 --port "$portB" --ip 10.9.0.2 --peer 1=10.9.0.1 --region "$rb" \
     --frame-size $frame --eal "$ealB" "${common[@]}" ${extraB[@]+"${extraB[@]}"} "${imp[@]}" "$@" >>"$tmp/B.log" 2>&1 &
@@ -100,7 +106,7 @@ extraA=()
 # node 1 insists on payload CRCs over memif, node 2 keeps auto (off there)
 [ "$mode" = pcrc-mismatch ] && extraA=(--payload-crc yes)
 "${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
-  --frame-size $frame --eal "-l 0 $eal_more" "${common[@]}" "${imp[@]}" ${extraA[@]+"${extraA[@]}"} >"$tmp/A.log" 2>&1 &
+  --frame-size $frame --eal "$ealA" "${common[@]}" "${imp[@]}" ${extraA[@]+"${extraA[@]}"} >"$tmp/A.log" 2>&1 &
 pids+=($!)
 pidA=$!
 if [ -n "${portA##net_af_packet*}" ]; then
@@ -150,6 +156,13 @@ if [ "$mode" = restart ]; then
   ok_at=$(grep -m1 "^event type [23] peer 2" "$tmp/send.log" | sed 's/.*ok_so_far \([0-9]*\).*/\1/')
   ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
   [ "$ok_end" -gt "$ok_at" ] || fail "no message completed after the restart ($ok_at then $ok_end)"
+  if [ "${DP_LCORES_A:-0}" != "${DP_LCORES_A#*,}" ] && [ "${DP_LCORES_B:-1}" != "${DP_LCORES_B#*,}" ]; then
+    # node 1's worker lcores went back to queue 0 when the link dropped, and
+    # took the streams again once the restarted peer's hello named its pairs
+    [ "$(grep -c "^dataplane 1: [2-9] queue pairs in use" "$tmp/A.log")" -ge 2 ] \
+      || fail "node 1 did not use the worker lcores' queue pairs again after its peer restarted"
+    echo "ok    node 1's worker lcores' queue pairs: given up with the link, used again with the restarted peer"
+  fi
   if [ "$rxip" = 1 ] && [ "$zc" = 1 ]; then
     # B's successor receives into new memory: its consumer maps that anew
     kill -TERM $pr; wait $pr
@@ -283,12 +296,12 @@ if [ "$mode" = lanes ]; then
   exit 0
 fi
 
-"$cli" --region "$rb" --recv --peer 1 --streams 4 --count "$N" --seed 42 --timeout 60 \
+"$cli" --region "$rb" --recv --peer 1 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --timeout 60 \
   "${fixed[@]}" "${verify[@]}" >"$tmp/recv.log" 2>&1 &
 pr=$!; pids+=($pr)
 # the receiver has read its dataplane's copy counters before any byte comes
 for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && break; sleep 0.02; done
-"$cli" --region "$ra" --send --peer 2 --streams 4 --count "$N" --seed 42 --inflight 128 --timeout 60 \
+"$cli" --region "$ra" --send --peer 2 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --inflight 128 --timeout 60 \
   "${fixed[@]}" "${verify[@]}" >"$tmp/send.log" 2>&1
 rs=$?
 wait $pr; rr=$?
@@ -462,5 +475,21 @@ if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
   # the impairment must really have happened, on both directions
   grep -q "impair=[1-9]" "$tmp/B.log" && grep -q "impair=[1-9]" "$tmp/A.log" || fail "no impairment drops counted"
   grep -q "retransmits [1-9]" "$tmp/A.log" || fail "no retransmissions: the lossy path was not exercised"
+fi
+# More EAL lcores than one (DP_LCORES_A/_B): a queue pair per lcore, the
+# worker lcores sending the streams' frames, on the pairs both ends have
+nqA=$(echo "${DP_LCORES_A:-0}" | tr ',' '\n' | wc -l) nqB=$(echo "${DP_LCORES_B:-1}" | tr ',' '\n' | wc -l)
+if [ "$mode" = memif ] && [ -z "${DP_FIXED:-}" ] && [ $((nqA + nqB)) -gt 2 ]; then
+  both=$((nqA < nqB ? nqA : nqB))
+  if [ "$both" -gt 1 ]; then
+    grep -q "^dataplane 1: $both queue pairs in use" "$tmp/A.log" && grep -q "^dataplane 2: $both queue pairs in use" "$tmp/B.log" \
+      || fail "the dataplanes did not agree on $both queue pairs"
+  else
+    ! grep -q "queue pairs in use" "$tmp/A.log" "$tmp/B.log" || fail "a queue pair past the $both both ends have was used"
+  fi
+  kill -TERM $pidA; wait $pidA 2>/dev/null
+  grep -q "queue pairs: $both in use of $nqA; the worker lcores' TX queues sent [$([ "$both" -gt 1 ] && echo 1-9 || echo 0)]" "$tmp/A.log" \
+    || fail "node 1's worker lcores did not send what they should (queue pairs: $both of $nqA)"
+  echo "ok    $nqA and $nqB lcores: $both queue pair(s) in use, $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
 fi
 echo "PASS: $N messages exactly once, in order per stream, byte-identical ($mode$([ "$rxip" = 1 ] && echo ', received in place'))"
