@@ -797,8 +797,14 @@ static int handle_frame(struct dp *d, struct rte_mbuf *m)
 	r = dp_rel_rx_place(s->rx, &v.h, &dst);
 	if (r) {
 		drop(d, p, (unsigned)r);
+		/* its ACK may have been lost: one is owed, but the duplicate's
+		 * send time is not echoed (Karn). It is a resend of a frame that
+		 * had arrived, sent just now: echoed, it made the sender sample a
+		 * tiny RTT, lower its RTO to the floor and time out again — with
+		 * each stream on a worker lcore's queue, 11% of the frames went
+		 * twice in a loss-free run. */
 		if (r == DP_DROP_DUP)
-			dp_rel_rx_note(s->rx, v.h.tsval); /* its ACK may have been lost */
+			dp_rel_rx_note(s->rx, 0);
 		return 0;
 	}
 	int64_t ip = ip_idx(d, dst - v.h.frag_off, IP_ASSEMBLING);

@@ -231,7 +231,9 @@ int dp_rel_rx_place(struct dp_rel_rx *rx, const struct dp_wire_hdr *h, uint64_t 
  */
 int dp_rel_rx_commit(struct dp_rel_rx *rx, const struct dp_wire_hdr *h);
 
-/** Note that a frame arrived (new or duplicate) so an ACK is owed; @p tsval is echoed. */
+/** Note that a frame arrived (new or duplicate) so an ACK is owed; @p tsval
+ *  is echoed (0: nothing to echo, as for a duplicate, whose send time is a
+ *  resend's and would make the sender sample too small an RTT). */
 void dp_rel_rx_note(struct dp_rel_rx *rx, uint64_t tsval);
 
 /** @return 1 if an ACK is owed. */

@@ -62,8 +62,9 @@ case $mode in
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
-    portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=$bs"
-    portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=$bs"
+    # DP_MEMIF_EXTRA: more net_memif devargs on both ends (e.g. ",rsize=9")
+    portA="net_memif0,role=server,socket=$tmp/memif.sock,bsize=$bs${DP_MEMIF_EXTRA:-}"
+    portB="net_memif0,role=client,socket=$tmp/memif.sock,bsize=$bs${DP_MEMIF_EXTRA:-}"
     if [ "$zc" = 1 ]; then
       # zero-copy client: the server's PMD copies straight into B's mbufs;
       # B's dataplane itself keeps its mbufs one file per segment list and
@@ -156,7 +157,7 @@ if [ "$mode" = restart ]; then
   ok_at=$(grep -m1 "^event type [23] peer 2" "$tmp/send.log" | sed 's/.*ok_so_far \([0-9]*\).*/\1/')
   ok_end=$(sed -n 's/^send: \([0-9]*\) ok.*/\1/p' "$tmp/send.log")
   [ "$ok_end" -gt "$ok_at" ] || fail "no message completed after the restart ($ok_at then $ok_end)"
-  if [ "${DP_LCORES_A:-0}" != "${DP_LCORES_A#*,}" ] && [ "${DP_LCORES_B:-1}" != "${DP_LCORES_B#*,}" ]; then
+  if [[ "${DP_LCORES_A:-0}" == *,* && "${DP_LCORES_B:-1}" == *,* ]]; then
     # node 1's worker lcores went back to queue 0 when the link dropped, and
     # took the streams again once the restarted peer's hello named its pairs
     [ "$(grep -c "^dataplane 1: [2-9] queue pairs in use" "$tmp/A.log")" -ge 2 ] \
