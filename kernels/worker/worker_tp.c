@@ -327,6 +327,24 @@ uint64_t wk_tp_kv_begin(struct worker *w, uint32_t kind, const void *msg, uint32
 	return job;
 }
 
+/* Rank @p r's answer to the last KV copy: its status, and its message in
+ * @p err when it failed (a follower writes them with kv_note()). */
+static int rank_kv_error(const struct wk_tp *t, int32_t r, char *err, size_t errlen)
+{
+	if (t->a->r[r].kv_status >= 0)
+		return 0;
+	snprintf(err, errlen, "rank %d of %d of the stage: %s", (int)r, (int)t->size, t->a->r[r].kv_err);
+	return t->a->r[r].kv_status;
+}
+
+/* A follower's answer to a KV copy, for the leader: published by the count
+ * that follows (kv_done, or the done count of wk_tp_handled()). */
+static void kv_note(struct wk_tp_rec *rec, int rc, const char *err)
+{
+	rec->kv_status = rc;
+	snprintf(rec->kv_err, sizeof(rec->kv_err), "%s", rc < 0 ? err : "");
+}
+
 int wk_tp_kv_end(struct worker *w, uint64_t job, char *err, size_t errlen)
 {
 	struct wk_tp *t = &w->tp;
@@ -352,10 +370,10 @@ int wk_tp_kv_end(struct worker *w, uint64_t job, char *err, size_t errlen)
 				return g_stop ? -EINTR : -ETIMEDOUT;
 			}
 		}
-		if (t->a->r[r].kv_status < 0) {
-			snprintf(err, errlen, "rank %d of %d of the stage: %s", (int)r, (int)t->size, t->a->r[r].kv_err);
-			return t->a->r[r].kv_status;
-		}
+		int rc = rank_kv_error(t, r, err, errlen);
+
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
 }
@@ -390,8 +408,7 @@ int wk_tp_kv_poll(struct worker *w)
 	}
 	if (rc < 0)
 		WK_ERR(w, "tensor parallelism: %s", err);
-	a->r[t->rank].kv_status = rc;
-	snprintf(a->r[t->rank].kv_err, sizeof(a->r[t->rank].kv_err), "%s", rc < 0 ? err : "");
+	kv_note(&a->r[t->rank], rc, err);
 	atomic_store_explicit(&a->r[t->rank].kv_done, d.seq, memory_order_release);
 	return 1;
 }
@@ -432,14 +449,8 @@ void wk_tp_handled(struct worker *w)
 
 void wk_tp_kv_note(struct worker *w, int rc, const char *err)
 {
-	struct wk_tp_rec *me;
-
-	if (w->tp.rank == 0 || w->tp.a == NULL)
-		return;
-	me = &w->tp.a->r[w->tp.rank];
-	me->kv_status = rc;
-	snprintf(me->kv_err, sizeof(me->kv_err), "%s", rc < 0 ? err : "");
-	/* published by the done count that follows (wk_tp_handled) */
+	if (w->tp.rank != 0 && w->tp.a != NULL)
+		kv_note(&w->tp.a->r[w->tp.rank], rc, err); /* published by wk_tp_handled()'s count */
 }
 
 int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen)
@@ -454,11 +465,12 @@ int wk_tp_kv_wait(struct worker *w, char *err, size_t errlen)
 			 "share of the KV pages: the group starts again", (int)t->size);
 		return -EPIPE;
 	}
-	for (int32_t r = 1; r < t->size; r++)
-		if (t->a->r[r].kv_status < 0) {
-			snprintf(err, errlen, "rank %d of %d of the stage: %s", (int)r, (int)t->size, t->a->r[r].kv_err);
-			return t->a->r[r].kv_status;
-		}
+	for (int32_t r = 1; r < t->size; r++) {
+		int rc = rank_kv_error(t, r, err, errlen);
+
+		if (rc < 0)
+			return rc;
+	}
 	return 0;
 }
 
