@@ -480,7 +480,7 @@ fi
 # More EAL lcores than one (DP_LCORES_A/_B): a queue pair per lcore, the
 # worker lcores sending the streams' frames, on the pairs both ends have
 nqA=$(echo "${DP_LCORES_A:-0}" | tr ',' '\n' | wc -l) nqB=$(echo "${DP_LCORES_B:-1}" | tr ',' '\n' | wc -l)
-if [ "$mode" = memif ] && [ -z "${DP_FIXED:-}" ] && [ $((nqA + nqB)) -gt 2 ]; then
+if [[ $mode == memif || $mode == memif-impair ]] && [ -z "${DP_FIXED:-}" ] && [ $((nqA + nqB)) -gt 2 ]; then
   both=$((nqA < nqB ? nqA : nqB))
   if [ "$both" -gt 1 ]; then
     grep -q "^dataplane 1: $both queue pairs in use" "$tmp/A.log" && grep -q "^dataplane 2: $both queue pairs in use" "$tmp/B.log" \
