@@ -387,6 +387,8 @@ static void link_queues(struct dp *d, const uint8_t *w)
 	uint64_t theirs = 1;
 	uint16_t q;
 
+	if (d->port.queues_own)
+		return; /* every pair of ours is usable (dp_run() set link_q) */
 	if (w != NULL)
 		memcpy(&theirs, w, sizeof(theirs));
 	q = (uint16_t)(theirs < 1 ? 1 : theirs < d->port.n_queues ? theirs : d->port.n_queues);
@@ -1043,10 +1045,11 @@ void dp_link(struct dp *d, int up)
 	d->link_up = up;
 	if (up)
 		return;
-	if (d->link_q > 1) {
-		/* the peer may come back with fewer queues: none past queue 0
-		 * until its hello says, and nothing left queued for the old link */
-		d->link_q = 1;
+	if (d->port.n_queues > 1) {
+		/* nothing left queued for the old link; over memif the peer may
+		 * come back with fewer pairs: none past queue 0 until its hello */
+		if (!d->port.queues_own)
+			d->link_q = 1;
 		dp_port_txq_pause(&d->port, 1);
 		dp_port_txq_pause(&d->port, 0);
 	}

@@ -311,7 +311,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		goto out;
 	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP)) != 0)
 		goto out;
-	d->link_q = 1;
+	d->link_q = d->port.queues_own ? d->port.n_queues : 1;
 	d->in_place = eff.rx_in_place;
 	if (d->in_place)
 		__atomic_store_n(&d->decl->in_place, 1u, __ATOMIC_RELEASE);
@@ -356,7 +356,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		: d->port.memif_zc ? "reassembled by copy from the mbufs the memif server wrote" : "reassembled by copy",
 		d->pcrc ? "on" : eff.payload_crc == DP_PCRC_NO ? "off" : "off (memif: shared memory)",
 		eff.idle ? "sleep" : "poll", d->port.n_queues, d->port.n_queues == 1 ? "" : "s",
-		d->port.n_queues > 1 ? " (streams spread over the worker lcores' TX queues once the peer has as many)" : "",
+		d->port.n_queues > 1 && d->port.queues_own ? " (streams spread over the worker lcores' TX queues)"
+		: d->port.n_queues > 1 ? " (streams spread over the worker lcores' TX queues once the peer has as many)" : "",
 		(unsigned long long)d->base_epoch, d->port.mbuf_bytes / 1048576.0,
 		rte_eal_has_hugepages() ? "hugepages" : "heap: --no-huge", eff.region,
 		shm_region_size(d->reg) / 1048576.0,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * EAL and port setup: one port, one RX and one TX queue (over memif one
- * pair per EAL lcore, the others' TX served by port_txq.c), three mbuf pools
+ * EAL and port setup: one port, one RX and one TX queue (over memif and
+ * net_af_packet one pair per EAL lcore, the others' TX served by
+ * port_txq.c), three mbuf pools
  * (RX frames; small TX header mbufs; data-less mbufs that carry region
  * payload as external buffers), and the region registered as external
  * memory so a NIC can DMA payload straight from it. Received in place, the
@@ -225,17 +226,29 @@ int dp_port_init(struct dp_port *p, const char *prog, uint16_t node, const char 
 		return r;
 	}
 	p->multiseg = !force_copy && !p->memif_zc && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
-	/* Over memif, a queue pair per EAL lcore (port_txq.c); a NIC would
-	 * need RSS by stream to spread what it receives, which is not set up. */
+	/* Over memif, a queue pair per EAL lcore (port_txq.c); over
+	 * net_af_packet as many as its qpairs (a socket each, the kernel
+	 * spreading what arrives by flow hash, and the source port carries the
+	 * stream). A NIC would need RSS by stream, which is not set up. */
 	p->n_queues = 1;
-	if (strncmp(spec, "net_memif", 9) == 0) {
+	int afp = strncmp(spec, "net_af_packet", 13) == 0;
+	if (strncmp(spec, "net_memif", 9) == 0 || afp) {
 		unsigned nq = RTE_MIN(rte_lcore_count(), (unsigned)DP_MAX_QUEUES);
+		const char *qp = afp ? strstr(spec, "qpairs=") : NULL;
+		unsigned qpairs = qp != NULL ? (unsigned)strtoul(qp + 7, NULL, 10) : 1;
 
+		if (afp && nq > qpairs) {
+			if (nq > 1)
+				kvf_log(KVF_LOG_WARNING, NULL, "dataplane: %u EAL lcores but net_af_packet has qpairs=%u: "
+					"the lcores past it send nothing; give the port qpairs=%u", nq, qpairs, nq);
+			nq = qpairs ? qpairs : 1;
+		}
 		if (info.max_rx_queues && nq > info.max_rx_queues)
 			nq = info.max_rx_queues;
 		if (info.max_tx_queues && nq > info.max_tx_queues)
 			nq = info.max_tx_queues;
 		p->n_queues = (uint16_t)(nq ? nq : 1);
+		p->queues_own = afp;
 	}
 	p->n_rx_desc = RX_DESC; /* what dp_port_start() asks for (the driver may lower it) */
 	p->n_tx_desc = TX_DESC;

@@ -25,7 +25,9 @@ struct dp_txq {
 
 struct dp_port {
 	uint16_t port;
-	uint16_t n_queues;            /* queue pairs: 1, or one per EAL lcore over memif (port_txq.c) */
+	uint16_t n_queues;            /* queue pairs: 1, or one per EAL lcore over memif or net_af_packet (port_txq.c) */
+	int queues_own;               /* the pairs are this end's alone (net_af_packet: a socket each), usable
+	                                 whatever the peer has; over memif only those both ends have are connected */
 	struct dp_txq txq[DP_MAX_QUEUES]; /* [1, n_queues): the worker lcores' */
 	uint8_t mac[6];
 	int eal_up, started;

@@ -78,8 +78,9 @@ case $mode in
     ip link set vA$tag netns kvfA$tag; ip link set vB$tag netns kvfB$tag
     ip -n kvfA$tag link set vA$tag mtu 9000 up; ip -n kvfB$tag link set vB$tag mtu 9000 up
     nsA=(ip netns exec kvfA$tag) nsB=(ip netns exec kvfB$tag)
-    portA="net_af_packet0,iface=vA$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=1"
-    portB="net_af_packet0,iface=vB$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=1"
+    # DP_AFP_QPAIRS: a socket (queue pair) each for that many EAL lcores
+    portA="net_af_packet0,iface=vA$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=${DP_AFP_QPAIRS:-1}"
+    portB="net_af_packet0,iface=vB$tag,blocksz=16384,framesz=${AFP_FRAMESZ:-8192},framecnt=1024,qpairs=${DP_AFP_QPAIRS:-1}"
     # tpacket slots must be a power of two here: 9000 B frames in 9472 B
     # slots never left the kernel TX ring on this machine (DPDK 22.11)
     frame=${AFP_FRAME:-8000} ;;
@@ -492,5 +493,11 @@ if [[ $mode == memif || $mode == memif-impair ]] && [ -z "${DP_FIXED:-}" ] && [ 
   grep -q "queue pairs: $both in use of $nqA; the worker lcores' TX queues sent [$([ "$both" -gt 1 ] && echo 1-9 || echo 0)]" "$tmp/A.log" \
     || fail "node 1's worker lcores did not send what they should (queue pairs: $both of $nqA)"
   echo "ok    $nqA and $nqB lcores: $both queue pair(s) in use, $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
+elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt 1 ] && [ "${DP_AFP_QPAIRS:-1}" -ge "$nqA" ]; then
+  # net_af_packet's sockets are each end's own: every pair in use, whatever the peer has
+  kill -TERM $pidA; wait $pidA 2>/dev/null
+  grep -q "queue pairs: $nqA in use of $nqA; the worker lcores' TX queues sent [1-9]" "$tmp/A.log" \
+    || fail "node 1's worker lcores did not send over their af_packet sockets"
+  echo "ok    $nqA lcores, qpairs=${DP_AFP_QPAIRS}: $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
 fi
 echo "PASS: $N messages exactly once, in order per stream, byte-identical ($mode$([ "$rxip" = 1 ] && echo ', received in place'))"
