@@ -190,7 +190,7 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 	uint32_t keep = d->port.n_queues * (d->port.n_rx_desc + (d->port.multiseg ? 0 : d->port.n_tx_desc)) + 384 +
 			HOLD_MAX + 2 * BURST;
 	/* each worker lcore's TX queue: its mempool cache and the frames it may hold (port_txq.c) */
-	keep += (d->port.n_queues - 1u) * (384 + 64 + BURST);
+	keep += (d->port.n_queues - 1u) * (384 + DP_TXQ_RING + BURST);
 	uint64_t off = 0;
 	size_t have = 0;
 

@@ -10,6 +10,9 @@
 #include <rte_ring.h>
 
 #define DP_MAX_QUEUES 8 /* queue pairs of a port: one per lcore, at most */
+/* Frames a TX queue's worker may be behind: ~0.2 ms of its copy (512,
+ * ~1.7 ms, made the RTT jump). The receive budget leaves them (dp_run.c). */
+#define DP_TXQ_RING 64
 
 /* A TX queue served by a worker lcore (port_txq.c). */
 struct dp_txq {

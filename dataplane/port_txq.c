@@ -43,7 +43,6 @@
 #include "kvf_log.h"
 #include "port.h"
 
-#define TXQ_RING 64               /* frames a queue's worker may be behind: ~0.2 ms of its copy (512, ~1.7 ms, made the RTT jump and 9% of frames go twice) */
 #define TXQ_BURST 32
 #define TXQ_SPIN 256              /* empty polls (each a yield) before a worker sleeps (idle mode sleep) */
 /* A frame the driver refuses this long is dropped: the peer reads nothing
@@ -127,14 +126,11 @@ static int txq_main(void *arg)
 
 		for (unsigned i = off; i < n; i++)
 			bytes += m[i]->pkt_len;
+		/* summed before: the driver frees what it took */
 		unsigned sent = rte_eth_tx_burst(t->port, t->queue, m + off, (uint16_t)(n - off));
-		if (sent == n - off) {
-			__atomic_fetch_add(&t->sent_bytes, bytes, __ATOMIC_RELAXED);
-		} else {
-			for (unsigned i = off + sent; i < n; i++)
-				bytes -= m[i]->pkt_len;
-			__atomic_fetch_add(&t->sent_bytes, bytes, __ATOMIC_RELAXED);
-		}
+		for (unsigned i = off + sent; i < n; i++)
+			bytes -= m[i]->pkt_len;
+		__atomic_fetch_add(&t->sent_bytes, bytes, __ATOMIC_RELAXED);
 		__atomic_fetch_add(&t->sent_frames, sent, __ATOMIC_RELAXED);
 		off += sent;
 		if (sent) {
@@ -169,7 +165,7 @@ int dp_port_txq_start(struct dp_port *p, int sleepy)
 		if (lcore >= RTE_MAX_LCORE)
 			return -ENODEV;
 		snprintf(name, sizeof(name), "dptxq%u_%u", p->port, q);
-		t->r = rte_ring_create(name, TXQ_RING, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
+		t->r = rte_ring_create(name, DP_TXQ_RING, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
 		if (t->r == NULL) {
 			kvf_log(KVF_LOG_ERR, NULL, "dataplane: rte_ring_create(%s) failed: %s", name,
 				rte_strerror(rte_errno));
