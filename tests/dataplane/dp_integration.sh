@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two kvferry-dataplane processes and two dp_client processes.
-#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes|pcrc-mismatch[-inplace] DATAPLANE CLIENT
+#   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes|pcrc-mismatch|queues-refused[-inplace] DATAPLANE CLIENT
 # A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes.
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
@@ -58,7 +58,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes|pcrc-mismatch)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused)
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
@@ -122,6 +122,18 @@ if [ -n "${portA##net_af_packet*}" ]; then
   echo "ok    the memif control socket is a file socket in the test's own 0700 directory"
 fi
 startB
+if [ "$mode" = queues-refused ]; then
+  # a memif client with more queue pairs (lcores) than its server: the
+  # server refuses its rings, so the link never comes up; the client must
+  # say so and name the fix rather than reconnect in silence
+  for _ in $(seq 100); do grep -q "give both dataplanes the same number of EAL lcores" "$tmp/B.log" && break; sleep 0.1; done
+  grep -q "give both dataplanes the same number of EAL lcores" "$tmp/B.log" \
+    || { echo "FAIL: the client with more queue pairs than its server did not name the fix"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
+  ! grep -q "peer 2 up" "$tmp/A.log" || { echo "FAIL: a link came up with pairs the server does not have"; exit 1; }
+  grep -m1 "give both dataplanes" "$tmp/B.log"
+  echo "PASS: a memif client with more queue pairs than its server is refused and says to give both the same lcores"
+  exit 0
+fi
 # Wait until A has heard B; a memif client that raced the server's listen()
 # exits at once, so start it again.
 for i in $(seq 100); do
