@@ -532,7 +532,10 @@ PY
   fi
   if [ -n "${tp_kill:-}" ]; then
     # mid-run: the follower dies, and is started again at once
-    ( sleep 1.5; kill -9 "$victim"; sleep 0.3; "${victim_cmd[@]}" >>"$KVF_RUN/worker1.0.tp1.log" 2>&1 ) &
+    # (the subshell becomes the new rank, one of ours for kvf_down: untracked,
+    # it outlived the run once and held the test until its 600 s timeout)
+    ( sleep 1.5; kill -9 "$victim"; sleep 0.3; exec "${victim_cmd[@]}" >>"$KVF_RUN/worker1.0.tp1.log" 2>&1 ) &
+    KVF_PIDS+=($!)
   fi
   timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" "${tp_kill:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, random, sys, threading, urllib.request
