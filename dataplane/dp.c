@@ -473,8 +473,10 @@ static int winupd_due(struct dp *d, struct stream *s, uint64_t now)
 	return dp_rel_rx_next_msg(s->rx) + c != s->adv_limit || now - s->adv_ns >= ACK_KEEP_NS;
 }
 
+/* A data frame for @p f. @p worker_crc: it goes to a worker lcore's queue,
+ * which fills its payload CRC in (port_txq.c), so this lcore reads none. */
 static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *s,
-				   const struct dp_rel_frame *f, uint64_t now)
+				   const struct dp_rel_frame *f, uint64_t now, int worker_crc)
 {
 	const uint8_t *payload = shm_ptr(d->reg, f->payload_off);
 	struct dp_wire_hdr h = {.type = f->type,
@@ -484,7 +486,7 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 				.dst_epoch = p->remote_epoch, .msg_id = f->msg_id, .seq = f->seq,
 				.msg_len = f->msg_len, .frag_off = f->frag_off,
 				.frag_idx = f->frag_idx, .frag_count = f->frag_count, .tsval = now};
-	if (!d->pcrc) {
+	if (!d->pcrc || worker_crc) {
 		h.payload_csum = 0;
 	} else if (f->have_csum) {
 		h.payload_csum = f->csum; /* computed when it was first built */
@@ -539,13 +541,13 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 	unsigned n = dp_rel_tx_burst(s->tx, now, f, BURST), k = 0;
 	if (!n)
 		return 0;
+	/* a stream keeps one queue (its frames in order); queue 0 is the main lcore's */
+	unsigned q = d->link_q > 1 ? 1u + (s->id + p->node) % (d->link_q - 1u) : 0u;
 	for (; k < n; k++) {
-		m[k] = data_frame(d, p, s, &f[k], now);
+		m[k] = data_frame(d, p, s, &f[k], now, q != 0);
 		if (!m[k])
 			break;
 	}
-	/* a stream keeps one queue (its frames in order); queue 0 is the main lcore's */
-	unsigned q = d->link_q > 1 ? 1u + (s->id + p->node) % (d->link_q - 1u) : 0u;
 	unsigned sent = q ? dp_port_txq_send(&d->port, q, m, k) : rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
 	uint64_t bytes = 0;
 	for (unsigned i = 0; i < sent; i++)
@@ -1241,17 +1243,16 @@ static void watch_peer(struct dp *d, struct peer *p, uint64_t now)
  * copies) and dropped since the last look, into the stats. */
 static void txq_fold(struct dp *d)
 {
-	uint64_t frames, bytes, dropped;
+	struct dp_txq_totals t;
 
 	if (d->port.n_queues < 2)
 		return;
-	dp_port_txq_totals(&d->port, &frames, &bytes, &dropped);
+	dp_port_txq_totals(&d->port, &t);
 	cnt_add(&d->stats->payload_tx_bytes,
-		(bytes - d->txq_seen_bytes) - (frames - d->txq_seen_frames) * DP_FRAME_HLEN);
-	cnt_add(&d->stats->drops_unknown[DP_DROP_TXFULL], dropped - d->txq_seen_dropped);
-	d->txq_seen_frames = frames;
-	d->txq_seen_bytes = bytes;
-	d->txq_seen_dropped = dropped;
+		(t.bytes - d->txq_seen.bytes) - (t.frames - d->txq_seen.frames) * DP_FRAME_HLEN);
+	cnt_add(&d->stats->drops_unknown[DP_DROP_TXFULL], t.dropped - d->txq_seen.dropped);
+	cnt_add(&d->stats->crc_read_bytes, t.crc_bytes - d->txq_seen.crc_bytes);
+	d->txq_seen = t;
 }
 
 void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)

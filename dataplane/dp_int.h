@@ -120,7 +120,7 @@ struct dp {
 	uint64_t last_timers;             /* when dp_timers() last ran (a gap: we were off the CPU) */
 	int link_up;                      /* the port's link at the last watch; -1 before the first */
 	uint16_t link_q;                  /* queue pairs both ends of the link have (the peer's hello): 1..n_queues */
-	uint64_t txq_seen_frames, txq_seen_bytes, txq_seen_dropped; /* the workers' totals, as last folded in */
+	struct dp_txq_totals txq_seen; /* the workers' totals, as last folded in */
 	struct dp_wire_addr self;
 	uint64_t base_epoch;
 	struct peer peers[DP_MAX_PEERS];

@@ -309,7 +309,10 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		goto out;
 	if (eff.rx_in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
 		goto out;
-	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP)) != 0)
+	int memif = !strncmp(eff.port, "net_memif", 9);
+	d->pcrc = eff.payload_crc == DP_PCRC_YES
+		  || (eff.payload_crc == DP_PCRC_AUTO && !(memif && eff.impair.corrupt <= 0));
+	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP, d->pcrc)) != 0)
 		goto out;
 	d->link_q = d->port.queues_own ? d->port.n_queues : 1;
 	d->in_place = eff.rx_in_place;
@@ -333,9 +336,6 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t windows = (uint64_t)eff.n_peers * DP_MAX_STREAMS *
 			   (eff.rel.window * 32ull + eff.rel.max_msgs * 80ull);
 	d->stats->hugepage_bytes = d->port.mbuf_bytes + shm_region_size(d->reg);
-	int memif = !strncmp(eff.port, "net_memif", 9);
-	d->pcrc = eff.payload_crc == DP_PCRC_YES
-		  || (eff.payload_crc == DP_PCRC_AUTO && !(memif && eff.impair.corrupt <= 0));
 	/* the driver's own copies per payload byte (dp_ipc.h) */
 	if (!strncmp(eff.port, "net_memif", 9) || !strncmp(eff.port, "net_af_packet", 13)) {
 		int zc = strstr(eff.port, "zero-copy=yes") != NULL;
@@ -427,12 +427,13 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		kvf_log(KVF_LOG_INFO, NULL, "  unattributed drops:%s", drops);
 	}
 	if (d->port.n_queues > 1) {
-		uint64_t frames, bytes, dropped;
+		struct dp_txq_totals t;
 
-		dp_port_txq_totals(&d->port, &frames, &bytes, &dropped);
+		dp_port_txq_totals(&d->port, &t);
 		kvf_log(KVF_LOG_INFO, NULL, "  queue pairs: %u in use of %u; the worker lcores' TX queues sent %llu frames "
-			"(%llu B), dropped %llu", d->link_q, d->port.n_queues, (unsigned long long)frames,
-			(unsigned long long)bytes, (unsigned long long)dropped);
+			"(%llu B), dropped %llu, read %llu payload bytes for CRCs", d->link_q, d->port.n_queues,
+			(unsigned long long)t.frames, (unsigned long long)t.bytes, (unsigned long long)t.dropped,
+			(unsigned long long)t.crc_bytes);
 	}
 	if (d->in_place) {
 		dp_ip_reap(d);

@@ -20,10 +20,12 @@ struct dp_txq {
 	uint16_t port, queue;
 	unsigned lcore;
 	int launched, sleepy;
+	int fill_crc;                 /* its data frames' payload CRCs are left to it ([dp] payload_crc) */
 	int run, pause, paused;       /* the main lcore's requests, the worker's answer */
 	uint32_t sleeping;            /* futex word: 1 while the worker sleeps on an empty ring */
 	uint64_t dropped;             /* frames it dropped (refused too long, or paused) */
 	uint64_t sent_frames, sent_bytes; /* handed to the driver (frame bytes, headers included) */
+	uint64_t crc_bytes;           /* payload it read for the CRCs it filled in */
 };
 
 struct dp_port {
@@ -100,9 +102,12 @@ int dp_port_watch(struct dp_port *p, uint64_t now_ns);
 /**
  * Start a worker lcore on each TX queue q >= 1 (port_txq.c). @p sleepy: a
  * worker with nothing to send sleeps until dp_port_txq_send() wakes it
- * (idle mode sleep), else it polls. @return 0 or -errno.
+ * (idle mode sleep), else it polls. @p fill_crc: the frames handed to the
+ * workers carry DP_WF_PCSUM without their payload CRC, which each worker
+ * computes just before its driver copies the payload (the CRC's read brings
+ * the bytes into the cache the copy then reads). @return 0 or -errno.
  */
-int dp_port_txq_start(struct dp_port *p, int sleepy);
+int dp_port_txq_start(struct dp_port *p, int sleepy, int fill_crc);
 
 /** Hand @p n frames to queue @p q's worker (q >= 1). @return how many it took; the rest are the caller's. */
 unsigned dp_port_txq_send(struct dp_port *p, unsigned q, struct rte_mbuf **m, unsigned n);
@@ -110,8 +115,13 @@ unsigned dp_port_txq_send(struct dp_port *p, unsigned q, struct rte_mbuf **m, un
 /** Pause (@p on) the workers, each dropping what it holds, or let them go on. */
 void dp_port_txq_pause(struct dp_port *p, int on);
 
-/** What the workers handed to the driver so far (frames, their bytes) and dropped (refused too long, or paused). */
-void dp_port_txq_totals(const struct dp_port *p, uint64_t *frames, uint64_t *bytes, uint64_t *dropped);
+/** What the workers did so far, all queues summed. */
+struct dp_txq_totals {
+	uint64_t frames, bytes; /* handed to the driver (frame bytes, headers included) */
+	uint64_t dropped;       /* refused too long, or paused */
+	uint64_t crc_bytes;     /* payload read for the CRCs they filled in */
+};
+void dp_port_txq_totals(const struct dp_port *p, struct dp_txq_totals *t);
 
 /** Stop the workers and free their rings. */
 void dp_port_txq_stop(struct dp_port *p);

@@ -15,6 +15,11 @@
  * queue (dp.c): its frames stay in order, which the receiver's fast
  * retransmit (dupthresh) needs.
  *
+ * Where frames carry a payload CRC ([dp] payload_crc), the main lcore leaves
+ * it out of the frames it hands a worker, and the worker fills it in just
+ * before its driver's copy (fill_crcs()): the main lcore then reads no
+ * payload byte, and each byte is read from memory once on the sender.
+ *
  * A queue's frames are already counted sent: one the driver keeps refusing
  * for TXQ_STALL_NS is dropped here (DP_DROP_TXFULL) and resent by the
  * reliability layer's timer. While the port is stopped and started again
@@ -40,6 +45,7 @@
 #include <rte_pause.h>
 #include <rte_ring.h>
 
+#include "dp_wire.h"
 #include "kvf_log.h"
 #include "port.h"
 
@@ -83,6 +89,37 @@ static void drop_all(struct dp_txq *t, struct rte_mbuf **m, unsigned from, unsig
 	__atomic_fetch_add(&t->dropped, k, __ATOMIC_RELAXED);
 }
 
+/*
+ * The payload CRC of each frame just taken, into its header. Computed here,
+ * right before rte_eth_tx_burst() copies the same bytes, the CRC's read
+ * brings them into this core's cache and the driver's copy reads them from
+ * there: the sender reads each byte from memory once, on this core, and the
+ * main lcore reads no payload at all. @return the payload bytes read.
+ */
+static uint64_t fill_crcs(struct rte_mbuf **m, unsigned n)
+{
+	uint64_t read = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t c = 0;
+		uint32_t skip = DP_FRAME_HLEN; /* the headers, all in the first segment */
+
+		for (struct rte_mbuf *s = m[i]; s != NULL; s = s->next) {
+			uint32_t len = s->data_len;
+
+			if (skip >= len) {
+				skip -= len;
+				continue;
+			}
+			c = dp_crc32c(c, rte_pktmbuf_mtod_offset(s, const uint8_t *, skip), len - skip);
+			read += len - skip;
+			skip = 0;
+		}
+		dp_wire_set_payload_csum(rte_pktmbuf_mtod(m[i], uint8_t *), c);
+	}
+	return read;
+}
+
 static int txq_main(void *arg)
 {
 	struct dp_txq *t = arg;
@@ -103,6 +140,8 @@ static int txq_main(void *arg)
 		if (off == n) {
 			n = rte_ring_sc_dequeue_burst(t->r, (void **)m, TXQ_BURST, NULL);
 			off = 0;
+			if (n && t->fill_crc)
+				__atomic_fetch_add(&t->crc_bytes, fill_crcs(m, n), __ATOMIC_RELAXED);
 		}
 		if (n == 0) {
 			if (!t->sleepy) {
@@ -153,7 +192,7 @@ static int txq_main(void *arg)
 	return 0;
 }
 
-int dp_port_txq_start(struct dp_port *p, int sleepy)
+int dp_port_txq_start(struct dp_port *p, int sleepy, int fill_crc)
 {
 	unsigned lcore = rte_get_main_lcore();
 
@@ -175,6 +214,7 @@ int dp_port_txq_start(struct dp_port *p, int sleepy)
 		t->queue = (uint16_t)q;
 		t->lcore = lcore;
 		t->sleepy = sleepy;
+		t->fill_crc = fill_crc;
 		t->run = 1;
 		int r = rte_eal_remote_launch(txq_main, t, lcore);
 		if (r) {
@@ -218,13 +258,14 @@ void dp_port_txq_pause(struct dp_port *p, int on)
 	}
 }
 
-void dp_port_txq_totals(const struct dp_port *p, uint64_t *frames, uint64_t *bytes, uint64_t *dropped)
+void dp_port_txq_totals(const struct dp_port *p, struct dp_txq_totals *t)
 {
-	*frames = *bytes = *dropped = 0;
+	memset(t, 0, sizeof(*t));
 	for (unsigned q = 1; q < p->n_queues; q++) {
-		*frames += __atomic_load_n(&p->txq[q].sent_frames, __ATOMIC_RELAXED);
-		*bytes += __atomic_load_n(&p->txq[q].sent_bytes, __ATOMIC_RELAXED);
-		*dropped += __atomic_load_n(&p->txq[q].dropped, __ATOMIC_RELAXED);
+		t->frames += __atomic_load_n(&p->txq[q].sent_frames, __ATOMIC_RELAXED);
+		t->bytes += __atomic_load_n(&p->txq[q].sent_bytes, __ATOMIC_RELAXED);
+		t->dropped += __atomic_load_n(&p->txq[q].dropped, __ATOMIC_RELAXED);
+		t->crc_bytes += __atomic_load_n(&p->txq[q].crc_bytes, __ATOMIC_RELAXED);
 	}
 }
 

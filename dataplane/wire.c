@@ -203,6 +203,19 @@ int dp_wire_build(void *buf, const struct dp_wire_addr *src, const struct dp_wir
 	return (int)DP_FRAME_HLEN;
 }
 
+void dp_wire_set_payload_csum(void *buf, uint32_t payload_csum)
+{
+	uint8_t *kvf = (uint8_t *)buf + DP_KVF_OFF;
+	struct dp_wire_hdr h;
+
+	memcpy(&h, kvf, sizeof(h)); /* the frame may be unaligned */
+	h.payload_csum = payload_csum;
+	h.hdr_csum = hdr_crc(&h);
+	/* payload_csum then hdr_csum: the header's last 8 bytes */
+	memcpy(kvf + offsetof(struct dp_wire_hdr, payload_csum), &h.payload_csum, sizeof(h.payload_csum));
+	memcpy(kvf + offsetof(struct dp_wire_hdr, hdr_csum), &h.hdr_csum, sizeof(h.hdr_csum));
+}
+
 int dp_wire_parse(const void *frame, size_t len, size_t hdr_len, uint16_t port,
 		  struct dp_wire_view *out)
 {

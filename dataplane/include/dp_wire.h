@@ -187,6 +187,15 @@ int dp_wire_build(void *buf, const struct dp_wire_addr *src, const struct dp_wir
 		  struct dp_wire_hdr *h);
 
 /**
+ * Put @p payload_csum into the kvferry header of frame @p buf (built by
+ * dp_wire_build() with DP_WF_PCSUM, its payload CRC left for later: a worker
+ * lcore computes it just before its driver copies the payload) and refresh
+ * hdr_csum, which covers it.
+ * @param buf  the frame's first DP_FRAME_HLEN bytes
+ */
+void dp_wire_set_payload_csum(void *buf, uint32_t payload_csum);
+
+/**
  * Build a control frame (ACK, hello) whose body is copied in after the
  * headers and covered by the payload CRC, which the parser insists on for
  * these types.

@@ -13,6 +13,13 @@
  * -march=corei7, 16-byte moves): the copy a memif driver makes of each
  * frame, so dp-bench can show what bounds a path whose one copy is the
  * driver's. Without it, glibc's memcpy (the widest moves the CPU has).
+ *
+ * --crc (with --piece) reads each piece for its CRC32C first, a burst of 32
+ * pieces at a time, then copies the burst: what a worker lcore does with a
+ * burst of frames when the link carries payload CRCs (dataplane/port_txq.c,
+ * fill_crcs() and then the driver's copy in rte_eth_tx_burst()). --crc-only
+ * reads the pieces for their CRCs and copies nothing: the separate pass the
+ * main lcore made before, over bytes still in memory.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +29,10 @@
 #include <time.h>
 
 #include <rte_memcpy.h>
+
+#include "dp_wire.h"
+
+#define CRC_BURST 32 /* port_txq.c TXQ_BURST */
 
 static double now_s(void)
 {
@@ -34,8 +45,17 @@ int main(int argc, char **argv)
 {
 	size_t size = 0, piece = 0, region = (size_t)320 << 20;
 	double seconds = 3.0;
+	int crc = 0, copy = 1;
+	volatile uint32_t sink = 0; /* the CRCs are used: not optimized away */
 
-	for (int i = 1; i + 1 < argc; i += 2) {
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--crc") || !strcmp(argv[i], "--crc-only")) {
+			crc = 1;
+			copy = !strcmp(argv[i], "--crc");
+			continue;
+		}
+		if (i + 1 >= argc)
+			break;
 		if (!strcmp(argv[i], "--size"))
 			size = strtoull(argv[i + 1], NULL, 0);
 		else if (!strcmp(argv[i], "--region-mib"))
@@ -44,10 +64,11 @@ int main(int argc, char **argv)
 			piece = strtoull(argv[i + 1], NULL, 0);
 		else if (!strcmp(argv[i], "--seconds"))
 			seconds = strtod(argv[i + 1], NULL);
+		i++;
 	}
-	if (size == 0 || region < 4 * size || seconds <= 0) {
-		fprintf(stderr, "usage: copy_ceiling --size BYTES [--piece BYTES] [--region-mib MIB >= 4 messages] "
-			"[--seconds S > 0]\n");
+	if (size == 0 || region < 4 * size || seconds <= 0 || (crc && piece == 0)) {
+		fprintf(stderr, "usage: copy_ceiling --size BYTES [--piece BYTES [--crc | --crc-only]] "
+			"[--region-mib MIB >= 4 messages] [--seconds S > 0]\n");
 		return 2;
 	}
 	int huge = 1;
@@ -73,14 +94,26 @@ int main(int argc, char **argv)
 				memcpy(dst, src, size);
 				continue;
 			}
-			for (size_t o = 0; o < size; o += piece)
-				rte_memcpy(dst + o, src + o, size - o < piece ? size - o : piece);
+			if (!crc) {
+				for (size_t o = 0; o < size; o += piece)
+					rte_memcpy(dst + o, src + o, size - o < piece ? size - o : piece);
+				continue;
+			}
+			for (size_t b = 0; b < size; b += CRC_BURST * piece) {
+				size_t end = size - b < CRC_BURST * piece ? size : b + CRC_BURST * piece;
+
+				for (size_t o = b; o < end; o += piece)
+					sink ^= dp_crc32c(0, src + o, end - o < piece ? end - o : piece);
+				for (size_t o = b; copy && o < end; o += piece)
+					rte_memcpy(dst + o, src + o, end - o < piece ? end - o : piece);
+			}
 		}
 		t = now_s();
 	}
 	double dt = t - t0;
 	printf("copy: %zu B messages%s, %zu MiB region (%s), %.3f s, %.3f GB/s, %.0f msg/s\n", size,
-	       piece ? " (rte_memcpy pieces)" : "", region >> 20, huge ? "hugepages" : "4 KiB pages", dt,
+	       !piece ? "" : !crc ? " (rte_memcpy pieces)" : copy ? " (CRC32C then rte_memcpy, bursts of pieces)"
+	       : " (CRC32C of pieces, no copy)", region >> 20, huge ? "hugepages" : "4 KiB pages", dt,
 	       (double)n * (double)size / dt / 1e9, (double)n / dt);
 	munmap(buf, region);
 	return 0;

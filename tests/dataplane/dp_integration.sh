@@ -492,6 +492,24 @@ if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
 fi
 # More EAL lcores than one (DP_LCORES_A/_B): a queue pair per lcore, the
 # worker lcores sending the streams' frames, on the pairs both ends have
+# With a payload CRC ([dp] payload_crc: on over af_packet, or memif with
+# corrupted frames) each worker fills in the CRCs of the frames it sends,
+# reading each payload byte it hands its driver (and those of frames it
+# dropped): at least the payload it sent. Without one it reads none.
+worker_crcs() {
+  python3 - "$1" "$2" <<'PY' || fail "node 1's worker lcores did not compute the payload CRCs they should"
+import re, sys
+HLEN = 122  # Ethernet + IPv4 + UDP + kvferry headers (dp_wire.h DP_FRAME_HLEN)
+m = re.search(r"TX queues sent (\d+) frames \((\d+) B\), dropped (\d+), read (\d+) payload bytes for CRCs", open(sys.argv[1]).read())
+if not m:
+    sys.exit("no worker totals in the log")
+frames, sent, dropped, crc = (int(x) for x in m.groups())
+payload = sent - frames * HLEN
+ok = crc >= payload > 0 if sys.argv[2] == "on" else crc == 0
+print(f"{'ok   ' if ok else 'FAIL '} payload CRC {sys.argv[2]}: node 1's worker lcores read {crc} B for CRCs, sent {payload} B of payload")
+sys.exit(0 if ok else 1)
+PY
+}
 nqA=$(echo "${DP_LCORES_A:-0}" | tr ',' '\n' | wc -l) nqB=$(echo "${DP_LCORES_B:-1}" | tr ',' '\n' | wc -l)
 if [[ $mode == memif || $mode == memif-impair ]] && [ -z "${DP_FIXED:-}" ] && [ $((nqA + nqB)) -gt 2 ]; then
   both=$((nqA < nqB ? nqA : nqB))
@@ -505,11 +523,13 @@ if [[ $mode == memif || $mode == memif-impair ]] && [ -z "${DP_FIXED:-}" ] && [ 
   grep -q "queue pairs: $both in use of $nqA; the worker lcores' TX queues sent [$([ "$both" -gt 1 ] && echo 1-9 || echo 0)]" "$tmp/A.log" \
     || fail "node 1's worker lcores did not send what they should (queue pairs: $both of $nqA)"
   echo "ok    $nqA and $nqB lcores: $both queue pair(s) in use, $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
+  [ "$both" -gt 1 ] && worker_crcs "$tmp/A.log" "$([ "$mode" = memif-impair ] && echo on || echo off)"
 elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt 1 ] && [ "${DP_AFP_QPAIRS:-1}" -ge "$nqA" ]; then
   # net_af_packet's sockets are each end's own: every pair in use, whatever the peer has
   kill -TERM $pidA; wait $pidA 2>/dev/null
   grep -q "queue pairs: $nqA in use of $nqA; the worker lcores' TX queues sent [1-9]" "$tmp/A.log" \
     || fail "node 1's worker lcores did not send over their af_packet sockets"
   echo "ok    $nqA lcores, qpairs=${DP_AFP_QPAIRS}: $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
+  worker_crcs "$tmp/A.log" on
 fi
 echo "PASS: $N messages exactly once, in order per stream, byte-identical ($mode$([ "$rxip" = 1 ] && echo ', received in place'))"

@@ -146,6 +146,33 @@ static void a_payload_bit_flip_is_caught_by_the_payload_crc(void **state)
 	assert_int_not_equal(dp_crc32c(0, buf + v.payload_off, v.h.payload_len), v.h.payload_csum);
 }
 
+/* A worker lcore fills in the payload CRC of a frame built without it:
+ * the frame then parses with every other field as built and the CRC of its
+ * payload, and is byte for byte the frame built with the CRC from the start. */
+static void a_payload_crc_filled_in_later_makes_the_frame_built_with_it(void **state)
+{
+	(void)state;
+	uint8_t want[2048], buf[2048];
+	size_t len = make_frame(want, 1500, DP_MT_KVPAGE);
+	struct dp_wire_view v, w;
+
+	memcpy(buf, want, len);
+	assert_int_equal(dp_wire_parse(want, len, len, 47474, &w), 0);
+	/* as the main lcore leaves it: DP_WF_PCSUM, the CRC 0, the header CRC over that */
+	w.h.payload_csum = 0;
+	assert_int_equal(dp_wire_build(buf, &A, &B, &w.h), (int)DP_FRAME_HLEN);
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), 0);
+	assert_int_equal(v.h.payload_csum, 0);
+
+	dp_wire_set_payload_csum(buf, dp_crc32c(0, buf + DP_FRAME_HLEN, 1500));
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), 0);
+	assert_int_equal(v.h.payload_csum, dp_crc32c(0, buf + v.payload_off, 1500));
+	assert_memory_equal(buf, want, len);
+	/* a damaged header is still refused after the refresh */
+	buf[DP_KVF_OFF + 40] ^= 1;
+	assert_int_equal(dp_wire_parse(buf, len, len, 47474, &v), DP_DROP_HDR_CSUM);
+}
+
 static void every_truncation_is_refused_without_reading_past_the_end(void **state)
 {
 	(void)state;
@@ -271,6 +298,7 @@ int main(void)
 		cmocka_unit_test(each_stream_carries_its_own_udp_source_port_and_a_hello_the_nodes),
 		cmocka_unit_test(every_single_bit_flip_in_the_ip_udp_or_kvferry_header_is_refused),
 		cmocka_unit_test(a_payload_bit_flip_is_caught_by_the_payload_crc),
+		cmocka_unit_test(a_payload_crc_filled_in_later_makes_the_frame_built_with_it),
 		cmocka_unit_test(every_truncation_is_refused_without_reading_past_the_end),
 		cmocka_unit_test(another_port_and_inconsistent_fragments_are_refused),
 		cmocka_unit_test(an_ack_carries_its_body_and_a_short_ack_is_refused),
