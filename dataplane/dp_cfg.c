@@ -81,7 +81,7 @@ static const struct cfg_key keys[] = {
 	  "extra EAL arguments, space-separated (empty: -l 0). Over net_memif (and net_af_packet with qpairs=N) each "
 	  "lcore of -l gets a queue pair: the main lcore runs the loop and queue 0, each other one sends the frames "
 	  "of its share of the streams on its own queue, so the driver's copy of different streams runs on different "
-	  "cores (-l 0,2,3: two). Both ends of a memif link need the same count (a server uses the pairs both have; "
+	  "cores (-l 0,2,3: two), and computes their payload CRCs when payload_crc is on. Both ends of a memif link need the same count (a server uses the pairs both have; "
 	  "a client with more is refused by its server), and each pair's ring holds 1024 mbufs: raise mbufs with them" },
 };
 
