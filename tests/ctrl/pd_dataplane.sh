@@ -531,17 +531,23 @@ PY
     exit 0
   fi
   if [ -n "${tp_kill:-}" ]; then
-    # mid-run: the follower dies, and is started again at once
-    # (the subshell becomes the new rank, one of ours for kvf_down: untracked,
-    # it outlived the run once and held the test until its 600 s timeout)
-    ( sleep 1.5; kill -9 "$victim"; sleep 0.3; exec "${victim_cmd[@]}" >>"$KVF_RUN/worker1.0.tp1.log" 2>&1 ) &
+    # mid-run: the follower dies once the driver below saw rooms succeed
+    # (kill-now; a fixed 1.5 s landed before the first room on a loaded
+    # machine, and nothing was left to check but the fallback), and is
+    # started again at once (the subshell becomes the new rank, one of ours
+    # for kvf_down: untracked, it outlived the run once and held the test
+    # until its 600 s timeout)
+    ( for _ in $(seq 1200); do [ -e "$KVF_RUN/kill-now" ] && break; sleep 0.05; done
+      kill -9 "$victim"; : >"$KVF_RUN/killed"; sleep 0.3
+      exec "${victim_cmd[@]}" >>"$KVF_RUN/worker1.0.tp1.log" 2>&1 ) &
     KVF_PIDS+=($!)
   fi
-  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" "${tp_kill:-}" <<'PY' >"$KVF_RUN/out.log" 2>&1
-import json, random, sys, threading, urllib.request
+  timeout 300 python3 - "$url2" "$url" "$mode" "${KVF_DP_EXTRA:-}" "${tp_at:-}" "${tp_kill:-}" "$KVF_RUN" \
+    <<'PY' >"$KVF_RUN/out.log" 2>&1
+import json, os, random, sys, threading, time, urllib.error, urllib.request
 dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 inplace = "--rx-in-place" in sys.argv[4]
-tp, kill = sys.argv[5] != "", sys.argv[6] != ""
+tp, kill, run_dir = sys.argv[5] != "", sys.argv[6] != "", sys.argv[7]
 
 def post(url, body):
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
@@ -581,13 +587,54 @@ def run(i):
     except Exception as e:
         errs.append("request %d to the decode node: %s" % (i, e))
 
+def pd_stats():
+    try:
+        return json.load(urllib.request.urlopen(dec + "/stats", timeout=5))["backend"]["pd"]
+    except Exception:
+        return {}
+
+at_kill = []
+
+def kill_mid_run(done):
+    # the prefill rank dies once 4 rooms succeeded, the rest still in flight
+    n = 0
+    while not done.is_set() and n < 4:
+        n = pd_stats().get("rooms_ok_total", 0)
+        time.sleep(0.02)
+    at_kill.append((n, sum(1 for g in got if g is not None)))
+    open(os.path.join(run_dir, "kill-now"), "w").close()
+
+def post_again(url, body):
+    # the prefill node's answers are the reference; while its group starts
+    # again it refuses requests (500/503), so the reference waits for it
+    for _ in range(120):
+        try:
+            return post(url, body)
+        except urllib.error.HTTPError as e:
+            if e.code not in (500, 503):
+                raise
+            time.sleep(0.5)
+    return post(url, body)
+
 th = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+done = threading.Event()
+killer = threading.Thread(target=kill_mid_run, args=(done,)) if kill else None
+if killer:
+    killer.start()
 for t in th:
     t.start()
 for t in th:
     t.join()
+if killer:
+    done.set()
+    killer.join()
+    print("the prefill rank was killed with %d rooms succeeded and %d of 64 requests answered" % at_kill[0])
+    for _ in range(600):
+        if os.path.exists(os.path.join(run_dir, "killed")):
+            break
+        time.sleep(0.05)
 for i in range(64):
-    want[i] = post(pre, reqs[i])  # co-located on the prefill node
+    want[i] = post_again(pre, reqs[i]) if kill else post(pre, reqs[i])  # co-located on the prefill node
 bad = [i for i in range(64) if got[i] != want[i]]
 for i in bad[:5]:
     print("request %d: decode node %r, co-located %r" % (i, got[i], want[i]))
@@ -599,6 +646,9 @@ if kill:
     print("rooms served by the prefill node %d, requests computed here %d (a prefill rank was killed)"
           % (st["rooms_ok_total"], st["requests_computed_here_total"]))
     ok = not errs and not bad and st["rooms_ok_total"] + st["requests_computed_here_total"] >= 64
+    if at_kill[0][1] >= 64:
+        errs.append("the rank was killed after every request was answered: nothing ran through the kill")
+        ok = False
 else:
     ok = not errs and not bad and st["rooms_ok_total"] == 64 and st["rooms_failed_total"] == 0
 # each landed room timed from its first page message to its last: rooms of
