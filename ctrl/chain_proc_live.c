@@ -147,18 +147,29 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 		if (s->live_slot < 0)
 			continue;
 		rc = shm_live_check(c->reg, s->live_slot, c->o.stale_ms * 1000000ull, &li);
-		/* A slot of this region with the stage's role: the stage is on this node. */
-		if (strncmp(li.role, s->role, sizeof(li.role)) != 0)
+		/* Known to be this node's since the chain came up (pc_note_live()):
+		 * its slot released or taken by another role means it is gone. (A
+		 * worker that starts again releases its slot and may register in
+		 * another one, and another process may take the old one: skipping
+		 * a slot whose role no longer matched left that restart to the
+		 * group timeout, 30 s.) Else a slot of this region with the
+		 * stage's role: the stage is on this node. */
+		int ours = c->live_epoch[k] != 0;
+		int same_role = strncmp(li.role, s->role, sizeof(li.role)) == 0;
+
+		if (!ours && !same_role)
 			continue;
-		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || (rc >= 0 && li.pid != s->pid)
-		    || (c->live_epoch[k] != 0 && li.epoch != c->live_epoch[k])) {
+		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || !same_role || (rc >= 0 && li.pid != s->pid)
+		    || (ours && li.epoch != c->live_epoch[k])) {
 			char why[CTRL_CHAIN_ERRLEN];
 
 			/* the same pid registered anew: it started again (execv), e.g. a
 			 * tensor-parallel group that lost a rank; what it had in flight is lost */
 			pc_fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) %s", k, s->role, s->pid,
-			       s->layer_start, s->layer_end, rc >= 0 && li.pid == s->pid && rc != SHM_LIVE_DEAD
-			       && rc != SHM_LIVE_EMPTY ? "started again" : "died");
+			       s->layer_start, s->layer_end, rc >= 0 && same_role && li.pid == s->pid
+			       && rc != SHM_LIVE_DEAD && rc != SHM_LIVE_EMPTY ? "started again"
+			       : rc == SHM_LIVE_EMPTY || (!same_role && rc != SHM_LIVE_DEAD) ? "left (it exited, or "
+			       "started again under a new registration)" : "died");
 			c->stage_up[k] = 0;
 			go_down(c, why);
 		}

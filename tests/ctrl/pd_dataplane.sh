@@ -699,6 +699,10 @@ PY
     if [ -n "${tp_kill:-}" ]; then
       grep -q "starting again so that the group rejoins whole" "$KVF_RUN/worker1.0.log" \
         || { echo "FAIL: the prefill node's rank 0 did not start again when rank 1 died"; exit 1; }
+      # the prefill node's ctrld saw stage 0 go by its liveness slot, not by
+      # the 30 s group timeout (rank 0 registers anew as it starts again)
+      ! grep -q "within group_timeout" "$KVF_RUN/ctrld.log" \
+        || { echo "FAIL: the prefill node noticed its stage's restart only by the group timeout"; exit 1; }
       echo "ok    the killed rank's group started again whole"
     fi
   fi

@@ -118,6 +118,10 @@ KVF_PIDS+=($!)
 wait $cli || fail "the clients of the run with a killed rank"
 same ref kill "rank 1 killed mid-stream and started again at once" || fail "a client saw the rank's death"
 grep -q "starting again" "$KVF_RUN/worker0.log" || fail "rank 0 did not start again when rank 1 died"
+# ctrld saw the stage go by its liveness slot, not by the 30 s group timeout
+# (rank 0 releases its slot and registers anew as it starts again)
+! grep -q "within group_timeout" "$KVF_RUN/ctrld.log" \
+  || fail "ctrld noticed the stage's restart only by its group timeout: $(grep -m1 'within group_timeout' "$KVF_RUN/ctrld.log")"
 clients after 8 160 || fail "the clients after the restart"
 same tp4 after "after the group started again" || fail "answers after the restart"
 blocks_back "after the kill"

@@ -531,5 +531,15 @@ elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt 1 ] && [ "
     || fail "node 1's worker lcores did not send over their af_packet sockets"
   echo "ok    $nqA lcores, qpairs=${DP_AFP_QPAIRS}: $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
   worker_crcs "$tmp/A.log" on
+elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt "${DP_AFP_QPAIRS:-1}" ]; then
+  # more lcores than the port has sockets: said, and named the fix; the
+  # lcores past them send nothing, and the link works on what there is
+  grep -q "dataplane: $nqA EAL lcores but net_af_packet has qpairs=${DP_AFP_QPAIRS:-1}: the lcores past it send nothing; give the port qpairs=$nqA" "$tmp/A.log" \
+    || fail "node 1 did not warn that its net_af_packet port has fewer queue pairs than lcores"
+  kill -TERM $pidA; wait $pidA 2>/dev/null
+  if [ "${DP_AFP_QPAIRS:-1}" -le 1 ]; then
+    ! grep -q "queue pairs: .* in use" "$tmp/A.log" || fail "node 1 used worker lcores its port has no socket for"
+  fi
+  echo "ok    $nqA lcores on qpairs=${DP_AFP_QPAIRS:-1}: warned, naming qpairs=$nqA"
 fi
 echo "PASS: $N messages exactly once, in order per stream, byte-identical ($mode$([ "$rxip" = 1 ] && echo ', received in place'))"
