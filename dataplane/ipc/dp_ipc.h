@@ -209,7 +209,8 @@ struct dp_stats_shm {
 	uint64_t payload_rx_bytes; /**< payload placed in receive buffers (accepted frames) */
 	uint64_t copy_tx_bytes;    /**< of payload_tx, copied by the dataplane into frame buffers */
 	uint64_t copy_rx_bytes;    /**< of payload_rx, copied by the dataplane into the region */
-	uint64_t crc_read_bytes;   /**< read by a CRC pass of its own (not fused with a copy) */
+	uint64_t crc_read_bytes;   /**< read by a CRC pass of its own (not fused with a copy; with
+	                                worker lcores, theirs too, each just before its driver's copy) */
 	uint32_t pmd_tx_copies;    /**< copies per payload byte the driver makes sending */
 	uint32_t pmd_rx_copies;    /**< ... and receiving */
 };
