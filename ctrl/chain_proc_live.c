@@ -162,14 +162,16 @@ void pc_check_live(struct proc_chain *c, uint64_t now)
 		if (rc == SHM_LIVE_DEAD || rc == SHM_LIVE_EMPTY || !same_role || (rc >= 0 && li.pid != s->pid)
 		    || (ours && li.epoch != c->live_epoch[k])) {
 			char why[CTRL_CHAIN_ERRLEN];
+			const char *what = "died";
 
-			/* the same pid registered anew: it started again (execv), e.g. a
-			 * tensor-parallel group that lost a rank; what it had in flight is lost */
+			if (rc == SHM_LIVE_EMPTY || (!same_role && rc != SHM_LIVE_DEAD))
+				what = "left (it exited, or started again under a new registration)";
+			else if (rc >= 0 && rc != SHM_LIVE_DEAD && li.pid == s->pid)
+				/* the same pid registered anew: it started again (execv), e.g. a
+				 * tensor-parallel group that lost a rank; what it had in flight is lost */
+				what = "started again";
 			pc_fmt(why, sizeof(why), "stage %d (%s, pid %d, layers %d..%d) %s", k, s->role, s->pid,
-			       s->layer_start, s->layer_end, rc >= 0 && same_role && li.pid == s->pid
-			       && rc != SHM_LIVE_DEAD && rc != SHM_LIVE_EMPTY ? "started again"
-			       : rc == SHM_LIVE_EMPTY || (!same_role && rc != SHM_LIVE_DEAD) ? "left (it exited, or "
-			       "started again under a new registration)" : "died");
+			       s->layer_start, s->layer_end, what);
 			c->stage_up[k] = 0;
 			go_down(c, why);
 		}
