@@ -94,15 +94,11 @@ int main(int argc, char **argv)
 				memcpy(dst, src, size);
 				continue;
 			}
-			if (!crc) {
-				for (size_t o = 0; o < size; o += piece)
-					rte_memcpy(dst + o, src + o, size - o < piece ? size - o : piece);
-				continue;
-			}
+			/* bursts of pieces: their CRCs (--crc), then their copies */
 			for (size_t b = 0; b < size; b += CRC_BURST * piece) {
 				size_t end = size - b < CRC_BURST * piece ? size : b + CRC_BURST * piece;
 
-				for (size_t o = b; o < end; o += piece)
+				for (size_t o = b; crc && o < end; o += piece)
 					sink ^= dp_crc32c(0, src + o, end - o < piece ? end - o : piece);
 				for (size_t o = b; copy && o < end; o += piece)
 					rte_memcpy(dst + o, src + o, end - o < piece ? end - o : piece);
