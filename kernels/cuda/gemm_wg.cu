@@ -16,10 +16,15 @@
  * Block: one to three warpgroups (wg_cfg). W streams through shared stages
  * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read it. Narrow plans (n <= 32) keep a segment's X resident in shared
  * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
- * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W.
+ * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
+ * more than 128 columns run gemm_wgt_kernel instead: tensor copies (TMA)
+ * from a producer warpgroup, two consumer warpgroups, mbarriers, the same
+ * order and bits.
  */
 #include "gemm_wg.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +47,7 @@
  */
 template <int BN_, bool MSPLIT_, bool XRES_, int WGS_> struct wg_cfg {
 	static constexpr int BN = BN_, WGS = WGS_;
-	static constexpr bool MSPLIT = MSPLIT_, XRES = XRES_;
+	static constexpr bool MSPLIT = MSPLIT_, XRES = XRES_, TMA = false;
 	static constexpr int THREADS = WGS * 128;
 	static constexpr int BM = MSPLIT ? 64 * WGS : 64;      /* W rows a block */
 	static constexpr int BNB = MSPLIT ? BN : WGS * BN;     /* columns a block */
@@ -100,6 +105,20 @@ WG_DEV void wg_fence_operands(float *d, int n)
 #pragma unroll
 	for (int i = 0; i < n; i++)
 		asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* a warpgroup's m64nBN sums, its 64 rows from @p row0 and BN columns from
+ * @p col0, into dst[column][row] (rows past @p out, columns past @p n left) */
+template <int BN> WG_DEV void wg_store(const float *tot, float *dst, int row0, int col0, int n, int out)
+{
+	const int warp = (threadIdx.x & 127) >> 5, lane = threadIdx.x & 31;
+	const int rb = row0 + warp * 16 + (lane >> 2), cb = col0 + 2 * (lane & 3);
+#pragma unroll
+	for (int e = 0; e < BN / 2; e++) {
+		const int r = rb + 8 * ((e >> 1) & 1), c = cb + 8 * (e >> 2) + (e & 1);
+		if (r < out && c < n)
+			dst[(size_t)c * out + r] = tot[e];
+	}
 }
 
 /*
@@ -241,18 +260,169 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	}
 	cp_wait<0>();
 
-	float *dst = parts ? part + (size_t)blockIdx.z * n * out : y;
-	const int warp = (tid & 127) >> 5, lane = tid & 31;
-	const int rb = row0 + (MSPLIT ? wg * 64 : 0) + warp * 16 + (lane >> 2);
-	const int cb = col0 + (MSPLIT ? 0 : wg * BN) + 2 * (lane & 3);
-#pragma unroll
-	for (int e = 0; e < BN / 2; e++) {
-		const int r = rb + 8 * ((e >> 1) & 1), c = cb + 8 * (e >> 2) + (e & 1);
-		if (r < out && c < n)
-			dst[(size_t)c * out + r] = tot[e];
-	}
+	wg_store<BN>(tot, parts ? part + (size_t)blockIdx.z * n * out : y, row0 + (MSPLIT ? wg * 64 : 0),
+		     col0 + (MSPLIT ? 0 : wg * BN), n, out);
 #else
 	(void)w, (void)x, (void)xb, (void)y, (void)part, (void)n, (void)in, (void)out;
+	__trap();
+#endif
+}
+
+/*
+ * The wide kernel on TMA (plans of more than 128 columns): the same order
+ * and bits as gemm_wg_kernel, laid out as Hopper wants a GEMM fed. Warpgroup
+ * 0 is the producer: one thread issues a stage's two tensor copies (W's 128
+ * rows, X's BN columns, 64 k each, 128-byte swizzled by the copy engine as
+ * the wgmma descriptors read them) and the stage's full barrier counts their
+ * bytes; it gives its registers to the consumers (setmaxnreg). Warpgroups 1
+ * and 2 each own 64 W rows by BN columns: m64nBN products, one group kept in
+ * flight, and a stage goes back to the producer through its empty barrier
+ * once both have read it. No block barrier in the loop, no thread computing
+ * addresses. BN 192 keeps a running sum and the total (96 + 96 registers)
+ * per thread: the widest tile whose segment fold still fits in registers.
+ */
+template <int BN_> struct wgt_cfg {
+	static constexpr int BN = BN_, WGS = 3, THREADS = 384, BM = 128, BNB = BN_;
+	static constexpr bool MSPLIT = true, XRES = false, TMA = true;
+	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
+	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
+	static constexpr int SMEM = STAGE * STAGES + 1024 + 256; /* + alignment, barriers */
+};
+
+WG_DEV void mbar_init(uint64_t *b, int count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+
+WG_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+WG_DEV void mbar_arrive(uint64_t *b)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+
+/* until the phase of parity @p parity has completed */
+WG_DEV void mbar_wait(uint64_t *b, uint32_t parity)
+{
+	uint32_t done = 0;
+	do {
+		asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done)
+			     : "r"(smem_u32(b)), "r"(parity)
+			     : "memory");
+	} while (!done);
+}
+
+/* box (k0, r0) of the 2-D tensor map @p tm into @p dst, counted on @p bar */
+WG_DEV void tma_load(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, int r0)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+		     "[%2];" ::"r"(smem_u32(dst)),
+		     "l"((uint64_t)tm), "r"(smem_u32(bar)), "r"(k0), "r"(r0)
+		     : "memory");
+}
+
+template <int BN>
+static __global__ void __launch_bounds__(384, 1)
+gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
+		int n, int in, int out)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+	using C = wgt_cfg<BN>;
+	constexpr int S = C::STAGES;
+	extern __shared__ unsigned char wg_smem_raw[];
+	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
+	const int tid = threadIdx.x, wg = tid >> 7;
+	const int row0 = blockIdx.y * C::BM, col0 = blockIdx.x * BN;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const bool parts = gridDim.z > 1;
+	const int s0 = parts ? blockIdx.z : 0, s1 = parts ? blockIdx.z + 1 : nseg;
+	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
+	const int nch = (kend - kbeg + WG_BK - 1) / WG_BK;
+
+	if (tid == 0) {
+		for (int s = 0; s < S; s++) {
+			mbar_init(&full[s], 1);
+			mbar_init(&empty[s], 2);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	__syncthreads();
+
+	if (wg == 0) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+		if (tid == 0) {
+			const int pre = nch < S ? nch : S;
+			/* the weights' first stages go out before waiting for X's producer */
+			for (int i = 0; i < pre; i++) {
+				mbar_expect_tx(&full[i], C::STAGE);
+				tma_load(sm + i * C::STAGE, &tw, &full[i], kbeg + i * WG_BK, row0);
+			}
+			kn_pdl_wait();
+			kn_pdl_trigger();
+			for (int i = 0; i < pre; i++)
+				tma_load(sm + i * C::STAGE + C::W_BYTES, &tx, &full[i], kbeg + i * WG_BK, col0);
+			for (int i = pre; i < nch; i++) {
+				const int s = i % S;
+				mbar_wait(&empty[s], ((i / S) - 1) & 1);
+				mbar_expect_tx(&full[s], C::STAGE);
+				tma_load(sm + s * C::STAGE, &tw, &full[s], kbeg + i * WG_BK, row0);
+				tma_load(sm + s * C::STAGE + C::W_BYTES, &tx, &full[s], kbeg + i * WG_BK, col0);
+			}
+		} else {
+			kn_pdl_wait();
+		}
+		return;
+	}
+
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+	const int c = wg - 1;
+	const bool signal = (tid & 127) == 0;
+	float acc[BN / 2], tot[BN / 2];
+#pragma unroll
+	for (int i = 0; i < BN / 2; i++)
+		acc[i] = tot[i] = 0.f;
+	int held = -1; /* a stage whose products are issued, not yet waited for */
+	for (int i = 0; i < nch; i++) {
+		const int s = i % S, k0 = kbeg + i * WG_BK;
+		const bool first = k0 % WG_SEG == 0, last = i == nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
+		mbar_wait(&full[s], (i / S) & 1);
+		const uint32_t a0 = smem_u32(sm + s * C::STAGE) + c * 64 * 128;
+		const uint32_t b0 = smem_u32(sm + s * C::STAGE + C::W_BYTES);
+		asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+		for (int j = 0; j < WG_BK / 16; j++)
+			wg_mma_n<BN>::run(acc, desc_sw128(a0 + 32 * j), desc_sw128(b0 + 32 * j), first && j == 0 ? 0 : 1);
+		asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+		if (last) {
+			asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+			wg_fence_operands(acc, BN / 2);
+#pragma unroll
+			for (int e = 0; e < BN / 2; e++)
+				tot[e] += acc[e];
+			if (signal) {
+				if (held >= 0)
+					mbar_arrive(&empty[held]);
+				mbar_arrive(&empty[s]);
+			}
+			held = -1;
+		} else {
+			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+			if (signal && held >= 0)
+				mbar_arrive(&empty[held]);
+			held = s;
+		}
+	}
+	kn_pdl_wait();
+
+	wg_store<BN>(tot, parts ? part + (size_t)blockIdx.z * n * out : y, row0 + c * 64, col0, n, out);
+#else
+	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out;
 	__trap();
 #endif
 }
@@ -281,12 +451,27 @@ static int wg_sms = -1;
  * measured is in kernels/cuda/NOTES.md. */
 static int wg_narrow_wgs = 0, wg_parts_policy = 1;
 
+/* KVFERRY_WG_TMA: 0 keeps plans above 128 columns on gemm_wg_kernel; 128 or
+ * 192 forces that tile width of gemm_wgt_kernel; default (-1): the TMA
+ * kernel, its width chosen by wg_pick(). Also off when the driver has no
+ * cuTensorMapEncodeTiled. */
+static int wg_tma = -1;
+static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
+
 static void wg_read_env(void)
 {
 	const char *e = getenv("KVFERRY_WG_NARROW_WGS");
 	wg_narrow_wgs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
 	e = getenv("KVFERRY_WG_PARTS");
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
+	e = getenv("KVFERRY_WG_TMA");
+	wg_tma = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "128") ? 128 : e && !strcmp(e, "192") ? 192 : -1;
+	void *fn = NULL;
+	cudaDriverEntryPointQueryResult q;
+	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+	    q != cudaDriverEntryPointSuccess || !fn)
+		wg_tma = 0;
+	wg_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
 /* plans of at most WG_XRES_MAX columns: X resident, WGS warpgroups a block */
@@ -316,8 +501,15 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	}
 	if (n <= WG_XRES_MAX)
 		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
-	return n <= 64 ? f(wg_cfg<64, true, false, 2>()) : n <= 128 ? f(wg_cfg<128, true, false, 2>())
-								    : f(wg_cfg<128, true, false, 3>());
+	if (n <= 64)
+		return f(wg_cfg<64, true, false, 2>());
+	if (n <= 128 || wg_tma == 0)
+		return n <= 128 ? f(wg_cfg<128, true, false, 2>()) : f(wg_cfg<128, true, false, 3>());
+	/* the TMA kernel: 192-column tiles (more FLOP per byte loaded) unless
+	 * 128 wastes fewer columns */
+	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
+	const int bn = wg_tma > 0 ? wg_tma : w128 < w192 ? 128 : 192;
+	return bn == 128 ? f(wgt_cfg<128>()) : f(wgt_cfg<192>());
 }
 
 /* Whether a product of this many tiles runs one segment a block. Narrow
@@ -377,6 +569,8 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
+		cudaFuncSetAttribute(gemm_wgt_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, wgt_cfg<128>::SMEM),
+		cudaFuncSetAttribute(gemm_wgt_kernel<192>, cudaFuncAttributeMaxDynamicSharedMemorySize, wgt_cfg<192>::SMEM),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
@@ -413,6 +607,40 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, y, count, nseg);
 }
 
+/* a [rows][in] bf16 matrix as boxes of 64 k by @p box_rows rows, swizzled
+ * as desc_sw128() reads them; rows past @p rows and k past @p in read 0 */
+static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, int box_rows)
+{
+	const cuuint64_t dims[2] = { (cuuint64_t)in, (cuuint64_t)rows }, strides[1] = { (cuuint64_t)in * 2 };
+	const cuuint32_t box[2] = { WG_BK, (cuuint32_t)box_rows }, es[2] = { 1, 1 };
+	const CUresult r = wg_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es,
+				     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+				     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int BN>
+static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
+			      size_t part_floats, cudaStream_t st)
+{
+	using C = wgt_cfg<BN>;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const dim3 grid((n + BN - 1) / BN, (out + C::BM - 1) / C::BM);
+	const size_t count = (size_t)n * out;
+	const bool parts = part != NULL && part_floats >= (size_t)nseg * count &&
+			   wg_parts_for((long)grid.x * grid.y, n, in, out);
+	CUtensorMap tw, tx;
+	cudaError_t e;
+	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN)) != cudaSuccess)
+		return e;
+	e = kn_launch(gemm_wgt_kernel<BN>, dim3(grid.x, grid.y, parts ? nseg : 1), dim3(C::THREADS), (size_t)C::SMEM, st,
+		      tw, tx, y, part, n, in, out);
+	if (e != cudaSuccess || !parts)
+		return e;
+	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
+	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, y, count, nseg);
+}
+
 cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 			    float *part, size_t part_floats, cudaStream_t st)
 {
@@ -426,8 +654,11 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 		return e;
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
-		return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y, n, in,
-								      out, part, part_floats, st);
+		if constexpr (C::TMA)
+			return wgt_launch<C::BN>(w, xb, y, n, in, out, part, part_floats, st);
+		else
+			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
+									      n, in, out, part, part_floats, st);
 	});
 }
 
@@ -448,6 +679,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wg_launch<8, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
 	case 2: /* X streamed, two warpgroups side by side on 128 columns each */
 		return wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
+	case 3: /* the TMA kernel, 192-column tiles */
+		return wg_encode ? wgt_launch<192>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+	case 4: /* the TMA kernel, 128-column tiles */
+		return wg_encode ? wgt_launch<128>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
 	default:
 		return cudaErrorInvalidValue;
 	}
