@@ -18,8 +18,8 @@
  * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
  * more than 128 columns run gemm_wgt_kernel instead: tensor copies (TMA)
- * from a producer warpgroup, two consumer warpgroups, mbarriers, the same
- * order and bits.
+ * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
+ * same order and bits.
  */
 #include "gemm_wg.cuh"
 
@@ -281,8 +281,9 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
  * addresses. BN 192 keeps a running sum and the total (96 + 96 registers)
  * per thread: the widest tile whose segment fold still fits in registers.
  */
-template <int BN_> struct wgt_cfg {
-	static constexpr int BN = BN_, WGS = 3, THREADS = 384, BM = 128, BNB = BN_;
+template <int BN_, int CL_, int CONS_> struct wgt_cfg {
+	static constexpr int BN = BN_, CL = CL_, CONS = CONS_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS,
+			     BNB = BN_;
 	static constexpr bool MSPLIT = true, XRES = false, TMA = true;
 	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
 	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
@@ -326,13 +327,51 @@ WG_DEV void tma_load(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, in
 		     : "memory");
 }
 
-template <int BN>
-static __global__ void __launch_bounds__(384, 1)
+/* the same box into the same offset of every CTA of the cluster in @p mask,
+ * counted on each one's barrier at @p bar's offset */
+WG_DEV void tma_load_mc(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, int r0, uint16_t mask)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+		     "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+		     "l"((uint64_t)tm), "r"(smem_u32(bar)), "r"(k0), "r"(r0), "h"(mask)
+		     : "memory");
+}
+
+/* arrive on the barrier at @p b's offset in cluster CTA @p cta */
+WG_DEV void mbar_arrive_cta(uint64_t *b, uint32_t cta)
+{
+	asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
+		     "r"(cta)
+		     : "memory");
+}
+
+WG_DEV void cluster_sync(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+WG_DEV uint32_t cluster_rank(void)
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+
+/*
+ * CL = 2: a cluster of the two CTAs of adjacent row tiles and the same
+ * columns; each copies half of the X stage into both (multicast), so X is
+ * read from L2 once per 256 W rows instead of per 128. A stage is free
+ * again once the consumers of both CTAs have read it (its empty barrier
+ * counts four), and neither CTA leaves before the other is done with it.
+ */
+template <int BN, int CL, int CONS>
+static __global__ void __launch_bounds__(128 * (CONS + 1), 1)
 gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
 		int n, int in, int out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-	using C = wgt_cfg<BN>;
+	using C = wgt_cfg<BN, CL, CONS>;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char wg_smem_raw[];
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
@@ -345,17 +384,31 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
 	const int nch = (kend - kbeg + WG_BK - 1) / WG_BK;
 
+	const uint32_t rank = CL > 1 ? cluster_rank() : 0;
 	if (tid == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init(&full[s], 1);
-			mbar_init(&empty[s], 2);
+			mbar_init(&empty[s], CONS * CL);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
-	__syncthreads();
+	if (CL > 1)
+		cluster_sync();
+	else
+		__syncthreads();
 
+	/* X's share of a stage this CTA copies: all of it, or its half for both */
+	constexpr int XH = BN / CL;
+	auto load_x = [&](int s, int i) {
+		unsigned char *dst = sm + s * C::STAGE + C::W_BYTES + rank * XH * 128;
+		if (CL > 1)
+			tma_load_mc(dst, &tx, &full[s], kbeg + i * WG_BK, col0 + rank * XH, (1 << CL) - 1);
+		else
+			tma_load(dst, &tx, &full[s], kbeg + i * WG_BK, col0);
+	};
 	if (wg == 0) {
-		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+		if (CONS > 1)
+			asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
 		if (tid == 0) {
 			const int pre = nch < S ? nch : S;
 			/* the weights' first stages go out before waiting for X's producer */
@@ -366,23 +419,35 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			kn_pdl_wait();
 			kn_pdl_trigger();
 			for (int i = 0; i < pre; i++)
-				tma_load(sm + i * C::STAGE + C::W_BYTES, &tx, &full[i], kbeg + i * WG_BK, col0);
+				load_x(i, i);
 			for (int i = pre; i < nch; i++) {
 				const int s = i % S;
 				mbar_wait(&empty[s], ((i / S) - 1) & 1);
 				mbar_expect_tx(&full[s], C::STAGE);
 				tma_load(sm + s * C::STAGE, &tw, &full[s], kbeg + i * WG_BK, row0);
-				tma_load(sm + s * C::STAGE + C::W_BYTES, &tx, &full[s], kbeg + i * WG_BK, col0);
+				load_x(s, i);
 			}
 		} else {
 			kn_pdl_wait();
 		}
+		__syncwarp();
+		if (CL > 1)
+			cluster_sync(); /* the peer may still copy into us, or arrive */
 		return;
 	}
 
-	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+	if (CONS > 1)
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
 	const int c = wg - 1;
 	const bool signal = (tid & 127) == 0;
+	auto release = [&](int st) {
+		if (CL > 1) {
+			for (uint32_t r = 0; r < (uint32_t)CL; r++)
+				mbar_arrive_cta(&empty[st], r);
+		} else {
+			mbar_arrive(&empty[st]);
+		}
+	};
 	float acc[BN / 2], tot[BN / 2];
 #pragma unroll
 	for (int i = 0; i < BN / 2; i++)
@@ -407,20 +472,22 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 				tot[e] += acc[e];
 			if (signal) {
 				if (held >= 0)
-					mbar_arrive(&empty[held]);
-				mbar_arrive(&empty[s]);
+					release(held);
+				release(s);
 			}
 			held = -1;
 		} else {
 			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 			if (signal && held >= 0)
-				mbar_arrive(&empty[held]);
+				release(held);
 			held = s;
 		}
 	}
 	kn_pdl_wait();
 
 	wg_store<BN>(tot, parts ? part + (size_t)blockIdx.z * n * out : y, row0 + c * 64, col0, n, out);
+	if (CL > 1)
+		cluster_sync();
 #else
 	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out;
 	__trap();
@@ -456,6 +523,12 @@ static int wg_narrow_wgs = 0, wg_parts_policy = 1;
  * kernel, its width chosen by wg_pick(). Also off when the driver has no
  * cuTensorMapEncodeTiled. */
 static int wg_tma = -1;
+
+/* KVFERRY_WG_CLUSTER=2: the TMA kernel in CTA pairs multicasting X (default
+ * 1: alone); KVFERRY_WG_CONS=1|2|auto: its consumer warpgroups a block
+ * (default 2; auto: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N: the narrowest
+ * plan on the TMA kernel (default 129, at least 33). For measuring. */
+static int wg_cluster = 1, wg_cons = 2, wg_tma_from = 129;
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
 
 static void wg_read_env(void)
@@ -465,7 +538,17 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_PARTS");
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
 	e = getenv("KVFERRY_WG_TMA");
-	wg_tma = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "128") ? 128 : e && !strcmp(e, "192") ? 192 : -1;
+	wg_tma = e && !strcmp(e, "0")     ? 0
+		 : e && !strcmp(e, "64")  ? 64
+		 : e && !strcmp(e, "128") ? 128
+		 : e && !strcmp(e, "192") ? 192
+					  : -1;
+	e = getenv("KVFERRY_WG_CLUSTER");
+	wg_cluster = e && !strcmp(e, "2") ? 2 : 1;
+	e = getenv("KVFERRY_WG_CONS");
+	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "auto") ? 0 : 2;
+	e = getenv("KVFERRY_WG_TMA_FROM");
+	wg_tma_from = e && atoi(e) > WG_XRES_MAX ? atoi(e) : 129;
 	void *fn = NULL;
 	cudaDriverEntryPointQueryResult q;
 	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -501,15 +584,22 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	}
 	if (n <= WG_XRES_MAX)
 		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
-	if (n <= 64)
-		return f(wg_cfg<64, true, false, 2>());
-	if (n <= 128 || wg_tma == 0)
+	if (wg_tma == 0 || n < wg_tma_from) {
+		if (n <= 64)
+			return f(wg_cfg<64, true, false, 2>());
 		return n <= 128 ? f(wg_cfg<128, true, false, 2>()) : f(wg_cfg<128, true, false, 3>());
+	}
 	/* the TMA kernel: 192-column tiles (more FLOP per byte loaded) unless
-	 * 128 wastes fewer columns */
+	 * 128 or 64 wastes fewer columns; one consumer warpgroup a block (64 W
+	 * rows) when two would leave SMs without a tile */
 	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
-	const int bn = wg_tma > 0 ? wg_tma : w128 < w192 ? 128 : 192;
-	return bn == 128 ? f(wgt_cfg<128>()) : f(wgt_cfg<192>());
+	const int bn = wg_tma > 0 ? wg_tma : n <= 64 ? 64 : w128 < w192 ? 128 : 192;
+	const int cons = wg_cons ? wg_cons : (long)((out + 127) / 128) * ((n + bn - 1) / bn) < wg_sms ? 1 : 2;
+	if (cons == 1)
+		return bn == 64 ? f(wgt_cfg<64, 1, 1>()) : bn == 128 ? f(wgt_cfg<128, 1, 1>()) : f(wgt_cfg<192, 1, 1>());
+	if (wg_cluster == 1)
+		return bn == 64 ? f(wgt_cfg<64, 1, 2>()) : bn == 128 ? f(wgt_cfg<128, 1, 2>()) : f(wgt_cfg<192, 1, 2>());
+	return bn == 64 ? f(wgt_cfg<64, 2, 2>()) : bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 }
 
 /* Whether a product of this many tiles runs one segment a block. Narrow
@@ -548,6 +638,12 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 				    wg_cfg<BN, MSPLIT, XRES, WGS>::SMEM);
 }
 
+template <int BN, int CL, int CONS> static cudaError_t wgt_set_smem(void)
+{
+	return cudaFuncSetAttribute(gemm_wgt_kernel<BN, CL, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    wgt_cfg<BN, CL, CONS>::SMEM);
+}
+
 extern "C" int kn_cuda_one_family_ok(int device)
 {
 	int major = 0;
@@ -569,8 +665,9 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
-		cudaFuncSetAttribute(gemm_wgt_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, wgt_cfg<128>::SMEM),
-		cudaFuncSetAttribute(gemm_wgt_kernel<192>, cudaFuncAttributeMaxDynamicSharedMemorySize, wgt_cfg<192>::SMEM),
+		wgt_set_smem<64, 1, 1>(),  wgt_set_smem<128, 1, 1>(), wgt_set_smem<192, 1, 1>(),
+		wgt_set_smem<64, 1, 2>(),  wgt_set_smem<128, 1, 2>(), wgt_set_smem<192, 1, 2>(),
+		wgt_set_smem<64, 2, 2>(),  wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
@@ -619,22 +716,39 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN>
+template <int BN, int CL, int CONS>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
 			      size_t part_floats, cudaStream_t st)
 {
-	using C = wgt_cfg<BN>;
+	using C = wgt_cfg<BN, CL, CONS>;
 	const int nseg = (in + WG_SEG - 1) / WG_SEG;
-	const dim3 grid((n + BN - 1) / BN, (out + C::BM - 1) / C::BM);
+	/* row tiles in whole clusters (a last CTA past `out` reads zeros, stores nothing) */
+	const dim3 grid((n + BN - 1) / BN, (out + C::BM * CL - 1) / (C::BM * CL) * CL);
 	const size_t count = (size_t)n * out;
 	const bool parts = part != NULL && part_floats >= (size_t)nseg * count &&
 			   wg_parts_for((long)grid.x * grid.y, n, in, out);
 	CUtensorMap tw, tx;
 	cudaError_t e;
-	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN)) != cudaSuccess)
+	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN / CL)) != cudaSuccess)
 		return e;
-	e = kn_launch(gemm_wgt_kernel<BN>, dim3(grid.x, grid.y, parts ? nseg : 1), dim3(C::THREADS), (size_t)C::SMEM, st,
-		      tw, tx, y, part, n, in, out);
+	cudaLaunchAttribute at[2];
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = 1;
+	at[0].val.clusterDim.y = CL;
+	at[0].val.clusterDim.z = 1;
+	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[1].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(grid.x, grid.y, parts ? nseg : 1);
+	cfg.blockDim = dim3(C::THREADS);
+	cfg.dynamicSmemBytes = C::SMEM;
+	cfg.stream = st;
+	cfg.attrs = at;
+	cfg.numAttrs = kn_cuda_pdl() ? 2 : 1;
+	e = cudaLaunchKernelEx(&cfg, gemm_wgt_kernel<BN, CL, CONS>, (const CUtensorMap)tw, (const CUtensorMap)tx, y, part, n,
+			       in, out);
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
 	if (e != cudaSuccess || !parts)
 		return e;
 	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
@@ -655,7 +769,7 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
 		if constexpr (C::TMA)
-			return wgt_launch<C::BN>(w, xb, y, n, in, out, part, part_floats, st);
+			return wgt_launch<C::BN, C::CL, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
 		else
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
 									      n, in, out, part, part_floats, st);
@@ -679,10 +793,14 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wg_launch<8, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
 	case 2: /* X streamed, two warpgroups side by side on 128 columns each */
 		return wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
-	case 3: /* the TMA kernel, 192-column tiles */
-		return wg_encode ? wgt_launch<192>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+	case 3: /* the TMA kernel, 192-column tiles, CTA pairs */
+		return wg_encode ? wgt_launch<192, 2, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
 	case 4: /* the TMA kernel, 128-column tiles */
-		return wg_encode ? wgt_launch<128>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+		return wg_encode ? wgt_launch<128, 1, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+	case 5: /* the TMA kernel, 64-column tiles, CTA pairs */
+		return wg_encode ? wgt_launch<64, 2, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+	case 6: /* the TMA kernel, 64 rows by 128 columns (one consumer) */
+		return wg_encode ? wgt_launch<128, 1, 1>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
 	default:
 		return cudaErrorInvalidValue;
 	}

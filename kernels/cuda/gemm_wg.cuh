@@ -33,10 +33,10 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 
 /** kn_cuda_gemm_wg() with its kernel forced, for tests: @p way 0 = X resident,
  *  32-column instructions; 1 = X streamed, 8-column instructions; 2 = X
- *  streamed, 2 x 128 columns a block; 3 and 4 = the TMA kernel (tensor
- *  copies, a producer warpgroup) on 192- and 128-column tiles
- *  (cudaErrorNotSupported without the driver's tensor maps). Every way
- *  gives the same bits. */
+ *  streamed, 2 x 128 columns a block; 3, 4 and 5 = the TMA kernel (tensor
+ *  copies, a producer warpgroup) on 192-column tiles in CTA pairs, 128
+ *  alone and 64 in pairs (cudaErrorNotSupported without the driver's
+ *  tensor maps). Every way gives the same bits. */
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);
 
