@@ -17,7 +17,7 @@
  * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read it. Narrow plans (n <= 32) keep a segment's X resident in shared
  * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
- * more than 128 columns run gemm_wgt_kernel instead: tensor copies (TMA)
+ * more than 32 columns run gemm_wgt_kernel instead: tensor copies (TMA)
  * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
  * same order and bits.
  */
@@ -25,6 +25,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -525,10 +526,12 @@ static int wg_narrow_wgs = 0, wg_parts_policy = 1;
 static int wg_tma = -1;
 
 /* KVFERRY_WG_CLUSTER=2: the TMA kernel in CTA pairs multicasting X (default
- * 1: alone); KVFERRY_WG_CONS=1|2|auto: its consumer warpgroups a block
- * (default 2; auto: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N: the narrowest
- * plan on the TMA kernel (default 129, at least 33). For measuring. */
-static int wg_cluster = 1, wg_cons = 2, wg_tma_from = 129;
+ * 1: alone); KVFERRY_WG_CONS=1|2 forces its consumer warpgroups a block
+ * (default: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N: the narrowest plan on
+ * the TMA kernel (default and least 33; at 48-128 columns it beat the
+ * cp.async kernel on every layer of the 1B and 8B shapes, .devcarry/run12.sh).
+ * For measuring. */
+static int wg_cluster = 1, wg_cons = 0, wg_tma_from = WG_XRES_MAX + 1;
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
 
 static void wg_read_env(void)
@@ -546,9 +549,9 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_CLUSTER");
 	wg_cluster = e && !strcmp(e, "2") ? 2 : 1;
 	e = getenv("KVFERRY_WG_CONS");
-	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "auto") ? 0 : 2;
+	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
 	e = getenv("KVFERRY_WG_TMA_FROM");
-	wg_tma_from = e && atoi(e) > WG_XRES_MAX ? atoi(e) : 129;
+	wg_tma_from = e && atoi(e) > WG_XRES_MAX ? atoi(e) : WG_XRES_MAX + 1;
 	void *fn = NULL;
 	cudaDriverEntryPointQueryResult q;
 	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -591,10 +594,16 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	}
 	/* the TMA kernel: 192-column tiles (more FLOP per byte loaded) unless
 	 * 128 or 64 wastes fewer columns; one consumer warpgroup a block (64 W
-	 * rows) when two would leave SMs without a tile */
+	 * rows, twice the tiles) when that turns a product of tiles for less
+	 * than half the SMs, which would run in segment parts, into one wave
+	 * that needs none (H200, .devcarry/run12.sh: 8B down at 256 columns 141
+	 * -> 106 us, 8B qkv at 128 44 -> 39; where the tiles stay in parts or
+	 * pass a wave, two consumers won: 1B down at 256 50 against 68, 8B qkv
+	 * at 256 36 against 67) */
 	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
 	const int bn = wg_tma > 0 ? wg_tma : n <= 64 ? 64 : w128 < w192 ? 128 : 192;
-	const int cons = wg_cons ? wg_cons : (long)((out + 127) / 128) * ((n + bn - 1) / bn) < wg_sms ? 1 : 2;
+	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
+	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
 	if (cons == 1)
 		return bn == 64 ? f(wgt_cfg<64, 1, 1>()) : bn == 128 ? f(wgt_cfg<128, 1, 1>()) : f(wgt_cfg<192, 1, 1>());
 	if (wg_cluster == 1)
@@ -673,6 +682,23 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		if (v != cudaSuccess)
 			return v;
 	wg_read_env();
+	if (getenv("KVFERRY_WG_SHOW_CLUSTERS")) { /* how many CTA pairs the GPU co-schedules */
+		cudaLaunchConfig_t cfg = {};
+		cudaLaunchAttribute at[1];
+		at[0].id = cudaLaunchAttributeClusterDimension;
+		at[0].val.clusterDim.x = 1;
+		at[0].val.clusterDim.y = 2;
+		at[0].val.clusterDim.z = 1;
+		cfg.gridDim = dim3(16, 64);
+		cfg.blockDim = dim3(wgt_cfg<192, 2, 2>::THREADS);
+		cfg.dynamicSmemBytes = wgt_cfg<192, 2, 2>::SMEM;
+		cfg.attrs = at;
+		cfg.numAttrs = 1;
+		int nc = -1;
+		const cudaError_t ce = cudaOccupancyMaxActiveClusters(&nc, gemm_wgt_kernel<192, 2, 2>, &cfg);
+		fprintf(stderr, "gemm_wg: %d CTA pairs of the TMA kernel at once on %d SMs (%s)\n", nc, sms,
+			cudaGetErrorString(ce));
+	}
 	wg_sms = sms;
 	return cudaSuccess;
 }
