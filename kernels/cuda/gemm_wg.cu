@@ -527,11 +527,11 @@ static int wg_tma = -1;
 
 /* KVFERRY_WG_CLUSTER=2: the TMA kernel in CTA pairs multicasting X (default
  * 1: alone); KVFERRY_WG_CONS=1|2 forces its consumer warpgroups a block
- * (default: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N: the narrowest plan on
- * the TMA kernel (default and least 33; at 48-128 columns it beat the
- * cp.async kernel on every layer of the 1B and 8B shapes, .devcarry/run12.sh).
- * For measuring. */
-static int wg_cluster = 1, wg_cons = 0, wg_tma_from = WG_XRES_MAX + 1;
+ * (default: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N (at least 17): the
+ * narrowest plan on the TMA kernel (default: wg_pick()'s rule; at 48-128
+ * columns it beat the cp.async kernel on every layer of the 1B and 8B
+ * shapes, .devcarry/run12.sh). For measuring. */
+static int wg_cluster = 1, wg_cons = 0, wg_tma_from = 0;
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
 
 static void wg_read_env(void)
@@ -551,7 +551,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
 	e = getenv("KVFERRY_WG_TMA_FROM");
-	wg_tma_from = e && atoi(e) > WG_XRES_MAX ? atoi(e) : WG_XRES_MAX + 1;
+	wg_tma_from = e && atoi(e) > 16 ? atoi(e) : 0;
 	void *fn = NULL;
 	cudaDriverEntryPointQueryResult q;
 	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -585,9 +585,16 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		const long blocks4 = (long)((out + 255) / 256) * ((in + WG_SEG - 1) / WG_SEG);
 		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
 	}
-	if (n <= WG_XRES_MAX)
+	/* the TMA kernel above 32 columns, and from 17 for the large layers,
+	 * whose weight stream it keeps fuller than the X-resident kernel
+	 * (H200, .devcarry/run14.sh, 32 columns, us: 8B gate_up 103.9 -> 88.4,
+	 * 8B down 60.9 -> 56.2, 1B LM head 223.3 -> 175.1; the X-resident one
+	 * kept the layers of at most 67 MB: 1B o 14.2 against 17.6) */
+	const bool tma = wg_tma != 0 && (wg_tma_from ? n >= wg_tma_from
+						     : n > WG_XRES_MAX || (n > 16 && (long)in * out >= (48L << 20)));
+	if (n <= WG_XRES_MAX && !tma)
 		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
-	if (wg_tma == 0 || n < wg_tma_from) {
+	if (!tma) {
 		if (n <= 64)
 			return f(wg_cfg<64, true, false, 2>());
 		return n <= 128 ? f(wg_cfg<128, true, false, 2>()) : f(wg_cfg<128, true, false, 3>());
@@ -601,13 +608,15 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	 * pass a wave, two consumers won: 1B down at 256 50 against 68, 8B qkv
 	 * at 256 36 against 67) */
 	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
-	const int bn = wg_tma > 0 ? wg_tma : n <= 64 ? 64 : w128 < w192 ? 128 : 192;
+	const int bn = wg_tma > 0 ? wg_tma : n <= 32 ? 32 : n <= 64 ? 64 : w128 < w192 ? 128 : 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
 	if (cons == 1)
-		return bn == 64 ? f(wgt_cfg<64, 1, 1>()) : bn == 128 ? f(wgt_cfg<128, 1, 1>()) : f(wgt_cfg<192, 1, 1>());
-	if (wg_cluster == 1)
-		return bn == 64 ? f(wgt_cfg<64, 1, 2>()) : bn == 128 ? f(wgt_cfg<128, 1, 2>()) : f(wgt_cfg<192, 1, 2>());
+		return bn == 32 ? f(wgt_cfg<32, 1, 1>()) : bn == 64 ? f(wgt_cfg<64, 1, 1>()) : bn == 128 ? f(wgt_cfg<128, 1, 1>())
+									     : f(wgt_cfg<192, 1, 1>());
+	if (wg_cluster == 1 || bn == 32)
+		return bn == 32 ? f(wgt_cfg<32, 1, 2>()) : bn == 64 ? f(wgt_cfg<64, 1, 2>()) : bn == 128 ? f(wgt_cfg<128, 1, 2>())
+									     : f(wgt_cfg<192, 1, 2>());
 	return bn == 64 ? f(wgt_cfg<64, 2, 2>()) : bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 }
 
@@ -674,6 +683,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
+		wgt_set_smem<32, 1, 1>(),  wgt_set_smem<32, 1, 2>(),
 		wgt_set_smem<64, 1, 1>(),  wgt_set_smem<128, 1, 1>(), wgt_set_smem<192, 1, 1>(),
 		wgt_set_smem<64, 1, 2>(),  wgt_set_smem<128, 1, 2>(), wgt_set_smem<192, 1, 2>(),
 		wgt_set_smem<64, 2, 2>(),  wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
@@ -789,11 +799,12 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
-	/* narrow plans round X as it is loaded; wider ones take it rounded */
-	if (n > WG_XRES_MAX && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
-		return e;
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
+		/* X resident: rounded as it is loaded; else taken rounded */
+		cudaError_t re;
+		if (!C::XRES && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+			return re;
 		if constexpr (C::TMA)
 			return wgt_launch<C::BN, C::CL, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
 		else
