@@ -532,6 +532,12 @@ static int wg_tma = -1;
  * columns it beat the cp.async kernel on every layer of the 1B and 8B
  * shapes, .devcarry/run12.sh). For measuring. */
 static int wg_cluster = 1, wg_cons = 0, wg_tma_from = 0;
+
+/* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
+ * engine's producers write f32 and X is rounded in a pass of its own (H200,
+ * 8B decode at batch 64 and 256: 7.97 / 16.06 ms with the pass, 7.77 /
+ * 15.60 without). For measuring. */
+static int wg_xb16 = 1;
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
 
 static void wg_read_env(void)
@@ -550,6 +556,8 @@ static void wg_read_env(void)
 	wg_cluster = e && !strcmp(e, "2") ? 2 : 1;
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
+	e = getenv("KVFERRY_WG_XB16");
+	wg_xb16 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 16 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -720,6 +728,13 @@ size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
 }
 
+/* the second kernel of a product in segment parts: the segments added */
+static cudaError_t wg_fold(const float *sums, float *y, size_t count, int nseg, cudaStream_t st)
+{
+	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
+	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, sums, y, count, nseg);
+}
+
 template <int BN, bool MSPLIT, bool XRES, int WGS>
 static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb, float *y, int n, int in, int out,
 			     float *part, size_t part_floats, cudaStream_t st)
@@ -736,8 +751,7 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 				  dim3(C::THREADS), (size_t)C::SMEM, st, w, x, xb, y, part, n, in, out);
 	if (e != cudaSuccess || !parts)
 		return e;
-	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
-	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, y, count, nseg);
+	return wg_fold(part, y, count, nseg, st);
 }
 
 /* a [rows][in] bf16 matrix as boxes of 64 k by @p box_rows rows, swizzled
@@ -787,12 +801,13 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 		e = cudaGetLastError();
 	if (e != cudaSuccess || !parts)
 		return e;
-	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
-	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, y, count, nseg);
+	return wg_fold(part, y, count, nseg, st);
 }
 
-cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
-			    float *part, size_t part_floats, cudaStream_t st)
+/* the product on the kernel wg_pick() chooses; X from @p x (f32, rounded
+ * here) or, when @p x is NULL, already rounded in @p xb */
+static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+			  float *part, size_t part_floats, cudaStream_t st)
 {
 	cudaError_t e;
 	if (n < 1 || in % 8 || in < 8 || out < 1)
@@ -803,7 +818,9 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 		using C = decltype(c);
 		/* X resident: rounded as it is loaded; else taken rounded */
 		cudaError_t re;
-		if (!C::XRES && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
+		if (C::XRES && !x)
+			return cudaErrorInvalidValue;
+		if (!C::XRES && x && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 			return re;
 		if constexpr (C::TMA)
 			return wgt_launch<C::BN, C::CL, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
@@ -811,6 +828,30 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
 									      n, in, out, part, part_floats, st);
 	});
+}
+
+cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+			    float *part, size_t part_floats, cudaStream_t st)
+{
+	return x ? wg_run(w, x, xb, y, n, in, out, part, part_floats, st) : cudaErrorInvalidValue;
+}
+
+int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out)
+{
+	bool xres = true;
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_xb16)
+		return 0;
+	wg_pick(n, in, out, [&](auto c) {
+		xres = decltype(c)::XRES;
+		return cudaSuccess;
+	});
+	return !xres;
+}
+
+cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
+				 size_t part_floats, cudaStream_t st)
+{
+	return wg_run(w, NULL, (kn_bf16 *)xb, y, n, in, out, part, part_floats, st);
 }
 
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,

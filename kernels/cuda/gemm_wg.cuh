@@ -31,6 +31,16 @@
 cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 			    float *part, size_t part_floats, cudaStream_t st);
 
+/** Whether kn_cuda_gemm_wg() runs n columns of this shape on a kernel that
+ *  takes X rounded beforehand: then its producer may write X as bf16 and
+ *  call kn_cuda_gemm_wg_bf16() (the same bits, no rounding pass). */
+int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out);
+
+/** kn_cuda_gemm_wg() with X already rounded to bf16 in @p xb ([n][in]);
+ *  cudaErrorInvalidValue where kn_cuda_gemm_wg_takes_bf16() says no. */
+cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
+				 size_t part_floats, cudaStream_t st);
+
 /** kn_cuda_gemm_wg() with its kernel forced, for tests: @p way 0 = X resident,
  *  32-column instructions; 1 = X streamed, 8-column instructions; 2 = X
  *  streamed, 2 x 128 columns a block; 3, 4 and 5 = the TMA kernel (tensor

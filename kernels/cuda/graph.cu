@@ -46,9 +46,19 @@ static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y
 	return 0;
 }
 
+/* y = bf16 X (s->xb, written by its producer) W^T: cuBLAS, or the one
+ * family's kernel where kn_cuda_gemm_wg_takes_bf16() */
 static int linear_bf16(struct cu_stage *s, const kn_bf16 *w, float *y, int n, int in, int out)
 {
 	char e[256];
+	if (s->linear_wg) {
+		cudaError_t ce = kn_cuda_gemm_wg_bf16(w, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
+		if (ce != cudaSuccess) {
+			cu_seterr(s, "kn_cuda_gemm_wg_bf16(n=%d, in=%d, out=%d): %s", n, in, out, cudaGetErrorString(ce));
+			return -EIO;
+		}
+		return 0;
+	}
 	if (kn_cuda_linear_bf16(s->blas, w, s->xb, y, n, in, out, e, sizeof(e))) {
 		cu_seterr(s, "%s", e);
 		return -EIO;
@@ -56,15 +66,24 @@ static int linear_bf16(struct cu_stage *s, const kn_bf16 *w, float *y, int n, in
 	return 0;
 }
 
-/* Residual add + RMSNorm, then the linear layer that reads the normed rows:
- * wide plans with X rounded to bf16 take the norm's output in bf16 straight
- * into cuBLAS (no f32 write, no rounding pass; same bits). */
+/* Whether the producer of a linear layer's input writes it as bf16 (no f32
+ * write, no rounding pass; the same bits): wide plans with X rounded for
+ * cuBLAS, and the one family's kernels that take X rounded beforehand. */
+static bool x_bf16(const struct cu_stage *s, int W, int in, int out)
+{
+	if (s->linear_wg)
+		return kn_cuda_gemm_wg_takes_bf16(W, in, out) != 0;
+	return W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma;
+}
+
+/* Residual add + RMSNorm, then the linear layer that reads the normed rows
+ * (in bf16 where x_bf16()). */
 static int norm_linear(struct cu_stage *s, int W, const float *delta, const float *nw,
 		       const kn_bf16 *w, float *y, int out, int l)
 {
 	const int H = s->hidden;
 	const float eps = s->base.cfg->rms_eps;
-	if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma && !s->linear_wg) {
+	if (x_bf16(s, W, H, out)) {
 		CKL(kn_cuda_add_rmsnorm_bf16(s->resid, delta, nw, eps, W, H, s->xb, s->st),
 		    "kn_cuda_add_rmsnorm_bf16");
 		return linear_bf16(s, w, y, W, H, out);
@@ -143,7 +162,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 			return rc;
 		if ((rc = norm_linear(s, W, s->delta, w->ln2, w->wgu, s->gu, 2 * s->inter, l)))
 			return rc;
-		if (W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma && !s->linear_wg) {
+		if (x_bf16(s, W, s->inter, H)) {
 			CKL(kn_cuda_swiglu_bf16(s->gu, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
 			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H);
 		} else {

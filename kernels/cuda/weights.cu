@@ -336,7 +336,7 @@ int cu_alloc_workspace(struct cu_stage *s)
 		{ (void **)&s->x, W * H * 4, "normed" },
 		{ (void **)&s->att, W * s->q_dim * 4, "attention out" },
 		{ (void **)&s->act, W * s->inter * 4, "swiglu out" },
-		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N ? 2 * W * xin * 2 : 16, "bf16 linear input" },
+		{ (void **)&s->xb, W > KN_CU_GEMV_MAX_N || s->linear_wg ? 2 * W * xin * 2 : 16, "bf16 linear input" },
 		{ (void **)&s->attn_ws, aws, "attention partials" },
 		{ (void **)&s->attn_cnt, (size_t)kn_cuda_attn_counters(W, s->nh, s->nkv) * sizeof(unsigned),
 		  "attention split counters" },

@@ -18,7 +18,8 @@
  *   --attn-probes: the attention probes alone, back to back only
  *   (KVFERRY_BENCH_PROBE=4096x1:column picks one, for ncu);
  *   --one MODEL CTX BATCH: that decode step alone, no probes (for a profiler:
- *   ncu --graph-profiling node sees only the engine's kernels);
+ *   ncu --graph-profiling node sees only the engine's kernels); BATCH may
+ *   be rising batches B1,B2,... run on one stage;
  *   --serve MODEL CLIENTS PROMPT OUT REQUESTS: the served workload run by the
  *   engine itself with an ideal host (no HTTP, rings or scheduler): CLIENTS
  *   closed-loop sequences, REQUESTS in all, each PROMPT positions of prefill
@@ -625,11 +626,19 @@ int main(int argc, char **argv)
 	char err[512];
 	double bw = 0, peak = 0;
 	if (argc == 5 && !strcmp(argv[1], "--one")) {
-		const int b = atoi(argv[4]);
+		/* BATCH, or rising batches B1,B2,... on one stage */
+		int b[16], nb = 0;
+		for (const char *p = argv[4]; *p && nb < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+			if (atoi(p) > 0 && (nb == 0 || atoi(p) > b[nb - 1]))
+				b[nb++] = atoi(p);
+		if (nb == 0) {
+			fprintf(stderr, "bench_cuda --one: BATCH must be a positive number or rising numbers B1,B2,...\n");
+			return 2;
+		}
 		if (kn_cuda_device_count() < 1)
 			return 77;
 		/* copy bandwidth unmeasured: the fraction printed assumes 4.2 TB/s */
-		bench_decode(argv[2], atoi(argv[3]), &b, 1, 4.2e12, (size_t)96 << 30);
+		bench_decode(argv[2], atoi(argv[3]), b, nb, 4.2e12, (size_t)96 << 30);
 		return 0;
 	}
 	if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--gemm")) {
