@@ -657,6 +657,12 @@ static void long_columns_take_the_tile_kernel_by_their_own_length(const struct k
 	printf("info   with long columns (>= 1000 positions) on the tile kernel:\n");
 	graphs_per_context_bucket_give_the_bits_of_one_graph(m);
 	unsetenv("KVFERRY_CUDA_ATTN_TILE_FROM");
+	const char *lk = getenv("KVFERRY_CUDA_LINEAR");
+	if (lk != NULL && !strcmp(lk, "wg")) {
+		printf("skip   the_tile_kernels_logits_are_the_column_kernels_within_5e-3: one numerics family "
+		       "(KVFERRY_CUDA_LINEAR=wg) runs the tile kernel in both\n");
+		return;
+	}
 	setenv("KVFERRY_CUDA_ATTN", "column", 1);
 	int rc = chain_open(&col, m, KN_BACKEND_CUDA, 1, 8, 4, bps, 0);
 	unsetenv("KVFERRY_CUDA_ATTN");
