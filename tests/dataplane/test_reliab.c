@@ -633,6 +633,29 @@ static void arrive(struct dp_rel_rx *rx, const struct dp_rel_frame *f, uint64_t 
 	dp_rel_rx_note(rx, tsval);
 }
 
+/* A sender and a receiver of 100-byte frames: one message of @p frames
+ * frames sent at @p t0 into @p f, frame 0 taken (1 ms out) and its ACK back
+ * 1 ms later: RTT 2 ms. */
+static void two_ends_rtt_2ms(struct dp_rel_tx **tx, struct dp_rel_rx **rx, int *delivered, int *completed,
+			     int frames, uint64_t t0, struct dp_rel_frame *f)
+{
+	static const struct dp_rel_rx_ops ops = {one_alloc, one_release, one_deliver};
+	struct dp_rel_opts o;
+	struct dp_wire_ack ack;
+
+	dp_rel_opts_init(&o);
+	o.frame_payload = 100;
+	*tx = dp_rel_tx_create(&o);
+	*rx = dp_rel_rx_create(&o, &ops, delivered);
+	assert_non_null(*tx);
+	assert_non_null(*rx);
+	assert_int_equal(dp_rel_tx_submit(*tx, 0, 100u * frames, DP_MT_KVPAGE, 1), 0);
+	assert_int_equal(dp_rel_tx_burst(*tx, t0, f, 8), frames);
+	arrive(*rx, &f[0], t0, 0);
+	dp_rel_rx_make_ack(*rx, 8, &ack);
+	dp_rel_tx_on_ack(*tx, &ack, t0 + 2000000, one_deliver, completed);
+}
+
 /* A path of 2 ms round trip whose later frames wait in a queue past the
  * RTO: the resent oldest frame arrives after its original, as a duplicate.
  * The ACK it is owed must not echo the resend's send time: it made the
@@ -642,25 +665,13 @@ static void arrive(struct dp_rel_rx *rx, const struct dp_rel_frame *f, uint64_t 
 static void a_duplicate_of_a_spurious_resend_does_not_shrink_the_rtt(void **state)
 {
 	(void)state;
-	struct dp_rel_opts o;
-	static const struct dp_rel_rx_ops ops = {one_alloc, one_release, one_deliver};
-	int delivered = 0;
 	const uint64_t ms = 1000000, t0 = 1000 * ms;
-
-	dp_rel_opts_init(&o);
-	o.frame_payload = 100;
-	struct dp_rel_tx *tx = dp_rel_tx_create(&o);
-	struct dp_rel_rx *rx = dp_rel_rx_create(&o, &ops, &delivered);
-	assert_non_null(tx);
-	assert_non_null(rx);
-	assert_int_equal(dp_rel_tx_submit(tx, 0, 400, DP_MT_KVPAGE, 1), 0);
+	int delivered = 0, completed = 0;
+	struct dp_rel_tx *tx;
+	struct dp_rel_rx *rx;
 	struct dp_rel_frame f[8], re[8];
 	struct dp_wire_ack ack;
-	assert_int_equal(dp_rel_tx_burst(tx, t0, f, 8), 4);
-	arrive(rx, &f[0], t0, 0); /* 1 ms out */
-	dp_rel_rx_make_ack(rx, 8, &ack);
-	int completed = 0;
-	dp_rel_tx_on_ack(tx, &ack, t0 + 2 * ms, one_deliver, &completed); /* 1 ms back: RTT 2 ms */
+	two_ends_rtt_2ms(&tx, &rx, &delivered, &completed, 4, t0, f);
 	struct dp_rel_tx_stats st;
 	dp_rel_tx_get_stats(tx, &st);
 	assert_true(st.srtt_ns == 2 * ms);
@@ -696,24 +707,13 @@ static void a_duplicate_of_a_spurious_resend_does_not_shrink_the_rtt(void **stat
 static void a_resend_covered_by_its_original_marks_no_other_frame_lost(void **state)
 {
 	(void)state;
-	struct dp_rel_opts o;
-	static const struct dp_rel_rx_ops ops = {one_alloc, one_release, one_deliver};
-	int delivered = 0, completed = 0;
 	const uint64_t ms = 1000000, t0 = 1000 * ms;
-
-	dp_rel_opts_init(&o);
-	o.frame_payload = 100;
-	struct dp_rel_tx *tx = dp_rel_tx_create(&o);
-	struct dp_rel_rx *rx = dp_rel_rx_create(&o, &ops, &delivered);
-	assert_non_null(tx);
-	assert_non_null(rx);
-	assert_int_equal(dp_rel_tx_submit(tx, 0, 800, DP_MT_KVPAGE, 1), 0);
+	int delivered = 0, completed = 0;
+	struct dp_rel_tx *tx;
+	struct dp_rel_rx *rx;
 	struct dp_rel_frame f[8], re[8];
 	struct dp_wire_ack ack;
-	assert_int_equal(dp_rel_tx_burst(tx, t0, f, 8), 8);
-	arrive(rx, &f[0], t0, 0);
-	dp_rel_rx_make_ack(rx, 8, &ack);
-	dp_rel_tx_on_ack(tx, &ack, t0 + 2 * ms, one_deliver, &completed); /* RTT 2 ms */
+	two_ends_rtt_2ms(&tx, &rx, &delivered, &completed, 8, t0, f);
 	/* frames 1-7 wait in a queue past the RTO: the oldest is resent */
 	assert_int_equal(dp_rel_tx_timer(tx, t0 + 9 * ms), 0);
 	assert_int_equal(dp_rel_tx_burst(tx, t0 + 9 * ms, re, 8), 1);
