@@ -47,6 +47,7 @@ int main(int argc, char **argv)
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN); /* a closed log pipe or socket is an error return, not the end */
 	kvf_log_crash_trace("kvferry-dataplane"); /* a crash leaves its frames in the journal */
 	if (impair_given) {
 		sa.sa_handler = on_outage;

@@ -200,9 +200,13 @@ int dp_port_txq_start(struct dp_port *p, int sleepy, int fill_crc)
 		struct dp_txq *t = &p->txq[q];
 		char name[RTE_RING_NAMESIZE];
 
-		lcore = rte_get_next_lcore(lcore, 1, 0);
-		if (lcore >= RTE_MAX_LCORE)
+		/* wrap: the main lcore need not be the lowest (--main-lcore) */
+		lcore = rte_get_next_lcore(lcore, 1, 1);
+		if (lcore >= RTE_MAX_LCORE) {
+			kvf_log(KVF_LOG_ERR, NULL, "dataplane: no worker lcore left for TX queue %u of %u: give the "
+				"EAL one lcore per queue pair (-l)", q, p->n_queues);
 			return -ENODEV;
+		}
 		snprintf(name, sizeof(name), "dptxq%u_%u", p->port, q);
 		t->r = rte_ring_create(name, DP_TXQ_RING, rte_socket_id(), RING_F_SP_ENQ | RING_F_SC_DEQ);
 		if (t->r == NULL) {

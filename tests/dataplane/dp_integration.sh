@@ -58,7 +58,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup)
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
@@ -121,6 +121,34 @@ if [ -n "${portA##net_af_packet*}" ]; then
   fi
   echo "ok    the memif control socket is a file socket in the test's own 0700 directory"
 fi
+if [ "$mode" = hangup ]; then
+  # Clients that hang up during the handshake: a process that connects to
+  # the server's socket and closes at once (a probe), and a client dataplane
+  # stopped at random points of its start. net_memif's failed HELLO left a
+  # closed fd with the EAL's interrupt thread, which aborted the server
+  # (dataplane/memif_guard.c). The server must serve on and meet B below.
+  python3 - "$tmp/memif.sock" <<'PY' || { echo "FAIL: could not connect to the memif socket"; exit 1; }
+import socket, sys, time
+for _ in range(10):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(sys.argv[1])
+    s.close()
+    time.sleep(0.02)
+PY
+  sleep 0.3
+  kill -0 $pidA 2>/dev/null || { echo "FAIL: the memif server died when a client hung up at once"; cat "$tmp/A.log"; exit 1; }
+  echo "ok    10 connections to the memif socket closed at once: the server serves on"
+  for k in $(seq 12); do
+    startB
+    sleep "0.$(( (k * 37) % 50 + 1 ))"
+    kill $pidB; wait $pidB 2>/dev/null
+    kill -0 $pidA 2>/dev/null || { echo "FAIL: the memif server died when client $k stopped during its start"; cat "$tmp/A.log"; exit 1; }
+  done
+  echo "ok    12 client dataplanes stopped at points of their start: the server serves on"
+fi
+# the stopped clients met A too: below, only the last B's meeting counts
+metB0=$(grep -c "peer 1 up" "$tmp/B.log" 2>/dev/null)
+met() { grep -q "peer 2 up" "$tmp/A.log" && [ "$(grep -c "peer 1 up" "$tmp/B.log")" -gt "${metB0:-0}" ]; }
 startB
 if [ "$mode" = queues-refused ]; then
   # a memif client with more queue pairs (lcores) than its server: the
@@ -137,13 +165,13 @@ fi
 # Wait until A has heard B; a memif client that raced the server's listen()
 # exits at once, so start it again.
 for i in $(seq 100); do
-  grep -q "peer 2 up" "$tmp/A.log" && break
+  met && break
   if ! kill -0 $pidB 2>/dev/null; then
     startB
   fi
   sleep 0.1
 done
-grep -q "peer 2 up" "$tmp/A.log" || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
+met || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
 
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
 
