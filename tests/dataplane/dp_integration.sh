@@ -14,7 +14,9 @@ case $mode in *-zc) zc=1 mode=${mode%-zc} ;; esac
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (hugepages, network namespaces)"
-need=640
+# two regions, both nodes' mbuf pools (frames of DP_MEMIF_FRAME), and room
+need=$(( ${DP_REGION_MIB:-320} + ${DP_MBUFS:-4095} * (${DP_MEMIF_FRAME:-9000} + 2048) / 1048576 + 300 ))
+[ $need -lt 640 ] && need=640
 hp() { awk "/$1/{print \$2}" /proc/meminfo; }
 if [ "$(hp HugePages_Free)" -lt $need ]; then
   echo $(( $(hp HugePages_Total) + need - $(hp HugePages_Free) )) > /proc/sys/vm/nr_hugepages 2>/dev/null
@@ -338,12 +340,16 @@ if [ "$mode" = lanes ]; then
   exit 0
 fi
 
-"$cli" --region "$rb" --recv --peer 1 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --timeout 60 \
+# DP_CLI_CPUS_S / _R: the sending / receiving client's CPUs (taskset -c; default: anywhere)
+pinS=() pinR=()
+[ -n "${DP_CLI_CPUS_S:-}" ] && pinS=(taskset -c "$DP_CLI_CPUS_S")
+[ -n "${DP_CLI_CPUS_R:-}" ] && pinR=(taskset -c "$DP_CLI_CPUS_R")
+${pinR[@]+"${pinR[@]}"} "$cli" --region "$rb" --recv --peer 1 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --timeout 60 \
   "${fixed[@]}" "${verify[@]}" >"$tmp/recv.log" 2>&1 &
 pr=$!; pids+=($pr)
 # the receiver has read its dataplane's copy counters before any byte comes
 for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && break; sleep 0.02; done
-"$cli" --region "$ra" --send --peer 2 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --inflight 128 --timeout 60 \
+${pinS[@]+"${pinS[@]}"} "$cli" --region "$ra" --send --peer 2 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --inflight 128 --timeout 60 \
   "${fixed[@]}" "${verify[@]}" >"$tmp/send.log" 2>&1
 rs=$?
 wait $pr; rr=$?

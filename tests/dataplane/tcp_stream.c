@@ -4,13 +4,16 @@
  * machine, a sender writing fixed-size messages back to back over loopback
  * and a receiver reading each one whole (as a KV-page consumer would),
  * for --seconds. iperf3 stops at 1 MiB writes; this one takes any size.
- *   tcp_stream --size BYTES [--seconds S] [--port P]
+ *   tcp_stream --size BYTES [--seconds S] [--port P] [--cpus S,R]
+ * --cpus pins the sender to CPU S and the receiver to CPU R (default: where
+ * the scheduler puts them).
  * Prints "tcp: N messages, B bytes, T s, X GB/s, Y msg/s" (receiver's view).
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,11 +94,23 @@ static int send_side(int port, size_t size)
 	}
 }
 
+static void pin(int cpu)
+{
+	cpu_set_t set;
+
+	if (cpu < 0)
+		return;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set))
+		fprintf(stderr, "sched_setaffinity(%d) failed: %s\n", cpu, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	size_t size = 0;
 	double secs = 5;
-	int port = 5231;
+	int port = 5231, cpu_s = -1, cpu_r = -1;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--size"))
 			size = strtoul(argv[i + 1], NULL, 0);
@@ -103,9 +118,11 @@ int main(int argc, char **argv)
 			secs = atof(argv[i + 1]);
 		else if (!strcmp(argv[i], "--port"))
 			port = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--cpus") && sscanf(argv[i + 1], "%d,%d", &cpu_s, &cpu_r) != 2)
+			cpu_s = cpu_r = -1;
 	}
 	if (!size) {
-		fprintf(stderr, "usage: tcp_stream --size BYTES [--seconds S] [--port P]\n");
+		fprintf(stderr, "usage: tcp_stream --size BYTES [--seconds S] [--port P] [--cpus S,R]\n");
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -126,8 +143,10 @@ int main(int argc, char **argv)
 	}
 	if (pid == 0) {
 		close(lfd);
+		pin(cpu_s);
 		_exit(send_side(port, size));
 	}
+	pin(cpu_r);
 	int rc = recv_side(lfd, size, secs);
 	close(lfd);
 	int st;
