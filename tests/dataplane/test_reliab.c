@@ -656,6 +656,25 @@ static void two_ends_rtt_2ms(struct dp_rel_tx **tx, struct dp_rel_rx **rx, int *
 	dp_rel_tx_on_ack(*tx, &ack, t0 + 2000000, one_deliver, completed);
 }
 
+/* two_ends_rtt_2ms(), then frames 1.. wait in a queue past the RTO: at
+ * t0 + 9 ms the timer fires once and the oldest waiting frame, seq 1, is
+ * resent into @p re. */
+static void two_ends_and_a_spurious_resend(struct dp_rel_tx **tx, struct dp_rel_rx **rx, int *delivered,
+					   int *completed, int frames, uint64_t t0, struct dp_rel_frame *f,
+					   struct dp_rel_frame *re)
+{
+	struct dp_rel_tx_stats st;
+
+	two_ends_rtt_2ms(tx, rx, delivered, completed, frames, t0, f);
+	dp_rel_tx_get_stats(*tx, &st);
+	assert_true(st.srtt_ns == 2000000);
+	assert_int_equal(dp_rel_tx_timer(*tx, t0 + 9000000), 0);
+	dp_rel_tx_get_stats(*tx, &st);
+	assert_true(st.timeouts == 1);
+	assert_int_equal(dp_rel_tx_burst(*tx, t0 + 9000000, re, 8), 1);
+	assert_int_equal(re[0].seq, 1);
+}
+
 /* A path of 2 ms round trip whose later frames wait in a queue past the
  * RTO: the resent oldest frame arrives after its original, as a duplicate.
  * The ACK it is owed must not echo the resend's send time: it made the
@@ -671,16 +690,9 @@ static void a_duplicate_of_a_spurious_resend_does_not_shrink_the_rtt(void **stat
 	struct dp_rel_rx *rx;
 	struct dp_rel_frame f[8], re[8];
 	struct dp_wire_ack ack;
-	two_ends_rtt_2ms(&tx, &rx, &delivered, &completed, 4, t0, f);
 	struct dp_rel_tx_stats st;
-	dp_rel_tx_get_stats(tx, &st);
-	assert_true(st.srtt_ns == 2 * ms);
 	/* frames 1-3 wait in a queue past the RTO: the oldest is resent */
-	assert_int_equal(dp_rel_tx_timer(tx, t0 + 9 * ms), 0);
-	dp_rel_tx_get_stats(tx, &st);
-	assert_true(st.timeouts == 1);
-	assert_int_equal(dp_rel_tx_burst(tx, t0 + 9 * ms, re, 8), 1);
-	assert_int_equal(re[0].seq, 1);
+	two_ends_and_a_spurious_resend(&tx, &rx, &delivered, &completed, 4, t0, f, re);
 	arrive(rx, &f[1], t0, 0);
 	arrive(rx, &f[2], t0, 0);
 	arrive(rx, &f[3], t0, 0);
@@ -713,11 +725,8 @@ static void a_resend_covered_by_its_original_marks_no_other_frame_lost(void **st
 	struct dp_rel_rx *rx;
 	struct dp_rel_frame f[8], re[8];
 	struct dp_wire_ack ack;
-	two_ends_rtt_2ms(&tx, &rx, &delivered, &completed, 8, t0, f);
 	/* frames 1-7 wait in a queue past the RTO: the oldest is resent */
-	assert_int_equal(dp_rel_tx_timer(tx, t0 + 9 * ms), 0);
-	assert_int_equal(dp_rel_tx_burst(tx, t0 + 9 * ms, re, 8), 1);
-	assert_int_equal(re[0].seq, 1);
+	two_ends_and_a_spurious_resend(&tx, &rx, &delivered, &completed, 8, t0, f, re);
 	/* the originals of 1 and 2 arrive: their ACK echoes t0 */
 	arrive(rx, &f[1], t0, 0);
 	arrive(rx, &f[2], t0, 0);
