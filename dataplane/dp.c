@@ -369,7 +369,7 @@ static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 {
 	if (!m)
 		return 0;
-	if (rte_eth_tx_burst(d->port.port, 0, &m, 1) != 1) {
+	if (!d->port.started || rte_eth_tx_burst(d->port.port, 0, &m, 1) != 1) {
 		rte_pktmbuf_free(m);
 		drop(d, p, DP_DROP_TXFULL);
 		return 0;
@@ -548,7 +548,9 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 		if (!m[k])
 			break;
 	}
-	unsigned sent = q ? dp_port_txq_send(&d->port, q, m, k) : rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
+	/* a memif client's port between a failed start and the next (dp_port_link()) takes no burst */
+	unsigned sent = !d->port.started ? 0
+		      : q ? dp_port_txq_send(&d->port, q, m, k) : rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
 	uint64_t bytes = 0;
 	for (unsigned i = 0; i < sent; i++)
 		bytes += f[i].payload_len;
@@ -902,7 +904,7 @@ static unsigned poll_rx(struct dp *d)
 {
 	unsigned n = 0;
 
-	for (uint16_t q = 0; q < d->link_q; q++)
+	for (uint16_t q = 0; q < d->link_q && d->port.started; q++)
 		n += poll_rx_queue(d, q);
 	return n;
 }

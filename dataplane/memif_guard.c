@@ -22,13 +22,57 @@
  *   registered, the interrupt thread sees the hang-up on its next read (EOF)
  *   and the PMD takes the channel down on its own, correct path. A message
  *   to a peer that has gone is lost either way; only the bookkeeping differs.
- * The executable exports the symbol (meson: --export-dynamic-symbol) so the
- * PMD, loaded as a plugin, binds to it.
+ *
+ * close() likewise, for a zero-copy memif client: the PMD lends its peer the
+ * EAL's memory by the EAL's own file descriptor of each segment list
+ * (rte_memseg_get_fd(), not a duplicate) and closes it once the link is up
+ * and again when it goes down. The EAL keeps the number; the next fd the
+ * process opens takes it, so the client's next connection (its server
+ * restarted) handed the server an eventfd or a socket for its memory, the
+ * server's mmap() failed (ENODEV) and the link never came back; a consumer
+ * published the same stale number (dp_port_rx_file()). The port registers
+ * those fds (dp_guard_keep_fd()) before its first start and this close()
+ * leaves them open: they live as long as the EAL, which is the process.
+ *
+ * The executable exports both symbols (meson: --export-dynamic-symbol) so
+ * the PMD, loaded as a plugin, binds to them.
  */
 #include <errno.h>
 #include <sys/socket.h>
+
+#include "port.h"
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#define KEEP_MAX 64
+static int keep[KEEP_MAX];
+static unsigned n_keep; /* written by the main thread before the link starts, read by any */
+
+int dp_guard_keep_fd(int fd)
+{
+	unsigned n = __atomic_load_n(&n_keep, __ATOMIC_ACQUIRE);
+
+	if (fd < 0)
+		return -EBADF;
+	for (unsigned i = 0; i < n; i++)
+		if (keep[i] == fd)
+			return 0;
+	if (n == KEEP_MAX)
+		return -ENOSPC;
+	keep[n] = fd;
+	__atomic_store_n(&n_keep, n + 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+int close(int fd)
+{
+	unsigned n = __atomic_load_n(&n_keep, __ATOMIC_ACQUIRE);
+
+	for (unsigned i = 0; i < n; i++)
+		if (keep[i] == fd)
+			return 0;
+	return (int)syscall(SYS_close, fd);
+}
 
 static int memif_channel(int fd)
 {

@@ -127,6 +127,27 @@ static void memif_stale_socket(const char *spec)
 	close(fd);
 }
 
+static int keep_one_fd(const struct rte_memseg_list *msl, const struct rte_memseg *ms, void *arg)
+{
+	int fd = rte_memseg_get_fd_thread_unsafe(ms);
+
+	(void)msl;
+	(void)arg;
+	if (fd >= 0 && dp_guard_keep_fd(fd) == -ENOSPC)
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: more EAL segment files than memif_guard.c keeps: a "
+			"zero-copy memif client may not reconnect after its server restarts");
+	return 0;
+}
+
+/* A zero-copy memif client lends the EAL's segment files by the EAL's own
+ * fds, which its driver closes (memif_guard.c): keep every one open. Called
+ * before each start, once every pool is made. */
+static void keep_memseg_fds(struct dp_port *p)
+{
+	if (p->memif_zc)
+		rte_memseg_walk(keep_one_fd, NULL);
+}
+
 /* RX mbufs hold a whole frame when the PMD cannot scatter (af_packet);
  * memif chains as needed. Received in place, a frame must be one segment:
  * this room holds any frame up to frame_size. */
@@ -415,6 +436,7 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 			nrx, ntx, rte_strerror(-r));
 		return r;
 	}
+	keep_memseg_fds(p);
 	p->reconnects = strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "role=client") != NULL;
 	/* A memif client fails to start while its server is not listening yet
 	 * (both started together): retry for up to 30 s instead of exiting. */
@@ -532,8 +554,10 @@ int dp_port_watch(struct dp_port *p, uint64_t now_ns)
 	dp_port_txq_pause(p, 1); /* no worker lcore sends while the port stops */
 	if (p->started)
 		rte_eth_dev_stop(p->port);
+	keep_memseg_fds(p);
 	p->started = rte_eth_dev_start(p->port) == 0;
-	dp_port_txq_pause(p, 0);
+	if (p->started) /* else the workers stay paused: a stopped port takes no burst */
+		dp_port_txq_pause(p, 0);
 	p->down_since = now_ns;
 	return 0;
 }

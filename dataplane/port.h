@@ -79,6 +79,9 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
  * several segment lists or its memory has no file).
  */
 int dp_port_rx_file(struct dp_port *p, void **base, size_t *len, int *fd);
+/** Keep @p fd open whatever close() the process's libraries call on it (memif_guard.c).
+ *  @return 0, -EBADF or -ENOSPC. */
+int dp_guard_keep_fd(int fd);
 
 /** @return the region bytes @p n_mbufs in-place RX buffers for @p frame_size take on pages of @p page (0: none fit a page). */
 size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page);

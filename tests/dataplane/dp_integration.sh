@@ -60,7 +60,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup|server-restart)
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
@@ -109,10 +109,13 @@ startB() { # $1: extra args
 extraA=()
 # node 1 insists on payload CRCs over memif, node 2 keeps auto (off there)
 [ "$mode" = pcrc-mismatch ] && extraA=(--payload-crc yes)
-"${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
-  --frame-size $frame --eal "$ealA" "${common[@]}" "${imp[@]}" ${extraA[@]+"${extraA[@]}"} >"$tmp/A.log" 2>&1 &
-pids+=($!)
-pidA=$!
+: >"$tmp/A.log"
+startA() {
+  "${nsA[@]}" "$dp" --node-id 1 --port "$portA" --ip 10.9.0.1 --peer 2=10.9.0.2 --region "$ra" \
+    --frame-size $frame --eal "$ealA" "${common[@]}" "${imp[@]}" ${extraA[@]+"${extraA[@]}"} >>"$tmp/A.log" 2>&1 &
+  pidA=$!; pids+=($pidA)
+}
+startA
 if [ -n "${portA##net_af_packet*}" ]; then
   # memif: the client connects only once the server's socket exists
   for _ in $(seq 100); do [ -S "$tmp/memif.sock" ] && break; sleep 0.1; done
@@ -176,6 +179,30 @@ done
 met || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
 
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
+
+if [ "$mode" = server-restart ]; then
+  # The memif server (node 1) stops and starts again, twice, the second time
+  # killed: the client (node 2, a zero-copy one in server-restart-zc) must
+  # meet each new server by itself. A zero-copy client lent its memory by
+  # fds its driver had closed, so it never came back (memif_guard.c).
+  for how in TERM KILL; do
+    met0=$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")
+    kill -$how $pidA; wait $pidA 2>/dev/null
+    # the restarted dataplane makes its region again (the sender attaches below)
+    common=(--idle-mode "${DP_IDLE:-sleep}" --mbufs "$mbufs" --region-size "${DP_REGION_MIB:-320}" \
+            ${inplace[@]+"${inplace[@]}"})
+    startA
+    for _ in $(seq 150); do
+      [ "$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")" -gt "$met0" ] && break
+      sleep 0.1
+    done
+    [ "$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")" -gt "$met0" ] \
+      || fail "the memif client did not meet its server again within 15 s after SIG$how"
+    kill -0 $pidB 2>/dev/null || fail "the memif client died when its server stopped (SIG$how)"
+    echo "ok    the server stopped (SIG$how) and started again: the client met the new one"
+  done
+  grep -q "called rx_pkt_burst for not ready port" "$tmp/B.log" && fail "the client polled its port while it was stopped"
+fi
 
 if [ "$mode" = restart ]; then
   "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv.log" 2>&1 &
