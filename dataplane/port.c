@@ -95,6 +95,22 @@ static void check_iface_mtu(const char *spec, uint32_t frame_size)
 	fclose(f);
 }
 
+/* A frame larger than a memif buffer (bsize, 2048 unless given) spans
+ * several descriptors: a copy and a descriptor more per piece, and DPDK
+ * 22.11's net_memif leaves a stale "next" flag on a reused descriptor that
+ * can merge two frames after the ring wraps (fixed upstream in 2026). */
+static void check_memif_bsize(const char *spec, uint32_t frame_size)
+{
+	const char *b = strstr(spec, "bsize=");
+	unsigned long bsize = b ? strtoul(b + 6, NULL, 0) : 2048;
+
+	if (strncmp(spec, "net_memif", 9) == 0 && bsize < frame_size)
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: memif buffers of %lu B (bsize) are smaller than the %u-byte "
+			"frames (--frame-size): each frame spans several descriptors, slower and open to a net_memif "
+			"bug that merges frames; give the port bsize=%u", bsize, frame_size,
+			(frame_size + 1023) / 1024 * 1024 > 65535 ? 65535 : (frame_size + 1023) / 1024 * 1024);
+}
+
 /*
  * A memif server's control socket left by a dataplane that was killed: DPDK
  * refuses to bind it again ("Address already in use") and the restarted
@@ -436,6 +452,7 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 			nrx, ntx, rte_strerror(-r));
 		return r;
 	}
+	check_memif_bsize(spec, frame_size);
 	keep_memseg_fds(p);
 	p->reconnects = strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "role=client") != NULL;
 	/* A memif client fails to start while its server is not listening yet
