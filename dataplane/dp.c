@@ -369,7 +369,7 @@ static int tx_ctl(struct dp *d, struct peer *p, struct rte_mbuf *m)
 {
 	if (!m)
 		return 0;
-	if (!d->port.started || rte_eth_tx_burst(d->port.port, 0, &m, 1) != 1) {
+	if (!d->port.started || dp_port_tx_burst(d->port.port, 0, &m, 1) != 1) {
 		rte_pktmbuf_free(m);
 		drop(d, p, DP_DROP_TXFULL);
 		return 0;
@@ -550,7 +550,7 @@ static unsigned stream_tx(struct dp *d, struct peer *p, struct stream *s, uint64
 	}
 	/* a memif client's port between a failed start and the next (dp_port_link()) takes no burst */
 	unsigned sent = !d->port.started ? 0
-		      : q ? dp_port_txq_send(&d->port, q, m, k) : rte_eth_tx_burst(d->port.port, 0, m, (uint16_t)k);
+		      : q ? dp_port_txq_send(&d->port, q, m, k) : dp_port_tx_burst(d->port.port, 0, m, (uint16_t)k);
 	uint64_t bytes = 0;
 	for (unsigned i = 0; i < sent; i++)
 		bytes += f[i].payload_len;
@@ -859,7 +859,7 @@ static void impaired(struct dp *d, struct rte_mbuf *m)
 static unsigned poll_rx_queue(struct dp *d, uint16_t q)
 {
 	struct rte_mbuf *m[BURST];
-	uint16_t n = rte_eth_rx_burst(d->port.port, q, m, BURST);
+	uint16_t n = dp_port_rx_burst(d->port.port, q, m, BURST);
 	if (d->o->outage && *d->o->outage && d->o->impair.outage_s > 0) {
 		/* a self-ending outage: timed here, not by the signalling script */
 		uint64_t now = kvf_mono_ns();

@@ -34,11 +34,29 @@
  * those fds (dp_guard_keep_fd()) before its first start and this close()
  * leaves them open: they live as long as the EAL, which is the process.
  *
- * The executable exports both symbols (meson: --export-dynamic-symbol) so
- * the PMD, loaded as a plugin, binds to them.
+ *
+ * And close() and munmap() make the EAL's interrupt thread wait for the
+ * bursts in flight. net_memif tears a link down in that thread (its peer
+ * hung up): it clears the connected flag, closes the queues' fds, then
+ * unmaps the peer's memory, while an RX or TX burst that passed the flag a
+ * moment before may still be copying into it. A zero-copy client killed
+ * mid-stream took its server down that way (SIGSEGV in the driver's copy).
+ * Every burst of the dataplane runs inside dp_guard_burst_enter() / _leave()
+ * (a counter per lcore, port.h); the interrupt thread's first close() or
+ * munmap() after the flag waits until no burst is in flight. A burst that
+ * starts after the flag was cleared returns at once.
+ *
+ * The executable exports the three symbols (meson: --export-dynamic-symbol)
+ * so the PMD, loaded as a plugin, binds to them.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+
+#include <rte_lcore.h>
 
 #include "port.h"
 #include <sys/syscall.h>
@@ -64,9 +82,58 @@ int dp_guard_keep_fd(int fd)
 	return 0;
 }
 
+/* one counter per lcore (the last for threads that are none), a line each */
+struct gate {
+	unsigned n;
+} __attribute__((aligned(64)));
+static struct gate gates[RTE_MAX_LCORE + 1];
+
+static struct gate *my_gate(void)
+{
+	unsigned l = rte_lcore_id();
+
+	return &gates[l < RTE_MAX_LCORE ? l : RTE_MAX_LCORE];
+}
+
+void dp_guard_burst_enter(void)
+{
+	__atomic_fetch_add(&my_gate()->n, 1, __ATOMIC_SEQ_CST);
+}
+
+void dp_guard_burst_leave(void)
+{
+	__atomic_fetch_sub(&my_gate()->n, 1, __ATOMIC_RELEASE);
+}
+
+/* In the EAL's interrupt thread: no burst in flight on return. */
+static void quiesce_bursts(void)
+{
+	static __thread int intr = -1; /* this thread is the interrupt thread: unknown, no, yes */
+
+	if (intr < 0) {
+		char name[16] = "";
+
+		pthread_getname_np(pthread_self(), name, sizeof(name));
+		intr = strcmp(name, "eal-intr-thread") == 0;
+	}
+	if (!intr)
+		return;
+	for (unsigned i = 0; i <= RTE_MAX_LCORE; i++)
+		while (__atomic_load_n(&gates[i].n, __ATOMIC_SEQ_CST))
+			sched_yield();
+}
+
+int munmap(void *addr, size_t len)
+{
+	quiesce_bursts();
+	return (int)syscall(SYS_munmap, addr, len);
+}
+
 int close(int fd)
 {
 	unsigned n = __atomic_load_n(&n_keep, __ATOMIC_ACQUIRE);
+
+	quiesce_bursts();
 
 	for (unsigned i = 0; i < n; i++)
 		if (keep[i] == fd)

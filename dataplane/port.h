@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
@@ -82,6 +83,27 @@ int dp_port_rx_file(struct dp_port *p, void **base, size_t *len, int *fd);
 /** Keep @p fd open whatever close() the process's libraries call on it (memif_guard.c).
  *  @return 0, -EBADF or -ENOSPC. */
 int dp_guard_keep_fd(int fd);
+/** Around every RX/TX burst, on any lcore: a driver's teardown in the EAL's interrupt
+ *  thread waits for the bursts in flight before it unmaps their memory (memif_guard.c). */
+void dp_guard_burst_enter(void);
+void dp_guard_burst_leave(void);
+
+/** rte_eth_rx_burst() / rte_eth_tx_burst() on queue @p q, inside the burst gate. */
+static inline uint16_t dp_port_rx_burst(uint16_t port, uint16_t q, struct rte_mbuf **m, uint16_t n)
+{
+	dp_guard_burst_enter();
+	uint16_t k = rte_eth_rx_burst(port, q, m, n);
+	dp_guard_burst_leave();
+	return k;
+}
+
+static inline uint16_t dp_port_tx_burst(uint16_t port, uint16_t q, struct rte_mbuf **m, uint16_t n)
+{
+	dp_guard_burst_enter();
+	uint16_t k = rte_eth_tx_burst(port, q, m, n);
+	dp_guard_burst_leave();
+	return k;
+}
 
 /** @return the region bytes @p n_mbufs in-place RX buffers for @p frame_size take on pages of @p page (0: none fit a page). */
 size_t dp_port_rx_area_bytes(uint32_t frame_size, uint32_t n_mbufs, size_t page);

@@ -166,7 +166,7 @@ static int txq_main(void *arg)
 		for (unsigned i = off; i < n; i++)
 			bytes += m[i]->pkt_len;
 		/* summed before: the driver frees what it took */
-		unsigned sent = rte_eth_tx_burst(t->port, t->queue, m + off, (uint16_t)(n - off));
+		unsigned sent = dp_port_tx_burst(t->port, t->queue, m + off, (uint16_t)(n - off));
 		for (unsigned i = off + sent; i < n; i++)
 			bytes -= m[i]->pkt_len;
 		__atomic_fetch_add(&t->sent_bytes, bytes, __ATOMIC_RELAXED);

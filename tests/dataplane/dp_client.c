@@ -108,7 +108,9 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz)
+/* @p writes: this sender fills its buffers (verified messages), so a pool
+ * of smaller buffers another sender made would be overrun. */
+static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_t n, size_t sz, int writes)
 {
 	struct shm_pool *p = shm_pool_create(r, name, n, sz);
 	if (!p && errno == EEXIST)
@@ -116,6 +118,13 @@ static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_
 	if (!p)
 		fprintf(stderr, "shm_pool_create(%s, %u x %zu) failed: %s\n", name, n, sz,
 			strerror(errno));
+	if (p && writes && shm_pool_bufsize(p) < sz) {
+		/* made by an earlier sender for smaller messages (--fixed): ours would overrun them */
+		fprintf(stderr, "pool %s holds buffers of %zu B, not %zu: give this sender other --pools\n", name,
+			shm_pool_bufsize(p), sz);
+		shm_pool_close(p);
+		return NULL;
+	}
 	return p;
 }
 
@@ -209,10 +218,10 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	char ns[64], nl[64];
 	snprintf(ns, sizeof(ns), "%s.s", c->pools);
 	snprintf(nl, sizeof(nl), "%s.l", c->pools);
-	struct shm_pool *ps = pool_get(r, ns, 256, 64 * 1024);
+	struct shm_pool *ps = pool_get(r, ns, 256, 64 * 1024, c->verify);
 	/* messages of a fixed size need no buffers larger than that */
 	size_t large = c->fixed ? (c->fixed > 64 * 1024 ? c->fixed : 64 * 1024) : 4 * 1024 * 1024;
-	struct shm_pool *pl = pool_get(r, nl, 24, large);
+	struct shm_pool *pl = pool_get(r, nl, 24, large, c->verify);
 	struct dp_tx_lane lane = {.lane = -1};
 	char err[256] = "";
 	/* the lanes area comes last in the dataplane's set-up: up to 20 s more */

@@ -11,6 +11,8 @@ rxip=${DP_RXIP:-0} zc=${DP_ZC:-0}
 case $mode in *-inplace) rxip=1 mode=${mode%-inplace} ;; esac
 # a mode ending in -zc (or DP_ZC=1): node 2 is a zero-copy memif client
 case $mode in *-zc) zc=1 mode=${mode%-zc} ;; esac
+# killed-clients: its 2 MiB sender's pools beside the verified sender's
+[ "$mode" = killed-clients ] && export DP_REGION_MIB=${DP_REGION_MIB:-480}
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (hugepages, network namespaces)"
@@ -60,7 +62,7 @@ fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup|server-restart)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup|server-restart|killed-clients)
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
@@ -179,6 +181,48 @@ done
 met || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
 
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
+
+if [ "$mode" = killed-clients ]; then
+  # The client (a zero-copy one in killed-clients-zc-inplace) killed 8 times
+  # while the server sends 2 MiB messages at full rate: net_memif's teardown
+  # unmapped the client's memory under a TX burst still copying into it and
+  # the server died of SIGSEGV (memif_guard.c: the burst gate).
+  "$cli" --region "$ra" --send --peer 2 --streams 4 --until-stop --inflight 128 --fixed 2097152 --no-verify \
+    --pools kill --timeout 120 >"$tmp/send-k.log" 2>&1 &
+  pk=$!; pids+=($pk)
+  for k in $(seq 8); do
+    "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv-k.log" 2>&1 &
+    pr=$!; pids+=($pr)
+    sleep "1.$(( (k * 37) % 9 ))"
+    met0=$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")
+    kill -9 $pidB; wait $pidB 2>/dev/null
+    kill $pr; wait $pr 2>/dev/null
+    sleep 0.3
+    kill -0 $pidA 2>/dev/null || fail "the memif server died when its client was killed mid-stream (kill $k)"
+    startB
+    for _ in $(seq 150); do
+      [ "$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")" -gt "$met0" ] && break
+      sleep 0.1
+    done
+  done
+  "$cli" --region "$rb" --recv --peer 1 --until-stop --no-verify --timeout 120 >"$tmp/recv-k.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  kill -TERM $pk; wait $pk
+  # what the stopped sender left queued at node 1 drains to a receiver
+  sleep 3
+  kill $pr; wait $pr 2>/dev/null
+  kill -0 $pidA 2>/dev/null || fail "the memif server died when its client was killed mid-stream"
+  echo "ok    the client killed 8 times mid-stream: the server lived on ($(sed -n 's/^send: \([0-9]* ok, [0-9]* failed\).*/\1/p' "$tmp/send-k.log"))"
+  # once more with no sender: the stopped sender's messages still queued at
+  # node 1 fail with the old client, and the exchange below starts clean
+  met0=$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")
+  kill -9 $pidB; wait $pidB 2>/dev/null
+  startB
+  for _ in $(seq 150); do
+    [ "$(grep -c "peer 1 \(up\|restarted\)" "$tmp/B.log")" -gt "$met0" ] && break
+    sleep 0.1
+  done
+fi
 
 if [ "$mode" = server-restart ]; then
   # The memif server (node 1) stops and starts again, twice, the second time
