@@ -270,21 +270,20 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 }
 
 /*
- * The wide kernel on TMA (plans of more than 128 columns): the same order
- * and bits as gemm_wg_kernel, laid out as Hopper wants a GEMM fed. Warpgroup
- * 0 is the producer: one thread issues a stage's two tensor copies (W's 128
- * rows, X's BN columns, 64 k each, 128-byte swizzled by the copy engine as
- * the wgmma descriptors read them) and the stage's full barrier counts their
- * bytes; it gives its registers to the consumers (setmaxnreg). Warpgroups 1
- * and 2 each own 64 W rows by BN columns: m64nBN products, one group kept in
- * flight, and a stage goes back to the producer through its empty barrier
- * once both have read it. No block barrier in the loop, no thread computing
- * addresses. BN 192 keeps a running sum and the total (96 + 96 registers)
- * per thread: the widest tile whose segment fold still fits in registers.
+ * The kernel on TMA: the same order and bits as gemm_wg_kernel, laid out as
+ * Hopper wants a GEMM fed. Warpgroup 0 is the producer: one thread issues a
+ * stage's two tensor copies (W's BM rows, X's BN columns, 64 k each,
+ * 128-byte swizzled by the copy engine as the wgmma descriptors read them)
+ * and the stage's full barrier counts their bytes; it gives its registers
+ * to the consumers (setmaxnreg). Warpgroups 1..CONS each own 64 W rows by
+ * BN columns: m64nBN products, one group kept in flight, and a stage goes
+ * back to the producer through its empty barrier once all have read it. No
+ * block barrier in the loop, no thread computing addresses. BN 192 keeps a
+ * running sum and the total (96 + 96 registers) per thread: the widest tile
+ * whose segment fold still fits in registers.
  */
-template <int BN_, int CL_, int CONS_> struct wgt_cfg {
-	static constexpr int BN = BN_, CL = CL_, CONS = CONS_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS,
-			     BNB = BN_;
+template <int BN_, int CONS_> struct wgt_cfg {
+	static constexpr int BN = BN_, CONS = CONS_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS, BNB = BN_;
 	static constexpr bool MSPLIT = true, XRES = false, TMA = true;
 	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
 	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
@@ -328,112 +327,84 @@ WG_DEV void tma_load(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, in
 		     : "memory");
 }
 
-/* the same box into the same offset of every CTA of the cluster in @p mask,
- * counted on each one's barrier at @p bar's offset */
-WG_DEV void tma_load_mc(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, int r0, uint16_t mask)
-{
-	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-		     "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
-		     "l"((uint64_t)tm), "r"(smem_u32(bar)), "r"(k0), "r"(r0), "h"(mask)
-		     : "memory");
-}
+/* One unit of a TMA kernel's work: a tile of BM rows by BN columns and the
+ * k of one segment (products in parts) or of all (else). Units are numbered
+ * column tiles first, then segments, then row tiles: the blocks that run
+ * together share W's rows. */
+struct wgt_unit {
+	int row0, col0, seg, kbeg, nch;
+};
 
-/* arrive on the barrier at @p b's offset in cluster CTA @p cta */
-WG_DEV void mbar_arrive_cta(uint64_t *b, uint32_t cta)
+WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int nseg)
 {
-	asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
-		     "r"(cta)
-		     : "memory");
-}
-
-WG_DEV void cluster_sync(void)
-{
-	asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-WG_DEV uint32_t cluster_rank(void)
-{
-	uint32_t r;
-	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-	return r;
+	const int ct = u % nct, r = u / nct, sg = r % nsp, rt = r / nsp;
+	const int s0 = nsp > 1 ? sg : 0, s1 = nsp > 1 ? sg + 1 : nseg;
+	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
+	return wgt_unit{ rt * bm, ct * bn, sg, kbeg, (kend - kbeg + WG_BK - 1) / WG_BK };
 }
 
 /*
- * CL = 2: a cluster of the two CTAs of adjacent row tiles and the same
- * columns; each copies half of the X stage into both (multicast), so X is
- * read from L2 once per 256 W rows instead of per 128. A stage is free
- * again once the consumers of both CTAs have read it (its empty barrier
- * counts four), and neither CTA leaves before the other is done with it.
+ * grid: any number of blocks up to the units (persistent: block b takes
+ * units b, b + grid, ...; the producer's copies run on from one unit into
+ * the next while the consumers store the last one's sums). With parts
+ * (@p part not NULL) a unit sums one segment into part + seg n out.
  */
-template <int BN, int CL, int CONS>
+template <int BN, int CONS>
 static __global__ void __launch_bounds__(128 * (CONS + 1), 1)
 gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
 		int n, int in, int out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-	using C = wgt_cfg<BN, CL, CONS>;
+	using C = wgt_cfg<BN, CONS>;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char wg_smem_raw[];
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
-	const int row0 = blockIdx.y * C::BM, col0 = blockIdx.x * BN;
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
-	const bool parts = gridDim.z > 1;
-	const int s0 = parts ? blockIdx.z : 0, s1 = parts ? blockIdx.z + 1 : nseg;
-	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
-	const int nch = (kend - kbeg + WG_BK - 1) / WG_BK;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG, nsp = part ? nseg : 1;
+	const int nct = (n + BN - 1) / BN, units = nct * ((out + C::BM - 1) / C::BM) * nsp;
 
-	const uint32_t rank = CL > 1 ? cluster_rank() : 0;
 	if (tid == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init(&full[s], 1);
-			mbar_init(&empty[s], CONS * CL);
+			mbar_init(&empty[s], CONS);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
-	if (CL > 1)
-		cluster_sync();
-	else
-		__syncthreads();
+	__syncthreads();
 
-	/* X's share of a stage this CTA copies: all of it, or its half for both */
-	constexpr int XH = BN / CL;
-	auto load_x = [&](int s, int i) {
-		unsigned char *dst = sm + s * C::STAGE + C::W_BYTES + rank * XH * 128;
-		if (CL > 1)
-			tma_load_mc(dst, &tx, &full[s], kbeg + i * WG_BK, col0 + rank * XH, (1 << CL) - 1);
-		else
-			tma_load(dst, &tx, &full[s], kbeg + i * WG_BK, col0);
-	};
 	if (wg == 0) {
 		if (CONS > 1)
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
 		if (tid == 0) {
-			const int pre = nch < S ? nch : S;
 			/* the weights' first stages go out before waiting for X's producer */
-			for (int i = 0; i < pre; i++) {
-				mbar_expect_tx(&full[i], C::STAGE);
-				tma_load(sm + i * C::STAGE, &tw, &full[i], kbeg + i * WG_BK, row0);
+			int pre = 0;
+			for (int u = blockIdx.x; u < units && pre < S; u += gridDim.x) {
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
+				for (int i = 0; i < t.nch && pre < S; i++, pre++) {
+					mbar_expect_tx(&full[pre], C::STAGE);
+					tma_load(sm + pre * C::STAGE, &tw, &full[pre], t.kbeg + i * WG_BK, t.row0);
+				}
 			}
 			kn_pdl_wait();
 			kn_pdl_trigger();
-			for (int i = 0; i < pre; i++)
-				load_x(i, i);
-			for (int i = pre; i < nch; i++) {
-				const int s = i % S;
-				mbar_wait(&empty[s], ((i / S) - 1) & 1);
-				mbar_expect_tx(&full[s], C::STAGE);
-				tma_load(sm + s * C::STAGE, &tw, &full[s], kbeg + i * WG_BK, row0);
-				load_x(s, i);
+			int it = 0; /* this block's chunks so far: stage it % S, phase it / S */
+			for (int u = blockIdx.x; u < units; u += gridDim.x) {
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
+				for (int i = 0; i < t.nch; i++, it++) {
+					const int s = it % S, k0 = t.kbeg + i * WG_BK;
+					if (it >= pre) {
+						mbar_wait(&empty[s], ((it / S) - 1) & 1);
+						mbar_expect_tx(&full[s], C::STAGE);
+						tma_load(sm + s * C::STAGE, &tw, &full[s], k0, t.row0);
+					}
+					tma_load(sm + s * C::STAGE + C::W_BYTES, &tx, &full[s], k0, t.col0);
+				}
 			}
 		} else {
 			kn_pdl_wait();
 		}
 		__syncwarp();
-		if (CL > 1)
-			cluster_sync(); /* the peer may still copy into us, or arrive */
 		return;
 	}
 
@@ -441,54 +412,54 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
 	const int c = wg - 1;
 	const bool signal = (tid & 127) == 0;
-	auto release = [&](int st) {
-		if (CL > 1) {
-			for (uint32_t r = 0; r < (uint32_t)CL; r++)
-				mbar_arrive_cta(&empty[st], r);
-		} else {
-			mbar_arrive(&empty[st]);
-		}
-	};
 	float acc[BN / 2], tot[BN / 2];
+	bool waited = false;
+	int it = 0;
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
 #pragma unroll
-	for (int i = 0; i < BN / 2; i++)
-		acc[i] = tot[i] = 0.f;
-	int held = -1; /* a stage whose products are issued, not yet waited for */
-	for (int i = 0; i < nch; i++) {
-		const int s = i % S, k0 = kbeg + i * WG_BK;
-		const bool first = k0 % WG_SEG == 0, last = i == nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
-		mbar_wait(&full[s], (i / S) & 1);
-		const uint32_t a0 = smem_u32(sm + s * C::STAGE) + c * 64 * 128;
-		const uint32_t b0 = smem_u32(sm + s * C::STAGE + C::W_BYTES);
-		asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+		for (int e = 0; e < BN / 2; e++)
+			acc[e] = tot[e] = 0.f;
+		int held = -1; /* a stage whose products are issued, not yet waited for */
+		for (int i = 0; i < t.nch; i++, it++) {
+			const int s = it % S, k0 = t.kbeg + i * WG_BK;
+			const bool first = k0 % WG_SEG == 0, last = i == t.nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
+			mbar_wait(&full[s], (it / S) & 1);
+			const uint32_t a0 = smem_u32(sm + s * C::STAGE) + c * 64 * 128;
+			const uint32_t b0 = smem_u32(sm + s * C::STAGE + C::W_BYTES);
+			asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-		for (int j = 0; j < WG_BK / 16; j++)
-			wg_mma_n<BN>::run(acc, desc_sw128(a0 + 32 * j), desc_sw128(b0 + 32 * j), first && j == 0 ? 0 : 1);
-		asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-		if (last) {
-			asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-			wg_fence_operands(acc, BN / 2);
+			for (int j = 0; j < WG_BK / 16; j++)
+				wg_mma_n<BN>::run(acc, desc_sw128(a0 + 32 * j), desc_sw128(b0 + 32 * j),
+						  first && j == 0 ? 0 : 1);
+			asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+			if (last) {
+				asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+				wg_fence_operands(acc, BN / 2);
 #pragma unroll
-			for (int e = 0; e < BN / 2; e++)
-				tot[e] += acc[e];
-			if (signal) {
-				if (held >= 0)
-					release(held);
-				release(s);
+				for (int e = 0; e < BN / 2; e++)
+					tot[e] += acc[e];
+				if (signal) {
+					if (held >= 0)
+						mbar_arrive(&empty[held]);
+					mbar_arrive(&empty[s]);
+				}
+				held = -1;
+			} else {
+				asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+				if (signal && held >= 0)
+					mbar_arrive(&empty[held]);
+				held = s;
 			}
-			held = -1;
-		} else {
-			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-			if (signal && held >= 0)
-				release(held);
-			held = s;
 		}
+		if (!waited) {
+			kn_pdl_wait();
+			waited = true;
+		}
+		wg_store<BN>(tot, part ? part + (size_t)t.seg * n * out : y, t.row0 + c * 64, t.col0, n, out);
 	}
-	kn_pdl_wait();
-
-	wg_store<BN>(tot, parts ? part + (size_t)blockIdx.z * n * out : y, row0 + c * 64, col0, n, out);
-	if (CL > 1)
-		cluster_sync();
+	if (!waited)
+		kn_pdl_wait();
 #else
 	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out;
 	__trap();
@@ -525,13 +496,14 @@ static int wg_narrow_wgs = 0, wg_parts_policy = 1;
  * cuTensorMapEncodeTiled. */
 static int wg_tma = -1;
 
-/* KVFERRY_WG_CLUSTER=2: the TMA kernel in CTA pairs multicasting X (default
- * 1: alone); KVFERRY_WG_CONS=1|2 forces its consumer warpgroups a block
- * (default: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N (at least 17): the
+/* KVFERRY_WG_CONS=1|2 forces the TMA kernel's consumer warpgroups a block
+ * (default: wg_pick()'s rule); KVFERRY_WG_TMA_FROM=N (at least 1): the
  * narrowest plan on the TMA kernel (default: wg_pick()'s rule; at 48-128
  * columns it beat the cp.async kernel on every layer of the 1B and 8B
- * shapes, .devcarry/run12.sh). For measuring. */
-static int wg_cluster = 1, wg_cons = 0, wg_tma_from = 0;
+ * shapes, .devcarry/run12.sh); KVFERRY_WG_PERSIST=0: a block for each unit
+ * of the TMA kernel's work (default: at most one block an SM, each taking
+ * units in turn). For measuring. */
+static int wg_cons = 0, wg_tma_from = 0, wg_persist = 1;
 
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
@@ -548,18 +520,21 @@ static void wg_read_env(void)
 	wg_parts_policy = e && !strcmp(e, "0") ? 0 : 1;
 	e = getenv("KVFERRY_WG_TMA");
 	wg_tma = e && !strcmp(e, "0")     ? 0
+		 : e && !strcmp(e, "8")   ? 8
+		 : e && !strcmp(e, "16")  ? 16
+		 : e && !strcmp(e, "32")  ? 32
 		 : e && !strcmp(e, "64")  ? 64
 		 : e && !strcmp(e, "128") ? 128
 		 : e && !strcmp(e, "192") ? 192
 					  : -1;
-	e = getenv("KVFERRY_WG_CLUSTER");
-	wg_cluster = e && !strcmp(e, "2") ? 2 : 1;
+	e = getenv("KVFERRY_WG_PERSIST");
+	wg_persist = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
 	e = getenv("KVFERRY_WG_XB16");
 	wg_xb16 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
-	wg_tma_from = e && atoi(e) > 16 ? atoi(e) : 0;
+	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
 	cudaDriverEntryPointQueryResult q;
 	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -616,16 +591,29 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	 * pass a wave, two consumers won: 1B down at 256 50 against 68, 8B qkv
 	 * at 256 36 against 67) */
 	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
-	const int bn = wg_tma > 0 ? wg_tma : n <= 32 ? 32 : n <= 64 ? 64 : w128 < w192 ? 128 : 192;
+	const int bn = wg_tma > 0 ? wg_tma
+		       : n <= 8   ? 8
+		       : n <= 16  ? 16
+		       : n <= 32  ? 32
+		       : n <= 64  ? 64
+		       : w128 < w192 ? 128
+				     : 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
-	if (cons == 1)
-		return bn == 32 ? f(wgt_cfg<32, 1, 1>()) : bn == 64 ? f(wgt_cfg<64, 1, 1>()) : bn == 128 ? f(wgt_cfg<128, 1, 1>())
-									     : f(wgt_cfg<192, 1, 1>());
-	if (wg_cluster == 1 || bn == 32)
-		return bn == 32 ? f(wgt_cfg<32, 1, 2>()) : bn == 64 ? f(wgt_cfg<64, 1, 2>()) : bn == 128 ? f(wgt_cfg<128, 1, 2>())
-									     : f(wgt_cfg<192, 1, 2>());
-	return bn == 64 ? f(wgt_cfg<64, 2, 2>()) : bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
+	switch (bn + cons) {
+	case 8 + 1: return f(wgt_cfg<8, 1>());
+	case 16 + 1: return f(wgt_cfg<16, 1>());
+	case 32 + 1: return f(wgt_cfg<32, 1>());
+	case 64 + 1: return f(wgt_cfg<64, 1>());
+	case 128 + 1: return f(wgt_cfg<128, 1>());
+	case 192 + 1: return f(wgt_cfg<192, 1>());
+	case 8 + 2: return f(wgt_cfg<8, 2>());
+	case 16 + 2: return f(wgt_cfg<16, 2>());
+	case 32 + 2: return f(wgt_cfg<32, 2>());
+	case 64 + 2: return f(wgt_cfg<64, 2>());
+	case 128 + 2: return f(wgt_cfg<128, 2>());
+	default: return f(wgt_cfg<192, 2>());
+	}
 }
 
 /* Whether a product of this many tiles runs one segment a block. Narrow
@@ -664,10 +652,10 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 				    wg_cfg<BN, MSPLIT, XRES, WGS>::SMEM);
 }
 
-template <int BN, int CL, int CONS> static cudaError_t wgt_set_smem(void)
+template <int BN, int CONS> static cudaError_t wgt_set_smem(void)
 {
-	return cudaFuncSetAttribute(gemm_wgt_kernel<BN, CL, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				    wgt_cfg<BN, CL, CONS>::SMEM);
+	return cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    wgt_cfg<BN, CONS>::SMEM);
 }
 
 extern "C" int kn_cuda_one_family_ok(int device)
@@ -691,32 +679,15 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wg_set_smem<8, true, true, 4>(),    wg_set_smem<16, true, true, 4>(),   wg_set_smem<32, true, true, 4>(),
 		wg_set_smem<8, true, false, 2>(),   wg_set_smem<64, true, false, 2>(),
 		wg_set_smem<128, true, false, 2>(), wg_set_smem<128, false, false, 2>(), wg_set_smem<128, true, false, 3>(),
-		wgt_set_smem<32, 1, 1>(),  wgt_set_smem<32, 1, 2>(),
-		wgt_set_smem<64, 1, 1>(),  wgt_set_smem<128, 1, 1>(), wgt_set_smem<192, 1, 1>(),
-		wgt_set_smem<64, 1, 2>(),  wgt_set_smem<128, 1, 2>(), wgt_set_smem<192, 1, 2>(),
-		wgt_set_smem<64, 2, 2>(),  wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
+		wgt_set_smem<8, 1>(),   wgt_set_smem<16, 1>(),  wgt_set_smem<32, 1>(),
+		wgt_set_smem<64, 1>(),  wgt_set_smem<128, 1>(), wgt_set_smem<192, 1>(),
+		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
+		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
 			return v;
 	wg_read_env();
-	if (getenv("KVFERRY_WG_SHOW_CLUSTERS")) { /* how many CTA pairs the GPU co-schedules */
-		cudaLaunchConfig_t cfg = {};
-		cudaLaunchAttribute at[1];
-		at[0].id = cudaLaunchAttributeClusterDimension;
-		at[0].val.clusterDim.x = 1;
-		at[0].val.clusterDim.y = 2;
-		at[0].val.clusterDim.z = 1;
-		cfg.gridDim = dim3(16, 64);
-		cfg.blockDim = dim3(wgt_cfg<192, 2, 2>::THREADS);
-		cfg.dynamicSmemBytes = wgt_cfg<192, 2, 2>::SMEM;
-		cfg.attrs = at;
-		cfg.numAttrs = 1;
-		int nc = -1;
-		const cudaError_t ce = cudaOccupancyMaxActiveClusters(&nc, gemm_wgt_kernel<192, 2, 2>, &cfg);
-		fprintf(stderr, "gemm_wg: %d CTA pairs of the TMA kernel at once on %d SMs (%s)\n", nc, sms,
-			cudaGetErrorString(ce));
-	}
 	wg_sms = sms;
 	return cudaSuccess;
 }
@@ -766,39 +737,23 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN, int CL, int CONS>
+template <int BN, int CONS>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
 			      size_t part_floats, cudaStream_t st)
 {
-	using C = wgt_cfg<BN, CL, CONS>;
+	using C = wgt_cfg<BN, CONS>;
 	const int nseg = (in + WG_SEG - 1) / WG_SEG;
-	/* row tiles in whole clusters (a last CTA past `out` reads zeros, stores nothing) */
-	const dim3 grid((n + BN - 1) / BN, (out + C::BM * CL - 1) / (C::BM * CL) * CL);
+	const long tiles = (long)((n + BN - 1) / BN) * ((out + C::BM - 1) / C::BM);
 	const size_t count = (size_t)n * out;
-	const bool parts = part != NULL && part_floats >= (size_t)nseg * count &&
-			   wg_parts_for((long)grid.x * grid.y, n, in, out);
+	const bool parts = part != NULL && part_floats >= (size_t)nseg * count && wg_parts_for(tiles, n, in, out);
+	const long units = tiles * (parts ? nseg : 1);
 	CUtensorMap tw, tx;
 	cudaError_t e;
-	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN / CL)) != cudaSuccess)
+	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN)) != cudaSuccess)
 		return e;
-	cudaLaunchAttribute at[2];
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = 1;
-	at[0].val.clusterDim.y = CL;
-	at[0].val.clusterDim.z = 1;
-	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[1].val.programmaticStreamSerializationAllowed = 1;
-	cudaLaunchConfig_t cfg = {};
-	cfg.gridDim = dim3(grid.x, grid.y, parts ? nseg : 1);
-	cfg.blockDim = dim3(C::THREADS);
-	cfg.dynamicSmemBytes = C::SMEM;
-	cfg.stream = st;
-	cfg.attrs = at;
-	cfg.numAttrs = kn_cuda_pdl() ? 2 : 1;
-	e = cudaLaunchKernelEx(&cfg, gemm_wgt_kernel<BN, CL, CONS>, (const CUtensorMap)tw, (const CUtensorMap)tx, y, part, n,
-			       in, out);
-	if (e == cudaSuccess)
-		e = cudaGetLastError();
+	const int grid = (int)(wg_persist && units > wg_sms ? wg_sms : units);
+	e = kn_launch(gemm_wgt_kernel<BN, CONS>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
+		      parts ? part : (float *)NULL, n, in, out);
 	if (e != cudaSuccess || !parts)
 		return e;
 	return wg_fold(part, y, count, nseg, st);
@@ -823,7 +778,7 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		if (!C::XRES && x && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 			return re;
 		if constexpr (C::TMA)
-			return wgt_launch<C::BN, C::CL, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
+			return wgt_launch<C::BN, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
 		else
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
 									      n, in, out, part, part_floats, st);
@@ -871,14 +826,27 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wg_launch<8, true, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
 	case 2: /* X streamed, two warpgroups side by side on 128 columns each */
 		return wg_launch<128, false, false, 2>(w, NULL, xb, y, n, in, out, part, part_floats, st);
-	case 3: /* the TMA kernel, 192-column tiles, CTA pairs */
-		return wg_encode ? wgt_launch<192, 2, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
-	case 4: /* the TMA kernel, 128-column tiles */
-		return wg_encode ? wgt_launch<128, 1, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
-	case 5: /* the TMA kernel, 64-column tiles, CTA pairs */
-		return wg_encode ? wgt_launch<64, 2, 2>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
-	case 6: /* the TMA kernel, 64 rows by 128 columns (one consumer) */
-		return wg_encode ? wgt_launch<128, 1, 1>(w, xb, y, n, in, out, part, part_floats, st) : cudaErrorNotSupported;
+	}
+	if (!wg_encode)
+		return cudaErrorNotSupported;
+	switch (way) {
+	case 3: /* the TMA kernel, 192-column tiles */
+		return wgt_launch<192, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 4: /* 128-column tiles */
+		return wgt_launch<128, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 5: { /* 64-column tiles, a block for each unit of work */
+		const int keep = wg_persist;
+		wg_persist = 0;
+		e = wgt_launch<64, 2>(w, xb, y, n, in, out, part, part_floats, st);
+		wg_persist = keep;
+		return e;
+	}
+	case 6: /* 64 rows by 128 columns (one consumer) */
+		return wgt_launch<128, 1>(w, xb, y, n, in, out, part, part_floats, st);
+	case 7: /* 8-column tiles */
+		return wgt_launch<8, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 8: /* 64 rows by 16 columns */
+		return wgt_launch<16, 1>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}

@@ -43,10 +43,11 @@ cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, 
 
 /** kn_cuda_gemm_wg() with its kernel forced, for tests: @p way 0 = X resident,
  *  32-column instructions; 1 = X streamed, 8-column instructions; 2 = X
- *  streamed, 2 x 128 columns a block; 3, 4 and 5 = the TMA kernel (tensor
- *  copies, a producer warpgroup) on 192-column tiles in CTA pairs, 128
- *  alone and 64 in pairs (cudaErrorNotSupported without the driver's
- *  tensor maps). Every way gives the same bits. */
+ *  streamed, 2 x 128 columns a block; 3..8 = the TMA kernel (tensor copies,
+ *  a producer warpgroup, persistent blocks) on tiles of 128 rows by 192,
+ *  128, 64 (a block for each unit of work) and 8 columns, and 64 rows by 128
+ *  and 16 (ways 3, 4, 5, 7, 6, 8; cudaErrorNotSupported without the
+ *  driver's tensor maps). Every way gives the same bits. */
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);
 
