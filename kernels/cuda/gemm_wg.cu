@@ -288,6 +288,7 @@ template <int BN_, int CONS_> struct wgt_cfg {
 	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
 	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
 	static constexpr int SMEM = STAGE * STAGES + 1024 + 256; /* + alignment, barriers */
+	static_assert(STAGES >= 2, "a consumer holds one stage while it waits for the next");
 };
 
 WG_DEV void mbar_init(uint64_t *b, int count)
@@ -652,10 +653,20 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 				    wg_cfg<BN, MSPLIT, XRES, WGS>::SMEM);
 }
 
+/* blocks of the TMA kernel an SM holds at once (the narrow one-consumer
+ * tiles fit two or three): a persistent grid fills every SM, none twice */
+template <int BN, int CONS> static int wgt_per_sm = 1;
+
 template <int BN, int CONS> static cudaError_t wgt_set_smem(void)
 {
-	return cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				    wgt_cfg<BN, CONS>::SMEM);
+	cudaError_t e = cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     wgt_cfg<BN, CONS>::SMEM);
+	int nb = 0;
+	if (e == cudaSuccess &&
+	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemm_wgt_kernel<BN, CONS>, wgt_cfg<BN, CONS>::THREADS,
+							       wgt_cfg<BN, CONS>::SMEM)) == cudaSuccess)
+		wgt_per_sm<BN, CONS> = nb > 0 ? nb : 1;
+	return e;
 }
 
 extern "C" int kn_cuda_one_family_ok(int device)
@@ -739,9 +750,10 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 
 template <int BN, int CONS>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
-			      size_t part_floats, cudaStream_t st)
+			      size_t part_floats, cudaStream_t st, bool persist = true)
 {
 	using C = wgt_cfg<BN, CONS>;
+
 	const int nseg = (in + WG_SEG - 1) / WG_SEG;
 	const long tiles = (long)((n + BN - 1) / BN) * ((out + C::BM - 1) / C::BM);
 	const size_t count = (size_t)n * out;
@@ -751,7 +763,8 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	cudaError_t e;
 	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN)) != cudaSuccess)
 		return e;
-	const int grid = (int)(wg_persist && units > wg_sms ? wg_sms : units);
+	const long most = (long)wg_sms * wgt_per_sm<BN, CONS>;
+	const int grid = (int)(persist && wg_persist && units > most ? most : units);
 	e = kn_launch(gemm_wgt_kernel<BN, CONS>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
 		      parts ? part : (float *)NULL, n, in, out);
 	if (e != cudaSuccess || !parts)
@@ -834,13 +847,8 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<192, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 4: /* 128-column tiles */
 		return wgt_launch<128, 2>(w, xb, y, n, in, out, part, part_floats, st);
-	case 5: { /* 64-column tiles, a block for each unit of work */
-		const int keep = wg_persist;
-		wg_persist = 0;
-		e = wgt_launch<64, 2>(w, xb, y, n, in, out, part, part_floats, st);
-		wg_persist = keep;
-		return e;
-	}
+	case 5: /* 64-column tiles, a block for each unit of work */
+		return wgt_launch<64, 2>(w, xb, y, n, in, out, part, part_floats, st, false);
 	case 6: /* 64 rows by 128 columns (one consumer) */
 		return wgt_launch<128, 1>(w, xb, y, n, in, out, part, part_floats, st);
 	case 7: /* 8-column tiles */
