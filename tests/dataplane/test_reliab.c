@@ -656,23 +656,30 @@ static void two_ends_rtt_2ms(struct dp_rel_tx **tx, struct dp_rel_rx **rx, int *
 	dp_rel_tx_on_ack(*tx, &ack, t0 + 2000000, one_deliver, completed);
 }
 
+/* The two ends of two_ends_rtt_2ms() and the frames between them. */
+struct two_ends {
+	struct dp_rel_tx *tx;
+	struct dp_rel_rx *rx;
+	int delivered, completed;
+	struct dp_rel_frame f[8], re[8];
+};
+
 /* two_ends_rtt_2ms(), then frames 1.. wait in a queue past the RTO: at
  * t0 + 9 ms the timer fires once and the oldest waiting frame, seq 1, is
- * resent into @p re. */
-static void two_ends_and_a_spurious_resend(struct dp_rel_tx **tx, struct dp_rel_rx **rx, int *delivered,
-					   int *completed, int frames, uint64_t t0, struct dp_rel_frame *f,
-					   struct dp_rel_frame *re)
+ * resent into e->re. */
+static void two_ends_and_a_spurious_resend(struct two_ends *e, int frames, uint64_t t0)
 {
 	struct dp_rel_tx_stats st;
 
-	two_ends_rtt_2ms(tx, rx, delivered, completed, frames, t0, f);
-	dp_rel_tx_get_stats(*tx, &st);
+	*e = (struct two_ends){0};
+	two_ends_rtt_2ms(&e->tx, &e->rx, &e->delivered, &e->completed, frames, t0, e->f);
+	dp_rel_tx_get_stats(e->tx, &st);
 	assert_true(st.srtt_ns == 2000000);
-	assert_int_equal(dp_rel_tx_timer(*tx, t0 + 9000000), 0);
-	dp_rel_tx_get_stats(*tx, &st);
+	assert_int_equal(dp_rel_tx_timer(e->tx, t0 + 9000000), 0);
+	dp_rel_tx_get_stats(e->tx, &st);
 	assert_true(st.timeouts == 1);
-	assert_int_equal(dp_rel_tx_burst(*tx, t0 + 9000000, re, 8), 1);
-	assert_int_equal(re[0].seq, 1);
+	assert_int_equal(dp_rel_tx_burst(e->tx, t0 + 9000000, e->re, 8), 1);
+	assert_int_equal(e->re[0].seq, 1);
 }
 
 /* A path of 2 ms round trip whose later frames wait in a queue past the
@@ -685,29 +692,26 @@ static void a_duplicate_of_a_spurious_resend_does_not_shrink_the_rtt(void **stat
 {
 	(void)state;
 	const uint64_t ms = 1000000, t0 = 1000 * ms;
-	int delivered = 0, completed = 0;
-	struct dp_rel_tx *tx;
-	struct dp_rel_rx *rx;
-	struct dp_rel_frame f[8], re[8];
+	struct two_ends e;
 	struct dp_wire_ack ack;
 	struct dp_rel_tx_stats st;
 	/* frames 1-3 wait in a queue past the RTO: the oldest is resent */
-	two_ends_and_a_spurious_resend(&tx, &rx, &delivered, &completed, 4, t0, f, re);
-	arrive(rx, &f[1], t0, 0);
-	arrive(rx, &f[2], t0, 0);
-	arrive(rx, &f[3], t0, 0);
-	arrive(rx, &re[0], t0 + 9 * ms, 1);
-	assert_int_equal(delivered, 1);
-	assert_true(dp_rel_rx_ack_pending(rx));
-	dp_rel_rx_make_ack(rx, 8, &ack);
+	two_ends_and_a_spurious_resend(&e, 4, t0);
+	arrive(e.rx, &e.f[1], t0, 0);
+	arrive(e.rx, &e.f[2], t0, 0);
+	arrive(e.rx, &e.f[3], t0, 0);
+	arrive(e.rx, &e.re[0], t0 + 9 * ms, 1);
+	assert_int_equal(e.delivered, 1);
+	assert_true(dp_rel_rx_ack_pending(e.rx));
+	dp_rel_rx_make_ack(e.rx, 8, &ack);
 	assert_true(ack.ts_echo == t0); /* the originals', not the resend's */
-	dp_rel_tx_on_ack(tx, &ack, t0 + 9 * ms + ms / 5, one_deliver, &completed);
-	assert_int_equal(completed, 1);
-	dp_rel_tx_get_stats(tx, &st);
+	dp_rel_tx_on_ack(e.tx, &ack, t0 + 9 * ms + ms / 5, one_deliver, &e.completed);
+	assert_int_equal(e.completed, 1);
+	dp_rel_tx_get_stats(e.tx, &st);
 	assert_true(st.srtt_ns >= 2 * ms); /* the path never took less */
 	assert_true(st.rto_ns > 2 * ms);
-	dp_rel_tx_destroy(tx);
-	dp_rel_rx_destroy(rx);
+	dp_rel_tx_destroy(e.tx);
+	dp_rel_rx_destroy(e.rx);
 }
 
 /* A spurious timeout: the oldest frame waiting is resent while its original
@@ -720,32 +724,29 @@ static void a_resend_covered_by_its_original_marks_no_other_frame_lost(void **st
 {
 	(void)state;
 	const uint64_t ms = 1000000, t0 = 1000 * ms;
-	int delivered = 0, completed = 0;
-	struct dp_rel_tx *tx;
-	struct dp_rel_rx *rx;
-	struct dp_rel_frame f[8], re[8];
+	struct two_ends e;
 	struct dp_wire_ack ack;
 	/* frames 1-7 wait in a queue past the RTO: the oldest is resent */
-	two_ends_and_a_spurious_resend(&tx, &rx, &delivered, &completed, 8, t0, f, re);
+	two_ends_and_a_spurious_resend(&e, 8, t0);
 	/* the originals of 1 and 2 arrive: their ACK echoes t0 */
-	arrive(rx, &f[1], t0, 0);
-	arrive(rx, &f[2], t0, 0);
-	dp_rel_rx_make_ack(rx, 8, &ack);
+	arrive(e.rx, &e.f[1], t0, 0);
+	arrive(e.rx, &e.f[2], t0, 0);
+	dp_rel_rx_make_ack(e.rx, 8, &ack);
 	assert_true(ack.ts_echo == t0);
-	dp_rel_tx_on_ack(tx, &ack, t0 + 9 * ms + ms / 5, one_deliver, &completed);
+	dp_rel_tx_on_ack(e.tx, &ack, t0 + 9 * ms + ms / 5, one_deliver, &e.completed);
 	/* 3-7, sent with 1 and 2, are as likely to arrive: none goes again */
-	assert_int_equal(dp_rel_tx_burst(tx, t0 + 9 * ms + ms / 5, re, 8), 0);
+	assert_int_equal(dp_rel_tx_burst(e.tx, t0 + 9 * ms + ms / 5, e.re, 8), 0);
 	struct dp_rel_tx_stats st;
-	dp_rel_tx_get_stats(tx, &st);
+	dp_rel_tx_get_stats(e.tx, &st);
 	assert_true(st.retransmits == 1);
 	for (int i = 3; i < 8; i++)
-		arrive(rx, &f[i], t0, 0);
-	dp_rel_rx_make_ack(rx, 8, &ack);
-	dp_rel_tx_on_ack(tx, &ack, t0 + 10 * ms, one_deliver, &completed);
-	assert_int_equal(completed, 1);
-	assert_int_equal(delivered, 1);
-	dp_rel_tx_destroy(tx);
-	dp_rel_rx_destroy(rx);
+		arrive(e.rx, &e.f[i], t0, 0);
+	dp_rel_rx_make_ack(e.rx, 8, &ack);
+	dp_rel_tx_on_ack(e.tx, &ack, t0 + 10 * ms, one_deliver, &e.completed);
+	assert_int_equal(e.completed, 1);
+	assert_int_equal(e.delivered, 1);
+	dp_rel_tx_destroy(e.tx);
+	dp_rel_rx_destroy(e.rx);
 }
 
 static void bad_options_are_refused(void **state)
