@@ -2,6 +2,8 @@
 #include "attention.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define ATTN_WARPS 4
 /* Positions per lane group whose K/V loads are issued before first use: 2 gave
@@ -623,20 +625,24 @@ template <int HD> struct tile_cfg {
 /*
  * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits), block WPB warps, each warp
  * independent (no block barrier). Warp rows r = ci * GM + gi: column c0 + ci,
- * head kh * G + gi (gi >= G: idle row). Lane (g = lane / 4, t = lane % 4)
+ * head kh * G + gi (gi >= G or ci >= CPW: idle row). CPW columns a warp:
+ * 16 / GM, or 1 on narrow plans (tile_cpw()); a row's arithmetic is its own
+ * (mma rows do not mix, idle rows add nothing), so a column's bits do not
+ * depend on CPW. Lane (g = lane / 4, t = lane % 4)
  * holds rows g and g + 8 in the mma fragment layouts. Per slot group: pages
  * [split start, min(split end, last position of the group + 1)) in 16-key
  * pages; S = Q K^T (K via ldmatrix), online softmax per row (base-2, the
  * scale folded into q), O += P V (V via ldmatrix.trans); the partial (O, m,
  * l) of each row goes to the same workspace layout as the column kernel's.
  */
-template <int HD, int GM, bool EXACT>
+template <int HD, int GM, bool EXACT, int CPW>
 static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
 attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
-	constexpr int WPB = tile_cfg<HD>::WPB, CPW = 16 / GM, U = HD / 8;
+	static_assert(CPW >= 1 && CPW * GM <= 16, "a warp's 16 rows hold CPW columns of GM heads");
+	constexpr int WPB = tile_cfg<HD>::WPB, U = HD / 8;
 	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
 	__shared__ uint4 sm[WPB][2][2][KN_PAGE_BLK * U];
 
@@ -890,16 +896,39 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	}
 }
 
+/* Columns a warp of the tile kernel serves at plan width @p n: 16 / GM
+ * (each K/V page loaded once for a slot's columns: prefill chunks), or one
+ * on plans of at most 16 columns, whose columns are mostly decodes of
+ * their own slots: a warp took its columns' pages one after another, so 8
+ * decode columns at ctx 512 kept 64 warps of the GPU busy (8B, 8 KV heads,
+ * 4 pieces of 128). KVFERRY_CUDA_ATTN_CPW=1 or 16 forces one or the other
+ * (read as a plan's graph is captured; for measuring). */
+static int tile_cpw(int n, int gm)
+{
+	const char *e = getenv("KVFERRY_CUDA_ATTN_CPW");
+	if (e && !strcmp(e, "1"))
+		return 1;
+	if (e && !strcmp(e, "16"))
+		return 16 / gm;
+	return n <= 16 ? 1 : 16 / gm;
+}
+
 /* Launch the tile kernel; @return false when HD has no tile instance. */
+template <int HD, int GM, int CPW>
+static cudaError_t launch_tile_cpw(const struct kn_cu_attn_args *a, int splits, cudaStream_t st)
+{
+	constexpr int per_block = tile_cfg<HD>::WPB * CPW;
+	const dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits), b1(tile_cfg<HD>::WPB * 32);
+	return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW>, g1, b1, 0, st, *a, splits)
+			: kn_launch(attn_tile_kernel<HD, GM, false, CPW>, g1, b1, 0, st, *a, splits);
+}
+
 template <int HD, int GM>
 static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_t st, cudaError_t *e)
 {
 	if constexpr (HD <= 128) {
-		constexpr int per_block = tile_cfg<HD>::WPB * (16 / GM);
-		dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits);
-		const dim3 b1(tile_cfg<HD>::WPB * 32);
-		*e = a->exact ? kn_launch(attn_tile_kernel<HD, GM, true>, g1, b1, 0, st, *a, splits)
-			      : kn_launch(attn_tile_kernel<HD, GM, false>, g1, b1, 0, st, *a, splits);
+		*e = tile_cpw(a->n, GM) == 1 ? launch_tile_cpw<HD, GM, 1>(a, splits, st)
+					     : launch_tile_cpw<HD, GM, 16 / GM>(a, splits, st);
 		return true;
 	}
 	return false;

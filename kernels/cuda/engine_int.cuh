@@ -113,6 +113,9 @@ struct cu_stage {
 	size_t mma_part_floats;
 	int linear_wg;         /* KVFERRY_CUDA_LINEAR=wg: one family: every linear by kn_cuda_gemm_wg, attention by the
 	                        * tile kernel, exact, in pieces of CU_FAMILY_SPLIT (bits independent of the plan width) */
+	int family_split;      /* its attention pieces: CU_FAMILY_SPLIT (KVFERRY_CUDA_FAMILY_SPLIT, a multiple of 16, for
+	                        * measuring: other bits, the same at every width) */
+	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1: the tile kernel exact (q, P hi + lo) at every width (measuring) */
 	float *wg_part;        /* its segment sums for products of few tiles */
 	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
@@ -207,6 +210,6 @@ void cu_drop_graphs(struct cu_stage *s);
 #define CU_FAMILY_SPLIT 128
 static inline int cu_attn_split(const struct cu_stage *s, int W)
 {
-	return s->linear_wg ? CU_FAMILY_SPLIT : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+	return s->linear_wg ? s->family_split : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
 }
 #endif /* KN_CUDA_ENGINE_INT_CUH */

@@ -569,13 +569,17 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		const long blocks4 = (long)((out + 255) / 256) * ((in + WG_SEG - 1) / WG_SEG);
 		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
 	}
-	/* the TMA kernel above 32 columns, and from 17 for the large layers,
+	/* the TMA kernel above 32 columns, and from 9 for the large layers,
 	 * whose weight stream it keeps fuller than the X-resident kernel
 	 * (H200, .devcarry/run14.sh, 32 columns, us: 8B gate_up 103.9 -> 88.4,
 	 * 8B down 60.9 -> 56.2, 1B LM head 223.3 -> 175.1; the X-resident one
-	 * kept the layers of at most 67 MB: 1B o 14.2 against 17.6) */
+	 * kept the layers of at most 67 MB: 1B o 14.2 against 17.6). At 9-16
+	 * columns on its 16-column tiles, each over cuBLAS's time in the same
+	 * process (session 8 run 3): 8B gate_up 0.91 -> 0.84, 1B LM head 0.84 ->
+	 * 0.77, 8B down 1.05 -> 1.02; at 1-8 columns it lost or tied on every
+	 * layer but 8B qkv at 1 (1B o 1.36 -> 1.82). */
 	const bool tma = wg_tma != 0 && (wg_tma_from ? n >= wg_tma_from
-						     : n > WG_XRES_MAX || (n > 16 && (long)in * out >= (48L << 20)));
+						     : n > WG_XRES_MAX || (n > 8 && (long)in * out >= (48L << 20)));
 	if (n <= WG_XRES_MAX && !tma)
 		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
 	if (!tma) {
