@@ -632,7 +632,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		const char *fs = getenv("KVFERRY_CUDA_FAMILY_SPLIT");
 		s->family_split = fs && atoi(fs) >= 16 && atoi(fs) <= 2048 && atoi(fs) % 16 == 0 ? atoi(fs) : CU_FAMILY_SPLIT;
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
-		s->attn_exact = ax && !strcmp(ax, "1");
+		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
 		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
 		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");

@@ -115,7 +115,8 @@ struct cu_stage {
 	                        * tile kernel, exact, in pieces of CU_FAMILY_SPLIT (bits independent of the plan width) */
 	int family_split;      /* its attention pieces: CU_FAMILY_SPLIT (KVFERRY_CUDA_FAMILY_SPLIT, a multiple of 16, for
 	                        * measuring: other bits, the same at every width) */
-	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1: the tile kernel exact (q, P hi + lo) at every width (measuring) */
+	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1 / 0: the tile kernel exact (q, P hi + lo) / bf16 at every width
+	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
 	float *wg_part;        /* its segment sums for products of few tiles */
 	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */

@@ -151,7 +151,8 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 		 * columns' slots one after another with one page in flight. */
 		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
 											  : KN_CU_ATTN_COLUMN;
-		aa.exact = W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg || s->attn_exact;
+		aa.exact = s->attn_exact >= 0 ? s->attn_exact
+					    : W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
 		aa.split = cu_attn_split(s, W);
 		/* auto, narrow plans: each long column to the tile kernel (by its own
 		 * length: kn_cuda_attn_tile_from()) */
