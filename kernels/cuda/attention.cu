@@ -626,7 +626,7 @@ template <int HD> struct tile_cfg {
  * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits), block WPB warps, each warp
  * independent (no block barrier). Warp rows r = ci * GM + gi: column c0 + ci,
  * head kh * G + gi (gi >= G or ci >= CPW: idle row). CPW columns a warp:
- * 16 / GM, or 1 on narrow plans (tile_cpw()); a row's arithmetic is its own
+ * 16 / GM, or 1 on plans of up to 64 columns (tile_cpw()); a row's arithmetic is its own
  * (mma rows do not mix, idle rows add nothing), so a column's bits do not
  * depend on CPW. Lane (g = lane / 4, t = lane % 4)
  * holds rows g and g + 8 in the mma fragment layouts. Per slot group: pages
@@ -898,11 +898,14 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 
 /* Columns a warp of the tile kernel serves at plan width @p n: 16 / GM
  * (each K/V page loaded once for a slot's columns: prefill chunks), or one
- * on plans of at most 16 columns, whose columns are mostly decodes of
+ * on plans of at most 64 columns, whose columns are mostly decodes of
  * their own slots: a warp took its columns' pages one after another, so 8
  * decode columns at ctx 512 kept 64 warps of the GPU busy (8B, 8 KV heads,
- * 4 pieces of 128). KVFERRY_CUDA_ATTN_CPW=1 or 16 forces one or the other
- * (read as a plan's graph is captured; for measuring). */
+ * 4 pieces of 128). H200, one family, ms a step, 4 columns a warp -> 1: 8B
+ * 32 columns 7.18 -> 6.41, 64 7.45 -> 7.10, 128 10.10 -> 10.08, 256 15.76
+ * -> 15.87; 1B 32 1.92 -> 1.57, 64 1.92 -> 1.79 (the default kernels'
+ * wide plans did not move, H100). KVFERRY_CUDA_ATTN_CPW=1 or 16 forces
+ * one or the other (read as a plan's graph is captured; for measuring). */
 static int tile_cpw(int n, int gm)
 {
 	const char *e = getenv("KVFERRY_CUDA_ATTN_CPW");
@@ -910,7 +913,7 @@ static int tile_cpw(int n, int gm)
 		return 1;
 	if (e && !strcmp(e, "16"))
 		return 16 / gm;
-	return n <= 16 ? 1 : 16 / gm;
+	return n <= 64 ? 1 : 16 / gm;
 }
 
 /* Launch the tile kernel; @return false when HD has no tile instance. */
