@@ -905,15 +905,15 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
  * 32 columns 7.18 -> 6.41, 64 7.45 -> 7.10, 128 10.10 -> 10.08, 256 15.76
  * -> 15.87; 1B 32 1.92 -> 1.57, 64 1.92 -> 1.79 (the default kernels'
  * wide plans did not move, H100). KVFERRY_CUDA_ATTN_CPW=1 or 16 forces
- * one or the other (read as a plan's graph is captured; for measuring). */
+ * one or the other (read once; for measuring). */
 static int tile_cpw(int n, int gm)
 {
-	const char *e = getenv("KVFERRY_CUDA_ATTN_CPW");
-	if (e && !strcmp(e, "1"))
-		return 1;
-	if (e && !strcmp(e, "16"))
-		return 16 / gm;
-	return n <= 64 ? 1 : 16 / gm;
+	static int forced = -1; /* read once: 0 rule, 1 one column, 16 sixteen rows of columns */
+	if (forced < 0) {
+		const char *e = getenv("KVFERRY_CUDA_ATTN_CPW");
+		forced = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "16") ? 16 : 0;
+	}
+	return forced == 1 || (forced == 0 && n <= 64) ? 1 : 16 / gm;
 }
 
 /* Launch the tile kernel; @return false when HD has no tile instance. */

@@ -630,7 +630,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
 		s->linear_wg = op->cuda_batch_invariant || (lk != NULL && !strcmp(lk, "wg"));
 		const char *fs = getenv("KVFERRY_CUDA_FAMILY_SPLIT");
-		s->family_split = fs && atoi(fs) >= 16 && atoi(fs) <= 2048 && atoi(fs) % 16 == 0 ? atoi(fs) : CU_FAMILY_SPLIT;
+		const int fsv = fs ? atoi(fs) : 0;
+		s->family_split = fsv >= 16 && fsv <= 2048 && fsv % 16 == 0 ? fsv : CU_FAMILY_SPLIT;
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
 		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");

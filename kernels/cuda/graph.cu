@@ -146,9 +146,12 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 		 * path stays f32-grade; wide plans follow the X choice (bf16 q and P,
 		 * as transformers' bf16 attention, unless cuda_wide_x asks f32-grade). */
 		/* auto: tile on wide plans only. At <= 16 decode columns the column
-		 * kernel measured equal or faster (8B batch 8, ctx 512: 6.7 vs 7.5 ms;
-		 * batch 1, ctx 4096: 4.91 vs 4.97 ms): each warp serves its 16 / GM
-		 * columns' slots one after another with one page in flight. */
+		 * kernel measured equal or faster when the tile kernel's warps served
+		 * 16 / GM columns each (8B batch 8, ctx 512: 6.7 vs 7.5 ms); with one
+		 * column a warp (tile_cpw()) the tile kernel won in a 512-position
+		 * stage, but its narrow pieces follow the stage's longest context
+		 * (kn_cuda_attn_tile_split()), so the column kernel stays until they
+		 * follow each column's length. */
 		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
 											  : KN_CU_ATTN_COLUMN;
 		aa.exact = s->attn_exact >= 0 ? s->attn_exact
