@@ -117,6 +117,8 @@ struct cu_stage {
 	                        * measuring: other bits, the same at every width) */
 	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1 / 0: the tile kernel exact (q, P hi + lo) / bf16 at every width
 	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
+	int narrow_split;      /* KVFERRY_CUDA_NARROW_SPLIT=N (measuring): plans of <= 16 columns on the tile kernel's
+	                        * pieces of N positions at every context, as one family's (0: its default choice) */
 	float *wg_part;        /* its segment sums for products of few tiles */
 	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
@@ -211,6 +213,9 @@ void cu_drop_graphs(struct cu_stage *s);
 #define CU_FAMILY_SPLIT 128
 static inline int cu_attn_split(const struct cu_stage *s, int W)
 {
-	return s->linear_wg ? s->family_split : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+	if (s->linear_wg)
+		return s->family_split;
+	return s->narrow_split && W <= KN_CU_GEMV_MAX_N ? s->narrow_split
+							 : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
 }
 #endif /* KN_CUDA_ENGINE_INT_CUH */

@@ -557,7 +557,8 @@ out:
  * (f32-grade, a column's bits the same at every width) and kn_cuda_gemm_wg
  * (X rounded, a column's bits the same at every width). Prints
  * microseconds, the warpgroup kernel's TFLOP/s and its weight stream in
- * TB/s, and its time over the default's.
+ * TB/s, and its time over the default's. KVFERRY_BENCH_LAYER=NAME times
+ * that layer alone (a profiler's run).
  */
 static void bench_gemm(const char *widths)
 {
@@ -577,8 +578,9 @@ static void bench_gemm(const char *widths)
 			if (atoi(p) > 0)
 				ns[nn++] = atoi(p);
 	}
+	const char *only = getenv("KVFERRY_BENCH_LAYER"); /* e.g. 8b.gate_up: that layer alone (for a profiler) */
 	for (size_t i = 0; i < sizeof(L) / sizeof(L[0]); i++)
-		for (size_t j = 0; j < nn; j++) {
+		for (size_t j = 0; j < nn && (!only || !strcmp(only, L[i].name)); j++) {
 			double sec[4] = { 0 };
 			int ok = 1;
 
