@@ -197,6 +197,14 @@ static __device__ __forceinline__ void merge_last(const struct kn_cu_attn_args &
 	}
 }
 
+/* A column of @p len positions in at most @p pieces pieces of its own
+ * (split = -pieces): multiples of 16 positions, at least 64. */
+static __host__ __device__ __forceinline__ int own_split(int len, int pieces)
+{
+	const int s = ((len + pieces - 1) / pieces + KN_PAGE_BLK - 1) / KN_PAGE_BLK * KN_PAGE_BLK;
+	return s < 64 ? 64 : s;
+}
+
 /* Splits of the longest column (the grid's x), for any plan width. */
 static __host__ __device__ __forceinline__ int col_splits_max(int max_ctx)
 {
@@ -515,11 +523,18 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	if (!len_in(a, col.pos + 1))
 		return;
 	const float *part = a.part + ((size_t)c * gridDim.y + vh) * splits * GM * part_stride(hd);
+	if (split < 0)
+		split = own_split(col.pos + 1, -split);
 	merge_splits<GM>(a, part, c, v.hb, v.g, (col.pos + split) / split, e, GM * hd, hd);
 }
 
+/* The grid's pieces (its z) for contexts up to @p max_ctx at @p split. */
 static int splits_of(int max_ctx, int split)
 {
+	if (split < 0) { /* each column's own: at most -split pieces, each >= 64 positions */
+		const int k = (max_ctx + 63) / 64;
+		return k < -split ? k : -split;
+	}
 	return (max_ctx + split - 1) / split;
 }
 
@@ -538,7 +553,7 @@ int kn_cuda_attn_counters(int n, int n_heads, int n_kv_heads)
 size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, int max_ctx,
 			      int split)
 {
-	const size_t tile = split > 0 ? part_bytes(n, n_heads, n_kv_heads, head_dim, splits_of(max_ctx, split)) : 0;
+	const size_t tile = split != 0 ? part_bytes(n, n_heads, n_kv_heads, head_dim, splits_of(max_ctx, split)) : 0;
 	const size_t col = part_bytes(n, n_heads, n_kv_heads, head_dim, col_splits_max(max_ctx));
 	return tile > col ? tile : col;
 }
@@ -559,6 +574,19 @@ int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads)
 	const long pieces = (4096 + wps - 1) / wps;
 	int s = (int)((max_ctx / pieces + 15) / 16 * 16);
 	return s < 64 ? 64 : s > 256 ? 256 : s;
+}
+
+int kn_cuda_attn_own_split(int n, int head_dim, int n_heads, int n_kv_heads)
+{
+	/* Measured (H100, .devcarry/run9.sh, narrow plans of a stage of 32k
+	 * positions against pieces of 64 / 128 / 256 positions at every
+	 * context): the best piece grew with the context, about 32 pieces a
+	 * column (512 positions: 64; 2,048: 64; 8,192: 256), and at one column
+	 * more (8B, 16,384 positions: 256 = 64 pieces, 6.44 ms against 7.06
+	 * in 32) */
+	if (n > 16 || !kn_cuda_attn_tile_ok(head_dim) || n_heads / n_kv_heads > 8)
+		return 0;
+	return n == 1 ? -64 : -32;
 }
 
 int kn_cuda_attn_tile_ok(int head_dim)
@@ -648,7 +676,11 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
-	const int TS = a.split, kstart = s * TS;
+	/* split < 0 (one column a warp): the column's own pieces */
+	int TS = a.split;
+	if (TS < 0 && c0 < a.n)
+		TS = own_split(a.cols[c0].pos + 1, -TS);
+	const int kstart = s * TS;
 	const int G = a.n_heads / a.n_kv_heads;
 	int cslot[CPW], cpos[CPW];
 #pragma unroll
@@ -930,7 +962,7 @@ template <int HD, int GM>
 static bool launch_tile(const struct kn_cu_attn_args *a, int splits, cudaStream_t st, cudaError_t *e)
 {
 	if constexpr (HD <= 128) {
-		*e = tile_cpw(a->n, GM) == 1 ? launch_tile_cpw<HD, GM, 1>(a, splits, st)
+		*e = tile_cpw(a->n, GM) == 1 || a->split < 0 ? launch_tile_cpw<HD, GM, 1>(a, splits, st)
 					     : launch_tile_cpw<HD, GM, 16 / GM>(a, splits, st);
 		return true;
 	}
@@ -941,7 +973,7 @@ template <int HD, int GM, bool PAD>
 static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	const bool tile = a->kernel == KN_CU_ATTN_TILE;
-	if (tile && (PAD || a->split <= 0 || a->split % KN_PAGE_BLK))
+	if (tile && (PAD || a->split == 0 || (a->split > 0 && a->split % KN_PAGE_BLK)))
 		return cudaErrorInvalidValue;
 	const int gctx = a->grid_ctx > 0 && a->grid_ctx < a->max_ctx ? a->grid_ctx : a->max_ctx;
 	const int splits = tile ? splits_of(gctx, a->split) : col_splits_max(gctx);

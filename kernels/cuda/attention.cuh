@@ -54,7 +54,9 @@ struct kn_cu_attn_args {
 	int kernel;              /**< KN_CU_ATTN_COLUMN or KN_CU_ATTN_TILE */
 	int exact;               /**< tile kernel: q and P as bf16 hi + lo */
 	int split;               /**< tile kernel: positions per split, a multiple of 16
-	                              (kn_cuda_attn_tile_split()) */
+	                              (kn_cuda_attn_tile_split()); or -P (one column a warp
+	                              only): each column in P pieces of its own length,
+	                              kn_cuda_attn_own_split() */
 	int tile_from;           /**< column kernel: columns of at least this many positions
 	                              go to the tile kernel instead (its split in split; 0:
 	                              none). A function of a column's own length, so its bits
@@ -82,6 +84,12 @@ size_t kn_cuda_attn_workspace(int n, int n_heads, int n_kv_heads, int head_dim, 
  *  context; 17..256 columns about 4,096 warps, 64..256 positions; wider
  *  plans (prefill) 256, fewer partials. Always >= 64 positions. */
 int kn_cuda_attn_tile_split(int n, int max_ctx, int n_heads, int n_kv_heads);
+
+/** @return kn_cu_attn_args.split for a narrow plan of @p n columns whose
+ *  columns each take pieces of their own length (about 64 pieces at one
+ *  column, 32 at more: pieces of at least 64 positions); 0 where the tile
+ *  kernel cannot serve the head (head_dim, or more than 8 heads a KV head). */
+int kn_cuda_attn_own_split(int n, int head_dim, int n_heads, int n_kv_heads);
 
 /** @return the split counters (unsigned) the column kernel needs for plans
  *  of up to @p n columns: one per column and KV head, times ceil(G / 8) for

@@ -635,6 +635,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		const char *ns = getenv("KVFERRY_CUDA_NARROW_SPLIT");
 		const int nsv = ns ? atoi(ns) : 0;
 		s->narrow_split = nsv >= 16 && nsv <= 2048 && nsv % 16 == 0 ? nsv : 0;
+		const char *no = getenv("KVFERRY_CUDA_NARROW_OWN");
+		s->narrow_own = !(no && !strcmp(no, "0"));
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
 		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;
 		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");

@@ -119,6 +119,9 @@ struct cu_stage {
 	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
 	int narrow_split;      /* KVFERRY_CUDA_NARROW_SPLIT=N (measuring): plans of <= 16 columns on the tile kernel's
 	                        * pieces of N positions at every context, as one family's (0: its default choice) */
+	int narrow_own;        /* plans of <= 16 columns on the tile kernel, each column in pieces of its own length
+	                        * (kn_cuda_attn_own_split()); KVFERRY_CUDA_NARROW_OWN=0: the column kernel, long
+	                        * columns to the tile kernel (kn_cuda_attn_tile_from()), as before (measuring) */
 	float *wg_part;        /* its segment sums for products of few tiles */
 	size_t wg_part_floats;
 	int gemv_kind;         /* opts.cuda_gemv (or KVFERRY_CUDA_GEMV): -1 auto, else KN_CU_GEMV_* */
@@ -208,14 +211,20 @@ int cu_bucket_ctx(const struct cu_stage *s, int bucket);
 void cu_drop_graphs(struct cu_stage *s);
 
 /* Attention pieces for plan width W: the tile kernel's width-dependent
- * choice (kn_cuda_attn_tile_split()), or, in one family, CU_FAMILY_SPLIT
- * positions at every width, so a column's pieces and their merge are its own. */
+ * choice (kn_cuda_attn_tile_split()); on narrow plans each column's own
+ * (kn_cuda_attn_own_split(), negative); or, in one family, CU_FAMILY_SPLIT
+ * positions at every width, so a column's pieces and their merge are its own
+ * whatever the plan. */
 #define CU_FAMILY_SPLIT 128
 static inline int cu_attn_split(const struct cu_stage *s, int W)
 {
 	if (s->linear_wg)
 		return s->family_split;
-	return s->narrow_split && W <= KN_CU_GEMV_MAX_N ? s->narrow_split
-							 : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
+	if (s->narrow_split && W <= KN_CU_GEMV_MAX_N)
+		return s->narrow_split;
+	const int own = s->narrow_own && s->attn_tile != 1 && W <= KN_CU_GEMV_MAX_N
+				? kn_cuda_attn_own_split(W, s->hd, s->nh, s->nkv)
+				: 0;
+	return own ? own : kn_cuda_attn_tile_split(W, s->max_ctx, s->nh, s->nkv);
 }
 #endif /* KN_CUDA_ENGINE_INT_CUH */

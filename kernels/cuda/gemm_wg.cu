@@ -19,7 +19,7 @@
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
  * more than 32 columns run gemm_wgt_kernel instead: tensor copies (TMA)
  * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
- * same order and bits.
+ * same order and bits; above 256 columns in CTA pairs that share X's copies.
  */
 #include "gemm_wg.cuh"
 
@@ -282,8 +282,9 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
  * running sum and the total (96 + 96 registers) per thread: the widest tile
  * whose segment fold still fits in registers.
  */
-template <int BN_, int CONS_> struct wgt_cfg {
-	static constexpr int BN = BN_, CONS = CONS_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS, BNB = BN_;
+template <int BN_, int CONS_, int CL_ = 1> struct wgt_cfg {
+	static constexpr int BN = BN_, CONS = CONS_, CL = CL_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS, BNB = BN_;
+	static constexpr int XH = BN_ / CL_; /* X columns of a stage this CTA copies (for the whole cluster) */
 	static constexpr bool MSPLIT = true, XRES = false, TMA = true;
 	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
 	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
@@ -328,6 +329,39 @@ WG_DEV void tma_load(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, in
 		     : "memory");
 }
 
+/* the same box into the same offset of every CTA of the cluster in @p mask,
+ * counted on each one's barrier at @p bar's offset */
+WG_DEV void tma_load_mc(void *dst, const CUtensorMap *tm, uint64_t *bar, int k0, int r0, uint16_t mask)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+		     "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+		     "l"((uint64_t)tm), "r"(smem_u32(bar)), "r"(k0), "r"(r0), "h"(mask)
+		     : "memory");
+}
+
+/* arrive on the barrier at @p b's offset in cluster CTA @p cta (release at
+ * CTA scope, as for a local arrive: what it orders is this warpgroup's
+ * finished reads of the stage) */
+WG_DEV void mbar_arrive_cta(uint64_t *b, uint32_t cta)
+{
+	asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
+		     "r"(cta)
+		     : "memory");
+}
+
+WG_DEV void cluster_sync(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+WG_DEV uint32_t cluster_rank(void)
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+
 /* One unit of a TMA kernel's work: a tile of BM rows by BN columns and the
  * k of one segment (products in parts) or of all (else). Units are numbered
  * column tiles first, then segments, then row tiles: the blocks that run
@@ -336,9 +370,9 @@ struct wgt_unit {
 	int row0, col0, seg, kbeg, nch;
 };
 
-WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int nseg)
+WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int nseg, int cl = 1, int rank = 0)
 {
-	const int ct = u % nct, r = u / nct, sg = r % nsp, rt = r / nsp;
+	const int ct = u % nct, r = u / nct, sg = r % nsp, rt = (r / nsp) * cl + rank;
 	const int s0 = nsp > 1 ? sg : 0, s1 = nsp > 1 ? sg + 1 : nseg;
 	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
 	return wgt_unit{ rt * bm, ct * bn, sg, kbeg, (kend - kbeg + WG_BK - 1) / WG_BK };
@@ -350,29 +384,42 @@ WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int
  * the next while the consumers store the last one's sums). With parts
  * (@p part not NULL) a unit sums one segment into part + seg n out.
  */
-template <int BN, int CONS>
+template <int BN, int CONS, int CL>
 static __global__ void __launch_bounds__(128 * (CONS + 1), 1)
 gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
 		int n, int in, int out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-	using C = wgt_cfg<BN, CONS>;
+	using C = wgt_cfg<BN, CONS, CL>;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char wg_smem_raw[];
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
 	const int nseg = (in + WG_SEG - 1) / WG_SEG, nsp = part ? nseg : 1;
-	const int nct = (n + BN - 1) / BN, units = nct * ((out + C::BM - 1) / C::BM) * nsp;
+	/* units of CL row tiles (the cluster's CTAs take one each, in step) */
+	const int nct = (n + BN - 1) / BN, units = nct * (((out + C::BM - 1) / C::BM + CL - 1) / CL) * nsp;
+	const int rank = CL > 1 ? (int)cluster_rank() : 0, first = blockIdx.x / CL, step = gridDim.x / CL;
 
 	if (tid == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init(&full[s], 1);
-			mbar_init(&empty[s], CONS);
+			mbar_init(&empty[s], CONS * CL); /* every consumer of the cluster reads the X it copies */
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
-	__syncthreads();
+	if (CL > 1)
+		cluster_sync();
+	else
+		__syncthreads();
+	/* X's share of a stage: all of it, or this CTA's part, copied into every CTA of the cluster */
+	auto load_x = [&](int s, int k0, int col0) {
+		unsigned char *dst = sm + s * C::STAGE + C::W_BYTES + rank * C::XH * 128;
+		if (CL > 1)
+			tma_load_mc(dst, &tx, &full[s], k0, col0 + rank * C::XH, (uint16_t)((1 << CL) - 1));
+		else
+			tma_load(dst, &tx, &full[s], k0, col0);
+	};
 
 	if (wg == 0) {
 		if (CONS > 1)
@@ -380,8 +427,8 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 		if (tid == 0) {
 			/* the weights' first stages go out before waiting for X's producer */
 			int pre = 0;
-			for (int u = blockIdx.x; u < units && pre < S; u += gridDim.x) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
+			for (int u = first; u < units && pre < S; u += step) {
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
 				for (int i = 0; i < t.nch && pre < S; i++, pre++) {
 					mbar_expect_tx(&full[pre], C::STAGE);
 					tma_load(sm + pre * C::STAGE, &tw, &full[pre], t.kbeg + i * WG_BK, t.row0);
@@ -390,34 +437,45 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			kn_pdl_wait();
 			kn_pdl_trigger();
 			int it = 0; /* this block's chunks so far: stage it % S, phase it / S */
-			for (int u = blockIdx.x; u < units; u += gridDim.x) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
+			for (int u = first; u < units; u += step) {
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
 				for (int i = 0; i < t.nch; i++, it++) {
 					const int s = it % S, k0 = t.kbeg + i * WG_BK;
 					if (it >= pre) {
+						/* with CL > 1 also every peer's consumers are done with
+						 * stage s: this CTA's copy of X goes into theirs too */
 						mbar_wait(&empty[s], ((it / S) - 1) & 1);
 						mbar_expect_tx(&full[s], C::STAGE);
 						tma_load(sm + s * C::STAGE, &tw, &full[s], k0, t.row0);
 					}
-					tma_load(sm + s * C::STAGE + C::W_BYTES, &tx, &full[s], k0, t.col0);
+					load_x(s, k0, t.col0);
 				}
 			}
 		} else {
 			kn_pdl_wait();
 		}
 		__syncwarp();
+		if (CL > 1)
+			cluster_sync(); /* a peer may still copy into this CTA, or arrive on its barriers */
 		return;
 	}
 
 	if (CONS > 1)
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
 	const int c = wg - 1;
-	const bool signal = (tid & 127) == 0;
+	/* the arriving threads: lane 0 of warp r of the warpgroup on CTA r's barrier */
+	const bool signal = (tid & 127) % 32 == 0 && (tid & 127) / 32 < CL;
+	auto release = [&](int st) {
+		if (CL > 1)
+			mbar_arrive_cta(&empty[st], (uint32_t)((tid & 127) / 32));
+		else
+			mbar_arrive(&empty[st]);
+	};
 	float acc[BN / 2], tot[BN / 2];
 	bool waited = false;
 	int it = 0;
-	for (int u = blockIdx.x; u < units; u += gridDim.x) {
-		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg);
+	for (int u = first; u < units; u += step) {
+		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
 #pragma unroll
 		for (int e = 0; e < BN / 2; e++)
 			acc[e] = tot[e] = 0.f;
@@ -442,14 +500,14 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 					tot[e] += acc[e];
 				if (signal) {
 					if (held >= 0)
-						mbar_arrive(&empty[held]);
-					mbar_arrive(&empty[s]);
+						release(held);
+					release(s);
 				}
 				held = -1;
 			} else {
 				asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 				if (signal && held >= 0)
-					mbar_arrive(&empty[held]);
+					release(held);
 				held = s;
 			}
 		}
@@ -461,6 +519,8 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	}
 	if (!waited)
 		kn_pdl_wait();
+	if (CL > 1)
+		cluster_sync();
 #else
 	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out;
 	__trap();
@@ -506,6 +566,17 @@ static int wg_tma = -1;
  * units in turn). For measuring. */
 static int wg_cons = 0, wg_tma_from = 0, wg_persist = 1;
 
+/* The TMA kernel's 128- and 192-column tiles (two consumers) in CTA pairs
+ * on adjacent row tiles, each CTA copying half of X's stage into both (TMA
+ * multicast): X's reads from L2 halved. Above 256 columns, where the
+ * kernel was bound by L2 (ncu, H100, 8B gate_up at 2,048 columns: L2 83%
+ * busy, SMs 67%; cuBLAS 65% / 88%). H100, .devcarry/run10.sh, us, alone /
+ * in pairs: 8B gate_up at 2,048 columns 963 -> 782 (cuBLAS 646), 8B down
+ * 517 -> 417 (356), 1B LM head 2,034 -> 1,774 (1,541); at 256 columns
+ * none won (8B gate_up 127 -> 132). KVFERRY_WG_CLUSTER=1 never, 2 at every
+ * width the tiles allow (for measuring). */
+static int wg_cluster = 0;
+
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
  * 8B decode at batch 64 and 256: 7.97 / 16.06 ms with the pass, 7.77 /
@@ -532,6 +603,8 @@ static void wg_read_env(void)
 	wg_persist = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
+	e = getenv("KVFERRY_WG_CLUSTER");
+	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : 0;
 	e = getenv("KVFERRY_WG_XB16");
 	wg_xb16 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
@@ -605,6 +678,8 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 				     : 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
+	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
+		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 	switch (bn + cons) {
 	case 8 + 1: return f(wgt_cfg<8, 1>());
 	case 16 + 1: return f(wgt_cfg<16, 1>());
@@ -659,17 +734,36 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 
 /* blocks of the TMA kernel an SM holds at once (the narrow one-consumer
  * tiles fit two or three): a persistent grid fills every SM, none twice */
-template <int BN, int CONS> static int wgt_per_sm = 1;
+template <int BN, int CONS, int CL> static int wgt_per_sm = 1;
+/* CTA pairs (CL 2): the clusters the GPU holds at once (the persistent grid) */
+template <int BN, int CONS, int CL> static int wgt_clusters = 1;
 
-template <int BN, int CONS> static cudaError_t wgt_set_smem(void)
+template <int BN, int CONS, int CL = 1> static cudaError_t wgt_set_smem(void)
 {
-	cudaError_t e = cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					     wgt_cfg<BN, CONS>::SMEM);
+	using C = wgt_cfg<BN, CONS, CL>;
+	cudaError_t e = cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     C::SMEM);
 	int nb = 0;
 	if (e == cudaSuccess &&
-	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemm_wgt_kernel<BN, CONS>, wgt_cfg<BN, CONS>::THREADS,
-							       wgt_cfg<BN, CONS>::SMEM)) == cudaSuccess)
-		wgt_per_sm<BN, CONS> = nb > 0 ? nb : 1;
+	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemm_wgt_kernel<BN, CONS, CL>, C::THREADS, C::SMEM)) ==
+		    cudaSuccess)
+		wgt_per_sm<BN, CONS, CL> = nb > 0 ? nb : 1;
+	if (e == cudaSuccess && CL > 1) {
+		cudaLaunchAttribute at[1];
+		at[0].id = cudaLaunchAttributeClusterDimension;
+		at[0].val.clusterDim.x = CL;
+		at[0].val.clusterDim.y = 1;
+		at[0].val.clusterDim.z = 1;
+		cudaLaunchConfig_t cfg = {};
+		cfg.gridDim = dim3(CL * 128);
+		cfg.blockDim = dim3(C::THREADS);
+		cfg.dynamicSmemBytes = C::SMEM;
+		cfg.attrs = at;
+		cfg.numAttrs = 1;
+		int nc = 0;
+		if ((e = cudaOccupancyMaxActiveClusters(&nc, gemm_wgt_kernel<BN, CONS, CL>, &cfg)) == cudaSuccess)
+			wgt_clusters<BN, CONS, CL> = nc > 0 ? nc : 1;
+	}
 	return e;
 }
 
@@ -698,12 +792,16 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<64, 1>(),  wgt_set_smem<128, 1>(), wgt_set_smem<192, 1>(),
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
+		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
 			return v;
 	wg_read_env();
 	wg_sms = sms;
+	if (getenv("KVFERRY_WG_SHOW_CLUSTERS"))
+		fprintf(stderr, "gemm_wg: %d SMs; CTA pairs the GPU holds at once: 128 columns %d, 192 columns %d\n", sms,
+			wgt_clusters<128, 2, 2>, wgt_clusters<192, 2, 2>);
 	return cudaSuccess;
 }
 
@@ -752,11 +850,11 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN, int CONS>
+template <int BN, int CONS, int CL = 1>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
 			      size_t part_floats, cudaStream_t st, bool persist = true)
 {
-	using C = wgt_cfg<BN, CONS>;
+	using C = wgt_cfg<BN, CONS, CL>;
 
 	const int nseg = (in + WG_SEG - 1) / WG_SEG;
 	const long tiles = (long)((n + BN - 1) / BN) * ((out + C::BM - 1) / C::BM);
@@ -765,11 +863,39 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	const long units = tiles * (parts ? nseg : 1);
 	CUtensorMap tw, tx;
 	cudaError_t e;
-	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, BN)) != cudaSuccess)
+	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, C::XH)) != cudaSuccess)
 		return e;
-	const long most = (long)wg_sms * wgt_per_sm<BN, CONS>;
+	if constexpr (CL > 1) {
+		/* pairs of CTAs on adjacent row tiles, each copying half of X's
+		 * stage into both; always persistent: a grid of what the GPU holds */
+		const long pairs = (long)((n + BN - 1) / BN) * (((out + C::BM - 1) / C::BM + CL - 1) / CL) *
+				   (parts ? nseg : 1);
+		const long nc = pairs < wgt_clusters<BN, CONS, CL> ? pairs : wgt_clusters<BN, CONS, CL>;
+		cudaLaunchAttribute at[2];
+		at[0].id = cudaLaunchAttributeClusterDimension;
+		at[0].val.clusterDim.x = CL;
+		at[0].val.clusterDim.y = 1;
+		at[0].val.clusterDim.z = 1;
+		at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[1].val.programmaticStreamSerializationAllowed = 1;
+		cudaLaunchConfig_t cfg = {};
+		cfg.gridDim = dim3((unsigned)(nc * CL));
+		cfg.blockDim = dim3(C::THREADS);
+		cfg.dynamicSmemBytes = C::SMEM;
+		cfg.stream = st;
+		cfg.attrs = at;
+		cfg.numAttrs = kn_cuda_pdl() ? 2 : 1;
+		e = cudaLaunchKernelEx(&cfg, gemm_wgt_kernel<BN, CONS, CL>, tw, tx, y, parts ? part : (float *)NULL, n,
+				       in, out);
+		if (e == cudaSuccess)
+			e = cudaGetLastError();
+		if (e != cudaSuccess || !parts)
+			return e;
+		return wg_fold(part, y, count, nseg, st);
+	}
+	const long most = (long)wg_sms * wgt_per_sm<BN, CONS, CL>;
 	const int grid = (int)(persist && wg_persist && units > most ? most : units);
-	e = kn_launch(gemm_wgt_kernel<BN, CONS>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
+	e = kn_launch(gemm_wgt_kernel<BN, CONS, CL>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
 		      parts ? part : (float *)NULL, n, in, out);
 	if (e != cudaSuccess || !parts)
 		return e;
@@ -795,7 +921,7 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		if (!C::XRES && x && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 			return re;
 		if constexpr (C::TMA)
-			return wgt_launch<C::BN, C::CONS>(w, xb, y, n, in, out, part, part_floats, st);
+			return wgt_launch<C::BN, C::CONS, C::CL>(w, xb, y, n, in, out, part, part_floats, st);
 		else
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
 									      n, in, out, part, part_floats, st);
@@ -859,6 +985,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<8, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 8: /* 64 rows by 16 columns */
 		return wgt_launch<16, 1>(w, xb, y, n, in, out, part, part_floats, st);
+	case 9: /* 128-column tiles in CTA pairs sharing X */
+		return wgt_launch<128, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 10: /* 192-column tiles in CTA pairs sharing X */
+		return wgt_launch<192, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}

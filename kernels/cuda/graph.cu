@@ -145,18 +145,20 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 		/* Tile kernel: exact (q, P as hi + lo) on narrow plans, so the decode
 		 * path stays f32-grade; wide plans follow the X choice (bf16 q and P,
 		 * as transformers' bf16 attention, unless cuda_wide_x asks f32-grade). */
-		/* auto: tile on wide plans only. At <= 16 decode columns the column
-		 * kernel measured equal or faster when the tile kernel's warps served
-		 * 16 / GM columns each (8B batch 8, ctx 512: 6.7 vs 7.5 ms); with one
-		 * column a warp (tile_cpw()) the tile kernel won in a 512-position
-		 * stage, but its narrow pieces follow the stage's longest context
-		 * (kn_cuda_attn_tile_split()), so the column kernel stays until they
-		 * follow each column's length. */
-		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && W > KN_CU_GEMV_MAX_N) ? KN_CU_ATTN_TILE
-											  : KN_CU_ATTN_COLUMN;
+		/* auto: the tile kernel. On narrow plans one column a warp, each
+		 * column in pieces of its own length (cu_attn_split() < 0), where
+		 * the head allows it, else the column kernel. H100, stage of 32k
+		 * positions, ms a step, column kernel -> own pieces: 8B batch 1
+		 * ctx 2,048 6.65 -> 5.68, 8,192 6.71 -> 6.26 (pieces of 256); 1B
+		 * batch 8 ctx 512 1.45 -> 1.39 (kernels/cuda/NOTES.md). With the
+		 * pieces following the stage's longest context instead, a 512-position
+		 * column of a 32k stage ran as one piece (1B batch 1 1.22 -> 1.50). */
+		aa.split = cu_attn_split(s, W);
+		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && (W > KN_CU_GEMV_MAX_N || aa.split < 0))
+				    ? KN_CU_ATTN_TILE
+				    : KN_CU_ATTN_COLUMN;
 		aa.exact = s->attn_exact >= 0 ? s->attn_exact
 					    : W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
-		aa.split = cu_attn_split(s, W);
 		/* auto, narrow plans: each long column to the tile kernel (by its own
 		 * length: kn_cuda_attn_tile_from()) */
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)
