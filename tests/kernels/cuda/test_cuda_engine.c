@@ -649,18 +649,23 @@ static void long_columns_take_the_tile_kernel_by_their_own_length(const struct k
 {
 	struct chain col, tile;
 	const int bps = 8;
+	/* narrow plans on the column kernel, long columns to the tile kernel
+	 * (kn_cuda_attn_tile_from()): the choice before each column took pieces
+	 * of its own, still there behind KVFERRY_CUDA_NARROW_OWN=0 */
+	setenv("KVFERRY_CUDA_NARROW_OWN", "0", 1);
 	setenv("KVFERRY_CUDA_ATTN_TILE_FROM", "12", 1);
-	printf("info   with long columns (>= 12 positions) on the tile kernel:\n");
+	printf("info   on the column kernel, long columns (>= 12 positions) on the tile kernel:\n");
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
 	setenv("KVFERRY_CUDA_ATTN_TILE_FROM", "1000", 1);
-	printf("info   with long columns (>= 1000 positions) on the tile kernel:\n");
+	printf("info   on the column kernel, long columns (>= 1000 positions) on the tile kernel:\n");
 	graphs_per_context_bucket_give_the_bits_of_one_graph(m);
 	unsetenv("KVFERRY_CUDA_ATTN_TILE_FROM");
 	const char *lk = getenv("KVFERRY_CUDA_LINEAR");
 	if (lk != NULL && !strcmp(lk, "wg")) {
 		printf("skip   the_tile_kernels_logits_are_the_column_kernels_within_5e-3: one numerics family "
 		       "(KVFERRY_CUDA_LINEAR=wg) runs the tile kernel in both\n");
+		unsetenv("KVFERRY_CUDA_NARROW_OWN");
 		return;
 	}
 	setenv("KVFERRY_CUDA_ATTN", "column", 1);
@@ -670,6 +675,7 @@ static void long_columns_take_the_tile_kernel_by_their_own_length(const struct k
 	rc = rc ? rc : chain_open(&tile, m, KN_BACKEND_CUDA, 1, 8, 4, bps, 0);
 	if (rc) {
 		unsetenv("KVFERRY_CUDA_ATTN_TILE_FROM");
+		unsetenv("KVFERRY_CUDA_NARROW_OWN");
 		FAIL("opening the engines");
 		return;
 	}
@@ -694,6 +700,7 @@ static void long_columns_take_the_tile_kernel_by_their_own_length(const struct k
 		}
 	}
 	unsetenv("KVFERRY_CUDA_ATTN_TILE_FROM");
+	unsetenv("KVFERRY_CUDA_NARROW_OWN");
 	/* each ~2e-6 of a double reference (test_cuda_ops); 16 layers of
 	 * random weights amplify it to ~1e-3 in the logits */
 	printf("%s the_tile_kernels_logits_are_the_column_kernels_within_5e-3: worst rel err %.3g, %d of %d steps "
