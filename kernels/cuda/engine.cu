@@ -210,14 +210,21 @@ static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 	for (int j = 0; j < n; j++)
 		ctx = stp->cols[j].pos + 1 > ctx ? stp->cols[j].pos + 1 : ctx;
 	const int bk = cu_ctx_bucket(s, ctx);
+	/* a wide plan whose columns want few tokens (prompt chunks): the LM head
+	 * on their rows alone */
+	int want = 0;
+	for (int j = 0; j < n && s->base.last; j++)
+		want += (stp->cols[j].flags & KN_COL_NEED_LOGIT) != 0;
+	const int packed = s->base.last && s->logit_rows && !host_rows && W > CU_LOGIT_K && want <= CU_LOGIT_K;
 	if (s->tp_host) {
 		/* the ranks sum on the host, waiting for the device: no graph */
-		if ((rc = cu_enqueue(s, W, cu_bucket_ctx(s, bk))))
+		if ((rc = cu_enqueue(s, W, cu_bucket_ctx(s, bk), packed)))
 			return rc;
 	} else {
-		if (!p->exec[bk] && (rc = cu_capture(s, p, bk)))
+		cudaGraphExec_t *ex = packed ? &p->exec_k[bk] : &p->exec[bk];
+		if (!*ex && (rc = cu_capture(s, p, bk, packed)))
 			return rc;
-		CK(cudaGraphLaunch(p->exec[bk], s->st));
+		CK(cudaGraphLaunch(*ex, s->st));
 	}
 	if (s->base.last)
 		CK(cudaMemcpyAsync(sl->h_out, s->d_out, out_bytes(W, n_top), cudaMemcpyDeviceToHost, s->st));
@@ -635,6 +642,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		const char *ns = getenv("KVFERRY_CUDA_NARROW_SPLIT");
 		const int nsv = ns ? atoi(ns) : 0;
 		s->narrow_split = nsv >= 16 && nsv <= 2048 && nsv % 16 == 0 ? nsv : 0;
+		const char *lr = getenv("KVFERRY_CUDA_LOGIT_ROWS");
+		s->logit_rows = !(lr && !strcmp(lr, "0"));
 		const char *no = getenv("KVFERRY_CUDA_NARROW_OWN");
 		s->narrow_own = !(no && !strcmp(no, "0"));
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");

@@ -58,9 +58,16 @@ struct layer_w {
  * whose grid launched thousands of blocks past every column. */
 #define CU_CTX_MIN 1024
 #define CU_CTX_BUCKETS 16
+/* Plans wider than CU_LOGIT_K have a second graph per bucket whose final
+ * norm's output is packed to the CU_LOGIT_K rows of the columns that want a
+ * token, so the LM head and the sampler run on those alone (a prompt chunk
+ * wants one token, not one a position): taken when at most CU_LOGIT_K
+ * columns of the step want one and no logit rows go to the host. */
+#define CU_LOGIT_K 64
 struct plan {
 	int32_t width;
-	cudaGraphExec_t exec[CU_CTX_BUCKETS]; /* NULL until the plan's first step in that bucket */
+	cudaGraphExec_t exec[CU_CTX_BUCKETS];   /* NULL until the plan's first step in that bucket */
+	cudaGraphExec_t exec_k[CU_CTX_BUCKETS]; /* the same, the LM head on the packed rows */
 };
 
 /* One in-flight step's host side (pinned) and its completion event. */
@@ -106,6 +113,11 @@ struct cu_stage {
 	float *resid, *delta, *qkv, *gu, *logits, *attn_ws;
 	unsigned *attn_cnt;    /* [wmax][n_kv_heads] attention split counters, kept at zero */
 	float *x, *att, *act;  /* linear-layer inputs, f32 (gemm.cuh rounds them for wide plans) */
+	float *x_k;            /* [CU_LOGIT_K][hidden]: the final norm's rows of the columns that want a token */
+	struct kn_column *cols_k; /* [CU_LOGIT_K] their columns ... */
+	int32_t *out_col;      /* [CU_LOGIT_K] ... and their indices (kn_cuda_logit_rows()) */
+	int logit_rows;        /* the packed-rows graphs in use (KVFERRY_CUDA_LOGIT_ROWS=0: every column's row, for
+	                        * measuring) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
 	int wide_split;        /* opts.cuda_wide_x (or KVFERRY_CUDA_WIDE_X=split): wide plans add X's rounding remainder */
 	int wide_mma;          /* KVFERRY_CUDA_WIDE=mma: wide linears by kn_cuda_gemm_mma (a column's bits as in narrow plans) */
@@ -201,10 +213,11 @@ const char *cu_tp_transport(const struct cu_stage *s);
 void cu_tp_fini(struct cu_stage *s);
 
 /* graph.cu: a plan's graph, captured at its first step; dropped when the pool moves. */
-int cu_capture(struct cu_stage *s, struct plan *p, int bucket);
+int cu_capture(struct cu_stage *s, struct plan *p, int bucket, int packed);
 /* The step at plan width W for contexts up to @p gctx, enqueued on the stream
- * (what a graph holds; run eagerly where the ranks sum on the host). */
-int cu_enqueue(struct cu_stage *s, int W, int gctx);
+ * (what a graph holds; run eagerly where the ranks sum on the host); with
+ * @p packed the LM head and the sampler on the CU_LOGIT_K packed rows. */
+int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed);
 /* The context bucket of a step whose columns reach @p ctx positions, and its longest context. */
 int cu_ctx_bucket(const struct cu_stage *s, int ctx);
 int cu_bucket_ctx(const struct cu_stage *s, int bucket);

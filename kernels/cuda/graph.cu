@@ -92,7 +92,7 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 	return linear(s, w, s->x, y, W, H, out);
 }
 
-int cu_enqueue(struct cu_stage *s, int W, int gctx)
+int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 {
 	const struct kn_model_config *c = s->base.cfg;
 	const int H = s->hidden;
@@ -179,7 +179,30 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx)
 			return rc;
 		pending = s->delta;
 	}
-	if (s->base.last) {
+	if (s->base.last && packed) {
+		/* the final norm on every column, then the rows of those that want
+		 * a token packed: the LM head and the sampler on CU_LOGIT_K rows */
+		struct out_layout o = out_layout(s->d_out, W);
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, s->fnorm, c->rms_eps, W, H, s->x, s->st),
+		    "kn_cuda_add_rmsnorm");
+		CKL(kn_cuda_logit_rows(s->d_cols, W, s->x, H, CU_LOGIT_K, s->x_k, s->cols_k, s->out_col, o.tok, o.lp,
+				       s->st),
+		    "kn_cuda_logit_rows");
+		if ((rc = linear(s, s->lm_head, s->x_k, s->logits, CU_LOGIT_K, H, s->vocab)))
+			return rc;
+		struct kn_cu_sample_args sa = {};
+		sa.logits = s->logits;
+		sa.vocab = s->vocab;
+		sa.cols = s->cols_k;
+		sa.n = CU_LOGIT_K;
+		sa.n_top = (const int32_t *)s->d_in;
+		sa.tokens = o.tok;
+		sa.tok_lp = o.lp;
+		sa.top_ids = o.ids;
+		sa.top_lps = o.lps;
+		sa.out_col = s->out_col;
+		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
+	} else if (s->base.last) {
 		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
 			return rc;
 		struct kn_cu_sample_args sa = {};
@@ -204,10 +227,16 @@ void cu_drop_graphs(struct cu_stage *s)
 {
 	for (int i = 0; i < s->n_plans; i++)
 		for (int b = 0; b < CU_CTX_BUCKETS; b++)
+		{
 			if (s->plans[i].exec[b]) {
 				cudaGraphExecDestroy(s->plans[i].exec[b]);
 				s->plans[i].exec[b] = NULL;
 			}
+			if (s->plans[i].exec_k[b]) {
+				cudaGraphExecDestroy(s->plans[i].exec_k[b]);
+				s->plans[i].exec_k[b] = NULL;
+			}
+		}
 }
 
 int cu_ctx_bucket(const struct cu_stage *s, int ctx)
@@ -227,7 +256,7 @@ int cu_bucket_ctx(const struct cu_stage *s, int bucket)
 	return !s->ctx_buckets || bucket == CU_CTX_BUCKETS - 1 || c >= s->max_ctx ? s->max_ctx : (int)c;
 }
 
-int cu_capture(struct cu_stage *s, struct plan *p, int bucket)
+int cu_capture(struct cu_stage *s, struct plan *p, int bucket, int packed)
 {
 	cudaGraph_t g = NULL;
 	CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
@@ -236,7 +265,8 @@ int cu_capture(struct cu_stage *s, struct plan *p, int bucket)
 	 * batch 256 12.88 -> 12.82; the 2048-column prefill of 1B 14.9 -> 15.8 ms
 	 * slower with it, 8B equal. */
 	kn_cuda_pdl_suspend(p->width > KN_CU_PDL_MAX_W);
-	int rc = cu_enqueue(s, p->width, cu_bucket_ctx(s, bucket));
+	int rc = cu_enqueue(s, p->width, cu_bucket_ctx(s, bucket), packed);
+	cudaGraphExec_t *ex = packed ? &p->exec_k[bucket] : &p->exec[bucket];
 	kn_cuda_pdl_suspend(0);
 	cudaError_t e = cudaStreamEndCapture(s->st, &g);
 	if (rc) {
@@ -249,10 +279,10 @@ int cu_capture(struct cu_stage *s, struct plan *p, int bucket)
 		cu_seterr(s, "cudaStreamEndCapture(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
 		return -EIO;
 	}
-	e = cudaGraphInstantiate(&p->exec[bucket], g, 0);
+	e = cudaGraphInstantiate(ex, g, 0);
 	cudaGraphDestroy(g);
 	if (e != cudaSuccess) {
-		p->exec[bucket] = NULL;
+		*ex = NULL;
 		cu_seterr(s, "cudaGraphInstantiate(plan width %d) failed: %s", p->width, cudaGetErrorString(e));
 		return -EIO;
 	}

@@ -229,8 +229,11 @@ static __global__ void __launch_bounds__(SM_T) sample_kernel(struct kn_cu_sample
 	kn_pdl_wait();
 	kn_pdl_trigger();
 	__shared__ struct sm_shared sh;
-	const int c = blockIdx.x, t = threadIdx.x, vocab = a.vocab;
-	const struct kn_column col = a.cols[c];
+	const int r = blockIdx.x, t = threadIdx.x, vocab = a.vocab;
+	const int c = a.out_col ? a.out_col[r] : r; /* where row r's outputs go */
+	if (c < 0)
+		return;
+	const struct kn_column col = a.cols[r];
 	if (col.slot == KN_CU_PAD_SLOT || !(col.flags & KN_COL_NEED_LOGIT)) {
 		if (t == 0) {
 			a.tokens[c] = -1;
@@ -238,7 +241,7 @@ static __global__ void __launch_bounds__(SM_T) sample_kernel(struct kn_cu_sample
 		}
 		return;
 	}
-	const float *row = a.logits + (size_t)c * vocab;
+	const float *row = a.logits + (size_t)r * vocab;
 	uint64_t kb = 0;
 	for (int i = t; i < vocab; i += SM_T) {
 		const uint64_t k = kn_sc_key(row[i], i);
@@ -314,6 +317,74 @@ static __global__ void __launch_bounds__(SM_T) sample_kernel(struct kn_cu_sample
 			lps[i] = i < m ? (float)((double)row[id] - lse) : -INFINITY;
 		}
 	}
+}
+
+static __device__ __forceinline__ bool wants_logit(const struct kn_column &c)
+{
+	return c.slot != KN_CU_PAD_SLOT && (c.flags & KN_COL_NEED_LOGIT);
+}
+
+/* grid (K), block LR_T: block k finds the k-th column that wants a token
+ * (each thread counts a contiguous run of columns, a scan over the
+ * threads' counts places the k-th) and copies its row; block 0 also marks
+ * every other column's outputs. */
+#define LR_T 256
+static __global__ void __launch_bounds__(LR_T)
+logit_rows_kernel(const struct kn_column *cols, int W, const float *x, int H, float *x_k, struct kn_column *cols_k,
+		  int32_t *out_col, int32_t *tokens, float *tok_lp)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	__shared__ int cnt[LR_T];
+	__shared__ int found;
+	const int k = blockIdx.x, t = threadIdx.x, run = (W + LR_T - 1) / LR_T;
+	const int j0 = t * run, j1 = min(j0 + run, W);
+	int n = 0;
+	for (int j = j0; j < j1; j++)
+		n += wants_logit(cols[j]);
+	cnt[t] = n;
+	if (t == 0)
+		found = -1;
+	__syncthreads();
+	for (int o = 1; o < LR_T; o <<= 1) { /* inclusive scan of the counts */
+		const int v = t >= o ? cnt[t - o] : 0;
+		__syncthreads();
+		cnt[t] += v;
+		__syncthreads();
+	}
+	const int before = cnt[t] - n; /* wanting columns ahead of this thread's run */
+	if (k >= before && k < cnt[t]) {
+		int seen = before;
+		for (int j = j0; j < j1; j++)
+			if (wants_logit(cols[j]) && seen++ == k) {
+				found = j;
+				break;
+			}
+	}
+	__syncthreads();
+	const int j = found;
+	for (int e = t; e < H; e += LR_T)
+		x_k[(size_t)k * H + e] = j >= 0 ? x[(size_t)j * H + e] : 0.f;
+	if (t == 0) {
+		struct kn_column pad = {};
+		pad.slot = KN_CU_PAD_SLOT;
+		cols_k[k] = j >= 0 ? cols[j] : pad;
+		out_col[k] = j;
+	}
+	if (k == 0)
+		for (int i = t; i < W; i += LR_T)
+			if (!wants_logit(cols[i])) {
+				tokens[i] = -1;
+				tok_lp[i] = 0.f;
+			}
+}
+
+cudaError_t kn_cuda_logit_rows(const struct kn_column *cols, int W, const float *x, int H, int K, float *x_k,
+			       struct kn_column *cols_k, int32_t *out_col, int32_t *tokens, float *tok_lp,
+			       cudaStream_t st)
+{
+	return kn_launch(logit_rows_kernel, dim3(K), dim3(LR_T), 0, st, cols, W, x, H, x_k, cols_k, out_col, tokens,
+			 tok_lp);
 }
 
 cudaError_t kn_cuda_sample(const struct kn_cu_sample_args *a, cudaStream_t st)

@@ -34,6 +34,8 @@ struct kn_cu_sample_args {
 	float *tok_lp;                  /**< [n] out: logprob of the chosen token */
 	int32_t *top_ids;               /**< [n][KN_CU_MAX_TOP] out (first *n_top valid, -1 beyond vocab) */
 	float *top_lps;                 /**< [n][KN_CU_MAX_TOP] out */
+	const int32_t *out_col;         /**< NULL, or [n]: row c's outputs go to index out_col[c] of the four
+	                                     outputs (kn_cuda_logit_rows()); rows of -1 write nothing */
 };
 
 /**
@@ -43,4 +45,18 @@ struct kn_cu_sample_args {
  * @return the launch's cudaError_t.
  */
 cudaError_t kn_cuda_sample(const struct kn_cu_sample_args *a, cudaStream_t st);
+
+/**
+ * The rows the LM head needs, packed: of the @p W columns, those with
+ * KN_COL_NEED_LOGIT (padding excluded), in order, the first @p K of them:
+ * row k of @p x_k is the column's row of @p x ([W][H] f32), @p cols_k[k]
+ * its column and @p out_col[k] its index; rows past the count get a
+ * padding column, zeros and -1. Every other column of W gets token -1 and
+ * logprob 0 in @p tokens / @p tok_lp (what kn_cuda_sample() writes for
+ * them), so the sampler run over the K rows with out_col fills the outputs
+ * of all W. The caller sees to it that at most K columns want a token.
+ */
+cudaError_t kn_cuda_logit_rows(const struct kn_column *cols, int W, const float *x, int H, int K, float *x_k,
+			       struct kn_column *cols_k, int32_t *out_col, int32_t *tokens, float *tok_lp,
+			       cudaStream_t st);
 #endif

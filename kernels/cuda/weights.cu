@@ -364,9 +364,10 @@ int cu_alloc_workspace(struct cu_stage *s)
 		const int h = s->hidden;
 		const int lin[][2] = { { h, s->qkv_dim }, { s->q_dim, h }, { h, 2 * s->inter }, { s->inter, h },
 				       { h, s->base.last ? s->vocab : 1 } };
-		for (int i = 0; i < s->n_plans; i++)
+		for (int i = 0; i <= s->n_plans; i++) /* and the LM head on the packed rows */
 			for (size_t j = 0; j < sizeof(lin) / sizeof(lin[0]); j++) {
-				const size_t f = kn_cuda_gemm_wg_part_floats(s->plans[i].width, lin[j][0], lin[j][1]);
+				const int pw = i < s->n_plans ? s->plans[i].width : CU_LOGIT_K;
+				const size_t f = kn_cuda_gemm_wg_part_floats(pw, lin[j][0], lin[j][1]);
 				s->wg_part_floats = f > s->wg_part_floats ? f : s->wg_part_floats;
 			}
 		if (s->wg_part_floats &&
@@ -378,6 +379,14 @@ int cu_alloc_workspace(struct cu_stage *s)
 		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;
 		s->ws_bytes += W * s->vocab * 4;
+		if (W > CU_LOGIT_K) {
+			if ((rc = cu_dalloc(s, (void **)&s->x_k, (size_t)CU_LOGIT_K * H * 4, "packed LM head rows")) ||
+			    (rc = cu_dalloc(s, (void **)&s->cols_k, CU_LOGIT_K * sizeof(struct kn_column),
+					    "packed LM head columns")) ||
+			    (rc = cu_dalloc(s, (void **)&s->out_col, CU_LOGIT_K * 4, "packed LM head indices")))
+				return rc;
+			s->ws_bytes += (size_t)CU_LOGIT_K * (H * 4 + sizeof(struct kn_column) + 4);
+		}
 	}
 	CK(cudaMemset(s->d_table, 0xff, (size_t)s->base.opts.n_slots * s->base.opts.max_blocks_per_slot * 4));
 	CK(cudaDeviceSynchronize()); /* legacy-stream memsets before the step stream's work (cu_dalloc) */
