@@ -226,8 +226,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 void cu_drop_graphs(struct cu_stage *s)
 {
 	for (int i = 0; i < s->n_plans; i++)
-		for (int b = 0; b < CU_CTX_BUCKETS; b++)
-		{
+		for (int b = 0; b < CU_CTX_BUCKETS; b++) {
 			if (s->plans[i].exec[b]) {
 				cudaGraphExecDestroy(s->plans[i].exec[b]);
 				s->plans[i].exec[b] = NULL;
