@@ -100,26 +100,57 @@ int kn_cuda_pdl(void);
 void kn_cuda_pdl_suspend(int off);
 
 /**
- * Launch @p k on @p st with the programmatic-serialization attribute (when
- * kn_cuda_pdl()); the kernel must follow the kn_pdl_wait() rule above.
- * @return the launch's error, else cudaGetLastError().
+ * A launch config for @p grid x @p block with @p smem bytes on @p st: the
+ * cluster dimension @p cluster along x when above 1, then the
+ * programmatic-serialization attribute when kn_cuda_pdl() (and @p pdl).
+ * @p at holds the attributes (two).
  */
-template <typename... P, typename... A>
-static inline cudaError_t kn_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-				    cudaStream_t st, A &&...args)
+static inline cudaLaunchConfig_t kn_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+						  unsigned cluster, int pdl, cudaLaunchAttribute at[2])
 {
-	cudaLaunchAttribute at[1];
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
 	cudaLaunchConfig_t cfg = {};
 	cfg.gridDim = grid;
 	cfg.blockDim = block;
 	cfg.dynamicSmemBytes = smem;
 	cfg.stream = st;
 	cfg.attrs = at;
-	cfg.numAttrs = kn_cuda_pdl() ? 1 : 0;
+	if (cluster > 1) {
+		at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+		at[cfg.numAttrs].val.clusterDim.x = cluster;
+		at[cfg.numAttrs].val.clusterDim.y = 1;
+		at[cfg.numAttrs].val.clusterDim.z = 1;
+		cfg.numAttrs++;
+	}
+	if (pdl && kn_cuda_pdl()) {
+		at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+		cfg.numAttrs++;
+	}
+	return cfg;
+}
+
+/**
+ * Launch @p k on @p st in clusters of @p cluster CTAs along x (1: none),
+ * with the programmatic-serialization attribute (when kn_cuda_pdl()); the
+ * kernel must follow the kn_pdl_wait() rule above.
+ * @return the launch's error, else cudaGetLastError().
+ */
+template <typename... P, typename... A>
+static inline cudaError_t kn_launch_cl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+				       unsigned cluster, A &&...args)
+{
+	cudaLaunchAttribute at[2];
+	const cudaLaunchConfig_t cfg = kn_launch_config(grid, block, smem, st, cluster, 1, at);
 	const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 	return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/** kn_launch_cl() without clusters. */
+template <typename... P, typename... A>
+static inline cudaError_t kn_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+				    cudaStream_t st, A &&...args)
+{
+	return kn_launch_cl(k, grid, block, smem, st, 1, std::forward<A>(args)...);
 }
 
 /**

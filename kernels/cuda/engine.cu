@@ -539,6 +539,21 @@ static void errfill(char *err, size_t errlen, const char *msg)
 		snprintf(err, errlen, "%s", msg);
 }
 
+/** A measuring knob that is on unless set to "0". */
+static int env_on(const char *name)
+{
+	const char *v = getenv(name);
+	return v == NULL || strcmp(v, "0") != 0;
+}
+
+/** A piece length from @p name: 16..2048 in steps of 16, else @p dflt. */
+static int env_split(const char *name, int dflt)
+{
+	const char *v = getenv(name);
+	const int n = v ? atoi(v) : 0;
+	return n >= 16 && n <= 2048 && n % 16 == 0 ? n : dflt;
+}
+
 static struct kn_stage *create(const struct kn_model *m, const struct kn_model_config *rcfg,
 			       uint64_t seed, const struct kn_stage_opts *o, char *err, size_t errlen)
 {
@@ -636,22 +651,14 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * on the tile kernel in fixed pieces; Hopper only (checked below) */
 		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
 		s->linear_wg = op->cuda_batch_invariant || (lk != NULL && !strcmp(lk, "wg"));
-		const char *fs = getenv("KVFERRY_CUDA_FAMILY_SPLIT");
-		const int fsv = fs ? atoi(fs) : 0;
-		s->family_split = fsv >= 16 && fsv <= 2048 && fsv % 16 == 0 ? fsv : CU_FAMILY_SPLIT;
-		const char *ns = getenv("KVFERRY_CUDA_NARROW_SPLIT");
-		const int nsv = ns ? atoi(ns) : 0;
-		s->narrow_split = nsv >= 16 && nsv <= 2048 && nsv % 16 == 0 ? nsv : 0;
-		const char *lr = getenv("KVFERRY_CUDA_LOGIT_ROWS");
-		s->logit_rows = !(lr && !strcmp(lr, "0"));
-		const char *no = getenv("KVFERRY_CUDA_NARROW_OWN");
-		s->narrow_own = !(no && !strcmp(no, "0"));
+		s->family_split = env_split("KVFERRY_CUDA_FAMILY_SPLIT", CU_FAMILY_SPLIT);
+		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
+		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
+		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
 		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;
-		const char *kg = getenv("KVFERRY_CUDA_KV_GATHER");
-		s->kv_gather = kg == NULL || strcmp(kg, "0") != 0;
-		const char *cb = getenv("KVFERRY_CUDA_CTX_BUCKETS");
-		s->ctx_buckets = cb == NULL || strcmp(cb, "0") != 0;
+		s->kv_gather = env_on("KVFERRY_CUDA_KV_GATHER");
+		s->ctx_buckets = env_on("KVFERRY_CUDA_CTX_BUCKETS");
 		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))
 			s->attn_tile = 1; /* the column kernel serves the other shapes */
 		else if (s->linear_wg)

@@ -749,17 +749,8 @@ template <int BN, int CONS, int CL = 1> static cudaError_t wgt_set_smem(void)
 		    cudaSuccess)
 		wgt_per_sm<BN, CONS, CL> = nb > 0 ? nb : 1;
 	if (e == cudaSuccess && CL > 1) {
-		cudaLaunchAttribute at[1];
-		at[0].id = cudaLaunchAttributeClusterDimension;
-		at[0].val.clusterDim.x = CL;
-		at[0].val.clusterDim.y = 1;
-		at[0].val.clusterDim.z = 1;
-		cudaLaunchConfig_t cfg = {};
-		cfg.gridDim = dim3(CL * 128);
-		cfg.blockDim = dim3(C::THREADS);
-		cfg.dynamicSmemBytes = C::SMEM;
-		cfg.attrs = at;
-		cfg.numAttrs = 1;
+		cudaLaunchAttribute at[2];
+		const cudaLaunchConfig_t cfg = kn_launch_config(dim3(CL * 128), dim3(C::THREADS), C::SMEM, 0, CL, 0, at);
 		int nc = 0;
 		if ((e = cudaOccupancyMaxActiveClusters(&nc, gemm_wgt_kernel<BN, CONS, CL>, &cfg)) == cudaSuccess)
 			wgt_clusters<BN, CONS, CL> = nc > 0 ? nc : 1;
@@ -871,24 +862,8 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 		const long pairs = (long)((n + BN - 1) / BN) * (((out + C::BM - 1) / C::BM + CL - 1) / CL) *
 				   (parts ? nseg : 1);
 		const long nc = pairs < wgt_clusters<BN, CONS, CL> ? pairs : wgt_clusters<BN, CONS, CL>;
-		cudaLaunchAttribute at[2];
-		at[0].id = cudaLaunchAttributeClusterDimension;
-		at[0].val.clusterDim.x = CL;
-		at[0].val.clusterDim.y = 1;
-		at[0].val.clusterDim.z = 1;
-		at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-		at[1].val.programmaticStreamSerializationAllowed = 1;
-		cudaLaunchConfig_t cfg = {};
-		cfg.gridDim = dim3((unsigned)(nc * CL));
-		cfg.blockDim = dim3(C::THREADS);
-		cfg.dynamicSmemBytes = C::SMEM;
-		cfg.stream = st;
-		cfg.attrs = at;
-		cfg.numAttrs = kn_cuda_pdl() ? 2 : 1;
-		e = cudaLaunchKernelEx(&cfg, gemm_wgt_kernel<BN, CONS, CL>, tw, tx, y, parts ? part : (float *)NULL, n,
-				       in, out);
-		if (e == cudaSuccess)
-			e = cudaGetLastError();
+		e = kn_launch_cl(gemm_wgt_kernel<BN, CONS, CL>, dim3((unsigned)(nc * CL)), dim3(C::THREADS), (size_t)C::SMEM,
+				 st, CL, tw, tx, y, parts ? part : (float *)NULL, n, in, out);
 		if (e != cudaSuccess || !parts)
 			return e;
 		return wg_fold(part, y, count, nseg, st);
