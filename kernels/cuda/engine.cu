@@ -654,6 +654,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->family_split = env_split("KVFERRY_CUDA_FAMILY_SPLIT", CU_FAMILY_SPLIT);
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
 		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
+		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
 		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;

@@ -116,6 +116,9 @@ struct cu_stage {
 	float *x_k;            /* [CU_LOGIT_K][hidden]: the final norm's rows of the columns that want a token */
 	struct kn_column *cols_k; /* [CU_LOGIT_K] their columns ... */
 	int32_t *out_col;      /* [CU_LOGIT_K] ... and their indices (kn_cuda_logit_rows()) */
+	void *sample_ws;       /* kn_cuda_sample_scratch_bytes(wmax): a row's greedy passes in pieces; NULL with
+	                        * KVFERRY_CUDA_SAMPLE_PIECES=0 (one block a row, for measuring) */
+	int sample_pieces;
 	int logit_rows;        /* the packed-rows graphs in use (KVFERRY_CUDA_LOGIT_ROWS=0: every column's row, for
 	                        * measuring) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */

@@ -201,6 +201,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		sa.top_ids = o.ids;
 		sa.top_lps = o.lps;
 		sa.out_col = s->out_col;
+		sa.scratch = s->sample_ws;
 		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
 	} else if (s->base.last) {
 		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
@@ -216,6 +217,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		sa.tok_lp = o.lp;
 		sa.top_ids = o.ids;
 		sa.top_lps = o.lps;
+		sa.scratch = s->sample_ws;
 		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
 	} else if (pending) {
 		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");

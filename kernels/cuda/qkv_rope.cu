@@ -1,21 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "qkv_rope.cuh"
 
-/* grid (n, n_heads + 2 * n_kv_heads), block head_dim / 2 (rounded up to a
- * warp): thread t owns the rotate-half pair (t, t + head_dim/2). */
-static __global__ void qkv_rope_kernel(const struct kn_cu_qkv_args a)
+/* Threads a block: several heads of one column share a block (a block of 32
+ * threads a head left the 1B's 256-column step with 12,288 blocks of one
+ * warp each: 17 us a layer, latency-bound). */
+#define QR_THREADS 256
+
+/* grid (n, ceil(heads / hpb)), block hpb x tph: tph = head_dim / 2 rounded
+ * up to a warp, hpb = QR_THREADS / tph heads a block (at least 1); thread t
+ * of its head owns the rotate-half pair (t, t + head_dim/2). A head's norm
+ * adds its warps' sums in order, as with a block a head: the same bits. */
+static __global__ void __launch_bounds__(QR_THREADS) qkv_rope_kernel(const struct kn_cu_qkv_args a, int tph)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
-	__shared__ float red[16];
-	const int c = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+	__shared__ float red[QR_THREADS / 32];
+	const int hpb = blockDim.x / tph, wph = tph / 32;
+	const int c = blockIdx.x, hl = threadIdx.x / tph, t = threadIdx.x % tph;
+	const int h = blockIdx.y * hpb + hl;
+	const int heads = a.n_heads + 2 * a.n_kv_heads;
 	const int hd = a.head_dim, half = hd / 2;
-	const int qkv_dim = (a.n_heads + 2 * a.n_kv_heads) * hd;
+	const int qkv_dim = heads * hd;
 	const int kind = h < a.n_heads ? 0 : (h < a.n_heads + a.n_kv_heads ? 1 : 2);
 	const int off = h * hd;
 	float *x = a.qkv + (size_t)c * qkv_dim + off;
 	const struct kn_column col = a.cols[c];
-	const bool active = t < half;
+	const bool active = t < half && h < heads;
 	float x0 = 0.f, x1 = 0.f;
 	if (active) {
 		x0 = x[t];
@@ -26,16 +36,16 @@ static __global__ void qkv_rope_kernel(const struct kn_cu_qkv_args a)
 		}
 	}
 	const float *nw = kind == 0 ? a.q_norm : (kind == 1 ? a.k_norm : nullptr);
-	if (nw) { /* uniform branch: whole block */
-		float ss = kn_warp_sum(x0 * x0 + x1 * x1);
+	if (a.q_norm != nullptr || a.k_norm != nullptr) { /* uniform: the whole block syncs */
+		const float ss = kn_warp_sum(x0 * x0 + x1 * x1);
 		if ((t & 31) == 0)
-			red[t >> 5] = ss;
+			red[threadIdx.x >> 5] = ss;
 		__syncthreads();
 		float tot = 0.f;
-		for (int i = 0; i < (int)((blockDim.x + 31) / 32); i++)
-			tot += red[i];
+		for (int i = 0; i < wph; i++)
+			tot += red[hl * wph + i];
 		const float inv = rsqrtf(tot / (float)hd + a.eps);
-		if (active) {
+		if (active && nw) {
 			x0 = x0 * inv * nw[t];
 			x1 = x1 * inv * nw[t + half];
 		}
@@ -71,7 +81,9 @@ cudaError_t kn_cuda_qkv_rope(const struct kn_cu_qkv_args *a, cudaStream_t st)
 {
 	if (a->head_dim % 2 || a->head_dim < 2 || a->head_dim > 512)
 		return cudaErrorInvalidValue;
-	const int threads = ((a->head_dim / 2 + 31) / 32) * 32;
-	dim3 grid(a->n, a->n_heads + 2 * a->n_kv_heads);
-	return kn_launch(qkv_rope_kernel, grid, dim3(threads), 0, st, *a);
+	const int tph = ((a->head_dim / 2 + 31) / 32) * 32;
+	const int hpb = tph < QR_THREADS ? QR_THREADS / tph : 1;
+	const int heads = a->n_heads + 2 * a->n_kv_heads;
+	dim3 grid(a->n, (heads + hpb - 1) / hpb);
+	return kn_launch(qkv_rope_kernel, grid, dim3(hpb * tph), 0, st, *a, tph);
 }

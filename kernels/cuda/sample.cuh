@@ -36,12 +36,28 @@ struct kn_cu_sample_args {
 	float *top_lps;                 /**< [n][KN_CU_MAX_TOP] out */
 	const int32_t *out_col;         /**< NULL, or [n]: row c's outputs go to index out_col[c] of the four
 	                                     outputs (kn_cuda_logit_rows()); rows of -1 write nothing */
+	void *scratch;                  /**< NULL (one block a row), or kn_cuda_sample_scratch_bytes(n) zeroed
+	                                     bytes: each row's first passes in pieces over several blocks */
 };
+
+/** Most blocks one row's first passes take (kn_cuda_sample()). */
+#define KN_CU_SAMPLE_PIECES 32
+
+/**
+ * Bytes of kn_cu_sample_args.scratch for up to @p rows rows; the caller
+ * zeroes them once (the kernel leaves its counters at zero).
+ */
+size_t kn_cuda_sample_scratch_bytes(int rows);
 
 /**
  * The full sampler, one 1,024-thread block per column (kn_sample_core.h).
  * Cost: a few passes over each NEED_LOGIT column's row (greedy: two; a
- * top-p draw: about ten), nothing for the others.
+ * top-p draw: about ten), nothing for the others. With @p a->scratch the
+ * greedy passes (the argmax and the logprob's sum) run over pieces of the
+ * row in blocks of their own, about 8,192 logits each (a 128k vocabulary:
+ * 15), and the last block of a row to finish adds the pieces in order and
+ * does the rest: a row's result depends on the vocabulary alone, not on
+ * the rows beside it.
  * @return the launch's cudaError_t.
  */
 cudaError_t kn_cuda_sample(const struct kn_cu_sample_args *a, cudaStream_t st);

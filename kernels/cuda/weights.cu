@@ -379,6 +379,12 @@ int cu_alloc_workspace(struct cu_stage *s)
 		if ((rc = cu_dalloc(s, (void **)&s->logits, W * s->vocab * 4, "logits")))
 			return rc;
 		s->ws_bytes += W * s->vocab * 4;
+		if (s->sample_pieces) {
+			const size_t b = kn_cuda_sample_scratch_bytes((int)W);
+			if ((rc = cu_dalloc(s, &s->sample_ws, b, "sampler pieces")))
+				return rc;
+			s->ws_bytes += b;
+		}
 		if (W > CU_LOGIT_K) {
 			if ((rc = cu_dalloc(s, (void **)&s->x_k, (size_t)CU_LOGIT_K * H * 4, "packed LM head rows")) ||
 			    (rc = cu_dalloc(s, (void **)&s->cols_k, CU_LOGIT_K * sizeof(struct kn_column),

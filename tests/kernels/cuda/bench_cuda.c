@@ -167,7 +167,9 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 		int rc = 0;
 		for (int w = 0; w < 3 && !rc; w++)
 			rc = kn_stage_step(s, &st);
-		const int iters = b <= 64 ? 30 : 10;
+		/* BENCH_ITERS: fewer timed steps (a profiler taking every kernel) */
+		const char *it = getenv("BENCH_ITERS");
+		const int iters = it != NULL && atoi(it) > 0 ? atoi(it) : b <= 64 ? 30 : 10;
 		double t0 = now();
 		for (int k = 0; k < iters && !rc; k++)
 			rc = kn_stage_step(s, &st);

@@ -695,7 +695,7 @@ static void argmax_picks_the_lowest_id_among_ties(void)
 /* One launch of the device sampler against kn_sample_column() on the same
  * rows: tokens and top ids identical, logprobs within 1e-5. */
 static int sampler_round(const std::vector<float> &l, int vocab, std::vector<struct kn_column> &cols, int n_top,
-			 const char *what)
+			 const char *what, int pieces)
 {
 	const int n = (int)cols.size();
 	float *dl = dev(l);
@@ -717,14 +717,52 @@ static int sampler_round(const std::vector<float> &l, int vocab, std::vector<str
 	a.tok_lp = dlp;
 	a.top_ids = dids;
 	a.top_lps = dlps;
+	void *ws = NULL;
 	CHECK_CUDA(kn_cuda_sample(&a, 0));
 	CHECK_CUDA(cudaDeviceSynchronize());
 	std::vector<int32_t> t = host(dt, n), ids = host(dids, (size_t)n * KN_CU_MAX_TOP);
 	std::vector<float> lp = host(dlp, n), lps = host(dlps, (size_t)n * KN_CU_MAX_TOP);
+	int bad = 0;
+	if (pieces) {
+		/* each row's greedy passes in blocks of their own (launches of at
+		 * most 32 rows, as the engine's narrow plans), each twice (the
+		 * counters must be back at zero): the same bits as one block a row */
+		CHECK_CUDA(cudaMalloc(&ws, kn_cuda_sample_scratch_bytes(32)));
+		CHECK_CUDA(cudaMemset(ws, 0, kn_cuda_sample_scratch_bytes(32)));
+		for (int c0 = 0; c0 < n; c0 += 32) {
+			struct kn_cu_sample_args b = a;
+			b.logits = dl + (size_t)c0 * vocab;
+			b.cols = dc + c0;
+			b.n = n - c0 < 32 ? n - c0 : 32;
+			b.tokens = dt + c0;
+			b.tok_lp = dlp + c0;
+			b.top_ids = dids + (size_t)c0 * KN_CU_MAX_TOP;
+			b.top_lps = dlps + (size_t)c0 * KN_CU_MAX_TOP;
+			b.scratch = ws;
+			CHECK_CUDA(kn_cuda_sample(&b, 0));
+			CHECK_CUDA(kn_cuda_sample(&b, 0));
+		}
+		CHECK_CUDA(cudaDeviceSynchronize());
+		std::vector<int32_t> t2 = host(dt, n), ids2 = host(dids, (size_t)n * KN_CU_MAX_TOP);
+		std::vector<float> lp2 = host(dlp, n), lps2 = host(dlps, (size_t)n * KN_CU_MAX_TOP);
+		for (int c = 0; c < n; c++) {
+			int same = t2[c] == t[c] && memcmp(&lp2[c], &lp[c], 4) == 0;
+			for (int i = 0; i < n_top && same; i++)
+				same = ids2[(size_t)c * KN_CU_MAX_TOP + i] == ids[(size_t)c * KN_CU_MAX_TOP + i] &&
+				       memcmp(&lps2[(size_t)c * KN_CU_MAX_TOP + i], &lps[(size_t)c * KN_CU_MAX_TOP + i], 4) == 0;
+			if (!same) {
+				if (bad < 5)
+					printf("FAIL sampler (%s) column %d in pieces: token %d logprob %a, one block %d %a\n",
+					       what, c, t2[c], (double)lp2[c], t[c], (double)lp[c]);
+				bad++;
+			}
+		}
+		t = t2; ids = ids2; lp = lp2; lps = lps2;
+	}
 	std::vector<uint64_t> scratch((size_t)vocab + 8);
 	std::vector<int32_t> hid(n_top > 0 ? n_top : 1);
 	std::vector<float> hlps(n_top > 0 ? n_top : 1);
-	int bad = 0, drawn = 0;
+	int drawn = 0;
 	double lp_err = 0;
 	for (int c = 0; c < n; c++) {
 		if (!(cols[c].flags & KN_COL_NEED_LOGIT)) {
@@ -761,8 +799,9 @@ static int sampler_round(const std::vector<float> &l, int vocab, std::vector<str
 			}
 		}
 	}
-	printf("%s  sampler %-28s vocab %6d, %3d columns (%3d drawn), top %2d: %d mismatches, logprob err %.1e\n",
-	       bad ? "FAIL" : "ok  ", what, vocab, n, drawn, n_top, bad, lp_err);
+	printf("%s  sampler %-28s vocab %6d%s, %3d columns (%3d drawn), top %2d: %d mismatches, logprob err %.1e\n",
+	       bad ? "FAIL" : "ok  ", what, vocab, pieces ? " in pieces" : "", n, drawn, n_top, bad, lp_err);
+	cudaFree(ws);
 	cudaFree(dl); cudaFree(dc); cudaFree(dnt); cudaFree(dt); cudaFree(dlp); cudaFree(dids); cudaFree(dlps);
 	return bad;
 }
@@ -772,7 +811,7 @@ static void device_sampler_draws_the_host_samplers_tokens(void)
 	static const float temps[] = { 0.f, 0.3f, 0.7f, 1.f, 1.5f };
 	static const int topks[] = { 0, 1, 2, 5, 50, 1000 };
 	static const float topps[] = { 1.f, 0.95f, 0.9f, 0.5f, 0.1f };
-	for (int vocab : { 5003, 128256 }) {
+	for (int vocab : { 5003, 50021, 128256 }) {
 		for (int kind = 0; kind < 5; kind++) {
 			const int n = kind == 0 ? 150 : 40;
 			std::vector<float> l((size_t)n * vocab);
@@ -804,7 +843,8 @@ static void device_sampler_draws_the_host_samplers_tokens(void)
 				cols[c].seed = 1000u + 7u * (unsigned)c;
 			}
 			for (int n_top : { 0, 5, 20 })
-				g_fail += sampler_round(l, vocab, cols, n_top, what) != 0;
+				for (int pieces = 0; pieces < (vocab >= 16384 ? 2 : 1); pieces++)
+					g_fail += sampler_round(l, vocab, cols, n_top, what, pieces) != 0;
 		}
 	}
 }
