@@ -653,6 +653,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->linear_wg = op->cuda_batch_invariant || (lk != NULL && !strcmp(lk, "wg"));
 		s->family_split = env_split("KVFERRY_CUDA_FAMILY_SPLIT", CU_FAMILY_SPLIT);
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
+		s->wide_split_len = env_split("KVFERRY_CUDA_WIDE_SPLIT", 0);
 		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
 		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");

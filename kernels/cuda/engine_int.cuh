@@ -119,6 +119,7 @@ struct cu_stage {
 	void *sample_ws;       /* kn_cuda_sample_scratch_bytes(wmax): a row's greedy passes in pieces; NULL with
 	                        * KVFERRY_CUDA_SAMPLE_PIECES=0 (one block a row, for measuring) */
 	int sample_pieces;
+	int wide_split_len;    /* KVFERRY_CUDA_WIDE_SPLIT=N: attention pieces of N positions on wide plans (measuring) */
 	int logit_rows;        /* the packed-rows graphs in use (KVFERRY_CUDA_LOGIT_ROWS=0: every column's row, for
 	                        * measuring) */
 	kn_bf16 *xb;           /* [2][wmax][max(hidden, q_dim, inter)] bf16 X for cuBLAS (wmax > 16) */
@@ -238,6 +239,8 @@ static inline int cu_attn_split(const struct cu_stage *s, int W)
 		return s->family_split;
 	if (s->narrow_split && W <= KN_CU_GEMV_MAX_N)
 		return s->narrow_split;
+	if (s->wide_split_len && W > KN_CU_GEMV_MAX_N)
+		return s->wide_split_len;
 	const int own = s->narrow_own && s->attn_tile != 1 && W <= KN_CU_GEMV_MAX_N
 				? kn_cuda_attn_own_split(W, s->hd, s->nh, s->nkv)
 				: 0;
