@@ -8,7 +8,8 @@
  *    K/V bytes a step must read / copy bandwidth);
  *  - prefill of one 2048-token prompt vs the cuBLAS peak.
  * Prints "RESULT key=value ..." lines (scripts/gpu-check tabulates them).
- * usage: bench_cuda [--quick | --narrow | --wide | --attention | --attn-probes | --one ... | --serve ... | --kv-pieces]
+ * usage: bench_cuda [--quick | --narrow | --wide | --attention | --attn-probes | --one ... | --prefill MODEL |
+ *                   --serve ... | --kv-pieces]
  *   --quick: 1B shape and 512 context only; --narrow: decode at batch 1, 8
  *   and 16 (the skinny-kernel plans), context 512, both shapes: run it with
  *   KVFERRY_CUDA_GEMV=ffma|mma to compare the two skinny kernels; --wide:
@@ -28,6 +29,8 @@
  *   path's (plans 1..512, mb_k 512). Prints completion tokens/s;
  *   --kv-pieces: a KV page message imported whole, reassembled, and in
  *   pieces by the gather kernel and by a DMA each (bench_kv_pieces());
+ *   --prefill MODEL: that model's 2,048-token prefill alone (BENCH_ITERS
+ *   steps timed, default 5; a profiler takes BENCH_ITERS=1);
  *   --gemm [N,N...]: each linear layer of both shapes at plan widths 1 to
  *   2048 (or those listed): the engine's default, cuBLAS with X split, and
  *   the two kernels whose bits do not depend on the plan width (bench_gemm());
@@ -429,7 +432,9 @@ static void bench_prefill(const char *name, int len, double peak)
 	struct kn_step st = { .n_cols = len, .cols = cols, .tokens_out = tok };
 	int rc = kn_stage_step(s, &st) || kn_stage_step(s, &st);
 	double best = 1e9;
-	for (int k = 0; k < 5 && !rc; k++) {
+	const char *it = getenv("BENCH_ITERS");
+	const int iters = it != NULL && atoi(it) > 0 ? atoi(it) : 5;
+	for (int k = 0; k < iters && !rc; k++) {
 		double t0 = now();
 		rc = kn_stage_step(s, &st);
 		double dt = now() - t0;
@@ -438,8 +443,13 @@ static void bench_prefill(const char *name, int len, double peak)
 	if (rc) {
 		printf("RESULT kind=prefill model=%s error=\"%s\"\n", name, kn_stage_error(s));
 	} else {
-		/* matmuls (the LM head runs on every column of the plan) + attention QK and PV */
-		double fl = 2 * matmul_params(&c) * len +
+		/* the work the prompt needs: every layer's products on every
+		 * position, the LM head on the one that wants a token, attention
+		 * QK and PV. (Until the LM head ran on the wanting rows alone it
+		 * ran on every column, and this counted it there: frac was the
+		 * rate of the work done, now it is that of the work needed.) */
+		const double lm = (double)c.vocab_size * c.hidden_size;
+		double fl = 2 * (matmul_params(&c) - lm) * len + 2 * lm +
 			    4.0 * c.n_layers * c.n_heads * c.head_dim * ((double)len * (len + 1) / 2);
 		printf("RESULT kind=prefill model=%s len=%d ms=%.2f tok_s=%.0f tflops=%.1f peak_tflops=%.1f frac=%.3f\n",
 		       name, len, best * 1e3, len / best, fl / best / 1e12, peak / 1e12, fl / best / peak);
@@ -643,6 +653,18 @@ int main(int argc, char **argv)
 			return 77;
 		/* copy bandwidth unmeasured: the fraction printed assumes 4.2 TB/s */
 		bench_decode(argv[2], atoi(argv[3]), b, nb, 4.2e12, (size_t)96 << 30);
+		return 0;
+	}
+	if (argc == 3 && !strcmp(argv[1], "--prefill")) {
+		/* one model's 2,048-token prefill against a peak probed here (for a
+		 * profiler: BENCH_ITERS=1 times one step after the two warm ones) */
+		double pk = 0;
+		char e2[256];
+		if (kn_cuda_device_count() < 1)
+			return 77;
+		if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &pk, e2, sizeof(e2)) != 0)
+			pk = 0;
+		bench_prefill(argv[2], 2048, pk);
 		return 0;
 	}
 	if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--gemm")) {
