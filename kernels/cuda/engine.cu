@@ -212,10 +212,10 @@ static int cu_submit(struct kn_stage *b, struct kn_step *stp)
 	const int bk = cu_ctx_bucket(s, ctx);
 	/* a wide plan whose columns want few tokens (prompt chunks): the LM head
 	 * on their rows alone */
-	int want = 0;
-	for (int j = 0; j < n && s->base.last; j++)
-		want += (stp->cols[j].flags & KN_COL_NEED_LOGIT) != 0;
-	const int packed = s->base.last && s->logit_rows && !host_rows && W > CU_LOGIT_K && want <= CU_LOGIT_K;
+	int packed = s->base.last && s->logit_rows && !host_rows && W > CU_LOGIT_K;
+	for (int j = 0, want = 0; j < n && packed; j++)
+		if (stp->cols[j].flags & KN_COL_NEED_LOGIT)
+			packed = ++want <= CU_LOGIT_K;
 	if (s->tp_host) {
 		/* the ranks sum on the host, waiting for the device: no graph */
 		if ((rc = cu_enqueue(s, W, cu_bucket_ctx(s, bk), packed)))

@@ -92,6 +92,26 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, const floa
 	return linear(s, w, s->x, y, W, H, out);
 }
 
+/* The sampler over the logits' first @p n rows (columns @p cols), its
+ * outputs at @p o (row r's at index out_col[r] when @p out_col). */
+static cudaError_t sample(struct cu_stage *s, const struct kn_column *cols, int n, struct out_layout o,
+			  const int32_t *out_col)
+{
+	struct kn_cu_sample_args sa = {};
+	sa.logits = s->logits;
+	sa.vocab = s->vocab;
+	sa.cols = cols;
+	sa.n = n;
+	sa.n_top = (const int32_t *)s->d_in;
+	sa.tokens = o.tok;
+	sa.tok_lp = o.lp;
+	sa.top_ids = o.ids;
+	sa.top_lps = o.lps;
+	sa.out_col = out_col;
+	sa.scratch = s->sample_ws;
+	return kn_cuda_sample(&sa, s->st);
+}
+
 int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 {
 	const struct kn_model_config *c = s->base.cfg;
@@ -190,35 +210,11 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		    "kn_cuda_logit_rows");
 		if ((rc = linear(s, s->lm_head, s->x_k, s->logits, CU_LOGIT_K, H, s->vocab)))
 			return rc;
-		struct kn_cu_sample_args sa = {};
-		sa.logits = s->logits;
-		sa.vocab = s->vocab;
-		sa.cols = s->cols_k;
-		sa.n = CU_LOGIT_K;
-		sa.n_top = (const int32_t *)s->d_in;
-		sa.tokens = o.tok;
-		sa.tok_lp = o.lp;
-		sa.top_ids = o.ids;
-		sa.top_lps = o.lps;
-		sa.out_col = s->out_col;
-		sa.scratch = s->sample_ws;
-		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
+		CKL(sample(s, s->cols_k, CU_LOGIT_K, o, s->out_col), "kn_cuda_sample");
 	} else if (s->base.last) {
 		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
 			return rc;
-		struct kn_cu_sample_args sa = {};
-		struct out_layout o = out_layout(s->d_out, W);
-		sa.logits = s->logits;
-		sa.vocab = s->vocab;
-		sa.cols = s->d_cols;
-		sa.n = W;
-		sa.n_top = (const int32_t *)s->d_in;
-		sa.tokens = o.tok;
-		sa.tok_lp = o.lp;
-		sa.top_ids = o.ids;
-		sa.top_lps = o.lps;
-		sa.scratch = s->sample_ws;
-		CKL(kn_cuda_sample(&sa, s->st), "kn_cuda_sample");
+		CKL(sample(s, s->d_cols, W, out_layout(s->d_out, W), NULL), "kn_cuda_sample");
 	} else if (pending) {
 		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");
 	}

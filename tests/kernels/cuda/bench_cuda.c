@@ -101,6 +101,13 @@ static double matmul_params(const struct kn_model_config *c)
 	return c->n_layers * (H * (q + 2 * kv) + q * H + 3 * H * I) + (double)c->vocab_size * H;
 }
 
+/* Timed steps: BENCH_ITERS (fewer for a profiler taking every kernel), else @p dflt. */
+static int bench_iters(int dflt)
+{
+	const char *it = getenv("BENCH_ITERS");
+	return it != NULL && atoi(it) > 0 ? atoi(it) : dflt;
+}
+
 static int setup_slots(struct kn_stage *s, int n_slots, int bps)
 {
 	struct kn_op *ops = malloc((size_t)n_slots * bps * sizeof(*ops));
@@ -170,9 +177,7 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 		int rc = 0;
 		for (int w = 0; w < 3 && !rc; w++)
 			rc = kn_stage_step(s, &st);
-		/* BENCH_ITERS: fewer timed steps (a profiler taking every kernel) */
-		const char *it = getenv("BENCH_ITERS");
-		const int iters = it != NULL && atoi(it) > 0 ? atoi(it) : b <= 64 ? 30 : 10;
+		const int iters = bench_iters(b <= 64 ? 30 : 10);
 		double t0 = now();
 		for (int k = 0; k < iters && !rc; k++)
 			rc = kn_stage_step(s, &st);
@@ -432,8 +437,7 @@ static void bench_prefill(const char *name, int len, double peak)
 	struct kn_step st = { .n_cols = len, .cols = cols, .tokens_out = tok };
 	int rc = kn_stage_step(s, &st) || kn_stage_step(s, &st);
 	double best = 1e9;
-	const char *it = getenv("BENCH_ITERS");
-	const int iters = it != NULL && atoi(it) > 0 ? atoi(it) : 5;
+	const int iters = bench_iters(5);
 	for (int k = 0; k < iters && !rc; k++) {
 		double t0 = now();
 		rc = kn_stage_step(s, &st);
@@ -658,13 +662,11 @@ int main(int argc, char **argv)
 	if (argc == 3 && !strcmp(argv[1], "--prefill")) {
 		/* one model's 2,048-token prefill against a peak probed here (for a
 		 * profiler: BENCH_ITERS=1 times one step after the two warm ones) */
-		double pk = 0;
-		char e2[256];
 		if (kn_cuda_device_count() < 1)
 			return 77;
-		if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &pk, e2, sizeof(e2)) != 0)
-			pk = 0;
-		bench_prefill(argv[2], 2048, pk);
+		if (kn_cuda_probe_gemm(0, 8192, 8192, 8192, 10, &peak, err, sizeof(err)) != 0)
+			peak = 0;
+		bench_prefill(argv[2], 2048, peak);
 		return 0;
 	}
 	if ((argc == 2 || argc == 3) && !strcmp(argv[1], "--gemm")) {
