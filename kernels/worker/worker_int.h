@@ -76,6 +76,8 @@ struct wk_tp {
 	uint64_t base_done[WK_TP_MAX];   /* the leader: a follower's done count less fwd */
 	int32_t pid[WK_TP_MAX], live[WK_TP_MAX]; /* the leader: its followers, for the liveness check */
 	uint64_t next_check_ns;
+	uint64_t joined_gen;             /* a follower: the join generation it last answered ... */
+	uint64_t leader_epoch;           /* ... and the leader's liveness registration then (0: none yet) */
 	int broken;                      /* a rank failed to keep up: the group starts again */
 	char err[SHM_MB_ERRLEN];         /* why the group's area could not be had */
 };

@@ -184,16 +184,35 @@ void wk_tp_forward(struct worker *w, const struct shm_desc *d)
 		t->fwd++;
 }
 
-/* Is another rank of the group gone? The leader asks about its followers,
- * a follower about the leader. */
+/* Is another rank of the group gone? The leader asks about its followers.
+ * A follower asks about the leader (dead, or started again in place: execv
+ * keeps its pid, its new registration has another epoch) and about the
+ * other followers that answered the same join: a follower waiting in a
+ * reduce on a dead one must not wait for the leader to start again (the
+ * leader's new registration may come and go between two of its looks). */
 static int gone(struct worker *w)
 {
 	struct wk_tp *t = &w->tp;
 
 	if (t->a == NULL)
 		return 0;
-	if (t->rank != 0)
-		return t->a->leader_pid > 0 && shm_live_gone(w->reg, t->a->leader_live, t->a->leader_pid);
+	if (t->rank != 0) {
+		const int32_t lp = t->a->leader_pid, ll = t->a->leader_live;
+		const uint64_t gen = atomic_load(&t->a->gen);
+		struct shm_live_info li;
+
+		if (lp > 0 && shm_live_gone(w->reg, ll, lp))
+			return 1;
+		if (t->leader_epoch != 0 && shm_live_check(w->reg, ll, UINT64_MAX, &li) >= 0 && li.epoch != t->leader_epoch)
+			return 1;
+		for (int32_t r = 1; r < t->size && t->joined_gen == gen; r++) {
+			const struct wk_tp_rec *o = &t->a->r[r];
+
+			if (r != t->rank && o->pid > 0 && atomic_load(&o->ack) == gen && shm_live_gone(w->reg, o->live, o->pid))
+				return 1;
+		}
+		return 0;
+	}
 	for (int32_t r = 1; r < t->size; r++)
 		if (t->pid[r] > 0 && shm_live_gone(w->reg, t->live[r], t->pid[r]))
 			return 1;
@@ -490,7 +509,11 @@ void wk_tp_answer(struct worker *w, int rc, const char *err)
 	me->pid = (int32_t)getpid();
 	me->live = w->live;
 	snprintf(me->err, sizeof(me->err), "%s", err);
-	atomic_store_explicit(&me->ack, atomic_load(&w->tp.a->gen), memory_order_release);
+	/* the leader this join came from: its registration, for gone() */
+	struct shm_live_info li;
+	w->tp.joined_gen = atomic_load(&w->tp.a->gen);
+	w->tp.leader_epoch = shm_live_check(w->reg, w->tp.a->leader_live, UINT64_MAX, &li) >= 0 ? li.epoch : 0;
+	atomic_store_explicit(&me->ack, w->tp.joined_gen, memory_order_release);
 }
 
 int wk_tp_answers(struct worker *w, char *err, size_t errlen)
