@@ -128,6 +128,23 @@ static const struct prom_rule {
 	{"dataplane.peers[].credit_msgs", NULL, NULL, "messages the peer still accepts (least over the streams)", NULL},
 	{"dataplane.peers[].restarts_total", NULL, NULL, "new epochs of the peer seen (its dataplane restarted)", NULL},
 	{"dataplane.peers[].retransmits_total", NULL, NULL, "frames sent to the peer again", NULL},
+	{"dataplane.copies.payload_sent_bytes_total", NULL, NULL, "payload bytes the dataplane handed its driver "
+	 "(first sends and resends)", NULL},
+	{"dataplane.copies.payload_received_bytes_total", NULL, NULL, "payload bytes of frames the dataplane accepted",
+	 NULL},
+	{"dataplane.copies.copied_sending_bytes_total", NULL, NULL, "payload bytes the dataplane's own code copied "
+	 "into frames (0 where frames point at the region)", NULL},
+	{"dataplane.copies.copied_receiving_bytes_total", NULL, NULL, "payload bytes the dataplane's own code copied "
+	 "out of frames (reassembly; 0 for messages received in place)", NULL},
+	{"dataplane.copies.crc_read_bytes_total", NULL, NULL, "payload bytes read by a CRC pass of their own", NULL},
+	{"dataplane.copies.driver_copies_sending", NULL, NULL, "copies of each payload byte the port's driver makes "
+	 "sending (1: net_memif, net_af_packet; 0: a NIC's DMA)", NULL},
+	{"dataplane.copies.driver_copies_receiving", NULL, NULL, "copies of each payload byte the port's driver makes "
+	 "receiving (0 on a zero-copy memif client)", NULL},
+	{"dataplane.copies.sending_per_byte", NULL, NULL, "CPU copies of each payload byte sent: the driver's and the "
+	 "dataplane's", NULL},
+	{"dataplane.copies.receiving_per_byte", NULL, NULL, "CPU copies of each payload byte received: the driver's "
+	 "and the dataplane's (rx_in_place and a zero-copy memif client take them to 0)", NULL},
 };
 
 static const struct prom_unit {

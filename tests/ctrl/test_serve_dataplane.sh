@@ -72,10 +72,26 @@ echo "PASS: $(wc -l <"$KVF_RUN/ref.txt") greedy completions over two nodes ($top
 # ctrlctl peers: node 1's dataplane sees node 2 up, with the traffic the
 # completions made (the dataplane's stats area, read by ctrld)
 "$B/ctrlctl" --socket "$KVF_SOCK" --json peers >"$KVF_RUN/peers.json" || fail "ctrlctl peers"
-python3 - "$KVF_RUN/peers.json" <<'EOF' || { cat "$KVF_RUN/peers.json"; fail "ctrlctl peers does not show node 2's link"; }
+python3 - "$KVF_RUN/peers.json" "$topo" <<'EOF' || { cat "$KVF_RUN/peers.json"; fail "ctrlctl peers does not show node 2's link"; }
 import json, sys
 d = json.load(open(sys.argv[1]))
 d = d.get("data", d)
+# what the CPU did with each payload byte: over net_memif in copy mode the
+# driver copies once each way and the dataplane reassembles what it receives
+# (rx_in_place = no): 1 copy a byte sent, 2 received; over af_packet the
+# driver's copies at least
+c = d["copies"]
+assert c["payload_sent_bytes_total"] > 0 and c["payload_received_bytes_total"] > 0, c
+if sys.argv[2] == "dataplane":
+    assert c["driver_copies_sending"] == 1 and c["driver_copies_receiving"] == 1, c
+    assert c["copied_sending_bytes_total"] == 0, c
+    assert c["copied_receiving_bytes_total"] == c["payload_received_bytes_total"], c
+    assert c["sending_per_byte"] == 1.0 and c["receiving_per_byte"] == 2.0, c
+else:
+    assert c["sending_per_byte"] >= 1.0 and c["receiving_per_byte"] >= 1.0, c
+print("PASS: ctrlctl peers: copies a payload byte, %.2f sent and %.2f received (%d and %d bytes)"
+      % (c["sending_per_byte"], c["receiving_per_byte"], c["payload_sent_bytes_total"],
+         c["payload_received_bytes_total"]))
 assert d["node"] == 1, d
 p = [x for x in d["peers"] if x["node"] == 2]
 assert p, d
@@ -92,6 +108,8 @@ grep -q '^kvferry_dataplane_peers_up{peer="2"} 1$' "$KVF_RUN/metrics.txt" \
   || { grep dataplane "$KVF_RUN/metrics.txt"; fail "/metrics does not show peer 2 up"; }
 grep -q '^kvferry_dataplane_peers_msgs_received_total{peer="2"} [1-9]' "$KVF_RUN/metrics.txt" \
   || fail "/metrics does not count the messages from peer 2"
+grep -q '^kvferry_dataplane_copies_receiving_per_byte [1-9]' "$KVF_RUN/metrics.txt" \
+  || { grep copies "$KVF_RUN/metrics.txt"; fail "/metrics does not show the copies a received byte took"; }
 if command -v promtool >/dev/null; then
   promtool check metrics <"$KVF_RUN/metrics.txt" || fail "promtool check metrics with the dataplane's families"
 fi
