@@ -74,7 +74,8 @@ struct wk_tp {
 	uint64_t seq;                    /* reduces since the last join (every rank in step) */
 	uint64_t fwd;                    /* the leader: messages handed on */
 	uint64_t base_done[WK_TP_MAX];   /* the leader: a follower's done count less fwd */
-	int32_t pid[WK_TP_MAX], live[WK_TP_MAX]; /* the leader: its followers, for the liveness check */
+	int32_t pid[WK_TP_MAX], live[WK_TP_MAX]; /* the leader: its followers, for the liveness check ... */
+	uint64_t epoch[WK_TP_MAX];       /* ... and their registrations' epochs (a restart in place) */
 	uint64_t next_check_ns;
 	uint64_t joined_gen;             /* a follower: the join generation it last answered ... */
 	uint64_t leader_epoch;           /* ... and the leader's liveness registration then (0: none yet) */

@@ -184,12 +184,28 @@ void wk_tp_forward(struct worker *w, const struct shm_desc *d)
 		t->fwd++;
 }
 
-/* Is another rank of the group gone? The leader asks about its followers.
- * A follower asks about the leader (dead, or started again in place: execv
- * keeps its pid, its new registration has another epoch) and about the
- * other followers that answered the same join: a follower waiting in a
- * reduce on a dead one must not wait for the leader to start again (the
- * leader's new registration may come and go between two of its looks). */
+/* The registration epoch of liveness slot @p slot (0: none). */
+static uint64_t live_epoch(struct worker *w, int slot)
+{
+	struct shm_live_info li;
+
+	return shm_live_check(w->reg, slot, UINT64_MAX, &li) > SHM_LIVE_EMPTY ? li.epoch : 0;
+}
+
+/* Is the rank of @p pid at liveness slot @p slot gone: dead, or started
+ * again in place (execv keeps the pid; the new registration has another
+ * epoch than @p epoch, where one was recorded)? A rank that starts again
+ * releases its slot and registers anew within milliseconds, so a look that
+ * falls outside that window would miss it without the epoch. */
+static int rank_gone(struct worker *w, int slot, int32_t pid, uint64_t epoch)
+{
+	return pid > 0 && (shm_live_gone(w->reg, slot, pid) || (epoch != 0 && live_epoch(w, slot) != epoch));
+}
+
+/* Is another rank of the group gone? The leader asks about its followers, a
+ * follower about the leader and about the other followers that answered the
+ * same join (a follower waiting in a reduce on a dead one must not wait for
+ * the leader to notice and start again). */
 static int gone(struct worker *w)
 {
 	struct wk_tp *t = &w->tp;
@@ -197,24 +213,20 @@ static int gone(struct worker *w)
 	if (t->a == NULL)
 		return 0;
 	if (t->rank != 0) {
-		const int32_t lp = t->a->leader_pid, ll = t->a->leader_live;
 		const uint64_t gen = atomic_load(&t->a->gen);
-		struct shm_live_info li;
 
-		if (lp > 0 && shm_live_gone(w->reg, ll, lp))
-			return 1;
-		if (t->leader_epoch != 0 && shm_live_check(w->reg, ll, UINT64_MAX, &li) >= 0 && li.epoch != t->leader_epoch)
+		if (rank_gone(w, t->a->leader_live, t->a->leader_pid, t->leader_epoch))
 			return 1;
 		for (int32_t r = 1; r < t->size && t->joined_gen == gen; r++) {
 			const struct wk_tp_rec *o = &t->a->r[r];
 
-			if (r != t->rank && o->pid > 0 && atomic_load(&o->ack) == gen && shm_live_gone(w->reg, o->live, o->pid))
+			if (r != t->rank && atomic_load(&o->ack) == gen && rank_gone(w, o->live, o->pid, 0))
 				return 1;
 		}
 		return 0;
 	}
 	for (int32_t r = 1; r < t->size; r++)
-		if (t->pid[r] > 0 && shm_live_gone(w->reg, t->live[r], t->pid[r]))
+		if (rank_gone(w, t->live[r], t->pid[r], t->epoch[r]))
 			return 1;
 	return 0;
 }
@@ -510,9 +522,8 @@ void wk_tp_answer(struct worker *w, int rc, const char *err)
 	me->live = w->live;
 	snprintf(me->err, sizeof(me->err), "%s", err);
 	/* the leader this join came from: its registration, for gone() */
-	struct shm_live_info li;
 	w->tp.joined_gen = atomic_load(&w->tp.a->gen);
-	w->tp.leader_epoch = shm_live_check(w->reg, w->tp.a->leader_live, UINT64_MAX, &li) >= 0 ? li.epoch : 0;
+	w->tp.leader_epoch = live_epoch(w, w->tp.a->leader_live);
 	atomic_store_explicit(&me->ack, w->tp.joined_gen, memory_order_release);
 }
 
@@ -544,6 +555,7 @@ int wk_tp_answers(struct worker *w, char *err, size_t errlen)
 		}
 		t->pid[r] = t->a->r[r].pid;
 		t->live[r] = t->a->r[r].live;
+		t->epoch[r] = live_epoch(w, t->live[r]);
 		/* its count of messages handled (kept in the area across its
 		 * restarts, and counting stale messages it dropped) against ours */
 		t->base_done[r] = t->a->r[r].done_at - t->fwd;
