@@ -864,7 +864,8 @@ extern "C" int kn_cuda_test_ops_main(void)
 	/* KVFERRY_OPS_ONLY=WORD: only the tests whose name holds WORD (a kernel's
 	 * short round on a leased GPU) */
 	const char *only = getenv("KVFERRY_OPS_ONLY");
-#define OPS_RUN(call) do { if (!only || strstr(#call, only)) call; } while (0)
+	int ran = 0;
+#define OPS_RUN(call) do { if (!only || strstr(#call, only)) { call; ran++; } } while (0)
 	OPS_RUN(skinny_and_wide_products_match_a_double_reference(h));
 	OPS_RUN(the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_every_width());
 	OPS_RUN(the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width());
@@ -875,6 +876,10 @@ extern "C" int kn_cuda_test_ops_main(void)
 	OPS_RUN(argmax_picks_the_lowest_id_among_ties());
 	OPS_RUN(device_sampler_draws_the_host_samplers_tokens());
 #undef OPS_RUN
+	if (ran == 0) { /* a misspelt word must not look like a pass */
+		printf("FAIL KVFERRY_OPS_ONLY=%s names no test (a word of a test's name: attention, sampler, ...)\n", only);
+		g_fail++;
+	}
 	cublasDestroy(h);
 	CHECK_CUDA(cudaDeviceSynchronize());
 	printf("%s: %d failure(s)\n", g_fail ? "FAILED" : "PASSED", g_fail);
