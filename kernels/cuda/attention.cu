@@ -248,6 +248,26 @@ static __device__ __forceinline__ bool len_in(const struct kn_cu_attn_args &a, i
 	return len >= a.len_lo && (a.len_hi == 0 || len < a.len_hi);
 }
 
+/* Columns a block of the run kernel serves, and keys a tile of its loop. */
+#define RUN_COLS 64
+#define RUN_KEYS 64
+
+/* Are the RUN_COLS columns from @p c0 (a multiple of RUN_COLS) one run: all
+ * in the plan, one slot's, at consecutive positions? Called by every lane of
+ * a warp (the answer is the warp's). */
+static __device__ __forceinline__ bool run_uniform(const struct kn_cu_attn_args &a, int c0)
+{
+	const int lane = threadIdx.x & 31;
+	bool ok = c0 + RUN_COLS <= a.n;
+	if (ok) {
+		const int slot = a.cols[c0].slot, pos = a.cols[c0].pos;
+		const struct kn_column *y = &a.cols[c0 + lane], *z = &a.cols[c0 + 32 + lane];
+		ok = slot != KN_CU_PAD_SLOT && y->slot == slot && z->slot == slot && y->pos == pos + lane &&
+		     z->pos == pos + 32 + lane;
+	}
+	return __all_sync(0xffffffffu, ok);
+}
+
 static constexpr int ilog2(int v)
 {
 	return v <= 1 ? 0 : 1 + ilog2(v / 2);
@@ -515,6 +535,8 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	const struct kn_column col = a.cols[c];
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
+	if (a.runs && run_uniform(a, c & ~(RUN_COLS - 1)))
+		return; /* the run kernel's */
 	if (col.slot == KN_CU_PAD_SLOT) {
 		if (e < v.g * hd && a.len_lo == 0)
 			a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
@@ -678,6 +700,8 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
+	if (a.runs && run_uniform(a, c0 & ~(RUN_COLS - 1)))
+		return; /* the run kernel's: a warp's columns lie in one group of RUN_COLS */
 	/* split < 0 (one column a warp): the column's own pieces */
 	int TS = a.split;
 	if (TS < 0 && c0 < a.n)
@@ -930,6 +954,205 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	}
 }
 
+/* ---- the run kernel: prompt chunks ---- */
+
+/* Shared memory of the run kernel: two stages of a K and a V tile. */
+template <int HD> static constexpr size_t run_smem(void)
+{
+	return (size_t)2 * 2 * RUN_KEYS * HD * sizeof(kn_bf16);
+}
+
+/*
+ * grid (ceil(n / RUN_COLS), n_heads), block 4 warps. Block x serves columns
+ * c0 .. c0 + 63 (the last group first: the causal loop is longest there)
+ * for head y when they are one run (run_uniform()), else nothing (the tile
+ * kernel serves them). Warp w owns the 16 rows c0 + 16 w + (g, g + 8) in the
+ * mma fragment layouts. The block loads keys 0 .. the run's last position in
+ * tiles of RUN_KEYS (four pages; cp.async, two stages, the tile kernel's
+ * swizzle) once for its four warps; a warp skips the tiles past its own
+ * last row. Per tile: S = Q K^T (bf16 q with the scale folded in, base-2),
+ * the causal mask where the tile reaches the warp's rows, the online
+ * softmax, O += P V with P as bf16; then O / l to out. Keys past the run's
+ * last position are zero-filled, never loaded (V there may be NaN bits).
+ */
+template <int HD>
+static __global__ void __launch_bounds__(128) attn_run_kernel(const struct kn_cu_attn_args a)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	constexpr int U = HD / 8, SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, NK = RUN_KEYS / 8;
+	extern __shared__ uint4 rsm[]; /* [stage][K, V][RUN_KEYS * U] */
+
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+	const int c0 = (gridDim.x - 1 - blockIdx.x) * RUN_COLS, h = blockIdx.y;
+	if (!run_uniform(a, c0))
+		return; /* every warp of the block finds the same */
+	const int G = a.n_heads / a.n_kv_heads, kh = h / G;
+	const int slot = a.cols[c0].slot, p0 = a.cols[c0].pos, kmax = p0 + RUN_COLS - 1;
+	const int wp = p0 + warp * 16, pos0 = wp + g, pos1 = wp + g + 8;
+	const int cc0 = c0 + warp * 16 + g, cc1 = cc0 + 8;
+	const float qs = a.scale * LOG2E;
+
+	/* q fragments: a0 (row g, k 2t..), a1 (row g+8), a2 (row g, k 2t+8..), a3 (row g+8) */
+	uint32_t qa[KS][4];
+	{
+		const float *q0 = a.q + (size_t)cc0 * a.q_stride + (size_t)h * HD;
+		const float *q1 = a.q + (size_t)cc1 * a.q_stride + (size_t)h * HD;
+#pragma unroll
+		for (int j = 0; j < KS; j++)
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				const int d = j * 16 + 2 * t + 8 * hh;
+				const float2 v0 = *reinterpret_cast<const float2 *>(q0 + d);
+				const float2 v1 = *reinterpret_cast<const float2 *>(q1 + d);
+				uint32_t lo;
+				split_pair(v0.x * qs, v0.y * qs, qa[j][2 * hh], lo);
+				split_pair(v1.x * qs, v1.y * qs, qa[j][2 * hh + 1], lo);
+			}
+	}
+	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+	float acc[NT][4];
+#pragma unroll
+	for (int i = 0; i < NT; i++)
+		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+	const int32_t *trow = a.table + (size_t)slot * a.max_bps;
+	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
+	const size_t head_off = (size_t)kh * KN_PAGE_BLK * HD;
+	auto issue = [&](int j) {
+		uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
+		for (int i = threadIdx.x; i < RUN_KEYS * U; i += 128) {
+			const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM)), kp = j * RUN_KEYS + r;
+			const int32_t blk = kp <= kmax ? trow[kp / KN_PAGE_BLK] : -1;
+			if (blk >= 0) {
+				const size_t off = blk * blk_stride + head_off + (size_t)(kp % KN_PAGE_BLK) * HD;
+				cp_async16(&ks[so], reinterpret_cast<const uint4 *>(a.k_cache + off) + u);
+				cp_async16(&vs[so], reinterpret_cast<const uint4 *>(a.v_cache + off) + u);
+			} else {
+				ks[so] = make_uint4(0, 0, 0, 0);
+				vs[so] = make_uint4(0, 0, 0, 0);
+			}
+		}
+		cp_commit();
+	};
+	const int ntiles = kmax / RUN_KEYS + 1;
+	issue(0);
+	for (int j = 0; j < ntiles; j++) {
+		if (j + 1 < ntiles) {
+			issue(j + 1);
+			cp_wait<1>();
+		} else {
+			cp_wait<0>();
+		}
+		__syncthreads();
+		const int k0 = j * RUN_KEYS;
+		if (k0 <= wp + 15) {
+			const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
+			float sc[NK][4];
+#pragma unroll
+			for (int i = 0; i < NK; i++)
+				sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+			const int mi = lane >> 3;
+#pragma unroll
+			for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+				/* ldmatrix row: matrix mi -> keys kb 16 + (mi / 2) 8.., hd half mi % 2 */
+				const int key = kb * 16 + (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+				for (int jj = 0; jj < KS; jj++) {
+					uint32_t b[4];
+					const int u = 2 * jj + (mi & 1);
+					ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+					mma16816(sc[2 * kb], qa[jj], b[0], b[1]);
+					mma16816(sc[2 * kb + 1], qa[jj], b[2], b[3]);
+				}
+			}
+			if (k0 + RUN_KEYS - 1 > wp) /* the tile reaches past the warp's first row */
+#pragma unroll
+				for (int i = 0; i < NK; i++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						if (k0 + i * 8 + 2 * t + (e & 1) > (e < 2 ? pos0 : pos1))
+							sc[i][e] = -INFINITY;
+			float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+			for (int i = 0; i < NK; i++) {
+				mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
+				mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
+			}
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+			m0 = mn0;
+			m1 = mn1;
+			float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+			for (int i = 0; i < NK; i++) {
+				sc[i][0] = mn0 == -INFINITY ? 0.f : exp2f(sc[i][0] - mn0);
+				sc[i][1] = mn0 == -INFINITY ? 0.f : exp2f(sc[i][1] - mn0);
+				sc[i][2] = mn1 == -INFINITY ? 0.f : exp2f(sc[i][2] - mn1);
+				sc[i][3] = mn1 == -INFINITY ? 0.f : exp2f(sc[i][3] - mn1);
+				s0 += sc[i][0] + sc[i][1];
+				s1 += sc[i][2] + sc[i][3];
+			}
+			l0 = l0 * cr0 + s0;
+			l1 = l1 * cr1 + s1;
+#pragma unroll
+			for (int i = 0; i < NT; i++) {
+				acc[i][0] *= cr0;
+				acc[i][1] *= cr0;
+				acc[i][2] *= cr1;
+				acc[i][3] *= cr1;
+			}
+#pragma unroll
+			for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+				/* P of keys kb 16 .. as the A operand */
+				uint32_t pa[4], lo;
+				split_pair(sc[2 * kb][0], sc[2 * kb][1], pa[0], lo);
+				split_pair(sc[2 * kb][2], sc[2 * kb][3], pa[1], lo);
+				split_pair(sc[2 * kb + 1][0], sc[2 * kb + 1][1], pa[2], lo);
+				split_pair(sc[2 * kb + 1][2], sc[2 * kb + 1][3], pa[3], lo);
+				/* matrix mi: keys kb 16 + (mi % 2) 8.., hd columns 16 i + (mi / 2) 8.. */
+				const int key = kb * 16 + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+				for (int i = 0; i < HD / 16; i++) {
+					uint32_t b[4];
+					const int u = 2 * i + (mi >> 1);
+					ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+					mma16816(acc[2 * i], pa, b[0], b[1]);
+					mma16816(acc[2 * i + 1], pa, b[2], b[3]);
+				}
+			}
+		}
+		__syncthreads(); /* the next issue refills this stage */
+	}
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+	const float i0 = 1.f / l0, i1 = 1.f / l1;
+	float *o0 = a.out + (size_t)cc0 * a.n_heads * HD + (size_t)h * HD;
+	float *o1 = a.out + (size_t)cc1 * a.n_heads * HD + (size_t)h * HD;
+#pragma unroll
+	for (int i = 0; i < NT; i++) {
+		*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) = make_float2(acc[i][0] * i0, acc[i][1] * i0);
+		*reinterpret_cast<float2 *>(o1 + i * 8 + 2 * t) = make_float2(acc[i][2] * i1, acc[i][3] * i1);
+	}
+}
+
+template <int HD> static cudaError_t launch_runs(const struct kn_cu_attn_args *a, cudaStream_t st)
+{
+	static const cudaError_t set =
+		cudaFuncSetAttribute(attn_run_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)run_smem<HD>());
+	if (set != cudaSuccess)
+		return set;
+	return kn_launch(attn_run_kernel<HD>, dim3((a->n + RUN_COLS - 1) / RUN_COLS, a->n_heads), dim3(128),
+			 run_smem<HD>(), st, *a);
+}
+
 /* Columns a warp of the tile kernel serves at plan width @p n: 16 / GM
  * (each K/V page loaded once for a slot's columns: prefill chunks), or one
  * on plans of at most 64 columns, whose columns are mostly decodes of
@@ -986,18 +1209,30 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	/* blocks with work: the grid's longest column's splits, every column */
 	const int csplit = col_split(gctx, a->n);
 	const bool many = (long)((gctx + csplit - 1) / csplit) * nvh * a->n > ATTN_MANY_BLOCKS;
-	if (!tile && many)
-		e = kn_launch(attn_split_kernel<HD, GM, PAD, true>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st,
-			      *a, splits);
-	else if (!tile)
-		e = kn_launch(attn_split_kernel<HD, GM, PAD, false>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32), 0, st,
-			      *a, splits);
-	else if (!launch_tile<HD, GM>(a, splits, st, &e))
+	/* runs (the tile kernel's prompt chunks) where asked and possible */
+	struct kn_cu_attn_args r = *a;
+	r.runs = tile && a->runs && !a->exact && a->split > 0 && a->len_lo == 0 && a->len_hi == 0 && a->n >= RUN_COLS;
+	if (!tile) {
+		e = many ? kn_launch(attn_split_kernel<HD, GM, PAD, true>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
+				     0, st, r, splits)
+			 : kn_launch(attn_split_kernel<HD, GM, PAD, false>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
+				     0, st, r, splits);
+		if (e != cudaSuccess || a->n <= 2)
+			return e;
+		return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128),
+				 dim3(128), 0, st, r, splits, KN_CU_ATTN_SPLIT);
+	}
+	/* the runs first, then the tile kernel and the merge on the other columns */
+	if constexpr (HD <= 128) {
+		if (r.runs && (e = launch_runs<HD>(&r, st)) != cudaSuccess)
+			return e;
+	}
+	if (!launch_tile<HD, GM>(&r, splits, st, &e))
 		return cudaErrorInvalidValue;
-	if (e != cudaSuccess || (!tile && a->n <= 2))
+	if (e != cudaSuccess)
 		return e;
-	return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128),
-			 dim3(128), 0, st, *a, splits, tile ? a->split : KN_CU_ATTN_SPLIT);
+	return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128), dim3(128), 0,
+			 st, r, splits, a->split);
 }
 
 template <int HD, bool PAD = false>

@@ -655,6 +655,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
 		s->wide_split_len = env_split("KVFERRY_CUDA_WIDE_SPLIT", 0);
 		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
+		s->attn_runs = env_on("KVFERRY_CUDA_ATTN_RUNS");
 		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");

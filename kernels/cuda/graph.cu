@@ -179,6 +179,10 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 				    : KN_CU_ATTN_COLUMN;
 		aa.exact = s->attn_exact >= 0 ? s->attn_exact
 					    : W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
+		/* prompt chunks of the default kernels: each run of 64 columns of one
+		 * slot in one causal pass (the run kernel); not in one family, whose
+		 * columns keep the tile kernel's pieces at every width */
+		aa.runs = s->attn_runs && !s->linear_wg;
 		/* auto, narrow plans: each long column to the tile kernel (by its own
 		 * length: kn_cuda_attn_tile_from()) */
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)

@@ -470,6 +470,8 @@ static void paged_attention_matches_reference(void)
 		{ 8, 2, 48, 200, 0, 0, 0 }, { 10, 10, 80, 300, 1, 1, 0 }, { 12, 2, 96, 150, 0, 1, 0 }, { 4, 2, 160, 90, 1, 0, 0 },
 		{ 32, 2, 64, 260, 0, 0, 0 }, { 12, 1, 240, 70, 0, 0, 0 }, { 8, 2, 64, 20000, 0, 0, 1 },
 		{ 32, 8, 128, 3000, 0, 0, 1 }, { 8, 8, 256, 1500, 0, 1, 1 }, { 16, 2, 128, 2100, 0, 0, 1 },
+		/* prompt runs of 64 columns at the smaller heads, and 8 heads a KV head */
+		{ 4, 2, 16, 150, 0, 0, 0 }, { 16, 4, 32, 200, 1, 0, 0 }, { 32, 4, 128, 330, 0, 0, 0 },
 	};
 	for (auto &cs : cases) {
 		const int nh = cs.nh, nkv = cs.nkv, hd = cs.hd, ctx = cs.ctx;
@@ -503,9 +505,17 @@ static void paged_attention_matches_reference(void)
 			cols[c].pos = c;
 			cols[c].slot = 0;
 		}
+		/* the same columns as two slots over the same pages (so the same
+		 * reference), three of slot 1 in the middle: the runs of 64 columns
+		 * around them are no runs, the others are */
+		std::vector<int32_t> table2(table);
+		table2.insert(table2.end(), table.begin(), table.end());
+		std::vector<struct kn_column> cols2(cols);
+		for (int c = n / 2; c < n / 2 + 3 && c < n; c++)
+			cols2[c].slot = 1;
 		float *dqkv = dev(qkv), *dbias = dev(bias), *dqn = dev(qn), *dkn = dev(kn), *dinv = dev(inv);
-		int32_t *dtab = dev(table);
-		struct kn_column *dcols = dev(cols);
+		int32_t *dtab = dev(table), *dtab2 = dev(table2);
+		struct kn_column *dcols = dev(cols), *dcols2 = dev(cols2);
 		kn_bf16 *kc, *vc;
 		float *part, *out;
 		const size_t kv_e = (size_t)nb * nkv * 16 * hd;
@@ -535,19 +545,23 @@ static void paged_attention_matches_reference(void)
 		qa.max_bps = bps;
 		qa.eps = 1e-6f;
 		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
-		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that column alone */
-		auto attend = [&](int kernel, int sub) {
+		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that
+		 * column alone. runs 1: prompt runs on the run kernel; 2: the same
+		 * over the two-slot columns; from: the columns from that one on */
+		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0) {
 			struct kn_cu_attn_args aa = {};
-			aa.q = dqkv + (sub >= 0 ? (size_t)sub * qkv_dim : 0);
+			const int c0 = sub >= 0 ? sub : from;
+			aa.q = dqkv + (size_t)c0 * qkv_dim;
 			aa.q_stride = qkv_dim;
 			aa.k_cache = kc;
 			aa.v_cache = vc;
-			aa.table = dtab;
-			aa.cols = dcols + (sub >= 0 ? sub : 0);
+			aa.table = runs == 2 ? dtab2 : dtab;
+			aa.cols = (runs == 2 ? dcols2 : dcols) + c0;
+			aa.runs = runs != 0;
 			aa.out = out;
 			aa.part = part;
 			aa.counters = cnt;
-			aa.n = sub >= 0 ? 1 : n;
+			aa.n = sub >= 0 ? 1 : n - from;
 			aa.n_heads = nh;
 			aa.n_kv_heads = nkv;
 			aa.head_dim = hd;
@@ -656,7 +670,30 @@ static void paged_attention_matches_reference(void)
 			       solo_diff ? "FAIL" : "ok  ", hd, ctx, solo_diff);
 			g_fail += solo_diff != 0;
 		}
+		if (tile_ok && n >= 64) {
+			/* prompt runs on the run kernel (bf16 q/P): every run, some runs
+			 * among columns of another slot, runs starting off a multiple
+			 * of 64; twice each (a tile kernel or merge left writing over a
+			 * run would show in the second) */
+			char w2[256];
+			const int from = 37;
+			std::vector<float> r1 = attend(2, -1, 1), r1b = attend(2, -1, 1), r2 = attend(2, -1, 2),
+					   r3 = attend(2, -1, 1, from);
+			snprintf(w2, sizeof(w2), "%s run kernel", what);
+			expect_close(w2, r1.data(), ref.data(), r1.size(), 2e-2);
+			snprintf(w2, sizeof(w2), "%s run kernel, runs among another slot's columns", what);
+			expect_close(w2, r2.data(), ref.data(), r2.size(), 2e-2);
+			snprintf(w2, sizeof(w2), "%s run kernel, runs from position %d", what, from);
+			expect_close(w2, r3.data(), &ref[(size_t)from * nh * hd], r3.size(), 2e-2);
+			const bool same = !memcmp(r1.data(), r1b.data(), r1.size() * 4);
+			const bool served = memcmp(r1.data(), ob.data(), r1.size() * 4) != 0;
+			printf("%s the_run_kernel_serves_prompt_runs_with_the_same_bits_every_launch hd=%d ctx=%d%s%s\n",
+			       same && served ? "ok  " : "FAIL", hd, ctx, same ? "" : ": a second launch gives other bits",
+			       served ? "" : ": the tile kernel's bits (no run served)");
+			g_fail += !(same && served);
+		}
 		cudaFree(dqkv); cudaFree(dbias); cudaFree(dqn); cudaFree(dkn); cudaFree(dinv);
+		cudaFree(dtab2); cudaFree(dcols2);
 		cudaFree(dtab); cudaFree(dcols); cudaFree(kc); cudaFree(vc); cudaFree(out); cudaFree(part); cudaFree(cnt);
 	}
 }
