@@ -1145,7 +1145,8 @@ static __global__ void __launch_bounds__(128) attn_run_kernel(const struct kn_cu
 
 template <int HD> static cudaError_t launch_runs(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
-	static const cudaError_t set =
+	/* every launch (a graph captures it once): the attribute is the current device's */
+	const cudaError_t set =
 		cudaFuncSetAttribute(attn_run_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)run_smem<HD>());
 	if (set != cudaSuccess)
 		return set;
