@@ -240,6 +240,60 @@ out:
 }
 
 /*
+ * Prompt chunks whose columns make runs of 64 (one slot, consecutive
+ * positions: the run kernel's) match the CPU engine like any other plan: a
+ * 37-token chunk, then 160 tokens in one plan (runs from position 37 and
+ * 101, then 32 columns for the tile kernel), every position's logits within
+ * the prefill test's tolerance. With the run kernel off
+ * (KVFERRY_CUDA_ATTN_RUNS=0) the same steps give other bits: the runs ran.
+ */
+static void prompt_runs_match_the_cpu_engine(const struct kn_model *m)
+{
+	enum { W = 160, FIRST = 37, BPS = 16 };
+	struct chain g, off, cpu;
+	int rc = chain_open(&g, m, KN_BACKEND_CUDA, 1, W, 1, BPS, 1);
+	setenv("KVFERRY_CUDA_ATTN_RUNS", "0", 1); /* read as the stage is made */
+	rc = rc ? rc : chain_open(&off, m, KN_BACKEND_CUDA, 1, W, 1, BPS, 1);
+	unsetenv("KVFERRY_CUDA_ATTN_RUNS");
+	if (rc || chain_open(&cpu, m, KN_BACKEND_CPU, 1, W, 1, BPS, 1)) {
+		FAIL("opening the engines");
+		return;
+	}
+	const int V = g.vocab;
+	struct kn_column cols[W];
+	int32_t tg[W], to[W], tc[W];
+	float *lg = malloc((size_t)W * V * 4), *lo = malloc((size_t)W * V * 4), *lc = malloc((size_t)W * V * 4);
+	double worst = 0;
+	int differ = 0, at = 0;
+	for (int step = 0; step < 2; step++) {
+		const int n = step == 0 ? FIRST : W;
+		for (int i = 0; i < n; i++, at++)
+			cols[i] = (struct kn_column){ .token = (int32_t)((11 * at + 7) % V), .pos = at, .slot = 0,
+						      .flags = KN_COL_NEED_LOGIT, .top_p = 1 };
+		if (chain_step(&g, cols, n, tg, lg) || chain_step(&off, cols, n, to, lo) ||
+		    chain_step(&cpu, cols, n, tc, lc)) {
+			FAIL("prefill step");
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			double e = rel_err(lg + (size_t)i * V, lc + (size_t)i * V, V);
+			worst = e > worst ? e : worst;
+		}
+		differ += step == 1 && memcmp(lg, lo, (size_t)n * V * 4) != 0;
+	}
+	printf("%s prompt_runs_match_the_cpu_engine: worst per-position rel err %.3g over %d positions (tol 2e-2)%s\n",
+	       worst <= 2e-2 && differ ? "ok  " : "FAIL", worst, at,
+	       differ ? "" : "; the run kernel off gives the same bits (no run served)");
+	g_fail += !(worst <= 2e-2 && differ);
+	free(lg);
+	free(lo);
+	free(lc);
+	chain_close(&g);
+	chain_close(&off);
+	chain_close(&cpu);
+}
+
+/*
  * Solo: the target column alone. Batched: the same column among neighbours
  * at other slots and positions, at a different index. Same plan width, so
  * the same kernels; the bits must agree at every step. Also run against a
@@ -1108,6 +1162,7 @@ int main(int argc, char **argv)
 	cuda_logits_and_greedy_tokens_match_the_cpu_engine(m);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 8, 5);
 	a_column_has_the_same_bits_solo_batched_and_split(m, 48, 37);
+	prompt_runs_match_the_cpu_engine(m);
 	a_narrow_plan_keeps_its_bits_between_wide_steps(m);
 	one_family_gives_a_sequence_the_same_bits_at_every_plan_width(m);
 	graphs_per_context_bucket_give_the_bits_of_one_graph(m);
