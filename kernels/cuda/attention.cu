@@ -248,22 +248,21 @@ static __device__ __forceinline__ bool len_in(const struct kn_cu_attn_args &a, i
 	return len >= a.len_lo && (a.len_hi == 0 || len < a.len_hi);
 }
 
-/* Columns a block of the run kernel serves, and keys a tile of its loop. */
-#define RUN_COLS 64
+/* Keys a tile of the run kernel's loop. A run is kn_cu_attn_args.runs (64
+ * or 128) columns; a block of runs / 16 warps serves one. */
 #define RUN_KEYS 64
 
-/* Are the RUN_COLS columns from @p c0 (a multiple of RUN_COLS) one run: all
- * in the plan, one slot's, at consecutive positions? Called by every lane of
- * a warp (the answer is the warp's). */
-static __device__ __forceinline__ bool run_uniform(const struct kn_cu_attn_args &a, int c0)
+/* Are the @p rc columns from @p c0 (a multiple of rc) one run: all in the
+ * plan, one slot's, at consecutive positions? Called by every lane of a
+ * warp (the answer is the warp's). */
+static __device__ __forceinline__ bool run_uniform(const struct kn_cu_attn_args &a, int c0, int rc)
 {
 	const int lane = threadIdx.x & 31;
-	bool ok = c0 + RUN_COLS <= a.n;
+	bool ok = c0 + rc <= a.n;
 	if (ok) {
 		const int slot = a.cols[c0].slot, pos = a.cols[c0].pos;
-		const struct kn_column *y = &a.cols[c0 + lane], *z = &a.cols[c0 + 32 + lane];
-		ok = slot != KN_CU_PAD_SLOT && y->slot == slot && z->slot == slot && y->pos == pos + lane &&
-		     z->pos == pos + 32 + lane;
+		for (int i = lane; i < rc && ok; i += 32)
+			ok = slot != KN_CU_PAD_SLOT && a.cols[c0 + i].slot == slot && a.cols[c0 + i].pos == pos + i;
 	}
 	return __all_sync(0xffffffffu, ok);
 }
@@ -535,7 +534,7 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	const struct kn_column col = a.cols[c];
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
-	if (a.runs && run_uniform(a, c & ~(RUN_COLS - 1)))
+	if (a.runs && run_uniform(a, c & ~(a.runs - 1), a.runs))
 		return; /* the run kernel's */
 	if (col.slot == KN_CU_PAD_SLOT) {
 		if (e < v.g * hd && a.len_lo == 0)
@@ -700,8 +699,8 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
-	if (a.runs && run_uniform(a, c0 & ~(RUN_COLS - 1)))
-		return; /* the run kernel's: a warp's columns lie in one group of RUN_COLS */
+	if (a.runs && run_uniform(a, c0 & ~(a.runs - 1), a.runs))
+		return; /* the run kernel's: a warp's columns lie in one run's */
 	/* split < 0 (one column a warp): the column's own pieces */
 	int TS = a.split;
 	if (TS < 0 && c0 < a.n)
@@ -963,32 +962,36 @@ template <int HD> static constexpr size_t run_smem(void)
 }
 
 /*
- * grid (ceil(n / RUN_COLS), n_heads), block 4 warps. Block x serves columns
- * c0 .. c0 + 63 (the last group first: the causal loop is longest there)
- * for head y when they are one run (run_uniform()), else nothing (the tile
- * kernel serves them). Warp w owns the 16 rows c0 + 16 w + (g, g + 8) in the
- * mma fragment layouts. The block loads keys 0 .. the run's last position in
- * tiles of RUN_KEYS (four pages; cp.async, two stages, the tile kernel's
- * swizzle) once for its four warps; a warp skips the tiles past its own
+ * grid (ceil(n / RC), n_heads), block RC / 16 warps (RC: a run's columns,
+ * 64 or 128). Block x serves columns c0 .. c0 + RC - 1 (the last run first:
+ * the causal loop is longest there) for head y when they are one run
+ * (run_uniform()), else nothing (the tile kernel serves them). Warp w owns
+ * the 16 rows c0 + 16 w + (g, g + 8) in the mma fragment layouts. The block
+ * loads keys 0 .. the run's last position in tiles of RUN_KEYS (four pages;
+ * cp.async, two stages, the tile kernel's swizzle) once for its warps (128
+ * columns a run: half the K/V reads of 64, in one block of 8 warps instead
+ * of two of 4); a warp skips the tiles past its own
  * last row. Per tile: S = Q K^T (bf16 q with the scale folded in, base-2),
  * the causal mask where the tile reaches the warp's rows, the online
  * softmax, O += P V with P as bf16; then O / l to out. Keys past the run's
  * last position are zero-filled, never loaded (V there may be NaN bits).
  */
-template <int HD>
-static __global__ void __launch_bounds__(128) attn_run_kernel(const struct kn_cu_attn_args a)
+template <int HD, int RC>
+static __global__ void __launch_bounds__(RC * 2) attn_run_kernel(const struct kn_cu_attn_args a)
 {
+	static_assert(RC == 64 || RC == 128, "a run is 64 or 128 columns");
+	constexpr int THREADS = RC * 2; /* a warp a 16 rows */
 	kn_pdl_wait();
 	kn_pdl_trigger();
 	constexpr int U = HD / 8, SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, NK = RUN_KEYS / 8;
 	extern __shared__ uint4 rsm[]; /* [stage][K, V][RUN_KEYS * U] */
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-	const int c0 = (gridDim.x - 1 - blockIdx.x) * RUN_COLS, h = blockIdx.y;
-	if (!run_uniform(a, c0))
+	const int c0 = (gridDim.x - 1 - blockIdx.x) * RC, h = blockIdx.y;
+	if (!run_uniform(a, c0, RC))
 		return; /* every warp of the block finds the same */
 	const int G = a.n_heads / a.n_kv_heads, kh = h / G;
-	const int slot = a.cols[c0].slot, p0 = a.cols[c0].pos, kmax = p0 + RUN_COLS - 1;
+	const int slot = a.cols[c0].slot, p0 = a.cols[c0].pos, kmax = p0 + RC - 1;
 	const int wp = p0 + warp * 16, pos0 = wp + g, pos1 = wp + g + 8;
 	const int cc0 = c0 + warp * 16 + g, cc1 = cc0 + 8;
 	const float qs = a.scale * LOG2E;
@@ -1021,7 +1024,7 @@ static __global__ void __launch_bounds__(128) attn_run_kernel(const struct kn_cu
 	const size_t head_off = (size_t)kh * KN_PAGE_BLK * HD;
 	auto issue = [&](int j) {
 		uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
-		for (int i = threadIdx.x; i < RUN_KEYS * U; i += 128) {
+		for (int i = threadIdx.x; i < RUN_KEYS * U; i += THREADS) {
 			const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM)), kp = j * RUN_KEYS + r;
 			const int32_t blk = kp <= kmax ? trow[kp / KN_PAGE_BLK] : -1;
 			if (blk >= 0) {
@@ -1143,15 +1146,20 @@ static __global__ void __launch_bounds__(128) attn_run_kernel(const struct kn_cu
 	}
 }
 
-template <int HD> static cudaError_t launch_runs(const struct kn_cu_attn_args *a, cudaStream_t st)
+template <int HD, int RC> static cudaError_t launch_runs_rc(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	/* every launch (a graph captures it once): the attribute is the current device's */
-	const cudaError_t set =
-		cudaFuncSetAttribute(attn_run_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)run_smem<HD>());
+	const cudaError_t set = cudaFuncSetAttribute(attn_run_kernel<HD, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						     (int)run_smem<HD>());
 	if (set != cudaSuccess)
 		return set;
-	return kn_launch(attn_run_kernel<HD>, dim3((a->n + RUN_COLS - 1) / RUN_COLS, a->n_heads), dim3(128),
-			 run_smem<HD>(), st, *a);
+	return kn_launch(attn_run_kernel<HD, RC>, dim3((a->n + RC - 1) / RC, a->n_heads), dim3(RC * 2), run_smem<HD>(),
+			 st, *a);
+}
+
+template <int HD> static cudaError_t launch_runs(const struct kn_cu_attn_args *a, cudaStream_t st)
+{
+	return a->runs == 128 ? launch_runs_rc<HD, 128>(a, st) : launch_runs_rc<HD, 64>(a, st);
 }
 
 /* Columns a warp of the tile kernel serves at plan width @p n: 16 / GM
@@ -1212,7 +1220,9 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const bool many = (long)((gctx + csplit - 1) / csplit) * nvh * a->n > ATTN_MANY_BLOCKS;
 	/* runs (the tile kernel's prompt chunks) where asked and possible */
 	struct kn_cu_attn_args r = *a;
-	r.runs = tile && a->runs && !a->exact && a->split > 0 && a->len_lo == 0 && a->len_hi == 0 && a->n >= RUN_COLS;
+	const bool runs_ok = tile && (a->runs == 64 || a->runs == 128) && !a->exact && a->split > 0 && a->len_lo == 0 &&
+			     a->len_hi == 0 && a->n >= a->runs;
+	r.runs = runs_ok ? a->runs : 0;
 	if (!tile) {
 		e = many ? kn_launch(attn_split_kernel<HD, GM, PAD, true>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
 				     0, st, r, splits)

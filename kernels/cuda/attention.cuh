@@ -61,13 +61,14 @@ struct kn_cu_attn_args {
 	                              go to the tile kernel instead (its split in split; 0:
 	                              none). A function of a column's own length, so its bits
 	                              still depend on nothing else (kn_cuda_attn_tile_from()) */
-	int runs;                /**< tile kernel, bf16 q/P (exact 0): each 64 consecutive columns
-	                              (from a multiple of 64) that are one slot's consecutive
-	                              positions (a prompt chunk's) are served by the run kernel,
-	                              a block of 64 query rows of one head in one causal pass
-	                              over 64-key tiles shared through shared memory, no pieces,
-	                              no merge; the tile and merge kernels skip them. Default
-	                              kernels only: a column's bits then depend on its neighbours */
+	int runs;                /**< 0, 64 or 128. Tile kernel, bf16 q/P (exact 0): each `runs`
+	                              consecutive columns (from a multiple of `runs`) that are one
+	                              slot's consecutive positions (a prompt chunk's) are served by
+	                              the run kernel, a block of `runs` query rows of one head in
+	                              one causal pass over 64-key tiles shared through shared
+	                              memory, no pieces, no merge; the tile and merge kernels skip
+	                              them. Default kernels only: a column's bits then depend on
+	                              its neighbours */
 	int len_lo, len_hi;      /**< set by kn_cuda_attention(): a launch serves the columns of
 	                              len_lo <= pos + 1 < len_hi (len_hi 0: no bound); padding
 	                              columns are zeroed by the launch whose len_lo is 0 */

@@ -655,7 +655,10 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
 		s->wide_split_len = env_split("KVFERRY_CUDA_WIDE_SPLIT", 0);
 		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
-		s->attn_runs = env_on("KVFERRY_CUDA_ATTN_RUNS");
+		/* the run kernel's runs: 64 columns (default), 128 (KVFERRY_CUDA_ATTN_RUNS=128) or
+		 * none (=0); measuring knobs */
+		const char *rn = getenv("KVFERRY_CUDA_ATTN_RUNS");
+		s->attn_runs = rn && !strcmp(rn, "0") ? 0 : rn && !strcmp(rn, "128") ? 128 : 64;
 		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
 		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");

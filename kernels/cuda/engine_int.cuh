@@ -131,8 +131,8 @@ struct cu_stage {
 	                        * tile kernel, exact, in pieces of CU_FAMILY_SPLIT (bits independent of the plan width) */
 	int family_split;      /* its attention pieces: CU_FAMILY_SPLIT (KVFERRY_CUDA_FAMILY_SPLIT, a multiple of 16, for
 	                        * measuring: other bits, the same at every width) */
-	int attn_runs;         /* prompt chunks' runs of 64 columns on the run kernel (KVFERRY_CUDA_ATTN_RUNS=0: the tile
-	                        * kernel, for measuring); default kernels only */
+	int attn_runs;         /* columns a run of the run kernel (prompt chunks): 64, 128 (KVFERRY_CUDA_ATTN_RUNS=128)
+	                        * or 0 (=0: the tile kernel, for measuring); default kernels only */
 	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1 / 0: the tile kernel exact (q, P hi + lo) / bf16 at every width
 	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
 	int narrow_split;      /* KVFERRY_CUDA_NARROW_SPLIT=N (measuring): plans of <= 16 columns on the tile kernel's

@@ -182,7 +182,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		/* prompt chunks of the default kernels: each run of 64 columns of one
 		 * slot in one causal pass (the run kernel); not in one family, whose
 		 * columns keep the tile kernel's pieces at every width */
-		aa.runs = s->attn_runs && !s->linear_wg;
+		aa.runs = s->linear_wg ? 0 : s->attn_runs;
 		/* auto, narrow plans: each long column to the tile kernel (by its own
 		 * length: kn_cuda_attn_tile_from()) */
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)

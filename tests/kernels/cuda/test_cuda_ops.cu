@@ -546,9 +546,10 @@ static void paged_attention_matches_reference(void)
 		qa.eps = 1e-6f;
 		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
 		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that
-		 * column alone. runs 1: prompt runs on the run kernel; 2: the same
-		 * over the two-slot columns; from: the columns from that one on */
-		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0) {
+		 * column alone. runs 1: prompt runs of rc columns on the run kernel;
+		 * 2: the same over the two-slot columns; from: the columns from that
+		 * one on */
+		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0, int rc = 64) {
 			struct kn_cu_attn_args aa = {};
 			const int c0 = sub >= 0 ? sub : from;
 			aa.q = dqkv + (size_t)c0 * qkv_dim;
@@ -557,7 +558,7 @@ static void paged_attention_matches_reference(void)
 			aa.v_cache = vc;
 			aa.table = runs == 2 ? dtab2 : dtab;
 			aa.cols = (runs == 2 ? dcols2 : dcols) + c0;
-			aa.runs = runs != 0;
+			aa.runs = runs ? rc : 0;
 			aa.out = out;
 			aa.part = part;
 			aa.counters = cnt;
@@ -670,25 +671,27 @@ static void paged_attention_matches_reference(void)
 			       solo_diff ? "FAIL" : "ok  ", hd, ctx, solo_diff);
 			g_fail += solo_diff != 0;
 		}
-		if (tile_ok && n >= 64) {
-			/* prompt runs on the run kernel (bf16 q/P): every run, some runs
-			 * among columns of another slot, runs starting off a multiple
-			 * of 64; twice each (a tile kernel or merge left writing over a
-			 * run would show in the second) */
+		for (int rc : { 64, 128 }) {
+			if (!tile_ok || n < rc)
+				continue;
+			/* prompt runs of rc columns on the run kernel (bf16 q/P): every
+			 * run, some runs among columns of another slot, runs starting
+			 * off a multiple of rc; twice each (a tile kernel or merge left
+			 * writing over a run would show in the second) */
 			char w2[256];
 			const int from = 37;
-			std::vector<float> r1 = attend(2, -1, 1), r1b = attend(2, -1, 1), r2 = attend(2, -1, 2),
-					   r3 = attend(2, -1, 1, from);
-			snprintf(w2, sizeof(w2), "%s run kernel", what);
+			std::vector<float> r1 = attend(2, -1, 1, 0, rc), r1b = attend(2, -1, 1, 0, rc),
+					   r2 = attend(2, -1, 2, 0, rc), r3 = attend(2, -1, 1, from, rc);
+			snprintf(w2, sizeof(w2), "%s run kernel (runs of %d)", what, rc);
 			expect_close(w2, r1.data(), ref.data(), r1.size(), 2e-2);
-			snprintf(w2, sizeof(w2), "%s run kernel, runs among another slot's columns", what);
+			snprintf(w2, sizeof(w2), "%s run kernel (runs of %d), among another slot's columns", what, rc);
 			expect_close(w2, r2.data(), ref.data(), r2.size(), 2e-2);
-			snprintf(w2, sizeof(w2), "%s run kernel, runs from position %d", what, from);
+			snprintf(w2, sizeof(w2), "%s run kernel (runs of %d), from position %d", what, rc, from);
 			expect_close(w2, r3.data(), &ref[(size_t)from * nh * hd], r3.size(), 2e-2);
 			const bool same = !memcmp(r1.data(), r1b.data(), r1.size() * 4);
 			const bool served = memcmp(r1.data(), ob.data(), r1.size() * 4) != 0;
-			printf("%s the_run_kernel_serves_prompt_runs_with_the_same_bits_every_launch hd=%d ctx=%d%s%s\n",
-			       same && served ? "ok  " : "FAIL", hd, ctx, same ? "" : ": a second launch gives other bits",
+			printf("%s the_run_kernel_serves_prompt_runs_with_the_same_bits_every_launch hd=%d ctx=%d runs=%d%s%s\n",
+			       same && served ? "ok  " : "FAIL", hd, ctx, rc, same ? "" : ": a second launch gives other bits",
 			       served ? "" : ": the tile kernel's bits (no run served)");
 			g_fail += !(same && served);
 		}
