@@ -252,6 +252,20 @@ static __device__ __forceinline__ bool len_in(const struct kn_cu_attn_args &a, i
  * or 128) columns; a block of runs / 16 warps serves one. */
 #define RUN_KEYS 64
 
+/* The max / the sum of a row's value over the four lanes of an mma quad
+ * (lanes 4g .. 4g + 3 hold row g's columns). */
+static __device__ __forceinline__ float quad_max(float x)
+{
+	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+static __device__ __forceinline__ float quad_sum(float x)
+{
+	x += __shfl_xor_sync(0xffffffffu, x, 1);
+	return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 /* Are the @p rc columns from @p c0 (a multiple of rc) one run: all in the
  * plan, one slot's, at consecutive positions? Called by every lane of a
  * warp (the answer is the warp's). */
@@ -867,10 +881,8 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 				}
 			float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
 			float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+			mx0 = quad_max(mx0);
+			mx1 = quad_max(mx1);
 			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
 			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
 			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
@@ -924,10 +936,8 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 			}
 			__syncwarp();
 		}
-		l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-		l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-		l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-		l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+		l0 = quad_sum(l0);
+		l1 = quad_sum(l1);
 		float *pbase = a.part + (size_t)s * GM * part_stride(HD);
 		const size_t cstride = (size_t)splits * GM * part_stride(HD);
 		if (on0) {
@@ -976,8 +986,11 @@ template <int HD> static constexpr size_t run_smem(void)
  * softmax, O += P V with P as bf16; then O / l to out. Keys past the run's
  * last position are zero-filled, never loaded (V there may be NaN bits).
  */
+#ifndef KN_RUN_MINB
+#define KN_RUN_MINB 1
+#endif
 template <int HD, int RC>
-static __global__ void __launch_bounds__(RC * 2) attn_run_kernel(const struct kn_cu_attn_args a)
+static __global__ void __launch_bounds__(RC * 2, RC == 64 ? KN_RUN_MINB : 1) attn_run_kernel(const struct kn_cu_attn_args a)
 {
 	static_assert(RC == 64 || RC == 128, "a run is 64 or 128 columns");
 	constexpr int THREADS = RC * 2; /* a warp a 16 rows */
@@ -1082,10 +1095,8 @@ static __global__ void __launch_bounds__(RC * 2) attn_run_kernel(const struct kn
 				mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
 				mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
 			}
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+			mx0 = quad_max(mx0);
+			mx1 = quad_max(mx1);
 			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
 			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
 			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
@@ -1132,10 +1143,8 @@ static __global__ void __launch_bounds__(RC * 2) attn_run_kernel(const struct kn
 		}
 		__syncthreads(); /* the next issue refills this stage */
 	}
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+	l0 = quad_sum(l0);
+	l1 = quad_sum(l1);
 	const float i0 = 1.f / l0, i1 = 1.f / l1;
 	float *o0 = a.out + (size_t)cc0 * a.n_heads * HD + (size_t)h * HD;
 	float *o1 = a.out + (size_t)cc1 * a.n_heads * HD + (size_t)h * HD;
