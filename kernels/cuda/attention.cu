@@ -252,6 +252,15 @@ static __device__ __forceinline__ bool len_in(const struct kn_cu_attn_args &a, i
  * or 128) columns; a block of runs / 16 warps serves one. */
 #define RUN_KEYS 64
 
+/* 2^x, flushing subnormal results to 0 (one MUFU.EX2): the run kernel's
+ * softmax, whose terms are at most 1 */
+static __device__ __forceinline__ float ex2_ftz(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
 /* The max / the sum of a row's value over the four lanes of an mma quad
  * (lanes 4g .. 4g + 3 hold row g's columns). */
 static __device__ __forceinline__ float quad_max(float x)
@@ -1035,18 +1044,27 @@ static __global__ void __launch_bounds__(RC * 2, RC == 64 ? KN_RUN_MINB : 1) att
 	const int32_t *trow = a.table + (size_t)slot * a.max_bps;
 	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
 	const size_t head_off = (size_t)kh * KN_PAGE_BLK * HD;
+	/* thread x copies the 16-byte unit u0 of rows r0, r0 + RPI, ... of a
+	 * tile: RPI is a multiple of the swizzle's period, so the unit's place
+	 * is the same in each of its rows, and its addresses step by constants */
+	constexpr int RPI = THREADS / U, NI = RPI < RUN_KEYS ? RUN_KEYS / RPI : 1; /* rows past a tile: idle */
+	static_assert(THREADS % U == 0 && (RUN_KEYS % RPI == 0 || RPI % RUN_KEYS == 0) && RPI % (SWM + 1) == 0,
+		      "a unit's swizzle per thread");
+	const int u0 = threadIdx.x % U, r0 = threadIdx.x / U, so0 = r0 * U + (u0 ^ (r0 & SWM));
+	const kn_bf16 *kbase = a.k_cache + head_off + u0 * 8, *vbase = a.v_cache + head_off + u0 * 8;
 	auto issue = [&](int j) {
-		uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
-		for (int i = threadIdx.x; i < RUN_KEYS * U; i += THREADS) {
-			const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM)), kp = j * RUN_KEYS + r;
+		uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U + so0, *vs = ks + RUN_KEYS * U;
+#pragma unroll
+		for (int i = 0; i < NI && r0 + i * RPI < RUN_KEYS; i++) {
+			const int kp = j * RUN_KEYS + r0 + i * RPI;
 			const int32_t blk = kp <= kmax ? trow[kp / KN_PAGE_BLK] : -1;
 			if (blk >= 0) {
-				const size_t off = blk * blk_stride + head_off + (size_t)(kp % KN_PAGE_BLK) * HD;
-				cp_async16(&ks[so], reinterpret_cast<const uint4 *>(a.k_cache + off) + u);
-				cp_async16(&vs[so], reinterpret_cast<const uint4 *>(a.v_cache + off) + u);
+				const size_t off = (size_t)blk * blk_stride + (size_t)(kp % KN_PAGE_BLK) * HD;
+				cp_async16(ks + i * RPI * U, reinterpret_cast<const uint4 *>(kbase + off));
+				cp_async16(vs + i * RPI * U, reinterpret_cast<const uint4 *>(vbase + off));
 			} else {
-				ks[so] = make_uint4(0, 0, 0, 0);
-				vs[so] = make_uint4(0, 0, 0, 0);
+				ks[i * RPI * U] = make_uint4(0, 0, 0, 0);
+				vs[i * RPI * U] = make_uint4(0, 0, 0, 0);
 			}
 		}
 		cp_commit();
@@ -1098,17 +1116,19 @@ static __global__ void __launch_bounds__(RC * 2, RC == 64 ? KN_RUN_MINB : 1) att
 			mx0 = quad_max(mx0);
 			mx1 = quad_max(mx1);
 			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
-			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+			/* every row sees key 0 in tile 0, so mn0 and mn1 are finite
+			 * from there on: a masked score gives ex2(-inf) = 0, and the
+			 * first tile's correction ex2(-inf - mn) = 0 scales nothing */
+			const float cr0 = ex2_ftz(m0 - mn0), cr1 = ex2_ftz(m1 - mn1);
 			m0 = mn0;
 			m1 = mn1;
 			float s0 = 0.f, s1 = 0.f;
 #pragma unroll
 			for (int i = 0; i < NK; i++) {
-				sc[i][0] = mn0 == -INFINITY ? 0.f : exp2f(sc[i][0] - mn0);
-				sc[i][1] = mn0 == -INFINITY ? 0.f : exp2f(sc[i][1] - mn0);
-				sc[i][2] = mn1 == -INFINITY ? 0.f : exp2f(sc[i][2] - mn1);
-				sc[i][3] = mn1 == -INFINITY ? 0.f : exp2f(sc[i][3] - mn1);
+				sc[i][0] = ex2_ftz(sc[i][0] - mn0);
+				sc[i][1] = ex2_ftz(sc[i][1] - mn0);
+				sc[i][2] = ex2_ftz(sc[i][2] - mn1);
+				sc[i][3] = ex2_ftz(sc[i][3] - mn1);
 				s0 += sc[i][0] + sc[i][1];
 				s1 += sc[i][2] + sc[i][3];
 			}
