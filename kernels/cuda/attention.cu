@@ -995,11 +995,11 @@ template <int HD> static constexpr size_t run_smem(void)
  * softmax, O += P V with P as bf16; then O / l to out. Keys past the run's
  * last position are zero-filled, never loaded (V there may be NaN bits).
  */
-#ifndef KN_RUN_MINB
-#define KN_RUN_MINB 1
-#endif
+/* one block an SM at least: ptxas then takes ~200 registers at head 128
+ * (~175 without the bound), measured a little faster; three blocks an SM
+ * (168 registers) changed nothing (kernels/cuda/NOTES.md) */
 template <int HD, int RC>
-static __global__ void __launch_bounds__(RC * 2, RC == 64 ? KN_RUN_MINB : 1) attn_run_kernel(const struct kn_cu_attn_args a)
+static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct kn_cu_attn_args a)
 {
 	static_assert(RC == 64 || RC == 128, "a run is 64 or 128 columns");
 	constexpr int THREADS = RC * 2; /* a warp a 16 rows */
