@@ -80,7 +80,10 @@ static double urand(uint64_t *s)
  *    cache, the reorder hold and a burst: partial messages can never take
  *    the mbufs the frames that complete them need. A message that does not
  *    fit is refused as NOBUF at its first frame (resent, never lost) and
- *    holds nothing; the credit (credit_of()) counts the budget.
+ *    holds nothing; the credit (credit_of()) counts the budget. Once the
+ *    consumers hold the whole budget (one stalled), a stream's next
+ *    message is reassembled by copy instead: no stream waits on another's
+ *    consumer.
  *  - A message that is not the next its stream delivers may reserve only
  *    up to mb_budget - ip_keep(): one largest message per receiving stream
  *    stays for the messages next in order. Without that, later messages of
@@ -173,14 +176,22 @@ static int rx_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 	 * ring, DP_RING_RX_KV, reads them too: rx_in_place()) */
 	int in_place = rx_in_place(d, type) && frags <= d->ip_max_segs
 		       && !(type == DP_MT_KVPAGE && dp_route_ring(d, s->id, &wake, &segs, NULL) != NULL && !segs);
-	s->rx_in_place = (uint8_t)in_place;
-	s->rx_frags = frags;
 	if (in_place) {
 		int next = d->cur_hdr->msg_id == dp_rel_rx_next_msg(s->rx);
-		if (d->mb_reserved + frags > d->mb_budget - (next ? 0 : ip_keep(d)))
-			return -ENOBUFS;
-		pool = d->p_small;
+		if (d->mb_reserved + frags > d->mb_budget - (next ? 0 : ip_keep(d))) {
+			if (!next)
+				return -ENOBUFS;
+			/* the consumers hold the whole budget (one stalled, or
+			 * slow): the message next in order is reassembled by
+			 * copy, so no stream waits on another's consumer */
+			in_place = 0;
+			d->ip_copied++;
+		}
 	}
+	if (in_place)
+		pool = d->p_small;
+	s->rx_in_place = (uint8_t)in_place;
+	s->rx_frags = frags;
 	s->rx_small = pool == d->p_small;
 	if (shm_pool_get(pool, &idx))
 		return -ENOBUFS;
@@ -436,6 +447,14 @@ static uint32_t credit_of(struct dp *d, struct stream *s)
 		 * sent again (the af_packet test stalled one run in four). */
 		if (!b && d->mb_budget >= d->mb_reserved + frags)
 			b = 1;
+		/* The consumers hold the budget: the next message is reassembled
+		 * by copy instead (rx_alloc()), offered one at a time while the
+		 * pools have a buffer. Offered nothing, the stream waited for
+		 * another's consumer. */
+		if (!b) {
+			uint32_t a = shm_pool_available(d->p_small), l = shm_pool_available(d->p_large);
+			b = a && l;
+		}
 		avail = avail < b ? avail : b;
 	}
 	unsigned share = d->rx_streams > 1 ? d->rx_streams : 1;

@@ -21,7 +21,8 @@ struct dp_settings {
 	int64_t udp_port, region_size_mib, frame_size, idle_mode;
 	char impair[CFG_STRLEN], rx_small[CFG_STRLEN], rx_large[CFG_STRLEN];
 	int64_t max_msgs, window, mbufs;
-	int tx_copy, rx_in_place;
+	int tx_copy;
+	int64_t rx_in_place;
 	int64_t payload_crc;
 	char eal[CFG_STRLEN];
 };
@@ -30,6 +31,7 @@ struct dp_settings {
 
 static const char *const idle_names[] = { "poll", "sleep", NULL };
 static const char *const pcrc_names[] = { "auto", "yes", "no", NULL };
+static const char *const rxip_names[] = { "auto", "yes", "no", NULL }; /* DP_RXIP_* */
 
 static const struct cfg_key keys[] = {
 	{ "node_id", "dp", CFG_INT, OFF(node_id), "0", 0, DP_MAX_PEERS - 1, "KVFERRY_DP_NODE_ID", "--node-id",
@@ -71,10 +73,12 @@ static const struct cfg_key keys[] = {
 	  "mbufs per pool" },
 	{ "tx_copy", "dp", CFG_BOOL, OFF(tx_copy), "no", 0, 1, "KVFERRY_DP_TX_COPY", "--tx-copy", NULL, NULL,
 	  "copy payload into mbufs instead of attaching region memory" },
-	{ "rx_in_place", "dp", CFG_BOOL, OFF(rx_in_place), "no", 0, 1, "KVFERRY_DP_RX_IN_PLACE", "--rx-in-place", NULL,
-	  NULL, "receive into mbufs in the region (mbufs x ~10 KiB of it, hugepages) and hand a message to a ring whose "
-	  "consumer declared it reads segment lists as the list of its frames, with no reassembly copy; other rings "
-	  "get whole messages as before" },
+	{ "rx_in_place", "dp", CFG_ENUM, OFF(rx_in_place), "auto", 0, 2, "KVFERRY_DP_RX_IN_PLACE", "--rx-in-place",
+	  rxip_names, NULL, "receive into mbufs in the region (mbufs x ~10 KiB of it at 9000 B frames, hugepages) and "
+	  "hand a message to a ring whose consumer declared it reads segment lists as the list of its frames, with no "
+	  "reassembly copy; other rings get whole messages as before. auto: in place where the region is on "
+	  "hugepages and those buffers take at most a quarter of it, else reassembled (the start log says why); yes: "
+	  "in place or refuse to start" },
 	{ "payload_crc", "dp", CFG_ENUM, OFF(payload_crc), "auto", 0, 2, "KVFERRY_DP_PAYLOAD_CRC", "--payload-crc",
 	  pcrc_names, NULL, "CRC32C over each data frame's payload, sent and checked (the header's is always on); "
 	  "auto: yes, except over net_memif (shared memory in one host, where nothing can damage a frame: one read "
@@ -204,7 +208,7 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfgp, int
 	o->rel.window = (uint32_t)s->window;
 	o->n_mbufs = (uint32_t)s->mbufs;
 	o->tx_copy = s->tx_copy;
-	o->rx_in_place = s->rx_in_place;
+	o->rx_in_place = (int)s->rx_in_place;
 	o->payload_crc = (int)s->payload_crc;
 	o->eal_args = s->eal[0] ? s->eal : NULL;
 	if (!pow2(s->max_msgs) || !pow2(s->window)) {

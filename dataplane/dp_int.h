@@ -145,6 +145,7 @@ struct dp {
 	uint32_t n_ip_out;
 	uint32_t mb_budget;           /* RX mbufs messages in place may reserve */
 	uint32_t mb_reserved;
+	uint64_t ip_copied;           /* messages for a reader of segments reassembled: the budget was held */
 	/* Receive routes (dp_ipc.h, dp_route.c): a stream's KV pages to its owner's ring */
 	struct dp_rxroute *route;     /* DP_AREA_RXROUTE */
 	struct dp_route_cache {

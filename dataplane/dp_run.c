@@ -176,11 +176,17 @@ static int setup_shm(struct dp *d)
 /*
  * Receive in place: the RX mbufs' data buffers as a region area (found
  * again after a restart on the same region), the per-message bookkeeping,
- * and the mbuf budget of messages in place (dp.c). @return 0 or -errno.
+ * and the mbuf budget of messages in place (dp.c). rx_in_place = yes
+ * refuses the start where that cannot be; auto (the default) receives
+ * reassembled instead and says why, and takes the area only where it is at
+ * most a quarter of the region (the node's ctrld and workers add theirs
+ * after it). @return 0 (@p area set, or NULL with *len 1: reassembled, said
+ * why) or -errno.
  */
 static int setup_in_place(struct dp *d, void **area, size_t *len)
 {
 	const struct dp_opts *o = d->o;
+	int strict = o->rx_in_place == DP_RXIP_YES;
 	uint32_t fp = o->frame_size - DP_FRAME_HLEN;
 	uint32_t max_segs = (o->rx_large_size + fp - 1) / fp;
 	size_t page = shm_region_page_size(d->reg), need = dp_port_rx_area_bytes(o->frame_size, o->n_mbufs, page);
@@ -193,35 +199,45 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 	keep += (d->port.n_queues - 1u) * (384 + DP_TXQ_RING + BURST);
 	uint64_t off = 0;
 	size_t have = 0;
+	char why[320];
+	int r = -EINVAL;
 
+	*area = NULL;
+	*len = 0;
 	if (need == 0 && !d->port.memif_zc) {
-		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place needs the region '%s' on hugepages (its pages are "
-			"%zu B, smaller than one receive buffer): reserve hugepages or set rx_in_place = no", o->region,
-			page);
-		return -EINVAL;
+		snprintf(why, sizeof(why), "it needs the region '%s' on hugepages (its pages are %zu B, smaller than "
+			 "one receive buffer): reserve hugepages", o->region, page);
+		goto refuse;
 	}
 	if (dp_ipc_rx_seglist_size(max_segs) > o->rx_small_size) {
-		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: the segment list of a %u-byte message (rx_large) "
-			"takes %zu B, more than an rx_small buffer (%u B): raise rx_small's size or lower rx_large's",
-			o->rx_large_size, dp_ipc_rx_seglist_size(max_segs), o->rx_small_size);
-		return -EINVAL;
+		snprintf(why, sizeof(why), "the segment list of a %u-byte message (rx_large) takes %zu B, more than an "
+			 "rx_small buffer (%u B): raise rx_small's size or lower rx_large's", o->rx_large_size,
+			 dp_ipc_rx_seglist_size(max_segs), o->rx_small_size);
+		goto refuse;
 	}
 	if (o->n_mbufs <= keep + max_segs) {
-		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: mbufs %u leave no room for a message in place "
-			"(the driver keeps %u, the largest message takes %u): raise mbufs above %u or set rx_in_place = no",
-			o->n_mbufs, keep, max_segs, keep + max_segs);
-		return -EINVAL;
+		snprintf(why, sizeof(why), "mbufs %u leave no room for a message in place (the driver keeps %u, the "
+			 "largest message takes %u): raise mbufs above %u", o->n_mbufs, keep, max_segs, keep + max_segs);
+		goto refuse;
+	}
+	if (!strict && !d->port.memif_zc && shm_region_find_area(d->reg, DP_AREA_RX_MBUFS, NULL, NULL) != 0 &&
+	    need > shm_region_size(d->reg) / 4) {
+		snprintf(why, sizeof(why), "%u receive buffers take %zu MiB, more than a quarter of region '%s' (%zu "
+			 "MiB): make the region larger (--region-size) or lower mbufs", o->n_mbufs, need >> 20,
+			 o->region, shm_region_size(d->reg) >> 20);
+		goto refuse;
 	}
 	/* a zero-copy memif client's driver takes only the EAL's memory: its
 	 * mbufs stay there and the consumers map it (dp_port_rx_file()) */
-	int r = d->port.memif_zc ? 0 : shm_region_add_area(d->reg, DP_AREA_RX_MBUFS, need, page, SHM_AREA_RAW, &off);
+	r = d->port.memif_zc ? 0 : shm_region_add_area(d->reg, DP_AREA_RX_MBUFS, need, page, SHM_AREA_RAW, &off);
 	if (r == -EEXIST)
 		shm_region_find_area(d->reg, DP_AREA_RX_MBUFS, &off, &have);
 	if ((r && r != -EEXIST) || (r == -EEXIST && have < need)) {
-		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: no room for %u receive buffers (%zu B, area %s) in "
-			"region '%s'%s: make the region larger (--region-size), lower mbufs or set rx_in_place = no",
-			o->n_mbufs, need, DP_AREA_RX_MBUFS, o->region, r == -EEXIST ? " (a smaller one is there)" : "");
-		return r ? (r == -EEXIST ? -ENOSPC : r) : -ENOSPC;
+		snprintf(why, sizeof(why), "no room for %u receive buffers (%zu B, area %s) in region '%s'%s: make the "
+			 "region larger (--region-size) or lower mbufs", o->n_mbufs, need, DP_AREA_RX_MBUFS, o->region,
+			 r == -EEXIST ? " (a smaller one is there)" : "");
+		r = r ? (r == -EEXIST ? -ENOSPC : r) : -ENOSPC;
+		goto refuse;
 	}
 	d->ip_max_segs = max_segs;
 	d->ip = calloc(o->rx_small_n, sizeof(*d->ip));
@@ -232,8 +248,17 @@ static int setup_in_place(struct dp *d, void **area, size_t *len)
 		return -ENOMEM; /* dp_run() frees them */
 	}
 	d->mb_budget = o->n_mbufs - keep;
+	d->in_place = 1;
 	*area = d->port.memif_zc ? NULL : shm_ptr(d->reg, off);
 	*len = d->port.memif_zc ? 0 : need;
+	return 0;
+refuse:
+	if (strict) {
+		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place: %s, or set rx_in_place = no (or auto)", why);
+		return r;
+	}
+	kvf_log(KVF_LOG_INFO, NULL, "dataplane: receiving reassembled (rx_in_place = auto): %s to receive in place",
+		why);
 	return 0;
 }
 
@@ -245,11 +270,17 @@ static int publish_pktmem(struct dp *d)
 	size_t len;
 	int fd, r = dp_port_rx_file(&d->port, &base, &len, &fd);
 
-	if (r) {
+	if (r && d->o->rx_in_place == DP_RXIP_YES) {
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: rx_in_place on a zero-copy memif client needs its receive mbufs in "
 			"one file-backed segment list of the EAL (%s): set rx_in_place = no or drop zero-copy=yes",
 			strerror(-r));
 		return r;
+	}
+	if (r) {
+		kvf_log(KVF_LOG_INFO, NULL, "dataplane: receiving reassembled (rx_in_place = auto): a zero-copy memif "
+			"client's receive mbufs are not in one file-backed segment list of the EAL (%s)", strerror(-r));
+		d->in_place = 0;
+		return 0;
 	}
 	d->pk_base = base;
 	d->pk->pid = (int32_t)getpid();
@@ -302,12 +333,12 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 				    shm_region_page_size(d->reg));
 	if (r)
 		goto out;
-	if (eff.rx_in_place && (r = setup_in_place(d, &rx_area, &rx_area_len)) != 0)
+	if (eff.rx_in_place != DP_RXIP_NO && (r = setup_in_place(d, &rx_area, &rx_area_len)) != 0)
 		goto out;
 	r = dp_port_start(&d->port, eff.port, eff.node, eff.frame_size, eff.n_mbufs, rx_area, rx_area_len);
 	if (r)
 		goto out;
-	if (eff.rx_in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
+	if (d->in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
 		goto out;
 	int memif = !strncmp(eff.port, "net_memif", 9);
 	d->pcrc = eff.payload_crc == DP_PCRC_YES
@@ -315,7 +346,6 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP, d->pcrc)) != 0)
 		goto out;
 	d->link_q = d->port.queues_own ? d->port.n_queues : 1;
-	d->in_place = eff.rx_in_place;
 	if (d->in_place)
 		__atomic_store_n(&d->decl->in_place, 1u, __ATOMIC_RELEASE);
 	d->tsc_hz = rte_get_tsc_hz();
@@ -438,7 +468,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	if (d->in_place) {
 		dp_ip_reap(d);
 		kvf_log(KVF_LOG_INFO, NULL, "  received in place: %u messages still with their consumers, %u of %u mbufs "
-			"reserved", d->n_ip_out, d->mb_reserved, d->mb_budget);
+			"reserved; %llu reassembled while the consumers held them all", d->n_ip_out, d->mb_reserved,
+			d->mb_budget, (unsigned long long)d->ip_copied);
 	}
 	r = 0;
 out:

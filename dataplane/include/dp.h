@@ -41,6 +41,10 @@ struct dp_impair {
  *  loopback, which skips TCP's checksum too) without a test impairment that
  *  corrupts frames. The header's CRC is always on. */
 enum { DP_PCRC_AUTO = 0, DP_PCRC_YES = 1, DP_PCRC_NO = 2 };
+/** [dp] rx_in_place. AUTO: in place where the region is on hugepages and
+ *  the receive buffers take at most a quarter of it, else reassembled (the
+ *  start log says why); YES: in place or refuse to start; NO: reassembled. */
+enum { DP_RXIP_AUTO = 0, DP_RXIP_YES = 1, DP_RXIP_NO = 2 };
 
 /** A configured peer. */
 struct dp_peer_cfg {
@@ -62,8 +66,8 @@ struct dp_opts {
 	uint32_t rx_large_n, rx_large_size; /**< reassembly pool for larger messages (max message) */
 	uint32_t n_mbufs;           /**< mbufs per pool */
 	int tx_copy;                /**< 1: copy payload into mbufs instead of attaching it */
-	int rx_in_place;            /**< 1: RX mbufs in the region; messages to rings whose consumer
-				         declared it go out as segment lists (dp_ipc.h) */
+	int rx_in_place;            /**< DP_RXIP_*: RX mbufs in the region; messages to rings whose
+				         consumer declared it go out as segment lists (dp_ipc.h) */
 	int payload_crc;            /**< DP_PCRC_*: CRC32C over every data frame's payload */
 	struct dp_rel_opts rel;
 	struct dp_peer_cfg peers[64];

@@ -79,14 +79,14 @@ case $mode in
   memif-bursts) export KVF_PD_DECODE_EVERY_MS=50 ;;
   # the dataplanes receive in place: ctrld gets segment lists, which the
   # worker processes (who copy the pages) cannot read from ctrld's heap
-  ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place" mode=ctrld2-workers ;;
+  ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place=yes" mode=ctrld2-workers ;;
   # a tensor-parallel stage on each node: prefill stage 0, decode stage 1
   ctrld2-workers-tp) tp_at="1:0 2:1" mode=ctrld2-workers ;;
   # the same, rank 1 of the prefill node's stage 0 SIGKILLed mid-run and started again
   ctrld2-workers-tp-kill) tp_at="1:0 2:1" tp_kill=1 mode=ctrld2-workers ;;
   # the same, the decode node's dataplane a zero-copy memif client: the
   # prefill node's driver writes the pages into the mbufs its workers read
-  ctrld2-workers-inplace-zc) KVF_DP_EXTRA="--rx-in-place" KVF_MEMIF_B_EXTRA=",zero-copy=yes" mode=ctrld2-workers ;;
+  ctrld2-workers-inplace-zc) KVF_DP_EXTRA="--rx-in-place=yes" KVF_MEMIF_B_EXTRA=",zero-copy=yes" mode=ctrld2-workers ;;
   netns) kvf_netns $$ || skip "cannot create two network namespaces joined by a veth pair"; topo=netns ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
@@ -546,7 +546,7 @@ PY
     <<'PY' >"$KVF_RUN/out.log" 2>&1
 import json, os, random, sys, threading, time, urllib.error, urllib.request
 dec, pre, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-inplace = "--rx-in-place" in sys.argv[4]
+inplace = "--rx-in-place=yes" in sys.argv[4]
 tp, kill, run_dir = sys.argv[5] != "", sys.argv[6] != "", sys.argv[7]
 
 def post(url, body):

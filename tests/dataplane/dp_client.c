@@ -12,6 +12,9 @@
  *         (--whole: it does not declare, and gets whole messages).
  *         --die-holding N: take N messages, keep them and SIGKILL itself
  *         (what a dead consumer leaves, for the dataplane to reclaim).
+ *         --hold: keep every message it takes (a consumer that stalls
+ *         holding what it was given), and once it has them all, say so
+ *         and wait for SIGTERM before it gives them back.
  *         --route: KV pages of its streams on a ring of its own (a receive
  *         route, dp_ipc.h, as a decode worker makes), each buffer taken
  *         from the pid the dataplane passed it to (without --route, it
@@ -66,6 +69,7 @@ struct cfg {
 	double timeout_s;
 	int whole;      /* recv: do not declare that it reads segment lists */
 	unsigned die_holding; /* recv: SIGKILL itself holding this many messages */
+	int hold;             /* recv: give nothing back until SIGTERM */
 	int route;            /* recv --type kv: its streams routed to a ring of its own */
 	unsigned die_dequeued; /* recv --route: SIGKILL itself once it dequeued this many, before taking them */
 	int replaced;          /* with die_dequeued: a live successor owns the ring when it dies */
@@ -382,6 +386,13 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 	for (unsigned s = 0; s < c->streams; s++)
 		next[s] = s;
 	uint8_t *scratch = malloc(4 * 1024 * 1024);
+	struct held {
+		struct shm_pool *pool;
+		uint32_t idx;
+	} *held = c->hold ? calloc(c->count, sizeof(*held)) : NULL;
+	uint64_t n_held = 0;
+	if (c->hold && held == NULL)
+		return 1;
 	uint64_t got = 0, bytes = 0, in_place = 0, lists_bad = 0;
 	int bad = 0;
 	struct copies k0;
@@ -478,7 +489,10 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 			}
 			/* one put gives back a whole message, segment list or buffer */
 			struct shm_pool *pool = dp_ipc_rx_in_small(d[i].len, d[i].flags, small) ? ps : pl;
-			shm_pool_put(pool, (uint32_t)shm_pool_idx_of(pool, d[i].off));
+			if (c->hold && n_held < c->count)
+				held[n_held++] = (struct held){ pool, (uint32_t)shm_pool_idx_of(pool, d[i].off) };
+			else
+				shm_pool_put(pool, (uint32_t)shm_pool_idx_of(pool, d[i].off));
 			got++;
 			bytes += d[i].len;
 		}
@@ -497,6 +511,16 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 			break;
 	}
 	double dt = now_s() - t0;
+	if (c->hold) {
+		printf("recv: holding %llu messages (%llu received in place) until SIGTERM\n",
+		       (unsigned long long)n_held, (unsigned long long)in_place);
+		fflush(stdout);
+		while (!g_stop)
+			usleep(10000);
+		for (uint64_t i = 0; i < n_held; i++)
+			shm_pool_put(held[i].pool, held[i].idx);
+		free(held);
+	}
 	if (decl != NULL)
 		dp_ipc_rx_declare(decl, ring, 0);
 	for (unsigned s = 0; route != NULL && s < c->streams; s++)
@@ -593,7 +617,7 @@ int main(int argc, char **argv)
 		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
 		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
 		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {"route", 0, 0, 'o'},
-		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {0, 0, 0, 0}};
+		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {"hold", 0, 0, 'h'}, {0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -618,6 +642,7 @@ int main(int argc, char **argv)
 		case 'o': c.route = 1; break;
 		case 'e': c.die_dequeued = (unsigned)atoi(optarg); break;
 		case 'y': c.replaced = 1; break;
+		case 'h': c.hold = 1; break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -629,10 +654,10 @@ int main(int argc, char **argv)
 	}
 	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS
 	    || (c.route && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.recv)
-	    || (c.replaced && (!c.die_dequeued || c.route))) {
+	    || (c.replaced && (!c.die_dequeued || c.route)) || (c.hold && (!c.recv || c.until_stop))) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--pools NAME] [--drain]\n"
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--hold] [--pools NAME] [--drain]\n"
 			"       [--route] (with --recv --type kv) [--die-dequeued N [--replaced]] (with --recv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;

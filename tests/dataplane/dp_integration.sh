@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two kvferry-dataplane processes and two dp_client processes.
 #   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes|pcrc-mismatch|queues-refused[-inplace] DATAPLANE CLIENT
-# A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes.
+# A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes,
+# any other with rx_in_place = no (the default, auto, depends on the region).
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
 set -u
@@ -9,10 +10,16 @@ mode=$1 dp=$2 cli=$3
 N=${DP_IT_COUNT:-100000}
 rxip=${DP_RXIP:-0} zc=${DP_ZC:-0}
 case $mode in *-inplace) rxip=1 mode=${mode%-inplace} ;; esac
+# a mode ending in -auto: no rx_in_place flag, the default (auto) chooses:
+# in place on hugepages (these regions have room), reassembled without
+rxauto=0
+case $mode in *-auto) rxauto=1 mode=${mode%-auto} ;; esac
 # a mode ending in -zc (or DP_ZC=1): node 2 is a zero-copy memif client
 case $mode in *-zc) zc=1 mode=${mode%-zc} ;; esac
 # killed-clients: its 2 MiB sender's pools beside the verified sender's
 [ "$mode" = killed-clients ] && export DP_REGION_MIB=${DP_REGION_MIB:-480}
+# held: the held KV pages' sender's pools beside the other streams' sender's
+[ "$mode" = held ] && export DP_REGION_MIB=${DP_REGION_MIB:-480}
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (hugepages, network namespaces)"
@@ -55,14 +62,15 @@ trap 'exit 143' TERM INT
 # DP_IDLE=poll DP_FIXED=BYTES DP_IMPAIR=... turn a run into a benchmark (scripts/dp-bench)
 mbufs=${DP_MBUFS:-4095}
 common=(--idle-mode "${DP_IDLE:-sleep}" --mbufs "$mbufs" --region-size "${DP_REGION_MIB:-320}")
-inplace=()
-[ "$rxip" = 1 ] && inplace=(--rx-in-place)
+inplace=(--rx-in-place=no)
+[ "$rxip" = 1 ] && inplace=(--rx-in-place=yes)
+[ "$rxauto" = 1 ] && inplace=()
 common+=(${inplace[@]+"${inplace[@]}"})
 fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
 nsA=() nsB=()
 case $mode in
-  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup|server-restart|killed-clients)
+  memif|memif-impair|restart|outage|lanes|pcrc-mismatch|queues-refused|hangup|server-restart|killed-clients|held)
     # DP_MEMIF_FRAME: frames of that size, in memif buffers that hold one
     frame=${DP_MEMIF_FRAME:-9000}
     bs=$(( (frame + 1023) / 1024 * 1024 )); [ $bs -gt 65535 ] && bs=65535
@@ -181,6 +189,20 @@ done
 met || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; exit 1; }
 
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
+
+if [ "$rxauto" = 1 ]; then
+  for f in A B; do
+    if [ -z "$nohuge" ]; then
+      grep -q "rx in place (region mbufs)" "$tmp/$f.log" \
+        || fail "$f, on hugepages with room in its region, does not receive in place by default (rx_in_place = auto)"
+    else
+      grep -q "receiving reassembled (rx_in_place = auto): it needs the region '[^']*' on hugepages" "$tmp/$f.log" \
+        || fail "$f, without hugepages, did not say why it receives reassembled (rx_in_place = auto)"
+    fi
+  done
+  [ -z "$nohuge" ] && rxip=1
+  echo "ok    by default (rx_in_place = auto) the dataplanes receive $([ "$rxip" = 1 ] && echo "in place: on hugepages" || echo "reassembled: no hugepages, and they say so")"
+fi
 
 if [ "$mode" = killed-clients ]; then
   # The client (a zero-copy one in killed-clients-zc-inplace) killed 8 times
@@ -408,6 +430,51 @@ if [ "$mode" = lanes ]; then
   echo "PASS: $kills senders killed at random points: the survivor's $sent messages arrived once each," \
     "it never stalled; $freed dead senders' lanes freed once their sends completed, $back buffers they held" \
     "given back by the dataplane; every buffer free; a new sender never saw another's completion"
+  exit 0
+fi
+
+if [ "$mode" = held ]; then
+  # Received in place, a consumer that takes KV pages and never gives them
+  # back holds frames of the receive pool. Once what it holds is the whole
+  # budget of messages in place, the dataplane must reassemble the next
+  # messages by copy instead, the held ring's and every other's: no stream
+  # may wait on another's consumer (before, each next message was refused
+  # for want of frames, and resent forever).
+  [ "$rxip" = 1 ] || fail "mode held needs rx_in_place (held-inplace)"
+  "$cli" --region "$rb" --recv --peer 1 --type kv --count 12 --seed 5 --fixed 2000000 --hold --timeout 60 >"$tmp/recv-kv.log" 2>&1 &
+  ph=$!; pids+=($ph)
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv-kv.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --type kv --pools kvh --count 12 --seed 5 --fixed 2000000 --inflight 12 --timeout 60 \
+    >"$tmp/send-kv.log" 2>&1 || fail "KV pages to a consumer that holds them stalled: $(tail -2 "$tmp/send-kv.log")"
+  for _ in $(seq 500); do grep -q "^recv: holding" "$tmp/recv-kv.log" && break; sleep 0.02; done
+  cat "$tmp/recv-kv.log"
+  kv_ip=$(sed -n 's/^recv: holding 12 messages (\([0-9]*\) received in place).*/\1/p' "$tmp/recv-kv.log")
+  [ -n "$kv_ip" ] || fail "the holding consumer did not get its 12 KV pages"
+  [ "$kv_ip" -gt 0 ] && [ "$kv_ip" -lt 12 ] \
+    || fail "$kv_ip of 12 held 2 MB pages were in place: the budget should hold some, not all (mbufs $mbufs)"
+  # meanwhile every other stream goes on, exactly once, in order
+  "$cli" --region "$rb" --recv --peer 1 --streams 4 --count 5000 --seed 42 --timeout 60 >"$tmp/recv.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --streams 4 --count 5000 --seed 42 --inflight 128 --timeout 60 \
+    >"$tmp/send.log" 2>&1 || fail "other streams stalled while a consumer held the budget: $(tail -2 "$tmp/send.log")"
+  wait $pr || fail "other streams' messages were lost or out of order: $(tail -3 "$tmp/recv.log")"
+  # given back, messages are in place again
+  kill -TERM $ph; wait $ph || fail "the holding consumer failed: $(tail -3 "$tmp/recv-kv.log")"
+  "$cli" --region "$rb" --recv --peer 1 --count 200 --seed 43 --timeout 30 >"$tmp/recv2.log" 2>&1 &
+  pr=$!; pids+=($pr)
+  for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv2.log" 2>/dev/null && break; sleep 0.02; done
+  "$cli" --region "$ra" --send --peer 2 --count 200 --seed 43 --inflight 64 --timeout 30 >"$tmp/send2.log" 2>&1 \
+    || fail "sending after the consumer gave its pages back failed"
+  wait $pr || fail "receiving after the consumer gave its pages back failed: $(tail -3 "$tmp/recv2.log")"
+  grep -q "^recv: 200 of 200 messages received in place" "$tmp/recv2.log" \
+    || fail "messages were not in place again once the frames came back: $(grep "in place" "$tmp/recv2.log")"
+  kill -TERM $pidB; wait $pidB
+  copied=$(sed -n 's/.*; \([0-9]*\) reassembled while the consumers held them all.*/\1/p' "$tmp/B.log")
+  [ "${copied:-0}" -gt 0 ] || fail "the dataplane reports no message reassembled while the budget was held"
+  echo "PASS: a consumer holding 12 KV pages ($kv_ip of them in place, the rest reassembled once the frames" \
+    "were all held) stalls nothing: 5000 messages of 4 other streams arrived once each, in order" \
+    "(${copied} messages reassembled meanwhile); given back, the next 200 were in place again"
   exit 0
 fi
 
