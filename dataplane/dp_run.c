@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -290,6 +292,34 @@ static int publish_pktmem(struct dp *d)
 	return 0;
 }
 
+/*
+ * The port is open: drop the capabilities the unit lends for opening it
+ * (CAP_NET_RAW, CAP_NET_ADMIN: af_packet's sockets, a NIC's set-up). Kept,
+ * they made this process one that its own user's ctrld and workers may not
+ * open /proc/PID/fd of (a target's permitted set must lie within the
+ * reader's), and a zero-copy memif client's packet memory is mapped that
+ * way (dp_ipc.h, struct dp_rx_mem): under the packaged units its consumers
+ * could not read what it received in place. The main thread's, which
+ * /proc/PID answers for; the EAL's own threads keep theirs. Two system
+ * calls: libcap would be a dependency for them alone. Root keeps its
+ * capabilities (its readers are root too).
+ */
+static void drop_caps(void)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct c[_LINUX_CAPABILITY_U32S_3];
+
+	if (geteuid() == 0 || syscall(SYS_capget, &h, c) != 0 || (c[0].permitted | c[1].permitted) == 0)
+		return;
+	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+	memset(c, 0, sizeof(c));
+	if (syscall(SYS_capset, &h, c) != 0)
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: dropping its capabilities once the port was open failed: %s "
+			"(consumers of its own user cannot map a zero-copy memif client's packet memory)", strerror(errno));
+	else
+		kvf_log(KVF_LOG_INFO, NULL, "dataplane: capabilities dropped, the port being open");
+}
+
 int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 {
 	if (o->node >= DP_MAX_PEERS || !o->port || !o->region || o->frame_size < DP_FRAME_HLEN + 64 ||
@@ -399,6 +429,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	uint64_t sleep_ns = 1000;
 	/* The default 50 µs timer slack turned every 1 µs back-off sleep into
 	 * ~60 µs, which the peer saw as RTT. */
+	drop_caps();
 	if (eff.idle == DP_IDLE_SLEEP && prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0))
 		kvf_log(KVF_LOG_WARNING, NULL, "dataplane: prctl(PR_SET_TIMERSLACK, 1000) failed: %s (sleeps "
 			"will overshoot)", strerror(errno));
