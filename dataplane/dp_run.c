@@ -182,8 +182,9 @@ static int setup_shm(struct dp *d)
  * refuses the start where that cannot be; auto (the default) receives
  * reassembled instead and says why, and takes the area only where it is at
  * most a quarter of the region (the node's ctrld and workers add theirs
- * after it). @return 0 (@p area set, or NULL with *len 1: reassembled, said
- * why) or -errno.
+ * after it). @return 0 (in place: d->in_place set and @p area, @p len the
+ * receive buffers' area, NULL and 0 for a zero-copy memif client's;
+ * reassembled: d->in_place 0, the reason logged) or -errno.
  */
 static int setup_in_place(struct dp *d, void **area, size_t *len)
 {
