@@ -554,6 +554,31 @@ static int env_split(const char *name, int dflt)
 	return n >= 16 && n <= 2048 && n % 16 == 0 ? n : dflt;
 }
 
+/*
+ * A measuring knob that names a choice: the index of its value in @p words,
+ * or @p unset when the variable is not set; -1 (and @p err filled) when it
+ * names none of them. Such values used to fall back to the default in
+ * silence, and a measurement ran other kernels than it said.
+ */
+static int env_word(const char *name, const char *const *words, int unset, char *err, size_t errlen)
+{
+	const char *v = getenv(name);
+	char list[160] = "";
+	size_t at = 0;
+
+	if (v == NULL)
+		return unset;
+	for (int i = 0; words[i] != NULL; i++) {
+		if (strcmp(v, words[i]) == 0)
+			return i;
+		at += (size_t)snprintf(list + at, at < sizeof(list) ? sizeof(list) - at : 0, "%s%s",
+				       i ? ", " : "", words[i]);
+	}
+	snprintf(err, errlen, "kn_stage_create(cuda): %s=%s names no choice; give one of %s, or unset it", name, v,
+		 list);
+	return -1;
+}
+
 static struct kn_stage *create(const struct kn_model *m, const struct kn_model_config *rcfg,
 			       uint64_t seed, const struct kn_stage_opts *o, char *err, size_t errlen)
 {
@@ -634,35 +659,40 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		/* Wide plans round X to bf16 by default (as transformers does);
 		 * "split" adds the remainder's product: f32-grade X at twice the
 		 * tensor work (for validation against f32 references). */
-		const char *wx = getenv("KVFERRY_CUDA_WIDE_X");
-		s->wide_split = wx ? !strcmp(wx, "split") : op->cuda_wide_x == 1;
-		const char *gk = getenv("KVFERRY_CUDA_GEMV");
-		s->gemv_kind = op->cuda_gemv == 1 ? KN_CU_GEMV_FFMA : op->cuda_gemv == 2 ? KN_CU_GEMV_MMA : -1;
-		if (gk)
-			s->gemv_kind = !strcmp(gk, "ffma") ? KN_CU_GEMV_FFMA : !strcmp(gk, "mma") ? KN_CU_GEMV_MMA : -1;
-		const char *at = getenv("KVFERRY_CUDA_ATTN");
-		s->attn_tile = at ? (!strcmp(at, "tile") ? 2 : !strcmp(at, "column") ? 1 : 0) : op->cuda_attn;
+		static const char *const wide_x[] = { "bf16", "split", NULL }, *const gemv[] = { "auto", "ffma", "mma", NULL },
+					 *const attn[] = { "auto", "column", "tile", NULL },
+					 *const wide[] = { "cublas", "mma", NULL }, *const linear[] = { "default", "wg", NULL },
+					 *const runs[] = { "0", "64", "128", NULL }, *const exact[] = { "0", "1", "auto", NULL };
+		const int wx = env_word("KVFERRY_CUDA_WIDE_X", wide_x, op->cuda_wide_x == 1, s->base.err, sizeof(s->base.err));
+		const int gk = env_word("KVFERRY_CUDA_GEMV", gemv, op->cuda_gemv, s->base.err, sizeof(s->base.err));
+		const int at = env_word("KVFERRY_CUDA_ATTN", attn, op->cuda_attn, s->base.err, sizeof(s->base.err));
 		/* mma: the wide linears with the narrow kernel's bits (gemv.cuh);
 		 * for measuring its cost, not yet the default (kernels/cuda/NOTES.md) */
-		const char *wk = getenv("KVFERRY_CUDA_WIDE");
-		s->wide_mma = wk != NULL && !strcmp(wk, "mma");
+		const int wk = env_word("KVFERRY_CUDA_WIDE", wide, 0, s->base.err, sizeof(s->base.err));
 		/* wg: one numerics family: every linear layer on the warpgroup
 		 * kernel, X rounded to bf16 at every width (gemm_wg.cuh), attention
 		 * on the tile kernel in fixed pieces; Hopper only (checked below) */
-		const char *lk = getenv("KVFERRY_CUDA_LINEAR");
-		s->linear_wg = op->cuda_batch_invariant || (lk != NULL && !strcmp(lk, "wg"));
+		const int lk = env_word("KVFERRY_CUDA_LINEAR", linear, 0, s->base.err, sizeof(s->base.err));
+		/* the run kernel's runs: 64 columns (default), 128 or none (0) */
+		const int rn = env_word("KVFERRY_CUDA_ATTN_RUNS", runs, 1, s->base.err, sizeof(s->base.err));
+		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
+		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0) {
+			rc = -EINVAL;
+			goto fail;
+		}
+		s->wide_split = wx == 1;
+		s->gemv_kind = gk == 1 ? KN_CU_GEMV_FFMA : gk == 2 ? KN_CU_GEMV_MMA : -1;
+		s->attn_tile = at;
+		s->wide_mma = wk == 1;
+		s->linear_wg = op->cuda_batch_invariant || lk == 1;
 		s->family_split = env_split("KVFERRY_CUDA_FAMILY_SPLIT", CU_FAMILY_SPLIT);
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
 		s->wide_split_len = env_split("KVFERRY_CUDA_WIDE_SPLIT", 0);
 		s->logit_rows = env_on("KVFERRY_CUDA_LOGIT_ROWS");
-		/* the run kernel's runs: 64 columns (default), 128 (KVFERRY_CUDA_ATTN_RUNS=128) or
-		 * none (=0); measuring knobs */
-		const char *rn = getenv("KVFERRY_CUDA_ATTN_RUNS");
-		s->attn_runs = rn && !strcmp(rn, "0") ? 0 : rn && !strcmp(rn, "128") ? 128 : 64;
+		s->attn_runs = rn == 0 ? 0 : rn == 2 ? 128 : 64;
 		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
-		const char *ax = getenv("KVFERRY_CUDA_ATTN_EXACT");
-		s->attn_exact = ax && !strcmp(ax, "1") ? 1 : ax && !strcmp(ax, "0") ? 0 : -1;
+		s->attn_exact = ax == 2 ? -1 : ax;
 		s->kv_gather = env_on("KVFERRY_CUDA_KV_GATHER");
 		s->ctx_buckets = env_on("KVFERRY_CUDA_CTX_BUCKETS");
 		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))

@@ -112,15 +112,15 @@ struct kn_stage_opts {
 	int32_t cuda_gemv;            /**< skinny GEMM (plans <= 16 columns): 0 = FFMA at 1 column,
 	                                   tensor cores at 2..16; 1 = FFMA always; 2 = tensor cores
 	                                   always (pins one kernel family across widths 1..16).
-	                                   KVFERRY_CUDA_GEMV=ffma|mma overrides */
+	                                   KVFERRY_CUDA_GEMV=auto|ffma|mma overrides */
 	int32_t cuda_wide_x;          /**< plans > 16 columns: 0 = X rounded to bf16 for cuBLAS;
 	                                   1 = X as bf16 hi + lo (f32-grade, twice the tensor work).
-	                                   KVFERRY_CUDA_WIDE_X=split overrides */
+	                                   KVFERRY_CUDA_WIDE_X=bf16|split overrides */
 	int32_t cuda_attn;            /**< attention: 0 = tensor-core tile kernel on plans > 16
 	                                   columns, column kernel (CUDA cores) on narrower ones;
 	                                   1 = column kernel everywhere; 2 = tile kernel everywhere
 	                                   (head_dim 256 always runs the column kernel).
-	                                   KVFERRY_CUDA_ATTN=column|tile overrides */
+	                                   KVFERRY_CUDA_ATTN=auto|column|tile overrides */
 	int32_t cuda_batch_invariant; /**< 1 = one numerics family at every plan width: every linear
 	                                   on the warpgroup-MMA kernel, attention on the tile kernel
 	                                   in fixed pieces, so a column's bits do not depend on its
