@@ -391,8 +391,11 @@ static int do_recv(const struct cfg *c, struct shm_region *r)
 		uint32_t idx;
 	} *held = c->hold ? calloc(c->count, sizeof(*held)) : NULL;
 	uint64_t n_held = 0;
-	if (c->hold && held == NULL)
+	if (c->hold && held == NULL) {
+		free(scratch);
+		free(next);
 		return 1;
+	}
 	uint64_t got = 0, bytes = 0, in_place = 0, lists_bad = 0;
 	int bad = 0;
 	struct copies k0;
