@@ -177,7 +177,8 @@ static void batch_invariant_numerics_is_a_key_and_the_engines_knobs_pass(void **
 	const struct ctrl_settings *v = ctrl_config_settings(c);
 	char err[512];
 	char *path = write_file("bi.conf", "[engine]\ncuda_batch_invariant = yes\n");
-	char *env[] = {"KVFERRY_CUDA_LINEAR=wg", "KVFERRY_CUDA_PDL=0", NULL};
+	char *env[] = {"KVFERRY_CUDA_LINEAR=wg", "KVFERRY_CUDA_PDL=0", "KVFERRY_CUDA_ATTN_EXACT=0",
+		       "KVFERRY_CUDA_WIDE_X=split", "KVFERRY_CUDA_TP=host", NULL};
 	char *env_bad[] = {"KVFERRY_CUDA_BATCH_INVARIANT=maybe", NULL};
 
 	(void)state;
@@ -187,6 +188,10 @@ static void batch_invariant_numerics_is_a_key_and_the_engines_knobs_pass(void **
 	assert_int_equal(ctrl_config_load_env(c, env, err, sizeof(err)), 0);
 	assert_int_not_equal(ctrl_config_load_env(c, env_bad, err, sizeof(err)), 0);
 	assert_non_null(strstr(err, "KVFERRY_CUDA_BATCH_INVARIANT"));
+	/* a misspelt engine knob is no engine's: refused by name */
+	char *env_typo[] = {"KVFERRY_CUDA_ATTN_EXCT=0", NULL};
+	assert_int_not_equal(ctrl_config_load_env(c, env_typo, err, sizeof(err)), 0);
+	assert_non_null(strstr(err, "KVFERRY_CUDA_ATTN_EXCT"));
 	ctrl_config_free(c);
 }
 
