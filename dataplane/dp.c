@@ -1324,6 +1324,20 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 				credit = st.credit;
 			streams++;
 			if (dp_rel_tx_timer(s->tx, now) == -ETIMEDOUT) {
+				struct dp_rel_tx_stall sl;
+
+				/* why, before the session's end resets it: a peer that
+				 * answers and never takes this frame (its drops say why) */
+				char drops[DP_DROP_MAX_ * 32];
+
+				dp_rel_tx_stall_info(s->tx, &sl);
+				dp_fmt_drops(drops, sizeof(drops), p->stats->drops);
+				kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: peer %u answered %u timeouts in a row on "
+					"stream %u without taking its oldest frame (message %llu, fragment %u of %u; "
+					"%u frames unacknowledged, credit %llu); here: %u of %u mbufs in place "
+					"reserved, drops of its frames so far:%s", d->o->node, p->node, sl.stalls, s->id,
+					(unsigned long long)sl.msg_id, sl.frag_idx, sl.frag_count, sl.unacked,
+					(unsigned long long)sl.credit, d->mb_reserved, d->mb_budget, drops);
 				uint64_t failed = end_session(d, p, -ETIMEDOUT);
 				p->local_epoch++; /* the peer sees a new session from us */
 				event(d, p, DP_EV_PEER_DEAD, failed);

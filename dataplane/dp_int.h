@@ -177,6 +177,8 @@ static inline void cnt_add(uint64_t *c, uint64_t v)
 /* Receive in place: give back the mbufs of every delivered message whose
  * segment list is free again (its consumer's put, or a reclaim). */
 void dp_ip_reap(struct dp *d);
+/** " reason=N" for each drop counted in @p drops (a stop or an error line). */
+void dp_fmt_drops(char *b, size_t n, const uint64_t drops[DP_DROP_MAX_]);
 /* Free what a message in place holds (small-pool index @p idx). */
 void dp_ip_free(struct dp *d, uint32_t idx);
 

@@ -64,7 +64,7 @@ static unsigned pow2_at_least(unsigned x)
 }
 
 /* " reason=count" for each reason that counted, into @p b (cut to @p n). */
-static void fmt_drops(char *b, size_t n, const uint64_t drops[DP_DROP_MAX_])
+void dp_fmt_drops(char *b, size_t n, const uint64_t drops[DP_DROP_MAX_])
 {
 	size_t at = 0;
 
@@ -472,7 +472,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		const struct dp_peer_stats *ps = &d->stats->peer[i];
 		char drops[DP_DROP_MAX_ * 32];
 
-		fmt_drops(drops, sizeof(drops), ps->drops);
+		dp_fmt_drops(drops, sizeof(drops), ps->drops);
 		kvf_log(KVF_LOG_INFO, NULL, "  peer %u: tx %llu frames %llu B, rx %llu frames %llu B, retransmits %llu, "
 			"timeouts %llu, sent %llu, failed %llu, received %llu, restarts %llu, rtt %llu ns\n   drops:%s",
 			ps->node, (unsigned long long)ps->tx_frames, (unsigned long long)ps->tx_bytes,
@@ -485,7 +485,7 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	{
 		char drops[DP_DROP_MAX_ * 32];
 
-		fmt_drops(drops, sizeof(drops), d->stats->drops_unknown);
+		dp_fmt_drops(drops, sizeof(drops), d->stats->drops_unknown);
 		kvf_log(KVF_LOG_INFO, NULL, "  unattributed drops:%s", drops);
 	}
 	if (d->port.n_queues > 1) {

@@ -538,6 +538,19 @@ void dp_rel_tx_get_stats(const struct dp_rel_tx *tx, struct dp_rel_tx_stats *s)
 	s->credit = tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
 }
 
+void dp_rel_tx_stall_info(const struct dp_rel_tx *tx, struct dp_rel_tx_stall *st)
+{
+	*st = (struct dp_rel_tx_stall){ .unacked = tx->snd_nxt - tx->snd_una, .stalls = tx->stalls };
+	st->credit = tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
+	if (tx->snd_una == tx->snd_nxt)
+		return;
+	const struct tx_frame *t = &tx->frames[tx->snd_una & (tx->o.window - 1)];
+	const struct tx_msg *m = &tx->msgs[t->msg & (tx->o.max_msgs - 1)];
+	st->msg_id = m->msg_id;
+	st->frag_idx = t->frag_idx;
+	st->frag_count = m->frag_count;
+}
+
 /* ----------------------------------------------------------------- receive */
 
 struct rx_slot {

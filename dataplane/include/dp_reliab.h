@@ -191,6 +191,19 @@ uint32_t dp_rel_tx_outstanding(const struct dp_rel_tx *tx);
 /** Copy out the counters. */
 void dp_rel_tx_get_stats(const struct dp_rel_tx *tx, struct dp_rel_tx_stats *s);
 
+/** Where a stream that gave up stood (for its log line). */
+struct dp_rel_tx_stall {
+	uint64_t msg_id;     /**< the message holding the oldest unacknowledged frame (0: none) */
+	uint32_t frag_idx;   /**< that frame's fragment in it */
+	uint32_t frag_count; /**< the message's fragments */
+	uint32_t unacked;    /**< frames sent and not yet acknowledged, SACKed ones included */
+	uint32_t stalls;     /**< timeouts in a row after which the peer answered, no progress */
+	uint64_t credit;     /**< as in dp_rel_tx_stats */
+};
+
+/** Describe where @p tx stands: call before dp_rel_tx_fail_all() resets it. */
+void dp_rel_tx_stall_info(const struct dp_rel_tx *tx, struct dp_rel_tx_stall *st);
+
 /** Receive-side buffer management, supplied by the caller. */
 struct dp_rel_rx_ops {
 	/** Reserve a buffer for a @p len-byte message. @return 0 with *off set, or -ENOBUFS. */
