@@ -73,13 +73,12 @@ static const struct cfg_key keys[] = {
 	  "mbufs per pool" },
 	{ "tx_copy", "dp", CFG_BOOL, OFF(tx_copy), "no", 0, 1, "KVFERRY_DP_TX_COPY", "--tx-copy", NULL, NULL,
 	  "copy payload into mbufs instead of attaching region memory" },
-	{ "rx_in_place", "dp", CFG_ENUM, OFF(rx_in_place), "no", 0, 2, "KVFERRY_DP_RX_IN_PLACE", "--rx-in-place",
+	{ "rx_in_place", "dp", CFG_ENUM, OFF(rx_in_place), "auto", 0, 2, "KVFERRY_DP_RX_IN_PLACE", "--rx-in-place",
 	  rxip_names, NULL, "receive into mbufs in the region (mbufs x ~10 KiB of it at 9000 B frames, hugepages) and "
 	  "hand a message to a ring whose consumer declared it reads segment lists as the list of its frames, with no "
 	  "reassembly copy; other rings get whole messages as before. auto: in place where the region is on "
 	  "hugepages and those buffers take at most a quarter of it, else reassembled (the start log says why); yes: "
-	  "in place or refuse to start; no (the default while a link outage's recovery in place fails some PD rooms: "
-	  "NOTES.md): reassembled" },
+	  "in place or refuse to start" },
 	{ "payload_crc", "dp", CFG_ENUM, OFF(payload_crc), "auto", 0, 2, "KVFERRY_DP_PAYLOAD_CRC", "--payload-crc",
 	  pcrc_names, NULL, "CRC32C over each data frame's payload, sent and checked (the header's is always on); "
 	  "auto: yes, except over net_memif (shared memory in one host, where nothing can damage a frame: one read "

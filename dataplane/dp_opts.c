@@ -28,7 +28,6 @@ void dp_opts_init(struct dp_opts *o)
 	o->rx_large_n = 32;
 	o->rx_large_size = 4 * 1024 * 1024;
 	o->n_mbufs = 8191;
-	o->rx_in_place = DP_RXIP_NO;
 	dp_rel_opts_init(&o->rel);
 }
 

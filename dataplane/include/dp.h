@@ -43,8 +43,7 @@ struct dp_impair {
 enum { DP_PCRC_AUTO = 0, DP_PCRC_YES = 1, DP_PCRC_NO = 2 };
 /** [dp] rx_in_place. AUTO: in place where the region is on hugepages and
  *  the receive buffers take at most a quarter of it, else reassembled (the
- *  start log says why); YES: in place or refuse to start; NO (the default):
- *  reassembled. */
+ *  start log says why); YES: in place or refuse to start; NO: reassembled. */
 enum { DP_RXIP_AUTO = 0, DP_RXIP_YES = 1, DP_RXIP_NO = 2 };
 
 /** A configured peer. */

@@ -60,10 +60,10 @@ for v in no yes auto; do
     --port net_memif0,role=client,socket=/tmp/kvf.sock,zero-copy=yes --check)" = 0 ] \
     || fail "a zero-copy memif client refused (rx_in_place = $v)"
 done
-# rx_in_place is auto, yes or no (no the default): another word is refused naming them
+# rx_in_place is auto, yes or no (auto the default): another word is refused naming them
 [ "$(run "$dp" --config "$tmp/kvferry.conf" --rx-in-place sometimes --check)" = 2 ] || fail "rx_in_place sometimes accepted"
 grep -q "sometimes" "$tmp/out" && grep -q "auto" "$tmp/out" || fail "rx_in_place sometimes: message"
-"$dp" --print-config | grep -q "^#rx_in_place = no" || fail "rx_in_place's default is not no"
+"$dp" --print-config | grep -q "^#rx_in_place = auto" || fail "rx_in_place's default is not auto"
 echo "ok    bad values from the file, variables and flags are refused at start, naming key, origin and what is allowed"
 
 "$dp" --print-config | sed -e 's/^#\([a-z_]* = \)/\1/' > "$tmp/defaults.conf"

@@ -2,7 +2,7 @@
 # Two kvferry-dataplane processes and two dp_client processes.
 #   dp_integration.sh memif|memif-impair|restart|afpacket|outage|outage-afpacket|lanes|pcrc-mismatch|queues-refused[-inplace] DATAPLANE CLIENT
 # A mode ending in -inplace (or DP_RXIP=1) runs both dataplanes with rx_in_place = yes,
-# any other with rx_in_place = no (the default).
+# any other with rx_in_place = no (the default, auto, depends on the region).
 # Needs root (hugepages, namespaces); reserves 2 MiB hugepages itself and
 # exits 77 when it cannot.
 set -u
@@ -10,8 +10,8 @@ mode=$1 dp=$2 cli=$3
 N=${DP_IT_COUNT:-100000}
 rxip=${DP_RXIP:-0} zc=${DP_ZC:-0}
 case $mode in *-inplace) rxip=1 mode=${mode%-inplace} ;; esac
-# a mode ending in -auto: rx_in_place = auto chooses: in place on hugepages
-# (these regions have room), reassembled without
+# a mode ending in -auto: no rx_in_place flag, the default (auto) chooses:
+# in place on hugepages (these regions have room), reassembled without
 rxauto=0
 case $mode in *-auto) rxauto=1 mode=${mode%-auto} ;; esac
 # a mode ending in -zc (or DP_ZC=1): node 2 is a zero-copy memif client
@@ -64,7 +64,7 @@ mbufs=${DP_MBUFS:-4095}
 common=(--idle-mode "${DP_IDLE:-sleep}" --mbufs "$mbufs" --region-size "${DP_REGION_MIB:-320}")
 inplace=(--rx-in-place=no)
 [ "$rxip" = 1 ] && inplace=(--rx-in-place=yes)
-[ "$rxauto" = 1 ] && inplace=(--rx-in-place=auto)
+[ "$rxauto" = 1 ] && inplace=()
 common+=(${inplace[@]+"${inplace[@]}"})
 fixed=() verify=()
 [ -n "${DP_FIXED:-}" ] && fixed=(--fixed "$DP_FIXED") verify=(--no-verify)
@@ -194,14 +194,14 @@ if [ "$rxauto" = 1 ]; then
   for f in A B; do
     if [ -z "$nohuge" ]; then
       grep -q "rx in place (region mbufs)" "$tmp/$f.log" \
-        || fail "$f, on hugepages with room in its region, does not receive in place (rx_in_place = auto)"
+        || fail "$f, on hugepages with room in its region, does not receive in place by default (rx_in_place = auto)"
     else
       grep -q "receiving reassembled (rx_in_place = auto): it needs the region '[^']*' on hugepages" "$tmp/$f.log" \
         || fail "$f, without hugepages, did not say why it receives reassembled (rx_in_place = auto)"
     fi
   done
   [ -z "$nohuge" ] && rxip=1
-  echo "ok    with rx_in_place = auto the dataplanes receive $([ "$rxip" = 1 ] && echo "in place: on hugepages" || echo "reassembled: no hugepages, and they say so")"
+  echo "ok    by default (rx_in_place = auto) the dataplanes receive $([ "$rxip" = 1 ] && echo "in place: on hugepages" || echo "reassembled: no hugepages, and they say so")"
 fi
 
 if [ "$mode" = killed-clients ]; then
