@@ -315,10 +315,11 @@ const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
  * [dp] sections; their variables
  * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (the CUDA engine's, which
  * it checks itself when a stage starts, the shm fallback directory, the ring fence) are not
- * ctrld's. KVFERRY_CUDA_BATCH_INVARIANT is ([engine] cuda_batch_invariant), so the engine's
- * are named one by one (kernels/cuda/engine.cu, tp.cu, attention.cu), not by their prefix. */
+ * ctrld's; KVFERRY_LOG_TIME is the log line's (kvf_log.h). KVFERRY_CUDA_BATCH_INVARIANT is
+ * ([engine] cuda_batch_invariant), so the engine's are named one by one (kernels/cuda/engine.cu,
+ * tp.cu, attention.cu), not by their prefix. */
 static const char *const foreign_sections[] = {"worker", "worker.", "dp", NULL};
-static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_SHM_DIR", "KVFERRY_RING_FENCE",
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_SHM_DIR", "KVFERRY_RING_FENCE", "KVFERRY_LOG_TIME",
 				       "KVFERRY_CUDA_PDL", "KVFERRY_CUDA_LINEAR", "KVFERRY_CUDA_WIDE_X",
 				       "KVFERRY_CUDA_WIDE", "KVFERRY_CUDA_GEMV", "KVFERRY_CUDA_ATTN",
 				       "KVFERRY_CUDA_ATTN_RUNS", "KVFERRY_CUDA_ATTN_EXACT", "KVFERRY_CUDA_ATTN_CPW",

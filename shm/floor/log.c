@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvf_log.h"
@@ -34,12 +35,44 @@ int kvf_log_journal(void)
 	return j;
 }
 
+static atomic_int g_time = -1;
+
+int kvf_log_time(void)
+{
+	int t = atomic_load_explicit(&g_time, memory_order_relaxed);
+
+	if (t < 0) {
+		const char *e = getenv("KVFERRY_LOG_TIME");
+
+		t = e != NULL && strcmp(e, "1") == 0 && !kvf_log_journal();
+		atomic_store_explicit(&g_time, t, memory_order_relaxed);
+	}
+	return t;
+}
+
+/* The time prefix of every line of a message, or "" (kvf_log_time()). */
+#define STAMP_MAX 24
+static void stamp(char st[STAMP_MAX])
+{
+	struct timespec ts;
+
+	st[0] = '\0';
+	if (kvf_log_time() && clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
+		snprintf(st, STAMP_MAX, "[%lld.%06ld] ", (long long)ts.tv_sec, ts.tv_nsec / 1000);
+}
+
 /* Lay out @p msg (@p ml bytes, no final newline) into @p out, which holds
- * at least ml + strlen(who) + 2 + 4 * lines + 1 bytes. @return bytes. */
+ * at least ml + strlen(who) + 2 + (4 + STAMP_MAX) * lines + 1 bytes.
+ * @return bytes. */
 static size_t lay_out(char *out, int pri, const char *who, const char *msg, size_t ml, int journal)
 {
 	size_t n = 0;
 	const char *p = msg, *end = msg + ml;
+	char st[STAMP_MAX];
+	size_t sl;
+
+	stamp(st);
+	sl = strlen(st);
 
 	for (int first = 1;; first = 0) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -50,6 +83,8 @@ static size_t lay_out(char *out, int pri, const char *who, const char *msg, size
 			out[n++] = (char)('0' + pri);
 			out[n++] = '>';
 		}
+		memcpy(out + n, st, sl);
+		n += sl;
 		if (first && who != NULL) {
 			size_t wl = strlen(who);
 
@@ -98,7 +133,7 @@ void kvf_vlog(int pri, const char *who, const char *fmt, va_list ap)
 		ml--;
 	for (size_t i = 0; i < ml; i++)
 		lines += msg[i] == '\n';
-	cap = ml + (who != NULL ? strlen(who) + 2 : 0) + 4 * lines + 1;
+	cap = ml + (who != NULL ? strlen(who) + 2 : 0) + (4 + STAMP_MAX) * lines + 1;
 	if (cap > sizeof(obuf)) {
 		out = malloc(cap);
 		if (out == NULL) {

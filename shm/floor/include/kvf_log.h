@@ -52,6 +52,16 @@ int kvf_log_journal(void);
  */
 void kvf_log(int pri, const char *who, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/**
+ * Whether each line starts with the time, "[SECONDS.MICROS] " on the
+ * system's monotonic clock (one clock for every process of a host, so the
+ * logs of several daemons interleave by it): KVFERRY_LOG_TIME=1 in the
+ * environment, never under the journal (which stamps every entry). For
+ * reading a test's or a drill's logs side by side. Read once.
+ * @return 1 or 0
+ */
+int kvf_log_time(void);
+
 /** kvf_log() with a va_list. */
 void kvf_vlog(int pri, const char *who, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
