@@ -669,13 +669,26 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	 * pass a wave, two consumers won: 1B down at 256 50 against 68, 8B qkv
 	 * at 256 36 against 67) */
 	const int w192 = (n + 191) / 192 * 192, w128 = (n + 127) / 128 * 128;
-	const int bn = wg_tma > 0 ? wg_tma
-		       : n <= 8   ? 8
-		       : n <= 16  ? 16
-		       : n <= 32  ? 32
-		       : n <= 64  ? 64
-		       : w128 < w192 ? 128
-				     : 192;
+	int bn = wg_tma > 0 ? wg_tma
+		 : n <= 8   ? 8
+		 : n <= 16  ? 16
+		 : n <= 32  ? 32
+		 : n <= 64  ? 64
+		 : w128 < w192 ? 128
+			       : 192;
+	/* 64-column tiles where the wider ones would leave most SMs idle (or
+	 * run in segment parts) and 64-column ones fill at most one wave: the
+	 * 8B's down, o and qkv at 128-256 columns (H100, .dc/run5.sh, best of
+	 * two rounds, us, the rule -> 64: down at 128 / 192 / 256 93.4 / 123.7
+	 * / 104.6 -> 84.8 / 78.1 / 94.8, o at 192 / 256 37.4 / 37.0 -> 29.1 /
+	 * 29.2, qkv at 128 37.5 -> 31.2). Layers of fewer than 4,096 rows lost
+	 * or tied that way (1B down at 256 48.6 -> 53.5, qkv at 128 18.5 ->
+	 * 21.1), wider plans were not measured. */
+	if (wg_tma < 0 && n >= 128 && n <= 256 && out >= 4096) {
+		const long rows = (out + 127) / 128;
+		if (2 * rows * ((n + bn - 1) / bn) < wg_sms && rows * ((n + 63) / 64) <= wg_sms)
+			bn = 64;
+	}
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))

@@ -266,8 +266,9 @@ static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(
 		printf("skip warpgroup kernel: not a Hopper GPU\n");
 		return;
 	}
-	const int shapes[][2] = { { 4096, 96 }, { 1000, 200 }, { 2056, 1000 }, { 64, 37 }, { 14336, 130 } };
-	const int widths[] = { 1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 300 };
+	/* 2048 x 4096: rows enough that 128-256 columns take 64-column tiles */
+	const int shapes[][2] = { { 4096, 96 }, { 1000, 200 }, { 2056, 1000 }, { 64, 37 }, { 14336, 130 }, { 2048, 4096 } };
+	const int widths[] = { 1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 192, 256, 300 };
 	const int N = 300;
 	for (auto &sh : shapes) {
 		const int in = sh[0], out = sh[1];
