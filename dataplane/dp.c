@@ -1324,10 +1324,9 @@ void dp_timers(struct dp *d, uint64_t now, uint64_t *next_winupd)
 				credit = st.credit;
 			streams++;
 			if (dp_rel_tx_timer(s->tx, now) == -ETIMEDOUT) {
-				struct dp_rel_tx_stall sl;
-
 				/* why, before the session's end resets it: a peer that
 				 * answers and never takes this frame (its drops say why) */
+				struct dp_rel_tx_stall sl;
 				char drops[DP_DROP_MAX_ * 32];
 
 				dp_rel_tx_stall_info(s->tx, &sl);

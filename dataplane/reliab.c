@@ -530,18 +530,24 @@ uint32_t dp_rel_tx_outstanding(const struct dp_rel_tx *tx)
 	return (uint32_t)(tx->m_tail - tx->m_head);
 }
 
+/* Messages the receiver still accepts beyond those submitted. */
+static uint64_t credit_left(const struct dp_rel_tx *tx)
+{
+	return tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
+}
+
 void dp_rel_tx_get_stats(const struct dp_rel_tx *tx, struct dp_rel_tx_stats *s)
 {
 	*s = tx->st;
 	s->srtt_ns = tx->srtt;
 	s->rto_ns = tx->rto;
-	s->credit = tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
+	s->credit = credit_left(tx);
 }
 
 void dp_rel_tx_stall_info(const struct dp_rel_tx *tx, struct dp_rel_tx_stall *st)
 {
-	*st = (struct dp_rel_tx_stall){ .unacked = tx->snd_nxt - tx->snd_una, .stalls = tx->stalls };
-	st->credit = tx->peer_limit > tx->next_msg_id ? tx->peer_limit - tx->next_msg_id : 0;
+	*st = (struct dp_rel_tx_stall){ .unacked = tx->snd_nxt - tx->snd_una, .stalls = tx->stalls,
+					.credit = credit_left(tx) };
 	if (tx->snd_una == tx->snd_nxt)
 		return;
 	const struct tx_frame *t = &tx->frames[tx->snd_una & (tx->o.window - 1)];
