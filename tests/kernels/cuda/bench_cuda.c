@@ -121,6 +121,13 @@ static int setup_slots(struct kn_stage *s, int n_slots, int bps)
 	return rc;
 }
 
+/* A decode row whose batch's KV does not fit the card. */
+static void decode_skipped(const char *name, int ctx, int b)
+{
+	printf("RESULT kind=decode model=%s ctx=%d batch=%d skipped=\"KV for %d x %d positions exceeds device memory\"\n",
+	       name, ctx, b, b, ctx);
+}
+
 static void bench_decode(const char *name, int ctx, const int *batches, int nb, double copy_bw,
 			 size_t budget)
 {
@@ -163,8 +170,7 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 		/* not even the smallest batch's KV fits this card (the 8B's 128 x
 		 * 4,096 positions, 69 GB, on an 80 GB H100): each row says so */
 		for (int i = 0; i < nb; i++)
-			printf("RESULT kind=decode model=%s ctx=%d batch=%d skipped=\"KV for %d x %d positions exceeds "
-			       "device memory\"\n", name, ctx, batches[i], batches[i], ctx);
+			decode_skipped(name, ctx, batches[i]);
 		return;
 	}
 	if (!s) {
@@ -183,8 +189,7 @@ static void bench_decode(const char *name, int ctx, const int *batches, int nb, 
 	for (int i = 0; i < nb; i++) {
 		const int b = batches[i];
 		if (b > slots) {
-			printf("RESULT kind=decode model=%s ctx=%d batch=%d skipped=\"KV for %d x %d positions exceeds device memory\"\n",
-			       name, ctx, b, b, ctx);
+			decode_skipped(name, ctx, b);
 			continue;
 		}
 		for (int j = 0; j < b; j++)
