@@ -137,10 +137,11 @@ static json_t *copies_json(const struct dp_stats_shm *ps)
 	const uint64_t ctx = LD(copy_tx_bytes), crx = LD(copy_rx_bytes);
 	const uint32_t dtx = LD(pmd_tx_copies), drx = LD(pmd_rx_copies);
 
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:f, s:f}", "payload_sent_bytes_total", (json_int_t)ptx,
-			 "payload_received_bytes_total", (json_int_t)prx, "copied_sending_bytes_total", (json_int_t)ctx,
-			 "copied_receiving_bytes_total", (json_int_t)crx, "crc_read_bytes_total",
-			 (json_int_t)LD(crc_read_bytes), "driver_copies_sending", (int)dtx, "driver_copies_receiving",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:f, s:f}", "payload_sent_bytes_total",
+			 (json_int_t)ptx, "payload_received_bytes_total", (json_int_t)prx, "copied_sending_bytes_total",
+			 (json_int_t)ctx, "copied_receiving_bytes_total", (json_int_t)crx, "crc_read_bytes_total",
+			 (json_int_t)LD(crc_read_bytes), "crc_given_bytes_total", (json_int_t)LD(crc_given_bytes),
+			 "driver_copies_sending", (int)dtx, "driver_copies_receiving",
 			 (int)drx, "sending_per_byte", ptx ? dtx + (double)ctx / (double)ptx : 0.0, "receiving_per_byte",
 			 prx ? drx + (double)crx / (double)prx : 0.0);
 }

@@ -137,6 +137,8 @@ static const struct prom_rule {
 	{"dataplane.copies.copied_receiving_bytes_total", NULL, NULL, "payload bytes the dataplane's own code copied "
 	 "out of frames (reassembly; 0 for messages received in place)", NULL},
 	{"dataplane.copies.crc_read_bytes_total", NULL, NULL, "payload bytes read by a CRC pass of their own", NULL},
+	{"dataplane.copies.crc_given_bytes_total", NULL, NULL, "payload bytes sent with their producer's CRCs, "
+	 "computed where it wrote them (no pass of the dataplane's own)", NULL},
 	{"dataplane.copies.driver_copies_sending", NULL, NULL, "copies of each payload byte the port's driver makes "
 	 "sending (1: net_memif, net_af_packet; 0: a NIC's DMA)", NULL},
 	{"dataplane.copies.driver_copies_receiving", NULL, NULL, "copies of each payload byte the port's driver makes "

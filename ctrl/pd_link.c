@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ctrl_pd_link.h"
+#include "dp_crc32c.h"
 #include "dp_ipc.h"
 #include "dp_tx_lane.h"
 #include "shm_mb.h"
@@ -78,6 +79,13 @@ static struct shm_pool *pool_get(struct shm_region *r, const char *name, uint32_
 	return p;
 }
 
+/* Our buffers hold a message and its payload CRCs behind it (dp_ipc.h,
+ * DP_TX_CRCS) at any stride of 1 KiB or more: frames of 1,146 B and up. */
+static size_t with_crcs(size_t bytes)
+{
+	return (size_t)dp_ipc_tx_crcs_room((uint32_t)bytes, 1024);
+}
+
 struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *err, size_t errlen)
 {
 	struct ctrl_pd_link *l;
@@ -137,8 +145,8 @@ struct ctrl_pd_link *ctrl_pd_link_open(const struct ctrl_pd_link_opts *o, char *
 	 * peer's are not known here, this node's (same configuration) stand in */
 	if (l->o.large_bytes > shm_pool_bufsize(l->rxl))
 		l->o.large_bytes = shm_pool_bufsize(l->rxl);
-	l->ps = pool_get(l->reg, PD_POOL_SMALL, o->n_small, PD_SMALL_BYTES);
-	l->pl = pool_get(l->reg, PD_POOL_LARGE, o->n_large, l->o.large_bytes);
+	l->ps = pool_get(l->reg, PD_POOL_SMALL, o->n_small, with_crcs(PD_SMALL_BYTES));
+	l->pl = pool_get(l->reg, PD_POOL_LARGE, o->n_large, with_crcs(l->o.large_bytes));
 	if (l->ps == NULL || l->pl == NULL) {
 		snprintf(err, errlen, "region %s has no room for ctrld's PD buffers (%u x 64 KiB, %u x %zu B): "
 			 "give the dataplane a larger region", o->region, o->n_small, o->n_large, l->o.large_bytes);
@@ -171,12 +179,32 @@ void ctrl_pd_link_close(struct ctrl_pd_link *l)
 	free(l);
 }
 
-/* Hand buffer @p idx of @p p to the dataplane. @return 0, or -EAGAIN (its
- * ring is full: the buffer stays ours). */
-static int enqueue(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uint32_t len, uint16_t type,
-		   uint32_t node, uint16_t stream)
+/*
+ * The payload CRCs of our message in buffer @p idx of @p p, behind it, where
+ * the dataplane sends payload CRCs (a NIC or af_packet: not over memif), so
+ * that its lcore reads none of the bytes for them (dp_ipc.h, DP_TX_CRCS).
+ * A control message's were just copied in (in this core's cache); a page
+ * message's were just written by its stage's export (a worker's, a core of
+ * the same host's; a GPU's copy for CUDA stages). A buffer too small for
+ * the dataplane's stride (a pool an older ctrld made) goes without.
+ * @return the request's flags.
+ */
+static uint16_t give_crcs(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uint32_t len)
 {
-	struct shm_desc d = { .off = shm_pool_buf_off(p, idx), .len = len, .type = type,
+	uint32_t stride = dp_ipc_tx_crc_stride(l->lane.t);
+
+	if (stride == 0 || dp_ipc_tx_crcs_room(len, stride) > shm_pool_bufsize(p))
+		return 0;
+	dp_ipc_tx_crcs_fill(shm_pool_buf(p, idx), len, stride, 0, UINT32_MAX);
+	return DP_TX_CRCS;
+}
+
+/* Hand buffer @p idx of @p p to the dataplane (request @p flags: give_crcs()).
+ * @return 0, or -EAGAIN (its ring is full: the buffer stays ours). */
+static int enqueue(struct ctrl_pd_link *l, struct shm_pool *p, uint32_t idx, uint32_t len, uint16_t type,
+		   uint32_t node, uint16_t stream, uint16_t flags)
+{
+	struct shm_desc d = { .off = shm_pool_buf_off(p, idx), .len = len, .type = type, .flags = flags,
 			      .aux = DP_AUX(node, stream) };
 	unsigned n;
 
@@ -196,7 +224,8 @@ int ctrl_pd_link_send_ctl(struct ctrl_pd_link *l, uint32_t node, const uint8_t *
 	if (shm_pool_get(l->ps, &idx) != 0)
 		return -EAGAIN;
 	memcpy(shm_pool_buf(l->ps, idx), msg, len);
-	rc = enqueue(l, l->ps, idx, (uint32_t)len, DP_MT_CONTROL, node, PD_STREAM_CTL);
+	rc = enqueue(l, l->ps, idx, (uint32_t)len, DP_MT_CONTROL, node, PD_STREAM_CTL,
+		     give_crcs(l, l->ps, idx, (uint32_t)len));
 	if (rc == 0)
 		l->st.ctl_sent++;
 	else
@@ -327,8 +356,9 @@ static int send_page(struct ctrl_pd_link *l, uint32_t idx, uint32_t len, uint32_
 {
 	double t0 = kvf_mono_s();
 	uint64_t w0 = 0;
+	uint16_t flags = give_crcs(l, l->pl, idx, len);
 
-	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, stream) == -EAGAIN) {
+	while (enqueue(l, l->pl, idx, len, DP_MT_KVPAGE, node, stream, flags) == -EAGAIN) {
 		if (w0 == 0)
 			w0 = kvf_mono_ns();
 		if (kvf_mono_s() - t0 > l->o.wait_s) {

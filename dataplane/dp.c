@@ -505,10 +505,12 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 				.dst_epoch = p->remote_epoch, .msg_id = f->msg_id, .seq = f->seq,
 				.msg_len = f->msg_len, .frag_off = f->frag_off,
 				.frag_idx = f->frag_idx, .frag_count = f->frag_count, .tsval = now};
-	if (!d->pcrc || worker_crc) {
+	if (!d->pcrc) {
 		h.payload_csum = 0;
 	} else if (f->have_csum) {
-		h.payload_csum = f->csum; /* computed when it was first built */
+		h.payload_csum = f->csum; /* its producer's, or ours when it was first built */
+	} else if (worker_crc) {
+		h.payload_csum = 0; /* the worker lcore's (port_txq.c) */
 	} else {
 		h.payload_csum = dp_crc32c(0, payload, f->payload_len);
 		cnt_add(&d->stats->crc_read_bytes, f->payload_len);
@@ -518,6 +520,7 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 		struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.rx_pool);
 		if (!m)
 			return NULL;
+		dp_txq_mark_crc(m, !worker_crc || !d->pcrc || f->have_csum);
 		uint8_t *buf = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)(DP_FRAME_HLEN + f->payload_len));
 		if (!buf) {
 			rte_pktmbuf_free(m);
@@ -531,6 +534,7 @@ static struct rte_mbuf *data_frame(struct dp *d, struct peer *p, struct stream *
 	struct rte_mbuf *m = rte_pktmbuf_alloc(d->port.hdr_pool);
 	if (!m)
 		return NULL;
+	dp_txq_mark_crc(m, !worker_crc || !d->pcrc || f->have_csum);
 	uint8_t *buf = (uint8_t *)rte_pktmbuf_append(m, DP_FRAME_HLEN);
 	dp_wire_build(buf, &d->self, &p->addr, &h);
 	if (f->payload_len) {
@@ -937,6 +941,35 @@ static void fail_request(struct dp *d, unsigned l, const struct shm_desc *q, int
 	shm_ring_enqueue_burst(d->r_txcl[l], &c, 1);
 }
 
+/* The payload CRCs request @p q's producer computed (dp_ipc.h, DP_TX_CRCS),
+ * or NULL where they cannot stand for ours: we send none, another stride,
+ * a bad trailer, one past the region. The first refusal is logged. */
+static const uint32_t *producer_csums(struct dp *d, const struct shm_desc *q)
+{
+	uint32_t stride = d->o->frame_size - DP_FRAME_HLEN, n = dp_ipc_tx_crcs_count(q->len, stride);
+	uint64_t at = q->off + dp_ipc_tx_crcs_off(q->len);
+	const struct dp_tx_crcs *t = NULL;
+	const char *why = NULL;
+
+	if (!d->pcrc)
+		return NULL; /* nothing to check them against: no payload CRC on this link */
+	if (at + sizeof(*t) + 4ull * n > shm_region_size(d->reg))
+		why = "its trailer runs past the region's end";
+	else if ((t = shm_ptr(d->reg, at))->magic != DP_TX_CRCS_MAGIC)
+		why = "its trailer has no magic";
+	else if (t->stride != stride || t->n != n)
+		why = "they are of another frame size";
+	if (why == NULL) {
+		cnt_add(&d->stats->crc_given_bytes, q->len);
+		return t->crc;
+	}
+	if (!d->said_bad_crcs++)
+		kvf_log(KVF_LOG_WARNING, NULL, "dataplane %u: a sender's payload CRCs (DP_TX_CRCS) refused, %s: computing "
+			"them here instead (this link's stride is %u B: a sender reads it with dp_ipc_tx_crc_stride())",
+			d->o->node, why, stride);
+	return NULL;
+}
+
 /* The requests of lane @p l, in order, until it is empty, a request waits
  * for window space (head of line: kept until its stream frees a slot), or
  * @p max are taken. */
@@ -967,6 +1000,8 @@ static unsigned poll_lane(struct dp *d, unsigned l, unsigned max)
 		}
 		uint64_t id = dp_rel_tx_next_id(s->tx);
 		int rc = dp_rel_tx_submit(s->tx, q.off, q.len, (uint8_t)q.type, q.seq);
+		if (rc == 0 && (q.flags & DP_TX_CRCS))
+			dp_rel_tx_give_csums(s->tx, producer_csums(d, &q));
 		if (rc == -ENOSPC) {
 			d->held[l] = q;
 			d->held_mask |= 1u << l;

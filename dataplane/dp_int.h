@@ -105,6 +105,7 @@ struct dp {
 	unsigned lane_next;                /* the lane polled first next time (fairness) */
 	int pcrc;                          /* our data frames carry a payload CRC, and we want one */
 	int said_no_pcrc;                  /* a frame without one was refused (logged once) */
+	int said_bad_crcs;                 /* a sender's payload CRCs were refused (logged once) */
 	struct shm_ring *r_rx_kv, *r_rx_ctl; /* by message type (dp_ipc.h) */
 	struct shm_pool *p_small, *p_large;
 	struct dp_stats_shm *stats;

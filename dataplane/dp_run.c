@@ -130,7 +130,14 @@ static int setup_shm(struct dp *d)
 	if (!d->r_rx || !d->r_ev || !d->r_rx_kv || !d->r_rx_ctl || !d->p_small || !d->p_large)
 		return -ENOSPC;
 	uint64_t off;
+	size_t have = 0;
 	r = shm_region_add_area(d->reg, DP_AREA_STATS, sizeof(struct dp_stats_shm), 64, SHM_AREA_RAW, &off);
+	if (r == -EEXIST && (shm_region_find_area(d->reg, DP_AREA_STATS, &off, &have) != 0
+			     || have < sizeof(struct dp_stats_shm))) {
+		kvf_log(KVF_LOG_ERR, NULL, "region '%s' holds the stats of an older dataplane (%zu B, %zu wanted): "
+			"create the region anew (region_size)", o->region, have, sizeof(struct dp_stats_shm));
+		return -EEXIST;
+	}
 	if (r && r != -EEXIST) {
 		kvf_log(KVF_LOG_ERR, NULL, "shm_region_add_area(%s) failed: %s", DP_AREA_STATS, strerror(-r));
 		return r;
@@ -168,6 +175,8 @@ static int setup_shm(struct dp *d)
 		return -ENOSPC;
 	d->txl->version = DP_TXL_VERSION;
 	d->txl->n = DP_TX_LANES;
+	/* where frames carry payload CRCs, the senders may give them (dp_ipc.h) */
+	d->txl->crc_stride = d->pcrc ? o->frame_size - DP_FRAME_HLEN : 0u;
 	__atomic_store_n(&d->txl->magic, DP_TXL_MAGIC, __ATOMIC_RELEASE);
 	if (dp_route_init(d) < 0)
 		return -ENOSPC;
@@ -354,6 +363,9 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 	 * took 0.2 to 2 s (the fault drill's hugepages-full). */
 	void *rx_area = NULL;
 	size_t rx_area_len = 0;
+	int memif = !strncmp(eff.port, "net_memif", 9);
+	d->pcrc = eff.payload_crc == DP_PCRC_YES
+		  || (eff.payload_crc == DP_PCRC_AUTO && !(memif && eff.impair.corrupt <= 0));
 	int r = dp_port_init(&d->port, "kvferry-dataplane", eff.node, eff.port, eff.eal_args, eff.tx_copy);
 	if (r)
 		goto out;
@@ -371,9 +383,6 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		goto out;
 	if (d->in_place && d->port.memif_zc && (r = publish_pktmem(d)) != 0)
 		goto out;
-	int memif = !strncmp(eff.port, "net_memif", 9);
-	d->pcrc = eff.payload_crc == DP_PCRC_YES
-		  || (eff.payload_crc == DP_PCRC_AUTO && !(memif && eff.impair.corrupt <= 0));
 	if (d->port.n_queues > 1 && (r = dp_port_txq_start(&d->port, eff.idle == DP_IDLE_SLEEP, d->pcrc)) != 0)
 		goto out;
 	d->link_q = d->port.queues_own ? d->port.n_queues : 1;
@@ -497,6 +506,10 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 			(unsigned long long)t.frames, (unsigned long long)t.bytes, (unsigned long long)t.dropped,
 			(unsigned long long)t.crc_bytes);
 	}
+	if (d->pcrc)
+		kvf_log(KVF_LOG_INFO, NULL, "  payload CRCs: %llu B of payload read for them by passes of its own, %llu B "
+			"sent with the senders' own (DP_TX_CRCS)", (unsigned long long)d->stats->crc_read_bytes,
+			(unsigned long long)d->stats->crc_given_bytes);
 	if (d->in_place) {
 		dp_ip_reap(d);
 		kvf_log(KVF_LOG_INFO, NULL, "  received in place: %u messages still with their consumers, %u of %u mbufs "

@@ -18,7 +18,9 @@
  * Where frames carry a payload CRC ([dp] payload_crc), the main lcore leaves
  * it out of the frames it hands a worker, and the worker fills it in just
  * before its driver's copy (fill_crcs()): the main lcore then reads no
- * payload byte, and each byte is read from memory once on the sender.
+ * payload byte, and each byte is read from memory once on the sender. A
+ * frame whose CRC its producer gave (dp_ipc.h, DP_TX_CRCS) or that was
+ * built before comes marked (dp_txq_mark_crc()) and is read by neither.
  *
  * A queue's frames are already counted sent: one the driver keeps refusing
  * for TXQ_STALL_NS is dropped here (DP_DROP_TXFULL) and resent by the
@@ -103,6 +105,9 @@ static uint64_t fill_crcs(struct rte_mbuf **m, unsigned n)
 	for (unsigned i = 0; i < n; i++) {
 		uint32_t c = 0;
 		uint32_t skip = DP_FRAME_HLEN; /* the headers, all in the first segment */
+
+		if (m[i]->hash.usr == DP_TXQ_CRC_DONE)
+			continue;
 
 		for (struct rte_mbuf *s = m[i]; s != NULL; s = s->next) {
 			uint32_t len = s->data_len;

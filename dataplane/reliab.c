@@ -88,6 +88,7 @@ struct tx_msg {
 	uint32_t frag_count;
 	uint32_t first_seq;
 	uint8_t type;
+	const uint32_t *csums; /* the producer's payload CRC of each frame (dp_rel_tx_give_csums()), or NULL */
 };
 
 struct tx_frame {
@@ -196,8 +197,15 @@ int dp_rel_tx_submit(struct dp_rel_tx *tx, uint64_t off, uint32_t len, uint8_t t
 	m->msg_id = tx->next_msg_id++;
 	m->frag_count = (uint32_t)nf;
 	m->first_seq = 0;
+	m->csums = NULL;
 	tx->m_tail++;
 	return 0;
+}
+
+void dp_rel_tx_give_csums(struct dp_rel_tx *tx, const uint32_t *csums)
+{
+	if (tx->m_tail != tx->m_head)
+		tx->msgs[(tx->m_tail - 1) & (tx->o.max_msgs - 1)].csums = csums;
 }
 
 static inline struct tx_frame *fr(struct dp_rel_tx *tx, uint32_t seq)
@@ -240,6 +248,10 @@ static void fill_frame(struct dp_rel_tx *tx, uint32_t seq, struct dp_rel_frame *
 	f->retx = (t->flags & F_SENT) ? 1 : 0;
 	f->have_csum = (t->flags & F_CSUM) ? 1 : 0;
 	f->csum = t->csum;
+	if (!f->have_csum && m->csums) {
+		f->have_csum = 1;
+		f->csum = m->csums[t->frag_idx];
+	}
 }
 
 void dp_rel_tx_note_csum(struct dp_rel_tx *tx, uint32_t seq, uint32_t csum)

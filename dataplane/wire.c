@@ -10,13 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(DP_HAVE_ISAL)
-#include <isa-l/crc.h>
-#endif
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
+#include "dp_crc32c.h"
 #include "dp_wire.h"
 
 static const char *const drop_names[DP_DROP_MAX_] = {
@@ -43,86 +37,10 @@ const char *dp_drop_reason_name(unsigned r)
 	return r < DP_DROP_MAX_ ? drop_names[r] : "?";
 }
 
-/* CRC32C, three ways. The table: for a CPU without the crc32 instruction.
- * The crc32 instruction, one 8-byte step at a time: a latency-3 chain, but
- * it touches no memory besides the input. ISA-L (crc32_iscsi) folds several
- * streams with carry-less multiplies, 9.4 GB/s against 3.9 for the chain on
- * 8878-byte payloads, but it reads tables of constants: beside the
- * dataplane's 9 KB copies, which keep evicting them, each call on a 76-byte
- * header cost ~130 ns (14% of both cores at 10 GB/s over memif, every frame's
- * header CRC on each end) against ~10 ns for the chain. So short inputs take
- * the chain and long ones ISA-L. */
-#define CRC_SHORT 256
-
-static uint32_t crc_table[256];
-static int crc_table_ready;
-
-static uint32_t crc_by_table(uint32_t c, const uint8_t *p, size_t len)
-{
-	if (!crc_table_ready) {
-		for (uint32_t i = 0; i < 256; i++) {
-			uint32_t v = i;
-			for (int k = 0; k < 8; k++)
-				v = (v & 1) ? (v >> 1) ^ 0x82f63b78u : v >> 1;
-			crc_table[i] = v;
-		}
-		crc_table_ready = 1;
-	}
-	while (len--)
-		c = crc_table[(c ^ *p++) & 0xffu] ^ (c >> 8);
-	return c;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc_by_insn(uint32_t crc, const uint8_t *p, size_t len)
-{
-	uint64_t c = crc;
-
-	while (len >= 8) {
-		uint64_t v;
-		memcpy(&v, p, 8);
-		c = _mm_crc32_u64(c, v);
-		p += 8;
-		len -= 8;
-	}
-	crc = (uint32_t)c;
-	while (len--)
-		crc = _mm_crc32_u8(crc, *p++);
-	return crc;
-}
-
-static int have_crc_insn(void)
-{
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-	return have;
-}
-#endif
-
+/* CRC32C: dp_crc32c.h, shared with the producers that compute their frames' CRCs. */
 uint32_t dp_crc32c(uint32_t crc, const void *buf, size_t len)
 {
-	const uint8_t *p = buf;
-	uint32_t c = ~crc;
-
-#if defined(DP_HAVE_ISAL)
-	if (len >= CRC_SHORT) {
-		/* crc32_iscsi() takes and returns the register without the final
-		 * inversion, and its length is an int */
-		while (len > (size_t)INT32_MAX) {
-			c = crc32_iscsi((unsigned char *)(uintptr_t)p, INT32_MAX, c);
-			p += INT32_MAX;
-			len -= INT32_MAX;
-		}
-		return ~crc32_iscsi((unsigned char *)(uintptr_t)p, (int)len, c);
-	}
-#endif
-#if defined(__x86_64__)
-	if (have_crc_insn())
-		return ~crc_by_insn(c, p, len);
-#endif
-	return ~crc_by_table(c, p, len);
+	return dp_ipc_crc32c(crc, buf, len);
 }
 
 static uint16_t get_be16(const uint8_t *p)

@@ -127,6 +127,15 @@ void dp_rel_tx_destroy(struct dp_rel_tx *tx);
 int dp_rel_tx_submit(struct dp_rel_tx *tx, uint64_t off, uint32_t len, uint8_t type,
 		     uint64_t cookie);
 
+/**
+ * The payload CRC32C of each frame of the message the last dp_rel_tx_submit()
+ * queued, as its producer computed them (dp_ipc.h, DP_TX_CRCS): frame i's
+ * at @p csums[i], frames cut at frame_payload. Its frames then come out of
+ * dp_rel_tx_burst() with have_csum, and the array is read as they do, so it
+ * must stay as it is until the message completes.
+ */
+void dp_rel_tx_give_csums(struct dp_rel_tx *tx, const uint32_t *csums);
+
 /** @return the msg_id the next dp_rel_tx_submit() will give its message
  *  (ids count up by one per message from 0). */
 uint64_t dp_rel_tx_next_id(const struct dp_rel_tx *tx);

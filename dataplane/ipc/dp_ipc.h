@@ -16,7 +16,8 @@
  *      move). Requests of one lane keep their order.
  *      off/len = payload in the region (must stay untouched until completion),
  *      type = DP_MT_MBATCH | DP_MT_KVPAGE | DP_MT_CONTROL, seq = caller's cookie,
- *      aux = DP_AUX(peer node, stream).
+ *      aux = DP_AUX(peer node, stream), flags = 0 or DP_TX_CRCS (the
+ *      message's payload CRCs follow it: "payload CRCs from the producer").
  *  - DP_RING_TXC_LANE "dp.txc.N" the completions of lane N's requests, to
  *      the process that holds the lane: the request echoed, flags = 0
  *      (delivered and acknowledged) or DP_TXC_FAILED with the positive errno
@@ -163,7 +164,7 @@ enum dp_event {
 };
 
 #define DP_STATS_MAGIC 0x53545044u /* "DPTS" */
-#define DP_STATS_VERSION 2u /* 2: the link state after up (heard_ago_ms .. streams), the copy counters */
+#define DP_STATS_VERSION 3u /* 2: the link state after up (heard_ago_ms .. streams), the copy counters; 3: crc_given_bytes */
 
 /** Counters for one peer (monotonic, except the link's state: rtt_ns, epoch, up and what follows up). */
 struct dp_peer_stats {
@@ -213,6 +214,8 @@ struct dp_stats_shm {
 	                                worker lcores, theirs too, each just before its driver's copy) */
 	uint32_t pmd_tx_copies;    /**< copies per payload byte the driver makes sending */
 	uint32_t pmd_rx_copies;    /**< ... and receiving */
+	uint64_t crc_given_bytes;  /**< payload of messages sent with their producer's CRCs (DP_TX_CRCS):
+	                                no pass of the dataplane's own read it */
 };
 static_assert(offsetof(struct dp_stats_shm, epoch) == 16, "epoch at 16");
 static_assert(offsetof(struct dp_stats_shm, drops_unknown) == 32, "drops_unknown at 32");
@@ -266,7 +269,8 @@ struct dp_tx_lanes {
 	uint32_t magic;
 	uint32_t version;
 	uint32_t n;        /**< lanes (DP_TX_LANES) */
-	uint32_t reserved;
+	uint32_t crc_stride; /**< payload bytes a data frame carries where the dataplane sends payload CRCs
+	                          (a producer may give them: DP_TX_CRCS), 0 where it sends none */
 	int32_t pid[DP_TX_LANES];
 };
 static_assert(sizeof(struct dp_tx_lanes) == 16 + 4 * DP_TX_LANES, "dp_tx_lanes layout");
@@ -297,6 +301,63 @@ static inline void dp_ipc_tx_release(struct dp_tx_lanes *t, int lane, int32_t pi
 	if (lane >= 0 && (uint32_t)lane < DP_TX_LANES)
 		__atomic_compare_exchange_n(&t->pid[lane], &pid, DP_TXL_CLOSING, 0, __ATOMIC_RELEASE,
 					    __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------ payload CRCs from the producer */
+
+/*
+ * Where the dataplane sends a CRC32C of each data frame's payload ([dp]
+ * payload_crc: on over a NIC or af_packet, off over net_memif), it reads
+ * every byte of a message for it just before the driver (or the NIC) takes
+ * it: a pass of its own on the link's one lcore. A producer that writes the
+ * message can compute the same CRCs where it writes the bytes, while they
+ * are in its cache (dp_crc32c.h, dp_ipc_tx_crcs_fill()), and hand them
+ * over behind the message: the request's flags say DP_TX_CRCS, and struct
+ * dp_tx_crcs lies at off + dp_ipc_tx_crcs_off(len), with crc[i] the CRC32C
+ * of bytes [i * stride, min((i + 1) * stride, len)) of the message. stride
+ * must be the dataplane's crc_stride (struct dp_tx_lanes): a trailer of
+ * another stride (the dataplane restarted with another frame size), a bad
+ * magic or count, or one past the region's end is ignored and the
+ * dataplane computes the CRCs itself, as for a request without the flag.
+ * The trailer stays untouched until the completion, as the message does. A
+ * wrong CRC is the producer's bug: the receiver drops the frame as damaged
+ * on every resend, so the message fails once its peer is given up.
+ */
+#define DP_TX_CRCS 0x1u            /**< send request flag: the payload CRCs follow the message */
+#define DP_TX_CRCS_MAGIC 0x53435243u /* "CRCS" */
+
+struct dp_tx_crcs {
+	uint32_t magic;    /**< DP_TX_CRCS_MAGIC, written last */
+	uint32_t stride;   /**< payload bytes per frame: the dataplane's crc_stride */
+	uint32_t n;        /**< frames: dp_ipc_tx_crcs_count(len, stride) */
+	uint32_t reserved;
+	uint32_t crc[];
+};
+static_assert(sizeof(struct dp_tx_crcs) == 16, "dp_tx_crcs header is 16 bytes");
+
+/** @return where a message of @p len bytes keeps its trailer, from its start. */
+static inline uint64_t dp_ipc_tx_crcs_off(uint32_t len)
+{
+	return ((uint64_t)len + 7u) & ~7ull;
+}
+
+/** @return the frames of a message of @p len bytes at @p stride (one for an empty one). */
+static inline uint32_t dp_ipc_tx_crcs_count(uint32_t len, uint32_t stride)
+{
+	return len ? (uint32_t)(((uint64_t)len + stride - 1) / stride) : 1u;
+}
+
+/** @return the bytes a buffer needs past a @p len-byte message's start to hold it and its trailer. */
+static inline uint64_t dp_ipc_tx_crcs_room(uint32_t len, uint32_t stride)
+{
+	return dp_ipc_tx_crcs_off(len) + sizeof(struct dp_tx_crcs) +
+	       4ull * (stride ? dp_ipc_tx_crcs_count(len, stride) : 0);
+}
+
+/** @return the stride the dataplane of lanes area @p t takes CRCs at, 0: compute none. */
+static inline uint32_t dp_ipc_tx_crc_stride(const struct dp_tx_lanes *t)
+{
+	return t ? __atomic_load_n(&t->crc_stride, __ATOMIC_ACQUIRE) : 0;
 }
 
 /* ------------------------------------------------ receive in place */

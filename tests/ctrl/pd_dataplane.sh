@@ -735,4 +735,15 @@ if [ "$mode" = memif-impair ]; then
   grep -q "impair=[1-9]" "$KVF_RUN/dataplane1.log" && grep -q "impair=[1-9]" "$KVF_RUN/dataplane2.log" \
     || { echo "FAIL: no impairment drops counted"; tail -n 5 "$KVF_RUN"/dataplane*.log; exit 1; }
 fi
+if [ "$mode" = memif-impair ] || [ "$mode" = netns ]; then
+  # payload CRCs are on (damaged frames; af_packet): each node's PD link
+  # gave its messages' CRCs (pages and control messages), so its dataplane
+  # read none of their bytes for them (dataplane/ipc/dp_ipc.h, DP_TX_CRCS)
+  kvf_down
+  for n in 1 2; do
+    given=$(sed -n 's/.*payload CRCs: [0-9]* B .* \([0-9]*\) B sent with the senders. own.*/\1/p' "$KVF_RUN/dataplane$n.log")
+    [ "${given:-0}" -gt 0 ] || { echo "FAIL: node $n's PD link sent no message with its own payload CRCs"; tail -n 8 "$KVF_RUN/dataplane$n.log"; exit 1; }
+    echo "ok    node $n's PD link gave the payload CRCs of $given B it sent"
+  done
+fi
 echo "PASS ($mode)"

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dp_crc32c.h"
 #include "dp_ipc.h"
 #include "dp_tx_lane.h"
 #include "shm_live.h"
@@ -76,6 +77,8 @@ struct cfg {
 	const char *pools;    /* send: the name of its buffer pools (NAME.s, NAME.l) */
 	int check;            /* 'L': the send lanes, 'P': the pools (below) */
 	int drain;            /* send: on SIGTERM, wait for what is in flight to complete */
+	int crcs;             /* send: give the dataplane each frame's payload CRC (DP_TX_CRCS) */
+	uint32_t crcs_stride; /* send: ... at this stride, not the dataplane's (a stale one: refused) */
 };
 
 static uint32_t msg_size(const struct cfg *c, uint64_t k)
@@ -222,21 +225,32 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	char ns[64], nl[64];
 	snprintf(ns, sizeof(ns), "%s.s", c->pools);
 	snprintf(nl, sizeof(nl), "%s.l", c->pools);
-	struct shm_pool *ps = pool_get(r, ns, 256, 64 * 1024, c->verify);
-	/* messages of a fixed size need no buffers larger than that */
-	size_t large = c->fixed ? (c->fixed > 64 * 1024 ? c->fixed : 64 * 1024) : 4 * 1024 * 1024;
-	struct shm_pool *pl = pool_get(r, nl, 24, large, c->verify);
 	struct dp_tx_lane lane = {.lane = -1};
 	char err[256] = "";
 	/* the lanes area comes last in the dataplane's set-up: up to 20 s more */
-	for (int i = 0; ev && ps && pl && i < 200; i++) {
+	for (int i = 0; ev && i < 200; i++) {
 		if (dp_tx_lane_open(r, &lane, err, sizeof(err)) != -ENOENT)
 			break;
 		usleep(100000);
 	}
+	/* --crcs: the payload CRC of each frame, computed here where the
+	 * message is written, behind it (dp_ipc.h, DP_TX_CRCS); none where the
+	 * dataplane sends no payload CRC (stride 0) */
+	uint32_t stride = c->crcs_stride ? c->crcs_stride : c->crcs ? dp_ipc_tx_crc_stride(lane.t) : 0;
+	size_t small = 64 * 1024;
+	/* messages of a fixed size need no buffers larger than that */
+	size_t large = c->fixed ? (c->fixed > small ? c->fixed : small) : 4 * 1024 * 1024;
+	struct shm_pool *ps = pool_get(r, ns, 256, dp_ipc_tx_crcs_room((uint32_t)small, stride), c->verify || stride);
+	struct shm_pool *pl = pool_get(r, nl, 24, dp_ipc_tx_crcs_room((uint32_t)large, stride), c->verify || stride);
+	/* the length each buffer's trailer holds the CRCs of, + 1 (0: none), where
+	 * nothing writes the payload (--no-verify: the bytes never change) */
+	uint32_t n_small = ps ? shm_pool_count(ps) : 0, *crcs_for = calloc(n_small + (pl ? shm_pool_count(pl) : 0) + 1,
+									     sizeof(uint32_t));
+	uint64_t crc_msgs = 0;
 	struct shm_ring *tx = lane.q, *txc = lane.c;
-	if (!tx || !txc || !ev || !ps || !pl) {
+	if (!tx || !txc || !ev || !ps || !pl || !crcs_for) {
 		fprintf(stderr, "send: rings/pools missing in region %s %s\n", c->region, err);
+		free(crcs_for);
 		return 1;
 	}
 	uint64_t *next_done = calloc(c->streams, sizeof(uint64_t));
@@ -256,11 +270,18 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 			if (shm_pool_get(p, &idx))
 				break;
 			uint8_t *buf = shm_pool_buf(p, idx);
+			uint32_t *cf = &crcs_for[(p == ps ? 0 : n_small) + idx];
 			if (c->verify)
 				fill(c, k, buf, len);
+			if (stride && (c->verify || *cf != len + 1)) {
+				dp_ipc_tx_crcs_fill(buf, len, stride, 0, UINT32_MAX);
+				*cf = len + 1;
+			}
 			struct shm_desc d = {.off = shm_pool_buf_off(p, idx), .len = len,
 					     .type = (uint16_t)c->type, .seq = k | tag,
+					     .flags = (uint16_t)(stride ? DP_TX_CRCS : 0),
 					     .aux = DP_AUX(c->peer, k % c->streams)};
+			crc_msgs += stride != 0;
 			if (shm_ring_enqueue_burst(tx, &d, 1) != 1) {
 				shm_pool_put(p, idx);
 				break;
@@ -321,6 +342,10 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 	       (unsigned long long)ok, (unsigned long long)failed, (unsigned long long)failed_rep,
 	       (unsigned long long)restarts, (unsigned long long)bytes, dt, bytes / dt / 1e9, ok / dt);
 	print_copies("send", r, &k0, bytes);
+	if (c->crcs)
+		printf("send: %llu of %llu messages with their payload CRCs (stride %u)\n", (unsigned long long)crc_msgs,
+		       (unsigned long long)k, stride);
+	free(crcs_for);
 	if (!c->until_stop && failed)
 		bad = 1;
 	if (c->until_stop && failed != failed_rep) {
@@ -620,7 +645,8 @@ int main(int argc, char **argv)
 		{"until-stop", 0, 0, 'U'}, {"timeout", 1, 0, 't'}, {"type", 1, 0, 'T'}, {"whole", 0, 0, 'W'},
 		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
 		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {"route", 0, 0, 'o'},
-		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {"hold", 0, 0, 'h'}, {0, 0, 0, 0}};
+		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {"hold", 0, 0, 'h'}, {"crcs", 0, 0, 'C'}, {"crcs-stride", 1, 0, 'Z'},
+		{0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (o) {
@@ -646,6 +672,8 @@ int main(int argc, char **argv)
 		case 'e': c.die_dequeued = (unsigned)atoi(optarg); break;
 		case 'y': c.replaced = 1; break;
 		case 'h': c.hold = 1; break;
+		case 'C': c.crcs = 1; break;
+		case 'Z': c.crcs = 1; c.crcs_stride = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
 				 : !strcmp(optarg, "mbatch") ? DP_MT_MBATCH : 0;
@@ -657,10 +685,11 @@ int main(int argc, char **argv)
 	}
 	if (!c.region || (!c.check && c.send == c.recv) || !c.streams || c.streams > DP_MAX_STREAMS
 	    || (c.route && (!c.recv || c.type != DP_MT_KVPAGE)) || (c.die_dequeued && !c.recv)
-	    || (c.replaced && (!c.die_dequeued || c.route)) || (c.hold && (!c.recv || c.until_stop))) {
+	    || (c.replaced && (!c.die_dequeued || c.route)) || (c.hold && (!c.recv || c.until_stop))
+	    || (c.crcs && !c.send)) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--hold] [--pools NAME] [--drain]\n"
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--hold] [--pools NAME] [--drain] [--crcs | --crcs-stride B]\n"
 			"       [--route] (with --recv --type kv) [--die-dequeued N [--replaced]] (with --recv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;

@@ -487,8 +487,15 @@ ${pinR[@]+"${pinR[@]}"} "$cli" --region "$rb" --recv --peer 1 --streams "${DP_ST
 pr=$!; pids+=($pr)
 # the receiver has read its dataplane's copy counters before any byte comes
 for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && break; sleep 0.02; done
+# DP_CRCS=1: the sender gives each frame's payload CRC, computed where it
+# writes the message (dp_ipc.h, DP_TX_CRCS); DP_CRCS=stale: at a stride that
+# is not the dataplane's (one that restarted with another frame size), which
+# it must refuse and compute the CRCs itself
+crcs=()
+[ "${DP_CRCS:-0}" = 1 ] && crcs=(--crcs)
+[ "${DP_CRCS:-0}" = stale ] && crcs=(--crcs-stride 4000)
 ${pinS[@]+"${pinS[@]}"} "$cli" --region "$ra" --send --peer 2 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --inflight 128 --timeout 60 \
-  "${fixed[@]}" "${verify[@]}" >"$tmp/send.log" 2>&1
+  "${fixed[@]}" "${verify[@]}" ${crcs[@]+"${crcs[@]}"} >"$tmp/send.log" 2>&1
 rs=$?
 wait $pr; rr=$?
 demux=ok
@@ -657,6 +664,37 @@ print(f"{'ok   ' if ok else 'FAIL '} copies per payload byte over memif{' receiv
 sys.exit(0 if ok else 1)
 PY
 fi
+if [ "${DP_CRCS:-0}" != 0 ]; then
+  # Where the payload CRC is on (af_packet; memif with damaged frames), a
+  # sender that gives its CRCs spares its dataplane the pass over every byte
+  # (its CRC read per payload byte ~0, against 1.0 without them); the
+  # receiver checks them as any others (a wrong one is a damaged frame: the
+  # message would never complete). A stale stride is refused and the
+  # dataplane reads the bytes itself.
+  python3 - "$tmp/send.log" "$N" "$DP_CRCS" <<'PY' || fail "the sender's payload CRCs were not used as the dataplane's design says"
+import re, sys
+t = open(sys.argv[1]).read()
+n, how = int(sys.argv[2]), sys.argv[3]
+m = re.search(r"copies send: per payload byte: dataplane copy tx [0-9.]+ rx [0-9.]+, CRC pass ([0-9.]+)", t)
+g = re.search(r"send: (\d+) of (\d+) messages with their payload CRCs \(stride (\d+)\)", t)
+if not m or not g:
+    sys.exit("no copies or CRC line in the sender's log")
+crc, given, sent, stride = float(m.group(1)), int(g.group(1)), int(g.group(2)), int(g.group(3))
+if how == "1":
+    ok = given == sent == n and stride > 0 and crc < 0.01
+    print(f"{'ok   ' if ok else 'FAIL '} {given} of {n} messages sent with their producer's payload CRCs (stride {stride} B): "
+          f"the sending dataplane read {crc:.3f} of each payload byte for CRCs (1.0 without them)")
+else:
+    ok = given == sent == n and stride == 4000 and crc >= 0.99
+    print(f"{'ok   ' if ok else 'FAIL '} {given} of {n} messages with CRCs at a stale stride ({stride} B): refused, "
+          f"the sending dataplane read {crc:.3f} of each payload byte for CRCs itself")
+sys.exit(0 if ok else 1)
+PY
+  if [ "$DP_CRCS" = stale ]; then
+    grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, they are of another frame size: computing them here instead" "$tmp/A.log" \
+      || fail "the sending dataplane did not say why it refused the stale CRCs"
+  fi
+fi
 if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
   # the impairment must really have happened, on both directions
   grep -q "impair=[1-9]" "$tmp/B.log" && grep -q "impair=[1-9]" "$tmp/A.log" || fail "no impairment drops counted"
@@ -667,7 +705,8 @@ fi
 # With a payload CRC ([dp] payload_crc: on over af_packet, or memif with
 # corrupted frames) each worker fills in the CRCs of the frames it sends,
 # reading each payload byte it hands its driver (and those of frames it
-# dropped): at least the payload it sent. Without one it reads none.
+# dropped): at least the payload it sent. Without one, or given the
+# sender's own (DP_CRCS=1), it reads none.
 worker_crcs() {
   python3 - "$1" "$2" <<'PY' || fail "node 1's worker lcores did not compute the payload CRCs they should"
 import re, sys
@@ -677,7 +716,7 @@ if not m:
     sys.exit("no worker totals in the log")
 frames, sent, dropped, crc = (int(x) for x in m.groups())
 payload = sent - frames * HLEN
-ok = crc >= payload > 0 if sys.argv[2] == "on" else crc == 0
+ok = crc >= payload > 0 if sys.argv[2] == "on" else crc == 0 and payload > 0
 print(f"{'ok   ' if ok else 'FAIL '} payload CRC {sys.argv[2]}: node 1's worker lcores read {crc} B for CRCs, sent {payload} B of payload")
 sys.exit(0 if ok else 1)
 PY
@@ -695,14 +734,14 @@ if [[ $mode == memif || $mode == memif-impair ]] && [ -z "${DP_FIXED:-}" ] && [ 
   grep -q "queue pairs: $both in use of $nqA; the worker lcores' TX queues sent [$([ "$both" -gt 1 ] && echo 1-9 || echo 0)]" "$tmp/A.log" \
     || fail "node 1's worker lcores did not send what they should (queue pairs: $both of $nqA)"
   echo "ok    $nqA and $nqB lcores: $both queue pair(s) in use, $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
-  [ "$both" -gt 1 ] && worker_crcs "$tmp/A.log" "$([ "$mode" = memif-impair ] && echo on || echo off)"
+  [ "$both" -gt 1 ] && worker_crcs "$tmp/A.log" "$([ "$mode" = memif-impair ] && [ "${DP_CRCS:-0}" != 1 ] && echo on || echo off)"
 elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt 1 ] && [ "${DP_AFP_QPAIRS:-1}" -ge "$nqA" ]; then
   # net_af_packet's sockets are each end's own: every pair in use, whatever the peer has
   kill -TERM $pidA; wait $pidA 2>/dev/null
   grep -q "queue pairs: $nqA in use of $nqA; the worker lcores' TX queues sent [1-9]" "$tmp/A.log" \
     || fail "node 1's worker lcores did not send over their af_packet sockets"
   echo "ok    $nqA lcores, qpairs=${DP_AFP_QPAIRS}: $(sed -n "s/.*the worker lcores' TX queues \(sent [0-9]* frames\).*/\1/p" "$tmp/A.log") by node 1's worker lcores"
-  worker_crcs "$tmp/A.log" on
+  worker_crcs "$tmp/A.log" "$([ "${DP_CRCS:-0}" != 1 ] && echo on || echo "given by the sender")"
 elif [ "$mode" = afpacket ] && [ -z "${DP_FIXED:-}" ] && [ "$nqA" -gt "${DP_AFP_QPAIRS:-1}" ]; then
   # more lcores than the port has sockets: said, and named the fix; the
   # lcores past them send nothing, and the link works on what there is

@@ -592,6 +592,34 @@ static void unsent_frames_go_first_next_time_and_are_not_retransmissions(void **
 	dp_rel_tx_destroy(tx);
 }
 
+/* A producer's per-frame CRCs (DP_TX_CRCS) come out with every frame of its
+ * message, first sends and unsent ones alike; the next message without
+ * them comes out without. */
+static void a_producers_payload_crcs_ride_with_each_frame_of_its_message(void **state)
+{
+	(void)state;
+	struct dp_rel_opts o;
+	dp_rel_opts_init(&o);
+	o.frame_payload = 100;
+	struct dp_rel_tx *tx = dp_rel_tx_create(&o);
+	uint32_t crcs[3] = {0x11111111u, 0x22222222u, 0x33333333u};
+	assert_int_equal(dp_rel_tx_submit(tx, 0, 250, DP_MT_KVPAGE, 1), 0);
+	dp_rel_tx_give_csums(tx, crcs);
+	assert_int_equal(dp_rel_tx_submit(tx, 4096, 150, DP_MT_KVPAGE, 2), 0);
+	struct dp_rel_frame f[16];
+	assert_int_equal(dp_rel_tx_burst(tx, 10, f, 2), 2);
+	dp_rel_tx_unsent(tx, f + 1, 1);
+	assert_int_equal(dp_rel_tx_burst(tx, 20, f + 1, 15), 4);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(f[i].have_csum, 1);
+		assert_int_equal(f[i].csum, crcs[i]);
+		assert_int_equal(f[i].payload_len, i < 2 ? 100 : 50);
+	}
+	assert_int_equal(f[3].have_csum, 0); /* the second message: its own dataplane computes them */
+	assert_int_equal(f[4].have_csum, 0);
+	dp_rel_tx_destroy(tx);
+}
+
 static int one_alloc(void *ctx, uint32_t len, uint8_t type, uint64_t *off)
 {
 	(void)ctx;
@@ -777,6 +805,7 @@ int main(void)
 		cmocka_unit_test(a_peer_that_answers_without_progress_is_given_up),
 		cmocka_unit_test(failing_all_reports_every_outstanding_message_in_order),
 		cmocka_unit_test(unsent_frames_go_first_next_time_and_are_not_retransmissions),
+		cmocka_unit_test(a_producers_payload_crcs_ride_with_each_frame_of_its_message),
 		cmocka_unit_test(a_duplicate_of_a_spurious_resend_does_not_shrink_the_rtt),
 		cmocka_unit_test(a_resend_covered_by_its_original_marks_no_other_frame_lost),
 		cmocka_unit_test(bad_options_are_refused),

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "dp_crc32c.h"
 #include "dp_wire.h"
 
 static const struct dp_wire_addr A = {{0x02, 0, 0, 0, 0, 1}, 0x0a000001, 47474};
@@ -79,6 +80,31 @@ static void crc32c_agrees_with_the_definition_at_every_length_alignment_and_spli
 			uint32_t c = dp_crc32c(0, buf + a, cut);
 			assert_int_equal(dp_crc32c(c, buf + a + cut, lens[i] - cut), want);
 		}
+}
+
+/* A producer's trailer (dp_ipc_tx_crcs_fill()): frame i's CRC is the one the
+ * dataplane would compute over bytes [i * stride, ...), whether the frames
+ * are filled all at once or run by run as they are written. */
+static void a_producers_crc_trailer_holds_each_frames_payload_crc(void **state)
+{
+	(void)state;
+	static uint8_t buf[40000];
+	const uint32_t len = 20001, stride = 8878, n = 3;
+	for (uint32_t i = 0; i < len; i++)
+		buf[i] = (uint8_t)(i * 131u + (i >> 7));
+	assert_int_equal(dp_ipc_tx_crcs_count(len, stride), n);
+	assert_true(dp_ipc_tx_crcs_room(len, stride) == 20008 + 16 + 4 * n);
+	assert_int_equal(dp_ipc_tx_crcs_fill(buf, len, stride, 0, 1), n);
+	assert_int_equal(dp_ipc_tx_crcs_fill(buf, len, stride, 1, UINT32_MAX), n);
+	const struct dp_tx_crcs *t = (const struct dp_tx_crcs *)(buf + dp_ipc_tx_crcs_off(len));
+	assert_int_equal(t->magic, DP_TX_CRCS_MAGIC);
+	assert_int_equal(t->stride, stride);
+	assert_int_equal(t->n, n);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t at = i * stride, fl = len - at < stride ? len - at : stride;
+		assert_int_equal(t->crc[i], dp_crc32c(0, buf + at, fl));
+	}
+	assert_int_equal(dp_ipc_tx_crcs_fill(buf, len, 0, 0, n), 0); /* no payload CRC on the link: none */
 }
 
 static void a_built_frame_parses_back_to_every_field(void **state)
@@ -294,6 +320,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(crc32c_matches_the_published_check_value),
 		cmocka_unit_test(crc32c_agrees_with_the_definition_at_every_length_alignment_and_split),
+		cmocka_unit_test(a_producers_crc_trailer_holds_each_frames_payload_crc),
 		cmocka_unit_test(a_built_frame_parses_back_to_every_field),
 		cmocka_unit_test(each_stream_carries_its_own_udp_source_port_and_a_hello_the_nodes),
 		cmocka_unit_test(every_single_bit_flip_in_the_ip_udp_or_kvferry_header_is_refused),
