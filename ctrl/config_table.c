@@ -12,6 +12,7 @@
 
 #include "config_int.h"
 #include "ctrl_config.h"
+#include "kn_stage.h"
 
 static int check_stages(const char *value, char *err, size_t errlen)
 {
@@ -316,17 +317,11 @@ const size_t g_cfg_n_keys = sizeof(g_cfg_keys) / sizeof(g_cfg_keys[0]);
  * (KVFERRY_WK_*, KVFERRY_DP_*) and the libraries' measurement knobs (the CUDA engine's, which
  * it checks itself when a stage starts, the shm fallback directory, the ring fence) are not
  * ctrld's; KVFERRY_LOG_TIME is the log line's (kvf_log.h). KVFERRY_CUDA_BATCH_INVARIANT is
- * ([engine] cuda_batch_invariant), so the engine's are named one by one (kernels/cuda/engine.cu,
- * tp.cu, attention.cu), not by their prefix. */
+ * ([engine] cuda_batch_invariant), so the engine's are named one by one (KN_CUDA_ENV_KNOBS,
+ * kn_stage.h), not by their prefix: a misspelt one is refused. */
 static const char *const foreign_sections[] = {"worker", "worker.", "dp", NULL};
-static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_SHM_DIR", "KVFERRY_RING_FENCE", "KVFERRY_LOG_TIME",
-				       "KVFERRY_CUDA_PDL", "KVFERRY_CUDA_LINEAR", "KVFERRY_CUDA_WIDE_X",
-				       "KVFERRY_CUDA_WIDE", "KVFERRY_CUDA_GEMV", "KVFERRY_CUDA_ATTN",
-				       "KVFERRY_CUDA_ATTN_RUNS", "KVFERRY_CUDA_ATTN_EXACT", "KVFERRY_CUDA_ATTN_CPW",
-				       "KVFERRY_CUDA_ATTN_TILE_FROM", "KVFERRY_CUDA_FAMILY_SPLIT",
-				       "KVFERRY_CUDA_NARROW_SPLIT", "KVFERRY_CUDA_WIDE_SPLIT", "KVFERRY_CUDA_NARROW_OWN",
-				       "KVFERRY_CUDA_LOGIT_ROWS", "KVFERRY_CUDA_SAMPLE_PIECES", "KVFERRY_CUDA_KV_GATHER",
-				       "KVFERRY_CUDA_CTX_BUCKETS", "KVFERRY_CUDA_TP", NULL};
+static const char *const env_skip[] = {"KVFERRY_WK_", "KVFERRY_DP_", "KVFERRY_SHM_DIR", "KVFERRY_RING_FENCE",
+				       "KVFERRY_LOG_TIME", KN_CUDA_ENV_KNOBS, NULL};
 
 const struct cfg_table g_cfg_table = {
 	.program = "kvferry-ctrld",

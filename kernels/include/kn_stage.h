@@ -95,6 +95,21 @@ static_assert(sizeof(struct kn_column) == 32, "kn_column is a 32-byte wire recor
 
 /* ---- creating a stage ---- */
 
+/**
+ * Every environment variable the CUDA engine reads at kn_stage_create()
+ * (kernels/cuda: measuring knobs and overrides of the options below). A
+ * daemon that refuses KVFERRY_ names it does not know passes these through
+ * to its stages (ctrld's configuration table); the test
+ * cuda_engine_knobs_are_the_names_the_engine_reads holds the list equal to
+ * the names in kernels/cuda.
+ */
+#define KN_CUDA_ENV_KNOBS                                                                                          \
+	"KVFERRY_CUDA_PDL", "KVFERRY_CUDA_LINEAR", "KVFERRY_CUDA_WIDE_X", "KVFERRY_CUDA_WIDE", "KVFERRY_CUDA_GEMV",  \
+		"KVFERRY_CUDA_ATTN", "KVFERRY_CUDA_ATTN_RUNS", "KVFERRY_CUDA_ATTN_EXACT", "KVFERRY_CUDA_ATTN_CPW",  \
+		"KVFERRY_CUDA_ATTN_TILE_FROM", "KVFERRY_CUDA_FAMILY_SPLIT", "KVFERRY_CUDA_NARROW_SPLIT",            \
+		"KVFERRY_CUDA_WIDE_SPLIT", "KVFERRY_CUDA_NARROW_OWN", "KVFERRY_CUDA_LOGIT_ROWS",                  \
+		"KVFERRY_CUDA_SAMPLE_PIECES", "KVFERRY_CUDA_KV_GATHER", "KVFERRY_CUDA_CTX_BUCKETS", "KVFERRY_CUDA_TP"
+
 struct kn_stage_opts {
 	int32_t layer_start;          /**< first layer held (the first stage embeds) */
 	int32_t layer_end;            /**< one past the last (the last stage has norm + LM head) */
