@@ -38,8 +38,9 @@ static const struct cfg_key keys[] = {
 	  NULL, NULL, "this node's id on the wire" },
 	{ "port", "dp", CFG_STRING, OFF(port), "", 0, 0, "KVFERRY_DP_PORT", "--port", NULL, NULL,
 	  "the NIC: a vdev (net_memif0,role=server,socket=/run/kvferry/x.sock: a file socket, "
-	  "socket-abstract=no unless given; net_af_packet0,iface=veth0) or a PCI address bound to "
-	  "vfio-pci; required" },
+	  "socket-abstract=no unless given; a net_memif client is a zero-copy one unless it says "
+	  "zero-copy=no: the server's driver writes into its mbufs, one copy a byte end to end; "
+	  "net_af_packet0,iface=veth0) or a PCI address bound to vfio-pci; required" },
 	{ "peers", "dp", CFG_STRING, OFF(peers), "", 0, 0, "KVFERRY_DP_PEERS", "--peers", NULL, NULL,
 	  "the other nodes, space-separated ID=[MAC,]IP[,PORT] (--peer adds one at a time); a MAC is "
 	  "learned from hellos if omitted" },

@@ -17,6 +17,16 @@ int dp_memif_zc(const char *spec)
 	       && strstr(spec, "role=server") == NULL;
 }
 
+const char *dp_port_spec(const char *spec, char *buf, size_t len)
+{
+	int client = spec != NULL && strncmp(spec, "net_memif", 9) == 0 && strstr(spec, "role=server") == NULL;
+
+	if (!client || strstr(spec, "zero-copy=") != NULL
+	    || snprintf(buf, len, "%s,zero-copy=yes", spec) >= (int)len)
+		return spec;
+	return buf;
+}
+
 void dp_opts_init(struct dp_opts *o)
 {
 	memset(o, 0, sizeof(*o));

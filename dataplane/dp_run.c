@@ -339,6 +339,8 @@ int dp_run(const struct dp_opts *o, volatile sig_atomic_t *stop)
 		return -EINVAL;
 	}
 	struct dp_opts eff = *o;
+	char port_spec[1024];
+	eff.port = dp_port_spec(o->port, port_spec, sizeof(port_spec));
 	eff.rel.frame_payload = o->frame_size - DP_FRAME_HLEN;
 	if (dp_rel_opts_check(&eff.rel)) {
 		kvf_log(KVF_LOG_ERR, NULL, "dataplane: bad reliability options (window, max-msgs)");

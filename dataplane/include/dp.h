@@ -111,6 +111,16 @@ int dp_cfg_load(int argc, char **argv, struct dp_opts *o, struct cfg **cfg, int 
 int dp_memif_zc(const char *spec);
 
 /**
+ * The port spec as the dataplane opens it: a net_memif client (role=client,
+ * memif's default) that names no zero-copy= is a zero-copy one
+ * (",zero-copy=yes" appended into @p buf): the server's driver copies
+ * straight into its mbufs, where its consumers read them in place, one copy
+ * a byte end to end against two (dataplane/BENCH.md); zero-copy=no keeps the
+ * copy mode. Any other spec is @p spec itself.
+ */
+const char *dp_port_spec(const char *spec, char *buf, size_t len);
+
+/**
  * Parse "id=[mac,]a.b.c.d[,port]" into @p p.
  * @return 0 or -EINVAL.
  */

@@ -79,7 +79,8 @@ case $mode in
   memif-bursts) export KVF_PD_DECODE_EVERY_MS=50 ;;
   # the dataplanes receive in place: ctrld gets segment lists, which the
   # worker processes (who copy the pages) cannot read from ctrld's heap
-  ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place=yes" mode=ctrld2-workers ;;
+  # (the decode node's a copy-mode memif client: its receive mbufs in the region)
+  ctrld2-workers-inplace) KVF_DP_EXTRA="--rx-in-place=yes" KVF_MEMIF_B_EXTRA=",zero-copy=no" mode=ctrld2-workers ;;
   # a tensor-parallel stage on each node: prefill stage 0, decode stage 1
   ctrld2-workers-tp) tp_at="1:0 2:1" mode=ctrld2-workers ;;
   # the same, rank 1 of the prefill node's stage 0 SIGKILLed mid-run and started again
@@ -92,7 +93,7 @@ case $mode in
 esac
 KVF_DP_REGION=160
 kvf_dataplanes "$topo" || { echo "FAIL: the dataplanes did not start"; exit 1; }
-if [ -n "${KVF_MEMIF_B_EXTRA:-}" ]; then
+if [ "${KVF_MEMIF_B_EXTRA:-}" = ",zero-copy=yes" ]; then
   grep -q "rx in place (the mbufs the memif server wrote" "$KVF_RUN/dataplane2.log" \
     || { echo "FAIL: the decode node's dataplane is no zero-copy client receiving in place"; cat "$KVF_RUN/dataplane2.log"; exit 1; }
 fi

@@ -82,6 +82,11 @@ case $mode in
       # B's dataplane itself keeps its mbufs one file per segment list and
       # copies what it sends (region memory is not in what memif lends)
       portB="$portB,zero-copy=yes"
+    elif [ "$rxauto" = 1 ]; then
+      # the defaults: a memif client names no zero-copy= and is a zero-copy one
+      zc=1
+    else
+      portB="$portB,zero-copy=no"
     fi ;;
   afpacket|outage-afpacket)
     command -v ip >/dev/null || skip "iproute2 missing"
@@ -191,7 +196,15 @@ met || { echo "FAIL: the dataplanes never met"; cat "$tmp/A.log" "$tmp/B.log"; e
 fail() { echo "FAIL: $*"; echo "--- A.log"; cat "$tmp/A.log"; echo "--- B.log"; cat "$tmp/B.log"; exit 1; }
 
 if [ "$rxauto" = 1 ]; then
+  if [ "$zc" = 1 ]; then
+    # B, a memif client by default a zero-copy one, receives in the mbufs the
+    # server's driver wrote (its EAL memory: no region area needed)
+    grep -q "rx in place (the mbufs the memif server wrote" "$tmp/B.log" \
+      || fail "B, a memif client with the defaults, is not a zero-copy client receiving in place"
+    echo "ok    by default a memif client is a zero-copy one and receives in place where the server's driver wrote"
+  fi
   for f in A B; do
+    [ "$f" = B ] && [ "$zc" = 1 ] && continue
     if [ -z "$nohuge" ]; then
       grep -q "rx in place (region mbufs)" "$tmp/$f.log" \
         || fail "$f, on hugepages with room in its region, does not receive in place by default (rx_in_place = auto)"
