@@ -15,10 +15,10 @@
  * ~1.7 ms, made the RTT jump). The receive budget leaves them (dp_run.c). */
 #define DP_TXQ_RING 64
 
-/* A frame handed to a worker lcore with its payload CRC already in its
- * header (its producer's, or one computed when the frame was first built):
- * the worker leaves it as it is (port_txq.c, fill_crcs()). The mark lives
- * in the head mbuf's hash.usr, which nothing reads on TX. */
+/* A frame whose payload CRC is already in its header (its producer's:
+ * DP_TX_CRCS), or that needs none: a worker lcore leaves it as it is
+ * (port_txq.c, fill_crcs()). The mark lives in the head mbuf's hash.usr,
+ * which nothing reads on TX. */
 #define DP_TXQ_CRC_DONE 0x43524344u /* "DCRC" */
 static inline void dp_txq_mark_crc(struct rte_mbuf *m, int done)
 {

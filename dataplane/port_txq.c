@@ -19,8 +19,8 @@
  * it out of the frames it hands a worker, and the worker fills it in just
  * before its driver's copy (fill_crcs()): the main lcore then reads no
  * payload byte, and each byte is read from memory once on the sender. A
- * frame whose CRC its producer gave (dp_ipc.h, DP_TX_CRCS) or that was
- * built before comes marked (dp_txq_mark_crc()) and is read by neither.
+ * frame whose CRC its producer gave (dp_ipc.h, DP_TX_CRCS) comes with it in
+ * its header, marked (dp_txq_mark_crc()), and is read by neither.
  *
  * A queue's frames are already counted sent: one the driver keeps refusing
  * for TXQ_STALL_NS is dropped here (DP_DROP_TXFULL) and resent by the
@@ -108,7 +108,6 @@ static uint64_t fill_crcs(struct rte_mbuf **m, unsigned n)
 
 		if (m[i]->hash.usr == DP_TXQ_CRC_DONE)
 			continue;
-
 		for (struct rte_mbuf *s = m[i]; s != NULL; s = s->next) {
 			uint32_t len = s->data_len;
 
