@@ -281,11 +281,11 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 					     .type = (uint16_t)c->type, .seq = k | tag,
 					     .flags = (uint16_t)(stride ? DP_TX_CRCS : 0),
 					     .aux = DP_AUX(c->peer, k % c->streams)};
-			crc_msgs += stride != 0;
 			if (shm_ring_enqueue_burst(tx, &d, 1) != 1) {
 				shm_pool_put(p, idx);
 				break;
 			}
+			crc_msgs += stride != 0;
 			k++;
 			out++;
 			work = 1;
