@@ -398,8 +398,12 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 	p->ext_pool = rte_pktmbuf_pool_create(name, n_mbufs < 65000 ? n_mbufs : 65000, POOL_CACHE, 0,
 					      0, socket);
 	if (!p->rx_pool || !p->hdr_pool || !p->ext_pool) {
+		/* a host may take a reservation of hugepages and give a process none
+		 * of them (a hugetlb cgroup limit: mmap ENOMEM, fallocate ENOSPC) */
 		kvf_log(KVF_LOG_ERR, NULL, "rte_pktmbuf_pool_create(%u mbufs of %u bytes) failed: %s: reserve "
-			"more hugepages or lower --mbufs", n_mbufs, room, rte_strerror(rte_errno));
+			"more hugepages or lower --mbufs%s", n_mbufs, room, rte_strerror(rte_errno),
+			rte_eal_has_hugepages() ? "; where the hugepages are reserved but this process may not map them "
+			"(a hugetlb cgroup limit), run the EAL without them: [dp] eal = --no-huge -m 1024" : "");
 		return -ENOMEM;
 	}
 	/* received in place, the RX data buffers are the region's (counted there) */
