@@ -398,12 +398,15 @@ int dp_port_start(struct dp_port *p, const char *spec, uint16_t node, uint32_t f
 	p->ext_pool = rte_pktmbuf_pool_create(name, n_mbufs < 65000 ? n_mbufs : 65000, POOL_CACHE, 0,
 					      0, socket);
 	if (!p->rx_pool || !p->hdr_pool || !p->ext_pool) {
-		/* a host may take a reservation of hugepages and give a process none
-		 * of them (a hugetlb cgroup limit: mmap ENOMEM, fallocate ENOSPC) */
+		/* a zero-copy memif client's receive mbufs are the EAL's, not the
+		 * region's: with the region sized for them, its EAL ran out */
 		kvf_log(KVF_LOG_ERR, NULL, "rte_pktmbuf_pool_create(%u mbufs of %u bytes) failed: %s: reserve "
-			"more hugepages or lower --mbufs%s", n_mbufs, room, rte_strerror(rte_errno),
-			rte_eal_has_hugepages() ? "; where the hugepages are reserved but this process may not map them "
-			"(a hugetlb cgroup limit), run the EAL without them: [dp] eal = --no-huge -m 1024" : "");
+			"more hugepages (%llu MiB for these mbufs%s) or lower --mbufs, or run the EAL without them "
+			"([dp] eal = --no-huge -m 1024)", n_mbufs, room, rte_strerror(rte_errno),
+			(unsigned long long)(((uint64_t)n_mbufs * (rx_area != NULL ? RTE_PKTMBUF_HEADROOM + 512u : room + 512u)
+					     + (1u << 20) - 1) >> 20),
+			p->memif_zc ? ": a zero-copy memif client keeps its receive mbufs in the EAL's hugepages, not in "
+			"its region" : "");
 		return -ENOMEM;
 	}
 	/* received in place, the RX data buffers are the region's (counted there) */
