@@ -633,7 +633,18 @@ if [ "$rxip" = 1 ]; then
   echo "ok    received in place: nothing held once every consumer gave its messages back or died"
   [ "$mode" = memif ] && [ -z "${DP_FIXED:-}" ] && echo "ok    a consumer that reads no segment lists gets whole messages; one killed holding messages leaks nothing"
   if [ "$mode" = memif ] || [ "$mode" = memif-impair ]; then
-    grep -q "^recv: $N of $N messages received in place" "$tmp/recv.log" || fail "not every message was received in place"
+    # Every message in place, but for those the liveness valve reassembled
+    # when the consumers held every frame of the budget (a zero-copy
+    # client's budget is smaller: its TX ring's mbufs are its own).
+    ip=$(sed -n "s/^recv: \([0-9]*\) of $N messages received in place.*/\1/p" "$tmp/recv.log")
+    valve=$(sed -n 's/.*; \([0-9]*\) reassembled while the consumers held them all.*/\1/p' "$tmp/B.log" | tail -n 1)
+    [ -n "$ip" ] || fail "the receiver did not say how many messages were received in place"
+    if [ $((N - ip)) -gt "${valve:-0}" ]; then
+      fail "not every message was received in place: $ip of $N, and the valve reassembled only ${valve:-0}"
+    fi
+    if [ "$ip" -lt "$N" ]; then
+      echo "note  $ip of $N messages in place; $((N - ip)) reassembled by the valve while the consumers held every frame"
+    fi
   fi
 fi
 if [ "$mode" = memif ]; then
