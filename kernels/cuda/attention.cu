@@ -105,6 +105,59 @@ static __device__ __forceinline__ void merge_splits(const struct kn_cu_attn_args
 	}
 }
 
+/* The tile kernel's pieces are folded in piece order, one formula for the
+ * merge kernel and for a warp that takes all of its rows' pieces itself
+ * (kn_cu_attn_args.serial): (M, L, A) <- (max(M, m), L wa + l wb, A wa +
+ * v wb), wa = 2^(M - max), wb = 2^(m - max), from (-inf, 0, 0); out = A / L.
+ * The products and sums are spelled as intrinsics so the compiler cannot
+ * contract them differently in the two places. */
+static __device__ __forceinline__ void fold_weights(float &M, float m, float &wa, float &wb)
+{
+	const float mx = fmaxf(M, m);
+	wa = exp2f(M - mx);
+	wb = exp2f(m - mx);
+	M = mx;
+}
+
+static __device__ __forceinline__ float fold_add(float A, float wa, float v, float wb)
+{
+	return __fmaf_rn(A, wa, __fmul_rn(v, wb));
+}
+
+/* merge_splits() for the tile kernel's pieces: the k pieces of (column c, KV
+ * head) folded in order 0..k-1 (loads MERGE_U pieces at a time) */
+template <int GM>
+static __device__ __forceinline__ void merge_fold(const struct kn_cu_attn_args &a, const float *part, int c, int hb,
+						  int G, int k, int e0, int estep, int hd)
+{
+	const size_t ss = GM * part_stride(hd);
+	for (int e = e0; e < G * hd; e += estep) {
+		const int g = e / hd, d = e % hd;
+		const float *pg = part + g * part_stride(hd);
+		float M = -INFINITY, L = 0.f, A = 0.f;
+		for (int s0 = 0; s0 < k; s0 += MERGE_U) {
+			float m[MERGE_U], l[MERGE_U], v[MERGE_U];
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++) {
+				const bool on = s0 + u < k;
+				m[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + hd) : 0.f;
+				l[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + hd + 1) : 0.f;
+				v[u] = on ? kn_ld_cg(pg + (s0 + u) * ss + d) : 0.f;
+			}
+#pragma unroll
+			for (int u = 0; u < MERGE_U; u++) {
+				if (s0 + u >= k)
+					break;
+				float wa, wb;
+				fold_weights(M, m[u], wa, wb);
+				L = fold_add(L, wa, l[u], wb);
+				A = fold_add(A, wa, v[u], wb);
+			}
+		}
+		a.out[(size_t)c * a.n_heads * hd + (size_t)(hb + g) * hd + d] = A / L;
+	}
+}
+
 /* Column kernel split for a column of len positions in a plan of n columns.
  * Plans of 1-2 columns: ~16 pieces of 32 or 64 positions up to 1,024
  * positions (8B, ctx 512, batch 1: 4 pieces of 128 per KV head took 16.5
@@ -288,6 +341,20 @@ static __device__ __forceinline__ bool run_uniform(const struct kn_cu_attn_args 
 			ok = slot != KN_CU_PAD_SLOT && a.cols[c0 + i].slot == slot && a.cols[c0 + i].pos == pos + i;
 	}
 	return __all_sync(0xffffffffu, ok);
+}
+
+/* Does the tile kernel's warp of columns c0 .. c0 + cpw - 1 take every piece
+ * itself (kn_cu_attn_args.serial = cpw): all in the plan, one slot's, at
+ * consecutive positions? The same answer in every thread that asks. */
+static __device__ __forceinline__ bool serial_warp(const struct kn_cu_attn_args &a, int c0, int cpw)
+{
+	if (cpw <= 0 || c0 + cpw > a.n)
+		return false;
+	const int slot = a.cols[c0].slot, pos = a.cols[c0].pos;
+	bool ok = slot != KN_CU_PAD_SLOT;
+	for (int i = 1; i < cpw && ok; i++)
+		ok = a.cols[c0 + i].slot == slot && a.cols[c0 + i].pos == pos + i;
+	return ok;
 }
 
 static constexpr int ilog2(int v)
@@ -544,32 +611,50 @@ attn_split_kernel(const struct kn_cu_attn_args a, int splits)
 		*cnt = 0;
 }
 
-/* grid (n, n_kv_heads, ceil(GM * HD / 128)), block 128, one output element
- * per thread: the tile kernel's second pass, merging a column's splits (of
- * `split` positions) in order 0..k-1. */
+/* grid (ceil(n / cpb), n_kv_heads, ceil(GM * HD / 128)), block 128, one
+ * output element per thread for each of the block's cpb columns: the second
+ * pass, merging a column's splits (of `split` positions) in order 0..k-1,
+ * the tile kernel's by merge_fold(), the column kernel's by merge_splits().
+ * Wide plans take 16 columns a block: most of their columns are a run's or a
+ * serial warp's, and a block a column that finds nothing to do cost 8B 82 us
+ * a layer in a 2,048-token prefill (H100, 65,536 blocks). */
 template <int HD, int GM, bool PAD>
-static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split)
+static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int splits, int split, int fold, int cpb)
 {
 	kn_pdl_wait();
 	kn_pdl_trigger();
 	const int hd = PAD ? a.head_dim : HD;
-	const int c = blockIdx.x, vh = blockIdx.y;
-	const struct kn_column col = a.cols[c];
+	const int vh = blockIdx.y;
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
-	if (a.runs && run_uniform(a, c & ~(a.runs - 1), a.runs))
-		return; /* the run kernel's */
-	if (col.slot == KN_CU_PAD_SLOT) {
-		if (e < v.g * hd && a.len_lo == 0)
-			a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
-		return;
+	int run0 = -1;
+	bool in_run = false;
+	for (int c = blockIdx.x * cpb; c < (int)(blockIdx.x + 1) * cpb && c < a.n; c++) {
+		if (a.runs) {
+			if ((c & ~(a.runs - 1)) != run0) { /* every lane of the block asks the same */
+				run0 = c & ~(a.runs - 1);
+				in_run = run_uniform(a, run0, a.runs);
+			}
+			if (in_run)
+				continue; /* the run kernel's */
+		}
+		if (a.serial && serial_warp(a, c - c % a.serial, a.serial))
+			continue; /* the tile kernel's warp folded it */
+		const struct kn_column col = a.cols[c];
+		if (col.slot == KN_CU_PAD_SLOT) {
+			if (e < v.g * hd && a.len_lo == 0)
+				a.out[(size_t)c * a.n_heads * hd + (size_t)v.hb * hd + e] = 0.f;
+			continue;
+		}
+		if (!len_in(a, col.pos + 1))
+			continue;
+		const float *part = a.part + ((size_t)c * gridDim.y + vh) * splits * GM * part_stride(hd);
+		const int cs = split < 0 ? own_split(col.pos + 1, -split) : split;
+		if (fold)
+			merge_fold<GM>(a, part, c, v.hb, v.g, (col.pos + cs) / cs, e, GM * hd, hd);
+		else
+			merge_splits<GM>(a, part, c, v.hb, v.g, (col.pos + cs) / cs, e, GM * hd, hd);
 	}
-	if (!len_in(a, col.pos + 1))
-		return;
-	const float *part = a.part + ((size_t)c * gridDim.y + vh) * splits * GM * part_stride(hd);
-	if (split < 0)
-		split = own_split(col.pos + 1, -split);
-	merge_splits<GM>(a, part, c, v.hb, v.g, (col.pos + split) / split, e, GM * hd, hd);
 }
 
 /* The grid's pieces (its z) for contexts up to @p max_ctx at @p split. */
@@ -709,7 +794,7 @@ template <int HD> struct tile_cfg {
  * scale folded into q), O += P V (V via ldmatrix.trans); the partial (O, m,
  * l) of each row goes to the same workspace layout as the column kernel's.
  */
-template <int HD, int GM, bool EXACT, int CPW>
+template <int HD, int GM, bool EXACT, int CPW, bool SERIAL>
 static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
 attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 {
@@ -719,11 +804,18 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	constexpr int WPB = tile_cfg<HD>::WPB, U = HD / 8;
 	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
 	__shared__ uint4 sm[WPB][2][2][KN_PAGE_BLK * U];
+	/* a serial warp's folded A, lane-major: [warp][acc element][lane] */
+	__shared__ float fsm[SERIAL ? WPB : 1][SERIAL ? NT * 4 : 1][32];
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
 	if (a.runs && run_uniform(a, c0 & ~(a.runs - 1), a.runs))
 		return; /* the run kernel's: a warp's columns lie in one run's */
+	/* a prompt chunk's warp on a wide plan takes every piece in the grid's
+	 * first z and folds them itself (a.serial: the launch allows it) */
+	const bool serial = SERIAL && serial_warp(a, c0, CPW);
+	if (serial && s != 0)
+		return;
 	/* split < 0 (one column a warp): the column's own pieces */
 	int TS = a.split;
 	if (TS < 0 && c0 < a.n)
@@ -809,164 +901,209 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 				}
 			}
 		}
-		float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-		float acc[NT][4];
-#pragma unroll
-		for (int i = 0; i < NT; i++)
-			acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-
 		const int32_t *trow = a.table + (size_t)slot * a.max_bps;
-		const int kend = min(kstart + TS, hi + 1);
-		const int nch = (kend - kstart + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
-		auto issue = [&](int ch) {
-			const int kp = kstart + ch * KN_PAGE_BLK;
-			const int32_t blk = trow[kp / KN_PAGE_BLK];
-			uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
-			const uint4 *kg = reinterpret_cast<const uint4 *>(a.k_cache + blk * blk_stride + head_off);
-			const uint4 *vg = reinterpret_cast<const uint4 *>(a.v_cache + blk * blk_stride + head_off);
+		/* a serial warp's running fold of its rows' pieces (A in fsm) */
+		float M0 = -INFINITY, M1 = -INFINITY, L0 = 0.f, L1 = 0.f;
+		if (SERIAL && serial)
 #pragma unroll
-			for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
-				const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
-				if (blk >= 0) {
-					cp_async16(&ks[so], kg + i);
-					cp_async16(&vs[so], vg + i);
-				} else {
-					ks[so] = make_uint4(0, 0, 0, 0);
-					vs[so] = make_uint4(0, 0, 0, 0);
+			for (int i = 0; i < NT * 4; i++)
+				fsm[SERIAL ? warp : 0][i][lane] = 0.f;
+		const int npieces = serial ? hi / TS + 1 : 1;
+		for (int sp = 0; sp < npieces; sp++) {
+			const int kst = serial ? sp * TS : kstart;
+			float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+			float acc[NT][4];
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+				acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+			const int kend = min(kst + TS, hi + 1);
+			const int nch = (kend - kst + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+			auto issue = [&](int ch) {
+				const int kp = kst + ch * KN_PAGE_BLK;
+				const int32_t blk = trow[kp / KN_PAGE_BLK];
+				uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+				const uint4 *kg = reinterpret_cast<const uint4 *>(a.k_cache + blk * blk_stride + head_off);
+				const uint4 *vg = reinterpret_cast<const uint4 *>(a.v_cache + blk * blk_stride + head_off);
+#pragma unroll
+				for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
+					const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
+					if (blk >= 0) {
+						cp_async16(&ks[so], kg + i);
+						cp_async16(&vs[so], vg + i);
+					} else {
+						ks[so] = make_uint4(0, 0, 0, 0);
+						vs[so] = make_uint4(0, 0, 0, 0);
+					}
 				}
-			}
-			cp_commit();
-		};
-		issue(0);
-		for (int ch = 0; ch < nch; ch++) {
-			if (ch + 1 < nch) {
-				issue(ch + 1);
-				cp_wait<1>();
-			} else {
-				cp_wait<0>();
-			}
-			__syncwarp();
-			const int kp0 = kstart + ch * KN_PAGE_BLK;
-			if (kend - kp0 < KN_PAGE_BLK) {
-				/* V rows past the group's last position may never have been
-				 * written (NaN bits): P is 0 there, but 0 x NaN is NaN. */
-				uint4 *vw = sm[warp][ch & 1][1];
-				const int valid = kend - kp0;
-				for (int i = lane; i < (KN_PAGE_BLK - valid) * U; i += 32) {
-					const int r = valid + i / U, u = i % U;
-					vw[r * U + (u ^ (r & SWM))] = make_uint4(0, 0, 0, 0);
+				cp_commit();
+			};
+			issue(0);
+			for (int ch = 0; ch < nch; ch++) {
+				if (ch + 1 < nch) {
+					issue(ch + 1);
+					cp_wait<1>();
+				} else {
+					cp_wait<0>();
+				}
+				__syncwarp();
+				const int kp0 = kst + ch * KN_PAGE_BLK;
+				if (kend - kp0 < KN_PAGE_BLK) {
+					/* V rows past the group's last position may never have been
+					 * written (NaN bits): P is 0 there, but 0 x NaN is NaN. */
+					uint4 *vw = sm[warp][ch & 1][1];
+					const int valid = kend - kp0;
+					for (int i = lane; i < (KN_PAGE_BLK - valid) * U; i += 32) {
+						const int r = valid + i / U, u = i % U;
+						vw[r * U + (u ^ (r & SWM))] = make_uint4(0, 0, 0, 0);
+					}
+					__syncwarp();
+				}
+				const uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+				float sc[2][4];
+#pragma unroll
+				for (int i = 0; i < 2; i++)
+					sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+				{
+					/* lane's ldmatrix row: matrix mi = lane / 8 -> keys (mi / 2) * 8.., hd half mi % 2 */
+					const int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+					for (int j = 0; j < KS; j++) {
+						uint32_t b[4];
+						const int u = 2 * j + (mi & 1);
+						ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+						for (int f = 0; f < QF; f++) {
+							mma16816(sc[0], qa[j][f], b[0], b[1]);
+							mma16816(sc[1], qa[j][f], b[2], b[3]);
+						}
+					}
+				}
+				/* mask: row position, row activity */
+#pragma unroll
+				for (int i = 0; i < 2; i++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const int key = kp0 + i * 8 + 2 * t + (e & 1);
+						const bool ok = e < 2 ? (on0 && key <= pos0) : (on1 && key <= pos1);
+						if (!ok)
+							sc[i][e] = -INFINITY;
+					}
+				float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+				float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+				mx0 = quad_max(mx0);
+				mx1 = quad_max(mx1);
+				const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+				const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+				const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+				m0 = mn0;
+				m1 = mn1;
+				float p[2][4];
+#pragma unroll
+				for (int i = 0; i < 2; i++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						const float mn = e < 2 ? mn0 : mn1;
+						p[i][e] = mn == -INFINITY ? 0.f : exp2f(sc[i][e] - mn);
+					}
+				l0 = l0 * cr0 + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+				l1 = l1 * cr1 + ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3]));
+#pragma unroll
+				for (int i = 0; i < NT; i++) {
+					acc[i][0] *= cr0;
+					acc[i][1] *= cr0;
+					acc[i][2] *= cr1;
+					acc[i][3] *= cr1;
+				}
+				/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
+				uint32_t pa[QF][4];
+				{
+					uint32_t h[4], lo[4];
+					split_pair(p[0][0], p[0][1], h[0], lo[0]);
+					split_pair(p[0][2], p[0][3], h[1], lo[1]);
+					split_pair(p[1][0], p[1][1], h[2], lo[2]);
+					split_pair(p[1][2], p[1][3], h[3], lo[3]);
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						pa[0][e] = h[e];
+						pa[QF - 1][e] = EXACT ? lo[e] : h[e];
+					}
+				}
+				{
+					/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
+					const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+					for (int i = 0; i < HD / 16; i++) {
+						uint32_t b[4];
+						const int u = 2 * i + (mi >> 1);
+						ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+						for (int f = 0; f < QF; f++) {
+							mma16816(acc[2 * i], pa[f], b[0], b[1]);
+							mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
+						}
+					}
 				}
 				__syncwarp();
 			}
-			const uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
-			float sc[2][4];
+			l0 = quad_sum(l0);
+			l1 = quad_sum(l1);
+			if (SERIAL && serial) {
+				/* rows with keys in this piece fold it, as merge_fold() does */
+				const bool f0 = on0 && pos0 >= kst, f1 = on1 && pos1 >= kst;
+				float wa0 = 0.f, wb0 = 0.f, wa1 = 0.f, wb1 = 0.f;
+				if (f0) {
+					fold_weights(M0, m0, wa0, wb0);
+					L0 = fold_add(L0, wa0, l0, wb0);
+				}
+				if (f1) {
+					fold_weights(M1, m1, wa1, wb1);
+					L1 = fold_add(L1, wa1, l1, wb1);
+				}
 #pragma unroll
-			for (int i = 0; i < 2; i++)
-				sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-			{
-				/* lane's ldmatrix row: matrix mi = lane / 8 -> keys (mi / 2) * 8.., hd half mi % 2 */
-				const int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7);
+				for (int i = 0; i < NT; i++)
 #pragma unroll
-				for (int j = 0; j < KS; j++) {
-					uint32_t b[4];
-					const int u = 2 * j + (mi & 1);
-					ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+					for (int e = 0; e < 4; e++)
+						if (e < 2 ? f0 : f1) {
+							float &A = fsm[SERIAL ? warp : 0][i * 4 + e][lane];
+							A = fold_add(A, e < 2 ? wa0 : wa1, acc[i][e], e < 2 ? wb0 : wb1);
+						}
+				continue;
+			}
+			float *pbase = a.part + (size_t)s * GM * part_stride(HD);
+			const size_t cstride = (size_t)splits * GM * part_stride(HD);
+			if (on0) {
+				float *pg = pbase + ((size_t)cc0 * a.n_kv_heads + kh) * cstride + gi0 * part_stride(HD);
 #pragma unroll
-					for (int f = 0; f < QF; f++) {
-						mma16816(sc[0], qa[j][f], b[0], b[1]);
-						mma16816(sc[1], qa[j][f], b[2], b[3]);
-					}
+				for (int i = 0; i < NT; i++)
+					*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][0], acc[i][1]);
+				if (t == 0) {
+					pg[HD] = m0;
+					pg[HD + 1] = l0;
 				}
 			}
-			/* mask: row position, row activity */
+			if (on1) {
+				float *pg = pbase + ((size_t)cc1 * a.n_kv_heads + kh) * cstride + gi1 * part_stride(HD);
 #pragma unroll
-			for (int i = 0; i < 2; i++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int key = kp0 + i * 8 + 2 * t + (e & 1);
-					const bool ok = e < 2 ? (on0 && key <= pos0) : (on1 && key <= pos1);
-					if (!ok)
-						sc[i][e] = -INFINITY;
+				for (int i = 0; i < NT; i++)
+					*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][2], acc[i][3]);
+				if (t == 0) {
+					pg[HD] = m1;
+					pg[HD + 1] = l1;
 				}
-			float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-			float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
-			mx0 = quad_max(mx0);
-			mx1 = quad_max(mx1);
-			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-			const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
-			const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
-			m0 = mn0;
-			m1 = mn1;
-			float p[2][4];
-#pragma unroll
-			for (int i = 0; i < 2; i++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const float mn = e < 2 ? mn0 : mn1;
-					p[i][e] = mn == -INFINITY ? 0.f : exp2f(sc[i][e] - mn);
-				}
-			l0 = l0 * cr0 + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-			l1 = l1 * cr1 + ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3]));
+			}
+		} /* pieces */
+		if (SERIAL && serial) {
+			float *o0 = a.out + (size_t)cc0 * a.n_heads * HD + (size_t)(kh * G + gi0) * HD;
+			float *o1 = a.out + (size_t)cc1 * a.n_heads * HD + (size_t)(kh * G + gi1) * HD;
 #pragma unroll
 			for (int i = 0; i < NT; i++) {
-				acc[i][0] *= cr0;
-				acc[i][1] *= cr0;
-				acc[i][2] *= cr1;
-				acc[i][3] *= cr1;
-			}
-			/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
-			uint32_t pa[QF][4];
-			{
-				uint32_t h[4], lo[4];
-				split_pair(p[0][0], p[0][1], h[0], lo[0]);
-				split_pair(p[0][2], p[0][3], h[1], lo[1]);
-				split_pair(p[1][0], p[1][1], h[2], lo[2]);
-				split_pair(p[1][2], p[1][3], h[3], lo[3]);
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					pa[0][e] = h[e];
-					pa[QF - 1][e] = EXACT ? lo[e] : h[e];
-				}
-			}
-			{
-				/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
-				const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
-#pragma unroll
-				for (int i = 0; i < HD / 16; i++) {
-					uint32_t b[4];
-					const int u = 2 * i + (mi >> 1);
-					ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
-#pragma unroll
-					for (int f = 0; f < QF; f++) {
-						mma16816(acc[2 * i], pa[f], b[0], b[1]);
-						mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
-					}
-				}
-			}
-			__syncwarp();
-		}
-		l0 = quad_sum(l0);
-		l1 = quad_sum(l1);
-		float *pbase = a.part + (size_t)s * GM * part_stride(HD);
-		const size_t cstride = (size_t)splits * GM * part_stride(HD);
-		if (on0) {
-			float *pg = pbase + ((size_t)cc0 * a.n_kv_heads + kh) * cstride + gi0 * part_stride(HD);
-#pragma unroll
-			for (int i = 0; i < NT; i++)
-				*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][0], acc[i][1]);
-			if (t == 0) {
-				pg[HD] = m0;
-				pg[HD + 1] = l0;
-			}
-		}
-		if (on1) {
-			float *pg = pbase + ((size_t)cc1 * a.n_kv_heads + kh) * cstride + gi1 * part_stride(HD);
-#pragma unroll
-			for (int i = 0; i < NT; i++)
-				*reinterpret_cast<float2 *>(pg + i * 8 + 2 * t) = make_float2(acc[i][2], acc[i][3]);
-			if (t == 0) {
-				pg[HD] = m1;
-				pg[HD + 1] = l1;
+				const float *A = &fsm[SERIAL ? warp : 0][i * 4][lane];
+				if (on0)
+					*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) = make_float2(A[0] / L0, A[32] / L0);
+				if (on1)
+					*reinterpret_cast<float2 *>(o1 + i * 8 + 2 * t) =
+						make_float2(A[64] / L1, A[96] / L1);
 			}
 		}
 	}
@@ -1217,8 +1354,13 @@ static cudaError_t launch_tile_cpw(const struct kn_cu_attn_args *a, int splits, 
 {
 	constexpr int per_block = tile_cfg<HD>::WPB * CPW;
 	const dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits), b1(tile_cfg<HD>::WPB * 32);
-	return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW>, g1, b1, 0, st, *a, splits)
-			: kn_launch(attn_tile_kernel<HD, GM, false, CPW>, g1, b1, 0, st, *a, splits);
+	if constexpr (CPW > 1) {
+		if (a->serial)
+			return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW, true>, g1, b1, 0, st, *a, splits)
+					: kn_launch(attn_tile_kernel<HD, GM, false, CPW, true>, g1, b1, 0, st, *a, splits);
+	}
+	return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW, false>, g1, b1, 0, st, *a, splits)
+			: kn_launch(attn_tile_kernel<HD, GM, false, CPW, false>, g1, b1, 0, st, *a, splits);
 }
 
 template <int HD, int GM>
@@ -1252,6 +1394,12 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	const bool runs_ok = tile && (a->runs == 64 || a->runs == 128) && !a->exact && a->split > 0 && a->len_lo == 0 &&
 			     a->len_hi == 0 && a->n >= a->runs;
 	r.runs = runs_ok ? a->runs : 0;
+	/* wide plans: a warp of a prompt chunk's columns folds its own pieces */
+	r.serial = tile && a->n > 256 && a->split > 0 && a->len_lo == 0 && a->len_hi == 0 && tile_cpw(a->n, GM) > 1
+			   ? 16 / GM
+			   : 0;
+	const int cpb = a->n > 256 ? 16 : 1;
+	const dim3 mg((a->n + cpb - 1) / cpb, nvh, (GM * a->head_dim + 127) / 128);
 	if (!tile) {
 		e = many ? kn_launch(attn_split_kernel<HD, GM, PAD, true>, dim3(splits, nvh, a->n), dim3(ATTN_WARPS * 32),
 				     0, st, r, splits)
@@ -1259,8 +1407,7 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 				     0, st, r, splits);
 		if (e != cudaSuccess || a->n <= 2)
 			return e;
-		return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128),
-				 dim3(128), 0, st, r, splits, KN_CU_ATTN_SPLIT);
+		return kn_launch(attn_merge_kernel<HD, GM, PAD>, mg, dim3(128), 0, st, r, splits, KN_CU_ATTN_SPLIT, 0, cpb);
 	}
 	/* the runs first, then the tile kernel and the merge on the other columns */
 	if constexpr (HD <= 128) {
@@ -1271,8 +1418,7 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 		return cudaErrorInvalidValue;
 	if (e != cudaSuccess)
 		return e;
-	return kn_launch(attn_merge_kernel<HD, GM, PAD>, dim3(a->n, nvh, (GM * a->head_dim + 127) / 128), dim3(128), 0,
-			 st, r, splits, a->split);
+	return kn_launch(attn_merge_kernel<HD, GM, PAD>, mg, dim3(128), 0, st, r, splits, a->split, 1, cpb);
 }
 
 template <int HD, bool PAD = false>

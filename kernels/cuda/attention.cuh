@@ -23,6 +23,10 @@
  *    exact no-op: scale 1, P 0), so the bits are batch-invariant here too.
  *    q and P enter the tensor cores as bf16 (exact = 0) or as bf16 hi + lo,
  *    two products each (exact = 1, f32-grade, ~1e-6 of a double reference).
+ *    A column's pieces are folded in order, (M, L, A) <- (max(M, m), L wa +
+ *    l wb, A wa + v wb): by the merge kernel from the pieces' partials, or,
+ *    on wide plans, by a warp of a prompt chunk's columns that takes every
+ *    piece of its rows itself (the same bits: no partials written or read).
  */
 #ifndef KN_CU_ATTENTION_CUH
 #define KN_CU_ATTENTION_CUH
@@ -69,6 +73,12 @@ struct kn_cu_attn_args {
 	                              memory, no pieces, no merge; the tile and merge kernels skip
 	                              them. Default kernels only: a column's bits then depend on
 	                              its neighbours */
+	int serial;              /**< set by kn_cuda_attention(): on wide plans (more than 256 columns)
+	                              the tile kernel's columns a warp (16 / GM); a warp whose
+	                              columns are one slot's consecutive positions (a prompt
+	                              chunk's) then takes every piece itself and folds them in
+	                              order as the merge kernel does (the same bits, no partials
+	                              written); 0: every warp one piece, merged after */
 	int len_lo, len_hi;      /**< set by kn_cuda_attention(): a launch serves the columns of
 	                              len_lo <= pos + 1 < len_hi (len_hi 0: no bound); padding
 	                              columns are zeroed by the launch whose len_lo is 0 */

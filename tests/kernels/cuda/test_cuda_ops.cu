@@ -548,8 +548,8 @@ static void paged_attention_matches_reference(void)
 		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
 		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that
 		 * column alone. runs 1: prompt runs of rc columns on the run kernel;
-		 * 2: the same over the two-slot columns; from: the columns from that
-		 * one on */
+		 * 2: the same over the two-slot columns; 3: the two-slot columns, no
+		 * runs; from: the columns from that one on */
 		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0, int rc = 64) {
 			struct kn_cu_attn_args aa = {};
 			const int c0 = sub >= 0 ? sub : from;
@@ -557,9 +557,9 @@ static void paged_attention_matches_reference(void)
 			aa.q_stride = qkv_dim;
 			aa.k_cache = kc;
 			aa.v_cache = vc;
-			aa.table = runs == 2 ? dtab2 : dtab;
-			aa.cols = (runs == 2 ? dcols2 : dcols) + c0;
-			aa.runs = runs ? rc : 0;
+			aa.table = runs >= 2 ? dtab2 : dtab;
+			aa.cols = (runs >= 2 ? dcols2 : dcols) + c0;
+			aa.runs = runs == 1 || runs == 2 ? rc : 0;
 			aa.out = out;
 			aa.part = part;
 			aa.counters = cnt;
@@ -580,14 +580,24 @@ static void paged_attention_matches_reference(void)
 		std::vector<float> of = cs.last ? std::vector<float>() : attend(0, -1);
 		const bool tile_ok = kn_cuda_attn_tile_ok(hd) && nh / nkv <= 8 && !cs.last;
 		std::vector<float> ot = tile_ok ? attend(1, -1) : of, ob = tile_ok ? attend(2, -1) : of;
-		/* a column's tile bits alone = among its prompt's other columns */
-		int solo_diff = 0;
-		if (tile_ok)
-			for (int sub : { n - 1, n / 3 }) {
+		/* a column's tile bits alone = among its prompt's other columns (on
+		 * plans of more than 256 columns a warp of a prompt's columns folds
+		 * its own pieces, where alone the merge kernel folds them) = among
+		 * another slot's columns (their warps one piece each, merged) */
+		int solo_diff = 0, mixed_diff = 0;
+		if (tile_ok) {
+			for (int sub : { n - 1, n / 3, n / 2 + 5 < n ? n / 2 + 5 : 0 }) {
 				std::vector<float> o1 = attend(1, sub), o2 = attend(2, sub);
 				solo_diff += memcmp(o1.data(), &ot[(size_t)sub * nh * hd], o1.size() * 4) != 0;
 				solo_diff += memcmp(o2.data(), &ob[(size_t)sub * nh * hd], o2.size() * 4) != 0;
 			}
+			std::vector<float> m1 = attend(1, -1, 3), m2 = attend(2, -1, 3);
+			for (int c = 0; c < n; c++) {
+				const size_t at = (size_t)c * nh * hd;
+				mixed_diff += memcmp(&m1[at], &ot[at], (size_t)nh * hd * 4) != 0;
+				mixed_diff += memcmp(&m2[at], &ob[at], (size_t)nh * hd * 4) != 0;
+			}
+		}
 
 		/* reference: bias, norm, rope in double; K/V rounded to bf16 as stored */
 		std::vector<double> x((size_t)n * qkv_dim);
@@ -668,9 +678,12 @@ static void paged_attention_matches_reference(void)
 			/* bf16 q and P: ~2^-9 relative per operand (~3e-3 expected) */
 			snprintf(w2, sizeof(w2), "%s tile bf16", what);
 			expect_close(w2, ob.data(), ref.data(), ob.size(), 2e-2);
-			printf("%s a_tile_column_has_the_same_bits_alone_and_among_its_prompt hd=%d ctx=%d: %d of 4 differ\n",
-			       solo_diff ? "FAIL" : "ok  ", hd, ctx, solo_diff);
-			g_fail += solo_diff != 0;
+			printf("%s a_tile_column_has_the_same_bits_alone_and_among_its_prompt hd=%d ctx=%d (%s): %d of 6 differ\n",
+			       solo_diff ? "FAIL" : "ok  ", hd, ctx, n > 256 ? "the prompt's warps fold their own pieces" : "merged",
+			       solo_diff);
+			printf("%s a_tile_column_has_the_same_bits_among_another_slots_columns hd=%d ctx=%d: %d of %d differ\n",
+			       mixed_diff ? "FAIL" : "ok  ", hd, ctx, mixed_diff, 2 * n);
+			g_fail += solo_diff != 0 || mixed_diff != 0;
 		}
 		for (int rc : { 64, 128 }) {
 			if (!tile_ok || n < rc)
