@@ -627,9 +627,19 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 	const int vh = blockIdx.y;
 	const struct vhead v = vhead_of(a, vh, GM);
 	const int e = blockIdx.z * blockDim.x + threadIdx.x;
+	/* lane i of every warp holds the slot and position of the block's
+	 * column i (cpb <= 32, a multiple of a.serial): a serial warp's columns
+	 * are then found by shuffles, not by loads a column */
+	const int lane = threadIdx.x & 31, cb = blockIdx.x * cpb;
+	int lslot = KN_CU_PAD_SLOT, lpos = -1;
+	if (lane < cpb && cb + lane < a.n) {
+		lslot = a.cols[cb + lane].slot;
+		lpos = a.cols[cb + lane].pos;
+	}
 	int run0 = -1;
 	bool in_run = false;
-	for (int c = blockIdx.x * cpb; c < (int)(blockIdx.x + 1) * cpb && c < a.n; c++) {
+	for (int i = 0; i < cpb && cb + i < a.n; i++) {
+		const int c = cb + i;
 		if (a.runs) {
 			if ((c & ~(a.runs - 1)) != run0) { /* every lane of the block asks the same */
 				run0 = c & ~(a.runs - 1);
@@ -638,8 +648,14 @@ static __global__ void attn_merge_kernel(const struct kn_cu_attn_args a, int spl
 			if (in_run)
 				continue; /* the run kernel's */
 		}
-		if (a.serial && serial_warp(a, c - c % a.serial, a.serial))
-			continue; /* the tile kernel's warp folded it */
+		if (a.serial) { /* serial_warp() of the warp holding column c */
+			const int g0 = i - i % a.serial;
+			const int s0 = __shfl_sync(0xffffffffu, lslot, g0), p0 = __shfl_sync(0xffffffffu, lpos, g0);
+			const bool mine = lane >= g0 && lane < g0 + a.serial;
+			if (__all_sync(0xffffffffu, !mine || (lslot == s0 && lpos == p0 + lane - g0)) &&
+			    s0 != KN_CU_PAD_SLOT)
+				continue; /* the tile kernel's warp folded it */
+		}
 		const struct kn_column col = a.cols[c];
 		if (col.slot == KN_CU_PAD_SLOT) {
 			if (e < v.g * hd && a.len_lo == 0)
