@@ -650,9 +650,12 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	 * columns on its 16-column tiles, each over cuBLAS's time in the same
 	 * process (session 8 run 3): 8B gate_up 0.91 -> 0.84, 1B LM head 0.84 ->
 	 * 0.77, 8B down 1.05 -> 1.02; at 1-8 columns it lost or tied on every
-	 * layer but 8B qkv at 1 (1B o 1.36 -> 1.82). */
-	const bool tma = wg_tma != 0 && (wg_tma_from ? n >= wg_tma_from
-						     : n > WG_XRES_MAX || (n > 8 && (long)in * out >= (48L << 20)));
+	 * layer but 8B qkv at 1 (1B o 1.36 -> 1.82). Every layer from 9 columns:
+	 * the whole decode step was faster on an H100 than with the smaller
+	 * layers X-resident (.dc/run7.sh, two rounds, ms, at 16 / 24 / 32
+	 * columns: 1B 1.59 / 1.70 / 1.83 -> 1.55-1.58 / 1.65-1.68 / 1.75-1.78,
+	 * 8B 7.08 / 7.70 / 8.21 -> 7.03-7.05 / 7.62-7.65 / 8.09). */
+	const bool tma = wg_tma != 0 && (wg_tma_from ? n >= wg_tma_from : n > 8);
 	if (n <= WG_XRES_MAX && !tma)
 		return wgs == 4 ? wg_pick_narrow<4>(n, f) : wgs == 2 ? wg_pick_narrow<2>(n, f) : wg_pick_narrow<1>(n, f);
 	if (!tma) {
