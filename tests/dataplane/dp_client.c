@@ -79,6 +79,7 @@ struct cfg {
 	int drain;            /* send: on SIGTERM, wait for what is in flight to complete */
 	int crcs;             /* send: give the dataplane each frame's payload CRC (DP_TX_CRCS) */
 	uint32_t crcs_stride; /* send: ... at this stride, not the dataplane's (a stale one: refused) */
+	int crcs_nomagic;     /* send: ... behind a trailer whose magic is wrong (refused) */
 };
 
 static uint32_t msg_size(const struct cfg *c, uint64_t k)
@@ -275,6 +276,8 @@ static int do_send(const struct cfg *c, struct shm_region *r)
 				fill(c, k, buf, len);
 			if (stride && (c->verify || *cf != len + 1)) {
 				dp_ipc_tx_crcs_fill(buf, len, stride, 0, UINT32_MAX);
+				if (c->crcs_nomagic) /* a trailer some other writer left */
+					((struct dp_tx_crcs *)(buf + dp_ipc_tx_crcs_off(len)))->magic = 0;
 				*cf = len + 1;
 			}
 			struct shm_desc d = {.off = shm_pool_buf_off(p, idx), .len = len,
@@ -646,6 +649,7 @@ int main(int argc, char **argv)
 		{"die-holding", 1, 0, 'D'}, {"pools", 1, 0, 'P'}, {"check-lanes", 0, 0, 'L'},
 		{"check-pools", 0, 0, 'Q'}, {"drain", 0, 0, 'd'}, {"route", 0, 0, 'o'},
 		{"die-dequeued", 1, 0, 'e'}, {"replaced", 0, 0, 'y'}, {"hold", 0, 0, 'h'}, {"crcs", 0, 0, 'C'}, {"crcs-stride", 1, 0, 'Z'},
+		{"crcs-nomagic", 0, 0, 'M'},
 		{0, 0, 0, 0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -673,6 +677,7 @@ int main(int argc, char **argv)
 		case 'y': c.replaced = 1; break;
 		case 'h': c.hold = 1; break;
 		case 'C': c.crcs = 1; break;
+		case 'M': c.crcs = 1; c.crcs_nomagic = 1; break;
 		case 'Z': c.crcs = 1; c.crcs_stride = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case 'T':
 			c.type = !strcmp(optarg, "kv") ? DP_MT_KVPAGE : !strcmp(optarg, "ctl") ? DP_MT_CONTROL
@@ -689,7 +694,7 @@ int main(int argc, char **argv)
 	    || (c.crcs && !c.send)) {
 		fprintf(stderr, "usage: dp_client --region R (--send|--recv) --peer N [--streams S] "
 			"[--count N] [--seed X] [--fixed BYTES] [--no-verify] [--inflight K] "
-			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--hold] [--pools NAME] [--drain] [--crcs | --crcs-stride B]\n"
+			"[--until-stop] [--timeout S] [--type mbatch|kv|ctl] [--whole] [--die-holding N] [--hold] [--pools NAME] [--drain] [--crcs | --crcs-stride B | --crcs-nomagic]\n"
 			"       [--route] (with --recv --type kv) [--die-dequeued N [--replaced]] (with --recv)\n"
 			"       dp_client --region R (--check-lanes | --check-pools [--pools NAME])\n");
 		return 2;

@@ -503,10 +503,12 @@ for _ in $(seq 250); do grep -q "^recv: ready" "$tmp/recv.log" 2>/dev/null && br
 # DP_CRCS=1: the sender gives each frame's payload CRC, computed where it
 # writes the message (dp_ipc.h, DP_TX_CRCS); DP_CRCS=stale: at a stride that
 # is not the dataplane's (one that restarted with another frame size), which
-# it must refuse and compute the CRCs itself
+# it must refuse and compute the CRCs itself; DP_CRCS=nomagic: behind a
+# trailer without its magic (a buffer some other writer left), refused too
 crcs=()
 [ "${DP_CRCS:-0}" = 1 ] && crcs=(--crcs)
 [ "${DP_CRCS:-0}" = stale ] && crcs=(--crcs-stride 4000)
+[ "${DP_CRCS:-0}" = nomagic ] && crcs=(--crcs-nomagic)
 ${pinS[@]+"${pinS[@]}"} "$cli" --region "$ra" --send --peer 2 --streams "${DP_STREAMS:-4}" --count "$N" --seed 42 --inflight 128 --timeout 60 \
   "${fixed[@]}" "${verify[@]}" ${crcs[@]+"${crcs[@]}"} >"$tmp/send.log" 2>&1
 rs=$?
@@ -709,14 +711,19 @@ if how == "1":
     print(f"{'ok   ' if ok else 'FAIL '} {given} of {n} messages sent with their producer's payload CRCs (stride {stride} B): "
           f"the sending dataplane read {crc:.3f} of each payload byte for CRCs (1.0 without them)")
 else:
-    ok = given == sent == n and stride == 4000 and crc >= 0.99
-    print(f"{'ok   ' if ok else 'FAIL '} {given} of {n} messages with CRCs at a stale stride ({stride} B): refused, "
+    ok = given == sent == n and (stride == 4000 if how == "stale" else stride > 0) and crc >= 0.99
+    what = f"at a stale stride ({stride} B)" if how == "stale" else "behind a trailer without its magic"
+    print(f"{'ok   ' if ok else 'FAIL '} {given} of {n} messages with CRCs {what}: refused, "
           f"the sending dataplane read {crc:.3f} of each payload byte for CRCs itself")
 sys.exit(0 if ok else 1)
 PY
   if [ "$DP_CRCS" = stale ]; then
     grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, they are of another frame size: computing them here instead" "$tmp/A.log" \
       || fail "the sending dataplane did not say why it refused the stale CRCs"
+  fi
+  if [ "$DP_CRCS" = nomagic ]; then
+    grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, its trailer has no magic: computing them here instead" "$tmp/A.log" \
+      || fail "the sending dataplane did not say why it refused CRCs behind a trailer without its magic"
   fi
 fi
 if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
