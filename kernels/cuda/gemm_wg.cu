@@ -20,6 +20,8 @@
  * more than 32 columns run gemm_wgt_kernel instead: tensor copies (TMA)
  * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
  * same order and bits; above 256 columns in CTA pairs that share X's copies.
+ * gemm_wgs_kernel gives the same sums on mma.sync, a segment a warp (plans
+ * of at most 8 columns, where KVFERRY_WG_SKINNY asks for it).
  */
 #include "gemm_wg.cuh"
 
@@ -527,6 +529,155 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 #endif
 }
 
+/*
+ * The family on mma.sync at 1-8 columns (KVFERRY_WG_SKINNY): the same
+ * order as the warpgroup kernels, so the same bits (an m16n8k16 product is a
+ * wgmma k16 step to the bit: test_cuda_ops checks every width against each
+ * column alone), with no second kernel. A warp takes one segment of 16 W
+ * rows and 8 columns: its k16 steps in increasing k into one accumulator.
+ * The weights stream through a ring of WGS_STAGES 64-k chunks of the warp's
+ * own in shared memory by cp.async, read back by ldmatrix in the fragments'
+ * own layout (kept in registers instead, two blocks an SM fit and the weight
+ * stream reached half of HBM's). The block's warps cover its rows' segments
+ * (ru row units each), leave the sums in shared memory, and the block adds
+ * them in segment order. Not the default: on an H100 it tied the warpgroup
+ * kernels at 8B batch 1 and lost on the 1B and at 8 columns (each warp
+ * loads its own X; kernels/cuda/NOTES.md).
+ *
+ * grid (ceil(out / (16 ru)), ceil(n / 8)), block 32 x warps, dynamic shared
+ * memory wgs_shape().
+ */
+#define WGS_STAGES 4 /* 8 (a warp's whole segment in flight) measured slower */
+#define WGS_CHUNK (16 * WG_BK * 2) /* bytes of a stage: 16 rows of 64 k */
+
+WG_DEV void wgs_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+WG_DEV void wgs_ldsm_x4(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(addr)
+		     : "memory");
+}
+
+/* X, written by the kernel before: a coherent load, after kn_pdl_wait() */
+WG_DEV float2 wgs_ld_f2(const float *p)
+{
+	float2 r;
+	asm volatile("ld.global.v2.f32 {%0,%1}, [%2];" : "=f"(r.x), "=f"(r.y) : "l"(p));
+	return r;
+}
+
+WG_DEV uint32_t wgs_bf2(float a, float b)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+	return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+static __global__ void __launch_bounds__(512)
+gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out, int ru)
+{
+	extern __shared__ __align__(128) unsigned char wgs_smem_raw[];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+	const int g = lane >> 2, t = lane & 3;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG, rows = ru * 16;
+	const int row0 = blockIdx.x * rows, col0 = blockIdx.y * 8;
+	/* [warp][stage] chunks (16 rows of 128 bytes, 16-byte pieces swizzled by
+	 * row), then the sums [segment][rows][8 columns] */
+	unsigned char *ring = wgs_smem_raw + (size_t)warp * WGS_STAGES * WGS_CHUNK;
+	float *sums = reinterpret_cast<float *>(wgs_smem_raw + (size_t)warps * WGS_STAGES * WGS_CHUNK);
+	const bool xon = col0 + g < n;
+	const float *xc = x + (size_t)(xon ? col0 + g : 0) * in;
+	/* ldmatrix: lane l gives row (l / 8 % 2) 8 + l % 8 of matrix l / 8, its
+	 * k half l / 16: matrices 0..3 = a0..a3 */
+	const int lrow = ((lane >> 3) & 1) * 8 + (lane & 7), lhalf = lane >> 4;
+	bool waited = false;
+
+	for (int u = warp; u < nseg * ru; u += warps) {
+		const int seg = u / ru, rr = u % ru;
+		const int kb = seg * WG_SEG, ke = min(kb + WG_SEG, in), nch = (ke - kb + WG_BK - 1) / WG_BK;
+		const int rbase = row0 + rr * 16;
+		/* chunk i into stage i % WGS_STAGES: lane l copies pieces l + 32 j */
+		auto issue = [&](int i) {
+			unsigned char *st = ring + (i % WGS_STAGES) * WGS_CHUNK;
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int q = lane + 32 * j, r = q >> 3, c = q & 7, k = kb + i * WG_BK + c * 8;
+				const bool ok = k < ke;
+				cp16(st + r * 128 + ((c ^ (r & 7)) << 4),
+				     w + (ok ? (size_t)min(rbase + r, out - 1) * in + k : 0), ok);
+			}
+		};
+		float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+#pragma unroll
+		for (int i = 0; i < WGS_STAGES - 1; i++) {
+			if (i < nch)
+				issue(i);
+			cp_commit();
+		}
+		/* the weights never change: their first chunks go out before
+		 * waiting for the kernel that writes X */
+		if (!waited) {
+			kn_pdl_wait();
+			kn_pdl_trigger();
+			waited = true;
+		}
+		for (int i = 0; i < nch; i++) {
+			if (i + WGS_STAGES - 1 < nch)
+				issue(i + WGS_STAGES - 1);
+			cp_commit();
+			uint32_t b[4][2];
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int k = kb + i * WG_BK + 16 * j + 2 * t;
+				const float2 v0 = xon && k < ke ? wgs_ld_f2(xc + k) : make_float2(0.f, 0.f);
+				const float2 v1 = xon && k + 8 < ke ? wgs_ld_f2(xc + k + 8) : make_float2(0.f, 0.f);
+				b[j][0] = wgs_bf2(v0.x, v0.y), b[j][1] = wgs_bf2(v1.x, v1.y);
+			}
+			cp_wait<WGS_STAGES - 1>(); /* chunk i */
+			__syncwarp();
+			const uint32_t st = smem_u32(ring + (i % WGS_STAGES) * WGS_CHUNK);
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				if (kb + i * WG_BK + 16 * j >= ke)
+					break;
+				uint32_t a[4];
+				const int c = 2 * j + lhalf;
+				wgs_ldsm_x4(a, st + lrow * 128 + ((c ^ (lrow & 7)) << 4));
+				wgs_mma(acc, a, b[j][0], b[j][1]);
+			}
+			__syncwarp(); /* the stage is read: issue() may fill it again */
+		}
+		cp_wait<0>();
+		/* C fragment: [0..1] row g, columns 2t, 2t + 1; [2..3] row g + 8 */
+		float *d = sums + ((size_t)seg * rows + rr * 16) * 8;
+		d[g * 8 + 2 * t] = acc[0];
+		d[g * 8 + 2 * t + 1] = acc[1];
+		d[(g + 8) * 8 + 2 * t] = acc[2];
+		d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+	}
+	if (!waited) {
+		kn_pdl_wait();
+		kn_pdl_trigger();
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < rows * 8; e += blockDim.x) {
+		const int r = e % rows, c = e / rows;
+		if (row0 + r >= out || col0 + c >= n)
+			continue;
+		float v = 0.f;
+		for (int s = 0; s < nseg; s++)
+			v += sums[((size_t)s * rows + r) * 8 + c];
+		y[(size_t)(col0 + c) * out + row0 + r] = v;
+	}
+}
+
 /* y = the segments' sums added from 0 in segment order, as one block adds them */
 static __global__ void __launch_bounds__(256) wg_fold_kernel(const float *part, float *__restrict__ y, size_t count,
 							     int nseg)
@@ -582,6 +733,33 @@ static int wg_cluster = 0;
  * 8B decode at batch 64 and 256: 7.97 / 16.06 ms with the pass, 7.77 /
  * 15.60 without). For measuring. */
 static int wg_xb16 = 1;
+/* KVFERRY_WG_SKINNY: the widest plan on gemm_wgs_kernel (1..8; default 0,
+ * none: on an H100 it tied the warpgroup kernels at 8B batch 1 and lost
+ * elsewhere, kernels/cuda/NOTES.md); KVFERRY_WGS_WARPS: its warps a block.
+ * For measuring: the bits do not change. */
+static int wgs_max = 0, wgs_warps = 0;
+
+/*
+ * gemm_wgs_kernel's launch for a product with this `in`: a block's warps,
+ * one for each segment of its rows, at most 8; products of fewer than 4
+ * segments take ru row units a block so that 4 warps or more share it.
+ * @return its shared memory (each warp's ring, the block's sums).
+ */
+static size_t wgs_shape(int in, int *warps, int *ru)
+{
+	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	*ru = nseg < 4 ? (4 + nseg - 1) / nseg : 1;
+	*warps = wgs_warps ? wgs_warps : nseg * *ru < 8 ? nseg * *ru : 8;
+	return (size_t)*warps * WGS_STAGES * WGS_CHUNK + (size_t)nseg * *ru * 16 * 8 * 4;
+}
+
+/* whether gemm_wgs_kernel runs n columns of a product with this `in` */
+static bool wgs_takes(int n, int in)
+{
+	int warps, ru;
+	return n <= wgs_max && wgs_shape(in, &warps, &ru) <= WG_SMEM_MAX;
+}
+
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
 
 static void wg_read_env(void)
@@ -607,6 +785,10 @@ static void wg_read_env(void)
 	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : 0;
 	e = getenv("KVFERRY_WG_XB16");
 	wg_xb16 = !(e && !strcmp(e, "0"));
+	e = getenv("KVFERRY_WG_SKINNY");
+	wgs_max = e && atoi(e) >= 0 && atoi(e) <= 8 && *e >= '0' && *e <= '9' ? atoi(e) : 0;
+	e = getenv("KVFERRY_WGS_WARPS");
+	wgs_warps = e && atoi(e) >= 1 && atoi(e) <= 16 ? atoi(e) : 0;
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -800,6 +982,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
+		cudaFuncSetAttribute(gemm_wgs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
@@ -814,7 +997,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 
 size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 {
-	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_parts(n, in, out))
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || wgs_takes(n, in) || !wg_parts(n, in, out))
 		return 0;
 	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
 }
@@ -843,6 +1026,16 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 	if (e != cudaSuccess || !parts)
 		return e;
 	return wg_fold(part, y, count, nseg, st);
+}
+
+static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st)
+{
+	int warps, ru;
+	const size_t smem = wgs_shape(in, &warps, &ru);
+	if (smem > WG_SMEM_MAX)
+		return cudaErrorInvalidValue;
+	const dim3 grid((out + 16 * ru - 1) / (16 * ru), (n + 7) / 8);
+	return kn_launch(gemm_wgs_kernel, grid, dim3(32 * warps), smem, st, w, x, y, n, in, out, ru);
 }
 
 /* a [rows][in] bf16 matrix as boxes of 64 k by @p box_rows rows, swizzled
@@ -903,6 +1096,8 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
+	if (x && wgs_takes(n, in))
+		return wgs_launch(w, x, y, n, in, out, st);
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
 		/* X resident: rounded as it is loaded; else taken rounded */
@@ -928,7 +1123,7 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out)
 {
 	bool xres = true;
-	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_xb16)
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_xb16 || wgs_takes(n, in))
 		return 0;
 	wg_pick(n, in, out, [&](auto c) {
 		xres = decltype(c)::XRES;
@@ -951,6 +1146,8 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
+	if (way == 11) /* mma.sync, a segment a warp */
+		return wgs_launch(w, x, y, n, in, out, st);
 	if (way != 0 && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
 	switch (way) {
