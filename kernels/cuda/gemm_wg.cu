@@ -540,15 +540,16 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
  * own layout (kept in registers instead, two blocks an SM fit and the weight
  * stream reached half of HBM's). The block's warps cover its rows' segments
  * (ru row units each), leave the sums in shared memory, and the block adds
- * them in segment order. Not the default: on an H100 it tied the warpgroup
- * kernels at 8B batch 1 and lost on the 1B and at 8 columns (each warp
- * loads its own X; kernels/cuda/NOTES.md).
+ * them in segment order. WB (KVFERRY_WGS_WB=1): W as the instruction's B
+ * operand and X as its A, a warp 8 rows: the same bits again. Not the
+ * default: on an H100 either tied the warpgroup kernels at 8B batch 1 and
+ * lost on the 1B and at 8 columns (each warp loads its own X;
+ * kernels/cuda/NOTES.md).
  *
  * grid (ceil(out / (16 ru)), ceil(n / 8)), block 32 x warps, dynamic shared
  * memory wgs_shape().
  */
 #define WGS_STAGES 4 /* 8 (a warp's whole segment in flight) measured slower */
-#define WGS_CHUNK (16 * WG_BK * 2) /* bytes of a stage: 16 rows of 64 k */
 
 WG_DEV void wgs_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
 {
@@ -566,6 +567,11 @@ WG_DEV void wgs_ldsm_x4(uint32_t *r, uint32_t addr)
 		     : "memory");
 }
 
+WG_DEV void wgs_ldsm_x2(uint32_t *r, uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
+}
+
 /* X, written by the kernel before: a coherent load, after kn_pdl_wait() */
 WG_DEV float2 wgs_ld_f2(const float *p)
 {
@@ -580,34 +586,37 @@ WG_DEV uint32_t wgs_bf2(float a, float b)
 	return *reinterpret_cast<const uint32_t *>(&h);
 }
 
+template <bool WB>
 static __global__ void __launch_bounds__(512)
 gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out, int ru)
 {
 	extern __shared__ __align__(128) unsigned char wgs_smem_raw[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 	const int g = lane >> 2, t = lane & 3;
-	const int nseg = (in + WG_SEG - 1) / WG_SEG, rows = ru * 16;
+	constexpr int R = WB ? 8 : 16, CH = R * WG_BK * 2; /* a unit's rows, a chunk's bytes */
+	const int nseg = (in + WG_SEG - 1) / WG_SEG, rows = ru * R;
 	const int row0 = blockIdx.x * rows, col0 = blockIdx.y * 8;
-	/* [warp][stage] chunks (16 rows of 128 bytes, 16-byte pieces swizzled by
+	/* [warp][stage] chunks (R rows of 128 bytes, 16-byte pieces swizzled by
 	 * row), then the sums [segment][rows][8 columns] */
-	unsigned char *ring = wgs_smem_raw + (size_t)warp * WGS_STAGES * WGS_CHUNK;
-	float *sums = reinterpret_cast<float *>(wgs_smem_raw + (size_t)warps * WGS_STAGES * WGS_CHUNK);
+	unsigned char *ring = wgs_smem_raw + (size_t)warp * WGS_STAGES * CH;
+	float *sums = reinterpret_cast<float *>(wgs_smem_raw + (size_t)warps * WGS_STAGES * CH);
 	const bool xon = col0 + g < n;
 	const float *xc = x + (size_t)(xon ? col0 + g : 0) * in;
 	/* ldmatrix: lane l gives row (l / 8 % 2) 8 + l % 8 of matrix l / 8, its
-	 * k half l / 16: matrices 0..3 = a0..a3 */
-	const int lrow = ((lane >> 3) & 1) * 8 + (lane & 7), lhalf = lane >> 4;
+	 * k half l / 16: matrices 0..3 = a0..a3; WB (W as the B operand, 8 rows):
+	 * row l % 8, k half l / 8 % 2, matrices 0, 1 = b0, b1 */
+	const int lrow = WB ? (lane & 7) : ((lane >> 3) & 1) * 8 + (lane & 7), lhalf = WB ? (lane >> 3) & 1 : lane >> 4;
 	bool waited = false;
 
 	for (int u = warp; u < nseg * ru; u += warps) {
 		const int seg = u / ru, rr = u % ru;
 		const int kb = seg * WG_SEG, ke = min(kb + WG_SEG, in), nch = (ke - kb + WG_BK - 1) / WG_BK;
-		const int rbase = row0 + rr * 16;
+		const int rbase = row0 + rr * R;
 		/* chunk i into stage i % WGS_STAGES: lane l copies pieces l + 32 j */
 		auto issue = [&](int i) {
-			unsigned char *st = ring + (i % WGS_STAGES) * WGS_CHUNK;
+			unsigned char *st = ring + (i % WGS_STAGES) * CH;
 #pragma unroll
-			for (int j = 0; j < 4; j++) {
+			for (int j = 0; j < R / 4; j++) {
 				const int q = lane + 32 * j, r = q >> 3, c = q & 7, k = kb + i * WG_BK + c * 8;
 				const bool ok = k < ke;
 				cp16(st + r * 128 + ((c ^ (r & 7)) << 4),
@@ -642,25 +651,39 @@ gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 			}
 			cp_wait<WGS_STAGES - 1>(); /* chunk i */
 			__syncwarp();
-			const uint32_t st = smem_u32(ring + (i % WGS_STAGES) * WGS_CHUNK);
+			const uint32_t st = smem_u32(ring + (i % WGS_STAGES) * CH);
 #pragma unroll
 			for (int j = 0; j < 4; j++) {
 				if (kb + i * WG_BK + 16 * j >= ke)
 					break;
-				uint32_t a[4];
 				const int c = 2 * j + lhalf;
-				wgs_ldsm_x4(a, st + lrow * 128 + ((c ^ (lrow & 7)) << 4));
-				wgs_mma(acc, a, b[j][0], b[j][1]);
+				const uint32_t at = st + lrow * 128 + ((c ^ (lrow & 7)) << 4);
+				if (WB) { /* X as the A operand (its rows g + 8 zero) */
+					uint32_t wb[2];
+					const uint32_t xa[4] = { b[j][0], 0u, b[j][1], 0u };
+					wgs_ldsm_x2(wb, at);
+					wgs_mma(acc, xa, wb[0], wb[1]);
+				} else {
+					uint32_t a[4];
+					wgs_ldsm_x4(a, at);
+					wgs_mma(acc, a, b[j][0], b[j][1]);
+				}
 			}
 			__syncwarp(); /* the stage is read: issue() may fill it again */
 		}
 		cp_wait<0>();
-		/* C fragment: [0..1] row g, columns 2t, 2t + 1; [2..3] row g + 8 */
-		float *d = sums + ((size_t)seg * rows + rr * 16) * 8;
-		d[g * 8 + 2 * t] = acc[0];
-		d[g * 8 + 2 * t + 1] = acc[1];
-		d[(g + 8) * 8 + 2 * t] = acc[2];
-		d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+		/* C fragment: [0..1] row g, columns 2t, 2t + 1; [2..3] row g + 8 (WB:
+		 * X's column g, W's rows 2t, 2t + 1; [2..3] nothing) */
+		float *d = sums + ((size_t)seg * rows + rr * R) * 8;
+		if (WB) {
+			d[(2 * t) * 8 + g] = acc[0];
+			d[(2 * t + 1) * 8 + g] = acc[1];
+		} else {
+			d[g * 8 + 2 * t] = acc[0];
+			d[g * 8 + 2 * t + 1] = acc[1];
+			d[(g + 8) * 8 + 2 * t] = acc[2];
+			d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+		}
 	}
 	if (!waited) {
 		kn_pdl_wait();
@@ -735,9 +758,10 @@ static int wg_cluster = 0;
 static int wg_xb16 = 1;
 /* KVFERRY_WG_SKINNY: the widest plan on gemm_wgs_kernel (1..8; default 0,
  * none: on an H100 it tied the warpgroup kernels at 8B batch 1 and lost
- * elsewhere, kernels/cuda/NOTES.md); KVFERRY_WGS_WARPS: its warps a block.
- * For measuring: the bits do not change. */
-static int wgs_max = 0, wgs_warps = 0;
+ * elsewhere, kernels/cuda/NOTES.md); KVFERRY_WGS_WARPS: its warps a block;
+ * KVFERRY_WGS_WB=1: W as the B operand. For measuring: the bits do not
+ * change. */
+static int wgs_max = 0, wgs_warps = 0, wgs_wb = 0;
 
 /*
  * gemm_wgs_kernel's launch for a product with this `in`: a block's warps,
@@ -745,12 +769,12 @@ static int wgs_max = 0, wgs_warps = 0;
  * segments take ru row units a block so that 4 warps or more share it.
  * @return its shared memory (each warp's ring, the block's sums).
  */
-static size_t wgs_shape(int in, int *warps, int *ru)
+static size_t wgs_shape(int in, int *warps, int *ru, bool wb = false)
 {
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const int nseg = (in + WG_SEG - 1) / WG_SEG, r = wb ? 8 : 16;
 	*ru = nseg < 4 ? (4 + nseg - 1) / nseg : 1;
 	*warps = wgs_warps ? wgs_warps : nseg * *ru < 8 ? nseg * *ru : 8;
-	return (size_t)*warps * WGS_STAGES * WGS_CHUNK + (size_t)nseg * *ru * 16 * 8 * 4;
+	return (size_t)*warps * WGS_STAGES * r * WG_BK * 2 + (size_t)nseg * *ru * r * 8 * 4;
 }
 
 /* whether gemm_wgs_kernel runs n columns of a product with this `in` */
@@ -789,6 +813,8 @@ static void wg_read_env(void)
 	wgs_max = e && atoi(e) >= 0 && atoi(e) <= 8 && *e >= '0' && *e <= '9' ? atoi(e) : 0;
 	e = getenv("KVFERRY_WGS_WARPS");
 	wgs_warps = e && atoi(e) >= 1 && atoi(e) <= 16 ? atoi(e) : 0;
+	e = getenv("KVFERRY_WGS_WB");
+	wgs_wb = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -982,7 +1008,8 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
-		cudaFuncSetAttribute(gemm_wgs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
+		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
+		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
 	for (cudaError_t v : r)
 		if (v != cudaSuccess)
@@ -1028,14 +1055,17 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 	return wg_fold(part, y, count, nseg, st);
 }
 
-static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st)
+static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st,
+			      bool wb = false)
 {
 	int warps, ru;
-	const size_t smem = wgs_shape(in, &warps, &ru);
+	const size_t smem = wgs_shape(in, &warps, &ru, wb);
+	const int r = wb ? 8 : 16;
 	if (smem > WG_SMEM_MAX)
 		return cudaErrorInvalidValue;
-	const dim3 grid((out + 16 * ru - 1) / (16 * ru), (n + 7) / 8);
-	return kn_launch(gemm_wgs_kernel, grid, dim3(32 * warps), smem, st, w, x, y, n, in, out, ru);
+	const dim3 grid((out + r * ru - 1) / (r * ru), (n + 7) / 8);
+	return kn_launch(wb ? gemm_wgs_kernel<true> : gemm_wgs_kernel<false>, grid, dim3(32 * warps), smem, st, w, x, y,
+			 n, in, out, ru);
 }
 
 /* a [rows][in] bf16 matrix as boxes of 64 k by @p box_rows rows, swizzled
@@ -1097,7 +1127,7 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
 	if (x && wgs_takes(n, in))
-		return wgs_launch(w, x, y, n, in, out, st);
+		return wgs_launch(w, x, y, n, in, out, st, wgs_wb);
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
 		/* X resident: rounded as it is loaded; else taken rounded */
@@ -1146,8 +1176,8 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
-	if (way == 11) /* mma.sync, a segment a warp */
-		return wgs_launch(w, x, y, n, in, out, st);
+	if (way == 11 || way == 12) /* mma.sync, a segment a warp: W as the A / the B operand */
+		return wgs_launch(w, x, y, n, in, out, st, way == 12);
 	if (way != 0 && (e = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 		return e;
 	switch (way) {
