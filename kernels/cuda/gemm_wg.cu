@@ -546,8 +546,9 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
  * lost on the 1B and at 8 columns (each warp loads its own X;
  * kernels/cuda/NOTES.md).
  *
- * grid (ceil(out / (16 ru)), ceil(n / 8)), block 32 x warps, dynamic shared
- * memory wgs_shape().
+ * grid (ceil(out / (R ru)), ceil(n / 8)) with R = 16 (8 with WB), block 32
+ * x warps, dynamic shared memory wgs_shape(). KVFERRY_WGS_WARPS asking for
+ * more than fits runs the warpgroup kernels instead.
  */
 #define WGS_STAGES 4 /* 8 (a warp's whole segment in flight) measured slower */
 
