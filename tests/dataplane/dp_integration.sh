@@ -717,14 +717,12 @@ else:
           f"the sending dataplane read {crc:.3f} of each payload byte for CRCs itself")
 sys.exit(0 if ok else 1)
 PY
-  if [ "$DP_CRCS" = stale ]; then
-    grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, they are of another frame size: computing them here instead" "$tmp/A.log" \
-      || fail "the sending dataplane did not say why it refused the stale CRCs"
-  fi
-  if [ "$DP_CRCS" = nomagic ]; then
-    grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, its trailer has no magic: computing them here instead" "$tmp/A.log" \
-      || fail "the sending dataplane did not say why it refused CRCs behind a trailer without its magic"
-  fi
+  # the sending dataplane says why it refused them
+  why=
+  [ "$DP_CRCS" = stale ] && why="they are of another frame size"
+  [ "$DP_CRCS" = nomagic ] && why="its trailer has no magic"
+  [ -z "$why" ] || grep -q "a sender's payload CRCs (DP_TX_CRCS) refused, $why: computing them here instead" "$tmp/A.log" \
+    || fail "the sending dataplane did not say why it refused the CRCs ($DP_CRCS): \"$why\" missing from its log"
 fi
 if [ "$mode" = memif-impair ] && [ -z "${DP_IMPAIR:-}" ]; then
   # the impairment must really have happened, on both directions
