@@ -215,6 +215,8 @@ int cu_alloc_workspace(struct cu_stage *s);
  * transport's name for kn_stage_info, and its teardown. */
 int cu_tp_init(struct cu_stage *s);
 int cu_tp_reduce(struct cu_stage *s, float *d, int W);
+/* whether cu_tp_reduce() reduces anything (ranks > 1, or NCCL) */
+bool cu_tp_reduces(const struct cu_stage *s);
 const char *cu_tp_transport(const struct cu_stage *s);
 void cu_tp_fini(struct cu_stage *s);
 

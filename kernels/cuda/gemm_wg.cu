@@ -1030,9 +1030,18 @@ size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
 }
 
+/* Where a product in segment parts leaves its sums to its consumer (the
+ * _defer calls, for the length of one): the segments counted there, no
+ * fold kernel. */
+static thread_local int *wg_defer_to;
+
 /* the second kernel of a product in segment parts: the segments added */
 static cudaError_t wg_fold(const float *sums, float *y, size_t count, int nseg, cudaStream_t st)
 {
+	if (wg_defer_to) {
+		*wg_defer_to = nseg;
+		return cudaSuccess;
+	}
 	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
 	return kn_launch(wg_fold_kernel, dim3(blocks), dim3(256), 0, st, sums, y, count, nseg);
 }
@@ -1151,6 +1160,18 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	return x ? wg_run(w, x, xb, y, n, in, out, part, part_floats, st) : cudaErrorInvalidValue;
 }
 
+cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				  float *part, size_t part_floats, int *nseg, cudaStream_t st)
+{
+	if (!x || !nseg)
+		return cudaErrorInvalidValue;
+	*nseg = 0;
+	wg_defer_to = nseg;
+	const cudaError_t e = wg_run(w, x, xb, y, n, in, out, part, part_floats, st);
+	wg_defer_to = NULL;
+	return e;
+}
+
 int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out)
 {
 	bool xres = true;
@@ -1167,6 +1188,18 @@ cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, 
 				 size_t part_floats, cudaStream_t st)
 {
 	return wg_run(w, NULL, (kn_bf16 *)xb, y, n, in, out, part, part_floats, st);
+}
+
+cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out,
+				       float *part, size_t part_floats, int *nseg, cudaStream_t st)
+{
+	if (!nseg)
+		return cudaErrorInvalidValue;
+	*nseg = 0;
+	wg_defer_to = nseg;
+	const cudaError_t e = wg_run(w, NULL, (kn_bf16 *)xb, y, n, in, out, part, part_floats, st);
+	wg_defer_to = NULL;
+	return e;
 }
 
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,

@@ -41,6 +41,18 @@ int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out);
 cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
 				 size_t part_floats, cudaStream_t st);
 
+/**
+ * kn_cuda_gemm_wg() / kn_cuda_gemm_wg_bf16() that leave a product run in
+ * segment parts for its consumer to add: *nseg = its segments, their sums
+ * [nseg][n][out] in @p part (kn_parts_ld() adds them in order, the bits of
+ * the fold kernel they replace: one kernel launch less a layer); *nseg = 0
+ * where it ran in one pass and wrote @p y.
+ */
+cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				  float *part, size_t part_floats, int *nseg, cudaStream_t st);
+cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out,
+				       float *part, size_t part_floats, int *nseg, cudaStream_t st);
+
 /** kn_cuda_gemm_wg() with its kernel forced, for tests: @p way 0 = X resident,
  *  32-column instructions; 1 = X streamed, 8-column instructions; 2 = X
  *  streamed, 2 x 128 columns a block; 3..8 = the TMA kernel (tensor copies,

@@ -18,12 +18,18 @@
 		}                                                                             \
 	} while (0)
 
+/* y = X W^T. With @p segs, the one family's product may leave its segment
+ * sums in s->wg_part for the consumer to add (*segs of them; 0: y written). */
 static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y, int n, int in,
-		  int out)
+		  int out, int *segs = NULL)
 {
 	char e[256];
+	if (segs)
+		*segs = 0;
 	if (s->linear_wg) {
-		cudaError_t ce = kn_cuda_gemm_wg(w, x, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
+		cudaError_t ce = segs ? kn_cuda_gemm_wg_defer(w, x, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats,
+							      segs, s->st)
+				      : kn_cuda_gemm_wg(w, x, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
 		if (ce != cudaSuccess) {
 			cu_seterr(s, "kn_cuda_gemm_wg(n=%d, in=%d, out=%d): %s", n, in, out, cudaGetErrorString(ce));
 			return -EIO;
@@ -48,11 +54,15 @@ static int linear(struct cu_stage *s, const kn_bf16 *w, const float *x, float *y
 
 /* y = bf16 X (s->xb, written by its producer) W^T: cuBLAS, or the one
  * family's kernel where kn_cuda_gemm_wg_takes_bf16() */
-static int linear_bf16(struct cu_stage *s, const kn_bf16 *w, float *y, int n, int in, int out)
+static int linear_bf16(struct cu_stage *s, const kn_bf16 *w, float *y, int n, int in, int out, int *segs = NULL)
 {
 	char e[256];
+	if (segs)
+		*segs = 0;
 	if (s->linear_wg) {
-		cudaError_t ce = kn_cuda_gemm_wg_bf16(w, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
+		cudaError_t ce = segs ? kn_cuda_gemm_wg_bf16_defer(w, s->xb, y, n, in, out, s->wg_part,
+								   s->wg_part_floats, segs, s->st)
+				      : kn_cuda_gemm_wg_bf16(w, s->xb, y, n, in, out, s->wg_part, s->wg_part_floats, s->st);
 		if (ce != cudaSuccess) {
 			cu_seterr(s, "kn_cuda_gemm_wg_bf16(n=%d, in=%d, out=%d): %s", n, in, out, cudaGetErrorString(ce));
 			return -EIO;
@@ -76,20 +86,28 @@ static bool x_bf16(const struct cu_stage *s, int W, int in, int out)
 	return W > KN_CU_GEMV_MAX_N && !s->wide_split && !s->wide_mma;
 }
 
-/* Residual add + RMSNorm, then the linear layer that reads the normed rows
- * (in bf16 where x_bf16()). */
-static int norm_linear(struct cu_stage *s, int W, const float *delta, const float *nw,
-		       const kn_bf16 *w, float *y, int out, int l)
+/* Residual add (delta in @p dsegs segment sums where dsegs > 0) + RMSNorm,
+ * then the linear layer that reads the normed rows (in bf16 where
+ * x_bf16()), its output maybe left in segments (@p segs, linear()). */
+static int norm_linear(struct cu_stage *s, int W, const float *delta, int dsegs, const float *nw,
+		       const kn_bf16 *w, float *y, int out, int l, int *segs = NULL)
 {
 	const int H = s->hidden;
 	const float eps = s->base.cfg->rms_eps;
 	if (x_bf16(s, W, H, out)) {
-		CKL(kn_cuda_add_rmsnorm_bf16(s->resid, delta, nw, eps, W, H, s->xb, s->st),
+		CKL(kn_cuda_add_rmsnorm_bf16(s->resid, delta, dsegs, nw, eps, W, H, s->xb, s->st),
 		    "kn_cuda_add_rmsnorm_bf16");
-		return linear_bf16(s, w, y, W, H, out);
+		return linear_bf16(s, w, y, W, H, out, segs);
 	}
-	CKL(kn_cuda_add_rmsnorm(s->resid, delta, nw, eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm");
-	return linear(s, w, s->x, y, W, H, out);
+	CKL(kn_cuda_add_rmsnorm(s->resid, delta, dsegs, nw, eps, W, H, s->x, s->st), "kn_cuda_add_rmsnorm");
+	return linear(s, w, s->x, y, W, H, out, segs);
+}
+
+/* where a linear layer's output is, for its consumer: its segment sums in
+ * s->wg_part, or @p y itself */
+static const float *out_of(const struct cu_stage *s, const float *y, int segs)
+{
+	return segs ? s->wg_part : y;
 }
 
 /* The sampler over the logits' first @p n rows (columns @p cols), its
@@ -120,15 +138,23 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 	int l = -1, rc;
 	if (s->base.first)
 		CKL(kn_cuda_embed(s->embed, s->d_cols, W, H, s->resid, s->st), "kn_cuda_embed");
+	/* The one family's products in segment parts leave their sums to the
+	 * kernel that reads them (qkv_rope, swiglu, the next residual add),
+	 * which adds them as the fold kernel would: one launch less a product.
+	 * Not where a tensor-parallel reduce reads the output first. */
+	const bool tp = cu_tp_reduces(s);
 	const float *pending = NULL;
+	int pending_segs = 0, qsegs = 0, osegs = 0, gsegs = 0, dsegs = 0;
 	for (int i = 0; i < s->nl; i++) {
 		const struct layer_w *w = &s->L[i];
 		l = s->base.opts.layer_start + i;
-		if ((rc = norm_linear(s, W, pending, w->ln1, w->wqkv, s->qkv, s->qkv_dim, l)))
+		if ((rc = norm_linear(s, W, pending, pending_segs, w->ln1, w->wqkv, s->qkv, s->qkv_dim, l, &qsegs)))
 			return rc;
 		kn_bf16 *kc = s->kv + (size_t)i * lay, *vc = kc + lay / 2;
 		struct kn_cu_qkv_args qa = {};
 		qa.qkv = s->qkv;
+		qa.qkv_parts = qsegs ? s->wg_part : NULL;
+		qa.qkv_segs = qsegs;
 		qa.bias = w->bqkv;
 		qa.q_norm = w->qn;
 		qa.k_norm = w->kn;
@@ -188,26 +214,30 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)
 			aa.tile_from = kn_cuda_attn_tile_from(W, s->hd, s->nh / s->nkv);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
-		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H)) || (rc = cu_tp_reduce(s, s->delta, W)))
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H, tp ? NULL : &osegs)) ||
+		    (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
-		if ((rc = norm_linear(s, W, s->delta, w->ln2, w->wgu, s->gu, 2 * s->inter, l)))
+		if ((rc = norm_linear(s, W, out_of(s, s->delta, osegs), osegs, w->ln2, w->wgu, s->gu, 2 * s->inter, l,
+				      &gsegs)))
 			return rc;
+		const float *gu = out_of(s, s->gu, gsegs);
 		if (x_bf16(s, W, s->inter, H)) {
-			CKL(kn_cuda_swiglu_bf16(s->gu, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
-			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H);
+			CKL(kn_cuda_swiglu_bf16(gu, gsegs, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
+			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H, tp ? NULL : &dsegs);
 		} else {
-			CKL(kn_cuda_swiglu(s->gu, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
-			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H);
+			CKL(kn_cuda_swiglu(gu, gsegs, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
+			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H, tp ? NULL : &dsegs);
 		}
 		if (rc || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
-		pending = s->delta;
+		pending = out_of(s, s->delta, dsegs);
+		pending_segs = dsegs;
 	}
 	if (s->base.last && packed) {
 		/* the final norm on every column, then the rows of those that want
 		 * a token packed: the LM head and the sampler on CU_LOGIT_K rows */
 		struct out_layout o = out_layout(s->d_out, W);
-		CKL(kn_cuda_add_rmsnorm(s->resid, pending, s->fnorm, c->rms_eps, W, H, s->x, s->st),
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, pending_segs, s->fnorm, c->rms_eps, W, H, s->x, s->st),
 		    "kn_cuda_add_rmsnorm");
 		CKL(kn_cuda_logit_rows(s->d_cols, W, s->x, H, CU_LOGIT_K, s->x_k, s->cols_k, s->out_col, o.tok, o.lp,
 				       s->st),
@@ -216,11 +246,12 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 			return rc;
 		CKL(sample(s, s->cols_k, CU_LOGIT_K, o, s->out_col), "kn_cuda_sample");
 	} else if (s->base.last) {
-		if ((rc = norm_linear(s, W, pending, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
+		if ((rc = norm_linear(s, W, pending, pending_segs, s->fnorm, s->lm_head, s->logits, s->vocab, l)))
 			return rc;
 		CKL(sample(s, s->d_cols, W, out_layout(s->d_out, W), NULL), "kn_cuda_sample");
 	} else if (pending) {
-		CKL(kn_cuda_add_rmsnorm(s->resid, pending, NULL, 0.f, W, H, NULL, s->st), "kn_cuda_add_rmsnorm(add)");
+		CKL(kn_cuda_add_rmsnorm(s->resid, pending, pending_segs, NULL, 0.f, W, H, NULL, s->st),
+		    "kn_cuda_add_rmsnorm(add)");
 	}
 	return 0;
 }

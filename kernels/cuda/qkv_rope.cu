@@ -27,13 +27,17 @@ static __global__ void __launch_bounds__(QR_THREADS) qkv_rope_kernel(const struc
 	const struct kn_column col = a.cols[c];
 	const bool active = t < half && h < heads;
 	float x0 = 0.f, x1 = 0.f;
-	if (active) {
+	if (active && a.qkv_parts) {
+		const size_t count = (size_t)a.n * qkv_dim, e = (size_t)c * qkv_dim + off + t;
+		x0 = kn_parts_ld(a.qkv_parts, a.qkv_segs, count, e);
+		x1 = kn_parts_ld(a.qkv_parts, a.qkv_segs, count, e + half);
+	} else if (active) {
 		x0 = x[t];
 		x1 = x[t + half];
-		if (a.bias) {
-			x0 += a.bias[off + t];
-			x1 += a.bias[off + t + half];
-		}
+	}
+	if (active && a.bias) {
+		x0 += a.bias[off + t];
+		x1 += a.bias[off + t + half];
 	}
 	const float *nw = kind == 0 ? a.q_norm : (kind == 1 ? a.k_norm : nullptr);
 	if (a.q_norm != nullptr || a.k_norm != nullptr) { /* uniform: the whole block syncs */

@@ -14,6 +14,10 @@
 /** Shapes and pointers of one layer's QKV post-processing. */
 struct kn_cu_qkv_args {
 	float *qkv;             /**< [n][qkv_dim] f32: q | k | v; q and k rotated in place */
+	const float *qkv_parts; /**< NULL, or the projection as qkv_segs segment sums
+	                             [qkv_segs][n][qkv_dim] (kn_parts_ld()): read from
+	                             there, q written to qkv */
+	int qkv_segs;
 	const float *bias;      /**< [qkv_dim] or NULL */
 	const float *q_norm;    /**< [head_dim] or NULL */
 	const float *k_norm;    /**< [head_dim] or NULL */

@@ -25,7 +25,7 @@ static __device__ __forceinline__ void store4(kn_bf16 *o, int i, float4 v)
  * before waiting for the kernel ahead (weights never change). */
 template <typename T>
 static __global__ void __launch_bounds__(RMS_THREADS)
-add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, int hidden,
+add_rmsnorm_kernel(float *resid, const float *delta, int dsegs, const float *w, float eps, int hidden,
 		   T *out)
 {
 	const int n4 = hidden / 4;
@@ -36,12 +36,12 @@ add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, 
 	__shared__ float red[RMS_THREADS / 32];
 	const size_t base = (size_t)blockIdx.x * hidden;
 	float4 *r4 = reinterpret_cast<float4 *>(resid + base);
-	const float4 *d4 = delta ? reinterpret_cast<const float4 *>(delta + base) : nullptr;
+	const size_t count = (size_t)gridDim.x * hidden; /* a segment's floats, where delta is in segments */
 	float ss = 0.f;
 	for (int i = threadIdx.x; i < n4; i += RMS_THREADS) {
 		float4 v = r4[i];
-		if (d4) {
-			float4 d = d4[i];
+		if (delta) {
+			const float4 d = kn_parts_ld4(delta, dsegs, count, base + 4 * (size_t)i);
 			v.x += d.x; v.y += d.y; v.z += d.z; v.w += d.w;
 			r4[i] = v;
 		}
@@ -65,20 +65,20 @@ add_rmsnorm_kernel(float *resid, const float *delta, const float *w, float eps, 
 	}
 }
 
-cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
+cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, int delta_segs, const float *w, float eps,
 				int n, int hidden, float *out, cudaStream_t st)
 {
 	if (hidden % 4)
 		return cudaErrorInvalidValue;
-	return kn_launch(add_rmsnorm_kernel<float>, dim3(n), dim3(RMS_THREADS), 0, st, resid, delta, w,
-			 eps, hidden, out);
+	return kn_launch(add_rmsnorm_kernel<float>, dim3(n), dim3(RMS_THREADS), 0, st, resid, delta,
+			 delta_segs, w, eps, hidden, out);
 }
 
-cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, const float *w, float eps,
+cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, int delta_segs, const float *w, float eps,
 				     int n, int hidden, kn_bf16 *out, cudaStream_t st)
 {
 	if (hidden % 4 || !out)
 		return cudaErrorInvalidValue;
 	return kn_launch(add_rmsnorm_kernel<kn_bf16>, dim3(n), dim3(RMS_THREADS), 0, st, resid, delta,
-			 w, eps, hidden, out);
+			 delta_segs, w, eps, hidden, out);
 }

@@ -12,11 +12,14 @@
  * row's bits never depend on the other rows.
  * @param resid  [n][hidden] f32, updated in place
  * @param delta  [n][hidden] f32 or NULL
+ * @param delta_segs  0, or delta as that many segment sums of a linear
+ *               layer, [delta_segs][n][hidden] (kn_parts_ld(): the bits
+ *               of their fold)
  * @param w      [hidden] f32 norm weight (ignored when out is NULL)
  * @param out    [n][hidden] f32 or NULL (add only)
  * @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w, float eps,
+cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, int delta_segs, const float *w, float eps,
 				int n, int hidden, float *out, cudaStream_t st);
 
 /**
@@ -26,6 +29,6 @@ cudaError_t kn_cuda_add_rmsnorm(float *resid, const float *delta, const float *w
  * @param out  [n][hidden] bf16, not NULL
  * @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, const float *w, float eps,
+cudaError_t kn_cuda_add_rmsnorm_bf16(float *resid, const float *delta, int delta_segs, const float *w, float eps,
 				     int n, int hidden, kn_bf16 *out, cudaStream_t st);
 #endif

@@ -7,10 +7,12 @@
 /**
  * out[r][i] = silu(gu[r][i]) * gu[r][inter + i] in f32 for r < n, i < inter.
  * @param gu   [n][2*inter] f32 (gate rows first, then up: the fused projection)
+ * @param gu_segs  0, or gu as that many segment sums of the projection,
+ *             [gu_segs][n][2*inter] (kn_parts_ld(): the bits of their fold)
  * @param out  [n][inter] f32
  * @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaStream_t st);
+cudaError_t kn_cuda_swiglu(const float *gu, int gu_segs, int n, int inter, float *out, cudaStream_t st);
 
 /**
  * kn_cuda_swiglu() with the result rounded to bf16 (round to nearest per
@@ -19,5 +21,5 @@ cudaError_t kn_cuda_swiglu(const float *gu, int n, int inter, float *out, cudaSt
  * @param out  [n][inter] bf16
  * @return the launch's cudaError_t.
  */
-cudaError_t kn_cuda_swiglu_bf16(const float *gu, int n, int inter, kn_bf16 *out, cudaStream_t st);
+cudaError_t kn_cuda_swiglu_bf16(const float *gu, int gu_segs, int n, int inter, kn_bf16 *out, cudaStream_t st);
 #endif

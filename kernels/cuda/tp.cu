@@ -167,11 +167,16 @@ int cu_tp_init(struct cu_stage *s)
 	return 0;
 }
 
+bool cu_tp_reduces(const struct cu_stage *s)
+{
+	return !(s->tp == 1 && s->nccl == NULL);
+}
+
 int cu_tp_reduce(struct cu_stage *s, float *d, int W)
 {
 	const size_t bytes = (size_t)W * s->hidden * 4;
 
-	if (s->tp == 1 && s->nccl == NULL)
+	if (!cu_tp_reduces(s))
 		return 0;
 #if CU_HAVE_NCCL
 	if (s->nccl != NULL) {

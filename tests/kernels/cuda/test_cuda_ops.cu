@@ -364,7 +364,7 @@ static void add_rmsnorm_matches_reference(void)
 		float *dout;
 		CHECK_CUDA(cudaMalloc((void **)&dout, (size_t)n * hidden * 4));
 		CHECK_CUDA(cudaMemset(dout, 0xff, (size_t)n * hidden * 4));
-		CHECK_CUDA(kn_cuda_add_rmsnorm(dr, dd, dw, 1e-5f, n, hidden, dout, 0));
+		CHECK_CUDA(kn_cuda_add_rmsnorm(dr, dd, 0, dw, 1e-5f, n, hidden, dout, 0));
 		std::vector<float> of = host(dout, (size_t)n * hidden);
 		std::vector<float> rr = host(dr, (size_t)n * hidden);
 		std::vector<double> ref(of.size()), rref(of.size());
@@ -397,7 +397,7 @@ static void swiglu_matches_reference(void)
 	float *dout;
 	CHECK_CUDA(cudaMalloc((void **)&dout, (size_t)n * inter * 4));
 	CHECK_CUDA(cudaMemset(dout, 0xff, (size_t)n * inter * 4));
-	CHECK_CUDA(kn_cuda_swiglu(dg, n, inter, dout, 0));
+	CHECK_CUDA(kn_cuda_swiglu(dg, 0, n, inter, dout, 0));
 	std::vector<float> of = host(dout, (size_t)n * inter);
 	std::vector<double> ref(of.size());
 	for (int r = 0; r < n; r++)
@@ -407,6 +407,135 @@ static void swiglu_matches_reference(void)
 		}
 	expect_close("swiglu", of.data(), ref.data(), of.size(), 1e-5);
 	cudaFree(dg); cudaFree(dout);
+}
+
+/* qkv_rope's arguments for n columns of one layer (no bias, no q/k norm) */
+static struct kn_cu_qkv_args qkv_args(float *qkv, const float *inv_freq, const struct kn_column *cols,
+				      const int32_t *table, kn_bf16 *kc, kn_bf16 *vc, int n, int nh, int nkv, int hd,
+				      int bps)
+{
+	struct kn_cu_qkv_args qa = {};
+	qa.qkv = qkv;
+	qa.inv_freq = inv_freq;
+	qa.cols = cols;
+	qa.table = table;
+	qa.k_cache = kc;
+	qa.v_cache = vc;
+	qa.n = n;
+	qa.n_heads = nh;
+	qa.n_kv_heads = nkv;
+	qa.head_dim = hd;
+	qa.max_bps = bps;
+	qa.eps = 1e-6f;
+	return qa;
+}
+
+/* The one family's products in segment parts may leave their sums to the
+ * kernel that reads them (kn_cuda_gemm_wg_defer()): the residual add, SwiGLU
+ * and qkv_rope must then give the bits they give after the fold kernel. */
+static void consumers_of_deferred_sums_give_the_folded_bits(void)
+{
+	if (!kn_cuda_one_family_ok(0)) {
+		printf("skip deferred sums: not a Hopper GPU\n");
+		return;
+	}
+	const int in = 4096, nh = 4, nkv = 2, hd = 64, qkv_dim = (nh + 2 * nkv) * hd, inter = 384, hidden = 256;
+	const int bps = 4, N = 48;
+	int bad = 0, deferred = 0, runs = 0;
+	std::vector<uint16_t> w;
+	std::vector<float> x, resid((size_t)N * hidden), nw(hidden), inv(hd / 2);
+	rand_product(w, x, in, 2 * inter > qkv_dim ? 2 * inter : qkv_dim, N);
+	for (auto &v : resid) v = frand();
+	for (auto &v : nw) v = 1 + frand() * .2f;
+	for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
+	std::vector<struct kn_column> cols(N);
+	std::vector<int32_t> tab(bps);
+	for (int c = 0; c < N; c++) cols[c] = kn_column{ 0, c, 0, 0, 0.f, 1.f, 0, 0 };
+	for (int b = 0; b < bps; b++) tab[b] = b;
+	uint16_t *dw = dev(w), *dxb;
+	float *dx = dev(x), *dnw = dev(nw), *dinv = dev(inv), *dy, *dpart, *dr[2], *dout[2], *dq[2];
+	struct kn_column *dcols = dev(cols);
+	int32_t *dtab = dev(tab);
+	kn_bf16 *kc[2], *vc[2];
+	const size_t part_floats = (size_t)(in / 64 + 1) * N * (2 * inter > qkv_dim ? 2 * inter : qkv_dim);
+	const size_t kv_e = (size_t)bps * nkv * KN_PAGE_BLK * hd;
+	CHECK_CUDA(cudaMalloc((void **)&dy, (size_t)N * 2 * inter * 4 + (size_t)N * qkv_dim * 4));
+	CHECK_CUDA(cudaMalloc((void **)&dpart, part_floats * 4));
+	CHECK_CUDA(cudaMalloc((void **)&dxb, (size_t)N * in * 2));
+	for (int k = 0; k < 2; k++) {
+		CHECK_CUDA(cudaMalloc((void **)&dr[k], (size_t)N * hidden * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dout[k], (size_t)N * (inter > hidden ? inter : hidden) * 4));
+		CHECK_CUDA(cudaMalloc((void **)&dq[k], (size_t)N * qkv_dim * 4));
+		CHECK_CUDA(cudaMalloc((void **)&kc[k], kv_e * 2));
+		CHECK_CUDA(cudaMalloc((void **)&vc[k], kv_e * 2));
+	}
+	auto same = [&](const char *what, int n, const void *a, const void *b, size_t bytes) {
+		std::vector<uint8_t> ha(bytes), hb(bytes);
+		CHECK_CUDA(cudaMemcpy(ha.data(), a, bytes, cudaMemcpyDeviceToHost));
+		CHECK_CUDA(cudaMemcpy(hb.data(), b, bytes, cudaMemcpyDeviceToHost));
+		runs++;
+		if (memcmp(ha.data(), hb.data(), bytes) && bad++ < 4)
+			printf("FAIL deferred sums, n=%d: %s differs from its bits after the fold kernel\n", n, what);
+	};
+	for (int n : { 1, 8, 32, N }) {
+		/* the product folded (k 0) or left in segments (k 1), then its consumer */
+		for (int k = 0; k < 2; k++) {
+			int segs = 0;
+			/* the residual add and the norm, from an out = hidden product */
+			if (k == 0)
+				CHECK_CUDA(kn_cuda_gemm_wg((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, hidden, dpart, part_floats, 0));
+			else
+				CHECK_CUDA(kn_cuda_gemm_wg_defer((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, hidden, dpart,
+								 part_floats, &segs, 0));
+			deferred += k == 1 && segs > 0;
+			CHECK_CUDA(cudaMemcpy(dr[k], resid.data(), (size_t)N * hidden * 4, cudaMemcpyHostToDevice));
+			CHECK_CUDA(kn_cuda_add_rmsnorm(dr[k], segs ? dpart : dy, segs, dnw, 1e-5f, n, hidden, dout[k], 0));
+		}
+		same("the residual", n, dr[0], dr[1], (size_t)n * hidden * 4);
+		same("the normed rows", n, dout[0], dout[1], (size_t)n * hidden * 4);
+		for (int k = 0; k < 2; k++) {
+			int segs = 0;
+			if (k == 0)
+				CHECK_CUDA(kn_cuda_gemm_wg((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, 2 * inter, dpart, part_floats, 0));
+			else
+				CHECK_CUDA(kn_cuda_gemm_wg_defer((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, 2 * inter, dpart,
+								 part_floats, &segs, 0));
+			CHECK_CUDA(kn_cuda_swiglu(segs ? dpart : dy, segs, n, inter, dout[k], 0));
+		}
+		same("SwiGLU", n, dout[0], dout[1], (size_t)n * inter * 4);
+		for (int k = 0; k < 2; k++) {
+			int segs = 0;
+			if (k == 0)
+				CHECK_CUDA(kn_cuda_gemm_wg((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dq[k], n, in, qkv_dim, dpart, part_floats, 0));
+			else
+				CHECK_CUDA(kn_cuda_gemm_wg_defer((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dq[k], n, in, qkv_dim, dpart,
+								 part_floats, &segs, 0));
+			CHECK_CUDA(cudaMemset(kc[k], 0, kv_e * 2));
+			CHECK_CUDA(cudaMemset(vc[k], 0, kv_e * 2));
+			struct kn_cu_qkv_args qa = qkv_args(dq[k], dinv, dcols, dtab, kc[k], vc[k], n, nh, nkv, hd, bps);
+			qa.qkv_parts = segs ? dpart : NULL;
+			qa.qkv_segs = segs;
+			CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
+		}
+		CHECK_CUDA(cudaDeviceSynchronize());
+		/* q as attention reads it (its columns' first nh hd floats), K and V as written */
+		for (int c = 0; c < n; c++)
+			same("qkv_rope's q", n, dq[0] + (size_t)c * qkv_dim, dq[1] + (size_t)c * qkv_dim, (size_t)nh * hd * 4);
+		same("qkv_rope's K", n, kc[0], kc[1], kv_e * 2);
+		same("qkv_rope's V", n, vc[0], vc[1], kv_e * 2);
+	}
+	/* the narrow plans run in segment parts: they must have been left to the consumers */
+	if (deferred < 3 && bad++ < 4)
+		printf("FAIL deferred sums: only %d of 4 widths left their sums to the consumers (1, 8 and 32 should)\n",
+		       deferred);
+	printf("%s deferred sums: the residual add, SwiGLU and qkv_rope give the folded bits in %d checks at widths 1, 8, "
+	       "32, %d (%d widths deferred)\n", bad ? "FAIL" : "ok  ", runs, N, deferred);
+	g_fail += bad != 0;
+	cudaFree(dw); cudaFree(dxb); cudaFree(dx); cudaFree(dnw); cudaFree(dinv); cudaFree(dy); cudaFree(dpart);
+	cudaFree(dcols); cudaFree(dtab);
+	for (int k = 0; k < 2; k++) {
+		cudaFree(dr[k]); cudaFree(dout[k]); cudaFree(dq[k]); cudaFree(kc[k]); cudaFree(vc[k]);
+	}
 }
 
 /* Wide plans take the norm's and SwiGLU's output in bf16 straight into
@@ -424,8 +553,8 @@ static void bf16_producers_equal_their_f32_outputs_rounded(void)
 	CHECK_CUDA(cudaMalloc((void **)&of, (size_t)n * inter * 2 * 4));
 	CHECK_CUDA(cudaMalloc((void **)&ob, (size_t)n * inter * 2 * 2));
 	CHECK_CUDA(cudaMemset(ob, 0xff, (size_t)n * inter * 2 * 2));
-	CHECK_CUDA(kn_cuda_add_rmsnorm(dr1, dd, dw, 1e-5f, n, hidden, of, 0));
-	CHECK_CUDA(kn_cuda_add_rmsnorm_bf16(dr2, dd, dw, 1e-5f, n, hidden, (kn_bf16 *)ob, 0));
+	CHECK_CUDA(kn_cuda_add_rmsnorm(dr1, dd, 0, dw, 1e-5f, n, hidden, of, 0));
+	CHECK_CUDA(kn_cuda_add_rmsnorm_bf16(dr2, dd, 0, dw, 1e-5f, n, hidden, (kn_bf16 *)ob, 0));
 	std::vector<float> f = host(of, (size_t)n * hidden);
 	std::vector<uint16_t> b = host(ob, (size_t)n * hidden);
 	std::vector<float> r1 = host(dr1, (size_t)n * hidden), r2 = host(dr2, (size_t)n * hidden);
@@ -440,8 +569,8 @@ static void bf16_producers_equal_their_f32_outputs_rounded(void)
 	for (auto &v : gu) v = frand() * 4;
 	float *dg = dev(gu);
 	CHECK_CUDA(cudaMemset(ob, 0xff, (size_t)n * inter * 2));
-	CHECK_CUDA(kn_cuda_swiglu(dg, n, inter, of, 0));
-	CHECK_CUDA(kn_cuda_swiglu_bf16(dg, n, inter, (kn_bf16 *)ob, 0));
+	CHECK_CUDA(kn_cuda_swiglu(dg, 0, n, inter, of, 0));
+	CHECK_CUDA(kn_cuda_swiglu_bf16(dg, 0, n, inter, (kn_bf16 *)ob, 0));
 	f = host(of, (size_t)n * inter);
 	b = host(ob, (size_t)n * inter);
 	bad = 0;
@@ -529,22 +658,10 @@ static void paged_attention_matches_reference(void)
 		unsigned *cnt;
 		CHECK_CUDA(cudaMalloc((void **)&cnt, (size_t)kn_cuda_attn_counters(n, nh, nkv) * sizeof(unsigned)));
 		CHECK_CUDA(cudaMemset(cnt, 0, (size_t)kn_cuda_attn_counters(n, nh, nkv) * sizeof(unsigned)));
-		struct kn_cu_qkv_args qa = {};
-		qa.qkv = dqkv;
+		struct kn_cu_qkv_args qa = qkv_args(dqkv, dinv, dcols, dtab, kc, vc, n, nh, nkv, hd, bps);
 		qa.bias = cs.bias ? dbias : NULL;
 		qa.q_norm = cs.qk_norm ? dqn : NULL;
 		qa.k_norm = cs.qk_norm ? dkn : NULL;
-		qa.inv_freq = dinv;
-		qa.cols = dcols;
-		qa.table = dtab;
-		qa.k_cache = kc;
-		qa.v_cache = vc;
-		qa.n = n;
-		qa.n_heads = nh;
-		qa.n_kv_heads = nkv;
-		qa.head_dim = hd;
-		qa.max_bps = bps;
-		qa.eps = 1e-6f;
 		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
 		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that
 		 * column alone. runs 1: prompt runs of rc columns on the run kernel;
@@ -923,6 +1040,7 @@ extern "C" int kn_cuda_test_ops_main(void)
 	OPS_RUN(skinny_and_wide_products_match_a_double_reference(h));
 	OPS_RUN(the_wide_tensor_core_kernel_gives_each_column_its_narrow_bits_at_every_width());
 	OPS_RUN(the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width());
+	OPS_RUN(consumers_of_deferred_sums_give_the_folded_bits());
 	OPS_RUN(add_rmsnorm_matches_reference());
 	OPS_RUN(swiglu_matches_reference());
 	OPS_RUN(bf16_producers_equal_their_f32_outputs_rounded());
