@@ -662,7 +662,8 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		static const char *const wide_x[] = { "bf16", "split", NULL }, *const gemv[] = { "auto", "ffma", "mma", NULL },
 					 *const attn[] = { "auto", "column", "tile", NULL },
 					 *const wide[] = { "cublas", "mma", NULL }, *const linear[] = { "default", "wg", NULL },
-					 *const runs[] = { "0", "64", "128", NULL }, *const exact[] = { "0", "1", "auto", NULL };
+					 *const runs[] = { "0", "64", "128", NULL }, *const exact[] = { "0", "1", "auto", NULL },
+					 *const defer[] = { "none", "qkv_gate_up", "all", NULL };
 		const int wx = env_word("KVFERRY_CUDA_WIDE_X", wide_x, op->cuda_wide_x == 1, s->base.err, sizeof(s->base.err));
 		const int gk = env_word("KVFERRY_CUDA_GEMV", gemv, op->cuda_gemv, s->base.err, sizeof(s->base.err));
 		const int at = env_word("KVFERRY_CUDA_ATTN", attn, op->cuda_attn, s->base.err, sizeof(s->base.err));
@@ -676,7 +677,10 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		/* the run kernel's runs: 64 columns (default), 128 or none (0) */
 		const int rn = env_word("KVFERRY_CUDA_ATTN_RUNS", runs, 1, s->base.err, sizeof(s->base.err));
 		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
-		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0) {
+		/* the family's segment sums to their consumers: every product's
+		 * (default), qkv's and gate_up's only, or none (graph.cu) */
+		const int df = env_word("KVFERRY_CUDA_DEFER", defer, 2, s->base.err, sizeof(s->base.err));
+		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0) {
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -685,6 +689,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->attn_tile = at;
 		s->wide_mma = wk == 1;
 		s->linear_wg = op->cuda_batch_invariant || lk == 1;
+		s->defer = df;
 		s->family_split = env_split("KVFERRY_CUDA_FAMILY_SPLIT", CU_FAMILY_SPLIT);
 		s->narrow_split = env_split("KVFERRY_CUDA_NARROW_SPLIT", 0);
 		s->wide_split_len = env_split("KVFERRY_CUDA_WIDE_SPLIT", 0);

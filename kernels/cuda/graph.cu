@@ -141,14 +141,16 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 	/* The one family's products in segment parts leave their sums to the
 	 * kernel that reads them (qkv_rope, swiglu, the next residual add),
 	 * which adds them as the fold kernel would: one launch less a product.
-	 * Not where a tensor-parallel reduce reads the output first. */
-	const bool tp = cu_tp_reduces(s);
+	 * Not where a tensor-parallel reduce reads the output first; o and down
+	 * (read by the residual add, one block a row) only with s->defer 2. */
+	const bool od = s->defer == 2 && !cu_tp_reduces(s), qg = s->defer >= 1;
 	const float *pending = NULL;
 	int pending_segs = 0, qsegs = 0, osegs = 0, gsegs = 0, dsegs = 0;
 	for (int i = 0; i < s->nl; i++) {
 		const struct layer_w *w = &s->L[i];
 		l = s->base.opts.layer_start + i;
-		if ((rc = norm_linear(s, W, pending, pending_segs, w->ln1, w->wqkv, s->qkv, s->qkv_dim, l, &qsegs)))
+		if ((rc = norm_linear(s, W, pending, pending_segs, w->ln1, w->wqkv, s->qkv, s->qkv_dim, l,
+				      qg ? &qsegs : NULL)))
 			return rc;
 		kn_bf16 *kc = s->kv + (size_t)i * lay, *vc = kc + lay / 2;
 		struct kn_cu_qkv_args qa = {};
@@ -214,19 +216,19 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)
 			aa.tile_from = kn_cuda_attn_tile_from(W, s->hd, s->nh / s->nkv);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
-		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H, tp ? NULL : &osegs)) ||
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H, od ? &osegs : NULL)) ||
 		    (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
 		if ((rc = norm_linear(s, W, out_of(s, s->delta, osegs), osegs, w->ln2, w->wgu, s->gu, 2 * s->inter, l,
-				      &gsegs)))
+				      qg ? &gsegs : NULL)))
 			return rc;
 		const float *gu = out_of(s, s->gu, gsegs);
 		if (x_bf16(s, W, s->inter, H)) {
 			CKL(kn_cuda_swiglu_bf16(gu, gsegs, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
-			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H, tp ? NULL : &dsegs);
+			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H, od ? &dsegs : NULL);
 		} else {
 			CKL(kn_cuda_swiglu(gu, gsegs, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
-			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H, tp ? NULL : &dsegs);
+			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H, od ? &dsegs : NULL);
 		}
 		if (rc || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
