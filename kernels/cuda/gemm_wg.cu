@@ -1160,16 +1160,23 @@ cudaError_t kn_cuda_gemm_wg(const kn_bf16 *w, const float *x, kn_bf16 *xb, float
 	return x ? wg_run(w, x, xb, y, n, in, out, part, part_floats, st) : cudaErrorInvalidValue;
 }
 
-cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
-				  float *part, size_t part_floats, int *nseg, cudaStream_t st)
+/* wg_run() with a product in parts leaving its sums to the consumer */
+static cudaError_t wg_run_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				float *part, size_t part_floats, int *nseg, cudaStream_t st)
 {
-	if (!x || !nseg)
+	if (!nseg)
 		return cudaErrorInvalidValue;
 	*nseg = 0;
 	wg_defer_to = nseg;
 	const cudaError_t e = wg_run(w, x, xb, y, n, in, out, part, part_floats, st);
 	wg_defer_to = NULL;
 	return e;
+}
+
+cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
+				  float *part, size_t part_floats, int *nseg, cudaStream_t st)
+{
+	return x ? wg_run_defer(w, x, xb, y, n, in, out, part, part_floats, nseg, st) : cudaErrorInvalidValue;
 }
 
 int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out)
@@ -1193,13 +1200,7 @@ cudaError_t kn_cuda_gemm_wg_bf16(const kn_bf16 *w, const kn_bf16 *xb, float *y, 
 cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out,
 				       float *part, size_t part_floats, int *nseg, cudaStream_t st)
 {
-	if (!nseg)
-		return cudaErrorInvalidValue;
-	*nseg = 0;
-	wg_defer_to = nseg;
-	const cudaError_t e = wg_run(w, NULL, (kn_bf16 *)xb, y, n, in, out, part, part_floats, st);
-	wg_defer_to = NULL;
-	return e;
+	return wg_run_defer(w, NULL, (kn_bf16 *)xb, y, n, in, out, part, part_floats, nseg, st);
 }
 
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
