@@ -176,48 +176,41 @@ static __device__ __forceinline__ float kn_ld_cg(const float *p)
 	return r;
 }
 
+/* v += d, element by element */
+static __device__ __forceinline__ void kn_add_to(float &v, float d)
+{
+	v += d;
+}
+
+static __device__ __forceinline__ void kn_add_to(float2 &v, float2 d)
+{
+	v.x += d.x;
+	v.y += d.y;
+}
+
+static __device__ __forceinline__ void kn_add_to(float4 &v, float4 d)
+{
+	v.x += d.x;
+	v.y += d.y;
+	v.z += d.z;
+	v.w += d.w;
+}
+
 /**
  * Element @p e of a linear layer's output left as @p nseg segment sums
- * [nseg][count] at @p p (gemm_wg.cuh, kn_cuda_gemm_wg_defer()): the sums
- * added from 0 in segment order, as the fold kernel it replaces adds them,
- * so the bits are the same. nseg 0: @p p is the output itself. Two and four
- * consecutive elements (8- and 16-byte aligned) in kn_parts_ld2/4().
+ * [nseg][count] at @p p (gemm_wg.cuh, kn_cuda_gemm_wg_defer()), as V:
+ * float, or two / four consecutive elements (8- / 16-byte aligned). The
+ * sums are added from 0 in segment order, as the fold kernel it replaces
+ * adds them, so the bits are the same. nseg 0: @p p is the output itself.
  */
-static __device__ __forceinline__ float kn_parts_ld(const float *p, int nseg, size_t count, size_t e)
+template <typename V>
+static __device__ __forceinline__ V kn_parts_ld(const float *p, int nseg, size_t count, size_t e)
 {
 	if (nseg == 0)
-		return p[e];
-	float v = 0.f;
+		return *reinterpret_cast<const V *>(p + e);
+	V v = {};
 	for (int s = 0; s < nseg; s++)
-		v += p[(size_t)s * count + e];
-	return v;
-}
-
-static __device__ __forceinline__ float2 kn_parts_ld2(const float *p, int nseg, size_t count, size_t e)
-{
-	if (nseg == 0)
-		return *reinterpret_cast<const float2 *>(p + e);
-	float2 v = make_float2(0.f, 0.f);
-	for (int s = 0; s < nseg; s++) {
-		const float2 d = *reinterpret_cast<const float2 *>(p + (size_t)s * count + e);
-		v.x += d.x;
-		v.y += d.y;
-	}
-	return v;
-}
-
-static __device__ __forceinline__ float4 kn_parts_ld4(const float *p, int nseg, size_t count, size_t e)
-{
-	if (nseg == 0)
-		return *reinterpret_cast<const float4 *>(p + e);
-	float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-	for (int s = 0; s < nseg; s++) {
-		const float4 d = *reinterpret_cast<const float4 *>(p + (size_t)s * count + e);
-		v.x += d.x;
-		v.y += d.y;
-		v.z += d.z;
-		v.w += d.w;
-	}
+		kn_add_to(v, *reinterpret_cast<const V *>(p + (size_t)s * count + e));
 	return v;
 }
 

@@ -29,8 +29,8 @@ static __global__ void __launch_bounds__(QR_THREADS) qkv_rope_kernel(const struc
 	float x0 = 0.f, x1 = 0.f;
 	if (active && a.qkv_parts) {
 		const size_t count = (size_t)a.n * qkv_dim, e = (size_t)c * qkv_dim + off + t;
-		x0 = kn_parts_ld(a.qkv_parts, a.qkv_segs, count, e);
-		x1 = kn_parts_ld(a.qkv_parts, a.qkv_segs, count, e + half);
+		x0 = kn_parts_ld<float>(a.qkv_parts, a.qkv_segs, count, e);
+		x1 = kn_parts_ld<float>(a.qkv_parts, a.qkv_segs, count, e + half);
 	} else if (active) {
 		x0 = x[t];
 		x1 = x[t + half];

@@ -12,7 +12,7 @@ static __device__ __forceinline__ void store2(kn_bf16 *o, float a, float b)
 }
 
 /* grid (ceil(inter/2/256), n), block 256: two elements per thread. gu in
- * segs segment sums where segs > 0 (kn_parts_ld2()). */
+ * segs segment sums where segs > 0 (kn_parts_ld<float2>()). */
 template <typename T>
 static __global__ void swiglu_kernel(const float *gu, int segs, int inter, T *out)
 {
@@ -23,8 +23,8 @@ static __global__ void swiglu_kernel(const float *gu, int segs, int inter, T *ou
 	if (i >= inter)
 		return;
 	const size_t count = (size_t)gridDim.y * 2 * inter;
-	const float2 g = kn_parts_ld2(gu, segs, count, (size_t)r * 2 * inter + i);
-	const float2 u = kn_parts_ld2(gu, segs, count, (size_t)r * 2 * inter + inter + i);
+	const float2 g = kn_parts_ld<float2>(gu, segs, count, (size_t)r * 2 * inter + i);
+	const float2 u = kn_parts_ld<float2>(gu, segs, count, (size_t)r * 2 * inter + inter + i);
 	const float a = g.x / (1.f + expf(-g.x)) * u.x;
 	const float b = g.y / (1.f + expf(-g.y)) * u.y;
 	store2(out + (size_t)r * inter + i, a, b);
