@@ -663,7 +663,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 					 *const attn[] = { "auto", "column", "tile", NULL },
 					 *const wide[] = { "cublas", "mma", NULL }, *const linear[] = { "default", "wg", NULL },
 					 *const runs[] = { "0", "64", "128", NULL }, *const exact[] = { "0", "1", "auto", NULL },
-					 *const defer[] = { "none", "qkv_gate_up", "all", NULL };
+					 *const defer[] = { "none", "qkv_gate_up", "all", "auto", NULL };
 		const int wx = env_word("KVFERRY_CUDA_WIDE_X", wide_x, op->cuda_wide_x == 1, s->base.err, sizeof(s->base.err));
 		const int gk = env_word("KVFERRY_CUDA_GEMV", gemv, op->cuda_gemv, s->base.err, sizeof(s->base.err));
 		const int at = env_word("KVFERRY_CUDA_ATTN", attn, op->cuda_attn, s->base.err, sizeof(s->base.err));
@@ -679,7 +679,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
 		/* the family's segment sums to their consumers: every product's
 		 * (default), qkv's and gate_up's only, or none (graph.cu) */
-		const int df = env_word("KVFERRY_CUDA_DEFER", defer, 2, s->base.err, sizeof(s->base.err));
+		const int df = env_word("KVFERRY_CUDA_DEFER", defer, 3, s->base.err, sizeof(s->base.err));
 		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0) {
 			rc = -EINVAL;
 			goto fail;

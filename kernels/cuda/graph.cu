@@ -103,6 +103,25 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, int dsegs,
 	return linear(s, w, s->x, y, W, H, out, segs);
 }
 
+/* A row of segment sums the residual add may read itself (defer 3): 128 KB,
+ * the 1B's down (hidden 2,048, 16 segments) and the 8B's o (4,096, 8). The
+ * 8B's down (28 segments, 458 KB a row through one SM) is faster through
+ * the fold kernel: H100, one family, ms a step at 1 / 8 / 32 columns, o
+ * and down folded against both left to the residual add 6.125 / 6.549 /
+ * 8.069 against 6.263 / 6.726 / 8.126; the 1B the other way, 1.292 / 1.378
+ * / 1.735 against 1.294 / 1.356 / 1.718 (kernels/cuda/NOTES.md). */
+#define CU_DEFER_ROW_FLOATS 32768
+
+/* Whether the product of @p in inputs that the residual add reads (o,
+ * down) leaves its segment sums to it; a product in parts has a part a
+ * 512-k segment (gemm_wg.cu). */
+static bool defer_od(const struct cu_stage *s, int in)
+{
+	if (s->defer == 3)
+		return (long)s->hidden * ((in + 511) / 512) <= CU_DEFER_ROW_FLOATS;
+	return s->defer == 2;
+}
+
 /* where a linear layer's output is, for its consumer: its segment sums in
  * s->wg_part, or @p y itself */
 static const float *out_of(const struct cu_stage *s, const float *y, int segs)
@@ -141,9 +160,11 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 	/* The one family's products in segment parts leave their sums to the
 	 * kernel that reads them (qkv_rope, swiglu, the next residual add),
 	 * which adds them as the fold kernel would: one launch less a product.
-	 * Not where a tensor-parallel reduce reads the output first; o and down
-	 * (read by the residual add, one block a row) only with s->defer 2. */
-	const bool od = s->defer == 2 && !cu_tp_reduces(s), qg = s->defer >= 1;
+	 * Not where a tensor-parallel reduce reads the output first. o and down
+	 * are read by the residual add, one block a row: theirs are left to it
+	 * with s->defer 2, or 3 where a row's sums are few (defer_od()). */
+	const bool tp = cu_tp_reduces(s), qg = s->defer >= 1;
+	const bool od_o = !tp && defer_od(s, s->q_dim), od_d = !tp && defer_od(s, s->inter);
 	const float *pending = NULL;
 	int pending_segs = 0, qsegs = 0, osegs = 0, gsegs = 0, dsegs = 0;
 	for (int i = 0; i < s->nl; i++) {
@@ -216,7 +237,7 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)
 			aa.tile_from = kn_cuda_attn_tile_from(W, s->hd, s->nh / s->nkv);
 		CKL(kn_cuda_attention(&aa, s->st), "kn_cuda_attention");
-		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H, od ? &osegs : NULL)) ||
+		if ((rc = linear(s, w->wo, s->att, s->delta, W, s->q_dim, H, od_o ? &osegs : NULL)) ||
 		    (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;
 		if ((rc = norm_linear(s, W, out_of(s, s->delta, osegs), osegs, w->ln2, w->wgu, s->gu, 2 * s->inter, l,
@@ -225,10 +246,10 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		const float *gu = out_of(s, s->gu, gsegs);
 		if (x_bf16(s, W, s->inter, H)) {
 			CKL(kn_cuda_swiglu_bf16(gu, gsegs, W, s->inter, s->xb, s->st), "kn_cuda_swiglu_bf16");
-			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H, od ? &dsegs : NULL);
+			rc = linear_bf16(s, w->wd, s->delta, W, s->inter, H, od_d ? &dsegs : NULL);
 		} else {
 			CKL(kn_cuda_swiglu(gu, gsegs, W, s->inter, s->act, s->st), "kn_cuda_swiglu");
-			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H, od ? &dsegs : NULL);
+			rc = linear(s, w->wd, s->act, s->delta, W, s->inter, H, od_d ? &dsegs : NULL);
 		}
 		if (rc || (rc = cu_tp_reduce(s, s->delta, W)))
 			return rc;

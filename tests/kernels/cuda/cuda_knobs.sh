@@ -13,7 +13,7 @@ echo "$out" | grep -q "cuda module\|kvferry-cuda.so" && ! echo "$out" | grep -q 
   && { echo "SKIP: no CUDA module to load: $out"; exit 77; }
 for kv in KVFERRY_CUDA_LINEAR=family:default,wg KVFERRY_CUDA_ATTN_RUNS=256:0,64,128 KVFERRY_CUDA_WIDE_X=f32:bf16,split \
           KVFERRY_CUDA_ATTN=columns:auto,column,tile KVFERRY_CUDA_GEMV=FFMA:auto,ffma,mma KVFERRY_CUDA_ATTN_EXACT=yes:0,1,auto \
-          KVFERRY_CUDA_WIDE=wg:cublas,mma KVFERRY_CUDA_DEFER=some:none,qkv_gate_up,all; do
+          KVFERRY_CUDA_WIDE=wg:cublas,mma KVFERRY_CUDA_DEFER=some:none,qkv_gate_up,all,auto; do
   set=${kv%%:*} words=${kv#*:}
   out=$(run "$set")
   echo "$out" | grep -qF "$set names no choice; give one of ${words//,/, }, or unset it" \
