@@ -1030,16 +1030,13 @@ size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
 }
 
-/* Where a product in segment parts leaves its sums to its consumer (the
- * _defer calls, for the length of one): the segments counted there, no
- * fold kernel. */
-static thread_local int *wg_defer_to;
-
-/* the second kernel of a product in segment parts: the segments added */
-static cudaError_t wg_fold(const float *sums, float *y, size_t count, int nseg, cudaStream_t st)
+/* the second kernel of a product in segment parts: the segments added; or,
+ * with @p defer (the _defer calls), the sums left to the product's consumer
+ * and their count in *defer, no fold kernel */
+static cudaError_t wg_fold(const float *sums, float *y, size_t count, int nseg, cudaStream_t st, int *defer)
 {
-	if (wg_defer_to) {
-		*wg_defer_to = nseg;
+	if (defer) {
+		*defer = nseg;
 		return cudaSuccess;
 	}
 	const int blocks = (int)((count + 255) / 256 < 2048 ? (count + 255) / 256 : 2048);
@@ -1048,7 +1045,7 @@ static cudaError_t wg_fold(const float *sums, float *y, size_t count, int nseg, 
 
 template <int BN, bool MSPLIT, bool XRES, int WGS>
 static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb, float *y, int n, int in, int out,
-			     float *part, size_t part_floats, cudaStream_t st)
+			     float *part, size_t part_floats, cudaStream_t st, int *defer = NULL)
 {
 	using C = wg_cfg<BN, MSPLIT, XRES, WGS>;
 	const int nseg = (in + WG_SEG - 1) / WG_SEG;
@@ -1062,7 +1059,7 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 				  dim3(C::THREADS), (size_t)C::SMEM, st, w, x, xb, y, part, n, in, out);
 	if (e != cudaSuccess || !parts)
 		return e;
-	return wg_fold(part, y, count, nseg, st);
+	return wg_fold(part, y, count, nseg, st, defer);
 }
 
 static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n, int in, int out, cudaStream_t st,
@@ -1092,7 +1089,7 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 
 template <int BN, int CONS, int CL = 1>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
-			      size_t part_floats, cudaStream_t st, bool persist = true)
+			      size_t part_floats, cudaStream_t st, int *defer = NULL, bool persist = true)
 {
 	using C = wgt_cfg<BN, CONS, CL>;
 
@@ -1115,7 +1112,7 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 				 st, CL, tw, tx, y, parts ? part : (float *)NULL, n, in, out);
 		if (e != cudaSuccess || !parts)
 			return e;
-		return wg_fold(part, y, count, nseg, st);
+		return wg_fold(part, y, count, nseg, st, defer);
 	}
 	const long most = (long)wg_sms * wgt_per_sm<BN, CONS, CL>;
 	const int grid = (int)(persist && wg_persist && units > most ? most : units);
@@ -1123,13 +1120,14 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 		      parts ? part : (float *)NULL, n, in, out);
 	if (e != cudaSuccess || !parts)
 		return e;
-	return wg_fold(part, y, count, nseg, st);
+	return wg_fold(part, y, count, nseg, st, defer);
 }
 
 /* the product on the kernel wg_pick() chooses; X from @p x (f32, rounded
- * here) or, when @p x is NULL, already rounded in @p xb */
+ * here) or, when @p x is NULL, already rounded in @p xb; @p defer: a
+ * product in parts leaves its sums to its consumer (wg_fold()) */
 static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
-			  float *part, size_t part_floats, cudaStream_t st)
+			  float *part, size_t part_floats, cudaStream_t st, int *defer = NULL)
 {
 	cudaError_t e;
 	if (n < 1 || in % 8 || in < 8 || out < 1)
@@ -1147,10 +1145,10 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		if (!C::XRES && x && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 			return re;
 		if constexpr (C::TMA)
-			return wgt_launch<C::BN, C::CONS, C::CL>(w, xb, y, n, in, out, part, part_floats, st);
+			return wgt_launch<C::BN, C::CONS, C::CL>(w, xb, y, n, in, out, part, part_floats, st, defer);
 		else
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
-									      n, in, out, part, part_floats, st);
+									      n, in, out, part, part_floats, st, defer);
 	});
 }
 
@@ -1167,10 +1165,7 @@ static cudaError_t wg_run_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, f
 	if (!nseg)
 		return cudaErrorInvalidValue;
 	*nseg = 0;
-	wg_defer_to = nseg;
-	const cudaError_t e = wg_run(w, x, xb, y, n, in, out, part, part_floats, st);
-	wg_defer_to = NULL;
-	return e;
+	return wg_run(w, x, xb, y, n, in, out, part, part_floats, st, nseg);
 }
 
 cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
@@ -1231,7 +1226,7 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 	case 4: /* 128-column tiles */
 		return wgt_launch<128, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 5: /* 64-column tiles, a block for each unit of work */
-		return wgt_launch<64, 2>(w, xb, y, n, in, out, part, part_floats, st, false);
+		return wgt_launch<64, 2>(w, xb, y, n, in, out, part, part_floats, st, NULL, false);
 	case 6: /* 64 rows by 128 columns (one consumer) */
 		return wgt_launch<128, 1>(w, xb, y, n, in, out, part, part_floats, st);
 	case 7: /* 8-column tiles */
