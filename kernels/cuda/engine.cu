@@ -677,8 +677,10 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		/* the run kernel's runs: 64 columns (default), 128 or none (0) */
 		const int rn = env_word("KVFERRY_CUDA_ATTN_RUNS", runs, 1, s->base.err, sizeof(s->base.err));
 		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
-		/* the family's segment sums to their consumers: every product's
-		 * (default), qkv's and gate_up's only, or none (graph.cu) */
+		/* the family's segment sums to their consumers: qkv's, gate_up's,
+		 * and o's and down's where a row of them is small (auto, the
+		 * default), every product's, qkv's and gate_up's only, or none
+		 * (graph.cu defer_od()) */
 		const int df = env_word("KVFERRY_CUDA_DEFER", defer, 3, s->base.err, sizeof(s->base.err));
 		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0) {
 			rc = -EINVAL;

@@ -106,19 +106,20 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, int dsegs,
 /* A row of segment sums the residual add may read itself (defer 3): 128 KB,
  * the 1B's down (hidden 2,048, 16 segments) and the 8B's o (4,096, 8). The
  * 8B's down (28 segments, 458 KB a row through one SM) is faster through
- * the fold kernel: H100, one family, ms a step at 1 / 8 / 32 columns, o
- * and down folded against both left to the residual add 6.125 / 6.549 /
- * 8.069 against 6.263 / 6.726 / 8.126; the 1B the other way, 1.292 / 1.378
- * / 1.735 against 1.294 / 1.356 / 1.718 (kernels/cuda/NOTES.md). */
+ * the fold kernel. H100, one family, ms a step at 1 / 8 / 32 columns
+ * (kernels/cuda/NOTES.md, nineteenth session): this rule 8B 6.283 / 6.783
+ * / 7.868, 1B 1.299 / 1.376 / 1.634; o and down always left to the
+ * residual add 6.418 / 6.902 / 7.911, 1.309 / 1.387 / 1.651; never
+ * 6.321 / 6.805 / 7.914, 1.312 / 1.394 / 1.681. */
 #define CU_DEFER_ROW_FLOATS 32768
 
 /* Whether the product of @p in inputs that the residual add reads (o,
- * down) leaves its segment sums to it; a product in parts has a part a
- * 512-k segment (gemm_wg.cu). */
+ * down) leaves its segment sums to it: a row of them is a segment's row
+ * (hidden floats) for each of the product's segments. */
 static bool defer_od(const struct cu_stage *s, int in)
 {
 	if (s->defer == 3)
-		return (long)s->hidden * ((in + 511) / 512) <= CU_DEFER_ROW_FLOATS;
+		return kn_cuda_gemm_wg_part_floats(1, in, s->hidden) <= CU_DEFER_ROW_FLOATS;
 	return s->defer == 2;
 }
 
