@@ -681,7 +681,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		 * and o's and down's where a row of them is small (auto, the
 		 * default), every product's, qkv's and gate_up's only, or none
 		 * (graph.cu defer_od()) */
-		const int df = env_word("KVFERRY_CUDA_DEFER", defer, 3, s->base.err, sizeof(s->base.err));
+		const int df = env_word("KVFERRY_CUDA_DEFER", defer, CU_DEFER_AUTO, s->base.err, sizeof(s->base.err));
 		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0) {
 			rc = -EINVAL;
 			goto fail;

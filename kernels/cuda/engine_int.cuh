@@ -81,6 +81,13 @@ struct cu_slot {
 	int W, n_top, host_rows, bounce_out, done, rc;
 };
 
+/* Which of the one family's products in segment parts leave their sums to
+ * the kernels that read them (cu_stage.defer; the order of the words of
+ * KVFERRY_CUDA_DEFER): none, qkv's and gate_up's only (o and down keep the
+ * fold kernel), every one, or qkv's, gate_up's and o's and down's where a
+ * row of them is small (the default, graph.cu defer_od()). */
+enum cu_defer { CU_DEFER_NONE, CU_DEFER_QKV_GATE_UP, CU_DEFER_ALL, CU_DEFER_AUTO };
+
 struct cu_stage {
 	struct kn_stage base; /* first member: kn_stage_impl.h */
 	struct kn_model_config cfg_copy;
@@ -129,10 +136,9 @@ struct cu_stage {
 	size_t mma_part_floats;
 	int linear_wg;         /* KVFERRY_CUDA_LINEAR=wg: one family: every linear by kn_cuda_gemm_wg, attention by the
 	                        * tile kernel, exact, in pieces of CU_FAMILY_SPLIT (bits independent of the plan width) */
-	int defer;             /* which of its products in segment parts leave the sums to their consumers: 3 qkv,
-	                        * gate_up, and o and down where a row's sums are few (default, graph.cu defer_od()),
-	                        * 2 every one, 1 qkv and gate_up only (o and down keep the fold kernel), 0 none
-	                        * (KVFERRY_CUDA_DEFER=auto|all|qkv_gate_up|none, for measuring: the same bits) */
+	int defer;             /* which of its products in segment parts leave the sums to their consumers
+	                        * (enum cu_defer; KVFERRY_CUDA_DEFER=auto|all|qkv_gate_up|none, for measuring: the
+	                        * same bits) */
 	int family_split;      /* its attention pieces: CU_FAMILY_SPLIT (KVFERRY_CUDA_FAMILY_SPLIT, a multiple of 16, for
 	                        * measuring: other bits, the same at every width) */
 	int attn_runs;         /* columns a run of the run kernel (prompt chunks): 64, 128 (KVFERRY_CUDA_ATTN_RUNS=128)

@@ -103,7 +103,7 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, int dsegs,
 	return linear(s, w, s->x, y, W, H, out, segs);
 }
 
-/* A row of segment sums the residual add may read itself (defer 3): 128 KB,
+/* A row of segment sums the residual add may read itself (CU_DEFER_AUTO): 128 KB,
  * the 1B's down (hidden 2,048, 16 segments) and the 8B's o (4,096, 8). The
  * 8B's down (28 segments, 458 KB a row through one SM) is faster through
  * the fold kernel. H100, one family, ms a step at 1 / 8 / 32 columns
@@ -118,9 +118,9 @@ static int norm_linear(struct cu_stage *s, int W, const float *delta, int dsegs,
  * (hidden floats) for each of the product's segments. */
 static bool defer_od(const struct cu_stage *s, int in)
 {
-	if (s->defer == 3)
+	if (s->defer == CU_DEFER_AUTO)
 		return kn_cuda_gemm_wg_part_floats(1, in, s->hidden) <= CU_DEFER_ROW_FLOATS;
-	return s->defer == 2;
+	return s->defer == CU_DEFER_ALL;
 }
 
 /* where a linear layer's output is, for its consumer: its segment sums in
@@ -163,8 +163,9 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 	 * which adds them as the fold kernel would: one launch less a product.
 	 * Not where a tensor-parallel reduce reads the output first. o and down
 	 * are read by the residual add, one block a row: theirs are left to it
-	 * with s->defer 2, or 3 where a row's sums are few (defer_od()). */
-	const bool tp = cu_tp_reduces(s), qg = s->defer >= 1;
+	 * with CU_DEFER_ALL, or with CU_DEFER_AUTO where a row's sums are few
+	 * (defer_od()). */
+	const bool tp = cu_tp_reduces(s), qg = s->defer != CU_DEFER_NONE;
 	const bool od_o = !tp && defer_od(s, s->q_dim), od_d = !tp && defer_od(s, s->inter);
 	const float *pending = NULL;
 	int pending_segs = 0, qsegs = 0, osegs = 0, gsegs = 0, dsegs = 0;

@@ -41,8 +41,7 @@ add_rmsnorm_kernel(float *resid, const float *delta, int dsegs, const float *w, 
 	for (int i = threadIdx.x; i < n4; i += RMS_THREADS) {
 		float4 v = r4[i];
 		if (delta) {
-			const float4 d = kn_parts_ld<float4>(delta, dsegs, count, base + 4 * (size_t)i);
-			v.x += d.x; v.y += d.y; v.z += d.z; v.w += d.w;
+			kn_add_to(v, kn_parts_ld<float4>(delta, dsegs, count, base + 4 * (size_t)i));
 			r4[i] = v;
 		}
 		ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
