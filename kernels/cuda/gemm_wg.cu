@@ -749,8 +749,14 @@ static int wg_cons = 0, wg_tma_from = 0, wg_persist = 1;
  * in pairs: 8B gate_up at 2,048 columns 963 -> 782 (cuBLAS 646), 8B down
  * 517 -> 417 (356), 1B LM head 2,034 -> 1,774 (1,541); at 256 columns
  * none won (8B gate_up 127 -> 132). KVFERRY_WG_CLUSTER=1 never, 2 at every
- * width the tiles allow (for measuring). */
+ * width the tiles allow, 4 clusters of four CTAs above 256 columns (X's
+ * reads quartered; for measuring). */
 static int wg_cluster = 0;
+
+/* KVFERRY_WG_WAVES=1: above 256 columns the TMA kernel's tile width (128 or
+ * 192) priced by its waves over the SMs, not only by the columns it wastes
+ * (wg_pick()); 0 (the default for now): columns only. For measuring. */
+static int wg_waves = 0;
 
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
@@ -807,7 +813,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
 	e = getenv("KVFERRY_WG_CLUSTER");
-	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : 0;
+	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "4") ? 4 : 0;
 	e = getenv("KVFERRY_WG_XB16");
 	wg_xb16 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_SKINNY");
@@ -816,6 +822,8 @@ static void wg_read_env(void)
 	wgs_warps = e && atoi(e) >= 1 && atoi(e) <= 16 ? atoi(e) : 0;
 	e = getenv("KVFERRY_WGS_WB");
 	wgs_wb = e && !strcmp(e, "1");
+	e = getenv("KVFERRY_WG_WAVES");
+	wg_waves = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -888,6 +896,18 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		 : n <= 64  ? 64
 		 : w128 < w192 ? 128
 			       : 192;
+	/* wide plans: the width whose tiles take the fewest column-waves (the
+	 * last wave of 192-column tiles may leave most SMs idle: the 1B's o at
+	 * 2,048 columns is 176 tiles, two waves of which the second a third
+	 * full), 128-column tiles priced 10% over for their lower intensity */
+	if (wg_tma < 0 && wg_waves && n > 256) {
+		const long rows = (out + 127) / 128;
+		auto cost = [&](int b) {
+			const long tiles = rows * ((n + b - 1) / b);
+			return (double)((tiles + wg_sms - 1) / wg_sms) * b * (b == 128 ? 1.1 : 1.0);
+		};
+		bn = cost(128) < cost(192) ? 128 : 192;
+	}
 	/* 64-column tiles where the wider ones would leave most SMs idle (or
 	 * run in segment parts) and 64-column ones fill at most one wave: the
 	 * 8B's down, o and qkv at 128-256 columns (H100, .dc/run5.sh, best of
@@ -903,6 +923,8 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	}
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
+	if (wg_cluster == 4 && n > 256 && cons == 2 && (bn == 128 || bn == 192))
+		return bn == 128 ? f(wgt_cfg<128, 2, 4>()) : f(wgt_cfg<192, 2, 4>());
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
 		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 	switch (bn + cons) {
@@ -1008,7 +1030,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<64, 1>(),  wgt_set_smem<128, 1>(), wgt_set_smem<192, 1>(),
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
-		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(),
+		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<128, 2, 4>(), wgt_set_smem<192, 2, 4>(),
 		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
@@ -1018,8 +1040,10 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 	wg_read_env();
 	wg_sms = sms;
 	if (getenv("KVFERRY_WG_SHOW_CLUSTERS"))
-		fprintf(stderr, "gemm_wg: %d SMs; CTA pairs the GPU holds at once: 128 columns %d, 192 columns %d\n", sms,
-			wgt_clusters<128, 2, 2>, wgt_clusters<192, 2, 2>);
+		fprintf(stderr,
+			"gemm_wg: %d SMs; CTA pairs the GPU holds at once: 128 columns %d, 192 columns %d; "
+			"clusters of 4: %d, %d\n",
+			sms, wgt_clusters<128, 2, 2>, wgt_clusters<192, 2, 2>, wgt_clusters<128, 2, 4>, wgt_clusters<192, 2, 4>);
 	return cudaSuccess;
 }
 
@@ -1103,8 +1127,9 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, C::XH)) != cudaSuccess)
 		return e;
 	if constexpr (CL > 1) {
-		/* pairs of CTAs on adjacent row tiles, each copying half of X's
-		 * stage into both; always persistent: a grid of what the GPU holds */
+		/* CL CTAs (a pair, or four) on adjacent row tiles, each copying
+		 * its share of X's stage into all; always persistent: a grid of
+		 * what the GPU holds */
 		const long pairs = (long)((n + BN - 1) / BN) * (((out + C::BM - 1) / C::BM + CL - 1) / CL) *
 				   (parts ? nseg : 1);
 		const long nc = pairs < wgt_clusters<BN, CONS, CL> ? pairs : wgt_clusters<BN, CONS, CL>;
@@ -1237,6 +1262,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<128, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 10: /* 192-column tiles in CTA pairs sharing X */
 		return wgt_launch<192, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 13: /* 128-column tiles in clusters of four sharing X */
+		return wgt_launch<128, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
+	case 14: /* 192-column tiles in clusters of four */
+		return wgt_launch<192, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}

@@ -228,8 +228,14 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		aa.kernel = s->attn_tile == 2 || (s->attn_tile == 0 && (W > KN_CU_GEMV_MAX_N || aa.split < 0))
 				    ? KN_CU_ATTN_TILE
 				    : KN_CU_ATTN_COLUMN;
+		/* q and P exact (hi + lo bf16) where the linears keep f32-grade X
+		 * (narrow default plans, wide split / mma); bf16, as transformers'
+		 * bf16 path and the wide default plans round them, elsewhere, one
+		 * family included (at every width: H100, .dc/run4.sh, prefill of
+		 * 2,048 tokens 8B 75.2 -> 71.9 ms, 1B 14.2 -> 13.5, decode batch 1
+		 * 8B 6.28 -> 6.24, 1B 1.31 -> 1.29) */
 		aa.exact = s->attn_exact >= 0 ? s->attn_exact
-					    : W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma || s->linear_wg;
+					    : !s->linear_wg && (W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma);
 		/* prompt chunks of the default kernels: each run of 64 columns of one
 		 * slot in one causal pass (the run kernel); not in one family, whose
 		 * columns keep the tile kernel's pieces at every width */
