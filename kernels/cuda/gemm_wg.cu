@@ -753,10 +753,10 @@ static int wg_cons = 0, wg_tma_from = 0, wg_persist = 1;
  * reads quartered; for measuring). */
 static int wg_cluster = 0;
 
-/* KVFERRY_WG_WAVES=1: above 256 columns the TMA kernel's tile width (128 or
+/* KVFERRY_WG_WAVES: above 256 columns the TMA kernel's tile width (128 or
  * 192) priced by its waves over the SMs, not only by the columns it wastes
- * (wg_pick()); 0 (the default for now): columns only. For measuring. */
-static int wg_waves = 0;
+ * (wg_pick()); 1, the default; 0: columns only. For measuring. */
+static int wg_waves = 1;
 
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
@@ -823,7 +823,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WGS_WB");
 	wgs_wb = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_WAVES");
-	wg_waves = e && !strcmp(e, "1");
+	wg_waves = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -899,7 +899,12 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	/* wide plans: the width whose tiles take the fewest column-waves (the
 	 * last wave of 192-column tiles may leave most SMs idle: the 1B's o at
 	 * 2,048 columns is 176 tiles, two waves of which the second a third
-	 * full), 128-column tiles priced 10% over for their lower intensity */
+	 * full), 128-column tiles priced 10% over for their lower intensity.
+	 * H100, .dc/run4.sh (twenty-first session), us at 2,048 columns,
+	 * columns only -> waves: 8B gate_up 799 -> 722, qkv 191 -> 170, down
+	 * 428 -> 431, o 132 -> 133; 1B gate_up 246 -> 230, LM head 1,816 ->
+	 * 1,679, down 140 -> 144; prefill of 2,048 tokens 8B 76.9 -> 73.6 ms,
+	 * 1B 15.6 -> 15.3 */
 	if (wg_tma < 0 && wg_waves && n > 256) {
 		const long rows = (out + 127) / 128;
 		auto cost = [&](int b) {
