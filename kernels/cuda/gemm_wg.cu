@@ -5,7 +5,9 @@
  * `in` alone:
  *   - X rounded to bf16 (round to nearest even), W bf16, products summed in
  *     f32 by the tensor cores 16 k at a time (one wgmma k16 step), steps in
- *     increasing k into one accumulator per segment of WG_SEG k;
+ *     increasing k into one accumulator per segment of the layer's
+ *     wg_seg_of(in, out) k: all of `in` for layers of at least four rows an
+ *     input (gate_up, the LM head), WG_SEG for the others;
  *   - the segments' sums added from 0 in segment order.
  * Which block computes which segment (all of a tile's segments in its
  * registers, or one segment each and a second kernel adding them) and how
@@ -14,8 +16,9 @@
  * neither do the bits (test_cuda_ops checks every width against width 1).
  *
  * Block: one to three warpgroups (wg_cfg). W streams through shared stages
- * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read it. Narrow plans (n <= 32) keep a segment's X resident in shared
- * memory, rounded from f32 as it is loaded (no rounding pass); wider ones
+ * of WG_BK k by cp.async, 128-byte swizzled as wgmma's descriptors read
+ * it. Narrow plans (n <= 32) keep X resident in shared memory, WG_SEG k at
+ * a time, rounded from f32 as it is loaded (no rounding pass); wider ones
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
  * more than 32 columns run gemm_wgt_kernel instead: tensor copies (TMA)
  * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
@@ -38,6 +41,22 @@
 #define WG_SEG 512     /* k per segment of the sum */
 #define WG_XRES_MAX 32 /* widest plan whose X stays resident */
 #define WG_SMEM_MAX (227 * 1024)
+
+/*
+ * k per segment of a layer's sum: the shape alone fixes it, so every kernel
+ * and plan width sums a column alike. Layers of at least four rows an input
+ * (gate_up, the LM head) take all of `in` in one chain: their rows alone give
+ * narrow plans blocks enough (8B gate_up 224 tiles of 128 rows, the LM head
+ * 1,002), and wide plans then need no second accumulator, which lets their
+ * tiles be 256 columns (H100, bench_cuda --gemm 2048, us: 8B gate_up cuBLAS
+ * 700, 192-column tiles in segments 799, 256 in one chain 666). Narrower
+ * layers (qkv, o, down) keep WG_SEG: narrow plans run their few row tiles in
+ * segment parts.
+ */
+static __host__ __device__ __forceinline__ int wg_seg_of(int in, int out)
+{
+	return (long)out >= 4L * in ? (in + WG_SEG - 1) / WG_SEG * WG_SEG : WG_SEG;
+}
 
 /*
  * WGS warpgroups a block: MSPLIT, each takes 64 W rows of the block's
@@ -142,10 +161,10 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	unsigned char *xres = sm + S * C::STAGE;
 	const int tid = threadIdx.x, wg = tid >> 7;
 	const int row0 = blockIdx.y * C::BM, col0 = blockIdx.x * C::BNB;
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const int seg = wg_seg_of(in, out), nseg = (in + seg - 1) / seg;
 	const bool parts = gridDim.z > 1;
 	const int s0 = parts ? blockIdx.z : 0, s1 = parts ? blockIdx.z + 1 : nseg;
-	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
+	const int kbeg = s0 * seg, kend = min(s1 * seg, in);
 	const int nch = (kend - kbeg + WG_BK - 1) / WG_BK;
 
 	auto load_w = [&](int i) {
@@ -168,11 +187,11 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 			cp16(dst + sw128(r, c), xb + (ok ? (size_t)gc * in + gk : 0), ok);
 		}
 	};
-	/* a segment's X, rounded to bf16, as WG_SEG / WG_BK swizzled tiles: a
-	 * thread's loads go out 8 at a time before the first is used */
-	auto load_xres = [&](int seg) {
+	/* WG_SEG k of X from @p k0 (a window: a segment's start, or every
+	 * WG_SEG k of a longer one), rounded to bf16, as WG_SEG / WG_BK swizzled
+	 * tiles: a thread's loads go out 8 at a time before the first is used */
+	auto load_xres = [&](int k0) {
 		constexpr int U = C::BNB * (WG_SEG / 8) / T, V = U < 8 ? U : 8;
-		const int k0 = seg * WG_SEG;
 #pragma unroll
 		for (int v0 = 0; v0 < U; v0 += V) {
 			float4 a[V], b[V];
@@ -222,11 +241,11 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	const uint32_t wg_w = MSPLIT ? wg * 64 * 128 : 0, wg_x = MSPLIT ? 0 : wg * BN * 128;
 	for (int i = 0; i < nch; i++) {
 		const int k0 = kbeg + i * WG_BK;
-		const bool first = k0 % WG_SEG == 0, last = i == nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
+		const bool first = k0 % seg == 0, last = i == nch - 1 || (k0 + WG_BK) % seg == 0;
 		cp_wait<D - 1>(); /* chunk i's group */
-		if (XRES && first) {
-			__syncthreads(); /* every warpgroup is done with the last segment's X */
-			load_xres(k0 / WG_SEG);
+		if (XRES && k0 % WG_SEG == 0) {
+			__syncthreads(); /* every warpgroup is done with the last window of X */
+			load_xres(k0);
 		}
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 		/* chunk i landed for all; the stage D chunks on was read by products
@@ -282,7 +301,8 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
  * back to the producer through its empty barrier once all have read it. No
  * block barrier in the loop, no thread computing addresses. BN 192 keeps a
  * running sum and the total (96 + 96 registers) per thread: the widest tile
- * whose segment fold still fits in registers.
+ * whose segment fold still fits in registers. BN 256 keeps only the sum
+ * (128 registers): layers of one segment (wg_seg_of()).
  */
 template <int BN_, int CONS_, int CL_ = 1> struct wgt_cfg {
 	static constexpr int BN = BN_, CONS = CONS_, CL = CL_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS, BNB = BN_;
@@ -372,11 +392,12 @@ struct wgt_unit {
 	int row0, col0, seg, kbeg, nch;
 };
 
-WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int nseg, int cl = 1, int rank = 0)
+WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int seg, int nseg, int cl = 1,
+			    int rank = 0)
 {
 	const int ct = u % nct, r = u / nct, sg = r % nsp, rt = (r / nsp) * cl + rank;
 	const int s0 = nsp > 1 ? sg : 0, s1 = nsp > 1 ? sg + 1 : nseg;
-	const int kbeg = s0 * WG_SEG, kend = min(s1 * WG_SEG, in);
+	const int kbeg = s0 * seg, kend = min(s1 * seg, in);
 	return wgt_unit{ rt * bm, ct * bn, sg, kbeg, (kend - kbeg + WG_BK - 1) / WG_BK };
 }
 
@@ -398,7 +419,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
-	const int nseg = (in + WG_SEG - 1) / WG_SEG, nsp = part ? nseg : 1;
+	const int seg = wg_seg_of(in, out), nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1;
 	/* units of CL row tiles (the cluster's CTAs take one each, in step) */
 	const int nct = (n + BN - 1) / BN, units = nct * (((out + C::BM - 1) / C::BM + CL - 1) / CL) * nsp;
 	const int rank = CL > 1 ? (int)cluster_rank() : 0, first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -430,7 +451,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			/* the weights' first stages go out before waiting for X's producer */
 			int pre = 0;
 			for (int u = first; u < units && pre < S; u += step) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
 				for (int i = 0; i < t.nch && pre < S; i++, pre++) {
 					mbar_expect_tx(&full[pre], C::STAGE);
 					tma_load(sm + pre * C::STAGE, &tw, &full[pre], t.kbeg + i * WG_BK, t.row0);
@@ -440,7 +461,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			kn_pdl_trigger();
 			int it = 0; /* this block's chunks so far: stage it % S, phase it / S */
 			for (int u = first; u < units; u += step) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
 				for (int i = 0; i < t.nch; i++, it++) {
 					const int s = it % S, k0 = t.kbeg + i * WG_BK;
 					if (it >= pre) {
@@ -473,18 +494,25 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 		else
 			mbar_arrive(&empty[st]);
 	};
-	float acc[BN / 2], tot[BN / 2];
+	/* 256-column tiles run only layers of one segment (the launch refuses
+	 * others): the total is 0 + the one chain, added at the store */
+	constexpr bool TOT = BN <= 192;
+	float acc[BN / 2], tot[TOT ? BN / 2 : 1];
 	bool waited = false;
 	int it = 0;
 	for (int u = first; u < units; u += step) {
-		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, nseg, CL, rank);
+		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
 #pragma unroll
 		for (int e = 0; e < BN / 2; e++)
-			acc[e] = tot[e] = 0.f;
+			acc[e] = 0.f;
+		if constexpr (TOT)
+#pragma unroll
+			for (int e = 0; e < BN / 2; e++)
+				tot[e] = 0.f;
 		int held = -1; /* a stage whose products are issued, not yet waited for */
 		for (int i = 0; i < t.nch; i++, it++) {
 			const int s = it % S, k0 = t.kbeg + i * WG_BK;
-			const bool first = k0 % WG_SEG == 0, last = i == t.nch - 1 || (k0 + WG_BK) % WG_SEG == 0;
+			const bool first = k0 % seg == 0, last = i == t.nch - 1 || (k0 + WG_BK) % seg == 0;
 			mbar_wait(&full[s], (it / S) & 1);
 			const uint32_t a0 = smem_u32(sm + s * C::STAGE) + c * 64 * 128;
 			const uint32_t b0 = smem_u32(sm + s * C::STAGE + C::W_BYTES);
@@ -497,9 +525,10 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			if (last) {
 				asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 				wg_fence_operands(acc, BN / 2);
+				if constexpr (TOT)
 #pragma unroll
-				for (int e = 0; e < BN / 2; e++)
-					tot[e] += acc[e];
+					for (int e = 0; e < BN / 2; e++)
+						tot[e] += acc[e];
 				if (signal) {
 					if (held >= 0)
 						release(held);
@@ -517,7 +546,11 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			kn_pdl_wait();
 			waited = true;
 		}
-		wg_store<BN>(tot, part ? part + (size_t)t.seg * n * out : y, t.row0 + c * 64, t.col0, n, out);
+		if constexpr (!TOT) /* 0 + the chain: as a segment total, -0 becomes +0 */
+#pragma unroll
+			for (int e = 0; e < BN / 2; e++)
+				acc[e] = 0.f + acc[e];
+		wg_store<BN>(TOT ? tot : acc, part ? part + (size_t)t.seg * n * out : y, t.row0 + c * 64, t.col0, n, out);
 	}
 	if (!waited)
 		kn_pdl_wait();
@@ -595,7 +628,7 @@ gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 	const int g = lane >> 2, t = lane & 3;
 	constexpr int R = WB ? 8 : 16, CH = R * WG_BK * 2; /* a unit's rows, a chunk's bytes */
-	const int nseg = (in + WG_SEG - 1) / WG_SEG, rows = ru * R;
+	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl, rows = ru * R;
 	const int row0 = blockIdx.x * rows, col0 = blockIdx.y * 8;
 	/* [warp][stage] chunks (R rows of 128 bytes, 16-byte pieces swizzled by
 	 * row), then the sums [segment][rows][8 columns] */
@@ -611,7 +644,7 @@ gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict
 
 	for (int u = warp; u < nseg * ru; u += warps) {
 		const int seg = u / ru, rr = u % ru;
-		const int kb = seg * WG_SEG, ke = min(kb + WG_SEG, in), nch = (ke - kb + WG_BK - 1) / WG_BK;
+		const int kb = seg * sl, ke = min(kb + sl, in), nch = (ke - kb + WG_BK - 1) / WG_BK;
 		const int rbase = row0 + rr * R;
 		/* chunk i into stage i % WGS_STAGES: lane l copies pieces l + 32 j */
 		auto issue = [&](int i) {
@@ -726,8 +759,9 @@ static int wg_sms = -1;
  * measured is in kernels/cuda/NOTES.md. */
 static int wg_narrow_wgs = 0, wg_parts_policy = 1;
 
-/* KVFERRY_WG_TMA: 0 keeps plans above 128 columns on gemm_wg_kernel; 128 or
- * 192 forces that tile width of gemm_wgt_kernel; default (-1): the TMA
+/* KVFERRY_WG_TMA: 0 keeps plans above 128 columns on gemm_wg_kernel; 8..192
+ * forces that tile width of gemm_wgt_kernel (256: on layers of one chain,
+ * 192 on the others); default (-1): the TMA
  * kernel, its width chosen by wg_pick(). Also off when the driver has no
  * cuTensorMapEncodeTiled. */
 static int wg_tma = -1;
@@ -758,6 +792,12 @@ static int wg_cluster = 0;
  * (wg_pick()); 1, the default; 0: columns only. For measuring. */
 static int wg_waves = 1;
 
+/* KVFERRY_WG_256=0: layers of one chain keep the 128- and 192-column tiles
+ * above 256 columns (default: 256 columns in CTA pairs, wg_pick()). For
+ * measuring; KVFERRY_WG_TMA=256 asks for them wherever the layer allows
+ * (else 192). */
+static int wg_256 = 1;
+
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
  * 8B decode at batch 64 and 256: 7.97 / 16.06 ms with the pass, 7.77 /
@@ -771,24 +811,24 @@ static int wg_xb16 = 1;
 static int wgs_max = 0, wgs_warps = 0, wgs_wb = 0;
 
 /*
- * gemm_wgs_kernel's launch for a product with this `in`: a block's warps,
+ * gemm_wgs_kernel's launch for a product of this shape: a block's warps,
  * one for each segment of its rows, at most 8; products of fewer than 4
  * segments take ru row units a block so that 4 warps or more share it.
  * @return its shared memory (each warp's ring, the block's sums).
  */
-static size_t wgs_shape(int in, int *warps, int *ru, bool wb = false)
+static size_t wgs_shape(int in, int out, int *warps, int *ru, bool wb = false)
 {
-	const int nseg = (in + WG_SEG - 1) / WG_SEG, r = wb ? 8 : 16;
+	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl, r = wb ? 8 : 16;
 	*ru = nseg < 4 ? (4 + nseg - 1) / nseg : 1;
 	*warps = wgs_warps ? wgs_warps : nseg * *ru < 8 ? nseg * *ru : 8;
 	return (size_t)*warps * WGS_STAGES * r * WG_BK * 2 + (size_t)nseg * *ru * r * 8 * 4;
 }
 
-/* whether gemm_wgs_kernel runs n columns of a product with this `in` */
-static bool wgs_takes(int n, int in)
+/* whether gemm_wgs_kernel runs n columns of a product of this shape */
+static bool wgs_takes(int n, int in, int out)
 {
 	int warps, ru;
-	return n <= wgs_max && wgs_shape(in, &warps, &ru) <= WG_SMEM_MAX;
+	return n <= wgs_max && wgs_shape(in, out, &warps, &ru) <= WG_SMEM_MAX;
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
@@ -807,6 +847,7 @@ static void wg_read_env(void)
 		 : e && !strcmp(e, "64")  ? 64
 		 : e && !strcmp(e, "128") ? 128
 		 : e && !strcmp(e, "192") ? 192
+		 : e && !strcmp(e, "256") ? 256
 					  : -1;
 	e = getenv("KVFERRY_WG_PERSIST");
 	wg_persist = !(e && !strcmp(e, "0"));
@@ -824,6 +865,8 @@ static void wg_read_env(void)
 	wgs_wb = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_WAVES");
 	wg_waves = !(e && !strcmp(e, "0"));
+	e = getenv("KVFERRY_WG_256");
+	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
@@ -856,7 +899,8 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		 * at 17-32 columns when their segment blocks still cover 3/4 of
 		 * the SMs; two otherwise (H200, .devcarry/run5.sh: 8B decode at 32
 		 * columns 9.27 -> 8.31 ms; 1B o and qkv, 32 and 48 blocks, lose) */
-		const long blocks4 = (long)((out + 255) / 256) * ((in + WG_SEG - 1) / WG_SEG);
+		const int sl = wg_seg_of(in, out);
+		const long blocks4 = (long)((out + 255) / 256) * ((in + sl - 1) / sl);
 		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
 	}
 	/* the TMA kernel above 32 columns, and from 9 for the large layers,
@@ -926,6 +970,14 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		if (2 * rows * ((n + bn - 1) / bn) < wg_sms && rows * ((n + 63) / 64) <= wg_sms)
 			bn = 64;
 	}
+	/* layers of one chain (wg_seg_of()) above 256 columns: 256-column
+	 * tiles, which keep no segment total (H100, the twenty-first session's
+	 * probe, us at 2,048 columns, 192 in segments / 256 in one chain: 8B
+	 * gate_up 799 / 666, 1B LM head 1,816 / 1,548; cuBLAS 700 / 1,611) */
+	if ((wg_tma == 256 || (wg_tma < 0 && wg_256 && n > 256)) && wg_seg_of(in, out) >= in)
+		return wg_cluster == 1 ? f(wgt_cfg<256, 2>()) : f(wgt_cfg<256, 2, 2>());
+	if (bn == 256)
+		bn = 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
 	if (wg_cluster == 4 && n > 256 && cons == 2 && (bn == 128 || bn == 192))
@@ -958,7 +1010,7 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
  * 224 tiles against 134 in parts. */
 static bool wg_parts_for(long tiles, int n, int in, int out)
 {
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
 	if (nseg < 2)
 		return false;
 	if (wg_parts_policy == 0)
@@ -1036,6 +1088,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<128, 2, 4>(), wgt_set_smem<192, 2, 4>(),
+		wgt_set_smem<256, 2>(), wgt_set_smem<256, 2, 2>(),
 		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
@@ -1054,9 +1107,10 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 
 size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 {
-	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || wgs_takes(n, in) || !wg_parts(n, in, out))
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || wgs_takes(n, in, out) || !wg_parts(n, in, out))
 		return 0;
-	return (size_t)((in + WG_SEG - 1) / WG_SEG) * n * out;
+	const int sl = wg_seg_of(in, out);
+	return (size_t)((in + sl - 1) / sl) * n * out;
 }
 
 /* the second kernel of a product in segment parts: the segments added; or,
@@ -1077,7 +1131,7 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 			     float *part, size_t part_floats, cudaStream_t st, int *defer = NULL)
 {
 	using C = wg_cfg<BN, MSPLIT, XRES, WGS>;
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
 	/* column tiles first: the blocks that run together share W's rows, which
 	 * HBM then sends once (X, the smaller operand, stays in L2) */
 	const dim3 grid((n + C::BNB - 1) / C::BNB, (out + C::BM - 1) / C::BM);
@@ -1095,7 +1149,7 @@ static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n,
 			      bool wb = false)
 {
 	int warps, ru;
-	const size_t smem = wgs_shape(in, &warps, &ru, wb);
+	const size_t smem = wgs_shape(in, out, &warps, &ru, wb);
 	const int r = wb ? 8 : 16;
 	if (smem > WG_SMEM_MAX)
 		return cudaErrorInvalidValue;
@@ -1121,8 +1175,9 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 			      size_t part_floats, cudaStream_t st, int *defer = NULL, bool persist = true)
 {
 	using C = wgt_cfg<BN, CONS, CL>;
-
-	const int nseg = (in + WG_SEG - 1) / WG_SEG;
+	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
+	if (BN > 192 && nseg > 1) /* no second accumulator: one chain only */
+		return cudaErrorNotSupported;
 	const long tiles = (long)((n + BN - 1) / BN) * ((out + C::BM - 1) / C::BM);
 	const size_t count = (size_t)n * out;
 	const bool parts = part != NULL && part_floats >= (size_t)nseg * count && wg_parts_for(tiles, n, in, out);
@@ -1164,7 +1219,7 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		return cudaErrorInvalidValue;
 	if ((e = kn_cuda_gemm_wg_prepare()) != cudaSuccess)
 		return e;
-	if (x && wgs_takes(n, in))
+	if (x && wgs_takes(n, in, out))
 		return wgs_launch(w, x, y, n, in, out, st, wgs_wb);
 	return wg_pick(n, in, out, [&](auto c) {
 		using C = decltype(c);
@@ -1207,7 +1262,7 @@ cudaError_t kn_cuda_gemm_wg_defer(const kn_bf16 *w, const float *x, kn_bf16 *xb,
 int kn_cuda_gemm_wg_takes_bf16(int n, int in, int out)
 {
 	bool xres = true;
-	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_xb16 || wgs_takes(n, in))
+	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || !wg_xb16 || wgs_takes(n, in, out))
 		return 0;
 	wg_pick(n, in, out, [&](auto c) {
 		xres = decltype(c)::XRES;
@@ -1271,6 +1326,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<128, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
 	case 14: /* 192-column tiles in clusters of four */
 		return wgt_launch<192, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
+	case 15: /* 256-column tiles (layers of one chain) */
+		return wgt_launch<256, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 16: /* 256-column tiles in CTA pairs */
+		return wgt_launch<256, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}

@@ -23,7 +23,9 @@
  * @param y     [n][out] f32
  * @param part  scratch for products of few tiles, which then run one
  *              segment of `in` a block and add the segments in a second
- *              kernel (the same bits); NULL or too small: one pass
+ *              kernel (the same bits; layers of at least four rows an
+ *              input have one segment and never do); NULL or too small:
+ *              one pass
  * @param part_floats  floats @p part holds
  * @return the first failing launch's cudaError_t; cudaErrorInvalidValue
  *         when @p in is not a positive multiple of 8.
@@ -62,7 +64,9 @@ cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, floa
  *  sharing X (cudaErrorNotSupported without the driver's tensor maps);
  *  11, 12 = mma.sync, a segment a warp (KVFERRY_WG_SKINNY's kernel of
  *  plans of at most 8 columns), W as the A / as the B operand; 13, 14 =
- *  128 and 192 columns in clusters of four CTAs sharing X.
+ *  128 and 192 columns in clusters of four CTAs sharing X; 15, 16 = 256
+ *  columns alone and in CTA pairs (layers of one chain, at least four rows
+ *  an input; cudaErrorNotSupported on others).
  *  Every way gives the same bits. */
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);

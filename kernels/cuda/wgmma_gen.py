@@ -3,7 +3,7 @@
 # kernel uses (gemm_wg.cu). Each wgmma form lists its N/2 accumulator
 # registers as separate asm operands, which the preprocessor cannot count out.
 #   python3 kernels/cuda/wgmma_gen.py > kernels/cuda/wgmma.cuh
-WIDTHS = (8, 16, 32, 64, 128, 192)
+WIDTHS = (8, 16, 32, 64, 128, 192, 256)
 
 print("""/* SPDX-License-Identifier: Apache-2.0 */
 /*

@@ -266,8 +266,11 @@ static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(
 		printf("skip warpgroup kernel: not a Hopper GPU\n");
 		return;
 	}
-	/* 2048 x 4096: rows enough that 128-256 columns take 64-column tiles */
-	const int shapes[][2] = { { 4096, 96 }, { 1000, 200 }, { 2056, 1000 }, { 64, 37 }, { 14336, 130 }, { 2048, 4096 } };
+	/* 2048 x 4096: rows enough that 128-256 columns take 64-column tiles;
+	 * 1032 x 4200: four rows an input or more, one chain over all of `in`
+	 * (256-column tiles above 256 columns), `in` not a multiple of 64 */
+	const int shapes[][2] = { { 4096, 96 },	 { 1000, 200 },	  { 2056, 1000 }, { 64, 37 },
+				  { 14336, 130 }, { 2048, 4096 }, { 1032, 4200 } };
 	const int widths[] = { 1, 2, 7, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 192, 256, 300 };
 	const int N = 300;
 	for (auto &sh : shapes) {
@@ -329,19 +332,23 @@ static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(
 					expect_close(what, y.data(), ref.data(), y.size(), 1e-5);
 				}
 			}
-		for (int way = 0; way < 15; way++)
+		for (int way = 0; way < 17; way++)
 			for (int n : { 5, 40, 129, N }) {
 				CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
-				CHECK_CUDA(kn_cuda_gemm_wg_forced((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in, out,
-								  way == 1 || way >= 4 ? dpart : NULL, part_floats, way,
-								  0));
+				const cudaError_t e = kn_cuda_gemm_wg_forced((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in,
+									     out, way == 1 || way >= 4 ? dpart : NULL,
+									     part_floats, way, 0);
+				/* 256-column tiles keep no segment total: layers of one chain only */
+				if (e == cudaErrorNotSupported && way >= 15 && out < 4L * in)
+					continue;
+				CHECK_CUDA(e);
 				CHECK_CUDA(cudaDeviceSynchronize());
 				char how[32];
 				snprintf(how, sizeof(how), "forced way %d", way);
 				compare(n, how);
 			}
 		printf("%s warpgroup kernel, in=%d out=%d: every column of %d runs (widths 1..300, whole, in parts, X handed "
-		       "over rounded, three instruction widths, the TMA kernel's six tiles, persistent or not, in CTA pairs and fours, mma.sync a segment a warp with W as either operand) equals its bits alone\n", bad ? "FAIL" : "ok  ", in, out, runs);
+		       "over rounded, three instruction widths, the TMA kernel's six tiles, persistent or not, in CTA pairs and fours, 256-column tiles where one chain, mma.sync a segment a warp with W as either operand) equals its bits alone\n", bad ? "FAIL" : "ok  ", in, out, runs);
 
 		g_fail += bad != 0;
 		cudaFree(dw);
