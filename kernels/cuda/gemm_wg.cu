@@ -783,8 +783,8 @@ static int wg_cons = 0, wg_tma_from = 0, wg_persist = 1;
  * in pairs: 8B gate_up at 2,048 columns 963 -> 782 (cuBLAS 646), 8B down
  * 517 -> 417 (356), 1B LM head 2,034 -> 1,774 (1,541); at 256 columns
  * none won (8B gate_up 127 -> 132). KVFERRY_WG_CLUSTER=1 never, 2 at every
- * width the tiles allow, 4 clusters of four CTAs above 256 columns (X's
- * reads quartered; for measuring). */
+ * width the tiles allow. (Clusters of four, X's reads quartered, lost:
+ * 8B prefill 73.6 -> 80.4 ms, kernels/cuda/NOTES.md.) */
 static int wg_cluster = 0;
 
 /* KVFERRY_WG_WAVES: above 256 columns the TMA kernel's tile width (128 or
@@ -854,7 +854,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_CONS");
 	wg_cons = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : 0;
 	e = getenv("KVFERRY_WG_CLUSTER");
-	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "4") ? 4 : 0;
+	wg_cluster = e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "1") ? 1 : 0;
 	e = getenv("KVFERRY_WG_XB16");
 	wg_xb16 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_SKINNY");
@@ -980,8 +980,6 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		bn = 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
-	if (wg_cluster == 4 && n > 256 && cons == 2 && (bn == 128 || bn == 192))
-		return bn == 128 ? f(wgt_cfg<128, 2, 4>()) : f(wgt_cfg<192, 2, 4>());
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
 		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 	switch (bn + cons) {
@@ -1087,8 +1085,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<64, 1>(),  wgt_set_smem<128, 1>(), wgt_set_smem<192, 1>(),
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
-		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<128, 2, 4>(), wgt_set_smem<192, 2, 4>(),
-		wgt_set_smem<256, 2>(), wgt_set_smem<256, 2, 2>(),
+		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<256, 2>(), wgt_set_smem<256, 2, 2>(),
 		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
@@ -1099,9 +1096,9 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 	wg_sms = sms;
 	if (getenv("KVFERRY_WG_SHOW_CLUSTERS"))
 		fprintf(stderr,
-			"gemm_wg: %d SMs; CTA pairs the GPU holds at once: 128 columns %d, 192 columns %d; "
-			"clusters of 4: %d, %d\n",
-			sms, wgt_clusters<128, 2, 2>, wgt_clusters<192, 2, 2>, wgt_clusters<128, 2, 4>, wgt_clusters<192, 2, 4>);
+			"gemm_wg: %d SMs; CTA pairs the GPU holds at once: 128 columns %d, 192 columns %d, 256 "
+			"columns %d\n",
+			sms, wgt_clusters<128, 2, 2>, wgt_clusters<192, 2, 2>, wgt_clusters<256, 2, 2>);
 	return cudaSuccess;
 }
 
@@ -1322,13 +1319,9 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<128, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 10: /* 192-column tiles in CTA pairs sharing X */
 		return wgt_launch<192, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
-	case 13: /* 128-column tiles in clusters of four sharing X */
-		return wgt_launch<128, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
-	case 14: /* 192-column tiles in clusters of four */
-		return wgt_launch<192, 2, 4>(w, xb, y, n, in, out, part, part_floats, st);
-	case 15: /* 256-column tiles (layers of one chain) */
+	case 13: /* 256-column tiles (layers of one chain) */
 		return wgt_launch<256, 2>(w, xb, y, n, in, out, part, part_floats, st);
-	case 16: /* 256-column tiles in CTA pairs */
+	case 14: /* 256-column tiles in CTA pairs */
 		return wgt_launch<256, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;

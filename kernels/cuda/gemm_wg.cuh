@@ -64,9 +64,8 @@ cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, floa
  *  sharing X (cudaErrorNotSupported without the driver's tensor maps);
  *  11, 12 = mma.sync, a segment a warp (KVFERRY_WG_SKINNY's kernel of
  *  plans of at most 8 columns), W as the A / as the B operand; 13, 14 =
- *  128 and 192 columns in clusters of four CTAs sharing X; 15, 16 = 256
- *  columns alone and in CTA pairs (layers of one chain, at least four rows
- *  an input; cudaErrorNotSupported on others).
+ *  256 columns alone and in CTA pairs (layers of one chain, at least four
+ *  rows an input; cudaErrorNotSupported on others).
  *  Every way gives the same bits. */
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);
