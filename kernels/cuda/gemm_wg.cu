@@ -53,9 +53,13 @@
  * layers (qkv, o, down) keep WG_SEG: narrow plans run their few row tiles in
  * segment parts.
  */
-static __host__ __device__ __forceinline__ int wg_seg_of(int in, int out)
+/* KVFERRY_WG_ONE_CHAIN=0: WG_SEG for every layer (the bits before one
+ * chain; for measuring). Read with the other knobs (wg_read_env()). */
+static int wg_one_chain = 1;
+
+static int wg_seg_of(int in, int out)
 {
-	return (long)out >= 4L * in ? (in + WG_SEG - 1) / WG_SEG * WG_SEG : WG_SEG;
+	return wg_one_chain && (long)out >= 4L * in ? (in + WG_SEG - 1) / WG_SEG * WG_SEG : WG_SEG;
 }
 
 /*
@@ -151,7 +155,7 @@ template <int BN> WG_DEV void wg_store(const float *tot, float *dst, int row0, i
 template <int BN, bool MSPLIT, bool XRES, int WGS>
 static __global__ void __launch_bounds__(WGS * 128, 1)
 gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb, float *y, float *part, int n,
-	       int in, int out)
+	       int in, int out, int seg)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 	using C = wg_cfg<BN, MSPLIT, XRES, WGS>;
@@ -161,7 +165,7 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	unsigned char *xres = sm + S * C::STAGE;
 	const int tid = threadIdx.x, wg = tid >> 7;
 	const int row0 = blockIdx.y * C::BM, col0 = blockIdx.x * C::BNB;
-	const int seg = wg_seg_of(in, out), nseg = (in + seg - 1) / seg;
+	const int nseg = (in + seg - 1) / seg;
 	const bool parts = gridDim.z > 1;
 	const int s0 = parts ? blockIdx.z : 0, s1 = parts ? blockIdx.z + 1 : nseg;
 	const int kbeg = s0 * seg, kend = min(s1 * seg, in);
@@ -285,7 +289,7 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	wg_store<BN>(tot, parts ? part + (size_t)blockIdx.z * n * out : y, row0 + (MSPLIT ? wg * 64 : 0),
 		     col0 + (MSPLIT ? 0 : wg * BN), n, out);
 #else
-	(void)w, (void)x, (void)xb, (void)y, (void)part, (void)n, (void)in, (void)out;
+	(void)w, (void)x, (void)xb, (void)y, (void)part, (void)n, (void)in, (void)out, (void)seg;
 	__trap();
 #endif
 }
@@ -410,7 +414,7 @@ WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int
 template <int BN, int CONS, int CL>
 static __global__ void __launch_bounds__(128 * (CONS + 1), 1)
 gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
-		int n, int in, int out)
+		int n, int in, int out, int seg)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 	using C = wgt_cfg<BN, CONS, CL>;
@@ -419,7 +423,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
-	const int seg = wg_seg_of(in, out), nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1;
+	const int nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1;
 	/* units of CL row tiles (the cluster's CTAs take one each, in step) */
 	const int nct = (n + BN - 1) / BN, units = nct * (((out + C::BM - 1) / C::BM + CL - 1) / CL) * nsp;
 	const int rank = CL > 1 ? (int)cluster_rank() : 0, first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -557,7 +561,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	if (CL > 1)
 		cluster_sync();
 #else
-	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out;
+	(void)tw, (void)tx, (void)y, (void)part, (void)n, (void)in, (void)out, (void)seg;
 	__trap();
 #endif
 }
@@ -622,13 +626,14 @@ WG_DEV uint32_t wgs_bf2(float a, float b)
 
 template <bool WB>
 static __global__ void __launch_bounds__(512)
-gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out, int ru)
+gemm_wgs_kernel(const kn_bf16 *__restrict__ w, const float *x, float *__restrict__ y, int n, int in, int out, int ru,
+		int sl)
 {
 	extern __shared__ __align__(128) unsigned char wgs_smem_raw[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 	const int g = lane >> 2, t = lane & 3;
 	constexpr int R = WB ? 8 : 16, CH = R * WG_BK * 2; /* a unit's rows, a chunk's bytes */
-	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl, rows = ru * R;
+	const int nseg = (in + sl - 1) / sl, rows = ru * R;
 	const int row0 = blockIdx.x * rows, col0 = blockIdx.y * 8;
 	/* [warp][stage] chunks (R rows of 128 bytes, 16-byte pieces swizzled by
 	 * row), then the sums [segment][rows][8 columns] */
@@ -865,6 +870,8 @@ static void wg_read_env(void)
 	wgs_wb = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_WAVES");
 	wg_waves = !(e && !strcmp(e, "0"));
+	e = getenv("KVFERRY_WG_ONE_CHAIN");
+	wg_one_chain = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
@@ -1060,6 +1067,11 @@ template <int BN, int CONS, int CL = 1> static cudaError_t wgt_set_smem(void)
 	return e;
 }
 
+int kn_cuda_gemm_wg_seg(int in, int out)
+{
+	return kn_cuda_gemm_wg_prepare() == cudaSuccess ? wg_seg_of(in, out) : WG_SEG;
+}
+
 extern "C" int kn_cuda_one_family_ok(int device)
 {
 	int major = 0;
@@ -1136,7 +1148,7 @@ static cudaError_t wg_launch(const kn_bf16 *w, const float *x, const kn_bf16 *xb
 	const bool parts = part != NULL && part_floats >= (size_t)nseg * count &&
 			   wg_parts_for((long)grid.x * grid.y, n, in, out);
 	cudaError_t e = kn_launch(gemm_wg_kernel<BN, MSPLIT, XRES, WGS>, dim3(grid.x, grid.y, parts ? nseg : 1),
-				  dim3(C::THREADS), (size_t)C::SMEM, st, w, x, xb, y, part, n, in, out);
+				  dim3(C::THREADS), (size_t)C::SMEM, st, w, x, xb, y, part, n, in, out, sl);
 	if (e != cudaSuccess || !parts)
 		return e;
 	return wg_fold(part, y, count, nseg, st, defer);
@@ -1152,7 +1164,7 @@ static cudaError_t wgs_launch(const kn_bf16 *w, const float *x, float *y, int n,
 		return cudaErrorInvalidValue;
 	const dim3 grid((out + r * ru - 1) / (r * ru), (n + 7) / 8);
 	return kn_launch(wb ? gemm_wgs_kernel<true> : gemm_wgs_kernel<false>, grid, dim3(32 * warps), smem, st, w, x, y,
-			 n, in, out, ru);
+			 n, in, out, ru, wg_seg_of(in, out));
 }
 
 /* a [rows][in] bf16 matrix as boxes of 64 k by @p box_rows rows, swizzled
@@ -1191,7 +1203,7 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 				   (parts ? nseg : 1);
 		const long nc = pairs < wgt_clusters<BN, CONS, CL> ? pairs : wgt_clusters<BN, CONS, CL>;
 		e = kn_launch_cl(gemm_wgt_kernel<BN, CONS, CL>, dim3((unsigned)(nc * CL)), dim3(C::THREADS), (size_t)C::SMEM,
-				 st, CL, tw, tx, y, parts ? part : (float *)NULL, n, in, out);
+				 st, CL, tw, tx, y, parts ? part : (float *)NULL, n, in, out, sl);
 		if (e != cudaSuccess || !parts)
 			return e;
 		return wg_fold(part, y, count, nseg, st, defer);
@@ -1199,7 +1211,7 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	const long most = (long)wg_sms * wgt_per_sm<BN, CONS, CL>;
 	const int grid = (int)(persist && wg_persist && units > most ? most : units);
 	e = kn_launch(gemm_wgt_kernel<BN, CONS, CL>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
-		      parts ? part : (float *)NULL, n, in, out);
+		      parts ? part : (float *)NULL, n, in, out, sl);
 	if (e != cudaSuccess || !parts)
 		return e;
 	return wg_fold(part, y, count, nseg, st, defer);

@@ -339,7 +339,7 @@ static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(
 									     out, way == 1 || way >= 4 ? dpart : NULL,
 									     part_floats, way, 0);
 				/* 256-column tiles keep no segment total: layers of one chain only */
-				if (e == cudaErrorNotSupported && way >= 13 && out < 4L * in)
+				if (e == cudaErrorNotSupported && way >= 13 && kn_cuda_gemm_wg_seg(in, out) < in)
 					continue;
 				CHECK_CUDA(e);
 				CHECK_CUDA(cudaDeviceSynchronize());
