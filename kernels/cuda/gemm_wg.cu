@@ -6,8 +6,9 @@
  *   - X rounded to bf16 (round to nearest even), W bf16, products summed in
  *     f32 by the tensor cores 16 k at a time (one wgmma k16 step), steps in
  *     increasing k into one accumulator per segment of the layer's
- *     wg_seg_of(in, out) k: all of `in` for layers of at least four rows an
- *     input (gate_up, the LM head), WG_SEG for the others;
+ *     wg_seg_of(in, out) k: WG_SEG; or, under KVFERRY_WG_ONE_CHAIN=1, all
+ *     of `in` for layers of at least four rows an input (gate_up, the LM
+ *     head);
  *   - the segments' sums added from 0 in segment order.
  * Which block computes which segment (all of a tile's segments in its
  * registers, or one segment each and a second kernel adding them) and how
@@ -43,19 +44,20 @@
 #define WG_SMEM_MAX (227 * 1024)
 
 /*
- * k per segment of a layer's sum: the shape alone fixes it, so every kernel
- * and plan width sums a column alike. Layers of at least four rows an input
- * (gate_up, the LM head) take all of `in` in one chain: their rows alone give
- * narrow plans blocks enough (8B gate_up 224 tiles of 128 rows, the LM head
- * 1,002), and wide plans then need no second accumulator, which lets their
- * tiles be 256 columns (H100, bench_cuda --gemm 2048, us: 8B gate_up cuBLAS
- * 700, 192-column tiles in segments 799, 256 in one chain 666). Narrower
- * layers (qkv, o, down) keep WG_SEG: narrow plans run their few row tiles in
- * segment parts.
+ * k per segment of a layer's sum: the shape alone fixes it (and the knob
+ * below, read once a process), so every kernel and plan width sums a column
+ * alike. Under KVFERRY_WG_ONE_CHAIN=1, layers of at least four rows an
+ * input (gate_up, the LM head) take all of `in` in one chain: their rows
+ * alone give narrow plans blocks enough (8B gate_up 224 tiles of 128 rows,
+ * the LM head 1,002), and wide plans then need no second accumulator, which
+ * lets their tiles be 256 columns (H100, a probe of that kernel, bench_cuda
+ * --gemm 2048, us: 8B gate_up cuBLAS 700, 192-column tiles in segments 799,
+ * 256 in one chain 666). Narrower layers (qkv, o, down) keep WG_SEG: narrow
+ * plans run their few row tiles in segment parts. Not yet the default: the
+ * kernels as written here have not run on a GPU (kernels/cuda/NOTES.md, "One
+ * chain for the wide layers", has the call that checks them).
  */
-/* KVFERRY_WG_ONE_CHAIN=0: WG_SEG for every layer (the bits before one
- * chain; for measuring). Read with the other knobs (wg_read_env()). */
-static int wg_one_chain = 1;
+static int wg_one_chain = 0;
 
 static int wg_seg_of(int in, int out)
 {
@@ -871,7 +873,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_WAVES");
 	wg_waves = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_ONE_CHAIN");
-	wg_one_chain = !(e && !strcmp(e, "0"));
+	wg_one_chain = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");

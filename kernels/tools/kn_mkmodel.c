@@ -45,6 +45,10 @@ struct preset {
 static const struct preset presets[] = {
 	{ "tiny", "llama", 64, 128, 3, 4, 2, 16, 0, 2048, 0, 0, 0, 10000.0f },
 	{ "small", "llama", 512, 1408, 16, 8, 4, 64, 0, 4096, 0, 0, 0, 500000.0f },
+	/* hidden above 512 and gate_up and the LM head of more than four rows
+	 * an input: the CUDA engine's one-chain family (gemm_wg.cu) checks on
+	 * it, a chain over two 512-k windows */
+	{ "medium", "llama", 768, 2048, 4, 12, 4, 64, 4000, 4096, 0, 0, 0, 500000.0f },
 	{ "llama3-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1, 1, 32.0f, 500000.0f },
 	{ "llama3-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, 131072, 1, 1, 32.0f, 500000.0f },
 	{ "llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 0, 1, 8.0f, 500000.0f },
