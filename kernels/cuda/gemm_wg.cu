@@ -982,8 +982,10 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	/* layers of one chain (wg_seg_of()) above 256 columns: 256-column
 	 * tiles, which keep no segment total (H100, the twenty-first session's
 	 * probe, us at 2,048 columns, 192 in segments / 256 in one chain: 8B
-	 * gate_up 799 / 666, 1B LM head 1,816 / 1,548; cuBLAS 700 / 1,611) */
-	if ((wg_tma == 256 || (wg_tma < 0 && wg_256 && n > 256)) && wg_seg_of(in, out) >= in)
+	 * gate_up 799 / 666, 1B LM head 1,816 / 1,548; cuBLAS 700 / 1,611).
+	 * Only under KVFERRY_WG_ONE_CHAIN=1 (layers of at most 512 inputs are
+	 * one segment either way: the same bits, a kernel not yet run) */
+	if ((wg_tma == 256 || (wg_tma < 0 && wg_256 && wg_one_chain && n > 256)) && wg_seg_of(in, out) >= in)
 		return wg_cluster == 1 ? f(wgt_cfg<256, 2>()) : f(wgt_cfg<256, 2, 2>());
 	if (bn == 256)
 		bn = 192;
