@@ -64,6 +64,13 @@ static int wg_seg_of(int in, int out)
 	return wg_one_chain && (long)out >= 4L * in ? (in + WG_SEG - 1) / WG_SEG * WG_SEG : WG_SEG;
 }
 
+/* the segments of a layer's sum */
+static int wg_nseg(int in, int out)
+{
+	const int sl = wg_seg_of(in, out);
+	return (in + sl - 1) / sl;
+}
+
 /*
  * WGS warpgroups a block: MSPLIT, each takes 64 W rows of the block's
  * BM = 64 WGS and all BN columns; else (WGS = 2) both take the same 64 rows
@@ -825,7 +832,7 @@ static int wgs_max = 0, wgs_warps = 0, wgs_wb = 0;
  */
 static size_t wgs_shape(int in, int out, int *warps, int *ru, bool wb = false)
 {
-	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl, r = wb ? 8 : 16;
+	const int nseg = wg_nseg(in, out), r = wb ? 8 : 16;
 	*ru = nseg < 4 ? (4 + nseg - 1) / nseg : 1;
 	*warps = wgs_warps ? wgs_warps : nseg * *ru < 8 ? nseg * *ru : 8;
 	return (size_t)*warps * WGS_STAGES * r * WG_BK * 2 + (size_t)nseg * *ru * r * 8 * 4;
@@ -908,8 +915,7 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		 * at 17-32 columns when their segment blocks still cover 3/4 of
 		 * the SMs; two otherwise (H200, .devcarry/run5.sh: 8B decode at 32
 		 * columns 9.27 -> 8.31 ms; 1B o and qkv, 32 and 48 blocks, lose) */
-		const int sl = wg_seg_of(in, out);
-		const long blocks4 = (long)((out + 255) / 256) * ((in + sl - 1) / sl);
+		const long blocks4 = (long)((out + 255) / 256) * wg_nseg(in, out);
 		wgs = n > 16 && n <= 32 && blocks4 * 4 >= 3L * wg_sms ? 4 : 2;
 	}
 	/* the TMA kernel above 32 columns, and from 9 for the large layers,
@@ -1019,7 +1025,7 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
  * 224 tiles against 134 in parts. */
 static bool wg_parts_for(long tiles, int n, int in, int out)
 {
-	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
+	const int nseg = wg_nseg(in, out);
 	if (nseg < 2)
 		return false;
 	if (wg_parts_policy == 0)
@@ -1122,8 +1128,7 @@ size_t kn_cuda_gemm_wg_part_floats(int n, int in, int out)
 {
 	if (kn_cuda_gemm_wg_prepare() != cudaSuccess || wgs_takes(n, in, out) || !wg_parts(n, in, out))
 		return 0;
-	const int sl = wg_seg_of(in, out);
-	return (size_t)((in + sl - 1) / sl) * n * out;
+	return (size_t)wg_nseg(in, out) * n * out;
 }
 
 /* the second kernel of a product in segment parts: the segments added; or,
