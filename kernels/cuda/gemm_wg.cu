@@ -6,9 +6,8 @@
  *   - X rounded to bf16 (round to nearest even), W bf16, products summed in
  *     f32 by the tensor cores 16 k at a time (one wgmma k16 step), steps in
  *     increasing k into one accumulator per segment of the layer's
- *     wg_seg_of(in, out) k: WG_SEG; or, under KVFERRY_WG_ONE_CHAIN=1, all
- *     of `in` for layers of at least four rows an input (gate_up, the LM
- *     head);
+ *     wg_seg_of(in, out) k: all of `in` for layers of at least four rows
+ *     an input (gate_up, the LM head), WG_SEG for the others;
  *   - the segments' sums added from 0 in segment order.
  * Which block computes which segment (all of a tile's segments in its
  * registers, or one segment each and a second kernel adding them) and how
@@ -46,18 +45,20 @@
 /*
  * k per segment of a layer's sum: the shape alone fixes it (and the knob
  * below, read once a process), so every kernel and plan width sums a column
- * alike. Under KVFERRY_WG_ONE_CHAIN=1, layers of at least four rows an
- * input (gate_up, the LM head) take all of `in` in one chain: their rows
- * alone give narrow plans blocks enough (8B gate_up 224 tiles of 128 rows,
- * the LM head 1,002), and wide plans then need no second accumulator, which
- * lets their tiles be 256 columns (H100, a probe of that kernel, bench_cuda
- * --gemm 2048, us: 8B gate_up cuBLAS 700, 192-column tiles in segments 799,
- * 256 in one chain 666). Narrower layers (qkv, o, down) keep WG_SEG: narrow
- * plans run their few row tiles in segment parts. Not yet the default: the
- * kernels as written here have not run on a GPU (kernels/cuda/NOTES.md, "One
- * chain for the wide layers", has the call that checks them).
+ * alike. Layers of at least four rows an input (gate_up, the LM head) take
+ * all of `in` in one chain: their rows alone give narrow plans blocks
+ * enough (8B gate_up 224 tiles of 128 rows, the LM head 1,002), and wide
+ * plans then need no second accumulator, which lets their tiles be 256
+ * columns. Narrower layers (qkv, o, down) keep WG_SEG: narrow plans run
+ * their few row tiles in segment parts. H100, .dc/run5.sh (twenty-third
+ * session), segments everywhere -> one chain: bench_cuda --gemm 2048, us,
+ * 8B gate_up 934 -> 771, 1B LM head 2,280 -> 1,766 (cuBLAS 657 / 1,541);
+ * prefill of 2,048 tokens 8B 82.4 -> 77.2 ms, 1B 15.2 -> 14.5; decode
+ * steps within 3% either way at 1-256 columns. KVFERRY_WG_ONE_CHAIN=0 (read
+ * once a process) gives every layer WG_SEG again, for measuring: other
+ * bits, the same family.
  */
-static int wg_one_chain = 0;
+static int wg_one_chain = 1;
 
 static int wg_seg_of(int in, int out)
 {
@@ -880,7 +881,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_WAVES");
 	wg_waves = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_ONE_CHAIN");
-	wg_one_chain = e && !strcmp(e, "1");
+	wg_one_chain = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
@@ -989,8 +990,7 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	 * tiles, which keep no segment total (H100, the twenty-first session's
 	 * probe, us at 2,048 columns, 192 in segments / 256 in one chain: 8B
 	 * gate_up 799 / 666, 1B LM head 1,816 / 1,548; cuBLAS 700 / 1,611).
-	 * Only under KVFERRY_WG_ONE_CHAIN=1 (layers of at most 512 inputs are
-	 * one segment either way: the same bits, a kernel not yet run) */
+	 * Not under KVFERRY_WG_ONE_CHAIN=0, which measures the old choice. */
 	if ((wg_tma == 256 || (wg_tma < 0 && wg_256 && wg_one_chain && n > 256)) && wg_seg_of(in, out) >= in)
 		return wg_cluster == 1 ? f(wgt_cfg<256, 2>()) : f(wgt_cfg<256, 2, 2>());
 	if (bn == 256)

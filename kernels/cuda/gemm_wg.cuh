@@ -70,9 +70,9 @@ cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, floa
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);
 
-/** @return the k of a segment of this layer's sum: 512; under
- *  KVFERRY_WG_ONE_CHAIN=1, all of `in` rounded up to 512 for layers of at
- *  least four rows an input. */
+/** @return the k of a segment of this layer's sum: all of `in` rounded up to
+ *  512 for layers of at least four rows an input, else 512 (512 for every
+ *  layer under KVFERRY_WG_ONE_CHAIN=0). */
 int kn_cuda_gemm_wg_seg(int in, int out);
 
 /** @return the floats kn_cuda_gemm_wg() needs in @p part to run this product
