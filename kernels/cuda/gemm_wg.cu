@@ -50,11 +50,11 @@
  * enough (8B gate_up 224 tiles of 128 rows, the LM head 1,002), and wide
  * plans then need no second accumulator, which lets their tiles be 256
  * columns. Narrower layers (qkv, o, down) keep WG_SEG: narrow plans run
- * their few row tiles in segment parts. H100, .dc/run5.sh (twenty-third
- * session), segments everywhere -> one chain: bench_cuda --gemm 2048, us,
- * 8B gate_up 934 -> 771, 1B LM head 2,280 -> 1,766 (cuBLAS 657 / 1,541);
- * prefill of 2,048 tokens 8B 82.4 -> 77.2 ms, 1B 15.2 -> 14.5; decode
- * steps within 3% either way at 1-256 columns. KVFERRY_WG_ONE_CHAIN=0 (read
+ * their few row tiles in segment parts. H100, .dc/run7.sh (twenty-third
+ * session), bench_cuda --gemm 2048, us, segments everywhere -> one chain:
+ * 8B gate_up 725 -> 675, 1B LM head 1,701 -> 1,572 (cuBLAS 660 / 1,555);
+ * decode steps within 3% either way at 1-256 columns (.dc/run5.sh).
+ * KVFERRY_WG_ONE_CHAIN=0 (read
  * once a process) gives every layer WG_SEG again, for measuring: other
  * bits, the same family.
  */
@@ -253,9 +253,17 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
 	}
 
 	const uint32_t wg_w = MSPLIT ? wg * 64 * 128 : 0, wg_x = MSPLIT ? 0 : wg * BN * 128;
+	/* chunk i's place in its segment, counted (kbeg starts a segment), not
+	 * k0 % seg: a division by the runtime seg a chunk cost the TMA kernel,
+	 * which counts the same way, up to 40% (H100, bench_cuda --gemm 2048,
+	 * us, divided -> counted: 8B down 592 -> 431, o 181 -> 133, gate_up 778
+	 * -> 675; 2,048-token prefill 8B 78.4 -> 67.7 ms) */
+	const int segc = seg / WG_BK;
+	int sc = 0;
 	for (int i = 0; i < nch; i++) {
 		const int k0 = kbeg + i * WG_BK;
-		const bool first = k0 % seg == 0, last = i == nch - 1 || (k0 + WG_BK) % seg == 0;
+		const bool first = sc == 0, last = i == nch - 1 || sc == segc - 1;
+		sc = sc + 1 == segc ? 0 : sc + 1;
 		cp_wait<D - 1>(); /* chunk i's group */
 		if (XRES && k0 % WG_SEG == 0) {
 			__syncthreads(); /* every warpgroup is done with the last window of X */
@@ -433,7 +441,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
-	const int nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1;
+	const int nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1, segc = seg / WG_BK;
 	/* units of CL row tiles (the cluster's CTAs take one each, in step) */
 	const int nct = (n + BN - 1) / BN, units = nct * (((out + C::BM - 1) / C::BM + CL - 1) / CL) * nsp;
 	const int rank = CL > 1 ? (int)cluster_rank() : 0, first = blockIdx.x / CL, step = gridDim.x / CL;
@@ -524,9 +532,11 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			for (int e = 0; e < BN / 2; e++)
 				tot[e] = 0.f;
 		int held = -1; /* a stage whose products are issued, not yet waited for */
+		int sc = 0;    /* chunk i's place in its segment (a unit starts one; see gemm_wg_kernel) */
 		for (int i = 0; i < t.nch; i++, it++) {
-			const int s = it % S, k0 = t.kbeg + i * WG_BK;
-			const bool first = k0 % seg == 0, last = i == t.nch - 1 || (k0 + WG_BK) % seg == 0;
+			const int s = it % S;
+			const bool first = sc == 0, last = i == t.nch - 1 || sc == segc - 1;
+			sc = sc + 1 == segc ? 0 : sc + 1;
 			mbar_wait(&full[s], (it / S) & 1);
 			const uint32_t a0 = smem_u32(sm + s * C::STAGE) + c * 64 * 128;
 			const uint32_t b0 = smem_u32(sm + s * C::STAGE + C::W_BYTES);
