@@ -326,9 +326,13 @@ gemm_wg_kernel(const kn_bf16 *__restrict__ w, const float *x, const kn_bf16 *xb,
  * whose segment fold still fits in registers. BN 256 keeps only the sum
  * (128 registers): layers of one segment (wg_seg_of()).
  */
-template <int BN_, int CONS_, int CL_ = 1> struct wgt_cfg {
+template <int BN_, int CONS_, int CL_ = 1, bool CW_ = false> struct wgt_cfg {
 	static constexpr int BN = BN_, CONS = CONS_, CL = CL_, WGS = CONS_ + 1, THREADS = 128 * WGS, BM = 64 * CONS, BNB = BN_;
-	static constexpr int XH = BN_ / CL_; /* X columns of a stage this CTA copies (for the whole cluster) */
+	/* CW: the cluster's CTAs take adjacent column tiles of one row tile and
+	 * share W's stage; else adjacent row tiles sharing X's */
+	static constexpr bool CW = CW_;
+	/* X columns / W rows of a stage this CTA copies (for the whole cluster) */
+	static constexpr int XH = CW_ ? BN_ : BN_ / CL_, WH = CW_ ? BM / CL_ : BM;
 	static constexpr bool MSPLIT = true, XRES = false, TMA = true;
 	static constexpr int W_BYTES = BM * 128, X_BYTES = BN * 128, STAGE = W_BYTES + X_BYTES;
 	static constexpr int STAGES = (WG_SMEM_MAX - 2048) / STAGE > 8 ? 8 : (WG_SMEM_MAX - 2048) / STAGE;
@@ -415,9 +419,12 @@ struct wgt_unit {
 };
 
 WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int seg, int nseg, int cl = 1,
-			    int rank = 0)
+			    int rank = 0, bool cw = false)
 {
-	const int ct = u % nct, r = u / nct, sg = r % nsp, rt = (r / nsp) * cl + rank;
+	/* cw: a unit is CL adjacent column tiles of one row tile (nct counts
+	 * those groups), the CTA of rank r taking the group's r-th */
+	const int g = u % nct, r = u / nct, sg = r % nsp;
+	const int ct = cw ? g * cl + rank : g, rt = cw ? r / nsp : (r / nsp) * cl + rank;
 	const int s0 = nsp > 1 ? sg : 0, s1 = nsp > 1 ? sg + 1 : nseg;
 	const int kbeg = s0 * seg, kend = min(s1 * seg, in);
 	return wgt_unit{ rt * bm, ct * bn, sg, kbeg, (kend - kbeg + WG_BK - 1) / WG_BK };
@@ -429,27 +436,29 @@ WG_DEV wgt_unit wgt_unit_of(int u, int nct, int nsp, int bm, int bn, int in, int
  * the next while the consumers store the last one's sums). With parts
  * (@p part not NULL) a unit sums one segment into part + seg n out.
  */
-template <int BN, int CONS, int CL>
+template <int BN, int CONS, int CL, bool CW>
 static __global__ void __launch_bounds__(128 * (CONS + 1), 1)
 gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, float *y, float *part,
 		int n, int in, int out, int seg)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-	using C = wgt_cfg<BN, CONS, CL>;
+	using C = wgt_cfg<BN, CONS, CL, CW>;
 	constexpr int S = C::STAGES;
 	extern __shared__ unsigned char wg_smem_raw[];
 	unsigned char *sm = (unsigned char *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
 	uint64_t *full = (uint64_t *)(sm + S * C::STAGE), *empty = full + S;
 	const int tid = threadIdx.x, wg = tid >> 7;
 	const int nseg = (in + seg - 1) / seg, nsp = part ? nseg : 1, segc = seg / WG_BK;
-	/* units of CL row tiles (the cluster's CTAs take one each, in step) */
-	const int nct = (n + BN - 1) / BN, units = nct * (((out + C::BM - 1) / C::BM + CL - 1) / CL) * nsp;
+	/* units of CL row tiles, or with CW of CL column tiles (the cluster's
+	 * CTAs take one each, in step); nct: column tiles, or their groups */
+	const int rtiles = (out + C::BM - 1) / C::BM, ctiles = (n + BN - 1) / BN;
+	const int nct = CW ? (ctiles + CL - 1) / CL : ctiles, units = nct * (CW ? rtiles : (rtiles + CL - 1) / CL) * nsp;
 	const int rank = CL > 1 ? (int)cluster_rank() : 0, first = blockIdx.x / CL, step = gridDim.x / CL;
 
 	if (tid == 0) {
 		for (int s = 0; s < S; s++) {
 			mbar_init(&full[s], 1);
-			mbar_init(&empty[s], CONS * CL); /* every consumer of the cluster reads the X it copies */
+			mbar_init(&empty[s], CONS * CL); /* every consumer of the cluster reads the X (W) it copies */
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
@@ -457,13 +466,21 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 		cluster_sync();
 	else
 		__syncthreads();
-	/* X's share of a stage: all of it, or this CTA's part, copied into every CTA of the cluster */
+	/* X's share of a stage: all of it, or this CTA's part, copied into every
+	 * CTA of the cluster; with CW the same for W's rows, and X its own */
 	auto load_x = [&](int s, int k0, int col0) {
-		unsigned char *dst = sm + s * C::STAGE + C::W_BYTES + rank * C::XH * 128;
-		if (CL > 1)
+		unsigned char *dst = sm + s * C::STAGE + C::W_BYTES + (CW ? 0 : rank * C::XH * 128);
+		if (CL > 1 && !CW)
 			tma_load_mc(dst, &tx, &full[s], k0, col0 + rank * C::XH, (uint16_t)((1 << CL) - 1));
 		else
 			tma_load(dst, &tx, &full[s], k0, col0);
+	};
+	auto load_w = [&](int s, int k0, int row0) {
+		unsigned char *dst = sm + s * C::STAGE + (CW ? rank * C::WH * 128 : 0);
+		if (CW)
+			tma_load_mc(dst, &tw, &full[s], k0, row0 + rank * C::WH, (uint16_t)((1 << CL) - 1));
+		else
+			tma_load(dst, &tw, &full[s], k0, row0);
 	};
 
 	if (wg == 0) {
@@ -473,25 +490,25 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 			/* the weights' first stages go out before waiting for X's producer */
 			int pre = 0;
 			for (int u = first; u < units && pre < S; u += step) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank, CW);
 				for (int i = 0; i < t.nch && pre < S; i++, pre++) {
 					mbar_expect_tx(&full[pre], C::STAGE);
-					tma_load(sm + pre * C::STAGE, &tw, &full[pre], t.kbeg + i * WG_BK, t.row0);
+					load_w(pre, t.kbeg + i * WG_BK, t.row0);
 				}
 			}
 			kn_pdl_wait();
 			kn_pdl_trigger();
 			int it = 0; /* this block's chunks so far: stage it % S, phase it / S */
 			for (int u = first; u < units; u += step) {
-				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
+				const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank, CW);
 				for (int i = 0; i < t.nch; i++, it++) {
 					const int s = it % S, k0 = t.kbeg + i * WG_BK;
 					if (it >= pre) {
 						/* with CL > 1 also every peer's consumers are done with
-						 * stage s: this CTA's copy of X goes into theirs too */
+						 * stage s: this CTA's copy of X (W) goes into theirs too */
 						mbar_wait(&empty[s], ((it / S) - 1) & 1);
 						mbar_expect_tx(&full[s], C::STAGE);
-						tma_load(sm + s * C::STAGE, &tw, &full[s], k0, t.row0);
+						load_w(s, k0, t.row0);
 					}
 					load_x(s, k0, t.col0);
 				}
@@ -523,7 +540,7 @@ gemm_wgt_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 	bool waited = false;
 	int it = 0;
 	for (int u = first; u < units; u += step) {
-		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank);
+		const wgt_unit t = wgt_unit_of(u, nct, nsp, C::BM, BN, in, seg, nseg, CL, rank, CW);
 #pragma unroll
 		for (int e = 0; e < BN / 2; e++)
 			acc[e] = 0.f;
@@ -823,6 +840,16 @@ static int wg_waves = 1;
  * (else 192). */
 static int wg_256 = 1;
 
+/* KVFERRY_WG_WPAIRS=1 (measuring, not the default): plans of 65-256
+ * columns whose 64- or 128-column tiles come two or more to a row tile run
+ * in CTA pairs along columns that share W's stage (each copies half its
+ * rows into both), so W leaves L2 once per pair of column tiles. H100
+ * (.dc/run10.sh, twenty-third session, us, off -> on): 8B down at 256
+ * columns 95.4 -> 84.7 (cuBLAS 74), but at 192 76.4 -> 82.9, 8B o at 256
+ * 29.4 -> 33.4, qkv 36.3 -> 38.4; the 8B decode step at 256 17.17 ->
+ * 17.07 ms, at 192 13.82 -> 14.18. Same bits (forced ways 15 and 16). */
+static int wg_wpairs = 0;
+
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
  * 8B decode at batch 64 and 256: 7.97 / 16.06 ms with the pass, 7.77 /
@@ -892,6 +919,8 @@ static void wg_read_env(void)
 	wg_waves = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_ONE_CHAIN");
 	wg_one_chain = !(e && !strcmp(e, "0"));
+	e = getenv("KVFERRY_WG_WPAIRS");
+	wg_wpairs = e && !strcmp(e, "1");
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
@@ -1007,6 +1036,8 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		bn = 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
+	if (wg_wpairs && wg_tma < 0 && cons == 2 && n > 64 && n <= 256 && (bn == 64 || bn == 128) && (n + bn - 1) / bn >= 2)
+		return bn == 64 ? f(wgt_cfg<64, 2, 2, true>()) : f(wgt_cfg<128, 2, 2, true>());
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
 		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 	switch (bn + cons) {
@@ -1063,26 +1094,24 @@ template <int BN, bool MSPLIT, bool XRES, int WGS> static cudaError_t wg_set_sme
 
 /* blocks of the TMA kernel an SM holds at once (the narrow one-consumer
  * tiles fit two or three): a persistent grid fills every SM, none twice */
-template <int BN, int CONS, int CL> static int wgt_per_sm = 1;
+template <int BN, int CONS, int CL, bool CW = false> static int wgt_per_sm = 1;
 /* CTA pairs (CL 2): the clusters the GPU holds at once (the persistent grid) */
-template <int BN, int CONS, int CL> static int wgt_clusters = 1;
+template <int BN, int CONS, int CL, bool CW = false> static int wgt_clusters = 1;
 
-template <int BN, int CONS, int CL = 1> static cudaError_t wgt_set_smem(void)
+template <int BN, int CONS, int CL = 1, bool CW = false> static cudaError_t wgt_set_smem(void)
 {
-	using C = wgt_cfg<BN, CONS, CL>;
-	cudaError_t e = cudaFuncSetAttribute(gemm_wgt_kernel<BN, CONS, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					     C::SMEM);
+	using C = wgt_cfg<BN, CONS, CL, CW>;
+	const auto k = gemm_wgt_kernel<BN, CONS, CL, CW>;
+	cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
 	int nb = 0;
-	if (e == cudaSuccess &&
-	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemm_wgt_kernel<BN, CONS, CL>, C::THREADS, C::SMEM)) ==
-		    cudaSuccess)
-		wgt_per_sm<BN, CONS, CL> = nb > 0 ? nb : 1;
+	if (e == cudaSuccess && (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, C::THREADS, C::SMEM)) == cudaSuccess)
+		wgt_per_sm<BN, CONS, CL, CW> = nb > 0 ? nb : 1;
 	if (e == cudaSuccess && CL > 1) {
 		cudaLaunchAttribute at[2];
 		const cudaLaunchConfig_t cfg = kn_launch_config(dim3(CL * 128), dim3(C::THREADS), C::SMEM, 0, CL, 0, at);
 		int nc = 0;
-		if ((e = cudaOccupancyMaxActiveClusters(&nc, gemm_wgt_kernel<BN, CONS, CL>, &cfg)) == cudaSuccess)
-			wgt_clusters<BN, CONS, CL> = nc > 0 ? nc : 1;
+		if ((e = cudaOccupancyMaxActiveClusters(&nc, k, &cfg)) == cudaSuccess)
+			wgt_clusters<BN, CONS, CL, CW> = nc > 0 ? nc : 1;
 	}
 	return e;
 }
@@ -1118,6 +1147,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<8, 2>(),   wgt_set_smem<16, 2>(),  wgt_set_smem<32, 2>(),
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<256, 2>(), wgt_set_smem<256, 2, 2>(),
+		wgt_set_smem<64, 2, 2, true>(), wgt_set_smem<128, 2, 2, true>(),
 		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
@@ -1198,11 +1228,12 @@ static cudaError_t wg_map(CUtensorMap *m, const kn_bf16 *p, int in, int rows, in
 	return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN, int CONS, int CL = 1>
+template <int BN, int CONS, int CL = 1, bool CW = false>
 static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int n, int in, int out, float *part,
 			      size_t part_floats, cudaStream_t st, int *defer = NULL, bool persist = true)
 {
-	using C = wgt_cfg<BN, CONS, CL>;
+	using C = wgt_cfg<BN, CONS, CL, CW>;
+	const auto k = gemm_wgt_kernel<BN, CONS, CL, CW>;
 	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
 	if (BN > 192 && nseg > 1) /* no second accumulator: one chain only */
 		return cudaErrorNotSupported;
@@ -1212,25 +1243,25 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	const long units = tiles * (parts ? nseg : 1);
 	CUtensorMap tw, tx;
 	cudaError_t e;
-	if ((e = wg_map(&tw, w, in, out, C::BM)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, C::XH)) != cudaSuccess)
+	if ((e = wg_map(&tw, w, in, out, C::WH)) != cudaSuccess || (e = wg_map(&tx, xb, in, n, C::XH)) != cudaSuccess)
 		return e;
 	if constexpr (CL > 1) {
-		/* CL CTAs (a pair, or four) on adjacent row tiles, each copying
-		 * its share of X's stage into all; always persistent: a grid of
-		 * what the GPU holds */
-		const long pairs = (long)((n + BN - 1) / BN) * (((out + C::BM - 1) / C::BM + CL - 1) / CL) *
-				   (parts ? nseg : 1);
-		const long nc = pairs < wgt_clusters<BN, CONS, CL> ? pairs : wgt_clusters<BN, CONS, CL>;
-		e = kn_launch_cl(gemm_wgt_kernel<BN, CONS, CL>, dim3((unsigned)(nc * CL)), dim3(C::THREADS), (size_t)C::SMEM,
-				 st, CL, tw, tx, y, parts ? part : (float *)NULL, n, in, out, sl);
+		/* CL CTAs on adjacent row tiles, each copying its share of X's
+		 * stage into all (CW: on adjacent column tiles, sharing W's);
+		 * always persistent: a grid of what the GPU holds */
+		const long rt = (out + C::BM - 1) / C::BM, ct = (n + BN - 1) / BN;
+		const long pairs = (CW ? (ct + CL - 1) / CL * rt : ct * ((rt + CL - 1) / CL)) * (parts ? nseg : 1);
+		const long nc = pairs < wgt_clusters<BN, CONS, CL, CW> ? pairs : wgt_clusters<BN, CONS, CL, CW>;
+		e = kn_launch_cl(k, dim3((unsigned)(nc * CL)), dim3(C::THREADS), (size_t)C::SMEM, st, CL, tw, tx, y,
+				 parts ? part : (float *)NULL, n, in, out, sl);
 		if (e != cudaSuccess || !parts)
 			return e;
 		return wg_fold(part, y, count, nseg, st, defer);
 	}
-	const long most = (long)wg_sms * wgt_per_sm<BN, CONS, CL>;
+	const long most = (long)wg_sms * wgt_per_sm<BN, CONS, CL, CW>;
 	const int grid = (int)(persist && wg_persist && units > most ? most : units);
-	e = kn_launch(gemm_wgt_kernel<BN, CONS, CL>, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y,
-		      parts ? part : (float *)NULL, n, in, out, sl);
+	e = kn_launch(k, dim3(grid), dim3(C::THREADS), (size_t)C::SMEM, st, tw, tx, y, parts ? part : (float *)NULL, n,
+		      in, out, sl);
 	if (e != cudaSuccess || !parts)
 		return e;
 	return wg_fold(part, y, count, nseg, st, defer);
@@ -1258,7 +1289,7 @@ static cudaError_t wg_run(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *
 		if (!C::XRES && x && (re = kn_cuda_round_bf16(x, xb, NULL, (size_t)n * in, st)) != cudaSuccess)
 			return re;
 		if constexpr (C::TMA)
-			return wgt_launch<C::BN, C::CONS, C::CL>(w, xb, y, n, in, out, part, part_floats, st, defer);
+			return wgt_launch<C::BN, C::CONS, C::CL, C::CW>(w, xb, y, n, in, out, part, part_floats, st, defer);
 		else
 			return wg_launch<C::BN, C::MSPLIT, C::XRES, C::WGS>(w, C::XRES ? x : NULL, C::XRES ? NULL : xb, y,
 									      n, in, out, part, part_floats, st, defer);
@@ -1354,6 +1385,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<256, 2>(w, xb, y, n, in, out, part, part_floats, st);
 	case 14: /* 256-column tiles in CTA pairs */
 		return wgt_launch<256, 2, 2>(w, xb, y, n, in, out, part, part_floats, st);
+	case 15: /* 64-column tiles in CTA pairs sharing W */
+		return wgt_launch<64, 2, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
+	case 16: /* 128-column tiles in CTA pairs sharing W */
+		return wgt_launch<128, 2, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}
