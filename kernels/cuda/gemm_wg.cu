@@ -840,15 +840,16 @@ static int wg_waves = 1;
  * (else 192). */
 static int wg_256 = 1;
 
-/* KVFERRY_WG_WPAIRS=1 (measuring, not the default): plans of 65-256
- * columns whose 64- or 128-column tiles come two or more to a row tile run
- * in CTA pairs along columns that share W's stage (each copies half its
- * rows into both), so W leaves L2 once per pair of column tiles. H100
- * (.dc/run10.sh, twenty-third session, us, off -> on): 8B down at 256
- * columns 95.4 -> 84.7 (cuBLAS 74), but at 192 76.4 -> 82.9, 8B o at 256
- * 29.4 -> 33.4, qkv 36.3 -> 38.4; the 8B decode step at 256 17.17 ->
- * 17.07 ms, at 192 13.82 -> 14.18. Same bits (forced ways 15 and 16). */
-static int wg_wpairs = 0;
+/* CTA pairs along columns that share W's stage (each copies half its rows
+ * into both), so W leaves L2 once per pair of column tiles: for plans of
+ * 65-256 columns whose 64- or 128-column tiles come two or more to a row
+ * tile. By default only where that measured faster: layers of at least two
+ * inputs a row (down) at an even number of column tiles, four or more.
+ * H100 (.dc/run10.sh, twenty-third session, us, single -> pairs): 8B down
+ * at 256 columns 95.4 -> 84.7 (cuBLAS 74); but at 192 76.4 -> 82.9, 8B o at
+ * 256 29.4 -> 33.4, qkv 36.3 -> 38.4. KVFERRY_WG_WPAIRS=1 pairs every plan
+ * it can, =0 none (for measuring; the same bits: forced ways 15 and 16). */
+static int wg_wpairs = -1;
 
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
  * engine's producers write f32 and X is rounded in a pass of its own (H200,
@@ -920,7 +921,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_ONE_CHAIN");
 	wg_one_chain = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_WPAIRS");
-	wg_wpairs = e && !strcmp(e, "1");
+	wg_wpairs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_TMA_FROM");
@@ -1036,7 +1037,9 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 		bn = 192;
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
-	if (wg_wpairs && wg_tma < 0 && cons == 2 && n > 64 && n <= 256 && (bn == 64 || bn == 128) && (n + bn - 1) / bn >= 2)
+	const int nct = (n + bn - 1) / bn;
+	if (wg_wpairs != 0 && wg_tma < 0 && cons == 2 && n > 64 && n <= 256 && (bn == 64 || bn == 128) && nct >= 2 &&
+	    (wg_wpairs == 1 || (in >= 2 * out && nct >= 4 && nct % 2 == 0)))
 		return bn == 64 ? f(wgt_cfg<64, 2, 2, true>()) : f(wgt_cfg<128, 2, 2, true>());
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
 		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
