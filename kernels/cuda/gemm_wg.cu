@@ -22,7 +22,8 @@
  * stream X, rounded beforehand (kn_cuda_round_bf16()), beside W. Plans of
  * more than 32 columns run gemm_wgt_kernel instead: tensor copies (TMA)
  * from a producer warpgroup, one or two consumer warpgroups, mbarriers, the
- * same order and bits; above 256 columns in CTA pairs that share X's copies.
+ * same order and bits; above 256 columns in CTA pairs that share X's copies,
+ * and down-shaped layers at 193-256 columns in pairs that share W's.
  * gemm_wgs_kernel gives the same sums on mma.sync, a segment a warp (plans
  * of at most 8 columns, where KVFERRY_WG_SKINNY asks for it).
  */
@@ -54,9 +55,8 @@
  * session), bench_cuda --gemm 2048, us, segments everywhere -> one chain:
  * 8B gate_up 725 -> 675, 1B LM head 1,701 -> 1,572 (cuBLAS 660 / 1,555);
  * decode steps within 3% either way at 1-256 columns (.dc/run5.sh).
- * KVFERRY_WG_ONE_CHAIN=0 (read
- * once a process) gives every layer WG_SEG again, for measuring: other
- * bits, the same family.
+ * KVFERRY_WG_ONE_CHAIN=0 (read once a process) gives every layer WG_SEG
+ * again, for measuring: other bits, the same family.
  */
 static int wg_one_chain = 1;
 
