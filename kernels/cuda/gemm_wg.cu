@@ -848,7 +848,8 @@ static int wg_256 = 1;
  * H100 (.dc/run10.sh, twenty-third session, us, single -> pairs): 8B down
  * at 256 columns 95.4 -> 84.7 (cuBLAS 74); but at 192 76.4 -> 82.9, 8B o at
  * 256 29.4 -> 33.4, qkv 36.3 -> 38.4. KVFERRY_WG_WPAIRS=1 pairs every plan
- * it can, =0 none (for measuring; the same bits: forced ways 15 and 16). */
+ * it can, tiles of one consumer too (not measured yet), =0 none (for
+ * measuring; the same bits: forced ways 15 to 18). */
 static int wg_wpairs = -1;
 
 /* KVFERRY_WG_XB16=0: kn_cuda_gemm_wg_takes_bf16() answers no, so the
@@ -1038,9 +1039,15 @@ template <class F> static cudaError_t wg_pick(int n, int in, int out, F &&f)
 	const long tiles2 = (long)((out + 127) / 128) * ((n + bn - 1) / bn);
 	const int cons = wg_cons ? wg_cons : 2 * tiles2 < wg_sms && 4 * tiles2 >= wg_sms ? 1 : 2;
 	const int nct = (n + bn - 1) / bn;
-	if (wg_wpairs != 0 && wg_tma < 0 && cons == 2 && n > 64 && n <= 256 && (bn == 64 || bn == 128) && nct >= 2 &&
-	    (wg_wpairs == 1 || (in >= 2 * out && nct >= 4 && nct % 2 == 0)))
-		return bn == 64 ? f(wgt_cfg<64, 2, 2, true>()) : f(wgt_cfg<128, 2, 2, true>());
+	if (wg_wpairs != 0 && wg_tma < 0 && n > 64 && n <= 256 && (bn == 64 || bn == 128) && nct >= 2) {
+		if (cons == 2 && (wg_wpairs == 1 || (in >= 2 * out && nct >= 4 && nct % 2 == 0)))
+			return bn == 64 ? f(wgt_cfg<64, 2, 2, true>()) : f(wgt_cfg<128, 2, 2, true>());
+		/* one consumer (64 W rows, each CTA of the pair copying 32): the
+		 * 8B's down at 128 columns runs there, 86 us against cuBLAS's 63;
+		 * not yet measured, so only under KVFERRY_WG_WPAIRS=1 */
+		if (cons == 1 && wg_wpairs == 1)
+			return bn == 64 ? f(wgt_cfg<64, 1, 2, true>()) : f(wgt_cfg<128, 1, 2, true>());
+	}
 	if ((wg_cluster == 2 || (wg_cluster == 0 && n > 256)) && cons == 2 && (bn == 128 || bn == 192))
 		return bn == 128 ? f(wgt_cfg<128, 2, 2>()) : f(wgt_cfg<192, 2, 2>());
 	switch (bn + cons) {
@@ -1151,6 +1158,7 @@ cudaError_t kn_cuda_gemm_wg_prepare(void)
 		wgt_set_smem<64, 2>(),  wgt_set_smem<128, 2>(), wgt_set_smem<192, 2>(),
 		wgt_set_smem<128, 2, 2>(), wgt_set_smem<192, 2, 2>(), wgt_set_smem<256, 2>(), wgt_set_smem<256, 2, 2>(),
 		wgt_set_smem<64, 2, 2, true>(), wgt_set_smem<128, 2, 2, true>(),
+		wgt_set_smem<64, 1, 2, true>(), wgt_set_smem<128, 1, 2, true>(),
 		cudaFuncSetAttribute(gemm_wgs_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 		cudaFuncSetAttribute(gemm_wgs_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_MAX),
 	};
@@ -1392,6 +1400,10 @@ cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb
 		return wgt_launch<64, 2, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
 	case 16: /* 128-column tiles in CTA pairs sharing W */
 		return wgt_launch<128, 2, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
+	case 17: /* 64 rows by 64 columns in CTA pairs sharing W (32 rows each) */
+		return wgt_launch<64, 1, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
+	case 18: /* 64 rows by 128 columns in CTA pairs sharing W */
+		return wgt_launch<128, 1, 2, true>(w, xb, y, n, in, out, part, part_floats, st);
 	default:
 		return cudaErrorInvalidValue;
 	}

@@ -66,7 +66,8 @@ cudaError_t kn_cuda_gemm_wg_bf16_defer(const kn_bf16 *w, const kn_bf16 *xb, floa
  *  plans of at most 8 columns), W as the A / as the B operand; 13, 14 =
  *  256 columns alone and in CTA pairs (layers of one chain, at least four
  *  rows an input; cudaErrorNotSupported on others); 15, 16 = 64 and 128
- *  columns in CTA pairs along columns sharing W (KVFERRY_WG_WPAIRS).
+ *  columns in CTA pairs along columns sharing W (KVFERRY_WG_WPAIRS); 17,
+ *  18 = the same on tiles of 64 rows (one consumer).
  *  Every way gives the same bits. */
 cudaError_t kn_cuda_gemm_wg_forced(const kn_bf16 *w, const float *x, kn_bf16 *xb, float *y, int n, int in, int out,
 				   float *part, size_t part_floats, int way, cudaStream_t st);

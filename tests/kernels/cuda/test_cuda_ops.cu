@@ -332,7 +332,7 @@ static void the_warpgroup_kernel_gives_each_column_the_same_bits_at_every_width(
 					expect_close(what, y.data(), ref.data(), y.size(), 1e-5);
 				}
 			}
-		for (int way = 0; way < 17; way++)
+		for (int way = 0; way < 19; way++)
 			for (int n : { 5, 40, 129, N }) {
 				CHECK_CUDA(cudaMemset(dy, 0xff, (size_t)N * out * 4));
 				const cudaError_t e = kn_cuda_gemm_wg_forced((kn_bf16 *)dw, dx, (kn_bf16 *)dxb, dy, n, in,
