@@ -1248,7 +1248,7 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 	const int sl = wg_seg_of(in, out), nseg = (in + sl - 1) / sl;
 	if (BN > 192 && nseg > 1) /* no second accumulator: one chain only */
 		return cudaErrorNotSupported;
-	const long tiles = (long)((n + BN - 1) / BN) * ((out + C::BM - 1) / C::BM);
+	const long rt = (out + C::BM - 1) / C::BM, ct = (n + BN - 1) / BN, tiles = rt * ct;
 	const size_t count = (size_t)n * out;
 	const bool parts = part != NULL && part_floats >= (size_t)nseg * count && wg_parts_for(tiles, n, in, out);
 	const long units = tiles * (parts ? nseg : 1);
@@ -1260,7 +1260,6 @@ static cudaError_t wgt_launch(const kn_bf16 *w, const kn_bf16 *xb, float *y, int
 		/* CL CTAs on adjacent row tiles, each copying its share of X's
 		 * stage into all (CW: on adjacent column tiles, sharing W's);
 		 * always persistent: a grid of what the GPU holds */
-		const long rt = (out + C::BM - 1) / C::BM, ct = (n + BN - 1) / BN;
 		const long pairs = (CW ? (ct + CL - 1) / CL * rt : ct * ((rt + CL - 1) / CL)) * (parts ? nseg : 1);
 		const long nc = pairs < wgt_clusters<BN, CONS, CL, CW> ? pairs : wgt_clusters<BN, CONS, CL, CW>;
 		e = kn_launch_cl(k, dim3((unsigned)(nc * CL)), dim3(C::THREADS), (size_t)C::SMEM, st, CL, tw, tx, y,
