@@ -791,11 +791,173 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t &hi
 	lo = *reinterpret_cast<const uint32_t *>(&l);
 }
 
-/* Warps per block: 2 stages x (K + V page) = 128 * HD bytes of shared memory
- * per warp; 32 KB per block keeps it under the static limit at HD 128. */
+/* Warps per block. In 16-key steps a warp holds two stages of a K and a V
+ * page (128 * HD bytes: 32 KB a block at HD 128, under the static limit);
+ * in 64-key steps (steps64) a step's K and V (256 * HD bytes, dynamic
+ * shared memory: 64 KB a block at HD 64 and 128, tile_smem()). */
 template <int HD> struct tile_cfg {
 	static constexpr int WPB = HD >= 128 ? 2 : 4;
 };
+
+template <int HD> static constexpr size_t tile_smem(void)
+{
+	return (size_t)tile_cfg<HD>::WPB * 2 * RUN_KEYS * HD * sizeof(kn_bf16);
+}
+
+/*
+ * One step of the tile kernels' online softmax, the unit of their
+ * arithmetic (the tile kernel's pieces and the run kernel's tiles call the
+ * same two functions, so a row's bits are the same in both): up to 64 keys
+ * k0 .. k0 + 16 np - 1, staged in shared memory as np consecutive 16-key
+ * pages (ks, vs; 64 keys are the run kernel's tile, the swizzle is the
+ * page's), for a warp's 16 rows (lane: rows g and g + 8). A row keeps the
+ * keys up to lim0 / lim1 (-1: none); the others score -inf. Steps start at
+ * a piece's first position (a multiple of 64 where the pieces are).
+ *
+ * attn_scores(): S = q K^T into sc (keys past np pages -inf), the step's
+ * max, the correction of (m, l, acc), and P = 2^(S - m) in sc, whose sum is
+ * added to the lane's l. attn_pv(): acc += P V. The products and sums are
+ * spelled as intrinsics so that inlining cannot contract them differently
+ * in the two kernels.
+ */
+template <int HD, int QF>
+static __device__ __forceinline__ void attn_scores(const uint4 *ks, int np, int k0, bool mask,
+						   const uint32_t (&qa)[HD / 16][QF][4], int lim0, int lim1, float &m0,
+						   float &m1, float &l0, float &l1, float (&acc)[HD / 8][4],
+						   float (&sc)[RUN_KEYS / 8][4])
+{
+	constexpr int U = HD / 8, SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, NK = RUN_KEYS / 8;
+	const int lane = threadIdx.x & 31, t = lane & 3, mi = lane >> 3;
+#pragma unroll
+	for (int i = 0; i < NK; i++)
+		sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+	for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+		if (kb >= np) {
+			sc[2 * kb][0] = sc[2 * kb][1] = sc[2 * kb][2] = sc[2 * kb][3] = -INFINITY;
+			sc[2 * kb + 1][0] = sc[2 * kb + 1][1] = sc[2 * kb + 1][2] = sc[2 * kb + 1][3] = -INFINITY;
+			continue;
+		}
+		/* ldmatrix row: matrix mi -> keys kb 16 + (mi / 2) 8.., hd half mi % 2 */
+		const int key = kb * 16 + (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+		for (int j = 0; j < KS; j++) {
+			uint32_t b[4];
+			const int u = 2 * j + (mi & 1);
+			ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+			for (int f = 0; f < QF; f++) {
+				mma16816(sc[2 * kb], qa[j][f], b[0], b[1]);
+				mma16816(sc[2 * kb + 1], qa[j][f], b[2], b[3]);
+			}
+		}
+	}
+	if (mask)
+#pragma unroll
+		for (int i = 0; i < NK; i++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				if (k0 + i * 8 + 2 * t + (e & 1) > (e < 2 ? lim0 : lim1))
+					sc[i][e] = -INFINITY;
+	float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+	for (int i = 0; i < NK; i++) {
+		mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
+		mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
+	}
+	mx0 = quad_max(mx0);
+	mx1 = quad_max(mx1);
+	const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+	/* a row with no key yet (all -inf) subtracts 0: P = 0, the correction
+	 * 2^-inf = 0 scales nothing; a row with keys subtracts its max */
+	const float b0 = mn0 == -INFINITY ? 0.f : mn0, b1 = mn1 == -INFINITY ? 0.f : mn1;
+	const float cr0 = ex2_ftz(__fsub_rn(m0, b0)), cr1 = ex2_ftz(__fsub_rn(m1, b1));
+	m0 = mn0;
+	m1 = mn1;
+	float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+	for (int i = 0; i < NK; i++) {
+		sc[i][0] = ex2_ftz(__fsub_rn(sc[i][0], b0));
+		sc[i][1] = ex2_ftz(__fsub_rn(sc[i][1], b0));
+		sc[i][2] = ex2_ftz(__fsub_rn(sc[i][2], b1));
+		sc[i][3] = ex2_ftz(__fsub_rn(sc[i][3], b1));
+		s0 = __fadd_rn(s0, __fadd_rn(sc[i][0], sc[i][1]));
+		s1 = __fadd_rn(s1, __fadd_rn(sc[i][2], sc[i][3]));
+	}
+	l0 = __fmaf_rn(l0, cr0, s0);
+	l1 = __fmaf_rn(l1, cr1, s1);
+#pragma unroll
+	for (int i = 0; i < NT; i++) {
+		acc[i][0] = __fmul_rn(acc[i][0], cr0);
+		acc[i][1] = __fmul_rn(acc[i][1], cr0);
+		acc[i][2] = __fmul_rn(acc[i][2], cr1);
+		acc[i][3] = __fmul_rn(acc[i][3], cr1);
+	}
+}
+
+/* A piece's (m, l, acc) of a warp's rows folded into (M, L, A) where f0 /
+ * f1 (the row has keys in the piece), as merge_fold() folds partials; A
+ * lane-major (element i * 4 + e of lane x at A[(i * 4 + e) * 32], from the
+ * lane's own pointer). */
+template <int NT>
+static __device__ __forceinline__ void fold_piece(bool f0, bool f1, float &M0, float &M1, float &L0, float &L1,
+						  float m0, float m1, float l0, float l1, const float (&acc)[NT][4], float *A)
+{
+	float wa0 = 0.f, wb0 = 0.f, wa1 = 0.f, wb1 = 0.f;
+	if (f0) {
+		fold_weights(M0, m0, wa0, wb0);
+		L0 = fold_add(L0, wa0, l0, wb0);
+	}
+	if (f1) {
+		fold_weights(M1, m1, wa1, wb1);
+		L1 = fold_add(L1, wa1, l1, wb1);
+	}
+#pragma unroll
+	for (int i = 0; i < NT; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			if (e < 2 ? f0 : f1) {
+				float &a = A[(i * 4 + e) * 32];
+				a = fold_add(a, e < 2 ? wa0 : wa1, acc[i][e], e < 2 ? wb0 : wb1);
+			}
+}
+
+template <int HD, int QF>
+static __device__ __forceinline__ void attn_pv(const uint4 *vs, int np, const float (&sc)[RUN_KEYS / 8][4],
+					       float (&acc)[HD / 8][4])
+{
+	constexpr int U = HD / 8, SWM = U < 8 ? U - 1 : 7;
+	const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+	for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+		if (kb >= np)
+			break;
+		/* P of keys kb 16 .. as the A operand: a0 = keys 2t.. of row g,
+		 * a1 = row g + 8, a2 / a3 keys 8 + 2t.. (hi, then lo where QF 2) */
+		uint32_t pa[QF][4], lo[4];
+		split_pair(sc[2 * kb][0], sc[2 * kb][1], pa[0][0], lo[0]);
+		split_pair(sc[2 * kb][2], sc[2 * kb][3], pa[0][1], lo[1]);
+		split_pair(sc[2 * kb + 1][0], sc[2 * kb + 1][1], pa[0][2], lo[2]);
+		split_pair(sc[2 * kb + 1][2], sc[2 * kb + 1][3], pa[0][3], lo[3]);
+		if (QF == 2)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				pa[QF - 1][e] = lo[e];
+		/* matrix mi: keys kb 16 + (mi % 2) 8.., hd columns 16 i + (mi / 2) 8.. */
+		const int key = kb * 16 + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+		for (int i = 0; i < HD / 16; i++) {
+			uint32_t b[4];
+			const int u = 2 * i + (mi >> 1);
+			ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+			for (int f = 0; f < QF; f++) {
+				mma16816(acc[2 * i], pa[f], b[0], b[1]);
+				mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
+			}
+		}
+	}
+}
 
 /*
  * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits), block WPB warps, each warp
@@ -804,13 +966,17 @@ template <int HD> struct tile_cfg {
  * 16 / GM, or 1 on plans of up to 64 columns (tile_cpw()); a row's arithmetic is its own
  * (mma rows do not mix, idle rows add nothing), so a column's bits do not
  * depend on CPW. Lane (g = lane / 4, t = lane % 4)
- * holds rows g and g + 8 in the mma fragment layouts. Per slot group: pages
+ * holds rows g and g + 8 in the mma fragment layouts. Per slot group: keys
  * [split start, min(split end, last position of the group + 1)) in 16-key
- * pages; S = Q K^T (K via ldmatrix), online softmax per row (base-2, the
- * scale folded into q), O += P V (V via ldmatrix.trans); the partial (O, m,
- * l) of each row goes to the same workspace layout as the column kernel's.
+ * pages, or (S64) in steps of up to 64 keys from the piece's start
+ * (attn_scores(), attn_pv(), the run kernel's arithmetic): S = Q K^T (K via
+ * ldmatrix), online softmax per row (base-2, the scale folded into q), O +=
+ * P V (V via ldmatrix.trans); the partial (O, m, l) of each row goes to the
+ * same workspace layout as the column kernel's. S64 is taken for bf16 q
+ * and P only (kn_cu_attn_args.steps64; the 16-key steps stay the default
+ * until 64 are measured: kernels/cuda/NOTES.md, twenty-fourth session).
  */
-template <int HD, int GM, bool EXACT, int CPW, bool SERIAL>
+template <int HD, int GM, bool EXACT, int CPW, bool SERIAL, bool S64>
 static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
 attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 {
@@ -819,12 +985,15 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	static_assert(CPW >= 1 && CPW * GM <= 16, "a warp's 16 rows hold CPW columns of GM heads");
 	constexpr int WPB = tile_cfg<HD>::WPB, U = HD / 8;
 	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
-	__shared__ uint4 sm[WPB][2][2][KN_PAGE_BLK * U];
+	extern __shared__ uint4 tsm[]; /* S64: [warp][K, V][RUN_KEYS * U], tile_smem() */
+	/* else 16-key steps: two stages of a K and a V page a warp */
+	__shared__ uint4 sm[S64 ? 1 : WPB][2][2][S64 ? 1 : KN_PAGE_BLK * U];
 	/* a serial warp's folded A, lane-major: [warp][acc element][lane] */
 	__shared__ float fsm[SERIAL ? WPB : 1][SERIAL ? NT * 4 : 1][32];
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
+	uint4 *const kbuf = tsm + (size_t)warp * 2 * RUN_KEYS * U, *const vbuf = kbuf + RUN_KEYS * U;
 	if (a.runs && run_uniform(a, c0 & ~(a.runs - 1), a.runs))
 		return; /* the run kernel's: a warp's columns lie in one run's */
 	/* a prompt chunk's warp on a wide plan takes every piece in the grid's
@@ -934,156 +1103,192 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 				acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
 			const int kend = min(kst + TS, hi + 1);
-			const int nch = (kend - kst + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
-			auto issue = [&](int ch) {
-				const int kp = kst + ch * KN_PAGE_BLK;
-				const int32_t blk = trow[kp / KN_PAGE_BLK];
-				uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
-				const uint4 *kg = reinterpret_cast<const uint4 *>(a.k_cache + blk * blk_stride + head_off);
-				const uint4 *vg = reinterpret_cast<const uint4 *>(a.v_cache + blk * blk_stride + head_off);
+			if constexpr (S64) {
+				/* K or V of the keys k0 .. k0 + 16 np - 1 (up to kend) into buf,
+				 * page by page in the run kernel's layout; keys past kend and
+				 * missing pages are zeroed (V there may be NaN bits, and P is
+				 * 0 there, but 0 x NaN is NaN) */
+				auto stage = [&](uint4 *buf, const kn_bf16 *cache, int k0, int np) {
+					for (int pg = 0; pg < np; pg++) {
+						const int kp = k0 + pg * KN_PAGE_BLK;
+						const int32_t blk = trow[kp / KN_PAGE_BLK];
+						const uint4 *src =
+							reinterpret_cast<const uint4 *>(cache + blk * blk_stride + head_off);
+						uint4 *dst = buf + pg * KN_PAGE_BLK * U;
 #pragma unroll
-				for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
-					const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
-					if (blk >= 0) {
-						cp_async16(&ks[so], kg + i);
-						cp_async16(&vs[so], vg + i);
-					} else {
-						ks[so] = make_uint4(0, 0, 0, 0);
-						vs[so] = make_uint4(0, 0, 0, 0);
+						for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
+							const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
+							if (blk >= 0 && kp + r < kend)
+								cp_async16(&dst[so], src + i);
+							else
+								dst[so] = make_uint4(0, 0, 0, 0);
+						}
 					}
+					cp_commit();
+				};
+				auto pages = [&](int k0) {
+					return min(RUN_KEYS / KN_PAGE_BLK, (kend - k0 + KN_PAGE_BLK - 1) / KN_PAGE_BLK);
+				};
+				const int lim0 = on0 ? min(pos0, kend - 1) : -1, lim1 = on1 ? min(pos1, kend - 1) : -1;
+				/* steps of 64 keys from the piece's start: a step's V is staged
+				 * while its scores are taken, the next step's K during P V */
+				const int nst = (kend - kst + RUN_KEYS - 1) / RUN_KEYS;
+				stage(kbuf, a.k_cache, kst, pages(kst));
+				for (int st = 0; st < nst; st++) {
+					const int k0 = kst + st * RUN_KEYS, np = pages(k0);
+					stage(vbuf, a.v_cache, k0, np);
+					cp_wait<1>(); /* this step's K */
+					__syncwarp();
+					float sc[RUN_KEYS / 8][4];
+					attn_scores<HD, QF>(kbuf, np, k0, true, qa, lim0, lim1, m0, m1, l0, l1, acc,
+							    sc);
+					__syncwarp(); /* every lane has read K */
+					if (st + 1 < nst) {
+						stage(kbuf, a.k_cache, k0 + RUN_KEYS, pages(k0 + RUN_KEYS));
+						cp_wait<1>(); /* this step's V */
+					} else {
+						cp_wait<0>();
+					}
+					__syncwarp();
+					attn_pv<HD, QF>(vbuf, np, sc, acc);
+					__syncwarp(); /* every lane has read V */
 				}
-				cp_commit();
-			};
-			issue(0);
-			for (int ch = 0; ch < nch; ch++) {
-				if (ch + 1 < nch) {
-					issue(ch + 1);
-					cp_wait<1>();
-				} else {
-					cp_wait<0>();
-				}
-				__syncwarp();
-				const int kp0 = kst + ch * KN_PAGE_BLK;
-				if (kend - kp0 < KN_PAGE_BLK) {
-					/* V rows past the group's last position may never have been
-					 * written (NaN bits): P is 0 there, but 0 x NaN is NaN. */
-					uint4 *vw = sm[warp][ch & 1][1];
-					const int valid = kend - kp0;
-					for (int i = lane; i < (KN_PAGE_BLK - valid) * U; i += 32) {
-						const int r = valid + i / U, u = i % U;
-						vw[r * U + (u ^ (r & SWM))] = make_uint4(0, 0, 0, 0);
+			} else {
+				const int nch = (kend - kst + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
+				auto issue = [&](int ch) {
+					const int kp = kst + ch * KN_PAGE_BLK;
+					const int32_t blk = trow[kp / KN_PAGE_BLK];
+					uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+					const uint4 *kg = reinterpret_cast<const uint4 *>(a.k_cache + blk * blk_stride + head_off);
+					const uint4 *vg = reinterpret_cast<const uint4 *>(a.v_cache + blk * blk_stride + head_off);
+#pragma unroll
+					for (int i = lane; i < KN_PAGE_BLK * U; i += 32) {
+						const int r = i / U, u = i % U, so = r * U + (u ^ (r & SWM));
+						if (blk >= 0) {
+							cp_async16(&ks[so], kg + i);
+							cp_async16(&vs[so], vg + i);
+						} else {
+							ks[so] = make_uint4(0, 0, 0, 0);
+							vs[so] = make_uint4(0, 0, 0, 0);
+						}
+					}
+					cp_commit();
+				};
+				issue(0);
+				for (int ch = 0; ch < nch; ch++) {
+					if (ch + 1 < nch) {
+						issue(ch + 1);
+						cp_wait<1>();
+					} else {
+						cp_wait<0>();
+					}
+					__syncwarp();
+					const int kp0 = kst + ch * KN_PAGE_BLK;
+					if (kend - kp0 < KN_PAGE_BLK) {
+						/* V rows past the group's last position may never have been
+						 * written (NaN bits): P is 0 there, but 0 x NaN is NaN. */
+						uint4 *vw = sm[warp][ch & 1][1];
+						const int valid = kend - kp0;
+						for (int i = lane; i < (KN_PAGE_BLK - valid) * U; i += 32) {
+							const int r = valid + i / U, u = i % U;
+							vw[r * U + (u ^ (r & SWM))] = make_uint4(0, 0, 0, 0);
+						}
+						__syncwarp();
+					}
+					const uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
+					float sc[2][4];
+#pragma unroll
+					for (int i = 0; i < 2; i++)
+						sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+					{
+						/* lane's ldmatrix row: matrix mi = lane / 8 -> keys (mi / 2) * 8.., hd half mi % 2 */
+						const int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7);
+#pragma unroll
+						for (int j = 0; j < KS; j++) {
+							uint32_t b[4];
+							const int u = 2 * j + (mi & 1);
+							ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+							for (int f = 0; f < QF; f++) {
+								mma16816(sc[0], qa[j][f], b[0], b[1]);
+								mma16816(sc[1], qa[j][f], b[2], b[3]);
+							}
+						}
+					}
+					/* mask: row position, row activity */
+#pragma unroll
+					for (int i = 0; i < 2; i++)
+#pragma unroll
+						for (int e = 0; e < 4; e++) {
+							const int key = kp0 + i * 8 + 2 * t + (e & 1);
+							const bool ok = e < 2 ? (on0 && key <= pos0) : (on1 && key <= pos1);
+							if (!ok)
+								sc[i][e] = -INFINITY;
+						}
+					float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+					float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+					mx0 = quad_max(mx0);
+					mx1 = quad_max(mx1);
+					const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+					const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+					const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+					m0 = mn0;
+					m1 = mn1;
+					float p[2][4];
+#pragma unroll
+					for (int i = 0; i < 2; i++)
+#pragma unroll
+						for (int e = 0; e < 4; e++) {
+							const float mn = e < 2 ? mn0 : mn1;
+							p[i][e] = mn == -INFINITY ? 0.f : exp2f(sc[i][e] - mn);
+						}
+					l0 = l0 * cr0 + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+					l1 = l1 * cr1 + ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3]));
+#pragma unroll
+					for (int i = 0; i < NT; i++) {
+						acc[i][0] *= cr0;
+						acc[i][1] *= cr0;
+						acc[i][2] *= cr1;
+						acc[i][3] *= cr1;
+					}
+					/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
+					uint32_t pa[QF][4];
+					{
+						uint32_t h[4], lo[4];
+						split_pair(p[0][0], p[0][1], h[0], lo[0]);
+						split_pair(p[0][2], p[0][3], h[1], lo[1]);
+						split_pair(p[1][0], p[1][1], h[2], lo[2]);
+						split_pair(p[1][2], p[1][3], h[3], lo[3]);
+#pragma unroll
+						for (int e = 0; e < 4; e++) {
+							pa[0][e] = h[e];
+							pa[QF - 1][e] = EXACT ? lo[e] : h[e];
+						}
+					}
+					{
+						/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
+						const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+						for (int i = 0; i < HD / 16; i++) {
+							uint32_t b[4];
+							const int u = 2 * i + (mi >> 1);
+							ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+#pragma unroll
+							for (int f = 0; f < QF; f++) {
+								mma16816(acc[2 * i], pa[f], b[0], b[1]);
+								mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
+							}
+						}
 					}
 					__syncwarp();
 				}
-				const uint4 *ks = sm[warp][ch & 1][0], *vs = sm[warp][ch & 1][1];
-				float sc[2][4];
-#pragma unroll
-				for (int i = 0; i < 2; i++)
-					sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-				{
-					/* lane's ldmatrix row: matrix mi = lane / 8 -> keys (mi / 2) * 8.., hd half mi % 2 */
-					const int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7);
-#pragma unroll
-					for (int j = 0; j < KS; j++) {
-						uint32_t b[4];
-						const int u = 2 * j + (mi & 1);
-						ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
-#pragma unroll
-						for (int f = 0; f < QF; f++) {
-							mma16816(sc[0], qa[j][f], b[0], b[1]);
-							mma16816(sc[1], qa[j][f], b[2], b[3]);
-						}
-					}
-				}
-				/* mask: row position, row activity */
-#pragma unroll
-				for (int i = 0; i < 2; i++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						const int key = kp0 + i * 8 + 2 * t + (e & 1);
-						const bool ok = e < 2 ? (on0 && key <= pos0) : (on1 && key <= pos1);
-						if (!ok)
-							sc[i][e] = -INFINITY;
-					}
-				float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-				float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
-				mx0 = quad_max(mx0);
-				mx1 = quad_max(mx1);
-				const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-				const float cr0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
-				const float cr1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
-				m0 = mn0;
-				m1 = mn1;
-				float p[2][4];
-#pragma unroll
-				for (int i = 0; i < 2; i++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						const float mn = e < 2 ? mn0 : mn1;
-						p[i][e] = mn == -INFINITY ? 0.f : exp2f(sc[i][e] - mn);
-					}
-				l0 = l0 * cr0 + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-				l1 = l1 * cr1 + ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3]));
-#pragma unroll
-				for (int i = 0; i < NT; i++) {
-					acc[i][0] *= cr0;
-					acc[i][1] *= cr0;
-					acc[i][2] *= cr1;
-					acc[i][3] *= cr1;
-				}
-				/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
-				uint32_t pa[QF][4];
-				{
-					uint32_t h[4], lo[4];
-					split_pair(p[0][0], p[0][1], h[0], lo[0]);
-					split_pair(p[0][2], p[0][3], h[1], lo[1]);
-					split_pair(p[1][0], p[1][1], h[2], lo[2]);
-					split_pair(p[1][2], p[1][3], h[3], lo[3]);
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						pa[0][e] = h[e];
-						pa[QF - 1][e] = EXACT ? lo[e] : h[e];
-					}
-				}
-				{
-					/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
-					const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
-#pragma unroll
-					for (int i = 0; i < HD / 16; i++) {
-						uint32_t b[4];
-						const int u = 2 * i + (mi >> 1);
-						ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
-#pragma unroll
-						for (int f = 0; f < QF; f++) {
-							mma16816(acc[2 * i], pa[f], b[0], b[1]);
-							mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
-						}
-					}
-				}
-				__syncwarp();
 			}
 			l0 = quad_sum(l0);
 			l1 = quad_sum(l1);
 			if (SERIAL && serial) {
 				/* rows with keys in this piece fold it, as merge_fold() does */
-				const bool f0 = on0 && pos0 >= kst, f1 = on1 && pos1 >= kst;
-				float wa0 = 0.f, wb0 = 0.f, wa1 = 0.f, wb1 = 0.f;
-				if (f0) {
-					fold_weights(M0, m0, wa0, wb0);
-					L0 = fold_add(L0, wa0, l0, wb0);
-				}
-				if (f1) {
-					fold_weights(M1, m1, wa1, wb1);
-					L1 = fold_add(L1, wa1, l1, wb1);
-				}
-#pragma unroll
-				for (int i = 0; i < NT; i++)
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						if (e < 2 ? f0 : f1) {
-							float &A = fsm[SERIAL ? warp : 0][i * 4 + e][lane];
-							A = fold_add(A, e < 2 ? wa0 : wa1, acc[i][e], e < 2 ? wb0 : wb1);
-						}
+				fold_piece<NT>(on0 && pos0 >= kst, on1 && pos1 >= kst, M0, M1, L0, L1, m0, m1, l0, l1, acc,
+					       &fsm[SERIAL ? warp : 0][0][lane]);
 				continue;
 			}
 			float *pbase = a.part + (size_t)s * GM * part_stride(HD);
@@ -1133,6 +1338,12 @@ template <int HD> static constexpr size_t run_smem(void)
 	return (size_t)2 * 2 * RUN_KEYS * HD * sizeof(kn_bf16);
 }
 
+/* ... and where the run folds pieces, each warp's folded A (16 rows) */
+template <int HD, int RC, bool FOLD> static constexpr size_t run_smem_all(void)
+{
+	return run_smem<HD>() + (FOLD ? (size_t)(RC / 16) * 16 * HD * sizeof(float) : 0);
+}
+
 /*
  * grid (ceil(n / RC), n_heads), block RC / 16 warps (RC: a run's columns,
  * 64 or 128). Block x serves columns c0 .. c0 + RC - 1 (the last run first:
@@ -1145,13 +1356,26 @@ template <int HD> static constexpr size_t run_smem(void)
  * of two of 4); a warp skips the tiles past its own
  * last row. Per tile: S = Q K^T (bf16 q with the scale folded in, base-2),
  * the causal mask where the tile reaches the warp's rows, the online
- * softmax, O += P V with P as bf16; then O / l to out. Keys past the run's
- * last position are zero-filled, never loaded (V there may be NaN bits).
+ * softmax, O += P V with P as bf16 (attn_scores(), attn_pv()); then O / l
+ * to out. Keys past the run's last position are zero-filled, never loaded
+ * (V there may be NaN bits).
+ *
+ * FOLD (one family, kn_cu_attn_args.run_fold with steps64): the tile
+ * kernel's bits in 64-key steps. A tile is attn_scores() + attn_pv(); the
+ * keys go in pieces of a.split positions (a multiple of 64: whole tiles),
+ * each from (m, l, acc) = (-inf, 0, 0), and a row folds each piece that
+ * holds keys of its own into (M, L, A) as the serial warps and the merge
+ * kernel do (fold_piece(); A in shared memory, lane-major); out = A / L.
+ * The tile kernel's steps are these tiles, so a column's bits do not
+ * depend on which kernel served it. Without FOLD the tile's arithmetic is
+ * still written out here (the same formulas but for -inf guards no row
+ * of a run needs): the default kernels' prefill keeps its measured code
+ * until FOLD has run on a GPU.
  */
 /* one block an SM at least: ptxas then takes ~200 registers at head 128
  * (~175 without the bound), measured a little faster; three blocks an SM
  * (168 registers) changed nothing (kernels/cuda/NOTES.md) */
-template <int HD, int RC>
+template <int HD, int RC, bool FOLD>
 static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct kn_cu_attn_args a)
 {
 	static_assert(RC == 64 || RC == 128, "a run is 64 or 128 columns");
@@ -1172,7 +1396,7 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 	const float qs = a.scale * LOG2E;
 
 	/* q fragments: a0 (row g, k 2t..), a1 (row g+8), a2 (row g, k 2t+8..), a3 (row g+8) */
-	uint32_t qa[KS][4];
+	uint32_t qa[KS][1][4];
 	{
 		const float *q0 = a.q + (size_t)cc0 * a.q_stride + (size_t)h * HD;
 		const float *q1 = a.q + (size_t)cc1 * a.q_stride + (size_t)h * HD;
@@ -1184,8 +1408,8 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 				const float2 v0 = *reinterpret_cast<const float2 *>(q0 + d);
 				const float2 v1 = *reinterpret_cast<const float2 *>(q1 + d);
 				uint32_t lo;
-				split_pair(v0.x * qs, v0.y * qs, qa[j][2 * hh], lo);
-				split_pair(v1.x * qs, v1.y * qs, qa[j][2 * hh + 1], lo);
+				split_pair(v0.x * qs, v0.y * qs, qa[j][0][2 * hh], lo);
+				split_pair(v1.x * qs, v1.y * qs, qa[j][0][2 * hh + 1], lo);
 			}
 	}
 	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
@@ -1193,6 +1417,14 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 #pragma unroll
 	for (int i = 0; i < NT; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+	/* FOLD: the rows' running fold, A lane-major after the K/V stages */
+	float M0 = -INFINITY, M1 = -INFINITY, L0 = 0.f, L1 = 0.f;
+	float *const fa =
+		reinterpret_cast<float *>(rsm + (size_t)2 * 2 * RUN_KEYS * U) + (size_t)warp * NT * 4 * 32 + lane;
+	if (FOLD)
+#pragma unroll
+		for (int i = 0; i < NT * 4; i++)
+			fa[i * 32] = 0.f;
 
 	const int32_t *trow = a.table + (size_t)slot * a.max_bps;
 	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
@@ -1233,94 +1465,128 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 		}
 		__syncthreads();
 		const int k0 = j * RUN_KEYS;
-		if (k0 <= wp + 15) {
-			const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
-			float sc[NK][4];
+		if constexpr (FOLD) {
+			if (k0 <= wp + 15) {
+				const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
+				float sc[NK][4];
+				/* the mask where the tile reaches past the warp's first row */
+				attn_scores<HD, 1>(ks, RUN_KEYS / 16, k0, k0 + RUN_KEYS - 1 > wp, qa, pos0, pos1, m0, m1, l0, l1, acc,
+						   sc);
+				attn_pv<HD, 1>(vs, RUN_KEYS / 16, sc, acc);
+				if ((k0 + RUN_KEYS) % a.split == 0 || k0 + RUN_KEYS > wp + 15) {
+					/* a piece ends (or the warp's keys do): rows with keys in
+					 * it fold it, as the tile kernel's serial warps do */
+					const int kst = k0 / a.split * a.split;
+					l0 = quad_sum(l0);
+					l1 = quad_sum(l1);
+					fold_piece<NT>(pos0 >= kst, pos1 >= kst, M0, M1, L0, L1, m0, m1, l0, l1, acc, fa);
 #pragma unroll
-			for (int i = 0; i < NK; i++)
-				sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-			const int mi = lane >> 3;
-#pragma unroll
-			for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
-				/* ldmatrix row: matrix mi -> keys kb 16 + (mi / 2) 8.., hd half mi % 2 */
-				const int key = kb * 16 + (mi >> 1) * 8 + (lane & 7);
-#pragma unroll
-				for (int jj = 0; jj < KS; jj++) {
-					uint32_t b[4];
-					const int u = 2 * jj + (mi & 1);
-					ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
-					mma16816(sc[2 * kb], qa[jj], b[0], b[1]);
-					mma16816(sc[2 * kb + 1], qa[jj], b[2], b[3]);
+					for (int i = 0; i < NT; i++)
+						acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+					m0 = m1 = -INFINITY;
+					l0 = l1 = 0.f;
 				}
 			}
-			if (k0 + RUN_KEYS - 1 > wp) /* the tile reaches past the warp's first row */
+		} else {
+			if (k0 <= wp + 15) {
+				const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
+				float sc[NK][4];
 #pragma unroll
 				for (int i = 0; i < NK; i++)
+					sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+				const int mi = lane >> 3;
 #pragma unroll
-					for (int e = 0; e < 4; e++)
-						if (k0 + i * 8 + 2 * t + (e & 1) > (e < 2 ? pos0 : pos1))
-							sc[i][e] = -INFINITY;
-			float mx0 = -INFINITY, mx1 = -INFINITY;
+				for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+					/* ldmatrix row: matrix mi -> keys kb 16 + (mi / 2) 8.., hd half mi % 2 */
+					const int key = kb * 16 + (mi >> 1) * 8 + (lane & 7);
 #pragma unroll
-			for (int i = 0; i < NK; i++) {
-				mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
-				mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
-			}
-			mx0 = quad_max(mx0);
-			mx1 = quad_max(mx1);
-			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-			/* every row sees key 0 in tile 0, so mn0 and mn1 are finite
-			 * from there on: a masked score gives ex2(-inf) = 0, and the
-			 * first tile's correction ex2(-inf - mn) = 0 scales nothing */
-			const float cr0 = ex2_ftz(m0 - mn0), cr1 = ex2_ftz(m1 - mn1);
-			m0 = mn0;
-			m1 = mn1;
-			float s0 = 0.f, s1 = 0.f;
+					for (int jj = 0; jj < KS; jj++) {
+						uint32_t b[4];
+						const int u = 2 * jj + (mi & 1);
+						ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
+						mma16816(sc[2 * kb], qa[jj][0], b[0], b[1]);
+						mma16816(sc[2 * kb + 1], qa[jj][0], b[2], b[3]);
+					}
+				}
+				if (k0 + RUN_KEYS - 1 > wp) /* the tile reaches past the warp's first row */
 #pragma unroll
-			for (int i = 0; i < NK; i++) {
-				sc[i][0] = ex2_ftz(sc[i][0] - mn0);
-				sc[i][1] = ex2_ftz(sc[i][1] - mn0);
-				sc[i][2] = ex2_ftz(sc[i][2] - mn1);
-				sc[i][3] = ex2_ftz(sc[i][3] - mn1);
-				s0 += sc[i][0] + sc[i][1];
-				s1 += sc[i][2] + sc[i][3];
-			}
-			l0 = l0 * cr0 + s0;
-			l1 = l1 * cr1 + s1;
+					for (int i = 0; i < NK; i++)
 #pragma unroll
-			for (int i = 0; i < NT; i++) {
-				acc[i][0] *= cr0;
-				acc[i][1] *= cr0;
-				acc[i][2] *= cr1;
-				acc[i][3] *= cr1;
-			}
+						for (int e = 0; e < 4; e++)
+							if (k0 + i * 8 + 2 * t + (e & 1) > (e < 2 ? pos0 : pos1))
+								sc[i][e] = -INFINITY;
+				float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-			for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
-				/* P of keys kb 16 .. as the A operand */
-				uint32_t pa[4], lo;
-				split_pair(sc[2 * kb][0], sc[2 * kb][1], pa[0], lo);
-				split_pair(sc[2 * kb][2], sc[2 * kb][3], pa[1], lo);
-				split_pair(sc[2 * kb + 1][0], sc[2 * kb + 1][1], pa[2], lo);
-				split_pair(sc[2 * kb + 1][2], sc[2 * kb + 1][3], pa[3], lo);
-				/* matrix mi: keys kb 16 + (mi % 2) 8.., hd columns 16 i + (mi / 2) 8.. */
-				const int key = kb * 16 + (mi & 1) * 8 + (lane & 7);
+				for (int i = 0; i < NK; i++) {
+					mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
+					mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
+				}
+				mx0 = quad_max(mx0);
+				mx1 = quad_max(mx1);
+				const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+				/* every row sees key 0 in tile 0, so mn0 and mn1 are finite
+				 * from there on: a masked score gives ex2(-inf) = 0, and the
+				 * first tile's correction ex2(-inf - mn) = 0 scales nothing */
+				const float cr0 = ex2_ftz(m0 - mn0), cr1 = ex2_ftz(m1 - mn1);
+				m0 = mn0;
+				m1 = mn1;
+				float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-				for (int i = 0; i < HD / 16; i++) {
-					uint32_t b[4];
-					const int u = 2 * i + (mi >> 1);
-					ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
-					mma16816(acc[2 * i], pa, b[0], b[1]);
-					mma16816(acc[2 * i + 1], pa, b[2], b[3]);
+				for (int i = 0; i < NK; i++) {
+					sc[i][0] = ex2_ftz(sc[i][0] - mn0);
+					sc[i][1] = ex2_ftz(sc[i][1] - mn0);
+					sc[i][2] = ex2_ftz(sc[i][2] - mn1);
+					sc[i][3] = ex2_ftz(sc[i][3] - mn1);
+					s0 += sc[i][0] + sc[i][1];
+					s1 += sc[i][2] + sc[i][3];
+				}
+				l0 = l0 * cr0 + s0;
+				l1 = l1 * cr1 + s1;
+#pragma unroll
+				for (int i = 0; i < NT; i++) {
+					acc[i][0] *= cr0;
+					acc[i][1] *= cr0;
+					acc[i][2] *= cr1;
+					acc[i][3] *= cr1;
+				}
+#pragma unroll
+				for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
+					/* P of keys kb 16 .. as the A operand */
+					uint32_t pa[4], lo;
+					split_pair(sc[2 * kb][0], sc[2 * kb][1], pa[0], lo);
+					split_pair(sc[2 * kb][2], sc[2 * kb][3], pa[1], lo);
+					split_pair(sc[2 * kb + 1][0], sc[2 * kb + 1][1], pa[2], lo);
+					split_pair(sc[2 * kb + 1][2], sc[2 * kb + 1][3], pa[3], lo);
+					/* matrix mi: keys kb 16 + (mi % 2) 8.., hd columns 16 i + (mi / 2) 8.. */
+					const int key = kb * 16 + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+					for (int i = 0; i < HD / 16; i++) {
+						uint32_t b[4];
+						const int u = 2 * i + (mi >> 1);
+						ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
+						mma16816(acc[2 * i], pa, b[0], b[1]);
+						mma16816(acc[2 * i + 1], pa, b[2], b[3]);
+					}
 				}
 			}
 		}
 		__syncthreads(); /* the next issue refills this stage */
 	}
+	float *o0 = a.out + (size_t)cc0 * a.n_heads * HD + (size_t)h * HD;
+	float *o1 = a.out + (size_t)cc1 * a.n_heads * HD + (size_t)h * HD;
+	if (FOLD) {
+#pragma unroll
+		for (int i = 0; i < NT; i++) {
+			*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) =
+				make_float2(fa[i * 128] / L0, fa[i * 128 + 32] / L0);
+			*reinterpret_cast<float2 *>(o1 + i * 8 + 2 * t) =
+				make_float2(fa[i * 128 + 64] / L1, fa[i * 128 + 96] / L1);
+		}
+		return;
+	}
 	l0 = quad_sum(l0);
 	l1 = quad_sum(l1);
 	const float i0 = 1.f / l0, i1 = 1.f / l1;
-	float *o0 = a.out + (size_t)cc0 * a.n_heads * HD + (size_t)h * HD;
-	float *o1 = a.out + (size_t)cc1 * a.n_heads * HD + (size_t)h * HD;
 #pragma unroll
 	for (int i = 0; i < NT; i++) {
 		*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) = make_float2(acc[i][0] * i0, acc[i][1] * i0);
@@ -1328,20 +1594,23 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 	}
 }
 
-template <int HD, int RC> static cudaError_t launch_runs_rc(const struct kn_cu_attn_args *a, cudaStream_t st)
+template <int HD, int RC, bool FOLD> static cudaError_t launch_runs_rc(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
 	/* every launch (a graph captures it once): the attribute is the current device's */
-	const cudaError_t set = cudaFuncSetAttribute(attn_run_kernel<HD, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						     (int)run_smem<HD>());
+	constexpr size_t smem = run_smem_all<HD, RC, FOLD>();
+	const cudaError_t set = cudaFuncSetAttribute(attn_run_kernel<HD, RC, FOLD>,
+						     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 	if (set != cudaSuccess)
 		return set;
-	return kn_launch(attn_run_kernel<HD, RC>, dim3((a->n + RC - 1) / RC, a->n_heads), dim3(RC * 2), run_smem<HD>(),
-			 st, *a);
+	return kn_launch(attn_run_kernel<HD, RC, FOLD>, dim3((a->n + RC - 1) / RC, a->n_heads), dim3(RC * 2), smem, st,
+			 *a);
 }
 
 template <int HD> static cudaError_t launch_runs(const struct kn_cu_attn_args *a, cudaStream_t st)
 {
-	return a->runs == 128 ? launch_runs_rc<HD, 128>(a, st) : launch_runs_rc<HD, 64>(a, st);
+	if (a->run_fold)
+		return a->runs == 128 ? launch_runs_rc<HD, 128, true>(a, st) : launch_runs_rc<HD, 64, true>(a, st);
+	return a->runs == 128 ? launch_runs_rc<HD, 128, false>(a, st) : launch_runs_rc<HD, 64, false>(a, st);
 }
 
 /* Columns a warp of the tile kernel serves at plan width @p n: 16 / GM
@@ -1370,13 +1639,30 @@ static cudaError_t launch_tile_cpw(const struct kn_cu_attn_args *a, int splits, 
 {
 	constexpr int per_block = tile_cfg<HD>::WPB * CPW;
 	const dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits), b1(tile_cfg<HD>::WPB * 32);
+	auto go = [&](auto kernel) { return kn_launch(kernel, g1, b1, 0, st, *a, splits); };
+	if (a->steps64 && !a->exact) {
+		/* 64-key steps, bf16 q and P: dynamic shared memory past the static
+		 * limit; every launch (a graph captures it once) sets the attribute,
+		 * which is the current device's */
+		constexpr size_t smem = tile_smem<HD>();
+		auto go64 = [&](auto kernel) {
+			const cudaError_t set =
+				cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+			return set != cudaSuccess ? set : kn_launch(kernel, g1, b1, smem, st, *a, splits);
+		};
+		if constexpr (CPW > 1) {
+			if (a->serial)
+				return go64(attn_tile_kernel<HD, GM, false, CPW, true, true>);
+		}
+		return go64(attn_tile_kernel<HD, GM, false, CPW, false, true>);
+	}
 	if constexpr (CPW > 1) {
 		if (a->serial)
-			return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW, true>, g1, b1, 0, st, *a, splits)
-					: kn_launch(attn_tile_kernel<HD, GM, false, CPW, true>, g1, b1, 0, st, *a, splits);
+			return a->exact ? go(attn_tile_kernel<HD, GM, true, CPW, true, false>)
+					: go(attn_tile_kernel<HD, GM, false, CPW, true, false>);
 	}
-	return a->exact ? kn_launch(attn_tile_kernel<HD, GM, true, CPW, false>, g1, b1, 0, st, *a, splits)
-			: kn_launch(attn_tile_kernel<HD, GM, false, CPW, false>, g1, b1, 0, st, *a, splits);
+	return a->exact ? go(attn_tile_kernel<HD, GM, true, CPW, false, false>)
+			: go(attn_tile_kernel<HD, GM, false, CPW, false, false>);
 }
 
 template <int HD, int GM>
@@ -1408,7 +1694,8 @@ static cudaError_t launch(const struct kn_cu_attn_args *a, cudaStream_t st)
 	/* runs (the tile kernel's prompt chunks) where asked and possible */
 	struct kn_cu_attn_args r = *a;
 	const bool runs_ok = tile && (a->runs == 64 || a->runs == 128) && !a->exact && a->split > 0 && a->len_lo == 0 &&
-			     a->len_hi == 0 && a->n >= a->runs;
+			     a->len_hi == 0 && a->n >= a->runs &&
+			     (!a->run_fold || (a->steps64 && a->split % RUN_KEYS == 0));
 	r.runs = runs_ok ? a->runs : 0;
 	/* wide plans: a warp of a prompt chunk's columns folds its own pieces */
 	r.serial = tile && a->n > 256 && a->split > 0 && a->len_lo == 0 && a->len_hi == 0 && tile_cpw(a->n, GM) > 1

@@ -13,14 +13,21 @@
  *  - tile (KN_CU_ATTN_TILE): tensor cores (mma.sync m16n8k16). A warp owns
  *    16 rows = 16 / GM consecutive columns x GM heads of one KV head; the
  *    columns of one slot among them (a prompt's consecutive columns in a
- *    prefill) share each K/V page, loaded once per warp (cp.async, two
- *    stages, swizzled shared memory, ldmatrix), so a 2,048-column prefill
- *    reads K/V 2,048 / (16 / GM) times instead of 2,048 times and does its
- *    QK^T and PV on tensor cores. Columns of other slots are served one slot
- *    after another. Each row's scores, softmax update and P V products never
- *    meet another row's and run over the same 16-key pages in the same
- *    order whoever shares the warp (a page past a row's own position is an
- *    exact no-op: scale 1, P 0), so the bits are batch-invariant here too.
+ *    prefill) share each K/V page, loaded once per warp (cp.async,
+ *    swizzled shared memory, ldmatrix), so a 2,048-column prefill reads K/V
+ *    2,048 / (16 / GM) times instead of 2,048 times and does its QK^T and
+ *    PV on tensor cores. Columns of other slots are served one slot after
+ *    another. A piece is taken in softmax steps of a 16-key page (two
+ *    stages of a K and a V page), or with steps64 of up to 64 keys from
+ *    its start (a step's V staged while its scores are taken, the next
+ *    step's K during P V); each row's scores, softmax update and P V
+ *    products never meet another row's and run over the same steps in the
+ *    same order whoever shares the warp (keys past a row's own position
+ *    score -inf: P 0, an exact no-op), so the bits are batch-invariant
+ *    here too. With steps64 the run kernel (prompt chunks,
+ *    kn_cu_attn_args.runs) calls the same step functions on its 64-key
+ *    tiles, so in one family (run_fold) a column has the same bits in a
+ *    run as in the tile kernel.
  *    q and P enter the tensor cores as bf16 (exact = 0) or as bf16 hi + lo,
  *    two products each (exact = 1, f32-grade, ~1e-6 of a double reference).
  *    A column's pieces are folded in order, (M, L, A) <- (max(M, m), L wa +
@@ -71,8 +78,15 @@ struct kn_cu_attn_args {
 	                              the run kernel, a block of `runs` query rows of one head in
 	                              one causal pass over 64-key tiles shared through shared
 	                              memory, no pieces, no merge; the tile and merge kernels skip
-	                              them. Default kernels only: a column's bits then depend on
-	                              its neighbours */
+	                              them. Its bits then depend on the column's neighbours,
+	                              unless run_fold */
+	int steps64;             /**< tile kernel, bf16 q/P (exact 0): softmax steps of up to 64
+	                              keys from a piece's start (attn_scores(), attn_pv()), the
+	                              run kernel's tiles; 0: steps of 16 keys (a page) */
+	int run_fold;            /**< with steps64: the run kernel in pieces of `split`
+	                              positions (a multiple of 64, else no runs), folded as the
+	                              tile kernel folds them, so a column's bits are the same in
+	                              a run as in the tile kernel (one family) */
 	int serial;              /**< set by kn_cuda_attention(): on wide plans (more than 256 columns)
 	                              the tile kernel's columns a warp (16 / GM); a warp whose
 	                              columns are one slot's consecutive positions (a prompt

@@ -663,6 +663,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 					 *const attn[] = { "auto", "column", "tile", NULL },
 					 *const wide[] = { "cublas", "mma", NULL }, *const linear[] = { "default", "wg", NULL },
 					 *const runs[] = { "0", "64", "128", NULL }, *const exact[] = { "0", "1", "auto", NULL },
+					 *const steps[] = { "16", "64", NULL },
 					 *const defer[] = { "none", "qkv_gate_up", "all", "auto", NULL };
 		const int wx = env_word("KVFERRY_CUDA_WIDE_X", wide_x, op->cuda_wide_x == 1, s->base.err, sizeof(s->base.err));
 		const int gk = env_word("KVFERRY_CUDA_GEMV", gemv, op->cuda_gemv, s->base.err, sizeof(s->base.err));
@@ -677,12 +678,16 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		/* the run kernel's runs: 64 columns (default), 128 or none (0) */
 		const int rn = env_word("KVFERRY_CUDA_ATTN_RUNS", runs, 1, s->base.err, sizeof(s->base.err));
 		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
+		/* the tile kernel's bf16 launches in softmax steps of 64 keys, and the
+		 * family's prompt runs on the run kernel in its pieces (written, not
+		 * yet run on a GPU: kernels/cuda/NOTES.md, twenty-fourth session) */
+		const int sk = env_word("KVFERRY_CUDA_ATTN_STEPS", steps, 0, s->base.err, sizeof(s->base.err));
 		/* the family's segment sums to their consumers: qkv's, gate_up's,
 		 * and o's and down's where a row of them is small (auto, the
 		 * default), every product's, qkv's and gate_up's only, or none
 		 * (graph.cu defer_od()) */
 		const int df = env_word("KVFERRY_CUDA_DEFER", defer, CU_DEFER_AUTO, s->base.err, sizeof(s->base.err));
-		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0) {
+		if (wx < 0 || gk < 0 || at < 0 || wk < 0 || lk < 0 || rn < 0 || ax < 0 || df < 0 || sk < 0) {
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -700,6 +705,7 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		s->sample_pieces = env_on("KVFERRY_CUDA_SAMPLE_PIECES");
 		s->narrow_own = env_on("KVFERRY_CUDA_NARROW_OWN");
 		s->attn_exact = ax == 2 ? -1 : ax;
+		s->attn_steps64 = sk == 1;
 		s->kv_gather = env_on("KVFERRY_CUDA_KV_GATHER");
 		s->ctx_buckets = env_on("KVFERRY_CUDA_CTX_BUCKETS");
 		if (!kn_cuda_attn_tile_ok(c->head_dim) || (c->n_kv_heads > 0 && c->n_heads / c->n_kv_heads > 8))

@@ -236,10 +236,14 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		 * 8B 6.28 -> 6.24, 1B 1.31 -> 1.29) */
 		aa.exact = s->attn_exact >= 0 ? s->attn_exact
 					    : !s->linear_wg && (W <= KN_CU_GEMV_MAX_N || s->wide_split || s->wide_mma);
-		/* prompt chunks of the default kernels: each run of 64 columns of one
-		 * slot in one causal pass (the run kernel); not in one family, whose
-		 * columns keep the tile kernel's pieces at every width */
-		aa.runs = s->linear_wg ? 0 : s->attn_runs;
+		/* prompt chunks: each run of 64 columns of one slot on the run kernel,
+		 * a block of the run's rows sharing each 64-key tile, in one causal
+		 * pass for the default kernels; in one family only with 64-key steps
+		 * (KVFERRY_CUDA_ATTN_STEPS=64), in the tile kernel's pieces, folded as
+		 * it folds them (the same bits as the tile kernel) */
+		aa.runs = s->attn_runs;
+		aa.steps64 = s->attn_steps64;
+		aa.run_fold = s->linear_wg;
 		/* auto, narrow plans: each long column to the tile kernel (by its own
 		 * length: kn_cuda_attn_tile_from()) */
 		if (s->attn_tile == 0 && aa.kernel == KN_CU_ATTN_COLUMN)

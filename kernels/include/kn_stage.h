@@ -109,7 +109,7 @@ static_assert(sizeof(struct kn_column) == 32, "kn_column is a 32-byte wire recor
 		"KVFERRY_CUDA_ATTN_TILE_FROM", "KVFERRY_CUDA_FAMILY_SPLIT", "KVFERRY_CUDA_NARROW_SPLIT",            \
 		"KVFERRY_CUDA_WIDE_SPLIT", "KVFERRY_CUDA_NARROW_OWN", "KVFERRY_CUDA_LOGIT_ROWS",                  \
 		"KVFERRY_CUDA_SAMPLE_PIECES", "KVFERRY_CUDA_KV_GATHER", "KVFERRY_CUDA_CTX_BUCKETS", "KVFERRY_CUDA_TP", \
-		"KVFERRY_CUDA_DEFER"
+		"KVFERRY_CUDA_DEFER", "KVFERRY_CUDA_ATTN_STEPS"
 
 struct kn_stage_opts {
 	int32_t layer_start;          /**< first layer held (the first stage embeds) */

@@ -670,11 +670,14 @@ static void paged_attention_matches_reference(void)
 		qa.q_norm = cs.qk_norm ? dqn : NULL;
 		qa.k_norm = cs.qk_norm ? dkn : NULL;
 		CHECK_CUDA(kn_cuda_qkv_rope(&qa, 0));
-		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P. sub >= 0: that
+		/* kernel 0: column; 1: tile exact; 2: tile bf16 q/P; 3: the same in
+		 * 64-key steps (steps64). sub >= 0: that
 		 * column alone. runs 1: prompt runs of rc columns on the run kernel;
 		 * 2: the same over the two-slot columns; 3: the two-slot columns, no
-		 * runs; from: the columns from that one on */
-		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0, int rc = 64) {
+		 * runs; from: the columns from that one on; fold: the runs in the
+		 * tile kernel's pieces (one family); split: its pieces */
+		auto attend = [&](int kernel, int sub, int runs = 0, int from = 0, int rc = 64, int fold = 0,
+				  int split = 64) {
 			struct kn_cu_attn_args aa = {};
 			const int c0 = sub >= 0 ? sub : from;
 			aa.q = dqkv + (size_t)c0 * qkv_dim;
@@ -696,14 +699,17 @@ static void paged_attention_matches_reference(void)
 			aa.scale = 1.f / sqrtf((float)hd);
 			aa.kernel = kernel ? KN_CU_ATTN_TILE : KN_CU_ATTN_COLUMN;
 			aa.exact = kernel == 1;
-			aa.split = 64;
+			aa.steps64 = kernel == 3;
+			aa.split = split;
+			aa.run_fold = fold;
 			CHECK_CUDA(cudaMemset(out, 0xff, (size_t)n * nh * hd * 4));
 			CHECK_CUDA(kn_cuda_attention(&aa, 0));
 			return host(out, (size_t)aa.n * nh * hd);
 		};
 		std::vector<float> of = cs.last ? std::vector<float>() : attend(0, -1);
 		const bool tile_ok = kn_cuda_attn_tile_ok(hd) && nh / nkv <= 8 && !cs.last;
-		std::vector<float> ot = tile_ok ? attend(1, -1) : of, ob = tile_ok ? attend(2, -1) : of;
+		std::vector<float> ot = tile_ok ? attend(1, -1) : of, ob = tile_ok ? attend(2, -1) : of,
+				   o64 = tile_ok ? attend(3, -1) : of;
 		/* a column's tile bits alone = among its prompt's other columns (on
 		 * plans of more than 256 columns a warp of a prompt's columns folds
 		 * its own pieces, where alone the merge kernel folds them) = among
@@ -711,15 +717,17 @@ static void paged_attention_matches_reference(void)
 		int solo_diff = 0, mixed_diff = 0;
 		if (tile_ok) {
 			for (int sub : { n - 1, n / 3, n / 2 + 5 < n ? n / 2 + 5 : 0 }) {
-				std::vector<float> o1 = attend(1, sub), o2 = attend(2, sub);
+				std::vector<float> o1 = attend(1, sub), o2 = attend(2, sub), o3 = attend(3, sub);
 				solo_diff += memcmp(o1.data(), &ot[(size_t)sub * nh * hd], o1.size() * 4) != 0;
 				solo_diff += memcmp(o2.data(), &ob[(size_t)sub * nh * hd], o2.size() * 4) != 0;
+				solo_diff += memcmp(o3.data(), &o64[(size_t)sub * nh * hd], o3.size() * 4) != 0;
 			}
-			std::vector<float> m1 = attend(1, -1, 3), m2 = attend(2, -1, 3);
+			std::vector<float> m1 = attend(1, -1, 3), m2 = attend(2, -1, 3), m3 = attend(3, -1, 3);
 			for (int c = 0; c < n; c++) {
 				const size_t at = (size_t)c * nh * hd;
 				mixed_diff += memcmp(&m1[at], &ot[at], (size_t)nh * hd * 4) != 0;
 				mixed_diff += memcmp(&m2[at], &ob[at], (size_t)nh * hd * 4) != 0;
+				mixed_diff += memcmp(&m3[at], &o64[at], (size_t)nh * hd * 4) != 0;
 			}
 		}
 
@@ -802,11 +810,13 @@ static void paged_attention_matches_reference(void)
 			/* bf16 q and P: ~2^-9 relative per operand (~3e-3 expected) */
 			snprintf(w2, sizeof(w2), "%s tile bf16", what);
 			expect_close(w2, ob.data(), ref.data(), ob.size(), 2e-2);
-			printf("%s a_tile_column_has_the_same_bits_alone_and_among_its_prompt hd=%d ctx=%d (%s): %d of 6 differ\n",
+			snprintf(w2, sizeof(w2), "%s tile bf16, 64-key steps", what);
+			expect_close(w2, o64.data(), ref.data(), o64.size(), 2e-2);
+			printf("%s a_tile_column_has_the_same_bits_alone_and_among_its_prompt hd=%d ctx=%d (%s): %d of 9 differ\n",
 			       solo_diff ? "FAIL" : "ok  ", hd, ctx, n > 256 ? "the prompt's warps fold their own pieces" : "merged",
 			       solo_diff);
 			printf("%s a_tile_column_has_the_same_bits_among_another_slots_columns hd=%d ctx=%d: %d of %d differ\n",
-			       mixed_diff ? "FAIL" : "ok  ", hd, ctx, mixed_diff, 2 * n);
+			       mixed_diff ? "FAIL" : "ok  ", hd, ctx, mixed_diff, 3 * n);
 			g_fail += solo_diff != 0 || mixed_diff != 0;
 		}
 		for (int rc : { 64, 128 }) {
@@ -832,6 +842,21 @@ static void paged_attention_matches_reference(void)
 			       same && served ? "ok  " : "FAIL", hd, ctx, rc, same ? "" : ": a second launch gives other bits",
 			       served ? "" : ": the tile kernel's bits (no run served)");
 			g_fail += !(same && served);
+			/* one family: runs folded in the tile kernel's pieces give the
+			 * tile kernel's bits (64-key steps), column for column, in
+			 * every case above, and at pieces of 128 (two tiles a piece) */
+			std::vector<float> o128 = attend(3, -1, 0, 0, rc, 0, 128);
+			int fdiff = 0;
+			for (int k = 0; k < 5; k++) {
+				const std::vector<float> f = attend(3, -1, k == 1 || k == 4 ? 2 : 1, k == 2 ? from : 0, rc, 1,
+								    k >= 3 ? 128 : 64),
+							 &want = k >= 3 ? o128 : o64;
+				const size_t at = k == 2 ? (size_t)from * nh * hd : 0;
+				fdiff += memcmp(f.data(), &want[at], f.size() * 4) != 0;
+			}
+			printf("%s a_run_folded_in_pieces_has_the_tile_kernels_bits hd=%d ctx=%d runs=%d: %d of 5 launches differ\n",
+			       fdiff ? "FAIL" : "ok  ", hd, ctx, rc, fdiff);
+			g_fail += fdiff != 0;
 		}
 		cudaFree(dqkv); cudaFree(dbias); cudaFree(dqn); cudaFree(dkn); cudaFree(dinv);
 		cudaFree(dtab2); cudaFree(dcols2);
