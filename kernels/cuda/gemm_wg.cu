@@ -56,13 +56,15 @@
  * 8B gate_up 725 -> 675, 1B LM head 1,701 -> 1,572 (cuBLAS 660 / 1,555);
  * decode steps within 3% either way at 1-256 columns (.dc/run5.sh).
  * KVFERRY_WG_ONE_CHAIN=0 (read once a process) gives every layer WG_SEG
- * again, for measuring: other bits, the same family.
+ * again, for measuring: other bits, the same family. =2 gives every layer
+ * one chain (measuring what wide plans gain and narrow plans lose).
  */
 static int wg_one_chain = 1;
 
 static int wg_seg_of(int in, int out)
 {
-	return wg_one_chain && (long)out >= 4L * in ? (in + WG_SEG - 1) / WG_SEG * WG_SEG : WG_SEG;
+	return (wg_one_chain == 1 && (long)out >= 4L * in) || wg_one_chain == 2 ? (in + WG_SEG - 1) / WG_SEG * WG_SEG
+										  : WG_SEG;
 }
 
 /* the segments of a layer's sum */
@@ -920,7 +922,7 @@ static void wg_read_env(void)
 	e = getenv("KVFERRY_WG_WAVES");
 	wg_waves = !(e && !strcmp(e, "0"));
 	e = getenv("KVFERRY_WG_ONE_CHAIN");
-	wg_one_chain = !(e && !strcmp(e, "0"));
+	wg_one_chain = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
 	e = getenv("KVFERRY_WG_WPAIRS");
 	wg_wpairs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
 	e = getenv("KVFERRY_WG_256");
