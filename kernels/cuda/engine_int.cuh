@@ -142,7 +142,8 @@ struct cu_stage {
 	int family_split;      /* its attention pieces: CU_FAMILY_SPLIT (KVFERRY_CUDA_FAMILY_SPLIT, a multiple of 16, for
 	                        * measuring: other bits, the same at every width) */
 	int attn_runs;         /* columns a run of the run kernel (prompt chunks): 64, 128 (KVFERRY_CUDA_ATTN_RUNS=128)
-	                        * or 0 (=0: the tile kernel, for measuring); default kernels only */
+	                        * or 0 (=0: the tile kernel, for measuring); default kernels, and one family with
+	                        * attn_steps64 (its runs then fold the family's pieces) */
 	int attn_steps64;      /* KVFERRY_CUDA_ATTN_STEPS=64: kn_cu_attn_args.steps64 (and run_fold in one family) */
 	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1 / 0: the tile kernel exact (q, P hi + lo) / bf16 at every width
 	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
