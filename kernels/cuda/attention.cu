@@ -973,8 +973,8 @@ static __device__ __forceinline__ void attn_pv(const uint4 *vs, int np, const fl
  * ldmatrix), online softmax per row (base-2, the scale folded into q), O +=
  * P V (V via ldmatrix.trans); the partial (O, m, l) of each row goes to the
  * same workspace layout as the column kernel's. S64 is taken for bf16 q
- * and P only (kn_cu_attn_args.steps64; the 16-key steps stay the default
- * until 64 are measured: kernels/cuda/NOTES.md, twenty-fourth session).
+ * and P only (kn_cu_attn_args.steps64, the engine's default); the exact
+ * (hi + lo) launches keep the 16-key pages.
  */
 template <int HD, int GM, bool EXACT, int CPW, bool SERIAL, bool S64>
 static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
@@ -1367,10 +1367,8 @@ template <int HD, int RC, bool FOLD> static constexpr size_t run_smem_all(void)
  * holds keys of its own into (M, L, A) as the serial warps and the merge
  * kernel do (fold_piece(); A in shared memory, lane-major); out = A / L.
  * The tile kernel's steps are these tiles, so a column's bits do not
- * depend on which kernel served it. Without FOLD the tile's arithmetic is
- * still written out here (the same formulas but for -inf guards no row
- * of a run needs): the default kernels' prefill keeps its measured code
- * until FOLD has run on a GPU.
+ * depend on which kernel served it. Without FOLD (the default kernels'
+ * runs) the keys go in one causal pass and out = acc / l.
  */
 /* one block an SM at least: ptxas then takes ~200 registers at head 128
  * (~175 without the bound), measured a little faster; three blocks an SM
@@ -1465,109 +1463,25 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 		}
 		__syncthreads();
 		const int k0 = j * RUN_KEYS;
-		if constexpr (FOLD) {
-			if (k0 <= wp + 15) {
-				const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
-				float sc[NK][4];
-				/* the mask where the tile reaches past the warp's first row */
-				attn_scores<HD, 1>(ks, RUN_KEYS / 16, k0, k0 + RUN_KEYS - 1 > wp, qa, pos0, pos1, m0, m1, l0, l1, acc,
-						   sc);
-				attn_pv<HD, 1>(vs, RUN_KEYS / 16, sc, acc);
-				if ((k0 + RUN_KEYS) % a.split == 0 || k0 + RUN_KEYS > wp + 15) {
-					/* a piece ends (or the warp's keys do): rows with keys in
-					 * it fold it, as the tile kernel's serial warps do */
-					const int kst = k0 / a.split * a.split;
-					l0 = quad_sum(l0);
-					l1 = quad_sum(l1);
-					fold_piece<NT>(pos0 >= kst, pos1 >= kst, M0, M1, L0, L1, m0, m1, l0, l1, acc, fa);
+		if (k0 <= wp + 15) {
+			const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
+			float sc[NK][4];
+			/* the mask where the tile reaches past the warp's first row */
+			attn_scores<HD, 1>(ks, RUN_KEYS / 16, k0, k0 + RUN_KEYS - 1 > wp, qa, pos0, pos1, m0, m1, l0, l1, acc,
+					   sc);
+			attn_pv<HD, 1>(vs, RUN_KEYS / 16, sc, acc);
+			if (FOLD && ((k0 + RUN_KEYS) % a.split == 0 || k0 + RUN_KEYS > wp + 15)) {
+				/* a piece ends (or the warp's keys do): rows with keys in
+				 * it fold it, as the tile kernel's serial warps do */
+				const int kst = k0 / a.split * a.split;
+				l0 = quad_sum(l0);
+				l1 = quad_sum(l1);
+				fold_piece<NT>(pos0 >= kst, pos1 >= kst, M0, M1, L0, L1, m0, m1, l0, l1, acc, fa);
 #pragma unroll
-					for (int i = 0; i < NT; i++)
-						acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-					m0 = m1 = -INFINITY;
-					l0 = l1 = 0.f;
-				}
-			}
-		} else {
-			if (k0 <= wp + 15) {
-				const uint4 *ks = rsm + (size_t)(j & 1) * 2 * RUN_KEYS * U, *vs = ks + RUN_KEYS * U;
-				float sc[NK][4];
-#pragma unroll
-				for (int i = 0; i < NK; i++)
-					sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-				const int mi = lane >> 3;
-#pragma unroll
-				for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
-					/* ldmatrix row: matrix mi -> keys kb 16 + (mi / 2) 8.., hd half mi % 2 */
-					const int key = kb * 16 + (mi >> 1) * 8 + (lane & 7);
-#pragma unroll
-					for (int jj = 0; jj < KS; jj++) {
-						uint32_t b[4];
-						const int u = 2 * jj + (mi & 1);
-						ldsm_x4(b, &ks[key * U + (u ^ (key & SWM))]);
-						mma16816(sc[2 * kb], qa[jj][0], b[0], b[1]);
-						mma16816(sc[2 * kb + 1], qa[jj][0], b[2], b[3]);
-					}
-				}
-				if (k0 + RUN_KEYS - 1 > wp) /* the tile reaches past the warp's first row */
-#pragma unroll
-					for (int i = 0; i < NK; i++)
-#pragma unroll
-						for (int e = 0; e < 4; e++)
-							if (k0 + i * 8 + 2 * t + (e & 1) > (e < 2 ? pos0 : pos1))
-								sc[i][e] = -INFINITY;
-				float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-				for (int i = 0; i < NK; i++) {
-					mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
-					mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
-				}
-				mx0 = quad_max(mx0);
-				mx1 = quad_max(mx1);
-				const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-				/* every row sees key 0 in tile 0, so mn0 and mn1 are finite
-				 * from there on: a masked score gives ex2(-inf) = 0, and the
-				 * first tile's correction ex2(-inf - mn) = 0 scales nothing */
-				const float cr0 = ex2_ftz(m0 - mn0), cr1 = ex2_ftz(m1 - mn1);
-				m0 = mn0;
-				m1 = mn1;
-				float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-				for (int i = 0; i < NK; i++) {
-					sc[i][0] = ex2_ftz(sc[i][0] - mn0);
-					sc[i][1] = ex2_ftz(sc[i][1] - mn0);
-					sc[i][2] = ex2_ftz(sc[i][2] - mn1);
-					sc[i][3] = ex2_ftz(sc[i][3] - mn1);
-					s0 += sc[i][0] + sc[i][1];
-					s1 += sc[i][2] + sc[i][3];
-				}
-				l0 = l0 * cr0 + s0;
-				l1 = l1 * cr1 + s1;
-#pragma unroll
-				for (int i = 0; i < NT; i++) {
-					acc[i][0] *= cr0;
-					acc[i][1] *= cr0;
-					acc[i][2] *= cr1;
-					acc[i][3] *= cr1;
-				}
-#pragma unroll
-				for (int kb = 0; kb < RUN_KEYS / 16; kb++) {
-					/* P of keys kb 16 .. as the A operand */
-					uint32_t pa[4], lo;
-					split_pair(sc[2 * kb][0], sc[2 * kb][1], pa[0], lo);
-					split_pair(sc[2 * kb][2], sc[2 * kb][3], pa[1], lo);
-					split_pair(sc[2 * kb + 1][0], sc[2 * kb + 1][1], pa[2], lo);
-					split_pair(sc[2 * kb + 1][2], sc[2 * kb + 1][3], pa[3], lo);
-					/* matrix mi: keys kb 16 + (mi % 2) 8.., hd columns 16 i + (mi / 2) 8.. */
-					const int key = kb * 16 + (mi & 1) * 8 + (lane & 7);
-#pragma unroll
-					for (int i = 0; i < HD / 16; i++) {
-						uint32_t b[4];
-						const int u = 2 * i + (mi >> 1);
-						ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
-						mma16816(acc[2 * i], pa, b[0], b[1]);
-						mma16816(acc[2 * i + 1], pa, b[2], b[3]);
-					}
-				}
+				for (int i = 0; i < NT; i++)
+					acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+				m0 = m1 = -INFINITY;
+				l0 = l1 = 0.f;
 			}
 		}
 		__syncthreads(); /* the next issue refills this stage */

@@ -678,10 +678,12 @@ static struct kn_stage *create(const struct kn_model *m, const struct kn_model_c
 		/* the run kernel's runs: 64 columns (default), 128 or none (0) */
 		const int rn = env_word("KVFERRY_CUDA_ATTN_RUNS", runs, 1, s->base.err, sizeof(s->base.err));
 		const int ax = env_word("KVFERRY_CUDA_ATTN_EXACT", exact, 2, s->base.err, sizeof(s->base.err));
-		/* the tile kernel's bf16 launches in softmax steps of 64 keys, and the
-		 * family's prompt runs on the run kernel in its pieces (written, not
-		 * yet run on a GPU: kernels/cuda/NOTES.md, twenty-fourth session) */
-		const int sk = env_word("KVFERRY_CUDA_ATTN_STEPS", steps, 0, s->base.err, sizeof(s->base.err));
+		/* the tile kernel's bf16 launches in softmax steps of 64 keys (the
+		 * default), and the family's prompt runs on the run kernel in its
+		 * pieces; 16: 16-key pages and no runs in the family, for measuring
+		 * (H100, kernels/cuda/NOTES.md, twenty-fifth session: the family's
+		 * 2,048-token prefill 8B 67.5 -> 63.4 ms, 1B 13.0 -> 11.6) */
+		const int sk = env_word("KVFERRY_CUDA_ATTN_STEPS", steps, 1, s->base.err, sizeof(s->base.err));
 		/* the family's segment sums to their consumers: qkv's, gate_up's,
 		 * and o's and down's where a row of them is small (auto, the
 		 * default), every product's, qkv's and gate_up's only, or none

@@ -144,7 +144,8 @@ struct cu_stage {
 	int attn_runs;         /* columns a run of the run kernel (prompt chunks): 64, 128 (KVFERRY_CUDA_ATTN_RUNS=128)
 	                        * or 0 (=0: the tile kernel, for measuring); default kernels, and one family with
 	                        * attn_steps64 (its runs then fold the family's pieces) */
-	int attn_steps64;      /* KVFERRY_CUDA_ATTN_STEPS=64: kn_cu_attn_args.steps64 (and run_fold in one family) */
+	int attn_steps64;      /* kn_cu_attn_args.steps64 (and runs folded in one family on plans of more than 256
+	                        * columns); KVFERRY_CUDA_ATTN_STEPS=16 turns it off, for measuring */
 	int attn_exact;        /* KVFERRY_CUDA_ATTN_EXACT=1 / 0: the tile kernel exact (q, P hi + lo) / bf16 at every width
 	                        * (measuring); -1 (unset): exact on narrow plans, in one family and with wide_split */
 	int narrow_split;      /* KVFERRY_CUDA_NARROW_SPLIT=N (measuring): plans of <= 16 columns on the tile kernel's

@@ -239,9 +239,12 @@ int cu_enqueue(struct cu_stage *s, int W, int gctx, int packed)
 		/* prompt chunks: each run of 64 columns of one slot on the run kernel,
 		 * a block of the run's rows sharing each 64-key tile, in one causal
 		 * pass for the default kernels; in one family only with 64-key steps
-		 * (KVFERRY_CUDA_ATTN_STEPS=64), in the tile kernel's pieces, folded as
-		 * it folds them (the same bits as the tile kernel) */
-		aa.runs = s->attn_runs;
+		 * (the default), in the tile kernel's pieces, folded as it folds them
+		 * (the same bits as the tile kernel), and only on plans of more than
+		 * 256 columns: on narrower ones every kernel of the launch checks
+		 * each column against a run, which cost the family's decode step
+		 * (H100, ncu, ctx 512: 8B at 64 columns 0.24 ms, 1B at 256 0.15) */
+		aa.runs = s->linear_wg && W <= 256 ? 0 : s->attn_runs;
 		aa.steps64 = s->attn_steps64;
 		aa.run_fold = s->linear_wg;
 		/* auto, narrow plans: each long column to the tile kernel (by its own
