@@ -960,7 +960,7 @@ static __device__ __forceinline__ void attn_pv(const uint4 *vs, int np, const fl
 }
 
 /*
- * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits), block WPB warps, each warp
+ * grid (ceil(n / (WPB * CPW)), n_kv_heads, splits or 1: attn_tile_kernel()), block WPB warps, each warp
  * independent (no block barrier). Warp rows r = ci * GM + gi: column c0 + ci,
  * head kh * G + gi (gi >= G or ci >= CPW: idle row). CPW columns a warp:
  * 16 / GM, or 1 on plans of up to 64 columns (tile_cpw()); a row's arithmetic is its own
@@ -977,11 +977,8 @@ static __device__ __forceinline__ void attn_pv(const uint4 *vs, int np, const fl
  * (hi + lo) launches keep the 16-key pages.
  */
 template <int HD, int GM, bool EXACT, int CPW, bool SERIAL, bool S64>
-static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
-attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
+static __device__ __forceinline__ void attn_tile_piece(const struct kn_cu_attn_args &a, int splits, int s, bool serial)
 {
-	kn_pdl_wait();
-	kn_pdl_trigger();
 	static_assert(CPW >= 1 && CPW * GM <= 16, "a warp's 16 rows hold CPW columns of GM heads");
 	constexpr int WPB = tile_cfg<HD>::WPB, U = HD / 8;
 	constexpr int SWM = U < 8 ? U - 1 : 7, KS = HD / 16, NT = HD / 8, QF = EXACT ? 2 : 1;
@@ -992,15 +989,8 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	__shared__ float fsm[SERIAL ? WPB : 1][SERIAL ? NT * 4 : 1][32];
 
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y, s = blockIdx.z;
+	const int c0 = (blockIdx.x * WPB + warp) * CPW, kh = blockIdx.y;
 	uint4 *const kbuf = tsm + (size_t)warp * 2 * RUN_KEYS * U, *const vbuf = kbuf + RUN_KEYS * U;
-	if (a.runs && run_uniform(a, c0 & ~(a.runs - 1), a.runs))
-		return; /* the run kernel's: a warp's columns lie in one run's */
-	/* a prompt chunk's warp on a wide plan takes every piece in the grid's
-	 * first z and folds them itself (a.serial: the launch allows it) */
-	const bool serial = SERIAL && serial_warp(a, c0, CPW);
-	if (serial && s != 0)
-		return;
 	/* split < 0 (one column a warp): the column's own pieces */
 	int TS = a.split;
 	if (TS < 0 && c0 < a.n)
@@ -1330,6 +1320,29 @@ attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
 	}
 }
 
+/* The kernel: a block's warps, each over its pieces z, z + gridDim.z, ...
+ * below splits (one each where the grid has every piece, a serial warp only
+ * the first, where it folds them all). Serial launches (wide plans) take a
+ * grid of one z: a prefill's warps are serial or the run kernel's, and the
+ * blocks that find nothing to do cost their scheduling (64 KB of shared
+ * memory a block in 64-key steps, three blocks an SM: the 8B's 2,048-token
+ * prefill spent 66 us a layer on 32,768 blocks that all returned). */
+template <int HD, int GM, bool EXACT, int CPW, bool SERIAL, bool S64>
+static __global__ void __launch_bounds__(tile_cfg<HD>::WPB * 32)
+attn_tile_kernel(const struct kn_cu_attn_args a, int splits)
+{
+	kn_pdl_wait();
+	kn_pdl_trigger();
+	const int c0 = (blockIdx.x * tile_cfg<HD>::WPB + (threadIdx.x >> 5)) * CPW;
+	if (a.runs && run_uniform(a, c0 & ~(a.runs - 1), a.runs))
+		return; /* the run kernel's: a warp's columns lie in one run's */
+	/* a prompt chunk's warp on a wide plan takes every piece in the grid's
+	 * first z and folds them itself (a.serial: the launch allows it) */
+	const bool serial = SERIAL && serial_warp(a, c0, CPW);
+	for (int s = blockIdx.z; s < (serial ? 1 : splits); s += gridDim.z)
+		attn_tile_piece<HD, GM, EXACT, CPW, SERIAL, S64>(a, splits, s, serial);
+}
+
 /* ---- the run kernel: prompt chunks ---- */
 
 /* Shared memory of the run kernel: two stages of a K and a V tile. */
@@ -1552,7 +1565,8 @@ template <int HD, int GM, int CPW>
 static cudaError_t launch_tile_cpw(const struct kn_cu_attn_args *a, int splits, cudaStream_t st)
 {
 	constexpr int per_block = tile_cfg<HD>::WPB * CPW;
-	const dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, splits), b1(tile_cfg<HD>::WPB * 32);
+	const int gz = CPW > 1 && a->serial ? 1 : splits; /* attn_tile_kernel(): serial launches loop over z */
+	const dim3 g1((a->n + per_block - 1) / per_block, a->n_kv_heads, gz), b1(tile_cfg<HD>::WPB * 32);
 	auto go = [&](auto kernel) { return kn_launch(kernel, g1, b1, 0, st, *a, splits); };
 	if (a->steps64 && !a->exact) {
 		/* 64-key steps, bf16 q and P: dynamic shared memory past the static
