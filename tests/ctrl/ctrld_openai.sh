@@ -49,9 +49,11 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/completions" -d '{"model
 echo "ok    ctrlctl drain refuses new requests with 503 and resume admits them again"
 
 # SIGTERM: the request in flight finishes in full, new ones get 503, then exit 0.
-# ignore_eos: the request must still be in flight when the probe comes (an
-# early end of text let the daemon drain and exit first: the probe got 000).
-curl -s "$base/v1/completions" -d '{"model":"tiny","prompt":"long","max_tokens":400,"temperature":0,"ignore_eos":true}' \
+# ignore_eos and 1,900 tokens (~0.9 s on an idle machine): the request must
+# still be in flight when the probe comes. An early end of text, and once
+# 400 tokens (0.12 s) on a loaded CI machine, let the daemon drain and exit
+# first: the probe got 000.
+curl -s "$base/v1/completions" -d '{"model":"tiny","prompt":"long","max_tokens":1900,"temperature":0,"ignore_eos":true}' \
   >"$tmp/inflight.json" &
 cpid=$!
 for _ in $(seq 100); do
@@ -68,7 +70,7 @@ pid=
 node -e '
 const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
 const u = r.usage, f = r.choices[0].finish_reason;
-if (!(f === "length" && u.completion_tokens === 400)) { console.log(JSON.stringify(r).slice(0, 400)); process.exit(1); }
+if (!(f === "length" && u.completion_tokens === 1900)) { console.log(JSON.stringify(r).slice(0, 400)); process.exit(1); }
 ' "$tmp/inflight.json" || fail "the request in flight at SIGTERM did not finish"
 [ ! -e "$sock" ] || fail "the admin socket was left behind"
 echo "ok    SIGTERM drains: the request in flight completes, new ones get 503, exit 0"
