@@ -1242,34 +1242,15 @@ static __device__ __forceinline__ void attn_tile_piece(const struct kn_cu_attn_a
 						acc[i][3] *= cr1;
 					}
 					/* P as the A operand: a0 = keys 2t.. of row g, a1 = row g+8, a2/a3 keys 8+2t.. */
-					uint32_t pa[QF][4];
-					{
-						uint32_t h[4], lo[4];
-						split_pair(p[0][0], p[0][1], h[0], lo[0]);
-						split_pair(p[0][2], p[0][3], h[1], lo[1]);
-						split_pair(p[1][0], p[1][1], h[2], lo[2]);
-						split_pair(p[1][2], p[1][3], h[3], lo[3]);
+					/* O += P V on the page: attn_pv()'s one-page step (P's
+					 * rows 2 .. 7 past the page are never read) */
+					float ps[RUN_KEYS / 8][4];
 #pragma unroll
-						for (int e = 0; e < 4; e++) {
-							pa[0][e] = h[e];
-							pa[QF - 1][e] = EXACT ? lo[e] : h[e];
-						}
+					for (int e = 0; e < 4; e++) {
+						ps[0][e] = p[0][e];
+						ps[1][e] = p[1][e];
 					}
-					{
-						/* matrix mi: keys (mi % 2) * 8.., hd columns 16 i + (mi / 2) * 8.. */
-						const int mi = lane >> 3, key = (mi & 1) * 8 + (lane & 7);
-#pragma unroll
-						for (int i = 0; i < HD / 16; i++) {
-							uint32_t b[4];
-							const int u = 2 * i + (mi >> 1);
-							ldsm_x4_t(b, &vs[key * U + (u ^ (key & SWM))]);
-#pragma unroll
-							for (int f = 0; f < QF; f++) {
-								mma16816(acc[2 * i], pa[f], b[0], b[1]);
-								mma16816(acc[2 * i + 1], pa[f], b[2], b[3]);
-							}
-						}
-					}
+					attn_pv<HD, QF>(vs, 1, ps, acc);
 					__syncwarp();
 				}
 			}
