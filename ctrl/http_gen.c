@@ -60,7 +60,10 @@ static void gen_free(struct gen *g)
 	kn_tok_stream_free(g->ds);
 	kvf_buf_free(&g->text);
 	kvf_buf_free(&g->out);
+	free(g->kids); /* their connection references went when the connection closed */
 	pthread_mutex_destroy(&g->mu);
+	if (g->lead)
+		gen_unref(g->lead);
 	free(g);
 	atomic_fetch_sub(&h->active, 1);
 }
@@ -117,11 +120,24 @@ void gen_on_event(void *arg, const struct ctrl_event *ev)
 		MHD_resume_connection(g->conn);
 	}
 	pthread_mutex_unlock(&g->mu);
+	if (g->lead) {
+		/* a choice past the first: the lead's connection is the one that
+		 * waits (gen_suspend() looks at this queue under the lead's lock
+		 * after taking it, so the wake-up cannot be missed) */
+		struct gen *l = g->lead;
+
+		pthread_mutex_lock(&l->mu);
+		if (l->suspended && !l->conn_gone) {
+			l->suspended = 0;
+			MHD_resume_connection(l->conn);
+		}
+		pthread_mutex_unlock(&l->mu);
+	}
 	if (ev->finish != CTRL_FINISH_NONE)
 		gen_unref(g);
 }
 
-static void gen_cancel(struct gen *g)
+void gen_cancel(struct gen *g)
 {
 	int send;
 
@@ -133,7 +149,9 @@ static void gen_cancel(struct gen *g)
 		g->h->be.cancel(g->h->be.ctx, g->id);
 }
 
-void gen_connection_closed(struct gen *g)
+/* The connection is gone: @return 1 when the choice had not finished (it is
+ * cancelled). */
+static int choice_closed(struct gen *g)
 {
 	int gone_early;
 
@@ -142,10 +160,39 @@ void gen_connection_closed(struct gen *g)
 	g->suspended = 0;
 	gone_early = !g->backend_done && !g->cancel_sent;
 	pthread_mutex_unlock(&g->mu);
-	if (gone_early) {
-		atomic_fetch_add(&g->h->client_cancels, 1);
+	if (gone_early)
 		gen_cancel(g);
+	return gone_early;
+}
+
+void gen_connection_closed(struct gen *g)
+{
+	int gone_early = choice_closed(g);
+
+	for (int i = 0; i < g->n_kids; i++) {
+		gone_early |= choice_closed(g->kids[i]);
+		gen_unref(g->kids[i]);
 	}
+	g->n_kids = 0;
+	if (gone_early)
+		atomic_fetch_add(&g->h->client_cancels, 1);
+	gen_unref(g);
+}
+
+void gen_abandon(struct gen *g, int n_submitted)
+{
+	for (int i = 0; i <= g->n_kids; i++) {
+		struct gen *k = i ? g->kids[i - 1] : g;
+
+		if (i < n_submitted)
+			gen_cancel(k);
+		pthread_mutex_lock(&k->mu);
+		k->conn_gone = 1;
+		pthread_mutex_unlock(&k->mu);
+	}
+	for (int i = 0; i < g->n_kids; i++)
+		gen_unref(g->kids[i]);
+	g->n_kids = 0;
 	gen_unref(g);
 }
 
@@ -299,13 +346,44 @@ void gen_pump(struct gen *g)
 	}
 }
 
+void gen_pump_all(struct gen *g)
+{
+	gen_pump(g);
+	for (int i = 0; i < g->n_kids; i++)
+		gen_pump(g->kids[i]);
+}
+
+int gen_all_done(const struct gen *g)
+{
+	for (int i = 0; i < g->n_kids; i++)
+		if (!g->kids[i]->done)
+			return 0;
+	return g->done;
+}
+
+/* Events queued on a choice past the first (taken under the lead's lock:
+ * see gen_on_event()). */
+static int kids_pending(struct gen *g)
+{
+	int any = 0;
+
+	for (int i = 0; i < g->n_kids && !any; i++) {
+		struct gen *k = g->kids[i];
+
+		pthread_mutex_lock(&k->mu);
+		any = k->qn || k->backend_err;
+		pthread_mutex_unlock(&k->mu);
+	}
+	return any;
+}
+
 /* 0: suspended; 1: events arrived meanwhile (pump again); -1: shutting down. */
 int gen_suspend(struct gen *g)
 {
 	int rc = 0;
 
 	pthread_mutex_lock(&g->mu);
-	if (g->qn || g->backend_err)
+	if (g->qn || g->backend_err || kids_pending(g))
 		rc = 1;
 	else if (atomic_load(&g->h->stopping))
 		rc = -1;

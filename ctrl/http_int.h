@@ -132,7 +132,17 @@ struct gen {
 	int cut;                     /* a stop string cut the text: tokens past it are not reported */
 	struct kvf_buf out;             /* SSE bytes waiting to be read by MHD */
 	size_t out_off;
-	int role_sent, final_sent;
+	int role_sent, final_sent;   /* final_sent: the stream's end ([DONE]) is out */
+	int fin_sent;                /* this choice's finish chunk (or error) is out */
+	/* n > 1: one request object a choice, each its own backend request; the
+	 * first (index 0, the lead) owns the connection and answers for all. A
+	 * choice past the first holds a reference on the lead (its events wake
+	 * the lead's connection); the lead holds their connection references
+	 * until the connection closes. */
+	int32_t index;               /* in choices[] */
+	struct gen *lead;            /* NULL: this is the lead */
+	struct gen **kids;           /* the lead's: choices 1..n_kids */
+	int n_kids;
 	struct gen *next, *prev;     /* h->gens, under h->mu */
 };
 
@@ -221,6 +231,7 @@ struct http_gen_req {
 	int32_t *ids;                /* the encoded prompt [n_ids] (malloc'd) */
 	size_t n_ids;
 	int64_t max_tokens;          /* asked, or what fits (never 0) */
+	int64_t n;                   /* choices (1..HTTP_MAX_CHOICES) */
 	double temperature, top_p;
 	int64_t top_k;
 	uint64_t seed;
@@ -232,6 +243,9 @@ struct http_gen_req {
 	const char *rid;             /* rid, inside the request's JSON, or NULL */
 	const char *prompt_param;    /* "text" or "input_ids" (NULL: the endpoint's own) */
 };
+
+/* The most choices one request may ask for (n), as OpenAI's API. */
+#define HTTP_MAX_CHOICES 128
 
 /* SGLang's default max_new_tokens (a /generate request that does not say). */
 #define HTTP_NATIVE_MAX_NEW_TOKENS 128
@@ -310,7 +324,15 @@ void gen_unref(struct gen *g);
 /* http_gen.c: the request's life (see there). */
 void gen_on_event(void *arg, const struct ctrl_event *ev);
 void gen_pump(struct gen *g);
+/* gen_pump() on every choice of the lead @p g; 1 when each one is done. */
+void gen_pump_all(struct gen *g);
+int gen_all_done(const struct gen *g);
 int gen_suspend(struct gen *g);
+/* A request refused before its connection had it: cancel its first
+ * @p n_submitted choices and drop the connection's references. */
+void gen_abandon(struct gen *g, int n_submitted);
+/* Cancel choice @p g's backend request unless it finished or was cancelled. */
+void gen_cancel(struct gen *g);
 int http_peer_closed(struct MHD_Connection *c);
 /* http_body.c: MHD's reader of a streamed body. */
 ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max);

@@ -22,118 +22,125 @@ static uint64_t mix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs,
-			      enum gen_kind kind, json_t *req)
+static struct gen *gen_new(struct ctrl_http *h, struct MHD_Connection *c, enum gen_kind kind, double t_start)
 {
-	struct http_verr e;
-	struct http_gen_req q;
-	struct gen *g;
-	struct ctrl_request r;
-	int32_t *ids = NULL;
-	size_t n_ids = 0;
-	int64_t id;
+	struct gen *g = calloc(1, sizeof(*g));
 
-	memset(&e, 0, sizeof(e));
-	g = calloc(1, sizeof(*g));
 	if (!g)
-		return MHD_NO;
+		return NULL;
 	pthread_mutex_init(&g->mu, NULL);
 	atomic_init(&g->refs, 1);
 	g->h = h;
 	g->conn = c;
 	g->kind = kind;
-	g->t_start = http_now(); /* arrival: validation, templating and tokenizing count in its latency */
-	atomic_fetch_add(&h->active, 1);
-
-	if (http_read_gen(h, kind, req, &q, &e))
-		goto reject;
-	g->stream = q.stream;
-	g->include_usage = q.include_usage;
-	g->lp_on = q.lp_on;
-	g->lp_top = q.lp_top;
-	g->lp_report = q.lp_report;
-	g->lp_text = q.lp_text;
+	g->t_start = t_start;
 	g->stop_hit = -1;
 	g->stop_token = -1;
-	g->stops = q.stops; /* the request owns them from here */
-	g->n_stops = q.n_stops;
-	g->max_stop = q.max_stop;
-	ids = q.ids;
-	n_ids = q.n_ids;
-	g->ds = kn_tok_stream_new(h->tok, KN_TOK_SKIP_SPECIAL);
-	if (!g->ds) {
-		http_verr_set(&e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));
-		goto reject;
-	}
-	g->n_prompt = (int32_t)n_ids;
-	g->max_tokens = (int32_t)q.max_tokens;
+	atomic_fetch_add(&h->active, 1);
+	return g;
+}
+
+/* The request's settings into choice @p g; @p own_stops: it takes q's stop
+ * strings (the lead), else it copies them. */
+static int gen_setup(struct gen *g, const struct http_gen_req *q, int own_stops, struct http_verr *e)
+{
+	g->stream = q->stream;
+	g->include_usage = q->include_usage;
+	g->lp_on = q->lp_on;
+	g->lp_top = q->lp_top;
+	g->lp_report = q->lp_report;
+	g->lp_text = q->lp_text;
+	g->max_stop = q->max_stop;
+	g->n_prompt = (int32_t)q->n_ids;
+	g->max_tokens = (int32_t)q->max_tokens;
 	g->created = (int64_t)time(NULL);
-	/* Not from the seed: two requests of one seed in one second would
-	 * share it. A bijection of a per-server counter never repeats within
-	 * the server's life; the random salt keeps two servers' apart. */
-	if (kind == GEN_NATIVE && q.rid != NULL) {
-		snprintf(g->rid, sizeof(g->rid), "%s", q.rid); /* the client's (SGLang's rid) */
-	} else {
-		uint64_t x = mix64(h->id_salt + atomic_fetch_add(&h->ids, 1));
-
-		if (kind == GEN_NATIVE) /* 32 hex digits, as SGLang's ids */
-			snprintf(g->rid, sizeof(g->rid), "%016llx%016llx", (unsigned long long)x,
-				 (unsigned long long)mix64(x ^ h->id_salt));
-		else
-			snprintf(g->rid, sizeof(g->rid), "%s-%016llx", kind == GEN_CHAT ? "chatcmpl" : "cmpl",
-				 (unsigned long long)x);
+	if (own_stops) {
+		g->stops = q->stops;
+		g->n_stops = q->n_stops;
+	} else if (q->n_stops) {
+		g->stops = calloc((size_t)q->n_stops, sizeof(*g->stops));
+		for (int i = 0; g->stops && i < q->n_stops; i++, g->n_stops++)
+			if (!(g->stops[i] = strdup(q->stops[i])))
+				break;
+		if (g->n_stops < q->n_stops)
+			return http_verr_set(e, 500, NULL, NULL, "out of memory copying the stop strings");
 	}
+	g->ds = kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL);
+	if (!g->ds)
+		return http_verr_set(e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));
+	return 0;
+}
 
-	memset(&r, 0, sizeof(r));
-	r.prompt = ids;
-	r.n_prompt = (int32_t)n_ids;
-	r.max_tokens = (int32_t)q.max_tokens;
-	r.stop_ids = q.ignore_eos ? NULL : h->stop_ids;
-	r.n_stop = q.ignore_eos ? 0 : h->n_stop;
-	r.temperature = (float)q.temperature;
-	r.top_p = (float)q.top_p;
-	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
-	r.seed = (uint32_t)(q.seed ^ (q.seed >> 32));
-	r.n_logprobs = g->lp_top;
-	r.cb = gen_on_event;
-	r.cb_arg = g;
+/* The response id: not from the seed, since two requests of one seed in one
+ * second would share it. A bijection of a per-server counter never repeats
+ * within the server's life; the random salt keeps two servers' apart. */
+static void gen_rid(struct gen *g, const struct http_gen_req *q)
+{
+	struct ctrl_http *h = g->h;
+	uint64_t x;
+
+	if (g->kind == GEN_NATIVE && q->rid != NULL) {
+		snprintf(g->rid, sizeof(g->rid), "%s", q->rid); /* the client's (SGLang's rid) */
+		return;
+	}
+	x = mix64(h->id_salt + atomic_fetch_add(&h->ids, 1));
+	if (g->kind == GEN_NATIVE) /* 32 hex digits, as SGLang's ids */
+		snprintf(g->rid, sizeof(g->rid), "%016llx%016llx", (unsigned long long)x,
+			 (unsigned long long)mix64(x ^ h->id_salt));
+	else
+		snprintf(g->rid, sizeof(g->rid), "%s-%016llx", g->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
+			 (unsigned long long)x);
+}
+
+/* The scheduler's refusal @p id (< 0) as the client's error. */
+static void submit_error(struct http_verr *e, int64_t id, const struct http_gen_req *q)
+{
+	if (id == -EAGAIN)
+		http_verr_set(e, 503, NULL, "queue_full",
+		    "the request queue is full (max_queue%s); retry later or raise max_queue",
+		    q->n > 1 ? ": each of the n choices takes a place in it" : "");
+	else if (id == -ENETDOWN)
+		http_verr_set(e, 503, NULL, "no_prefill_node",
+		    "no prefill node is healthy (every [pd] prefill node missed its heartbeats, or its "
+		    "kvferry-dataplane has not been heard for 10 s); retry later, or check the prefill nodes "
+		    "(ctrlctl bootstrap, /stats backend.pd)");
+	else if (id == -EHOSTUNREACH)
+		http_verr_set(e, 400, "bootstrap_host", "unknown_prefill_node",
+		    "bootstrap_host '%s' (bootstrap_port %lld) is not one of this decode node's prefill "
+		    "nodes: add its host:bootstrap_port to [pd] prefill (ctrlctl bootstrap lists them)",
+		    q->bhost ? q->bhost : "", (long long)q->bport);
+	else if (id == -ESHUTDOWN)
+		http_verr_set(e, 503, NULL, "pd_released",
+		    "this decode node released its prefill registrations (ctrlctl pd release): "
+		    "ctrlctl pd restore serves again");
+	else
+		http_verr_set(e, id == -EINVAL ? 400 : 500, NULL, NULL, "the scheduler refused the request: %s",
+		    strerror((int)-id));
+	if (e->status == 503)
+		e->type = "service_unavailable";
+}
+
+/* Hand choice @p g to the backend. @return 0, or -1 with @p e filled. */
+static int gen_submit(struct gen *g, struct ctrl_request *r, const struct http_gen_req *q, struct http_verr *e)
+{
+	struct ctrl_http *h = g->h;
+	int64_t id;
+
+	r->cb_arg = g;
 	/* The backend's reference exists before it can call back. */
 	atomic_fetch_add(&g->refs, 1);
-	if (q.room >= 0 && h->be.submit_pd != NULL) {
-		struct ctrl_http_pd pd = { .room = (uint64_t)q.room, .port = (int32_t)q.bport, .host = q.bhost,
-					   .session = (uint32_t)q.psession };
+	if (q->room >= 0 && h->be.submit_pd != NULL) {
+		struct ctrl_http_pd pd = { .room = (uint64_t)q->room, .port = (int32_t)q->bport, .host = q->bhost,
+					   .session = (uint32_t)q->psession };
 
-		id = h->be.submit_pd(h->be.ctx, &r, &pd);
+		id = h->be.submit_pd(h->be.ctx, r, &pd);
 	} else {
-		id = h->be.submit(h->be.ctx, &r);
+		id = h->be.submit(h->be.ctx, r);
 	}
-	free(ids);
-	ids = NULL;
 	if (id <= 0) {
 		atomic_fetch_sub(&g->refs, 1);
-		if (id == -EAGAIN)
-			http_verr_set(&e, 503, NULL, "queue_full",
-			    "the request queue is full (max_queue); retry later or raise max_queue");
-		else if (id == -ENETDOWN)
-			http_verr_set(&e, 503, NULL, "no_prefill_node",
-			    "no prefill node is healthy (every [pd] prefill node missed its heartbeats, or its "
-			    "kvferry-dataplane has not been heard for 10 s); retry later, or check the prefill nodes "
-			    "(ctrlctl bootstrap, /stats backend.pd)");
-		else if (id == -EHOSTUNREACH)
-			http_verr_set(&e, 400, "bootstrap_host", "unknown_prefill_node",
-			    "bootstrap_host '%s' (bootstrap_port %lld) is not one of this decode node's prefill "
-			    "nodes: add its host:bootstrap_port to [pd] prefill (ctrlctl bootstrap lists them)",
-			    q.bhost ? q.bhost : "", (long long)q.bport);
-		else if (id == -ESHUTDOWN)
-			http_verr_set(&e, 503, NULL, "pd_released",
-			    "this decode node released its prefill registrations (ctrlctl pd release): "
-			    "ctrlctl pd restore serves again");
-		else
-			http_verr_set(&e, id == -EINVAL ? 400 : 500, NULL, NULL, "the scheduler refused the request: %s",
-			    strerror((int)-id));
-		if (e.status == 503)
-			e.type = "service_unavailable";
-		goto reject;
+		submit_error(e, id, q);
+		return -1;
 	}
 	g->id = (uint64_t)id;
 	pthread_mutex_lock(&h->mu);
@@ -142,6 +149,85 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 		h->gens->prev = g;
 	h->gens = g;
 	pthread_mutex_unlock(&h->mu);
+	return 0;
+}
+
+/* Choice @p i's draw key: choice 0 keeps the request's seed (n = 1 answers
+ * as before), the others a bijection of (seed, i), so a seeded request with
+ * n > 1 repeats exactly and its choices differ. */
+static uint32_t choice_seed(uint64_t seed, int i)
+{
+	uint64_t s = i ? mix64(seed ^ mix64((uint64_t)i)) : seed;
+
+	return (uint32_t)(s ^ (s >> 32));
+}
+
+enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, struct conn_state *cs,
+			      enum gen_kind kind, json_t *req)
+{
+	struct http_verr e;
+	struct http_gen_req q;
+	struct gen *g;
+	struct ctrl_request r;
+	int32_t *ids = NULL;
+	int n_sub = 0;
+
+	memset(&e, 0, sizeof(e));
+	/* arrival: validation, templating and tokenizing count in its latency */
+	g = gen_new(h, c, kind, http_now());
+	if (!g)
+		return MHD_NO;
+
+	if (http_read_gen(h, kind, req, &q, &e))
+		goto reject;
+	ids = q.ids;
+	if (gen_setup(g, &q, 1, &e))
+		goto reject;
+	gen_rid(g, &q);
+	if (q.n > 1) {
+		g->kids = calloc((size_t)q.n - 1, sizeof(*g->kids));
+		if (!g->kids) {
+			http_verr_set(&e, 500, NULL, NULL, "out of memory for %lld choices", (long long)q.n);
+			goto reject;
+		}
+		for (; g->n_kids < q.n - 1; g->n_kids++) {
+			struct gen *k = gen_new(h, c, kind, g->t_start);
+
+			if (!k) {
+				http_verr_set(&e, 500, NULL, NULL, "out of memory for %lld choices", (long long)q.n);
+				goto reject;
+			}
+			g->kids[g->n_kids] = k;
+			k->index = g->n_kids + 1;
+			k->lead = g;
+			atomic_fetch_add(&g->refs, 1); /* the choice's on the lead */
+			memcpy(k->rid, g->rid, sizeof(k->rid));
+			k->created = g->created;
+			if (gen_setup(k, &q, 0, &e)) {
+				g->n_kids++;
+				goto reject;
+			}
+		}
+	}
+
+	memset(&r, 0, sizeof(r));
+	r.prompt = ids;
+	r.n_prompt = (int32_t)q.n_ids;
+	r.max_tokens = (int32_t)q.max_tokens;
+	r.stop_ids = q.ignore_eos ? NULL : h->stop_ids;
+	r.n_stop = q.ignore_eos ? 0 : h->n_stop;
+	r.temperature = (float)q.temperature;
+	r.top_p = (float)q.top_p;
+	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
+	r.n_logprobs = g->lp_top;
+	r.cb = gen_on_event;
+	for (; n_sub < q.n; n_sub++) {
+		r.seed = choice_seed(q.seed, n_sub);
+		if (gen_submit(n_sub ? g->kids[n_sub - 1] : g, &r, &q, &e))
+			goto reject;
+	}
+	free(ids);
+	ids = NULL;
 	cs->gen = g;
 	if (kind == GEN_CHAT)
 		atomic_fetch_add(&h->n_chat, 1);
@@ -168,7 +254,9 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 
 reject:
 	free(ids);
-	gen_unref(g);
+	/* the choices already submitted end (their finish events drop the
+	 * backend's references), then the connection's references go */
+	gen_abandon(g, n_sub);
 	return http_verr_send(h, c, &e);
 }
 

@@ -426,23 +426,20 @@ int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e
 static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
 		    struct http_verr *e)
 {
-	int64_t iv, n = 1;
+	int64_t iv;
 	json_t *so, *lp;
 
 	q->temperature = 1.0;
 	q->top_p = 1.0;
 	q->room = -1;
+	q->n = 1;
 	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
 	if (kind == GEN_NATIVE)
 		return http_read_native(h, req, q, e);
 	if (check_model(h, req, 1, e) || check_unsupported(req, e))
 		return -1;
-	if (http_opt_int(req, "n", 1, 128, &n, e) < 0)
+	if (http_opt_int(req, "n", 1, HTTP_MAX_CHOICES, &q->n, e) < 0)
 		return -1;
-	if (n != 1)
-		return http_verr_set(e, 400, "n", "unsupported_value",
-			   "n=%lld is not supported: kvferry returns one choice per request (n=1); send %lld requests instead",
-			   (long long)n, (long long)n);
 	if (http_opt_bool(req, "stream", &q->stream, e) < 0)
 		return -1;
 	so = json_object_get(req, "stream_options");
@@ -468,6 +465,10 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		return http_verr_set(e, 400, "top_p", "invalid_value", "'top_p' must be greater than 0 (1 = off)");
 	if (http_read_bootstrap(req, q, e))
 		return -1;
+	if (q->n > 1 && q->room >= 0)
+		return http_verr_set(e, 400, "n", "unsupported_value",
+			   "n=%lld with bootstrap_room: a room carries one sequence's KV; send %lld requests, "
+			   "each with a bootstrap_room of its own", (long long)q->n, (long long)q->n);
 	if (http_opt_int(req, "seed", INT64_MIN, INT64_MAX, &iv, e) < 0)
 		return -1;
 	else if (json_is_integer(json_object_get(req, "seed")))

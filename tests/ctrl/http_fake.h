@@ -50,6 +50,7 @@ struct fake {
 	atomic_int eos_after;    /* emit the stop token after this many (-1 never) */
 	atomic_int fail_after;   /* fail after this many (-1 never) */
 	atomic_int refuse;       /* submit returns -EAGAIN */
+	atomic_int refuse_from;  /* > 0: so does every submit once this many were taken */
 	atomic_int down;         /* the ready callback says stage 1 is down */
 	atomic_int pool;         /* > 0: positions (prompt + max_tokens) the fake's pool holds */
 	atomic_int submits, cancels, live;
@@ -69,7 +70,8 @@ static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
 	struct fake *f = ctx;
 	struct fake_req *q;
 
-	if (atomic_load(&f->refuse))
+	if (atomic_load(&f->refuse) ||
+	    (atomic_load(&f->refuse_from) > 0 && atomic_load(&f->submits) >= atomic_load(&f->refuse_from)))
 		return -EAGAIN;
 	q = calloc(1, sizeof(*q));
 	q->prompt = malloc((size_t)r->n_prompt * sizeof(int32_t));
@@ -209,6 +211,7 @@ static void fake_reset(void)
 	atomic_store(&g_fake.eos_after, -1);
 	atomic_store(&g_fake.fail_after, -1);
 	atomic_store(&g_fake.refuse, 0);
+	atomic_store(&g_fake.refuse_from, 0);
 	atomic_store(&g_fake.down, 0);
 	atomic_store(&g_fake.pool, 0);
 	ctrl_http_set_draining(g_http, 0);

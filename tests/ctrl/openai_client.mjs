@@ -115,11 +115,52 @@ check('parameters kvferry does not implement are refused by name, and accepted a
   assert.equal(r.choices.length, 1);
 });
 
+check('n choices: indexed, seeded ones repeat, choice 0 is the n=1 answer, the prompt counted once', async () => {
+  const req = { model, prompt: 'Once upon', max_tokens: 8, temperature: 1, seed: 11, ignore_eos: true };
+  const one = await client.completions.create(req);
+  const r = await client.completions.create({ ...req, n: 3 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.choices[0].text, one.choices[0].text);
+  assert.ok(new Set(r.choices.map((c) => c.text)).size > 1, 'the sampled choices all equal: ' + JSON.stringify(r.choices));
+  assert.equal(r.usage.prompt_tokens, one.usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, 24);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 24);
+  const again = await client.completions.create({ ...req, n: 3 });
+  assert.deepEqual(again.choices.map((c) => c.text), r.choices.map((c) => c.text));
+  const greedy = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, n: 2 });
+  assert.equal(greedy.choices.length, 2);
+  assert.equal(greedy.choices[0].message.content, greedy.choices[1].message.content);
+});
+
+check('a streamed chat with n choices gives each choice the unstreamed text, one finish each, one usage', async () => {
+  const req = { model, messages, max_tokens: 10, temperature: 0.9, seed: 5, n: 3 };
+  const whole = await client.chat.completions.create(req);
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  const text = ['', '', ''], finish = [null, null, null], roles = [0, 0, 0];
+  let usage = null, usages = 0;
+  for await (const ch of stream) {
+    if (ch.usage) { usage = ch.usage; usages++; }
+    for (const c of ch.choices) {
+      assert.equal(finish[c.index], null, `choice ${c.index} spoke after its finish`);
+      if (c.delta.role) roles[c.index]++;
+      if (c.delta.content) text[c.index] += c.delta.content;
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  assert.deepEqual(roles, [1, 1, 1]);
+  assert.deepEqual(text, whole.choices.map((c) => c.message.content));
+  assert.deepEqual(finish, whole.choices.map((c) => c.finish_reason));
+  assert.equal(usages, 1);
+  assert.deepEqual(usage, whole.usage);
+});
+
 check('bad requests get the right 4xx through the client', async () => {
   await assert.rejects(client.completions.create({ model: 'no-such-model', prompt: 'x' }),
     (e) => e.status === 404 && e.code === 'model_not_found');
-  await assert.rejects(client.chat.completions.create({ model, messages, n: 2 }),
-    (e) => e.status === 400 && e.param === 'n');
+  await assert.rejects(client.chat.completions.create({ model, messages, n: 0 }),
+    (e) => e.status === 400 && e.param === 'n' && e.code === 'invalid_value');
+  await assert.rejects(client.chat.completions.create({ model, messages, n: 129 }),
+    (e) => e.status === 400 && e.param === 'n' && e.code === 'invalid_value');
   await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 10 ** 7 }),
     (e) => e.status === 400 && e.code === 'context_length_exceeded');
   const bad = await fetch(base + '/v1/completions', { method: 'POST', body: '{"model":', headers: { 'content-type': 'application/json' } });

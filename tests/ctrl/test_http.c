@@ -268,7 +268,10 @@ static void bad_requests_get_openai_error_objects(void **state)
 	assert_error(400, "model", "missing_required_parameter", "/v1/completions", "{\"prompt\":\"x\"}");
 	assert_error(400, "prompt", "missing_required_parameter", "/v1/completions", "{\"model\":\"tiny\"}");
 	assert_error(400, "prompt", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[\"a\",\"b\"]}");
-	assert_error(400, "n", "unsupported_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":2}");
+	assert_error(400, "n", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":129}");
+	assert_error(400, "n", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":0}");
+	assert_error(400, "n", "unsupported_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":2,\"bootstrap_room\":7}");
 	assert_error(400, "max_tokens", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":\"5\"}");
 	assert_error(400, "max_tokens", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":0}");
 	assert_error(400, "temperature", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"temperature\":3}");
@@ -413,6 +416,144 @@ static void backend_failures_and_a_full_queue_become_5xx(void **state)
 	fake_reset();
 	atomic_store(&g_fake.refuse, 1);
 	assert_error(503, NULL, "queue_full", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"abc\"}");
+	fake_reset();
+}
+
+/* A stream of n choices: each one's text and finish by index, the usage
+ * chunk and [DONE] (each must come once, [DONE] last). */
+static void sse_choices(const char *body, int n, char text[][256], const char **finish, int *usages)
+{
+	static char fin[8][32];
+	const char *p = body;
+	int done = 0;
+
+	*usages = 0;
+	for (int i = 0; i < n; i++) {
+		text[i][0] = 0;
+		finish[i] = NULL;
+	}
+	while (*p) {
+		const char *end = strstr(p, "\n\n");
+		json_t *j, *chs;
+		char buf[2048];
+
+		assert_non_null(end);
+		assert_memory_equal(p, "data: ", 6);
+		assert_int_equal(done, 0);
+		snprintf(buf, sizeof(buf), "%.*s", (int)(end - p - 6), p + 6);
+		p = end + 2;
+		if (!strcmp(buf, "[DONE]")) {
+			done = 1;
+			continue;
+		}
+		j = json_loads(buf, 0, NULL);
+		assert_non_null(j);
+		chs = json_object_get(j, "choices");
+		if (json_array_size(chs) == 0) {
+			assert_non_null(json_object_get(j, "usage"));
+			(*usages)++;
+		}
+		for (size_t k = 0; k < json_array_size(chs); k++) {
+			json_t *ch = json_array_get(chs, k), *v = json_object_get(ch, "text");
+			int i = (int)json_integer_value(json_object_get(ch, "index"));
+
+			assert_true(i >= 0 && i < n);
+			assert_null(finish[i]); /* nothing of a choice after its finish */
+			if (json_is_string(v))
+				strcat(text[i], json_string_value(v));
+			if (json_is_string(json_object_get(ch, "finish_reason"))) {
+				snprintf(fin[i], sizeof(fin[i]), "%s", json_string_value(json_object_get(ch, "finish_reason")));
+				finish[i] = fin[i];
+			}
+		}
+		json_decref(j);
+	}
+	assert_int_equal(done, 1);
+}
+
+static void n_choices_answer_in_one_body_and_one_stream_and_end_together(void **state)
+{
+	json_t *one, *j, *chs;
+	struct resp r;
+	char text[3][256];
+	const char *finish[3];
+	int usages, submits, cancels;
+
+	(void)state;
+	fake_reset();
+	one = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":5}");
+	submits = atomic_load(&g_fake.submits);
+	/* one backend request a choice; the prompt counts once in usage */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":5,\"n\":3,\"seed\":4}");
+	assert_int_equal(atomic_load(&g_fake.submits), submits + 3);
+	chs = json_object_get(j, "choices");
+	assert_int_equal(json_array_size(chs), 3);
+	for (int i = 0; i < 3; i++) {
+		json_t *ch = json_array_get(chs, (size_t)i);
+
+		assert_int_equal(json_integer_value(json_object_get(ch, "index")), i);
+		assert_string_equal(json_string_value(json_object_get(ch, "text")), text_of(one));
+		assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+	}
+	assert_int_equal(usage(j, "prompt_tokens"), usage(one, "prompt_tokens"));
+	assert_int_equal(usage(j, "completion_tokens"), 15);
+	assert_int_equal(usage(j, "total_tokens"), usage(one, "prompt_tokens") + 15);
+	json_decref(j);
+	wait_idle();
+
+	/* streamed: each choice's chunks by index, one finish each, one usage,
+	 * one [DONE] */
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":5,\"n\":3,\"stream\":true,"
+				 "\"stream_options\":{\"include_usage\":true}}", 0, &r), CURLE_OK);
+	assert_int_equal(r.status, 200);
+	sse_choices(r.body, 3, text, finish, &usages);
+	for (int i = 0; i < 3; i++) {
+		assert_string_equal(text[i], text_of(one));
+		assert_non_null(finish[i]);
+		assert_string_equal(finish[i], "length");
+	}
+	assert_int_equal(usages, 1);
+	resp_free(&r);
+	wait_idle();
+
+	/* a choice the queue refuses: the ones taken are cancelled, a 503 */
+	cancels = atomic_load(&g_fake.cancels);
+	atomic_store(&g_fake.token_us, 20000);
+	atomic_store(&g_fake.refuse_from, atomic_load(&g_fake.submits) + 2);
+	assert_error(503, NULL, "queue_full", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":50,\"n\":3}");
+	assert_int_equal(atomic_load(&g_fake.cancels), cancels + 2);
+	wait_idle();
+
+	/* a choice that fails fails the request: 500, or the stream's error
+	 * event and [DONE]; the other choices are cancelled */
+	fake_reset();
+	atomic_store(&g_fake.fail_after, 2);
+	assert_error(500, NULL, "generation_failed", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":9,\"n\":2}");
+	assert_int_equal(request("POST", "/v1/chat/completions",
+				 "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":9,"
+				 "\"n\":2,\"stream\":true}", 0, &r), CURLE_OK);
+	assert_non_null(strstr(r.body, "stage 1 stopped answering"));
+	assert_non_null(strstr(r.body, "data: [DONE]\n\n"));
+	assert_null(strstr(strstr(r.body, "data: [DONE]") + 1, "data: [DONE]"));
+	resp_free(&r);
+	wait_idle();
+
+	/* a client that goes away cancels every choice */
+	fake_reset();
+	cancels = atomic_load(&g_fake.cancels);
+	atomic_store(&g_fake.token_us, 20000);
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"slow\",\"max_tokens\":60,\"n\":3,\"stream\":true}", 150, &r),
+			 CURLE_OPERATION_TIMEDOUT);
+	resp_free(&r);
+	for (int i = 0; i < 100 && atomic_load(&g_fake.cancels) < cancels + 3; i++)
+		usleep(10000);
+	assert_int_equal(atomic_load(&g_fake.cancels), cancels + 3);
+	wait_idle();
+	json_decref(one);
 	fake_reset();
 }
 
@@ -718,8 +859,6 @@ static void parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default
 		assert_error(400, refused[i][0], "unsupported_parameter",
 			     i % 2 ? "/v1/chat/completions" : "/v1/completions", body);
 	}
-	assert_error(400, "n", "unsupported_value", "/v1/chat/completions",
-		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}");
 	assert_int_equal(atomic_load(&g_fake.live), 0);
 	/* the defaults ask for nothing: served */
 	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,%s}", neutral);
@@ -1068,6 +1207,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_client_that_disconnects_cancels_its_request),
 		cmocka_unit_test(draining_refuses_new_work_and_finishes_what_is_in_flight),
 		cmocka_unit_test(backend_failures_and_a_full_queue_become_5xx),
+		cmocka_unit_test(n_choices_answer_in_one_body_and_one_stream_and_end_together),
 		cmocka_unit_test(models_tokenize_and_detokenize_agree),
 		cmocka_unit_test(stats_metrics_and_dashboard_are_served),
 		cmocka_unit_test(latency_histograms_count_what_was_served_and_polls_are_not_client_requests),
