@@ -113,13 +113,24 @@ static int32_t completion_tokens(const struct gen *g)
 	return n;
 }
 
-/* The prompt counts once, however many choices share it (as OpenAI's). */
+/* Each prompt counts once, however many choices share it (as OpenAI's):
+ * the first choice of each. */
+static int32_t prompt_tokens(const struct gen *g)
+{
+	int32_t n = g->n_prompt, per = g->per_prompt > 0 ? g->per_prompt : 1;
+
+	for (int i = 0; i < g->n_kids; i++)
+		if (g->kids[i]->index % per == 0)
+			n += g->kids[i]->n_prompt;
+	return n;
+}
+
 static json_t *usage_json(const struct gen *g)
 {
-	int32_t out = completion_tokens(g);
+	int32_t in = prompt_tokens(g), out = completion_tokens(g);
 
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->n_prompt, "completion_tokens", out,
-			 "total_tokens", g->n_prompt + out);
+	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", in, "completion_tokens", out,
+			 "total_tokens", in + out);
 }
 
 static json_t *chunk_json(struct gen *g, const char *text, size_t len, const char *finish, int role,
@@ -183,7 +194,7 @@ static size_t held_back(const struct gen *g)
 
 static void note_done(struct gen *g)
 {
-	atomic_fetch_add(&g->h->prompt_tokens, (uint64_t)g->n_prompt);
+	atomic_fetch_add(&g->h->prompt_tokens, (uint64_t)prompt_tokens(g));
 	atomic_fetch_add(&g->h->completion_tokens, (uint64_t)completion_tokens(g));
 }
 

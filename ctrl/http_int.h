@@ -140,6 +140,7 @@ struct gen {
 	 * the lead's connection); the lead holds their connection references
 	 * until the connection closes. */
 	int32_t index;               /* in choices[] */
+	int32_t per_prompt;          /* the lead's: choices a prompt (n) */
 	struct gen *lead;            /* NULL: this is the lead */
 	struct gen **kids;           /* the lead's: choices 1..n_kids */
 	int n_kids;
@@ -231,7 +232,16 @@ struct http_gen_req {
 	int32_t *ids;                /* the encoded prompt [n_ids] (malloc'd) */
 	size_t n_ids;
 	int64_t max_tokens;          /* asked, or what fits (never 0) */
-	int64_t n;                   /* choices (1..HTTP_MAX_CHOICES) */
+	int64_t n;                   /* choices a prompt (1..HTTP_MAX_CHOICES) */
+	/* /v1/completions with a list of prompts: the second and later ones
+	 * (ids, n_ids and max_tokens above are the first's); each answered
+	 * with n choices, prompt p's choice j at index p * n + j */
+	struct http_prompt {
+		int32_t *ids;
+		size_t n_ids;
+		int64_t max_tokens;
+	} *more;
+	int n_more;
 	double temperature, top_p;
 	int64_t top_k;
 	uint64_t seed;
@@ -244,7 +254,7 @@ struct http_gen_req {
 	const char *prompt_param;    /* "text" or "input_ids" (NULL: the endpoint's own) */
 };
 
-/* The most choices one request may ask for (n), as OpenAI's API. */
+/* The most choices one request may ask for (prompts x n). */
 #define HTTP_MAX_CHOICES 128
 
 /* SGLang's default max_new_tokens (a /generate request that does not say). */

@@ -40,9 +40,9 @@ static struct gen *gen_new(struct ctrl_http *h, struct MHD_Connection *c, enum g
 	return g;
 }
 
-/* The request's settings into choice @p g; @p own_stops: it takes q's stop
- * strings (the lead), else it copies them. */
-static int gen_setup(struct gen *g, const struct http_gen_req *q, int own_stops, struct http_verr *e)
+/* The request's settings into choice @p g, of prompt @p p (0: q->ids, else
+ * q->more[p - 1]); a choice past the first copies the lead's stop strings. */
+static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct http_verr *e)
 {
 	g->stream = q->stream;
 	g->include_usage = q->include_usage;
@@ -51,18 +51,17 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int own_stops,
 	g->lp_report = q->lp_report;
 	g->lp_text = q->lp_text;
 	g->max_stop = q->max_stop;
-	g->n_prompt = (int32_t)q->n_ids;
-	g->max_tokens = (int32_t)q->max_tokens;
+	g->n_prompt = (int32_t)(p ? q->more[p - 1].n_ids : q->n_ids);
+	g->max_tokens = (int32_t)(p ? q->more[p - 1].max_tokens : q->max_tokens);
 	g->created = (int64_t)time(NULL);
-	if (own_stops) {
-		g->stops = q->stops;
-		g->n_stops = q->n_stops;
-	} else if (q->n_stops) {
-		g->stops = calloc((size_t)q->n_stops, sizeof(*g->stops));
-		for (int i = 0; g->stops && i < q->n_stops; i++, g->n_stops++)
-			if (!(g->stops[i] = strdup(q->stops[i])))
+	if (g->lead && g->lead->n_stops) {
+		const struct gen *l = g->lead;
+
+		g->stops = calloc((size_t)l->n_stops, sizeof(*g->stops));
+		for (int i = 0; g->stops && i < l->n_stops; i++, g->n_stops++)
+			if (!(g->stops[i] = strdup(l->stops[i])))
 				break;
-		if (g->n_stops < q->n_stops)
+		if (g->n_stops < l->n_stops)
 			return http_verr_set(e, 500, NULL, NULL, "out of memory copying the stop strings");
 	}
 	g->ds = kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL);
@@ -169,8 +168,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	struct http_gen_req q;
 	struct gen *g;
 	struct ctrl_request r;
-	int32_t *ids = NULL;
-	int n_sub = 0;
+	int n_sub = 0, total;
 
 	memset(&e, 0, sizeof(e));
 	/* arrival: validation, templating and tokenizing count in its latency */
@@ -178,23 +176,30 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	if (!g)
 		return MHD_NO;
 
-	if (http_read_gen(h, kind, req, &q, &e))
-		goto reject;
-	ids = q.ids;
-	if (gen_setup(g, &q, 1, &e))
+	if (http_read_gen(h, kind, req, &q, &e)) {
+		gen_unref(g);
+		return http_verr_send(h, c, &e);
+	}
+	total = (int)q.n * (1 + q.n_more);
+	g->per_prompt = (int32_t)q.n;
+	g->stops = q.stops; /* the lead's from here */
+	g->n_stops = q.n_stops;
+	q.stops = NULL;
+	q.n_stops = 0;
+	if (gen_setup(g, &q, 0, &e))
 		goto reject;
 	gen_rid(g, &q);
-	if (q.n > 1) {
-		g->kids = calloc((size_t)q.n - 1, sizeof(*g->kids));
+	if (total > 1) {
+		g->kids = calloc((size_t)total - 1, sizeof(*g->kids));
 		if (!g->kids) {
-			http_verr_set(&e, 500, NULL, NULL, "out of memory for %lld choices", (long long)q.n);
+			http_verr_set(&e, 500, NULL, NULL, "out of memory for %d choices", total);
 			goto reject;
 		}
-		for (; g->n_kids < q.n - 1; g->n_kids++) {
+		for (; g->n_kids < total - 1; g->n_kids++) {
 			struct gen *k = gen_new(h, c, kind, g->t_start);
 
 			if (!k) {
-				http_verr_set(&e, 500, NULL, NULL, "out of memory for %lld choices", (long long)q.n);
+				http_verr_set(&e, 500, NULL, NULL, "out of memory for %d choices", total);
 				goto reject;
 			}
 			g->kids[g->n_kids] = k;
@@ -203,7 +208,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			atomic_fetch_add(&g->refs, 1); /* the choice's on the lead */
 			memcpy(k->rid, g->rid, sizeof(k->rid));
 			k->created = g->created;
-			if (gen_setup(k, &q, 0, &e)) {
+			if (gen_setup(k, &q, (g->n_kids + 1) / (int)q.n, &e)) {
 				g->n_kids++;
 				goto reject;
 			}
@@ -211,9 +216,6 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	}
 
 	memset(&r, 0, sizeof(r));
-	r.prompt = ids;
-	r.n_prompt = (int32_t)q.n_ids;
-	r.max_tokens = (int32_t)q.max_tokens;
 	r.stop_ids = q.ignore_eos ? NULL : h->stop_ids;
 	r.n_stop = q.ignore_eos ? 0 : h->n_stop;
 	r.temperature = (float)q.temperature;
@@ -221,13 +223,17 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
 	r.n_logprobs = g->lp_top;
 	r.cb = gen_on_event;
-	for (; n_sub < q.n; n_sub++) {
+	for (; n_sub < total; n_sub++) {
+		int p = n_sub / (int)q.n;
+
+		r.prompt = p ? q.more[p - 1].ids : q.ids;
+		r.n_prompt = (int32_t)(p ? q.more[p - 1].n_ids : q.n_ids);
+		r.max_tokens = (int32_t)(p ? q.more[p - 1].max_tokens : q.max_tokens);
 		r.seed = choice_seed(q.seed, n_sub);
 		if (gen_submit(n_sub ? g->kids[n_sub - 1] : g, &r, &q, &e))
 			goto reject;
 	}
-	free(ids);
-	ids = NULL;
+	http_gen_req_free(&q);
 	cs->gen = g;
 	if (kind == GEN_CHAT)
 		atomic_fetch_add(&h->n_chat, 1);
@@ -253,7 +259,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	return http_generate_resume(h, c, cs);
 
 reject:
-	free(ids);
+	http_gen_req_free(&q);
 	/* the choices already submitted end (their finish events drop the
 	 * backend's references), then the connection's references go */
 	gen_abandon(g, n_sub);

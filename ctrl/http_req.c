@@ -196,8 +196,10 @@ static int message_text(json_t *content, struct kvf_buf *out, struct http_verr *
 	return 0;
 }
 
-int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
-		    struct http_verr *e)
+/* http_prompt_ids(), its messages naming the prompt @p where ("prompt[2]"
+ * in a list of prompts). */
+static int prompt_ids_at(struct ctrl_http *h, json_t *p, const char *param, const char *where, int add_special,
+			 int32_t **ids, size_t *n, struct http_verr *e)
 {
 	int rc;
 
@@ -211,7 +213,7 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 		rc = kn_tok_encode(h->tok, json_string_value(p), json_string_length(p), add_special ? KN_TOK_ADD_BOS : 0,
 				   ids, n);
 		if (rc)
-			return http_verr_set(e, 400, param, "invalid_value", "cannot tokenize the prompt: %s", strerror(-rc));
+			return http_verr_set(e, 400, param, "invalid_value", "cannot tokenize '%s': %s", where, strerror(-rc));
 		return 0;
 	}
 	if (json_is_array(p)) {
@@ -222,12 +224,12 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 		json_array_foreach(p, i, v) {
 			if (!json_is_integer(v))
 				return http_verr_set(e, 400, param, "invalid_type",
-						     "batched prompts are not supported: send a string, or one array of "
-						     "token ids, per request");
+						     "'%s' must be a string, an array of token ids, or (/v1/completions) "
+						     "a list of those", param);
 			if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
 				return http_verr_set(e, 400, param, "invalid_value",
 						     "token id %lld at %s[%zu] is outside the vocabulary (0..%d)",
-						     (long long)json_integer_value(v), param, i, vocab - 1);
+						     (long long)json_integer_value(v), where, i, vocab - 1);
 		}
 		*ids = malloc((json_array_size(p) + 1) * sizeof(int32_t));
 		if (!*ids)
@@ -238,6 +240,12 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 		return 0;
 	}
 	return http_verr_set(e, 400, param, "invalid_type", "'%s' must be a string or an array of token ids", param);
+}
+
+int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
+		    struct http_verr *e)
+{
+	return prompt_ids_at(h, p, param, param, add_special, ids, n, e);
 }
 
 /* Encode the prompt of a completion or chat request (or of /tokenize). */
@@ -397,9 +405,14 @@ void http_gen_req_free(struct http_gen_req *q)
 		free(q->stops[i]);
 	free(q->stops);
 	free(q->ids);
+	for (int i = 0; i < q->n_more; i++)
+		free(q->more[i].ids);
+	free(q->more);
 	q->stops = NULL;
 	q->n_stops = 0;
 	q->ids = NULL;
+	q->more = NULL;
+	q->n_more = 0;
 }
 
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e)
@@ -421,6 +434,43 @@ int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e
 	return 0;
 }
 
+/* A /v1/completions prompt that is a list of prompts (strings or arrays of
+ * token ids; one string alone is a prompt, as is an array of ids): the
+ * first into q->ids, the others into q->more. @return 1 when it is no
+ * list, 0 read, -1 refused. */
+static int read_prompt_list(struct ctrl_http *h, json_t *req, struct http_gen_req *q, struct http_verr *e)
+{
+	json_t *p = json_object_get(req, "prompt"), *v;
+	size_t i, n = json_array_size(p);
+
+	if (!json_is_array(p) || n == 0 || json_is_integer(json_array_get(p, 0)) ||
+	    (n == 1 && json_is_string(json_array_get(p, 0))))
+		return 1;
+	if ((int64_t)n * q->n > HTTP_MAX_CHOICES)
+		return http_verr_set(e, 400, "prompt", "invalid_value",
+			   "%zu prompts x n=%lld is %lld choices; a request may ask for at most %d: split the list",
+			   n, (long long)q->n, (long long)n * q->n, HTTP_MAX_CHOICES);
+	q->more = calloc(n - 1 ? n - 1 : 1, sizeof(*q->more));
+	if (!q->more)
+		return http_verr_set(e, 500, NULL, NULL, "out of memory");
+	json_array_foreach(p, i, v) {
+		char which[48];
+		int32_t **ids = i ? &q->more[i - 1].ids : &q->ids;
+		size_t *n_ids = i ? &q->more[i - 1].n_ids : &q->n_ids;
+
+		snprintf(which, sizeof(which), "prompt[%zu]", i);
+		if (!json_is_string(v) && !(json_is_array(v) && json_is_integer(json_array_get(v, 0))))
+			return http_verr_set(e, 400, "prompt", "invalid_type",
+				   "prompt[%zu] must be a string or an array of token ids (a list of prompts holds "
+				   "only those)", i);
+		if (i)
+			q->n_more++;
+		if (prompt_ids_at(h, v, "prompt", which, 1, ids, n_ids, e))
+			return -1;
+	}
+	return 0;
+}
+
 /* http_read_gen() up to the encoded prompt, in the order its errors are
  * reported; leaves what it allocated in @p q either way. */
 static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
@@ -428,6 +478,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 {
 	int64_t iv;
 	json_t *so, *lp;
+	int rc;
 
 	q->temperature = 1.0;
 	q->top_p = 1.0;
@@ -498,15 +549,46 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	}
 	if (http_read_stops(req, q, e))
 		return -1;
+	if (kind == GEN_COMPLETION && (rc = read_prompt_list(h, req, q, e)) <= 0)
+		return rc;
 	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);
+}
+
+/* One prompt of @p n_ids tokens against the context and the pool: fills
+ * *max_tokens (asked, or what fits). @p which: "" or, in a list of prompts,
+ * its place ("prompt[3]: "). */
+static int fit_prompt(struct ctrl_http *h, enum gen_kind kind, const struct http_gen_req *q, const char *what,
+		      const char *which, size_t n_ids, int64_t asked, int64_t *max_tokens, struct http_verr *e)
+{
+	const char *mt = kind == GEN_NATIVE ? "max_new_tokens" : "max_tokens";
+
+	*max_tokens = asked;
+	if (!n_ids)
+		return http_verr_set(e, 400, what, "invalid_value", "%sthe prompt is empty", which);
+	if ((int64_t)n_ids >= h->max_context)
+		return http_verr_set(e, 400, what, "context_length_exceeded",
+		    "%sThis model's maximum context length is %d tokens. However, your prompt has %zu tokens; shorten it",
+		    which, h->max_context, n_ids);
+	if (asked && (int64_t)n_ids + asked > h->max_context)
+		return http_verr_set(e, 400, mt, "context_length_exceeded",
+		    "%sThis model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or %s",
+		    which, h->max_context, (long long)n_ids + asked, n_ids, (long long)asked, mt);
+	if (!asked) {
+		/* /generate: SGLang's default max_new_tokens, as its clients expect */
+		int64_t dflt = kind == GEN_NATIVE ? HTTP_NATIVE_MAX_NEW_TOKENS : h->max_tokens_default;
+
+		*max_tokens = h->max_context - (int64_t)n_ids;
+		if (*max_tokens > dflt)
+			*max_tokens = dflt;
+	}
+	return admissible(h, (int32_t)n_ids, max_tokens, asked != 0, q->room >= 0 && h->be.submit_pd != NULL, kind, e);
 }
 
 int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
 		  struct http_verr *e)
 {
 	const char *what = kind == GEN_CHAT ? "messages" : "prompt";
-	const char *mt = kind == GEN_NATIVE ? "max_new_tokens" : "max_tokens";
-	int asked;
+	int64_t asked;
 
 	memset(q, 0, sizeof(*q));
 	memset(e, 0, sizeof(*e));
@@ -514,34 +596,16 @@ int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct h
 		goto fail;
 	if (q->prompt_param != NULL)
 		what = q->prompt_param;
-	if (!q->n_ids) {
-		http_verr_set(e, 400, what, "invalid_value", "the prompt is empty");
+	asked = q->max_tokens;
+	if (fit_prompt(h, kind, q, what, q->n_more ? "prompt[0]: " : "", q->n_ids, asked, &q->max_tokens, e))
 		goto fail;
-	}
-	if ((int64_t)q->n_ids >= h->max_context) {
-		http_verr_set(e, 400, what, "context_length_exceeded",
-		    "This model's maximum context length is %d tokens. However, your prompt has %zu tokens; shorten it",
-		    h->max_context, q->n_ids);
-		goto fail;
-	}
-	if (q->max_tokens && (int64_t)q->n_ids + q->max_tokens > h->max_context) {
-		http_verr_set(e, 400, mt, "context_length_exceeded",
-		    "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or %s",
-		    h->max_context, (long long)q->n_ids + q->max_tokens, q->n_ids, (long long)q->max_tokens, mt);
-		goto fail;
-	}
-	asked = q->max_tokens != 0;
-	if (!q->max_tokens) {
-		/* /generate: SGLang's default max_new_tokens, as its clients expect */
-		int64_t dflt = kind == GEN_NATIVE ? HTTP_NATIVE_MAX_NEW_TOKENS : h->max_tokens_default;
+	for (int i = 0; i < q->n_more; i++) {
+		char which[48];
 
-		q->max_tokens = h->max_context - (int64_t)q->n_ids;
-		if (q->max_tokens > dflt)
-			q->max_tokens = dflt;
+		snprintf(which, sizeof(which), "prompt[%d]: ", i + 1);
+		if (fit_prompt(h, kind, q, what, which, q->more[i].n_ids, asked, &q->more[i].max_tokens, e))
+			goto fail;
 	}
-	if (admissible(h, (int32_t)q->n_ids, &q->max_tokens, asked, q->room >= 0 && h->be.submit_pd != NULL,
-		       kind, e))
-		goto fail;
 	return 0;
 fail:
 	http_gen_req_free(q);

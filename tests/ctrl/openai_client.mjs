@@ -132,6 +132,22 @@ check('n choices: indexed, seeded ones repeat, choice 0 is the n=1 answer, the p
   assert.equal(greedy.choices[0].message.content, greedy.choices[1].message.content);
 });
 
+check('a list of prompts: choice p * n + j answers prompt p as it would alone, each prompt counted once', async () => {
+  const prompts = ['Hello there', 'The kernel', 'abc'];
+  const solo = [];
+  for (const prompt of prompts) solo.push(await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0 }));
+  const r = await client.completions.create({ model, prompt: prompts, max_tokens: 6, temperature: 0, n: 2 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3, 4, 5]);
+  assert.deepEqual(r.choices.map((c) => c.text), solo.flatMap((s) => [s.choices[0].text, s.choices[0].text]));
+  assert.equal(r.usage.prompt_tokens, solo.reduce((a, s) => a + s.usage.prompt_tokens, 0));
+  assert.equal(r.usage.completion_tokens, 2 * solo.reduce((a, s) => a + s.usage.completion_tokens, 0));
+  const tok = await post('/tokenize', { model, prompt: 'abc' });
+  const byIds = await client.completions.create({ model, prompt: [tok.json.tokens, 'abc'], max_tokens: 6, temperature: 0 });
+  assert.equal(byIds.choices[0].text, byIds.choices[1].text);
+  await assert.rejects(client.completions.create({ model, prompt: ['a', 'x'.repeat(5000)], max_tokens: 2 }),
+    (e) => e.status === 400 && e.code === 'context_length_exceeded' && /prompt\[1\]/.test(e.message));
+});
+
 check('a streamed chat with n choices gives each choice the unstreamed text, one finish each, one usage', async () => {
   const req = { model, messages, max_tokens: 10, temperature: 0.9, seed: 5, n: 3 };
   const whole = await client.chat.completions.create(req);

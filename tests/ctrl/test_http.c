@@ -267,7 +267,10 @@ static void bad_requests_get_openai_error_objects(void **state)
 	assert_error(404, "model", "model_not_found", "/v1/completions", "{\"model\":\"gpt-9\",\"prompt\":\"x\"}");
 	assert_error(400, "model", "missing_required_parameter", "/v1/completions", "{\"prompt\":\"x\"}");
 	assert_error(400, "prompt", "missing_required_parameter", "/v1/completions", "{\"model\":\"tiny\"}");
-	assert_error(400, "prompt", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[\"a\",\"b\"]}");
+	assert_error(400, "prompt", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[\"a\",5]}");
+	assert_error(400, "prompt", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":[\"a\",\"\"]}");
+	assert_error(400, "prompt", "invalid_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":[\"a\",\"b\",\"c\"],\"n\":50}");
 	assert_error(400, "n", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":129}");
 	assert_error(400, "n", "invalid_value", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"n\":0}");
 	assert_error(400, "n", "unsupported_value", "/v1/completions",
