@@ -896,12 +896,17 @@ static __device__ __forceinline__ void attn_scores(const uint4 *ks, int np, int 
 }
 
 /* A piece's (m, l, acc) of a warp's rows folded into (M, L, A) where f0 /
- * f1 (the row has keys in the piece), as merge_fold() folds partials; A
- * lane-major (element i * 4 + e of lane x at A[(i * 4 + e) * 32], from the
- * lane's own pointer). */
-template <int NT>
+ * f1 (the row has keys in the piece), as merge_fold() folds partials. A
+ * (from the lane's own pointer) is lane-major words (AT float: element
+ * i * 4 + e at A[(i * 4 + e) * 32]; the tile kernel's serial warps) or a
+ * float4 a lane (AT float4: elements i * 4 .. i * 4 + 3 at A[i * 32], one
+ * 16-byte load and store an i, the warp's 512 bytes without bank
+ * conflicts; the run kernel). Where A lives changes nothing of what is
+ * added to what (a float4 element of a row without keys in the piece is
+ * stored back as it was read), so the two keep one set of bits. */
+template <int NT, typename AT>
 static __device__ __forceinline__ void fold_piece(bool f0, bool f1, float &M0, float &M1, float &L0, float &L1,
-						  float m0, float m1, float l0, float l1, const float (&acc)[NT][4], float *A)
+						  float m0, float m1, float l0, float l1, const float (&acc)[NT][4], AT *A)
 {
 	float wa0 = 0.f, wb0 = 0.f, wa1 = 0.f, wb1 = 0.f;
 	if (f0) {
@@ -912,14 +917,33 @@ static __device__ __forceinline__ void fold_piece(bool f0, bool f1, float &M0, f
 		fold_weights(M1, m1, wa1, wb1);
 		L1 = fold_add(L1, wa1, l1, wb1);
 	}
+	if constexpr (sizeof(AT) == sizeof(float4)) {
+		if (!f0 && !f1)
+			return;
 #pragma unroll
-	for (int i = 0; i < NT; i++)
-#pragma unroll
-		for (int e = 0; e < 4; e++)
-			if (e < 2 ? f0 : f1) {
-				float &a = A[(i * 4 + e) * 32];
-				a = fold_add(a, e < 2 ? wa0 : wa1, acc[i][e], e < 2 ? wb0 : wb1);
+		for (int i = 0; i < NT; i++) {
+			float4 v = A[i * 32];
+
+			if (f0) {
+				v.x = fold_add(v.x, wa0, acc[i][0], wb0);
+				v.y = fold_add(v.y, wa0, acc[i][1], wb0);
 			}
+			if (f1) {
+				v.z = fold_add(v.z, wa1, acc[i][2], wb1);
+				v.w = fold_add(v.w, wa1, acc[i][3], wb1);
+			}
+			A[i * 32] = v;
+		}
+	} else {
+#pragma unroll
+		for (int i = 0; i < NT; i++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				if (e < 2 ? f0 : f1) {
+					float &a = A[(i * 4 + e) * 32];
+					a = fold_add(a, e < 2 ? wa0 : wa1, acc[i][e], e < 2 ? wb0 : wb1);
+				}
+	}
 }
 
 template <int HD, int QF>
@@ -1409,14 +1433,14 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 #pragma unroll
 	for (int i = 0; i < NT; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-	/* FOLD: the rows' running fold, A lane-major after the K/V stages */
+	/* FOLD: the rows' running fold, A (fold_piece()'s float4 a lane) after
+	 * the K/V stages */
 	float M0 = -INFINITY, M1 = -INFINITY, L0 = 0.f, L1 = 0.f;
-	float *const fa =
-		reinterpret_cast<float *>(rsm + (size_t)2 * 2 * RUN_KEYS * U) + (size_t)warp * NT * 4 * 32 + lane;
+	float4 *const fa = reinterpret_cast<float4 *>(rsm + (size_t)2 * 2 * RUN_KEYS * U) + (size_t)warp * NT * 32 + lane;
 	if (FOLD)
 #pragma unroll
-		for (int i = 0; i < NT * 4; i++)
-			fa[i * 32] = 0.f;
+		for (int i = 0; i < NT; i++)
+			fa[i * 32] = make_float4(0.f, 0.f, 0.f, 0.f);
 
 	const int32_t *trow = a.table + (size_t)slot * a.max_bps;
 	const size_t blk_stride = (size_t)a.n_kv_heads * KN_PAGE_BLK * HD;
@@ -1485,10 +1509,10 @@ static __global__ void __launch_bounds__(RC * 2, 1) attn_run_kernel(const struct
 	if (FOLD) {
 #pragma unroll
 		for (int i = 0; i < NT; i++) {
-			*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) =
-				make_float2(fa[i * 128] / L0, fa[i * 128 + 32] / L0);
-			*reinterpret_cast<float2 *>(o1 + i * 8 + 2 * t) =
-				make_float2(fa[i * 128 + 64] / L1, fa[i * 128 + 96] / L1);
+			const float4 A = fa[i * 32];
+
+			*reinterpret_cast<float2 *>(o0 + i * 8 + 2 * t) = make_float2(A.x / L0, A.y / L0);
+			*reinterpret_cast<float2 *>(o1 + i * 8 + 2 * t) = make_float2(A.z / L1, A.w / L1);
 		}
 		return;
 	}
