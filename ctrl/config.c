@@ -179,6 +179,36 @@ syntax:
 	return -EINVAL;
 }
 
+int ctrl_config_cors_check(const char *origins, char *err, size_t errlen)
+{
+	const char *p = origins ? origins : "";
+
+	while (*p == ' ')
+		p++;
+	if (!*p || !strcmp(p, "*"))
+		return 0;
+	for (;;) {
+		size_t n = strcspn(p, ","), k = n;
+		const char *host;
+
+		while (k > 0 && p[k - 1] == ' ')
+			k--;
+		host = !strncmp(p, "http://", 7) ? p + 7 : !strncmp(p, "https://", 8) ? p + 8 : NULL;
+		if (!host || host >= p + k || memchr(host, '/', (size_t)(p + k - host)) ||
+		    memchr(p, ' ', k) || memchr(p, '*', k)) {
+			cfg_errf(err, errlen, "cors_allow_origins: '%.*s' is not an origin: write \"*\" alone for any, "
+				 "or origins like https://chat.example.com or http://localhost:3000 (scheme, host, "
+				 "port; no path) separated by commas", (int)n, p);
+			return -EINVAL;
+		}
+		if (!p[n])
+			return 0;
+		p += n + 1;
+		while (*p == ' ')
+			p++;
+	}
+}
+
 int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen)
 {
 	const struct ctrl_settings *v = cfg_settings(c->c);
@@ -192,6 +222,8 @@ int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen)
 		    (long long)v->spec_c_half, oh, (long long)v->spec_c_full, of);
 		return -EINVAL;
 	}
+	if (ctrl_config_cors_check(v->cors_allow_origins, err, errlen))
+		return -EINVAL;
 	if (!v->admin_socket[0]) {
 		cfg_errf(err, errlen, "admin_socket is empty: ctrlctl needs a socket path");
 		return -EINVAL;

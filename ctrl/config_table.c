@@ -85,6 +85,12 @@ const struct cfg_key g_cfg_keys[] = {
 	 "too_many_connections and its connection is closed (64 more are accepted to say so; "
 	 "beyond those, connections wait in the listen backlog). Each takes a file descriptor; "
 	 "0 = no 503, libmicrohttpd's own limit (1020)"},
+	{"cors_allow_origins", "http", CFG_STRING, OFF(cors_allow_origins), "", 0, 0,
+	 "KVFERRY_CORS_ALLOW_ORIGINS", "--cors-allow-origins", NULL, NULL,
+	 "web pages allowed to call the API from a browser (CORS): \"*\" for any, or origins "
+	 "separated by commas (https://chat.example.com,http://localhost:3000); answers then carry "
+	 "Access-Control-Allow-Origin and OPTIONS preflights get 204. Empty = none: browsers refuse "
+	 "a page's cross-origin calls (clients outside a browser are not affected)"},
 	/* [model] */
 	{"model_dir", "model", CFG_STRING, OFF(model_dir), "/var/lib/kvferry/model", 0, 0,
 	 "KVFERRY_MODEL_DIR", "--model-dir", NULL, NULL,

@@ -424,6 +424,7 @@ static int start_front(struct daemon *d)
 	ho.body_limit = (size_t)d->set->request_body_limit;
 	ho.connection_timeout_s = (int32_t)d->set->connection_timeout;
 	ho.request_timeout_s = (double)d->set->request_timeout;
+	ho.cors_origins = d->set->cors_allow_origins;
 	ho.max_connections = (int32_t)d->set->max_connections;
 	ho.model_name = d->model_name;
 	ho.max_context = d->max_context;

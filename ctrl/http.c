@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctrl_config.h"
 #include "http_int.h"
 
 #define HTTP_TICK_MS 250
@@ -260,6 +261,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				  h->body_limit);
 	if ((rc = http_native_route(h, c, cs, method, url)) >= 0)
 		return (enum MHD_Result)rc;
+	if (!strcmp(method, MHD_HTTP_METHOD_OPTIONS) && h->cors[0])
+		return http_preflight(h, c, url);
 	if (post)
 		return route_post(h, c, cs, url);
 	if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
@@ -355,6 +358,7 @@ static void http_free(struct ctrl_http *h)
 	free(h->model_path);
 	free(h->pd_mode);
 	free(h->address);
+	free(h->cors);
 	free(h);
 }
 
@@ -376,6 +380,10 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	    o->request_timeout_s < 0) {
 		snprintf(err, errlen, "ctrl_http_start: missing backend, tokenizer or model name, or bad "
 			 "threads/context/connection limits");
+		errno = EINVAL;
+		return NULL;
+	}
+	if (ctrl_config_cors_check(o->cors_origins, err, errlen)) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -414,10 +422,11 @@ struct ctrl_http *ctrl_http_start(const struct ctrl_http_opts *o, const struct c
 	h->model = strdup(o->model_name);
 	h->model_path = strdup(o->model_path ? o->model_path : o->model_name);
 	h->pd_mode = strdup(o->pd_mode ? o->pd_mode : "null");
+	h->cors = strdup(o->cors_origins ? o->cors_origins : "");
 	atomic_init(&h->bootstrap_port, o->bootstrap_port);
 	h->pp_size = o->pp_size > 0 ? o->pp_size : 1;
 	h->stop_ids = calloc((size_t)o->n_stop + 1, sizeof(int32_t));
-	if (!h->address || !h->model || !h->model_path || !h->pd_mode || !h->stop_ids) {
+	if (!h->address || !h->model || !h->model_path || !h->pd_mode || !h->cors || !h->stop_ids) {
 		http_free(h);
 		goto nomem;
 	}

@@ -152,6 +152,7 @@ struct ctrl_http {
 	struct ctrl_http_backend be;
 	char *address, *model;
 	char *model_path, *pd_mode;  /* /get_model_info, /get_server_info */
+	char *cors;                  /* cors_allow_origins ("": none) */
 	atomic_int bootstrap_port;
 	int32_t pp_size;
 	uint16_t port;
@@ -213,6 +214,11 @@ enum MHD_Result http_json(struct ctrl_http *h, struct MHD_Connection *c, unsigne
 /* Queue a text body with a content type. */
 enum MHD_Result http_text(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,
 			  const char *type, const char *body, size_t len);
+/* CORS (cors_allow_origins): the Access-Control-Allow-Origin of an answer
+ * to a request whose Origin is allowed (every answer passes here), and the
+ * answer to a preflight (OPTIONS). */
+void http_cors(struct ctrl_http *h, struct MHD_Connection *c, struct MHD_Response *r);
+enum MHD_Result http_preflight(struct ctrl_http *h, struct MHD_Connection *c, const char *url);
 
 /* An answer refused: what http_verr_send() (http_reply.c) tells the client. */
 struct http_verr {

@@ -250,6 +250,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			return MHD_NO;
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+		http_cors(h, c, resp);
 		{
 			enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
 			MHD_destroy_response(resp);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "http_int.h"
@@ -84,6 +85,7 @@ static enum MHD_Result queue(struct ctrl_http *h, struct MHD_Connection *c, unsi
 
 	if (!r)
 		return MHD_NO;
+	http_cors(h, c, r);
 	if (status >= 500)
 		atomic_fetch_add(&h->n_5xx, 1);
 	else if (status >= 400)
@@ -91,6 +93,69 @@ static enum MHD_Result queue(struct ctrl_http *h, struct MHD_Connection *c, unsi
 	ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
+}
+
+/* What Access-Control-Allow-Origin says to @p origin: "*", the origin
+ * itself (listed), or NULL (not allowed, or no CORS). */
+static const char *cors_allow(const struct ctrl_http *h, const char *origin)
+{
+	const char *p = h->cors;
+	size_t len;
+
+	while (*p == ' ')
+		p++;
+	if (!origin || !*p)
+		return NULL;
+	if (!strcmp(p, "*"))
+		return "*";
+	len = strlen(origin);
+	for (;;) {
+		size_t n = strcspn(p, ","), k = n;
+
+		while (k > 0 && p[k - 1] == ' ')
+			k--;
+		if (k == len && !strncasecmp(p, origin, len))
+			return origin;
+		if (!p[n])
+			return NULL;
+		p += n + 1;
+		while (*p == ' ')
+			p++;
+	}
+}
+
+void http_cors(struct ctrl_http *h, struct MHD_Connection *c, struct MHD_Response *r)
+{
+	const char *allow = cors_allow(h, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"));
+
+	if (!allow)
+		return;
+	MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+	if (strcmp(allow, "*"))
+		MHD_add_response_header(r, "Vary", "Origin");
+}
+
+enum MHD_Result http_preflight(struct ctrl_http *h, struct MHD_Connection *c, const char *url)
+{
+	const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+	const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+	struct MHD_Response *r;
+
+	if (!origin)
+		return http_error(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL,
+				  "method_not_allowed", "OPTIONS %s without an Origin header: OPTIONS answers only "
+				  "a browser's CORS preflight", url);
+	if (!cors_allow(h, origin))
+		return http_error(h, c, MHD_HTTP_FORBIDDEN, "invalid_request_error", NULL, "origin_not_allowed",
+				  "origin '%s' may not call this API from a browser: add it to cors_allow_origins "
+				  "(kvferry.conf [http])", origin);
+	r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	if (!r)
+		return MHD_NO;
+	MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+	MHD_add_response_header(r, "Access-Control-Allow-Headers", want && *want ? want : "Content-Type, Authorization");
+	MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+	return queue(h, c, MHD_HTTP_NO_CONTENT, r);
 }
 
 enum MHD_Result http_text(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,

@@ -71,6 +71,7 @@ struct ctrl_settings {
 	int64_t connection_timeout;   /**< seconds a connection may stay silent; 0 = never closed */
 	int64_t request_timeout;      /**< seconds a request may take to arrive; 0 = no deadline */
 	int64_t max_connections;      /**< beyond it: 503 and closed; 0 = libmicrohttpd's own */
+	char cors_allow_origins[CTRL_CFG_STRLEN]; /**< "" = no CORS; "*"; or origins, comma-separated */
 	/* [model] */
 	char model_dir[CTRL_CFG_STRLEN];
 	char served_model_name[CTRL_CFG_STRLEN]; /**< "" = the model dir's basename */
@@ -203,6 +204,13 @@ int ctrl_config_load_args(struct ctrl_config *c, int argc, char *const *argv,
  * @return 0 or -EINVAL with @p err naming the keys.
  */
 int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen);
+
+/**
+ * Check a cors_allow_origins value: "", "*", or origins ("http://" or
+ * "https://", a host and maybe a port, no path) separated by commas.
+ * @return 0, or -EINVAL with @p err naming the bad entry and the fix.
+ */
+int ctrl_config_cors_check(const char *origins, char *err, size_t errlen);
 
 /**
  * Parse the stages key against a model of @p n_layers layers.

@@ -129,6 +129,9 @@ struct ctrl_http_opts {
 	int32_t max_connections;     /**< requests on connections beyond this many open get 503
 	                                   too_many_connections and the connection is closed; 0: no
 	                                   such limit (libmicrohttpd's own, FD_SETSIZE - 4) */
+	const char *cors_origins;    /**< browser origins allowed (CORS): NULL or "" none, "*" any,
+	                                   or exact origins separated by commas; checked by
+	                                   ctrl_config_cors_check() */
 };
 
 /**

@@ -1072,7 +1072,8 @@ static void malformed_lengths_and_huge_headers_or_urls_are_refused_and_closed(vo
 }
 
 /* A server of its own, with small limits. */
-static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeout_s, double req_timeout_s)
+static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeout_s, double req_timeout_s,
+				     const char *cors)
 {
 	struct ctrl_http_opts o;
 	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
@@ -1089,6 +1090,7 @@ static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeo
 	o.max_connections = max_connections;
 	o.connection_timeout_s = conn_timeout_s;
 	o.request_timeout_s = req_timeout_s;
+	o.cors_origins = cors;
 	h = ctrl_http_start(&o, &be, err, sizeof(err));
 	if (!h)
 		fprintf(stderr, "%s\n", err);
@@ -1098,7 +1100,7 @@ static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeo
 
 static void idle_stalled_and_trickling_connections_are_closed_in_time(void **state)
 {
-	struct ctrl_http *h = start_small(64, 1, 2.5);
+	struct ctrl_http *h = start_small(64, 1, 2.5, NULL);
 	uint16_t port = ctrl_http_port(h);
 	const char *stalled = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":";
 	const char *slow = "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
@@ -1162,7 +1164,7 @@ static void idle_stalled_and_trickling_connections_are_closed_in_time(void **sta
 
 static void connections_beyond_max_connections_get_a_503_json_and_are_closed(void **state)
 {
-	struct ctrl_http *h = start_small(3, 30, 30);
+	struct ctrl_http *h = start_small(3, 30, 30, NULL);
 	uint16_t port = ctrl_http_port(h);
 	const char *get = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
 	const char *live = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -1195,6 +1197,100 @@ static void connections_beyond_max_connections_get_a_503_json_and_are_closed(voi
 	ctrl_http_stop(h);
 }
 
+/* cors_allow_origins: a browser's preflight from an allowed origin gets
+ * 204 with the methods and headers it asked for, another origin a 403
+ * naming the key; answers carry Access-Control-Allow-Origin for the allowed
+ * origins only; without the key nothing changes (OPTIONS 405, no header). */
+static void cors_answers_preflights_and_tags_answers_for_the_allowed_origins_only(void **state)
+{
+	struct ctrl_http *h = start_small(0, 30, 30, "https://chat.example, http://localhost:3000");
+	uint16_t port = ctrl_http_port(h);
+	struct wire w;
+	char req[512];
+	char err[256];
+	struct ctrl_http_opts o;
+
+	(void)state;
+	fake_reset();
+	snprintf(req, sizeof(req), "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:3000\r\n"
+		 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type,authorization\r\n"
+		 "Connection: close\r\n\r\n");
+	wire(port, req, strlen(req), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 204 ", 13));
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\n"));
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"));
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Headers: content-type,authorization\r\n"));
+	assert_non_null(strcasestr(w.out, "\r\nVary: Origin\r\n"));
+	snprintf(req, sizeof(req), "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n"
+		 "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n");
+	wire(port, req, strlen(req), 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 403 ", "origin_not_allowed");
+	assert_non_null(strstr(w.out, "cors_allow_origins"));
+	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
+	snprintf(req, sizeof(req), "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+	wire(port, req, strlen(req), 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 405 ", "method_not_allowed");
+	/* answers: the allowed origin (any case) named back, others nothing */
+	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://CHAT.example\r\nConnection: close\r\n\r\n");
+	wire(port, req, strlen(req), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://CHAT.example\r\n"));
+	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example.evil\r\nConnection: close\r\n\r\n");
+	wire(port, req, strlen(req), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
+	/* a stream and an error answer are tagged too */
+	snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example\r\n"
+		 "Content-Type: application/json\r\nContent-Length: 59\r\nConnection: close\r\n\r\n"
+		 "{\"model\":\"tiny\",\"prompt\":\"ab\",\"max_tokens\":2,\"stream\":true}");
+	wire(port, req, strlen(req), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://chat.example\r\n"));
+	assert_non_null(strstr(w.out, "data: [DONE]"));
+	snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example\r\n"
+		 "Content-Type: application/json\r\nContent-Length: 1\r\nConnection: close\r\n\r\n{");
+	wire(port, req, strlen(req), 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 400 ", "invalid_json");
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://chat.example\r\n"));
+	{
+		struct ctrl_http *keep = g_http;
+
+		g_http = h;
+		wait_idle();
+		g_http = keep;
+	}
+	ctrl_http_stop(h);
+	/* "*": any origin */
+	h = start_small(0, 30, 30, "*");
+	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://any.example\r\nConnection: close\r\n\r\n");
+	wire(ctrl_http_port(h), req, strlen(req), 5, &w);
+	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: *\r\n"));
+	assert_null(strcasestr(w.out, "Vary: Origin"));
+	ctrl_http_stop(h);
+	/* without the key: no header, OPTIONS is not a method */
+	wire(ctrl_http_port(g_http), req, strlen(req), 5, &w);
+	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
+	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
+	snprintf(req, sizeof(req), "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://any.example\r\n"
+		 "Access-Control-Request-Method: GET\r\nConnection: close\r\n\r\n");
+	wire(ctrl_http_port(g_http), req, strlen(req), 5, &w);
+	assert_one_json_error(&w, "HTTP/1.1 405 ", "method_not_allowed");
+	/* a value that is no origin list refuses the start, naming the entry */
+	ctrl_http_opts_init(&o);
+	o.port = 0;
+	o.model_name = "tiny";
+	o.tok = g_tok;
+	o.cors_origins = "https://chat.example, https://x.example/app";
+	{
+		struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
+					       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
+
+		assert_null(ctrl_http_start(&o, &be, err, sizeof(err)));
+	}
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(err, "'https://x.example/app' is not an origin"));
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1223,6 +1319,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(malformed_lengths_and_huge_headers_or_urls_are_refused_and_closed),
 		cmocka_unit_test(idle_stalled_and_trickling_connections_are_closed_in_time),
 		cmocka_unit_test(connections_beyond_max_connections_get_a_503_json_and_are_closed),
+		cmocka_unit_test(cors_answers_preflights_and_tags_answers_for_the_allowed_origins_only),
 	};
 
 	return http_fake_run(argc, argv, "ctrl_http", tests, sizeof(tests) / sizeof(tests[0]));
