@@ -180,8 +180,8 @@ static size_t held_back(const struct gen *g)
 	size_t held = 0;
 
 	for (int i = 0; i < g->n_stops; i++) {
-		size_t sl = strlen(g->stops[i]);
-		size_t k = sl - 1 < g->text.len ? sl - 1 : g->text.len;
+		size_t sl = strlen(g->stops[i]), gen = g->text.len - g->text_base;
+		size_t k = sl - 1 < gen ? sl - 1 : gen;
 		for (; k > held; k--) {
 			if (!memcmp(g->text.p + g->text.len - k, g->stops[i], k)) {
 				held = k;

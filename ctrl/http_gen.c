@@ -228,6 +228,8 @@ static void append_text(struct gen *g, const char *s, size_t n)
 	if (!g->n_stops || g->done)
 		return;
 	from = old >= g->max_stop ? old - (g->max_stop - 1) : 0;
+	if (from < g->text_base) /* stop strings are looked for in the generated text only */
+		from = g->text_base;
 	if (match_stop(g, from)) {
 		g->done = 1;
 		g->finish = "stop";

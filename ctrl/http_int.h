@@ -115,6 +115,7 @@ struct gen {
 	size_t max_stop;
 	struct kn_tok_stream *ds;
 	struct kvf_buf text;            /* decoded output so far (truncated at a stop string) */
+	size_t text_base;            /* echo: the prompt's text at its start (no stop string cuts it) */
 	size_t emitted;              /* bytes of text already streamed */
 	int done;                    /* the answer is complete (finish is set) */
 	const char *finish;          /* "stop", "length", "abort" */
@@ -230,6 +231,7 @@ struct http_verr {
 /* What a completion or chat request asks for, read by http_read_gen(). */
 struct http_gen_req {
 	int stream, include_usage, ignore_eos;
+	int echo;                    /* /v1/completions: the text starts with the prompt's */
 	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true */
 	int32_t lp_top;              /* alternatives per token */
 	char **stops;                /* [n_stops] non-empty stop strings (malloc'd) */

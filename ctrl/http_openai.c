@@ -67,6 +67,20 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 	g->ds = kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL);
 	if (!g->ds)
 		return http_verr_set(e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));
+	if (q->echo) {
+		/* the prompt as its tokens read (a string prompt reads back as sent) */
+		char *txt = NULL;
+		size_t len = 0;
+		int rc = kn_tok_decode(g->h->tok, p ? q->more[p - 1].ids : q->ids, p ? q->more[p - 1].n_ids : q->n_ids,
+				       KN_TOK_SKIP_SPECIAL, &txt, &len);
+
+		if (rc || kvf_buf_add(&g->text, txt, len)) {
+			free(txt);
+			return http_verr_set(e, 500, NULL, NULL, "the prompt's text for echo: %s", strerror(rc ? -rc : ENOMEM));
+		}
+		free(txt);
+		g->text_base = len;
+	}
 	return 0;
 }
 

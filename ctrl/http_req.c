@@ -108,7 +108,6 @@ static const struct http_fixed g_unsupported[] = {
 	{"presence_penalty", HTTP_NEUTRAL_ZERO, "0"},
 	{"frequency_penalty", HTTP_NEUTRAL_ZERO, "0"},
 	{"best_of", HTTP_NEUTRAL_ONE, "1"},
-	{"echo", HTTP_NEUTRAL_FALSE, "false"},
 	{"suffix", HTTP_NEUTRAL_EMPTY, "\"\""},
 	{"response_format", HTTP_NEUTRAL_TEXT_FORMAT, "{\"type\": \"text\"}"},
 	{"tools", HTTP_NEUTRAL_EMPTY, "[]"},
@@ -126,6 +125,8 @@ static const struct http_fixed g_unsupported[] = {
 	{"guided_regex", HTTP_NEUTRAL_NULL, "null"},
 	{"guided_choice", HTTP_NEUTRAL_NULL, "null"},
 	{"guided_grammar", HTTP_NEUTRAL_NULL, "null"},
+	/* last: /v1/completions reads it (read_gen()), chat does not */
+	{"echo", HTTP_NEUTRAL_FALSE, "false"},
 };
 
 static int is_neutral(json_t *v, enum http_neutral ok)
@@ -167,9 +168,13 @@ int http_check_fixed(json_t *obj, const struct http_fixed *t, size_t n, const ch
 	return 0;
 }
 
-static int check_unsupported(json_t *req, struct http_verr *e)
+static int check_unsupported(enum gen_kind kind, json_t *req, struct http_verr *e)
 {
-	return http_check_fixed(req, g_unsupported, sizeof(g_unsupported) / sizeof(g_unsupported[0]), "", e);
+	size_t n = sizeof(g_unsupported) / sizeof(g_unsupported[0]);
+
+	if (kind == GEN_COMPLETION && !strcmp(g_unsupported[n - 1].key, "echo"))
+		n--;
+	return http_check_fixed(req, g_unsupported, n, "", e);
 }
 
 /* Gather the text of a message's content: a string, or an array of parts. */
@@ -487,7 +492,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
 	if (kind == GEN_NATIVE)
 		return http_read_native(h, req, q, e);
-	if (check_model(h, req, 1, e) || check_unsupported(req, e))
+	if (check_model(h, req, 1, e) || check_unsupported(kind, req, e))
 		return -1;
 	if (http_opt_int(req, "n", 1, HTTP_MAX_CHOICES, &q->n, e) < 0)
 		return -1;
@@ -549,6 +554,12 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	}
 	if (http_read_stops(req, q, e))
 		return -1;
+	if (kind == GEN_COMPLETION && http_opt_bool(req, "echo", &q->echo, e) < 0)
+		return -1;
+	if (q->echo && q->lp_on)
+		return http_verr_set(e, 400, "echo", "unsupported_value",
+			   "'echo' with 'logprobs' asks for the prompt tokens' logprobs, which kvferry does not "
+			   "compute (only the generated tokens'): drop one of them");
 	if (kind == GEN_COMPLETION && (rc = read_prompt_list(h, req, q, e)) <= 0)
 		return rc;
 	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);

@@ -107,7 +107,7 @@ check('parameters kvferry does not implement are refused by name, and accepted a
     ['response_format', { type: 'json_object' }], ['tools', [{ type: 'function', function: { name: 'f', parameters: {} } }]]])
     await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2, [k]: v }),
       (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);
-  for (const [k, v] of [['echo', true], ['best_of', 2]])
+  for (const [k, v] of [['best_of', 2], ['suffix', 'tail']])
     await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 2, [k]: v }),
       (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);
   const r = await client.chat.completions.create({ model, messages, max_tokens: 2, temperature: 0,
@@ -168,6 +168,15 @@ check('a streamed chat with n choices gives each choice the unstreamed text, one
   assert.deepEqual(finish, whole.choices.map((c) => c.finish_reason));
   assert.equal(usages, 1);
   assert.deepEqual(usage, whole.usage);
+});
+
+check('echo: the completion\'s text starts with the prompt, as the prompt alone continues', async () => {
+  const prompt = 'Hello there, tiny model';
+  const plain = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0 });
+  const r = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, echo: true });
+  assert.equal(r.choices[0].text, prompt + plain.choices[0].text);
+  await assert.rejects(client.completions.create({ model, prompt, max_tokens: 2, echo: true, logprobs: 1 }),
+    (e) => e.status === 400 && e.param === 'echo');
 });
 
 check('bad requests get the right 4xx through the client', async () => {

@@ -833,11 +833,48 @@ static void response_ids_are_unique_even_for_seeded_requests_in_one_second(void 
 	wait_idle();
 }
 
+/* echo (/v1/completions): the text starts with the prompt's, streamed or
+ * not; a stop string in the prompt does not cut it, one in the generated
+ * text does; with logprobs it is refused (the prompt's are not computed). */
+static void echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt(void **state)
+{
+	json_t *plain, *j;
+	struct resp r;
+	const char *finish;
+	int events;
+	char want[256];
+
+	(void)state;
+	fake_reset();
+	plain = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":4}");
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":4,\"echo\":true}");
+	snprintf(want, sizeof(want), "abc%s", text_of(plain));
+	assert_string_equal(text_of(j), want);
+	assert_int_equal(usage(j, "completion_tokens"), usage(plain, "completion_tokens"));
+	json_decref(j);
+	assert_int_equal(request("POST", "/v1/completions",
+				 "{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":4,\"echo\":true,\"stream\":true}", 0, &r),
+			 CURLE_OK);
+	assert_string_equal(sse_text(r.body, 0, &finish, &events, NULL), want);
+	resp_free(&r);
+	/* the fake says the prompt back: its stop string ends the generated text */
+	j = post("/v1/completions", 200,
+		 "{\"model\":\"tiny\",\"prompt\":\"abSTOPc\",\"max_tokens\":40,\"echo\":true,\"stop\":\"STOP\"}");
+	assert_string_equal(text_of(j), "abSTOPcab");
+	assert_string_equal(finish_of(j), "stop");
+	json_decref(j);
+	assert_error(400, "echo", "unsupported_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}");
+	assert_error(400, "echo", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":1}");
+	json_decref(plain);
+	wait_idle();
+}
+
 static void parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default(void **state)
 {
 	static const char *const refused[][2] = {
 		{"logit_bias", "{\"50256\":-100}"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "-1"},
-		{"best_of", "3"}, {"echo", "true"}, {"suffix", "\"tail\""},
+		{"best_of", "3"}, {"suffix", "\"tail\""}, {"echo", "true"}, /* chat's (completions echo) */
 		{"response_format", "{\"type\":\"json_object\"}"},
 		{"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"}, {"tool_choice", "\"required\""},
 		{"functions", "[{\"name\":\"f\"}]"}, {"modalities", "[\"text\",\"audio\"]"},
@@ -1313,6 +1350,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(health_answers_503_naming_what_is_down_while_livez_stays_200),
 		cmocka_unit_test(a_request_the_kv_pool_could_never_hold_is_a_400_before_any_byte_is_streamed),
 		cmocka_unit_test(response_ids_are_unique_even_for_seeded_requests_in_one_second),
+		cmocka_unit_test(echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt),
 		cmocka_unit_test(parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default),
 		cmocka_unit_test(a_model_is_retrieved_by_its_id_and_another_id_is_a_404),
 		cmocka_unit_test(content_lengths_two_readers_could_frame_differently_are_refused_and_closed),

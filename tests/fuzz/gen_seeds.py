@@ -42,6 +42,8 @@ http = {
     'completion-ids': (0, {'model': M, 'prompt': [1, 2, 3, 4000], 'max_tokens': 1}),
     'completion-list-n': (0, {'model': M, 'prompt': ['a b', [1, 2, 3], 'c'], 'n': 3, 'max_tokens': 2,
                               'stop': ['x'], 'logprobs': 2, 'seed': 9}),
+    'completion-echo': (0, {'model': M, 'prompt': ['x\ny', [5, 6]], 'echo': True, 'stop': ['\n'],
+                            'max_tokens': 3, 'stream': True}),
     'chat-n-stream': (1, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}], 'n': 4,
                           'stream': True, 'max_tokens': 3}),
     'completion-bootstrap': (0, {'model': M, 'prompt': 'pd', 'bootstrap_room': 12345,
