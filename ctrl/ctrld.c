@@ -289,6 +289,7 @@ static int build_pipelines(struct daemon *d)
 		so.n_slots = (int32_t)d->set->max_slots;
 		so.max_queue = (int32_t)d->set->max_queue;
 		so.spec = d->set->spec;
+		so.prefix_cache = d->set->prefix_cache;
 		so.spec_depth = (int32_t)d->set->spec_depth;
 		so.spec_c_full = (int32_t)d->set->spec_c_full;
 		so.spec_c_half = (int32_t)d->set->spec_c_half;

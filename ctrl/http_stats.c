@@ -92,6 +92,12 @@ static const struct prom_rule {
 } g_rules[] = {
 	/* a pool's size is a gauge, and a gauge's name must not end in _total */
 	{"backend.replicas[].blocks_total", "blocks_capacity", NULL, "KV blocks in the pool", NULL},
+	{"backend.replicas[].blocks_cached", NULL, NULL,
+	 "[sched] prefix_cache: idle KV blocks kept for later prompts (counted in blocks_in_use)", NULL},
+	{"backend.replicas[].prefix_hit_tokens_total", NULL, NULL,
+	 "prompt positions whose KV came from the prefix cache instead of being computed", NULL},
+	{"backend.replicas[].prefix_flushes_total", NULL, NULL,
+	 "times the prefix cache was emptied because the stages may have lost KV", NULL},
 	/* the latency histograms: kvferry_time_to_first_token_seconds, not
 	 * kvferry_latency_time_to_first_token_seconds */
 	{"latency", "", NULL, NULL, NULL},

@@ -413,8 +413,10 @@ static int admit(struct ctrl_sched *s)
 		sl->inflight = 0;
 		sl->cancelled = 0;
 		sl->kv_wait = 0;
+		sl->kv_bad = 0;
 		sl->rollback_to = -1;
 		sl->ready_at = s->launch_no;
+		sched_prefix_take(s, i); /* a cached prefix: its blocks, and prefill starts past them */
 		s->reserved += r->need;
 		s->n_live++;
 		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
@@ -697,6 +699,7 @@ static void sched_free(struct ctrl_sched *s)
 	free(s->free_slots);
 	free(s->blk_mem);
 	free(s->slots);
+	sched_prefix_fini(s);
 	shm_blkpool_destroy(s->pool);
 	free(s);
 }
@@ -760,6 +763,8 @@ struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl
 	s->ops_cap = ops_cap;
 	s->pool = shm_blkpool_create(s->n_blocks);
 	if (s->pool == NULL)
+		goto fail_nomem_sched;
+	if (sched_prefix_init(s))
 		goto fail_nomem_sched;
 	s->slots = calloc((size_t)s->n_slots, sizeof(*s->slots));
 	s->blk_mem = malloc(sizeof(int32_t) * (size_t)s->n_slots * (size_t)s->mbps);

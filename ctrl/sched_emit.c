@@ -112,14 +112,16 @@ void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finis
 	req_finish_kv(s, r, why, token, msg, NULL, 0);
 }
 
-/* Free slot @p i (its blocks go back unless @p kept: a hold_kv request's). */
-static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
+/* Free slot @p i (its blocks go back unless @p kept: a hold_kv request's;
+ * with @p good KV, its prompt's whole blocks may stay cached instead:
+ * sched_prefix.c). */
+static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept, int good)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
 
 	if (!kept)
-		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
+		sched_prefix_release(s, i, good);
 	sl->n_blk = 0;
 	sl->n_set = 0;
 	if (sl->kv_wait)
@@ -141,7 +143,7 @@ static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
 
 struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i)
 {
-	return slot_free(s, i, 0);
+	return slot_free(s, i, 0, 0);
 }
 
 /* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
@@ -155,7 +157,8 @@ void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, in
 
 	if (sl->r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
 		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
-	r = slot_free(s, i, h != NULL);
+	r = slot_free(s, i, h != NULL,
+		      why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP || why == CTRL_FINISH_CANCELLED);
 	req_finish_kv(s, r, why, token, msg, h, kv_pos);
 }
 

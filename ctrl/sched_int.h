@@ -62,6 +62,7 @@ struct sched_slot {
 	uint8_t cancelled;        /* end after the in-flight rounds return */
 	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
 	uint8_t kv_first;         /* kv_remote: its first token went out before its pages (ctrl_sched_kv_first) */
+	uint8_t kv_bad;           /* a micro-batch of it was lost: its blocks are not cached (sched_prefix.c) */
 	char *lost;               /* a round failed with rounds still in flight: lost (this why) once they return */
 };
 
@@ -237,6 +238,21 @@ void sched_fit_add(struct sched_fit *f, int32_t n_cols, uint64_t step_ns);
 int32_t sched_fit_width(const struct sched_fit *f, double budget, int32_t n_dec, int32_t max_cols,
 			int32_t floor_cols);
 
+/* The prefix cache's books (sched_prefix.c), per block of the pool. */
+struct sched_prefix {
+	int on;
+	uint64_t *name;           /* [n_blocks] a cached block's name; 0: none */
+	int32_t *prev, *next;     /* [n_blocks] the LRU list of idle cached blocks (the
+	                             cache's the only reference) */
+	int32_t *hnext;           /* [n_blocks] the name table's chains */
+	int32_t *toks;            /* [n_blocks][KN_PAGE_BLK] a cached block's tokens */
+	int32_t *bucket;          /* [n_buckets] first block of each chain, -1 none */
+	size_t n_buckets;         /* a power of two */
+	int32_t lru_head, lru_tail; /* least recently used first */
+	int32_t n_idle, n_named;
+	uint64_t gen;             /* the chain's KV generation the cache was filled under */
+};
+
 struct ctrl_sched {
 	struct ctrl_chain *chain;
 	struct ctrl_chain_info ci;
@@ -284,9 +300,25 @@ struct ctrl_sched {
 	atomic_int_fast64_t load;   /* worst-case blocks of waiting + live requests */
 	atomic_int pending;         /* submitted, not yet admitted or ended */
 
+	struct sched_prefix pfx;    /* [sched] prefix_cache (sched_prefix.c) */
+
 	struct ctrl_sched_stats st; /* scheduler thread */
 	pthread_mutex_t st_lock;
 	struct ctrl_sched_stats pub;
 };
+
+/* sched_prefix.c: the prefix cache (see there). init: 0 or -ENOMEM
+ * (nothing to do unless o.prefix_cache). take: at admission, slot @p i's
+ * cached prompt blocks (its row and n_fed start past them); @return how
+ * many. release: at a slot's end, instead of giving its blocks back;
+ * @p good: its KV may be kept. flush: forget every cached block.
+ * sched_blk_alloc(): shm_blkpool_alloc(), idle cached blocks evicted first
+ * when the pool runs dry. */
+int sched_prefix_init(struct ctrl_sched *s);
+void sched_prefix_fini(struct ctrl_sched *s);
+int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i);
+void sched_prefix_release(struct ctrl_sched *s, int32_t i, int good);
+void sched_prefix_flush(struct ctrl_sched *s);
+int sched_blk_alloc(struct ctrl_sched *s, int32_t n, int32_t *out);
 
 #endif /* CTRL_SCHED_INT_H */

@@ -124,7 +124,7 @@ int sched_kv_reserve(struct ctrl_sched *s, int32_t i)
 	struct sched_req *r = sl->r;
 	int32_t n = (r->n_prompt - 1) / KN_PAGE_BLK + 1;
 	struct ctrl_event ev;
-	int rc = shm_blkpool_alloc(s->pool, n, sl->blk);
+	int rc = sched_blk_alloc(s, n, sl->blk);
 
 	if (rc < 0) { /* cannot happen: admission reserved r->need >= n */
 		sched_slot_finish(s, i, CTRL_FINISH_ERROR, -1,

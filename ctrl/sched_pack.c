@@ -63,7 +63,7 @@ static int slot_prepare(struct ctrl_sched *s, struct sched_group *g, int32_t i, 
 		sl->rollback_to = -1;
 	}
 	if (need > sl->n_blk) {
-		int rc = shm_blkpool_alloc(s->pool, need - sl->n_blk, sl->blk + sl->n_blk);
+		int rc = sched_blk_alloc(s, need - sl->n_blk, sl->blk + sl->n_blk);
 
 		if (rc < 0)
 			return rc; /* cannot happen while admission holds its invariant */

@@ -25,6 +25,7 @@ void sched_publish(struct ctrl_sched *s)
 	st->blocks_total = s->n_blocks;
 	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool);
 	st->blocks_reserved = s->reserved;
+	st->blocks_cached = s->pfx.n_idle;
 	st->queued_bytes = s->queued_bytes;
 	st->live_bytes = s->live_bytes;
 	st->mean_round_trip_us = s->rt_n ? (double)s->rt_ns / (double)s->rt_n / 1000.0 : 0.0;

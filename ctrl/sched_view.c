@@ -91,8 +91,9 @@ static int cmd_pool(void *arg, const char *cmd, json_t *params, json_t **data, c
 	for (int r = 0; r < d->n; r++) {
 		struct ctrl_sched_stats st;
 		ctrl_sched_stats(d->scheds[r], &st);
-		json_array_append_new(rows, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I}", "replica", r,
-			"blocks_total", st.blocks_total, "blocks_in_use", st.blocks_in_use,
+		json_array_append_new(rows, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I}",
+			"replica", r, "blocks_total", st.blocks_total, "blocks_in_use", st.blocks_in_use,
+			"blocks_cached", st.blocks_cached,
 			"blocks_reserved", st.blocks_reserved, "live", st.live, "queued", st.queued,
 			"replaying", st.replaying, "replayed", (json_int_t)st.replayed,
 			"live_bytes", (json_int_t)st.live_bytes, "queued_bytes", (json_int_t)st.queued_bytes));

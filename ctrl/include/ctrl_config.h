@@ -96,6 +96,7 @@ struct ctrl_settings {
 	int64_t groups;               /**< 0 = stages + 1 */
 	int64_t max_queue;
 	int64_t replicas;
+	int prefix_cache;             /**< keep finished prompts' KV blocks (ctrl/sched_prefix.c) */
 	int spec;
 	int prefill_pipeline;         /**< a prompt's chunks may be in flight in several groups */
 	int64_t spec_depth;

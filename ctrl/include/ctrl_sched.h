@@ -190,6 +190,8 @@ struct ctrl_sched_opts {
 	uint64_t replay_timeout_ms; /**< with replay_max > 0: how long a request may wait for a
 	                                chain that is not ready (ctrl_chain_ready()) before it
 	                                ends with the chain's error */
+	int prefix_cache;          /**< keep finished prompts' KV blocks for later prompts that
+	                                start with the same tokens (ctrl/sched_prefix.c) */
 };
 
 /**
@@ -231,6 +233,10 @@ struct ctrl_sched_stats {
 	int32_t blocks_total;
 	int32_t blocks_in_use;
 	int32_t blocks_reserved;   /**< worst case of every admitted sequence */
+	int32_t blocks_cached;     /**< prefix cache: idle blocks kept for later prompts (counted in
+	                                blocks_in_use; given back first when the pool runs dry) */
+	uint64_t prefix_hit_tokens; /**< prompt positions taken from the prefix cache, not computed */
+	uint64_t prefix_flushes;   /**< times the prefix cache was emptied (the chain lost KV) */
 	uint64_t spec_rounds;      /**< verify spans launched */
 	uint64_t spec_drafted;
 	uint64_t spec_accepted;

@@ -14,6 +14,10 @@
 #     naming the stage and the setting to raise, and every block is back;
 #  3. with [sched] replay_max = 0 a kill fails the requests at once, as it
 #     did before replays.
+# With KVFERRY_PREFIX_CACHE=yes in the environment ([sched] prefix_cache) the
+# run with the kill takes its prompts' blocks from the undisturbed run's
+# cache, and the kill must empty it (the restarted worker's pool holds none
+# of that KV): the same answers, and /stats counts the hits and the flush.
 #   ctrld_replay.sh BUILD_DIR SOURCE_ROOT
 set -u
 B=$(cd "$1" && pwd) S=$(cd "$2" && pwd)
@@ -40,6 +44,9 @@ now() { date +%s.%N; }
 # can end in the moment between READY and the kill (the tiny model streams
 # 90 tokens in tens of ms; 400 for the runs compared with the undisturbed one,
 # 1500 for those that are never restarted)
+# with the prefix cache, prompts that share their first blocks (and each run
+# repeats the one before's)
+[ "${KVFERRY_PREFIX_CACHE:-no}" = yes ] && export KVF_PROMPT_PREFIX="Every morning the old ferry leaves the east bank at seven, and "
 clients() { python3 "$S/tests/ctrl/stream_clients.py" "$KVF_URL" "$KVF_RUN/$1.json" "$KVF_RUN/$1.ready" "$2" "$3"; }
 # wait_ready NAME: until every stream of clients NAME has shown 3 tokens
 wait_ready() {
@@ -53,7 +60,7 @@ pool() { # FIELD: replica 0's, from ctrlctl pool
 # blocks_back WHAT: every KV block back and nothing waiting, within 10 s
 blocks_back() {
   for _ in $(seq 100); do
-    [ "$(pool blocks_in_use)" = 0 ] && [ "$(pool blocks_reserved)" = 0 ] && [ "$(pool live)" = 0 ] \
+    [ "$(pool blocks_in_use)" = "$(pool blocks_cached)" ] && [ "$(pool blocks_reserved)" = 0 ] && [ "$(pool live)" = 0 ] \
       && [ "$(pool replaying)" = 0 ] && return 0
     sleep 0.1
   done
@@ -119,6 +126,16 @@ if command -v promtool >/dev/null; then
 fi
 blocks_back "after the replays"
 echo "ok    kvferry_requests_replayed_total $replayed (ctrlctl status: $st), every KV block back in the pool"
+if [ "${KVFERRY_PREFIX_CACHE:-no}" = yes ]; then
+  curl -s "$KVF_URL/stats" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["backend"]["replicas"][0]
+hits, flushes = r["prefix_hit_tokens_total"], r["prefix_flushes_total"]
+assert hits > 0, "no prompt position came from the prefix cache"
+assert flushes > 0, "the kill did not empty the prefix cache"
+print("ok    prefix cache: %d prompt positions taken from it, emptied %d time(s) by the kill" % (hits, flushes))
+' || fail "the prefix cache in the run with the kill"
+fi
 
 # 2. killed again, not started again: replay_timeout ends the requests
 rm -f "$KVF_RUN/lost.ready"

@@ -6,16 +6,19 @@
 # (BASE 90 unless given: a run that must still be in flight some time after
 # READY asks for more, as the tiny model streams 90 tokens in a few tens of ms)
 # (greedy for even i, seeded sampling for odd; logprobs 3 for i % 4 < 2).
+# KVF_PROMPT_PREFIX in the environment, if set, starts every prompt (prompts
+# that share whole KV blocks, for the prefix cache).
 # READY is created once every stream has shown 3 tokens; OUT gets, per
 # client, the status, the text, logprobs, finish reason, usage, error events
 # and when the stream ended.
-import http.client, json, sys, threading, time, urllib.parse
+import http.client, json, os, sys, threading, time, urllib.parse
 url, out, ready, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 base = int(sys.argv[5]) if len(sys.argv) > 5 else 90
 u = urllib.parse.urlparse(url)
 
 def body(i):
-    b = {"model": "tiny", "prompt": "the ferry crosses the river %d times" % i, "max_tokens": base + 6 * i,
+    b = {"model": "tiny", "prompt": os.environ.get("KVF_PROMPT_PREFIX", "") + "the ferry crosses the river %d times" % i,
+         "max_tokens": base + 6 * i,
          "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     b.update({"temperature": 0.8, "seed": 100 + i} if i % 2 else {"temperature": 0})
     if i % 4 < 2:

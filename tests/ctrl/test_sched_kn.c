@@ -202,6 +202,40 @@ static void check_all(struct rec *got)
 	}
 }
 
+/* A scheduler on @p c as the set's tests take it (chunks pipelined, 8
+ * columns, speculation at any load when @p spec, the prefix cache when
+ * @p prefix). */
+static struct ctrl_sched *set_sched(struct ctrl_chain *c, int spec, int prefix)
+{
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	char err[256];
+
+	ctrl_sched_opts_init(&o);
+	o.spec = spec;
+	o.prefix_cache = prefix;
+	o.prefill_pipeline = 1;
+	o.mb_cols = 8;
+	o.spec_c_full = 64;
+	o.spec_ngram_min = 1;
+	s = ctrl_sched_create(c, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	return s;
+}
+
+/* The whole set through @p s at once, to the end: each its solo tokens. */
+static void run_set(struct ctrl_sched *s, struct rec *got)
+{
+	memset(got, 0, sizeof(*got) * N);
+	for (int i = 0; i < N; i++)
+		assert_true(submit_rec(s, &got[i], g_prompt[i], g_len[i], g_max[i], g_temp[i], (uint32_t)i) > 0);
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_true(ctrl_sched_drained(s));
+	check_all(got);
+}
+
 static void every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation(void **state)
 {
 	static struct rec got[N];
@@ -210,28 +244,10 @@ static void every_request_equals_its_solo_run_on_one_to_three_stages_with_and_wi
 	for (int spec = 0; spec <= 1; spec++)
 		for (int32_t p = 1; p <= 3; p++) {
 			struct ctrl_chain *c = kn_chain(p, p != 2);
-			struct ctrl_sched_opts o;
-			struct ctrl_sched *s;
+			struct ctrl_sched *s = set_sched(c, spec, 0);
 			struct ctrl_sched_stats st;
-			char err[256];
 
-			ctrl_sched_opts_init(&o);
-			o.spec = spec;
-			o.prefill_pipeline = 1;
-			o.mb_cols = 8;
-			o.spec_c_full = 64;
-			o.spec_ngram_min = 1;
-			s = ctrl_sched_create(c, &o, err, sizeof(err));
-			if (s == NULL)
-				fail_msg("ctrl_sched_create: %s", err);
-			memset(got, 0, sizeof(got));
-			for (int i = 0; i < N; i++)
-				assert_true(submit_rec(s, &got[i], g_prompt[i], g_len[i], g_max[i], g_temp[i],
-						       (uint32_t)i) > 0);
-			for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
-				assert_true(ctrl_sched_poll(s) >= 0);
-			assert_true(ctrl_sched_drained(s));
-			check_all(got);
+			run_set(s, got);
 			ctrl_sched_stats(s, &st);
 			printf("spec=%d stages=%d: launches %llu, occupancy %.2f, spec rounds %llu, "
 			       "accepted %llu/%llu, lookup hits %llu/%llu, blocks in use %d, prompt chunks "
@@ -252,6 +268,46 @@ static void every_request_equals_its_solo_run_on_one_to_three_stages_with_and_wi
 			ctrl_sched_destroy(s);
 			ctrl_chain_destroy(c);
 		}
+}
+
+/* [sched] prefix_cache: the set twice on one scheduler, so the second
+ * time every prompt of 17 tokens or more finds its whole blocks cached:
+ * every request still equals its solo run (greedy and seeded), the cache
+ * saved prompt positions from computing, and the pool (24 blocks, fewer
+ * than the set's worst case) gave cached blocks back when it ran dry.
+ * Drained, the only blocks in use are the idle cached ones. */
+static void a_cached_prefix_gives_every_request_its_solo_tokens_and_spares_its_positions(void **state)
+{
+	static struct rec got[N];
+	int32_t saved = 0;
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		if (g_len[i] > KN_PAGE_BLK)
+			saved += (g_len[i] - 1) / KN_PAGE_BLK * KN_PAGE_BLK;
+	for (int32_t p = 1; p <= 3; p++) {
+		struct ctrl_chain *c = kn_chain(p, p != 2);
+		struct ctrl_sched *s = set_sched(c, 1, 1);
+		struct ctrl_sched_stats st;
+		uint64_t cols[2] = {0, 0}, hits[2] = {0, 0};
+
+		for (int wave = 0; wave < 2; wave++) {
+			run_set(s, got);
+			ctrl_sched_stats(s, &st);
+			cols[wave] = st.prefill_cols - (wave ? cols[0] : 0);
+			hits[wave] = st.prefix_hit_tokens - (wave ? hits[0] : 0);
+			assert_int_equal(st.blocks_in_use, st.blocks_cached);
+			assert_int_equal(st.prefix_flushes, 0);
+		}
+		printf("stages=%d: prompt columns %llu then %llu, positions from the cache %llu then %llu (at most %d), "
+		       "%d blocks cached at the end\n", p, (unsigned long long)cols[0], (unsigned long long)cols[1],
+		       (unsigned long long)hits[0], (unsigned long long)hits[1], saved, st.blocks_cached);
+		assert_true(hits[1] > 0 && hits[1] <= (uint64_t)saved);
+		assert_true(cols[1] + hits[1] <= cols[0]);
+		assert_true(st.blocks_cached > 0);
+		ctrl_sched_destroy(s);
+		ctrl_chain_destroy(c);
+	}
 }
 
 static void two_replicas_of_different_depth_give_every_request_its_solo_tokens(void **state)
@@ -1825,6 +1881,7 @@ int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
+		cmocka_unit_test(a_cached_prefix_gives_every_request_its_solo_tokens_and_spares_its_positions),
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
 		cmocka_unit_test(a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages),
 		cmocka_unit_test(a_held_prompt_pipelines_its_chunks_only_where_page_copies_need_not_wait_for_them),
