@@ -413,7 +413,6 @@ static int admit(struct ctrl_sched *s)
 		sl->inflight = 0;
 		sl->cancelled = 0;
 		sl->kv_wait = 0;
-		sl->kv_bad = 0;
 		sl->rollback_to = -1;
 		sl->ready_at = s->launch_no;
 		sched_prefix_take(s, i); /* a cached prefix: its blocks, and prefill starts past them */
@@ -578,9 +577,11 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			sl->n_fed += en->n;
 			if (sl->r->hold_kv && sl->n_fed / KN_PAGE_BLK > old / KN_PAGE_BLK)
 				sched_kv_progress(s, en->slot);
+			sched_prefix_fed(s, en->slot);
 			break;
 		case ENT_PREFILL_LAST:
 			sl->n_fed += en->n;
+			sched_prefix_fed(s, en->slot);
 			sched_slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
 				  sched_col_top(res, sl->r, en->col + en->n - 1));
 			break;

@@ -113,15 +113,14 @@ void sched_req_finish(struct ctrl_sched *s, struct sched_req *r, enum ctrl_finis
 }
 
 /* Free slot @p i (its blocks go back unless @p kept: a hold_kv request's;
- * with @p good KV, its prompt's whole blocks may stay cached instead:
- * sched_prefix.c). */
-static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept, int good)
+ * those the prefix cache names stay with it: sched_prefix.c). */
+static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
 {
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
 
 	if (!kept)
-		sched_prefix_release(s, i, good);
+		sched_prefix_release(s, i);
 	sl->n_blk = 0;
 	sl->n_set = 0;
 	if (sl->kv_wait)
@@ -143,7 +142,7 @@ static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept, in
 
 struct sched_req *sched_slot_release(struct ctrl_sched *s, int32_t i)
 {
-	return slot_free(s, i, 0, 0);
+	return slot_free(s, i, 0);
 }
 
 /* End the sequence in slot @p i: free its blocks and slot, then tell the client. */
@@ -157,8 +156,7 @@ void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, in
 
 	if (sl->r->hold_kv && (why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP))
 		h = sched_kv_hold(s, i); /* NULL: out of memory, the blocks go back */
-	r = slot_free(s, i, h != NULL,
-		      why == CTRL_FINISH_LENGTH || why == CTRL_FINISH_STOP || why == CTRL_FINISH_CANCELLED);
+	r = slot_free(s, i, h != NULL);
 	req_finish_kv(s, r, why, token, msg, h, kv_pos);
 }
 

@@ -62,7 +62,8 @@ struct sched_slot {
 	uint8_t cancelled;        /* end after the in-flight rounds return */
 	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
 	uint8_t kv_first;         /* kv_remote: its first token went out before its pages (ctrl_sched_kv_first) */
-	uint8_t kv_bad;           /* a micro-batch of it was lost: its blocks are not cached (sched_prefix.c) */
+	int32_t pfx_done;         /* prefix cache: leading blocks named (or taken) so far */
+	uint64_t pfx_name;        /* ... and the last one's name (sched_prefix.c) */
 	char *lost;               /* a round failed with rounds still in flight: lost (this why) once they return */
 };
 
@@ -310,14 +311,16 @@ struct ctrl_sched {
 /* sched_prefix.c: the prefix cache (see there). init: 0 or -ENOMEM
  * (nothing to do unless o.prefix_cache). take: at admission, slot @p i's
  * cached prompt blocks (its row and n_fed start past them); @return how
- * many. release: at a slot's end, instead of giving its blocks back;
- * @p good: its KV may be kept. flush: forget every cached block.
+ * many. fed: its prefill advanced: name its newly whole prompt blocks.
+ * release: at a slot's end, instead of giving its blocks back. flush:
+ * forget every cached block.
  * sched_blk_alloc(): shm_blkpool_alloc(), idle cached blocks evicted first
  * when the pool runs dry. */
 int sched_prefix_init(struct ctrl_sched *s);
 void sched_prefix_fini(struct ctrl_sched *s);
 int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i);
-void sched_prefix_release(struct ctrl_sched *s, int32_t i, int good);
+void sched_prefix_fed(struct ctrl_sched *s, int32_t i);
+void sched_prefix_release(struct ctrl_sched *s, int32_t i);
 void sched_prefix_flush(struct ctrl_sched *s);
 int sched_blk_alloc(struct ctrl_sched *s, int32_t n, int32_t *out);
 

@@ -13,9 +13,10 @@
  *
  *  - a block is named by a chain hash: block j of a prompt by (block j - 1's
  *    name, its 16 tokens); its tokens are kept too and compared on a hit;
- *  - only whole blocks of the prompt whose KV the stages hold (positions
- *    below n_fed) are kept, and only from a sequence that ended well
- *    (length, stop, cancelled): an error or a lost micro-batch keeps none;
+ *  - a prompt's blocks are named as its prefill fills them (each whole
+ *    block below n_fed, sched_prefix_fed()), so a prompt that comes while
+ *    the first still runs finds them too; a lost micro-batch forgets every
+ *    name (below), so no block whose KV may be wrong keeps one;
  *  - a prompt takes at most (n_prompt - 1) / 16 blocks: its last position
  *    is always computed, for its first token's logits;
  *  - the pool counts a block's holders (shm_blkpool_ref()): the cache
@@ -219,6 +220,8 @@ int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i)
 	int32_t most, c = 0;
 	uint64_t name = 0;
 
+	sl->pfx_done = 0;
+	sl->pfx_name = 0;
 	if (!p->on || r->hold_kv || r->kv_remote)
 		return 0;
 	check_gen(s);
@@ -227,50 +230,62 @@ int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i)
 		most = s->mbps;
 	for (; c < most; c++) {
 		const int32_t *t = r->toks + (size_t)c * KN_PAGE_BLK;
+		uint64_t n = block_name(name, t);
 		int32_t b;
 
-		name = block_name(name, t);
-		if ((b = lookup(p, name, t)) < 0)
+		if ((b = lookup(p, n, t)) < 0)
 			break;
 		if (shm_blkpool_refcount(s->pool, b) == 1)
 			lru_unlink(p, b); /* idle no more */
 		shm_blkpool_ref(s->pool, b);
 		sl->blk[c] = b;
+		name = n;
 	}
 	sl->n_blk = c;
 	sl->n_fed = sl->n_sent = c * KN_PAGE_BLK;
+	sl->pfx_done = c;
+	sl->pfx_name = name;
 	s->st.prefix_hit_tokens += (uint64_t)c * KN_PAGE_BLK;
 	return c;
 }
 
-void sched_prefix_release(struct ctrl_sched *s, int32_t i, int keep)
+void sched_prefix_fed(struct ctrl_sched *s, int32_t i)
 {
 	struct sched_prefix *p = &s->pfx;
 	struct sched_slot *sl = &s->slots[i];
 	const struct sched_req *r = sl->r;
-	int32_t full = 0;
-	uint64_t name = 0;
+	int32_t whole;
+
+	if (!p->on || r->hold_kv || r->kv_remote)
+		return;
+	check_gen(s);
+	whole = (sl->n_fed < r->n_prompt ? sl->n_fed : r->n_prompt) / KN_PAGE_BLK;
+	if (whole > sl->n_blk)
+		whole = sl->n_blk;
+	for (; sl->pfx_done < whole; sl->pfx_done++) {
+		const int32_t *t = r->toks + (size_t)sl->pfx_done * KN_PAGE_BLK;
+		int32_t b = sl->blk[sl->pfx_done];
+
+		sl->pfx_name = block_name(sl->pfx_name, t);
+		if (!p->name[b] && lookup(p, sl->pfx_name, t) < 0) {
+			insert(p, b, sl->pfx_name, t); /* the cache's reference */
+			shm_blkpool_ref(s->pool, b);
+		}
+	}
+}
+
+void sched_prefix_release(struct ctrl_sched *s, int32_t i)
+{
+	struct sched_prefix *p = &s->pfx;
+	struct sched_slot *sl = &s->slots[i];
 
 	if (!p->on) {
 		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
 		return;
 	}
 	check_gen(s);
-	if (keep && !sl->kv_bad && !r->hold_kv && !r->kv_remote)
-		full = (sl->n_fed < r->n_prompt ? sl->n_fed : r->n_prompt) / KN_PAGE_BLK;
-	for (int32_t j = 0; j < sl->n_blk; j++) {
-		int32_t b = sl->blk[j];
-		const int32_t *t = r->toks + (size_t)j * KN_PAGE_BLK;
-
-		if (j < full) {
-			name = block_name(name, t);
-			if (!p->name[b] && lookup(p, name, t) < 0) {
-				insert(p, b, name, t); /* the cache's reference */
-				shm_blkpool_ref(s->pool, b);
-			}
-		}
-		/* the row's reference; a named block left to the cache alone idles */
-		if (shm_blkpool_unref(s->pool, b) == 1 && p->name[b])
-			lru_append(p, b);
-	}
+	/* the row's references; a named block left to the cache alone idles */
+	for (int32_t j = 0; j < sl->n_blk; j++)
+		if (shm_blkpool_unref(s->pool, sl->blk[j]) == 1 && p->name[sl->blk[j]])
+			lru_append(p, sl->blk[j]);
 }

@@ -58,10 +58,8 @@ void sched_slot_lost(struct ctrl_sched *s, int32_t i, const char *msg)
 	char full[480];
 	int32_t n_toks;
 
-	/* the chain lost KV: no cached block is trusted, and this slot's
-	 * blocks are not kept whatever it ends with */
+	/* the chain lost KV: no cached block is trusted */
 	sched_prefix_flush(s);
-	sl->kv_bad = 1;
 	if (s->o.replay_max > 0 && sl->cancelled) {
 		sched_slot_finish(s, i, CTRL_FINISH_CANCELLED, -1, NULL); /* its client went away */
 		return;

@@ -310,6 +310,48 @@ static void a_cached_prefix_gives_every_request_its_solo_tokens_and_spares_its_p
 	}
 }
 
+/* Prompts that share their first two blocks, the first one alone until its
+ * first token, the others while it decodes: they take its blocks (named as
+ * its prefill filled them) and answer as they do with no cache. */
+static void prompts_sharing_a_prefix_take_a_running_prompts_blocks_and_answer_as_without_the_cache(void **state)
+{
+	enum { K = 4, LEN = 44, SHARED = 32, MAX = 10 };
+	static int32_t pr[K][LEN];
+	struct rec want[K], got[K];
+	struct ctrl_sched_stats st;
+
+	(void)state;
+	for (int k = 0; k < K; k++)
+		for (int32_t j = 0; j < LEN; j++)
+			pr[k][j] = j < SHARED ? g_prompt[13][j % g_len[13]] ^ (j & 3) : (int32_t)((7 * j + 13 * k) % vocab());
+	for (int cache = 0; cache <= 1; cache++) {
+		struct ctrl_chain *c = kn_chain(2, 1);
+		struct ctrl_sched *s = set_sched(c, 1, cache);
+		struct rec *r = cache ? got : want;
+
+		memset(r, 0, sizeof(struct rec) * K);
+		assert_true(submit_rec(s, &r[0], pr[0], LEN, MAX, 0.0f, 1) > 0);
+		for (long n = 0; n < 1000000 && r[0].n == 0; n++)
+			assert_true(ctrl_sched_poll(s) >= 0);
+		for (int k = 1; k < K; k++)
+			assert_true(submit_rec(s, &r[k], pr[k], LEN, MAX, k == 3 ? 0.9f : 0.0f, (uint32_t)k) > 0);
+		for (long n = 0; n < 10000000 && !ctrl_sched_drained(s); n++)
+			assert_true(ctrl_sched_poll(s) >= 0);
+		ctrl_sched_stats(s, &st);
+		if (cache)
+			assert_int_equal(st.prefix_hit_tokens, (K - 1) * SHARED);
+		else
+			assert_int_equal(st.prefix_hit_tokens, 0);
+		ctrl_sched_destroy(s);
+		ctrl_chain_destroy(c);
+	}
+	for (int k = 0; k < K; k++) {
+		assert_int_equal(got[k].finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(got[k].n, want[k].n);
+		assert_memory_equal(got[k].toks, want[k].toks, sizeof(int32_t) * (size_t)want[k].n);
+	}
+}
+
 static void two_replicas_of_different_depth_give_every_request_its_solo_tokens(void **state)
 {
 	static struct rec got[N];
@@ -1882,6 +1924,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(every_request_equals_its_solo_run_on_one_to_three_stages_with_and_without_speculation),
 		cmocka_unit_test(a_cached_prefix_gives_every_request_its_solo_tokens_and_spares_its_positions),
+		cmocka_unit_test(prompts_sharing_a_prefix_take_a_running_prompts_blocks_and_answer_as_without_the_cache),
 		cmocka_unit_test(two_replicas_of_different_depth_give_every_request_its_solo_tokens),
 		cmocka_unit_test(a_held_stage_computes_nothing_until_released_while_its_holder_exports_its_pages),
 		cmocka_unit_test(a_held_prompt_pipelines_its_chunks_only_where_page_copies_need_not_wait_for_them),
