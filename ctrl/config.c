@@ -179,34 +179,45 @@ syntax:
 	return -EINVAL;
 }
 
+int ctrl_config_list_next(const char **p, const char **item, size_t *len)
+{
+	const char *s = *p;
+	size_t n, k;
+
+	if (s == NULL)
+		return 0;
+	while (*s == ' ')
+		s++;
+	n = k = strcspn(s, ",");
+	while (k > 0 && s[k - 1] == ' ')
+		k--;
+	*item = s;
+	*len = k;
+	*p = s[n] ? s + n + 1 : NULL;
+	return 1;
+}
+
 int ctrl_config_cors_check(const char *origins, char *err, size_t errlen)
 {
-	const char *p = origins ? origins : "";
+	const char *p = origins ? origins : "", *o;
+	size_t k;
 
 	while (*p == ' ')
 		p++;
 	if (!*p || !strcmp(p, "*"))
 		return 0;
-	for (;;) {
-		size_t n = strcspn(p, ","), k = n;
-		const char *host;
+	while (ctrl_config_list_next(&p, &o, &k)) {
+		const char *host = !strncmp(o, "http://", 7) ? o + 7 : !strncmp(o, "https://", 8) ? o + 8 : NULL;
 
-		while (k > 0 && p[k - 1] == ' ')
-			k--;
-		host = !strncmp(p, "http://", 7) ? p + 7 : !strncmp(p, "https://", 8) ? p + 8 : NULL;
-		if (!host || host >= p + k || memchr(host, '/', (size_t)(p + k - host)) ||
-		    memchr(p, ' ', k) || memchr(p, '*', k)) {
+		if (!host || host >= o + k || memchr(host, '/', (size_t)(o + k - host)) ||
+		    memchr(o, ' ', k) || memchr(o, '*', k)) {
 			cfg_errf(err, errlen, "cors_allow_origins: '%.*s' is not an origin: write \"*\" alone for any, "
 				 "or origins like https://chat.example.com or http://localhost:3000 (scheme, host, "
-				 "port; no path) separated by commas", (int)n, p);
+				 "port; no path) separated by commas", (int)k, o);
 			return -EINVAL;
 		}
-		if (!p[n])
-			return 0;
-		p += n + 1;
-		while (*p == ' ')
-			p++;
 	}
+	return 0;
 }
 
 int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen)

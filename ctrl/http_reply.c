@@ -15,6 +15,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "ctrl_config.h"
 #include "http_int.h"
 
 double http_now(void)
@@ -99,8 +100,8 @@ static enum MHD_Result queue(struct ctrl_http *h, struct MHD_Connection *c, unsi
  * itself (listed), or NULL (not allowed, or no CORS). */
 static const char *cors_allow(const struct ctrl_http *h, const char *origin)
 {
-	const char *p = h->cors;
-	size_t len;
+	const char *p = h->cors, *o;
+	size_t k;
 
 	while (*p == ' ')
 		p++;
@@ -108,20 +109,10 @@ static const char *cors_allow(const struct ctrl_http *h, const char *origin)
 		return NULL;
 	if (!strcmp(p, "*"))
 		return "*";
-	len = strlen(origin);
-	for (;;) {
-		size_t n = strcspn(p, ","), k = n;
-
-		while (k > 0 && p[k - 1] == ' ')
-			k--;
-		if (k == len && !strncasecmp(p, origin, len))
+	while (ctrl_config_list_next(&p, &o, &k))
+		if (k == strlen(origin) && !strncasecmp(o, origin, k))
 			return origin;
-		if (!p[n])
-			return NULL;
-		p += n + 1;
-		while (*p == ' ')
-			p++;
-	}
+	return NULL;
 }
 
 void http_cors(struct ctrl_http *h, struct MHD_Connection *c, struct MHD_Response *r)

@@ -214,6 +214,13 @@ int ctrl_config_check(const struct ctrl_config *c, char *err, size_t errlen);
 int ctrl_config_cors_check(const char *origins, char *err, size_t errlen);
 
 /**
+ * The next entry of a comma-separated list: @p *item and @p *len get it
+ * (spaces around it left out), @p *p moves past it (NULL after the last).
+ * @return 1, or 0 once @p *p is NULL. "" is one empty entry.
+ */
+int ctrl_config_list_next(const char **p, const char **item, size_t *len);
+
+/**
  * Parse the stages key against a model of @p n_layers layers.
  * @param stages     "N" (split evenly) or "a-b,b-c,..." (contiguous, from 0)
  * @param n_layers   the model's layers, or 0 to check syntax only

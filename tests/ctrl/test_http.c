@@ -1234,6 +1234,22 @@ static void connections_beyond_max_connections_get_a_503_json_and_are_closed(voi
 	ctrl_http_stop(h);
 }
 
+/* One request on its own connection ("METHOD PATH"), with an Origin (NULL:
+ * none), more header lines and a JSON body (NULL: none); @p w the answer. */
+static void cors_talk(uint16_t port, const char *line, const char *origin, const char *headers, const char *body,
+		      struct wire *w)
+{
+	char req[1024], orig[128] = "", len[96] = "";
+
+	if (origin)
+		snprintf(orig, sizeof(orig), "Origin: %s\r\n", origin);
+	if (body)
+		snprintf(len, sizeof(len), "Content-Type: application/json\r\nContent-Length: %zu\r\n", strlen(body));
+	snprintf(req, sizeof(req), "%s HTTP/1.1\r\nHost: x\r\n%s%s%sConnection: close\r\n\r\n%s", line, orig, headers,
+		 len, body ? body : "");
+	wire(port, req, strlen(req), 5, w);
+}
+
 /* cors_allow_origins: a browser's preflight from an allowed origin gets
  * 204 with the methods and headers it asked for, another origin a 403
  * naming the key; answers carry Access-Control-Allow-Origin for the allowed
@@ -1243,50 +1259,40 @@ static void cors_answers_preflights_and_tags_answers_for_the_allowed_origins_onl
 	struct ctrl_http *h = start_small(0, 30, 30, "https://chat.example, http://localhost:3000");
 	uint16_t port = ctrl_http_port(h);
 	struct wire w;
-	char req[512];
 	char err[256];
 	struct ctrl_http_opts o;
 
 	(void)state;
 	fake_reset();
-	snprintf(req, sizeof(req), "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:3000\r\n"
-		 "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type,authorization\r\n"
-		 "Connection: close\r\n\r\n");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "OPTIONS /v1/chat/completions", "http://localhost:3000",
+		  "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type,authorization\r\n",
+		  NULL, &w);
 	assert_true(!strncmp(w.out, "HTTP/1.1 204 ", 13));
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\n"));
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"));
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Headers: content-type,authorization\r\n"));
 	assert_non_null(strcasestr(w.out, "\r\nVary: Origin\r\n"));
-	snprintf(req, sizeof(req), "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n"
-		 "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "OPTIONS /v1/chat/completions", "https://evil.example", "Access-Control-Request-Method: POST\r\n",
+		  NULL, &w);
 	assert_one_json_error(&w, "HTTP/1.1 403 ", "origin_not_allowed");
 	assert_non_null(strstr(w.out, "cors_allow_origins"));
 	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
-	snprintf(req, sizeof(req), "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "OPTIONS /v1/models", NULL, "", NULL, &w);
 	assert_one_json_error(&w, "HTTP/1.1 405 ", "method_not_allowed");
 	/* answers: the allowed origin (any case) named back, others nothing */
-	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://CHAT.example\r\nConnection: close\r\n\r\n");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "GET /v1/models", "https://CHAT.example", "", NULL, &w);
 	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://CHAT.example\r\n"));
-	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example.evil\r\nConnection: close\r\n\r\n");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "GET /v1/models", "https://chat.example.evil", "", NULL, &w);
 	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
 	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
 	/* a stream and an error answer are tagged too */
-	snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example\r\n"
-		 "Content-Type: application/json\r\nContent-Length: 59\r\nConnection: close\r\n\r\n"
-		 "{\"model\":\"tiny\",\"prompt\":\"ab\",\"max_tokens\":2,\"stream\":true}");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "POST /v1/completions", "https://chat.example", "",
+		  "{\"model\":\"tiny\",\"prompt\":\"ab\",\"max_tokens\":2,\"stream\":true}", &w);
 	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://chat.example\r\n"));
 	assert_non_null(strstr(w.out, "data: [DONE]"));
-	snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://chat.example\r\n"
-		 "Content-Type: application/json\r\nContent-Length: 1\r\nConnection: close\r\n\r\n{");
-	wire(port, req, strlen(req), 5, &w);
+	cors_talk(port, "POST /v1/completions", "https://chat.example", "", "{", &w);
 	assert_one_json_error(&w, "HTTP/1.1 400 ", "invalid_json");
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: https://chat.example\r\n"));
 	{
@@ -1299,18 +1305,16 @@ static void cors_answers_preflights_and_tags_answers_for_the_allowed_origins_onl
 	ctrl_http_stop(h);
 	/* "*": any origin */
 	h = start_small(0, 30, 30, "*");
-	snprintf(req, sizeof(req), "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://any.example\r\nConnection: close\r\n\r\n");
-	wire(ctrl_http_port(h), req, strlen(req), 5, &w);
+	cors_talk(ctrl_http_port(h), "GET /v1/models", "https://any.example", "", NULL, &w);
 	assert_non_null(strcasestr(w.out, "\r\nAccess-Control-Allow-Origin: *\r\n"));
 	assert_null(strcasestr(w.out, "Vary: Origin"));
 	ctrl_http_stop(h);
 	/* without the key: no header, OPTIONS is not a method */
-	wire(ctrl_http_port(g_http), req, strlen(req), 5, &w);
+	cors_talk(ctrl_http_port(g_http), "GET /v1/models", "https://any.example", "", NULL, &w);
 	assert_true(!strncmp(w.out, "HTTP/1.1 200 ", 13));
 	assert_null(strcasestr(w.out, "Access-Control-Allow-Origin"));
-	snprintf(req, sizeof(req), "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: https://any.example\r\n"
-		 "Access-Control-Request-Method: GET\r\nConnection: close\r\n\r\n");
-	wire(ctrl_http_port(g_http), req, strlen(req), 5, &w);
+	cors_talk(ctrl_http_port(g_http), "OPTIONS /v1/models", "https://any.example", "Access-Control-Request-Method: GET\r\n",
+		  NULL, &w);
 	assert_one_json_error(&w, "HTTP/1.1 405 ", "method_not_allowed");
 	/* a value that is no origin list refuses the start, naming the entry */
 	ctrl_http_opts_init(&o);
