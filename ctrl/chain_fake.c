@@ -213,7 +213,9 @@ static int fake_step(struct fake_chain *f, uint32_t group, const struct kn_colum
 		lp[i] = 0.0f;
 		if (!(c->flags & KN_COL_NEED_LOGIT))
 			continue;
-		if (c->temperature > 0.0f)
+		if (c->flags & KN_COL_FORCE)
+			tok[i] = (int32_t)(c->seed % (uint32_t)f->o.vocab_size); /* a scored prompt token */
+		else if (c->temperature > 0.0f)
 			tok[i] = (int32_t)(mix64(h ^ c->seed) % (uint64_t)f->o.vocab_size);
 		else if (((h >> 20) & 15u) == 0)
 			tok[i] = (int32_t)((h >> 32) % (uint64_t)f->o.vocab_size);

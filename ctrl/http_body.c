@@ -59,8 +59,30 @@ static size_t lp_valid(const struct gen *g)
 	return n;
 }
 
-/* The logprobs object of entries [a, b), in the endpoint's format. */
-static json_t *logprobs_json(const struct gen *g, size_t a, size_t b)
+/* One completion entry into the legacy logprobs' four lists (a prompt
+ * token without a logprob: null, as OpenAI's echo writes the first). */
+static void completion_lp_add(const struct gen *g, const struct lp_ent *x, json_t *tokens, json_t *lps, json_t *tops,
+			      json_t *offs)
+{
+	json_t *top = x->none ? json_null() : json_object();
+
+	json_array_append_new(tokens, tok_str(g, x->token));
+	json_array_append_new(lps, x->none ? json_null() : json_real((double)x->logprob));
+	for (int32_t t = 0; !x->none && t < x->n_top; t++) {
+		json_t *k = tok_str(g, x->top_ids[t]);
+
+		/* two tokens of the same text: the likelier one stays */
+		if (!json_object_get(top, json_string_value(k)))
+			json_object_set_new(top, json_string_value(k), json_real((double)x->top_lps[t]));
+		json_decref(k);
+	}
+	json_array_append_new(tops, top);
+	json_array_append_new(offs, json_integer((json_int_t)x->off));
+}
+
+/* The logprobs object of entries [a, b), in the endpoint's format; @p prompt:
+ * the prompt's entries first (echo with logprobs). */
+static json_t *logprobs_json(const struct gen *g, int prompt, size_t a, size_t b)
 {
 	if (g->kind == GEN_CHAT) {
 		json_t *content = json_array();
@@ -81,23 +103,10 @@ static json_t *logprobs_json(const struct gen *g, size_t a, size_t b)
 	} else {
 		json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
 
-		for (size_t i = a; i < b; i++) {
-			const struct lp_ent *x = &g->lp[i];
-			json_t *top = json_object();
-
-			json_array_append_new(tokens, tok_str(g, x->token));
-			json_array_append_new(lps, json_real((double)x->logprob));
-			for (int32_t t = 0; t < x->n_top; t++) {
-				json_t *k = tok_str(g, x->top_ids[t]);
-
-				/* two tokens of the same text: the likelier one stays */
-				if (!json_object_get(top, json_string_value(k)))
-					json_object_set_new(top, json_string_value(k), json_real((double)x->top_lps[t]));
-				json_decref(k);
-			}
-			json_array_append_new(tops, top);
-			json_array_append_new(offs, json_integer((json_int_t)x->off));
-		}
+		for (int32_t i = 0; prompt && g->plp != NULL && i < g->n_prompt; i++)
+			completion_lp_add(g, &g->plp[i], tokens, lps, tops, offs);
+		for (size_t i = a; i < b; i++)
+			completion_lp_add(g, &g->lp[i], tokens, lps, tops, offs);
 		return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
 				 "top_logprobs", tops, "text_offset", offs);
 	}
@@ -263,7 +272,10 @@ static void native_build(struct gen *g)
 static void choice_build(struct gen *g)
 {
 	size_t upto, lp_upto = g->lp_sent;
+	int wp = g->plp != NULL && !g->plp_sent; /* the prompt's entries go with the first chunk */
 
+	if (wp && g->plp_missing > 0 && !g->done)
+		return; /* nothing before the prompt is scored */
 	if (g->kind == GEN_CHAT && !g->role_sent) {
 		sse(g, chunk_json(g, "", 0, NULL, 1, NULL));
 		g->role_sent = 1;
@@ -279,16 +291,19 @@ static void choice_build(struct gen *g)
 	}
 	if (!g->failed && upto > g->emitted) {
 		sse(g, chunk_json(g, g->text.p + g->emitted, upto - g->emitted, NULL, 0,
-				  g->lp_on ? logprobs_json(g, g->lp_sent, lp_upto) : NULL));
+				  g->lp_on ? logprobs_json(g, wp, g->lp_sent, lp_upto) : NULL));
 		g->emitted = upto;
 		g->lp_sent = lp_upto;
+		g->plp_sent |= wp;
+		wp = 0;
 	}
 	if (!g->done || g->fin_sent || g->failed)
 		return;
 	/* tokens with no text of their own left: on the last chunk */
 	sse(g, chunk_json(g, NULL, 0, g->finish, 0,
-			  g->lp_on && lp_upto > g->lp_sent ? logprobs_json(g, g->lp_sent, lp_upto) : NULL));
+			  g->lp_on && (lp_upto > g->lp_sent || wp) ? logprobs_json(g, wp, g->lp_sent, lp_upto) : NULL));
 	g->lp_sent = lp_upto;
+	g->plp_sent |= wp;
 	g->fin_sent = 1;
 }
 
@@ -359,7 +374,7 @@ ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static json_t *choice_json(struct gen *g)
 {
-	json_t *lp = g->lp_on ? logprobs_json(g, 0, lp_valid(g)) : json_null();
+	json_t *lp = g->lp_on ? logprobs_json(g, 1, 0, lp_valid(g)) : json_null();
 
 	if (g->kind == GEN_CHAT)
 		return json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", g->index, "message", "role",

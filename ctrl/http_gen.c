@@ -55,6 +55,7 @@ static void gen_free(struct gen *g)
 	free(g->stops);
 	free(g->q);
 	free(g->lp);
+	free(g->plp);
 	free(g->backend_err);
 	free(g->fail_msg);
 	kn_tok_stream_free(g->ds);
@@ -79,7 +80,8 @@ void gen_on_event(void *arg, const struct ctrl_event *ev)
 {
 	struct gen *g = arg;
 	struct http_ev e = {.t = http_now(), .t_admitted_ns = ev->t_admitted_ns, .token = ev->token,
-			    .logprob = ev->logprob, .n_generated = ev->n_generated, .finish = (int32_t)ev->finish};
+			    .logprob = ev->logprob, .n_generated = ev->n_generated, .finish = (int32_t)ev->finish,
+			    .prompt_pos = ev->prompt_pos};
 
 	if (ev->finish == CTRL_FINISH_NONE && ev->n_top > 0 && ev->top_ids && ev->top_logprobs) {
 		e.n_top = ev->n_top < HTTP_MAX_LOGPROBS ? ev->n_top : HTTP_MAX_LOGPROBS;
@@ -103,7 +105,7 @@ void gen_on_event(void *arg, const struct ctrl_event *ev)
 		g->cancel_sent = 1;
 		g->h->be.cancel(g->h->be.ctx, g->id);
 	}
-	if (ev->finish == CTRL_FINISH_NONE)
+	if (ev->finish == CTRL_FINISH_NONE && ev->prompt_pos == 0)
 		g->n_seen++;
 	if (ev->finish == CTRL_FINISH_ERROR && ev->message && !g->backend_err)
 		g->backend_err = strdup(ev->message);
@@ -253,11 +255,28 @@ static void lp_add(struct gen *g, const struct http_ev *e)
 	}
 	x = &g->lp[g->lp_n++];
 	x->token = e->token;
+	x->none = 0;
 	x->logprob = e->logprob;
 	x->off = g->text.len;
 	x->n_top = e->n_top < g->lp_top ? e->n_top : g->lp_top;
 	memcpy(x->top_ids, e->top_ids, sizeof(int32_t) * (size_t)x->n_top);
 	memcpy(x->top_lps, e->top_lps, sizeof(float) * (size_t)x->n_top);
+}
+
+/* A prompt token's logprobs (prompt_pos > 0), into its entry. */
+static void plp_fill(struct gen *g, const struct http_ev *e)
+{
+	struct lp_ent *x;
+
+	if (g->plp == NULL || e->prompt_pos >= g->n_prompt || !g->plp[e->prompt_pos].none)
+		return;
+	x = &g->plp[e->prompt_pos];
+	x->none = 0;
+	x->logprob = e->logprob;
+	x->n_top = e->n_top < g->lp_top ? e->n_top : g->lp_top;
+	memcpy(x->top_ids, e->top_ids, sizeof(int32_t) * (size_t)x->n_top);
+	memcpy(x->top_lps, e->top_lps, sizeof(float) * (size_t)x->n_top);
+	g->plp_missing--;
 }
 
 /* Latency of one event, as the pump takes it (see the top of the file). */
@@ -267,7 +286,7 @@ static void note_latency(struct gen *g, const struct http_ev *e)
 		http_hist_observe(g->h, HTTP_HIST_QUEUE, (double)e->t_admitted_ns * 1e-9 - g->t_start);
 		g->queue_noted = 1;
 	}
-	if (e->finish != CTRL_FINISH_NONE)
+	if (e->finish != CTRL_FINISH_NONE || e->prompt_pos > 0)
 		return;
 	if (g->n_gen == 0)
 		http_hist_observe(g->h, HTTP_HIST_TTFT, e->t - g->t_start);
@@ -299,6 +318,10 @@ void gen_pump(struct gen *g)
 
 		note_latency(g, e);
 		t_end = e->t;
+		if (e->finish == CTRL_FINISH_NONE && e->prompt_pos > 0) {
+			plp_fill(g, e);
+			continue;
+		}
 		if (e->finish == CTRL_FINISH_NONE) {
 			g->n_gen++;
 			if (g->lp_on)

@@ -27,14 +27,17 @@ struct http_ev {
 	float logprob;
 	int32_t n_generated;
 	int32_t finish; /* enum ctrl_finish */
+	int32_t prompt_pos;          /* > 0: prompt token prompt_pos scored (ctrl_event's) */
 	int32_t n_top;
 	int32_t top_ids[HTTP_MAX_LOGPROBS];
 	float top_lps[HTTP_MAX_LOGPROBS];
 };
 
-/* One generated token's logprobs, and where its text starts in the output. */
+/* One generated token's logprobs, and where its text starts in the output
+ * (or a prompt token's, with echo and prompt logprobs). */
 struct lp_ent {
 	int32_t token;
+	int32_t none;                /* a prompt token with no logprob (the first, or not yet scored) */
 	float logprob;
 	size_t off;                  /* bytes of output text before this token's */
 	int32_t n_top;
@@ -130,6 +133,13 @@ struct gen {
 	int32_t stop_token;          /* the token that ended it (CTRL_FINISH_STOP), -1: none */
 	struct lp_ent *lp;           /* one per generated token */
 	size_t lp_n, lp_cap, lp_sent;
+	/* prompt logprobs (completions' echo with logprobs, /generate's
+	 * logprob_start_len): an entry per prompt position, offsets into the
+	 * echoed text (0 without echo); the first has none */
+	struct lp_ent *plp;          /* [n_prompt], NULL: not asked */
+	int32_t plp_start;           /* the first position reported (/generate's logprob_start_len) */
+	int32_t plp_missing;         /* positions not yet scored */
+	int plp_sent;                /* streamed (with the first chunk) */
 	int cut;                     /* a stop string cut the text: tokens past it are not reported */
 	struct kvf_buf out;             /* SSE bytes waiting to be read by MHD */
 	size_t out_off;
@@ -234,12 +244,16 @@ struct http_gen_req {
 	int echo;                    /* /v1/completions: the text starts with the prompt's */
 	int lp_on;                   /* logprobs asked: completions' logprobs >= 0, chat's logprobs true */
 	int32_t lp_top;              /* alternatives per token */
+	int prompt_lp;               /* the prompt tokens' logprobs too (echo with logprobs;
+	                                /generate's logprob_start_len >= 0) */
+	int64_t lp_start;            /* /generate's logprob_start_len (-1: none) */
+	int no_tokens;               /* max_tokens 0 was asked: the prompt alone (echo) */
 	char **stops;                /* [n_stops] non-empty stop strings (malloc'd) */
 	int n_stops;
 	size_t max_stop;             /* the longest one's length */
 	int32_t *ids;                /* the encoded prompt [n_ids] (malloc'd) */
 	size_t n_ids;
-	int64_t max_tokens;          /* asked, or what fits (never 0) */
+	int64_t max_tokens;          /* asked, or what fits (0 only with no_tokens) */
 	int64_t n;                   /* choices a prompt (1..HTTP_MAX_CHOICES) */
 	/* /v1/completions with a list of prompts: the second and later ones
 	 * (ids, n_ids and max_tokens above are the first's); each answered
@@ -293,6 +307,9 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 		    struct http_verr *e);
 int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e);
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* A request with bootstrap_room (read) that asks for no tokens or for prompt
+ * logprobs (@p mt, @p lp: their fields' names) is refused: 0 or -1. */
+int http_pd_prompt_only(const struct http_gen_req *q, const char *mt, const char *lp, struct http_verr *e);
 /* A parameter kvferry accepts only at its default (the value that asks
  * for nothing), refused at any other with 400 unsupported_parameter naming
  * it; a table of them is checked by http_check_fixed() (null and absent

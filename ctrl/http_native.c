@@ -41,8 +41,6 @@ static const struct http_fixed g_top_fixed[] = {
 	{"custom_logit_processor", HTTP_NEUTRAL_EMPTY, "null"},
 	{"token_ids_logprob", HTTP_NEUTRAL_EMPTY, "null"},
 	{"return_hidden_states", HTTP_NEUTRAL_FALSE, "false"},
-	/* prompt logprobs: only the generated tokens' are reported */
-	{"logprob_start_len", HTTP_NEUTRAL_MINUS_ONE, "-1"},
 };
 
 static const struct http_fixed g_sp_fixed[] = {
@@ -100,11 +98,12 @@ static int read_sampling(json_t *sp, struct http_gen_req *q, struct http_verr *e
 	}
 	if (http_check_fixed(sp, g_sp_fixed, sizeof(g_sp_fixed) / sizeof(g_sp_fixed[0]), "sampling_params ", e))
 		return -1;
-	if (http_opt_int(sp, "max_new_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0
+	if (http_opt_int(sp, "max_new_tokens", 0, INT32_MAX, &q->max_tokens, e) < 0
 	    || http_opt_num(sp, "temperature", 0, 2, &q->temperature, e) < 0
 	    || http_opt_num(sp, "top_p", 0, 1, &q->top_p, e) < 0 || http_opt_int(sp, "top_k", -1, INT32_MAX, &q->top_k, e) < 0
 	    || http_opt_bool(sp, "ignore_eos", &q->ignore_eos, e) < 0)
 		return -1;
+	q->no_tokens = json_is_integer(json_object_get(sp, "max_new_tokens")) && q->max_tokens == 0;
 	if (q->top_p <= 0)
 		return http_verr_set(e, 400, "top_p", "invalid_value", "'top_p' must be greater than 0 (1 = off)");
 	if (http_opt_int(sp, "sampling_seed", INT64_MIN, INT64_MAX, &iv, e) == 0)
@@ -139,7 +138,8 @@ int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, s
 	if (http_check_fixed(req, g_top_fixed, sizeof(g_top_fixed) / sizeof(g_top_fixed[0]), "", e)
 	    || http_opt_bool(req, "stream", &q->stream, e) < 0 || http_opt_bool(req, "return_logprob", &q->lp_report, e) < 0
 	    || http_opt_bool(req, "return_text_in_logprobs", &q->lp_text, e) < 0
-	    || http_opt_int(req, "top_logprobs_num", 0, HTTP_MAX_LOGPROBS, &top, e) < 0)
+	    || http_opt_int(req, "top_logprobs_num", 0, HTTP_MAX_LOGPROBS, &top, e) < 0
+	    || http_opt_int(req, "logprob_start_len", -1, INT32_MAX, &q->lp_start, e) < 0)
 		return -1;
 	v = json_object_get(req, "rid");
 	if (v != NULL && !json_is_null(v) && (!json_is_string(v) || json_string_length(v) == 0
@@ -149,6 +149,12 @@ int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, s
 	q->lp_on = 1; /* the output ids are the logprob entries' tokens */
 	q->lp_top = q->lp_report ? (int32_t)top : 0;
 	if (read_sampling(json_object_get(req, "sampling_params"), q, e) || http_read_bootstrap(req, q, e))
+		return -1;
+	/* the prompt's logprobs from logprob_start_len on (with return_logprob, as SGLang's) */
+	if (!q->lp_report)
+		q->lp_start = -1;
+	q->prompt_lp = q->lp_start >= 0;
+	if (http_pd_prompt_only(q, "max_new_tokens", "logprob_start_len", e))
 		return -1;
 	q->prompt_param = has_text ? "text" : "input_ids";
 	return http_prompt_ids(h, has_text ? text : ids, q->prompt_param, 1, &q->ids, &q->n_ids, e);
@@ -165,6 +171,25 @@ static json_t *lp_text(const struct gen *g, int32_t id)
 		return json_null();
 	s = json_stringn(b, len); /* NULL: part of a character */
 	return s != NULL ? s : json_null();
+}
+
+/* One token's [logprob, id, text] (logprob null for the prompt's first)
+ * and its alternatives (null when none were asked, or for the first). */
+static void lp_entry(const struct gen *g, const struct lp_ent *x, json_t *toks, json_t *tops)
+{
+	json_t *t;
+
+	json_array_append_new(toks, json_pack("[o, i, o]", x->none ? json_null() : json_real((double)x->logprob),
+					      x->token, lp_text(g, x->token)));
+	if (g->lp_top == 0 || x->none) {
+		json_array_append_new(tops, json_null());
+		return;
+	}
+	t = json_array();
+	for (int32_t k = 0; k < x->n_top; k++)
+		json_array_append_new(t, json_pack("[f, i, o]", (double)x->top_lps[k], x->top_ids[k],
+						   lp_text(g, x->top_ids[k])));
+	json_array_append_new(tops, t);
 }
 
 static json_t *finish_json(const struct gen *g)
@@ -196,25 +221,21 @@ json_t *http_native_json(const struct gen *g, size_t upto, size_t lp_upto, int f
 	if (final)
 		json_object_set_new(meta, "e2e_latency", json_real(http_now() - g->t_start));
 	if (g->lp_report) {
-		json_t *out = json_array(), *tops = json_array();
+		json_t *in = json_array(), *in_tops = json_array(), *out = json_array(), *tops = json_array();
 
-		for (size_t i = 0; i < lp_upto; i++) {
-			const struct lp_ent *x = &g->lp[i];
-			json_t *t = json_array();
-
-			json_array_append_new(out, json_pack("[f, i, o]", (double)x->logprob, x->token, lp_text(g, x->token)));
-			for (int32_t k = 0; k < x->n_top; k++)
-				json_array_append_new(t, json_pack("[f, i, o]", (double)x->top_lps[k], x->top_ids[k],
-								   lp_text(g, x->top_ids[k])));
-			json_array_append_new(tops, g->lp_top > 0 ? t : json_null());
-			if (g->lp_top == 0)
-				json_decref(t);
+		/* the prompt's from logprob_start_len on, as far as they are
+		 * scored (without it: empty, so a router that joins the prefill
+		 * node's with the decode node's still can) */
+		for (int32_t i = g->plp_start; g->plp != NULL && i < g->n_prompt; i++) {
+			if (i > g->plp_start && g->plp[i].none)
+				break; /* (the first is always none, as SGLang's) */
+			lp_entry(g, &g->plp[i], in, in_tops);
 		}
-		/* prompt logprobs are not computed: empty, so a router that
-		 * joins the prefill node's with the decode node's still can */
-		json_object_set_new(meta, "input_token_logprobs", json_array());
+		for (size_t i = 0; i < lp_upto; i++)
+			lp_entry(g, &g->lp[i], out, tops);
+		json_object_set_new(meta, "input_token_logprobs", in);
 		json_object_set_new(meta, "output_token_logprobs", out);
-		json_object_set_new(meta, "input_top_logprobs", json_array());
+		json_object_set_new(meta, "input_top_logprobs", in_tops);
 		json_object_set_new(meta, "output_top_logprobs", tops);
 	}
 	return json_pack("{s:s%, s:o, s:o}", "text", g->text.p != NULL ? g->text.p : "", upto, "output_ids", ids,

@@ -40,6 +40,33 @@ static struct gen *gen_new(struct ctrl_http *h, struct MHD_Connection *c, enum g
 	return g;
 }
 
+/* Prompt logprobs: an entry per prompt token, not yet scored, whose text
+ * (@p echo) starts where the echoed prompt's decoding puts it. */
+static int prompt_entries(struct gen *g, const int32_t *ids, int echo, struct http_verr *e)
+{
+	struct kn_tok_stream *ds = echo ? kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL) : NULL;
+	size_t off = 0;
+	char buf[512];
+
+	g->plp = calloc((size_t)g->n_prompt, sizeof(*g->plp));
+	if (g->plp == NULL || (echo && ds == NULL)) {
+		kn_tok_stream_free(ds);
+		return http_verr_set(e, 500, NULL, NULL, "out of memory for the prompt's logprobs");
+	}
+	for (int32_t i = 0; i < g->n_prompt; i++) {
+		ssize_t w;
+
+		g->plp[i].token = ids[i];
+		g->plp[i].none = 1;
+		g->plp[i].off = off < g->text_base ? off : g->text_base;
+		if (ds != NULL && (w = kn_tok_stream_push(ds, ids[i], buf, sizeof(buf))) > 0)
+			off += (size_t)w;
+	}
+	kn_tok_stream_free(ds);
+	g->plp_missing = g->n_prompt - 1 - g->plp_start; /* the first reported has none */
+	return 0;
+}
+
 /* The request's settings into choice @p g, of prompt @p p (0: q->ids, else
  * q->more[p - 1]); a choice past the first copies the lead's stop strings. */
 static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct http_verr *e)
@@ -81,6 +108,9 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		free(txt);
 		g->text_base = len;
 	}
+	g->plp_start = q->lp_start > 0 ? (int32_t)q->lp_start : 0;
+	if (q->prompt_lp && prompt_entries(g, p ? q->more[p - 1].ids : q->ids, q->echo, e))
+		return -1;
 	return 0;
 }
 
@@ -236,6 +266,8 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.top_p = (float)q.top_p;
 	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
 	r.n_logprobs = g->lp_top;
+	/* the first position scored: the one after the first reported */
+	r.prompt_logprobs = q.prompt_lp ? (int32_t)(q.lp_start > 0 ? q.lp_start : 0) + 1 : 0;
 	r.cb = gen_on_event;
 	for (; n_sub < total; n_sub++) {
 		int p = n_sub / (int)q.n;

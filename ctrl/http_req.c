@@ -420,6 +420,22 @@ void http_gen_req_free(struct http_gen_req *q)
 	q->n_more = 0;
 }
 
+int http_pd_prompt_only(const struct http_gen_req *q, const char *mt, const char *lp, struct http_verr *e)
+{
+	if (q->room < 0)
+		return 0;
+	if (q->no_tokens)
+		return http_verr_set(e, 400, mt, "unsupported_value",
+				     "'%s' 0 with bootstrap_room: a room carries a prompt's KV to a decode node to "
+				     "generate from; a request that generates nothing needs none: send it without "
+				     "bootstrap_room", mt);
+	if (q->prompt_lp)
+		return http_verr_set(e, 400, lp, "unsupported_value",
+				     "prompt logprobs ('%s') with bootstrap_room: a disaggregated request's prompt is "
+				     "computed on the prefill node, which reports none; send it without bootstrap_room", lp);
+	return 0;
+}
+
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e)
 {
 	json_t *so = json_object_get(req, "bootstrap_host");
@@ -488,6 +504,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	q->temperature = 1.0;
 	q->top_p = 1.0;
 	q->room = -1;
+	q->lp_start = -1;
 	q->n = 1;
 	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
 	if (kind == GEN_NATIVE)
@@ -508,8 +525,9 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	 * whatever the model says, for benchmarks of a fixed output length */
 	if (http_opt_bool(req, "ignore_eos", &q->ignore_eos, e) < 0)
 		return -1;
-	if (http_opt_int(req, "max_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
+	if (http_opt_int(req, "max_tokens", kind == GEN_COMPLETION ? 0 : 1, INT32_MAX, &q->max_tokens, e) < 0)
 		return -1;
+	q->no_tokens = json_is_integer(json_object_get(req, "max_tokens")) && q->max_tokens == 0;
 	if (kind == GEN_CHAT && !q->max_tokens &&
 	    http_opt_int(req, "max_completion_tokens", 1, INT32_MAX, &q->max_tokens, e) < 0)
 		return -1;
@@ -556,10 +574,14 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		return -1;
 	if (kind == GEN_COMPLETION && http_opt_bool(req, "echo", &q->echo, e) < 0)
 		return -1;
-	if (q->echo && q->lp_on)
-		return http_verr_set(e, 400, "echo", "unsupported_value",
-			   "'echo' with 'logprobs' asks for the prompt tokens' logprobs, which kvferry does not "
-			   "compute (only the generated tokens'): drop one of them");
+	if (q->no_tokens && !q->echo)
+		return http_verr_set(e, 400, "max_tokens", "invalid_value",
+			   "'max_tokens' 0 generates nothing: it is accepted only with \"echo\": true (the prompt "
+			   "returned, with \"logprobs\" its tokens' logprobs); ask for at least 1 token");
+	/* echo with logprobs: the prompt tokens' logprobs too (lm-eval's likelihoods) */
+	q->prompt_lp = q->echo && q->lp_on;
+	if (http_pd_prompt_only(q, "max_tokens", "echo", e))
+		return -1;
 	if (kind == GEN_COMPLETION && (rc = read_prompt_list(h, req, q, e)) <= 0)
 		return rc;
 	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);
@@ -572,14 +594,26 @@ static int fit_prompt(struct ctrl_http *h, enum gen_kind kind, const struct http
 		      const char *which, size_t n_ids, int64_t asked, int64_t *max_tokens, struct http_verr *e)
 {
 	const char *mt = kind == GEN_NATIVE ? "max_new_tokens" : "max_tokens";
+	int rc;
 
 	*max_tokens = asked;
 	if (!n_ids)
 		return http_verr_set(e, 400, what, "invalid_value", "%sthe prompt is empty", which);
+	if (q->lp_start >= 0 && (int64_t)n_ids <= q->lp_start)
+		return http_verr_set(e, 400, "logprob_start_len", "invalid_value",
+		    "%s'logprob_start_len' %lld is not a position of the prompt (%zu tokens): give 0 .. %zu",
+		    which, (long long)q->lp_start, n_ids, n_ids - 1);
 	if ((int64_t)n_ids >= h->max_context)
 		return http_verr_set(e, 400, what, "context_length_exceeded",
 		    "%sThis model's maximum context length is %d tokens. However, your prompt has %zu tokens; shorten it",
 		    which, h->max_context, n_ids);
+	if (q->no_tokens) {
+		/* the prompt alone: the pool must hold it as it would with one token */
+		*max_tokens = 1;
+		rc = admissible(h, (int32_t)n_ids, max_tokens, 1, 0, kind, e);
+		*max_tokens = 0;
+		return rc;
+	}
 	if (asked && (int64_t)n_ids + asked > h->max_context)
 		return http_verr_set(e, 400, mt, "context_length_exceeded",
 		    "%sThis model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Reduce the prompt or %s",

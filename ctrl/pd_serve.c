@@ -815,7 +815,10 @@ static int64_t be_submit(void *ctx, const struct ctrl_request *r)
 	uint64_t room;
 	int32_t i;
 
-	if (s->pre != NULL)
+	/* a prefill node's own clients, and on a decode node the requests
+	 * whose prompt is the answer (its logprobs, or no token at all):
+	 * computed here, as no prefill node reports a prompt's logprobs */
+	if (s->pre != NULL || r->prompt_logprobs || r->max_tokens == 0)
 		return s->o.base.submit(s->o.base.ctx, r);
 	pthread_mutex_lock(&s->mu);
 	if (s->released) {

@@ -86,7 +86,8 @@ void ctrl_sched_opts_init(struct ctrl_sched_opts *o)
 
 static int32_t worst_blocks(int32_t n_prompt, int32_t max_tokens)
 {
-	int32_t pos = n_prompt + max_tokens - 1;
+	/* the last token generated is never fed; a prompt-only request (max_tokens 0) feeds its prompt */
+	int32_t pos = n_prompt + (max_tokens > 0 ? max_tokens - 1 : 0);
 
 	return (pos + KN_PAGE_BLK - 1) / KN_PAGE_BLK;
 }
@@ -132,9 +133,11 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	struct sched_req *r;
 	uint64_t seq, id;
 
-	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 1
+	if (rq == NULL || rq->prompt == NULL || rq->n_prompt < 1 || rq->max_tokens < 0
+	    || (rq->max_tokens == 0 && rq->kv_remote)
 	    || rq->cb == NULL || rq->n_stop < 0 || (rq->n_stop > 0 && rq->stop_ids == NULL)
-	    || rq->n_logprobs < 0 || rq->n_logprobs > CTRL_CHAIN_MAX_LOGPROBS || (rq->hold_kv && rq->kv_remote))
+	    || rq->n_logprobs < 0 || rq->n_logprobs > CTRL_CHAIN_MAX_LOGPROBS || (rq->hold_kv && rq->kv_remote)
+	    || rq->prompt_logprobs < 0 || (rq->prompt_logprobs && (rq->hold_kv || rq->kv_remote)))
 		return -EINVAL;
 	if (atomic_fetch_add_explicit(&s->pending, 1, memory_order_relaxed) >= s->o.max_queue) {
 		atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
@@ -162,6 +165,8 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->n_logprobs = rq->n_logprobs;
 	r->hold_kv = rq->hold_kv != 0;
 	r->kv_remote = rq->kv_remote != 0;
+	r->plp_end = rq->prompt_logprobs > 0 && rq->prompt_logprobs < rq->n_prompt ? rq->n_prompt : 0;
+	r->plp_next = r->plp_end > 0 ? rq->prompt_logprobs : 0;
 	r->t_admitted_ns = 0;
 	r->t_wait_ns = 0;
 	r->n_replays = 0;
@@ -573,6 +578,8 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 		sl->inflight--;
 		switch (en->kind) {
 		case ENT_PREFILL:
+			if (sl->r->plp_end > 0 && sched_slot_prompt_lp(s, en->slot, res, g->cols, en->col, en->n))
+				break;
 			old = sl->n_fed;
 			sl->n_fed += en->n;
 			if (sl->r->hold_kv && sl->n_fed / KN_PAGE_BLK > old / KN_PAGE_BLK)
@@ -580,10 +587,15 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 			sched_prefix_fed(s, en->slot);
 			break;
 		case ENT_PREFILL_LAST:
+			if (sl->r->plp_end > 0 && sched_slot_prompt_lp(s, en->slot, res, g->cols, en->col, en->n))
+				break;
 			sl->n_fed += en->n;
 			sched_prefix_fed(s, en->slot);
-			sched_slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
-				  sched_col_top(res, sl->r, en->col + en->n - 1));
+			if (sl->r->max_tokens == 0) /* the prompt alone was asked for */
+				sched_slot_finish(s, en->slot, CTRL_FINISH_LENGTH, -1, NULL);
+			else
+				sched_slot_emit(s, en->slot, out[en->n - 1], lp != NULL ? lp[en->n - 1] : 0.0f,
+						sched_col_top(res, sl->r, en->col + en->n - 1));
 			break;
 		case ENT_DECODE:
 			while (a < en->draft && out[a] == g->cols[en->col + 1 + a].token)

@@ -201,3 +201,37 @@ int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, stru
 	}
 	return 0;
 }
+
+int sched_slot_prompt_lp(struct ctrl_sched *s, int32_t i, const struct ctrl_chain_result *res,
+			 const struct kn_column *cols, int32_t col, int32_t n)
+{
+	struct sched_req *r = s->slots[i].r;
+
+	for (int32_t j = col; j < col + n; j++) {
+		int32_t p = cols[j].pos + 1;
+		struct col_top top;
+		struct ctrl_event ev;
+
+		if (!(cols[j].flags & KN_COL_FORCE) || p < r->plp_next || p >= r->plp_end)
+			continue;
+		if (res->tokens[j] != r->toks[p]) {
+			char msg[256];
+
+			snprintf(msg, sizeof(msg), "the stage chain did not score prompt token %d at position %d (it "
+				 "answered token %d): its workers predate prompt logprobs; update kvferry-worker on "
+				 "every node", r->toks[p], p, res->tokens[j]);
+			s->slots[i].inflight++; /* as any lost round (its later chunks may be out) */
+			sched_round_lost(s, i, msg);
+			return 1;
+		}
+		top = sched_col_top(res, r, j);
+		ev = (struct ctrl_event){
+			.id = r->id, .finish = CTRL_FINISH_NONE, .token = r->toks[p], .prompt_pos = p,
+			.logprob = res->logprobs != NULL ? res->logprobs[j] : 0.0f, .n_generated = r->n_gen,
+			.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps, .t_admitted_ns = r->t_admitted_ns,
+		};
+		sched_emit(s, r->cb, r->cb_arg, &ev);
+		r->plp_next = p + 1;
+	}
+	return 0;
+}

@@ -33,6 +33,9 @@ struct sched_req {
 	uint32_t seed;
 	int32_t n_logprobs;
 	uint8_t hold_kv, kv_remote;
+	int32_t plp_end;          /* prompt_logprobs: the prompt's length (positions plp_next ..
+	                             plp_end-1 are scored), 0 without; kept across replays */
+	int32_t plp_next;         /* the next prompt position to report (a replay reports none twice) */
 	uint64_t t_admitted_ns;   /* kvf_mono_ns() at admission, 0 while queued (ctrl_event's) */
 	uint64_t t_wait_ns;       /* when it last began to wait in a queue (replay_timeout) */
 	int32_t n_replays;        /* times the chain lost it and it was put back */
@@ -162,6 +165,11 @@ void sched_kv_lost(struct ctrl_sched *s, struct sched_req *r);
 struct sched_req *sched_find_waiting(struct ctrl_sched *s, uint64_t id);
 void sched_slot_finish(struct ctrl_sched *s, int32_t i, enum ctrl_finish why, int32_t token, const char *msg);
 int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, struct col_top top);
+/* The scored prompt positions (KN_COL_FORCE columns) among @p n columns
+ * from @p col of @p res, packed as @p cols: an event each, in order.
+ * @return 1 if the round was lost (a stage did not score the given token). */
+int sched_slot_prompt_lp(struct ctrl_sched *s, int32_t i, const struct ctrl_chain_result *res,
+			 const struct kn_column *cols, int32_t col, int32_t n);
 
 /* Heap a waiting request holds (cap: n_prompt while it first waits; a
  * replayed request keeps its whole token buffer). */

@@ -202,9 +202,16 @@ static void pack_prefill(struct ctrl_sched *s, struct sched_group *g, int32_t wi
 		lastchunk = pos + n == r->n_prompt;
 		if (slot_prepare(s, g, i, pos + n - 1) < 0)
 			continue;
-		for (int32_t j = 0; j < n; j++)
-			fill_col(&g->cols[g->n_cols + j], r, i, pos + j, r->toks[pos + j],
-				 lastchunk && j == n - 1 ? KN_COL_NEED_LOGIT : 0u);
+		for (int32_t j = 0; j < n; j++) {
+			struct kn_column *c = &g->cols[g->n_cols + j];
+
+			fill_col(c, r, i, pos + j, r->toks[pos + j], lastchunk && j == n - 1 ? KN_COL_NEED_LOGIT : 0u);
+			if (pos + j + 1 < r->plp_end && pos + j + 1 >= r->plp_next) {
+				/* prompt logprobs: the next prompt token, scored */
+				fill_col(c, r, i, pos + j, r->toks[pos + j], KN_COL_NEED_LOGIT | KN_COL_FORCE);
+				c->seed = (uint32_t)r->toks[pos + j + 1];
+			}
+		}
 		g->ent[g->n_ent++] = (struct sched_ent){
 			.slot = i, .col = g->n_cols, .n = n,
 			.kind = lastchunk ? ENT_PREFILL_LAST : ENT_PREFILL, .draft = 0 };

@@ -226,6 +226,8 @@ int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i)
 		return 0;
 	check_gen(s);
 	most = (r->n_prompt - 1) / KN_PAGE_BLK;
+	if (r->plp_end > 0 && most > (r->plp_next - 1) / KN_PAGE_BLK)
+		most = (r->plp_next - 1) / KN_PAGE_BLK; /* positions still to score are computed */
 	if (most > s->mbps)
 		most = s->mbps;
 	for (; c < most; c++) {

@@ -78,7 +78,9 @@ int32_t kn_sample_column(const float *logits, int32_t vocab, const struct kn_col
 	float mx = logits[best];
 	int32_t tok = best;
 
-	if (c->temperature > 0) {
+	if ((c->flags & KN_COL_FORCE) && c->seed < (uint32_t)vocab) {
+		tok = (int32_t)c->seed; /* a given token: scored, not drawn */
+	} else if (c->temperature > 0) {
 		float t = c->temperature;
 		/* Only tokens of non-zero weight can be drawn, and they are a prefix
 		 * of the order (the weight grows with the logit): sort just them. */

@@ -183,7 +183,8 @@ struct kn_stage *kn_cuda_stage_create(const struct kn_model *m, const struct kn_
  * ties); otherwise softmax(logits / T) in the integer weights of
  * kn_sample_core.h, top-k then top-p filtered, one draw from a counter-based
  * RNG keyed by (c->seed, c->pos) — independent of what else was in the
- * batch, and the same token the CUDA engine's device sampler draws.
+ * batch, and the same token the CUDA engine's device sampler draws. A
+ * KN_COL_FORCE column's token is c->seed, its logprob reported.
  * @param logits     [vocab] f32 row (not modified)
  * @param vocab      row length
  * @param c          the column (sampling parameters)

@@ -74,7 +74,11 @@ const char *ctrl_finish_name(enum ctrl_finish f);
 struct ctrl_event {
 	uint64_t id;
 	enum ctrl_finish finish;
-	int32_t token;             /**< NONE: the new token; STOP: the stop token; else -1 */
+	int32_t token;             /**< NONE: the new token (or, with prompt_pos, the prompt's
+	                                token there); STOP: the stop token; else -1 */
+	int32_t prompt_pos;        /**< > 0: not a generated token but prompt token prompt_pos
+	                                scored (ctrl_request.prompt_logprobs): logprob and the top
+	                                alternatives are the model's at that position; 0 otherwise */
 	float logprob;             /**< logprob of token (0 where unknown) */
 	int32_t n_generated;       /**< tokens emitted so far, this one included */
 	const char *message;       /**< ERROR: why; else NULL */
@@ -114,7 +118,9 @@ typedef void (*ctrl_token_cb)(void *arg, const struct ctrl_event *ev);
 struct ctrl_request {
 	const int32_t *prompt;     /**< token ids */
 	int32_t n_prompt;          /**< >= 1 */
-	int32_t max_tokens;        /**< >= 1 */
+	int32_t max_tokens;        /**< >= 1; 0: the prompt is computed and the request ends
+	                                (length) with no token, as a prompt_logprobs request that
+	                                only scores its prompt does (not with kv_remote) */
 	const int32_t *stop_ids;   /**< ending tokens (e.g. the model's EOS ids) */
 	int32_t n_stop;
 	float temperature;         /**< 0 = greedy */
@@ -127,6 +133,13 @@ struct ctrl_request {
 	int hold_kv;               /**< a prefill node's request: when it ends with length or
 	                                stop its prompt's KV blocks stay held (the finish event
 	                                lists them) until ctrl_sched_kv_release() */
+	int32_t prompt_logprobs;   /**< k >= 1: before its first token, an event per prompt
+	                                position p in k .. n_prompt-1 (event.prompt_pos = p, in
+	                                order) with the logprob of prompt token p given the tokens
+	                                before it and n_logprobs alternatives (what lm-eval's
+	                                likelihood tasks ask: echo with logprobs, k = 1). Those
+	                                positions are computed here (no prefix-cache blocks over
+	                                them); not with hold_kv or kv_remote. 0: none */
 	int kv_remote;             /**< a decode node's request: its prompt's KV comes from
 	                                elsewhere. Once admitted, the prompt's blocks are
 	                                reserved (a kv_reserved event lists them) and nothing

@@ -365,7 +365,9 @@ static __global__ void __launch_bounds__(SM_T) sample_kernel(struct kn_cu_sample
 	const int best = kn_sc_key_id(kb);
 	const float mx = row[best];
 	int tok = best;
-	if (col.temperature > 0.f) {
+	if ((col.flags & KN_COL_FORCE) && col.seed < (uint32_t)vocab) {
+		tok = (int)col.seed; /* a given token: scored, not drawn */
+	} else if (col.temperature > 0.f) {
 		const float temp = col.temperature;
 		uint64_t klo = 0, cum, s = 0;
 		if (col.top_k > 0 && col.top_k < vocab)

@@ -73,6 +73,11 @@ static_assert(sizeof(struct kn_op) == 16, "kn_op is a 16-byte wire record");
 
 /** Column flags. */
 #define KN_COL_NEED_LOGIT 0x1u /**< last stage: produce a token for this column */
+/** With NEED_LOGIT: the column's token is not drawn but given, in `seed` (a
+ *  token id below the vocabulary; sampling settings are ignored): the engine
+ *  reports that token and its logprob, as a scored prompt position does
+ *  (prompt logprobs: the next prompt token given the ones before). */
+#define KN_COL_FORCE 0x2u
 /** Bits 8..15 of flags: top logprobs the column's request wants (0..255).
  *  Engines ignore them (kn_step.n_logprobs is per step); a stage chain sets
  *  a step's n_logprobs to the most any of its columns asks for. */
