@@ -41,18 +41,13 @@ static int32_t vocab(void)
 	return kn_model_config(g_model)->vocab_size;
 }
 
-/* Solo reference: one stage holding the whole model, one slot, prompt then one token per step. */
-static void solo_run(int i)
+/* One CPU stage of the whole model, one slot of 8 blocks, its row set. */
+static struct kn_stage *whole_stage(void)
 {
 	struct kn_stage_opts so;
 	struct kn_stage *st;
-	char err[256];
 	struct kn_op ops[8];
-	struct kn_column cols[64];
-	int32_t toks[64];
-	static float lg[64 * MAXV];
-	int32_t n = g_len[i], pos = 0, last = -1;
-	struct rec *r = &g_ref[i];
+	char err[256];
 
 	kn_stage_opts_init(&so);
 	so.n_slots = 1;
@@ -64,6 +59,19 @@ static void solo_run(int i)
 	for (int b = 0; b < 8; b++)
 		ops[b] = (struct kn_op){ .type = KN_OP_SET_BLOCK, .slot = 0, .idx = b, .val = b };
 	assert_int_equal(kn_stage_apply_ops(st, ops, 8), 0);
+	return st;
+}
+
+/* Solo reference: one stage holding the whole model, one slot, prompt then one token per step. */
+static void solo_run(int i)
+{
+	struct kn_stage *st = whole_stage();
+	struct kn_column cols[64];
+	int32_t toks[64];
+	static float lg[64 * MAXV];
+	int32_t n = g_len[i], pos = 0, last = -1;
+	struct rec *r = &g_ref[i];
+
 	memset(r, 0, sizeof(*r));
 	while (r->n < g_max[i]) {
 		int32_t k = 0;
@@ -505,6 +513,171 @@ static void top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_wit
 	}
 	printf("worst |logprob - log_softmax(solo logits)| = %.3g\n", worst);
 	assert_true(worst < 1e-4);
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+}
+
+/* What a prompt_logprobs request heard: its prompt's positions, then its tokens. */
+struct plprec {
+	int32_t k, from;          /* top logprobs asked; the first position scored */
+	int32_t n_p, pos[48], tok[48], n_top[48], top[48][CTRL_CHAIN_MAX_LOGPROBS];
+	float lp[48];
+	int32_t n, toks[MAXGEN];
+	int late;                 /* a prompt event after a generated token */
+	int done;
+	enum ctrl_finish finish;
+};
+
+static void plprec_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct plprec *r = arg;
+
+	if (ev->finish != CTRL_FINISH_NONE) {
+		r->done++;
+		r->finish = ev->finish;
+	} else if (ev->prompt_pos > 0) {
+		r->late |= r->n > 0;
+		if (r->n_p < 48) {
+			r->pos[r->n_p] = ev->prompt_pos;
+			r->tok[r->n_p] = ev->token;
+			r->lp[r->n_p] = ev->logprob;
+			r->n_top[r->n_p] = ev->n_top;
+			for (int32_t t = 0; t < ev->n_top && t < CTRL_CHAIN_MAX_LOGPROBS; t++)
+				r->top[r->n_p][t] = ev->top_ids[t];
+		}
+		r->n_p++;
+	} else if (r->n < MAXGEN) {
+		r->toks[r->n++] = ev->token;
+	}
+}
+
+/* Request @p i's prompt logits at every position, from one whole-model step. */
+static void prompt_logits(int i, float *lg)
+{
+	struct kn_stage *st = whole_stage();
+	struct kn_column cols[48];
+	int32_t toks[48];
+	struct kn_step step;
+
+	for (int32_t p = 0; p < g_len[i]; p++)
+		cols[p] = (struct kn_column){ .token = g_prompt[i][p], .pos = p, .slot = 0, .top_p = 1.0f,
+					      .flags = KN_COL_NEED_LOGIT };
+	memset(&step, 0, sizeof(step));
+	step.n_cols = g_len[i];
+	step.cols = cols;
+	step.tokens_out = toks;
+	step.logits_out = lg;
+	if (kn_stage_step(st, &step) != 0)
+		fail_msg("kn_stage_step: %s", kn_stage_error(st));
+	kn_stage_destroy(st);
+}
+
+/* The set with prompt logprobs (each from its own first position, its own
+ * k, some with max_tokens 0), beside the same requests without: @return
+ * the worst distance from the log-softmax of the whole-prompt logits, and
+ * check each scored position's token, order and ranking, and that the
+ * generated tokens are the solo run's. */
+static double prompt_set(struct ctrl_sched *s, struct plprec *got, struct rec *plain)
+{
+	static const int32_t ks[4] = { 1, 0, 5, CTRL_CHAIN_MAX_LOGPROBS };
+	static float lg[48 * MAXV];
+	int32_t v = vocab();
+	double worst = 0.0;
+
+	memset(got, 0, sizeof(*got) * N);
+	memset(plain, 0, sizeof(*plain) * N);
+	for (int i = 0; i < N; i++) {
+		struct ctrl_request rq;
+
+		request_of(&rq, i);
+		rq.n_logprobs = ks[i % 4];
+		rq.prompt_logprobs = 1 + i % 3;
+		rq.max_tokens = i % 5 == 0 ? 0 : g_max[i];
+		rq.cb = plprec_cb;
+		rq.cb_arg = &got[i];
+		got[i].k = rq.n_logprobs;
+		got[i].from = rq.prompt_logprobs;
+		assert_true(ctrl_sched_submit(s, &rq) > 0);
+		assert_true(submit_rec(s, &plain[i], g_prompt[i], g_len[i], g_max[i], g_temp[i], (uint32_t)i) > 0);
+	}
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_true(ctrl_sched_drained(s));
+	check_all(plain);
+	for (int i = 0; i < N; i++) {
+		struct plprec *r = &got[i];
+		int32_t want = g_len[i] > r->from ? g_len[i] - r->from : 0;
+
+		prompt_logits(i, lg);
+		assert_int_equal(r->done, 1);
+		assert_int_equal(r->finish, CTRL_FINISH_LENGTH);
+		assert_false(r->late);
+		assert_int_equal(r->n_p, want);
+		if (i % 5 == 0) {
+			assert_int_equal(r->n, 0);
+		} else {
+			assert_int_equal(r->n, g_ref[i].n);
+			assert_memory_equal(r->toks, g_ref[i].toks, sizeof(int32_t) * (size_t)r->n);
+		}
+		for (int32_t j = 0; j < r->n_p; j++) {
+			int32_t p = r->from + j;
+			const float *row = lg + (size_t)(p - 1) * (size_t)v;
+			double mx = row[0], sum = 0.0, lse;
+			uint8_t taken[MAXV] = { 0 };
+
+			assert_int_equal(r->pos[j], p);
+			assert_int_equal(r->tok[j], g_prompt[i][p]);
+			for (int32_t t = 1; t < v; t++)
+				mx = row[t] > mx ? row[t] : mx;
+			for (int32_t t = 0; t < v; t++)
+				sum += exp((double)row[t] - mx);
+			lse = mx + log(sum);
+			if (fabs(r->lp[j] - ((double)row[g_prompt[i][p]] - lse)) > worst)
+				worst = fabs(r->lp[j] - ((double)row[g_prompt[i][p]] - lse));
+			assert_int_equal(r->n_top[j], r->k);
+			for (int32_t t = 0; t < r->n_top[j]; t++) {
+				int32_t best = -1;
+
+				for (int32_t u = 0; u < v; u++)
+					if (!taken[u] && (best < 0 || row[u] > row[best]))
+						best = u;
+				taken[best] = 1;
+				assert_int_equal(r->top[j][t], best);
+			}
+		}
+	}
+	return worst;
+}
+
+/*
+ * lm-eval's likelihoods: each prompt position's logprob of the prompt's
+ * own next token is the log-softmax of the logits one whole-model step
+ * gives there, whatever the chunking (32-column prefill launches, chunks
+ * pipelined on two stages), the neighbours in a micro-batch and the prefix
+ * cache; the positions come in order before the first token, the generated
+ * tokens stay the solo run's, and max_tokens 0 ends after the prompt. With
+ * the cache the set runs twice: the plain requests take cached blocks the
+ * second time, the scored ones are computed again, to the same bits.
+ */
+static void prompt_logprobs_are_the_log_softmax_of_the_prompt_logits_in_any_chunking_batching_and_cache(void **state)
+{
+	static struct plprec got[2][N];
+	static struct rec plain[N];
+	struct ctrl_chain *c = kn_chain(2, 1);
+	struct ctrl_sched *s = set_sched(c, 1, 1);
+	struct ctrl_sched_stats st;
+	double worst[2];
+
+	(void)state;
+	for (int run = 0; run < 2; run++)
+		worst[run] = prompt_set(s, got[run], plain);
+	ctrl_sched_stats(s, &st);
+	printf("worst |prompt logprob - log_softmax(whole-prompt logits)| = %.3g, %.3g; %llu positions from the "
+	       "cache\n", worst[0], worst[1], (unsigned long long)st.prefix_hit_tokens);
+	assert_true(worst[0] < 1e-4 && worst[1] < 1e-4);
+	assert_true(st.prefix_hit_tokens > 0);
+	for (int i = 0; i < N; i++)
+		assert_memory_equal(got[0][i].lp, got[1][i].lp, sizeof(float) * (size_t)(got[0][i].n_p < 48 ? got[0][i].n_p : 48));
 	ctrl_sched_destroy(s);
 	ctrl_chain_destroy(c);
 }
@@ -1931,6 +2104,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_decode_nodes_new_session_gives_back_the_kv_its_old_session_left_waiting_for_a_manifest),
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
+		cmocka_unit_test(prompt_logprobs_are_the_log_softmax_of_the_prompt_logits_in_any_chunking_batching_and_cache),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 		cmocka_unit_test(a_remote_requests_first_token_goes_out_before_its_pages_and_ready_does_not_send_it_again),

@@ -312,6 +312,107 @@ static void a_request_whose_stage_died_runs_again_from_its_prompt_and_tokens_and
 	ctrl_chain_destroy(&dc->base);
 }
 
+/* A prompt_logprobs request's record: its scored positions, then its tokens. */
+struct plrec {
+	int32_t n_p, pos[32];
+	float lp[32];
+	int32_t n, toks[MAX_TOK];
+	int late, done;
+	enum ctrl_finish finish;
+};
+
+static void plrec_cb(void *arg, const struct ctrl_event *ev)
+{
+	struct plrec *r = arg;
+
+	if (ev->finish != CTRL_FINISH_NONE) {
+		r->done++;
+		r->finish = ev->finish;
+	} else if (ev->prompt_pos > 0) {
+		r->late |= r->n > 0;
+		if (r->n_p < 32) {
+			r->pos[r->n_p] = ev->prompt_pos;
+			r->lp[r->n_p] = ev->logprob;
+		}
+		r->n_p++;
+	} else if (r->n < MAX_TOK) {
+		r->toks[r->n++] = ev->token;
+	}
+}
+
+/* Six prompt_logprobs requests, prompts in 4-column chunks, through @p dc. */
+static void prompt_lp_run(struct dying_chain *dc, struct plrec *got)
+{
+	struct ctrl_sched_opts o;
+	struct ctrl_sched *s;
+	char err[256];
+	int32_t p[64];
+
+	ctrl_sched_opts_init(&o);
+	o.mb_cols = 8;
+	o.prefill_cols = 4;
+	o.replay_max = 3;
+	o.replay_timeout_ms = 30000;
+	s = ctrl_sched_create(&dc->base, &o, err, sizeof(err));
+	if (s == NULL)
+		fail_msg("ctrl_sched_create: %s", err);
+	memset(got, 0, sizeof(*got) * 6);
+	for (int i = 0; i < 6; i++) {
+		struct ctrl_request rq;
+
+		ctrl_request_init(&rq);
+		rq.prompt = p;
+		rq.n_prompt = prompt_of(i, p);
+		rq.max_tokens = 5;
+		rq.temperature = i % 2 ? 0.8f : 0.0f;
+		rq.seed = (uint32_t)(1000 + i);
+		rq.prompt_logprobs = 1;
+		rq.cb = plrec_cb;
+		rq.cb_arg = &got[i];
+		assert_true(ctrl_sched_submit(s, &rq) > 0);
+	}
+	assert_true(drive(s, 100000) > 0);
+	ctrl_sched_destroy(s);
+}
+
+/* A prompt whose logprobs were partly reported when its stage died: run
+ * again, it reports each position once, in order, before its tokens, with
+ * the values and tokens of the undisturbed run, whatever chunk it died in. */
+static void a_replayed_prompt_reports_each_positions_logprob_once_as_undisturbed(void **state)
+{
+	static struct plrec ref[6], got[6];
+	struct dying_chain *dc = dying(NULL, 0, 0);
+	int32_t p[64];
+	int replayed = 0;
+
+	(void)state;
+	prompt_lp_run(dc, ref);
+	ctrl_chain_destroy(&dc->base);
+	for (int64_t at = 0; at < 10; at++) {
+		const int64_t die_at[] = { at };
+
+		dc = dying(die_at, 1, 3);
+		prompt_lp_run(dc, got);
+		replayed += dc->deaths;
+		for (int i = 0; i < 6; i++) {
+			int32_t n = prompt_of(i, p);
+
+			assert_int_equal(got[i].done, 1);
+			assert_int_equal(got[i].finish, CTRL_FINISH_LENGTH);
+			assert_false(got[i].late);
+			assert_int_equal(got[i].n_p, n - 1);
+			for (int32_t j = 0; j < n - 1; j++)
+				assert_int_equal(got[i].pos[j], j + 1);
+			assert_memory_equal(got[i].lp, ref[i].lp, sizeof(float) * (size_t)(n - 1));
+			assert_int_equal(got[i].n, 5);
+			assert_memory_equal(got[i].toks, ref[i].toks, sizeof(int32_t) * 5);
+		}
+		ctrl_chain_destroy(&dc->base);
+	}
+	printf("deaths at submissions 0..9 (%d): every scored position once, as undisturbed\n", replayed);
+	assert_int_equal(replayed, 10);
+}
+
 static void a_request_lost_more_than_replay_max_times_fails_naming_the_stage_and_the_setting(void **state)
 {
 	static struct rec ref[N_REQ], got[N_REQ];
@@ -610,6 +711,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(a_request_whose_stage_died_runs_again_from_its_prompt_and_tokens_and_ends_as_if_undisturbed),
+		cmocka_unit_test(a_replayed_prompt_reports_each_positions_logprob_once_as_undisturbed),
 		cmocka_unit_test(a_request_lost_more_than_replay_max_times_fails_naming_the_stage_and_the_setting),
 		cmocka_unit_test(a_request_waiting_past_replay_timeout_for_the_chain_fails_naming_the_stage),
 		cmocka_unit_test(a_sequence_between_two_rounds_when_the_chain_falls_runs_again_and_is_not_expired),

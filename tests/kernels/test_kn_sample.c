@@ -110,6 +110,43 @@ static void greedy_takes_the_lowest_id_among_equal_best_logits(void **state)
 	assert_int_equal(draw(l, 0.0f, 0, 1.0f, 1, 0), 0);
 }
 
+/* A scored prompt token (KN_COL_FORCE): the given token whatever the
+ * sampling settings, its logprob log(p), and the same bits as its entry
+ * among the top logprobs (lm-eval compares the two to call a prompt greedy). */
+static void a_forced_column_reports_the_given_token_and_its_logprob(void **state)
+{
+	const double p[V] = { 0.4, 0.3, 0.15, 0.1, 0.05, 0 };
+	float l[V], lp, top_lp[2];
+	int32_t top_id[2];
+	struct kn_column c;
+
+	(void)state;
+	probs_logits(l);
+	for (uint32_t tok = 0; tok < V; tok++) {
+		for (int hot = 0; hot < 2; hot++) {
+			memset(&c, 0, sizeof(c));
+			c.flags = KN_COL_NEED_LOGIT | KN_COL_FORCE;
+			c.seed = tok;
+			c.temperature = hot ? 1.5f : 0.0f;
+			c.top_k = hot;
+			c.pos = 9;
+			assert_int_equal(kn_sample_column(l, V, &c, 2, &lp, top_id, top_lp, g_scratch), (int32_t)tok);
+			if (p[tok] > 0)
+				assert_true(fabs((double)lp - log(p[tok])) < 1e-6);
+			else
+				assert_true(isinf(lp) && lp < 0);
+			assert_int_equal(top_id[0], 0);
+			assert_int_equal(top_id[1], 1);
+			if (tok < 2)
+				assert_memory_equal(&lp, &top_lp[tok], sizeof(lp));
+		}
+	}
+	/* a token id past the vocabulary is not taken: the column is drawn as usual */
+	c.seed = V + 3;
+	c.temperature = 0.0f;
+	assert_int_equal(kn_sample_column(l, V, &c, 0, &lp, NULL, NULL, g_scratch), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -117,6 +154,7 @@ int main(void)
 		cmocka_unit_test(top_k_and_top_p_keep_only_the_head_of_the_distribution),
 		cmocka_unit_test(a_seed_and_position_always_draw_the_same_token),
 		cmocka_unit_test(greedy_takes_the_lowest_id_among_equal_best_logits),
+		cmocka_unit_test(a_forced_column_reports_the_given_token_and_its_logprob),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -979,7 +979,8 @@ static int sampler_round(const std::vector<float> &l, int vocab, std::vector<str
 		int32_t ht = kn_sample_column(&l[(size_t)c * vocab], vocab, &cols[c], n_top, &hlp, hid.data(),
 					      hlps.data(), scratch.data());
 		drawn += cols[c].temperature > 0;
-		double e = fabs((double)hlp - lp[c]) / (1.0 > fabs(hlp) ? 1.0 : fabs(hlp));
+		/* (a scored token of logit -inf has logprob -inf on both) */
+		double e = hlp == lp[c] ? 0.0 : fabs((double)hlp - lp[c]) / (1.0 > fabs(hlp) ? 1.0 : fabs(hlp));
 		lp_err = e > lp_err ? e : lp_err;
 		if (ht != t[c] || !(e <= 1e-5)) {
 			if (bad < 5)
@@ -1044,6 +1045,10 @@ static void device_sampler_draws_the_host_samplers_tokens(void)
 				cols[c].top_k = topks[(c / 5) % 6];
 				cols[c].top_p = topps[(c / 3) % 5];
 				cols[c].seed = 1000u + 7u * (unsigned)c;
+				if (c % 11 == 10) { /* a scored prompt token: the given one, drawn or not */
+					cols[c].flags |= KN_COL_FORCE;
+					cols[c].seed = (unsigned)((c * 7919) % vocab);
+				}
 			}
 			for (int n_top : { 0, 5, 20 })
 				for (int pieces = 0; pieces < (vocab >= 16384 ? 2 : 1); pieces++)
