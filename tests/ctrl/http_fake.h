@@ -33,6 +33,7 @@ struct fake_req {
 	uint64_t id;
 	int32_t *prompt;
 	int32_t n_prompt, max_tokens, emitted;
+	int32_t plp_next, n_top;  /* prompt_logprobs: the next position to score; top logprobs asked */
 	ctrl_token_cb cb;
 	void *arg;
 	atomic_int cancel;
@@ -78,6 +79,8 @@ static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
 	memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
 	q->n_prompt = r->n_prompt;
 	q->max_tokens = r->max_tokens;
+	q->plp_next = r->prompt_logprobs > 0 ? r->prompt_logprobs : r->n_prompt;
+	q->n_top = r->n_logprobs;
 	q->cb = r->cb;
 	q->arg = r->cb_arg;
 	{
@@ -164,8 +167,29 @@ static void *fake_thread(void *arg)
 			struct fake_req *q = snap[i];
 			struct ctrl_event ev = {.id = q->id, .finish = CTRL_FINISH_NONE, .token = -1, .n_generated = q->emitted,
 						.t_admitted_ns = q->t_admitted_ns};
+			int32_t top_ids[2];
+			float top_lps[2];
 
-			if (atomic_load(&q->cancel)) {
+			if (!atomic_load(&q->cancel) && q->plp_next < q->n_prompt) {
+				/* a scored prompt position: logprob -p/8, its token and token 0 the top two */
+				int32_t p = q->plp_next++;
+
+				ev.prompt_pos = p;
+				ev.token = q->prompt[p];
+				ev.logprob = -(float)p / 8.0f;
+				top_ids[0] = q->prompt[p];
+				top_ids[1] = 0;
+				top_lps[0] = ev.logprob;
+				top_lps[1] = ev.logprob - 1.0f;
+				ev.n_top = q->n_top < 2 ? q->n_top : 2;
+				ev.top_ids = top_ids;
+				ev.top_logprobs = top_lps;
+				q->cb(q->arg, &ev);
+				continue;
+			}
+			if (q->max_tokens == 0 && !atomic_load(&q->cancel)) {
+				ev.finish = CTRL_FINISH_LENGTH; /* the prompt alone was asked for */
+			} else if (atomic_load(&q->cancel)) {
 				ev.finish = CTRL_FINISH_CANCELLED;
 			} else if (atomic_load(&f->fail_after) >= 0 && q->emitted >= atomic_load(&f->fail_after)) {
 				ev.finish = CTRL_FINISH_ERROR;

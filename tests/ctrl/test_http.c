@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -835,7 +836,7 @@ static void response_ids_are_unique_even_for_seeded_requests_in_one_second(void 
 
 /* echo (/v1/completions): the text starts with the prompt's, streamed or
  * not; a stop string in the prompt does not cut it, one in the generated
- * text does; with logprobs it is refused (the prompt's are not computed). */
+ * text does. */
 static void echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt(void **state)
 {
 	json_t *plain, *j;
@@ -863,10 +864,107 @@ static void echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_pro
 	assert_string_equal(text_of(j), "abSTOPcab");
 	assert_string_equal(finish_of(j), "stop");
 	json_decref(j);
-	assert_error(400, "echo", "unsupported_value", "/v1/completions",
-		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}");
 	assert_error(400, "echo", "invalid_type", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":1}");
 	json_decref(plain);
+	wait_idle();
+}
+
+/* The legacy logprobs object of a streamed answer, its chunks' lists joined. */
+static json_t *sse_logprobs(const char *body)
+{
+	json_t *all = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+	const char *p = body;
+
+	while ((p = strstr(p, "data: {")) != NULL) {
+		const char *end = strstr(p, "\n\n");
+		json_t *j = json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL), *lp;
+		const char *k;
+		json_t *v;
+
+		assert_non_null(j);
+		lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+		if (json_is_object(lp))
+			json_object_foreach(lp, k, v)
+				json_array_extend(json_object_get(all, k), v);
+		json_decref(j);
+		p = end;
+	}
+	return all;
+}
+
+/*
+ * echo with logprobs (lm-eval's likelihoods): the prompt tokens' entries
+ * first, the first with null logprob and alternatives, each with its text's
+ * offset in the echoed text, then the generated tokens'; streamed in the
+ * same lists; max_tokens 0 gives the prompt alone, only with echo; and a
+ * request the prefill node of a pair would compute is refused.
+ */
+static void echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones(void **state)
+{
+	int n = count_tokens("abcd");
+	json_t *j, *lp, *s, *v;
+	struct resp r;
+	char text[256] = "";
+	size_t i;
+
+	(void)state;
+	fake_reset();
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abcd\",\"max_tokens\":3,\"echo\":true,\"logprobs\":2}");
+	lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+	assert_int_equal(json_array_size(json_object_get(lp, "tokens")), n + 3);
+	assert_true(json_is_null(json_array_get(json_object_get(lp, "token_logprobs"), 0)));
+	assert_true(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+	json_array_foreach(json_object_get(lp, "token_logprobs"), i, v) {
+		if (i == 0)
+			continue;
+		assert_true(json_is_real(v));
+		assert_true(fabs(json_real_value(v) - ((int)i < n ? -(double)i / 8.0 : -0.5)) < 1e-6);
+		if ((int)i < n) /* the fake's two: the prompt's token, then token 0 */
+			assert_int_equal(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), i)), 2);
+	}
+	json_array_foreach(json_object_get(lp, "tokens"), i, v) {
+		assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), i)), strlen(text));
+		strcat(text, json_string_value(v));
+	}
+	assert_string_equal(text, text_of(j));
+	assert_memory_equal(text, "abcd", 4);
+	assert_int_equal(usage(j, "completion_tokens"), 3);
+	assert_int_equal(usage(j, "prompt_tokens"), n);
+	/* streamed: the same text, the same lists */
+	assert_int_equal(request("POST", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"abcd\",\"max_tokens\":3,"
+				 "\"echo\":true,\"logprobs\":2,\"stream\":true}", 0, &r), CURLE_OK);
+	s = sse_logprobs(r.body);
+	assert_true(json_equal(s, lp));
+	json_decref(s);
+	resp_free(&r);
+	json_decref(j);
+	/* max_tokens 0: the prompt alone, scored */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abcd\",\"max_tokens\":0,\"echo\":true,\"logprobs\":0}");
+	lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+	assert_string_equal(text_of(j), "abcd");
+	assert_string_equal(finish_of(j), "length");
+	assert_int_equal(usage(j, "completion_tokens"), 0);
+	assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), n);
+	assert_int_equal(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 1)), 0);
+	json_decref(j);
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abcd\",\"max_tokens\":0,\"echo\":true}");
+	assert_string_equal(text_of(j), "abcd");
+	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+	json_decref(j);
+	/* a list of prompts: each choice its own prompt's entries */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":[\"ab\",\"abcd\"],\"max_tokens\":1,\"echo\":true,"
+		 "\"logprobs\":1}");
+	assert_int_equal(json_array_size(json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 1),
+						  "logprobs"), "tokens")), n + 1);
+	json_decref(j);
+	assert_error(400, "max_tokens", "invalid_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":0}");
+	assert_error(400, "max_tokens", "invalid_value", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}");
+	assert_error(400, "echo", "unsupported_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true,\"logprobs\":1,\"bootstrap_room\":7}");
+	assert_error(400, "max_tokens", "unsupported_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true,\"max_tokens\":0,\"bootstrap_room\":7}");
 	wait_idle();
 }
 
@@ -1355,6 +1453,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_request_the_kv_pool_could_never_hold_is_a_400_before_any_byte_is_streamed),
 		cmocka_unit_test(response_ids_are_unique_even_for_seeded_requests_in_one_second),
 		cmocka_unit_test(echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt),
+		cmocka_unit_test(echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones),
 		cmocka_unit_test(parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default),
 		cmocka_unit_test(a_model_is_retrieved_by_its_id_and_another_id_is_a_404),
 		cmocka_unit_test(content_lengths_two_readers_could_frame_differently_are_refused_and_closed),

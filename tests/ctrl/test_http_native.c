@@ -8,6 +8,8 @@
  * kvferry does not implement is refused by name.
  * argv[1]: a tokenizer directory (tests/kernels/data/tok_tiny).
  */
+#include <math.h>
+
 #include "http_fake.h"
 
 static const char *fin_type(json_t *j)
@@ -168,7 +170,7 @@ static void generate_logprobs_come_as_logprob_id_text_triples(void **state)
 	assert_true(json_real_value(json_array_get(x, 0)) > -0.51 && json_real_value(json_array_get(x, 0)) < -0.49);
 	assert_int_equal(json_integer_value(json_array_get(x, 1)), 41);
 	assert_true(json_is_string(json_array_get(x, 2)));
-	/* prompt logprobs are not computed: an empty list a router can join */
+	/* no logprob_start_len: no prompt logprobs, an empty list a router can join */
 	assert_int_equal(json_array_size(json_object_get(m, "input_token_logprobs")), 0);
 	json_decref(j);
 	/* without return_text_in_logprobs the text is null; without return_logprob no arrays */
@@ -178,6 +180,46 @@ static void generate_logprobs_come_as_logprob_id_text_triples(void **state)
 	json_decref(j);
 	j = post("/generate", 200, "{\"input_ids\":[40,41],\"sampling_params\":{\"max_new_tokens\":2}}");
 	assert_null(json_object_get(json_object_get(j, "meta_info"), "output_token_logprobs"));
+	json_decref(j);
+	wait_idle();
+}
+
+/* logprob_start_len (SGLang's): the prompt's [logprob, id, text] from that
+ * position on, the first with null as SGLang pads it, the alternatives
+ * beside them; max_new_tokens 0 answers with the prompt's alone. */
+static void generate_reports_the_prompts_logprobs_from_logprob_start_len(void **state)
+{
+	json_t *j, *m, *in, *tops;
+
+	(void)state;
+	fake_reset();
+	j = post("/generate", 200, "{\"input_ids\":[40,41,42,43,44],\"return_logprob\":true,\"logprob_start_len\":2,"
+		 "\"top_logprobs_num\":2,\"sampling_params\":{\"max_new_tokens\":2}}");
+	m = json_object_get(j, "meta_info");
+	in = json_object_get(m, "input_token_logprobs");
+	tops = json_object_get(m, "input_top_logprobs");
+	assert_int_equal(json_array_size(in), 3);
+	assert_int_equal(json_array_size(tops), 3);
+	assert_true(json_is_null(json_array_get(json_array_get(in, 0), 0)));
+	assert_int_equal(json_integer_value(json_array_get(json_array_get(in, 0), 1)), 42);
+	assert_true(json_is_null(json_array_get(tops, 0)));
+	for (int p = 3; p < 5; p++) {
+		json_t *x = json_array_get(in, (size_t)p - 2);
+
+		assert_true(fabs(json_real_value(json_array_get(x, 0)) + p / 8.0) < 1e-6);
+		assert_int_equal(json_integer_value(json_array_get(x, 1)), 40 + p);
+		assert_int_equal(json_array_size(json_array_get(tops, (size_t)p - 2)), 2);
+	}
+	assert_int_equal(json_array_size(json_object_get(m, "output_token_logprobs")), 2);
+	assert_int_equal(json_array_size(json_object_get(j, "output_ids")), 2);
+	json_decref(j);
+	j = post("/generate", 200, "{\"input_ids\":[40,41,42],\"return_logprob\":true,\"logprob_start_len\":0,"
+		 "\"sampling_params\":{\"max_new_tokens\":0}}");
+	m = json_object_get(j, "meta_info");
+	assert_int_equal(json_array_size(json_object_get(m, "input_token_logprobs")), 3);
+	assert_int_equal(json_array_size(json_object_get(m, "output_token_logprobs")), 0);
+	assert_int_equal(meta_int(j, "completion_tokens"), 0);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(m, "finish_reason"), "type")), "length");
 	json_decref(j);
 	wait_idle();
 }
@@ -211,9 +253,15 @@ static void what_generate_cannot_do_is_refused_by_name(void **state)
 		       "{\"text\":\"a\",\"sampling_params\":{\"frequency_penalty\":0.5}}");
 	assert_refused("stop_token_ids", "unsupported_parameter", "{\"text\":\"a\",\"sampling_params\":{\"stop_token_ids\":[5]}}");
 	assert_refused("bogus", "unsupported_parameter", "{\"text\":\"a\",\"sampling_params\":{\"bogus\":1}}");
-	assert_refused("logprob_start_len", "unsupported_parameter", "{\"text\":\"a\",\"logprob_start_len\":0}");
+	assert_refused("logprob_start_len", "invalid_value", "{\"input_ids\":[5,6],\"return_logprob\":true,"
+		       "\"logprob_start_len\":2}");
+	assert_refused("logprob_start_len", "invalid_value", "{\"text\":\"a\",\"logprob_start_len\":-2}");
+	assert_refused("logprob_start_len", "unsupported_value", "{\"input_ids\":[5,6],\"return_logprob\":true,"
+		       "\"logprob_start_len\":0,\"bootstrap_room\":3}");
+	assert_refused("max_new_tokens", "unsupported_value", "{\"input_ids\":[5,6],\"bootstrap_room\":3,"
+		       "\"sampling_params\":{\"max_new_tokens\":0}}");
 	assert_refused("image_data", "unsupported_parameter", "{\"text\":\"a\",\"image_data\":\"x.png\"}");
-	assert_refused("max_new_tokens", "invalid_value", "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":0}}");
+	assert_refused("max_new_tokens", "invalid_value", "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":-1}}");
 	assert_refused("sampling_params", "invalid_type", "{\"text\":\"a\",\"sampling_params\":[1]}");
 	assert_refused("input_ids", "invalid_value", "{\"input_ids\":[1,99999999]}");
 	assert_int_equal(atomic_load(&g_fake.live), 0);
@@ -282,6 +330,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(generate_says_which_stop_token_or_string_ended_it),
 		cmocka_unit_test(a_generate_stream_sends_the_answer_so_far_in_each_event_then_done),
 		cmocka_unit_test(generate_logprobs_come_as_logprob_id_text_triples),
+		cmocka_unit_test(generate_reports_the_prompts_logprobs_from_logprob_start_len),
 		cmocka_unit_test(what_generate_cannot_do_is_refused_by_name),
 		cmocka_unit_test(the_routes_sglangs_router_and_tools_call_answer),
 	};
