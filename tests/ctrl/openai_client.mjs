@@ -175,8 +175,6 @@ check('echo: the completion\'s text starts with the prompt, as the prompt alone 
   const plain = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0 });
   const r = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, echo: true });
   assert.equal(r.choices[0].text, prompt + plain.choices[0].text);
-  await assert.rejects(client.completions.create({ model, prompt, max_tokens: 2, echo: true, logprobs: 1 }),
-    (e) => e.status === 400 && e.param === 'echo');
 });
 
 check('bad requests get the right 4xx through the client', async () => {
@@ -219,6 +217,65 @@ function engineRows(ids, n) {
 }
 
 function sortedDesc(xs) { for (let i = 1; i < xs.length; i++) if (xs[i] > xs[i - 1]) return false; return true; }
+
+// The engine's log-softmax row at every position of `ids` (kvferry-generate's logits).
+function promptRows(ids) {
+  const dir = mkdtempSync(join(tmpdir(), 'kvf-plp-'));
+  try {
+    execFileSync(generate, ['--model', modelDir, '--threads', '1', '--ids', ids.join(','), '--max-tokens', '0',
+      '--logits', join(dir, 'l.f32')], { stdio: ['ignore', 'ignore', 'ignore'] });
+    const buf = readFileSync(join(dir, 'l.f32'));
+    const f = new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4);
+    const vocab = f.length / ids.length;
+    return ids.map((_, p) => {
+      const row = Array.from(f.subarray(p * vocab, (p + 1) * vocab));
+      const mx = Math.max(...row);
+      const lse = mx + Math.log(row.reduce((a, x) => a + Math.exp(x - mx), 0));
+      return row.map((x) => x - lse);
+    });
+  } finally { rmSync(dir, { recursive: true, force: true }); }
+}
+
+check('echo with logprobs (lm-eval\'s likelihood request): each prompt token\'s logprob is the engine\'s, greedy where it is the best', async () => {
+  const texts = ['Logprobs of a prompt, please', 'The quick brown fox'];
+  const prompts = [];
+  for (const t of texts) prompts.push((await post('/tokenize', { model, prompt: t })).json.tokens);
+  // what lm-eval's local-completions sends for loglikelihood
+  const r = await client.completions.create({ model, prompt: prompts, max_tokens: 1, temperature: 0, echo: true, logprobs: 1 });
+  assert.equal(r.choices.length, prompts.length);
+  let worst = 0;
+  for (const c of r.choices) {
+    const ids = prompts[c.index], lp = c.logprobs, n = ids.length;
+    assert.equal(lp.tokens.length, n + 1);
+    assert.equal(lp.token_logprobs[0], null);
+    assert.equal(lp.top_logprobs[0], null);
+    assert.equal(lp.text_offset[0], 0);
+    assert.ok(c.text.startsWith(texts[c.index]), c.text);
+    for (let p = 1; p <= n; p++) assert.ok(lp.text_offset[p] >= lp.text_offset[p - 1]);
+    const alone = await client.completions.create({ model, prompt: ids, max_tokens: 0, echo: true, logprobs: 1 });
+    assert.equal(alone.choices[0].text, texts[c.index]);
+    assert.equal(alone.choices[0].finish_reason, 'length');
+    assert.equal(alone.usage.completion_tokens, 0);
+    assert.deepEqual(alone.choices[0].logprobs.token_logprobs, lp.token_logprobs.slice(0, n));
+    if (!(generate && modelDir)) continue;
+    const rows = promptRows(ids);
+    for (let p = 1; p < n; p++) {
+      const want = rows[p - 1][ids[p]], best = Math.max(...rows[p - 1]);
+      worst = Math.max(worst, Math.abs(lp.token_logprobs[p] - want));
+      assert.ok(Math.abs(lp.token_logprobs[p] - want) < 1e-4, `position ${p}: ${lp.token_logprobs[p]} vs engine ${want}`);
+      const top = Object.values(lp.top_logprobs[p]);
+      assert.equal(top.length, 1);
+      assert.ok(Math.abs(top[0] - best) < 1e-4, `position ${p}: best ${top[0]} vs engine ${best}`);
+      // lm-eval's is_greedy: the token's logprob equals the best one's exactly when it is the best
+      if (want === best) assert.equal(lp.token_logprobs[p], top[0]);
+      else if (best - want > 1e-3) assert.ok(lp.token_logprobs[p] < top[0]);
+    }
+  }
+  if (generate && modelDir)
+    console.log(`      prompt positions against kvferry-generate's logits: worst |logprob difference| ${worst.toExponential(2)}`);
+  await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 0 }),
+    (e) => e.status === 400 && e.param === 'max_tokens');
+});
 
 check('completions logprobs: each greedy token\'s logprob is the engine\'s log-softmax, top_logprobs sorted, k respected', async () => {
   const ids = (await post('/tokenize', { model, prompt: 'Logprobs, please' })).json.tokens;
