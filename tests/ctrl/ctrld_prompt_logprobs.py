@@ -3,6 +3,9 @@
 """Integration: prompt logprobs served by a real kvferry-ctrld equal PyTorch's.
 
   ctrld_prompt_logprobs.py KVFERRY_CTRLD MODEL_DIR SOURCE_ROOT
+  ctrld_prompt_logprobs.py --url URL MODEL_DIR SOURCE_ROOT
+      (a kvferry-ctrld the caller started on MODEL_DIR with the prefix
+      cache: ctrld_prompt_logprobs_workers.sh, stages in worker processes)
 
 kvferry-ctrld serves MODEL_DIR (the shipped models/ferry, written by
 transformers) on two CPU stages with the prefix cache on. It is asked what
@@ -61,7 +64,7 @@ def prompts(vocab):
 
 
 def main():
-    ctrld, model, root = sys.argv[1:4]
+    ctrld, model, root = sys.argv[1], sys.argv[-2], sys.argv[-1]
     sys.path.insert(0, os.path.join(root, "tests", "reference"))
     import torch_ref
 
@@ -78,13 +81,16 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kvf-plp-")
     log = open(os.path.join(tmp, "ctrld.log"), "w+")
     env = dict(os.environ, KVFERRY_PREFIX_CACHE="yes", KVFERRY_MAX_SLOTS="8")
-    d = subprocess.Popen([ctrld, "--model-dir", model, "--served-model-name", "ferry", "--port", "0",
-                          "--admin-socket", os.path.join(tmp, "s.sock"), "--stages", "2", "--threads", "1",
-                          "--kv-memory", "32M", "--config", "/dev/null"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    d = None
+    if ctrld != "--url":
+        d = subprocess.Popen([ctrld, "--model-dir", model, "--served-model-name", "ferry", "--port", "0",
+                              "--admin-socket", os.path.join(tmp, "s.sock"), "--stages", "2", "--threads", "1",
+                              "--kv-memory", "32M", "--config", "/dev/null"], stdout=log, stderr=subprocess.STDOUT,
+                             env=env)
     failures = 0
     try:
-        base = None
-        for _ in range(300):
+        base = sys.argv[2] if d is None else None
+        for _ in range(300 if d is not None else 0):
             log.seek(0)
             m = re.search(r"http://127\.0\.0\.1:(\d+)", log.read())
             if m:
@@ -97,9 +103,10 @@ def main():
             log.seek(0)
             print("FAIL: kvferry-ctrld did not start:\n" + log.read())
             return 1
+        name = json.load(urllib.request.urlopen(base + "/v1/models", timeout=30))["data"][0]["id"]
         worst, checked, greedy_checked = 0.0, 0, 0
         for rnd in range(2):
-            r = post(base, "/v1/completions", {"model": "ferry", "prompt": ps, "max_tokens": 1, "temperature": 0,
+            r = post(base, "/v1/completions", {"model": name, "prompt": ps, "max_tokens": 1, "temperature": 0,
                                                "echo": True, "logprobs": 1})
             for c in r["choices"]:
                 i, lp = c["index"], c["logprobs"]
@@ -139,7 +146,7 @@ def main():
             if bad:
                 print("FAIL: /generate prompt %d from %d: %s" % (i, start, json.dumps(inp)[:300]))
                 failures += 1
-        st = post(base, "/v1/completions", {"model": "ferry", "prompt": ps[5], "max_tokens": 1, "temperature": 0})
+        st = post(base, "/v1/completions", {"model": name, "prompt": ps[5], "max_tokens": 1, "temperature": 0})
         stats = json.load(urllib.request.urlopen(base + "/stats", timeout=30))
         hits = sum(r.get("prefix_hit_tokens_total", 0) for r in stats["backend"]["replicas"])
         print("%d prompt positions (6 prompts of 5-230 tokens, twice, two stages, 64-column chunks) against "
@@ -150,12 +157,13 @@ def main():
             print("FAIL: %d positions checked" % checked)
             failures += 1
     finally:
-        d.terminate()
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-        if failures:
+        if d is not None:
+            d.terminate()
+            try:
+                d.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                d.kill()
+        if failures and d is not None:
             log.seek(0)
             print("--- daemon log (tail)\n" + "".join(log.readlines()[-30:]))
         log.close()
