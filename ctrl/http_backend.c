@@ -17,6 +17,11 @@ static int be_cancel(void *ctx, uint64_t id)
 	return ctrl_dispatch_cancel(ctx, id);
 }
 
+static int be_flush(void *ctx)
+{
+	return ctrl_dispatch_flush_prefix(ctx);
+}
+
 static json_t *be_stats(void *ctx)
 {
 	return ctrl_http_sched_stats_json(ctx);
@@ -40,6 +45,8 @@ void ctrl_http_backend_sched(struct ctrl_http_backend *be, struct ctrl_dispatch 
 	be->admit_ctx = d;
 	be->node_stats = NULL;
 	be->node_ctx = NULL;
+	be->flush = be_flush;
+	be->flush_ctx = d;
 }
 
 static json_t *replica_json(const struct ctrl_sched_stats *st)

@@ -304,9 +304,15 @@ int http_native_route(struct ctrl_http *h, struct MHD_Connection *c, struct conn
 		if (!get && !post)
 			return http_error(h, c, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL,
 					  "method_not_allowed", "/flush_cache takes POST or GET, not %s", method);
+		if (h->be.flush != NULL && h->be.flush(h->be.flush_ctx) == 0)
+			return http_json(h, c, MHD_HTTP_OK,
+					 json_pack("{s:b, s:s}", "flushed", 1, "message",
+						   "the prefix cache is forgotten at each scheduler's next poll: its idle "
+						   "blocks go back to the pool, those running requests read stay theirs"));
 		return http_json(h, c, MHD_HTTP_OK,
 				 json_pack("{s:b, s:s}", "flushed", 1, "message",
-					   "kvferry keeps no KV cache between requests: there is nothing to flush"));
+					   "kvferry keeps no KV cache between requests here ([sched] prefix_cache is off): "
+					   "there is nothing to flush"));
 	}
 	if (!strcmp(url, "/get_model_info") || !strcmp(url, "/get_server_info")) {
 		if (!get)

@@ -636,6 +636,10 @@ static int poll_body(struct ctrl_sched *s)
 {
 	int busy = 0, n, rc = 0;
 
+	if (atomic_exchange(&s->flush_pfx, 0)) {
+		sched_prefix_flush(s);
+		busy = 1; /* (the counters the flush changed are published) */
+	}
 	busy |= drain_inbox(s);
 	busy |= sched_kv_drain(s);
 	if (s->n_inflight > 0) {
@@ -686,6 +690,14 @@ static int poll_body(struct ctrl_sched *s)
 	if (busy)
 		sched_publish(s);
 	return rc < 0 ? rc : busy ? CTRL_SCHED_BUSY : CTRL_SCHED_IDLE;
+}
+
+int ctrl_sched_flush_prefix(struct ctrl_sched *s)
+{
+	if (!s->o.prefix_cache)
+		return -ENOTSUP;
+	atomic_store(&s->flush_pfx, 1);
+	return 0;
 }
 
 int ctrl_sched_drained(struct ctrl_sched *s)
@@ -807,6 +819,7 @@ struct ctrl_sched *ctrl_sched_create(struct ctrl_chain *chain, const struct ctrl
 	atomic_init(&s->next_seq, 1);
 	atomic_init(&s->load, 0);
 	atomic_init(&s->pending, 0);
+	atomic_init(&s->flush_pfx, 0);
 	if (pthread_mutex_init(&s->lock, NULL) != 0)
 		goto fail_nomem_sched;
 	if (pthread_mutex_init(&s->st_lock, NULL) != 0)

@@ -111,6 +111,16 @@ int32_t ctrl_dispatch_admissible(const struct ctrl_dispatch *d, int32_t n_prompt
 	return ctrl_sched_admissible(d->r[best], n_prompt, max_tokens, err, errlen);
 }
 
+int ctrl_dispatch_flush_prefix(struct ctrl_dispatch *d)
+{
+	int rc = -ENOTSUP;
+
+	for (int i = 0; i < d->n; i++)
+		if (ctrl_sched_flush_prefix(d->r[i]) == 0)
+			rc = 0;
+	return rc;
+}
+
 int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id)
 {
 	unsigned tag = (unsigned)(id & 0xffu);

@@ -308,6 +308,7 @@ struct ctrl_sched {
 	atomic_uint_fast64_t next_seq;
 	atomic_int_fast64_t load;   /* worst-case blocks of waiting + live requests */
 	atomic_int pending;         /* submitted, not yet admitted or ended */
+	atomic_int flush_pfx;       /* ctrl_sched_flush_prefix() asked: the next poll forgets the cache */
 
 	struct sched_prefix pfx;    /* [sched] prefix_cache (sched_prefix.c) */
 

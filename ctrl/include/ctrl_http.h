@@ -102,6 +102,13 @@ struct ctrl_http_backend {
 	 */
 	json_t *(*node_stats)(void *node_ctx);
 	void *node_ctx;
+	/**
+	 * Optional: forget the prefix cache (POST /flush_cache). Called on an
+	 * HTTP thread; never blocks. @return 0, or -ENOTSUP (none is kept).
+	 * NULL: none is kept.
+	 */
+	int (*flush)(void *flush_ctx);
+	void *flush_ctx;
 };
 
 /** Server options. */

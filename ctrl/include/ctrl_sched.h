@@ -393,6 +393,13 @@ int ctrl_sched_poll(struct ctrl_sched *s);
 int ctrl_sched_drained(struct ctrl_sched *s);
 
 /**
+ * Forget the prefix cache (SGLang's /flush_cache) at the next poll: idle
+ * cached blocks go back to the pool; blocks running sequences read stay
+ * theirs. Thread-safe. @return 0, or -ENOTSUP when prefix_cache is off.
+ */
+int ctrl_sched_flush_prefix(struct ctrl_sched *s);
+
+/**
  * A snapshot of the counters as of the last poll that did work. Thread-safe.
  * @return 0.
  */
@@ -437,6 +444,9 @@ int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request 
  */
 int32_t ctrl_dispatch_admissible(const struct ctrl_dispatch *d, int32_t n_prompt, int32_t max_tokens, char *err,
 				 size_t errlen);
+
+/** ctrl_sched_flush_prefix() on every replica. Thread-safe. @return 0, or -ENOTSUP (no replica caches). */
+int ctrl_dispatch_flush_prefix(struct ctrl_dispatch *d);
 
 /** Cancel by id (routed by its tag). Thread-safe. @return 0, -EINVAL (bad tag), -ENOMEM. */
 int ctrl_dispatch_cancel(struct ctrl_dispatch *d, uint64_t id);

@@ -18,7 +18,8 @@ their blocks and the scored positions must still be computed. Every prompt posit
 within TOL of log_softmax(torch_ref.forward(prompt))[p - 1][prompt[p]], the
 alternative named best must be PyTorch's best, and lm-eval's greedy test
 (the token's logprob equals the best's) must agree with PyTorch's argmax
-wherever PyTorch's two best are apart by more than MARGIN.
+wherever PyTorch's two best are apart by more than MARGIN. Last, SGLang's
+/flush_cache must empty the prefix cache.
 
 Exit 0 on success, 1 on a failure, 77 when /usr/bin/python3 lacks torch.
 """
@@ -155,6 +156,21 @@ def main():
               % (checked, worst, TOL, greedy_checked, hits))
         if checked != 2 * sum(len(p) - 1 for p in ps) or not st["choices"]:
             print("FAIL: %d positions checked" % checked)
+            failures += 1
+        # SGLang's /flush_cache empties the prefix cache
+        def cached():
+            s = json.load(urllib.request.urlopen(base + "/stats", timeout=30))
+            return sum(r.get("blocks_cached", 0) for r in s["backend"]["replicas"])
+        before = cached()
+        f = post(base, "/flush_cache", {})
+        for _ in range(100):
+            if cached() == 0:
+                break
+            time.sleep(0.05)
+        after = cached()
+        print("/flush_cache: %d cached blocks before, %d after (%s)" % (before, after, f.get("message")))
+        if before == 0 or after != 0 or f.get("flushed") is not True:
+            print("FAIL: /flush_cache did not empty the prefix cache")
             failures += 1
     finally:
         if d is not None:

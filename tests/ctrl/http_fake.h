@@ -326,7 +326,7 @@ static int http_fake_setup(void **state)
 {
 	struct ctrl_http_opts o;
 	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
-				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
+				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL, NULL, NULL};
 	char err[256];
 	int32_t eos[4];
 

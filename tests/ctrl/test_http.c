@@ -1212,7 +1212,7 @@ static struct ctrl_http *start_small(int32_t max_connections, int32_t conn_timeo
 {
 	struct ctrl_http_opts o;
 	struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
-				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
+				       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL, NULL, NULL};
 	struct ctrl_http *h;
 	char err[256];
 
@@ -1422,7 +1422,7 @@ static void cors_answers_preflights_and_tags_answers_for_the_allowed_origins_onl
 	o.cors_origins = "https://chat.example, https://x.example/app";
 	{
 		struct ctrl_http_backend be = {fake_submit, fake_cancel, fake_stats, &g_fake, NULL,
-					       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL};
+					       fake_ready, &g_fake, fake_admissible, &g_fake, NULL, NULL, NULL, NULL};
 
 		assert_null(ctrl_http_start(&o, &be, err, sizeof(err)));
 	}
