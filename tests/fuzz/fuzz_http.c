@@ -15,7 +15,10 @@
  * Beyond the sanitizers it checks what a client relies on: a refusal has an
  * HTTP error status, a type and a message; an accepted generation request
  * has a non-empty prompt of ids in the vocabulary that leaves room for
- * max_tokens (>= 1) within max_context, at most 16 non-empty stop strings
+ * max_tokens (>= 1, or 0 only for a prompt alone: echo, or /generate's
+ * max_new_tokens 0) within max_context, prompt logprobs only where asked
+ * (echo with logprobs, or logprob_start_len inside the prompt), never with
+ * bootstrap_room, at most 16 non-empty stop strings
  * and parameters in their documented ranges; a tokenize or detokenize
  * answer exists (a NULL from json_pack() would be sent as nothing).
  */
@@ -121,9 +124,16 @@ static void accepted(const struct ctrl_http *h, const struct http_gen_req *q)
 	int32_t vocab = kn_tok_vocab_size(h->tok);
 	size_t longest = 0;
 
-	if (q->n_ids < 1 || (int64_t)q->n_ids >= h->max_context || q->max_tokens < 1 ||
-	    (int64_t)q->n_ids + q->max_tokens > h->max_context)
+	if (q->n_ids < 1 || (int64_t)q->n_ids >= h->max_context || q->max_tokens < 0 ||
+	    (q->max_tokens == 0) != (q->no_tokens != 0) || (int64_t)q->n_ids + q->max_tokens > h->max_context)
 		abort();
+	if ((q->prompt_lp || q->no_tokens) && q->room >= 0)
+		abort();
+	if (q->prompt_lp && !(q->echo && q->lp_on) && !(q->lp_start >= 0 && q->lp_start < (int64_t)q->n_ids))
+		abort();
+	for (int i = 0; i < q->n_more; i++)
+		if (q->more[i].max_tokens < 0 || (q->more[i].max_tokens == 0) != (q->no_tokens != 0))
+			abort();
 	for (size_t i = 0; i < q->n_ids; i++)
 		if (q->ids[i] < 0 || q->ids[i] >= vocab)
 			abort();

@@ -44,6 +44,10 @@ http = {
                               'stop': ['x'], 'logprobs': 2, 'seed': 9}),
     'completion-echo': (0, {'model': M, 'prompt': ['x\ny', [5, 6]], 'echo': True, 'stop': ['\n'],
                             'max_tokens': 3, 'stream': True}),
+    'completion-echo-logprobs': (0, {'model': M, 'prompt': [[1, 2, 3, 4], 'x y'], 'echo': True, 'logprobs': 1,
+                                     'max_tokens': 1, 'temperature': 0}),
+    'completion-prompt-only': (0, {'model': M, 'prompt': 'score me', 'echo': True, 'logprobs': 5,
+                                   'max_tokens': 0, 'stream': True}),
     'chat-n-stream': (1, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}], 'n': 4,
                           'stream': True, 'max_tokens': 3}),
     'completion-bootstrap': (0, {'model': M, 'prompt': 'pd', 'bootstrap_room': 12345,
@@ -80,6 +84,8 @@ http = {
         'sampling_params': {'max_new_tokens': 4, 'temperature': 0.7, 'top_p': 0.9, 'top_k': 40, 'stop': ['x', ''],
                             'ignore_eos': True, 'sampling_seed': 5, 'n': 1, 'min_p': 0, 'stop_token_ids': [],
                             'skip_special_tokens': True, 'json_schema': None}}),
+    'generate-input-logprobs': (0x40, {'input_ids': [5, 6, 7, 8], 'return_logprob': True, 'logprob_start_len': 1,
+                                       'top_logprobs_num': 2, 'sampling_params': {'max_new_tokens': 0}}),
     'generate-refused': (0x40, {'text': ['a', 'b'], 'sampling_params': {'frequency_penalty': 1, 'bogus': 2}}),
 }
 for name, (b0, body) in http.items():
