@@ -103,8 +103,10 @@ static json_t *logprobs_json(const struct gen *g, int prompt, size_t a, size_t b
 	} else {
 		json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
 
-		for (int32_t i = 0; prompt && g->plp != NULL && i < g->n_prompt; i++)
-			completion_lp_add(g, &g->plp[i], tokens, lps, tops, offs);
+		const struct gen *o = plp_owner(g);
+
+		for (int32_t i = 0; prompt && o->plp != NULL && i < o->n_prompt; i++)
+			completion_lp_add(g, &o->plp[i], tokens, lps, tops, offs);
 		for (size_t i = a; i < b; i++)
 			completion_lp_add(g, &g->lp[i], tokens, lps, tops, offs);
 		return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
@@ -272,9 +274,9 @@ static void native_build(struct gen *g)
 static void choice_build(struct gen *g)
 {
 	size_t upto, lp_upto = g->lp_sent;
-	int wp = g->plp != NULL && !g->plp_sent; /* the prompt's entries go with the first chunk */
+	int wp = plp_owner(g)->plp != NULL && !g->plp_sent; /* the prompt's entries go with the first chunk */
 
-	if (wp && g->plp_missing > 0 && !g->done)
+	if (wp && plp_owner(g)->plp_missing > 0 && !g->done)
 		return; /* nothing before the prompt is scored */
 	if (g->kind == GEN_CHAT && !g->role_sent) {
 		sse(g, chunk_json(g, "", 0, NULL, 1, NULL));

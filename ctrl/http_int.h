@@ -136,7 +136,10 @@ struct gen {
 	/* prompt logprobs (completions' echo with logprobs, /generate's
 	 * logprob_start_len): an entry per prompt position, offsets into the
 	 * echoed text (0 without echo); the first has none */
-	struct lp_ent *plp;          /* [n_prompt], NULL: not asked */
+	struct lp_ent *plp;          /* [n_prompt], NULL: not asked (or another choice's, below) */
+	struct gen *plp_src;         /* n > 1: the prompt's first choice, which asked for the prompt's
+	                                logprobs and whose entries this one reports too (they do not
+	                                depend on the draw), or NULL */
 	int32_t plp_start;           /* the first position reported (/generate's logprob_start_len) */
 	int32_t plp_missing;         /* positions not yet scored */
 	int plp_sent;                /* streamed (with the first chunk) */
@@ -207,6 +210,12 @@ struct conn_state {
 };
 
 double http_now(void);
+
+/* The choice whose prompt entries @p g reports (itself, or its prompt's first choice). */
+static inline const struct gen *plp_owner(const struct gen *g)
+{
+	return g->plp_src != NULL ? g->plp_src : g;
+}
 
 /* Queue an OpenAI-style error object. */
 enum MHD_Result http_error(struct ctrl_http *h, struct MHD_Connection *c, unsigned status,

@@ -109,6 +109,13 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		g->text_base = len;
 	}
 	g->plp_start = q->lp_start > 0 ? (int32_t)q->lp_start : 0;
+	if (q->prompt_lp && g->index % q->n != 0) {
+		/* the prompt's first choice scores it for all n */
+		int32_t first = g->index - g->index % (int32_t)q->n;
+
+		g->plp_src = first ? g->lead->kids[first - 1] : g->lead;
+		return 0;
+	}
 	if (q->prompt_lp && prompt_entries(g, p ? q->more[p - 1].ids : q->ids, q->echo, e))
 		return -1;
 	return 0;
@@ -266,11 +273,13 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	r.top_p = (float)q.top_p;
 	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
 	r.n_logprobs = g->lp_top;
-	/* the first position scored: the one after the first reported */
-	r.prompt_logprobs = q.prompt_lp ? (int32_t)(q.lp_start > 0 ? q.lp_start : 0) + 1 : 0;
 	r.cb = gen_on_event;
 	for (; n_sub < total; n_sub++) {
 		int p = n_sub / (int)q.n;
+
+		/* the first position scored (the one after the first reported),
+		 * by each prompt's first choice */
+		r.prompt_logprobs = q.prompt_lp && n_sub % q.n == 0 ? (int32_t)(q.lp_start > 0 ? q.lp_start : 0) + 1 : 0;
 
 		r.prompt = p ? q.more[p - 1].ids : q.ids;
 		r.n_prompt = (int32_t)(p ? q.more[p - 1].n_ids : q.n_ids);

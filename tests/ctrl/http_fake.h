@@ -55,6 +55,7 @@ struct fake {
 	atomic_int down;         /* the ready callback says stage 1 is down */
 	atomic_int pool;         /* > 0: positions (prompt + max_tokens) the fake's pool holds */
 	atomic_int submits, cancels, live;
+	atomic_int plp_asked;    /* submits that asked for prompt logprobs */
 	int32_t eos;
 };
 
@@ -80,6 +81,8 @@ static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
 	q->n_prompt = r->n_prompt;
 	q->max_tokens = r->max_tokens;
 	q->plp_next = r->prompt_logprobs > 0 ? r->prompt_logprobs : r->n_prompt;
+	if (r->prompt_logprobs > 0)
+		atomic_fetch_add(&f->plp_asked, 1);
 	q->n_top = r->n_logprobs;
 	q->cb = r->cb;
 	q->arg = r->cb_arg;

@@ -951,12 +951,41 @@ static void echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones
 	assert_string_equal(text_of(j), "abcd");
 	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
 	json_decref(j);
-	/* a list of prompts: each choice its own prompt's entries */
-	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":[\"ab\",\"abcd\"],\"max_tokens\":1,\"echo\":true,"
-		 "\"logprobs\":1}");
-	assert_int_equal(json_array_size(json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 1),
-						  "logprobs"), "tokens")), n + 1);
-	json_decref(j);
+	/* a list of prompts, n 3 each: each choice its own prompt's entries,
+	 * scored once a prompt (by its first choice), streamed or not */
+	for (int stream = 0; stream < 2; stream++) {
+		const char *body = "{\"model\":\"tiny\",\"prompt\":[\"ab\",\"abcd\"],\"max_tokens\":1,\"echo\":true,"
+				   "\"logprobs\":1,\"n\":3,\"stream\":%s}";
+		char b[256];
+		json_t *ch;
+
+		snprintf(b, sizeof(b), body, stream ? "true" : "false");
+		atomic_store(&g_fake.plp_asked, 0);
+		assert_int_equal(request("POST", "/v1/completions", b, 0, &r), CURLE_OK);
+		assert_int_equal(r.status, 200);
+		assert_int_equal(atomic_load(&g_fake.plp_asked), 2);
+		if (stream) {
+			/* the last prompt's third choice: its entries came with its first chunk */
+			const char *p = strstr(r.body, "\"index\":5"), *t = p ? strstr(p, "\"token_logprobs\":[null,") : NULL;
+
+			assert_non_null(t);
+			assert_true(strstr(p, "\n\n") > t);
+			resp_free(&r);
+			continue;
+		}
+		ch = json_object_get(r.json, "choices");
+		for (size_t c = 0; c < 6; c++) {
+			json_t *lp = json_object_get(json_array_get(ch, c), "logprobs"), *first;
+
+			first = json_object_get(json_array_get(ch, c - c % 3), "logprobs");
+			assert_int_equal(json_array_size(json_object_get(lp, "tokens")), (c < 3 ? 2 : (size_t)n) + 1);
+			assert_true(json_equal(json_object_get(lp, "text_offset"), json_object_get(first, "text_offset")));
+			for (size_t k = 1; k < (c < 3 ? 2 : (size_t)n); k++)
+				assert_true(json_equal(json_array_get(json_object_get(lp, "token_logprobs"), k),
+						       json_array_get(json_object_get(first, "token_logprobs"), k)));
+		}
+		resp_free(&r);
+	}
 	assert_error(400, "max_tokens", "invalid_value", "/v1/completions",
 		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"max_tokens\":0}");
 	assert_error(400, "max_tokens", "invalid_value", "/v1/chat/completions",
