@@ -74,6 +74,7 @@ static json_t *replica_json(const struct ctrl_sched_stats *st)
 		"max_ready_wait", (json_int_t)st->max_ready_wait, "queued_bytes", (json_int_t)st->queued_bytes,
 		"live_bytes", (json_int_t)st->live_bytes, "lookup_tries_total", (json_int_t)st->lookup_tries,
 		"stages", stages));
+	json_object_set_new(r, "prefill_shared_tokens_total", json_integer((json_int_t)st->prefill_shared_tokens));
 	json_object_update_new(r, json_pack("{s:i, s:I, s:I}", "blocks_cached", st->blocks_cached,
 		"prefix_hit_tokens_total", (json_int_t)st->prefix_hit_tokens,
 		"prefix_flushes_total", (json_int_t)st->prefix_flushes));

@@ -40,6 +40,12 @@ static struct gen *gen_new(struct ctrl_http *h, struct MHD_Connection *c, enum g
 	return g;
 }
 
+/* Choice @p i of the lead @p g. */
+static struct gen *choice(struct gen *g, int i)
+{
+	return i ? g->kids[i - 1] : g;
+}
+
 /* Prompt logprobs: an entry per prompt token, not yet scored, whose text
  * (@p echo) starts where the echoed prompt's decoding puts it. */
 static int prompt_entries(struct gen *g, const int32_t *ids, int echo, struct http_verr *e)
@@ -113,7 +119,7 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		/* the prompt's first choice scores it for all n */
 		int32_t first = g->index - g->index % (int32_t)q->n;
 
-		g->plp_src = first ? g->lead->kids[first - 1] : g->lead;
+		g->plp_src = choice(g->lead, first);
 		return 0;
 	}
 	if (q->prompt_lp && prompt_entries(g, p ? q->more[p - 1].ids : q->ids, q->echo, e))
@@ -285,7 +291,9 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 		r.n_prompt = (int32_t)(p ? q.more[p - 1].n_ids : q.n_ids);
 		r.max_tokens = (int32_t)(p ? q.more[p - 1].max_tokens : q.max_tokens);
 		r.seed = choice_seed(q.seed, n_sub);
-		if (gen_submit(n_sub ? g->kids[n_sub - 1] : g, &r, &q, &e))
+		/* the prompt's later choices read its first one's computed prompt */
+		r.prefill_from = n_sub % q.n ? choice(g, n_sub - n_sub % (int)q.n)->id : 0;
+		if (gen_submit(choice(g, n_sub), &r, &q, &e))
 			goto reject;
 	}
 	http_gen_req_free(&q);

@@ -96,6 +96,9 @@ static const struct prom_rule {
 	 "[sched] prefix_cache: idle KV blocks kept for later prompts (counted in blocks_in_use)", NULL},
 	{"backend.replicas[].prefix_hit_tokens_total", NULL, NULL,
 	 "prompt positions whose KV came from the prefix cache instead of being computed", NULL},
+	{"backend.replicas[].prefill_shared_tokens_total", NULL, NULL,
+	 "prompt positions of a request's second and later choices (n) read from its first choice's "
+	 "KV instead of being computed", NULL},
 	{"backend.replicas[].prefix_flushes_total", NULL, NULL,
 	 "times the prefix cache was emptied because the stages may have lost KV", NULL},
 	/* the latency histograms: kvferry_time_to_first_token_seconds, not

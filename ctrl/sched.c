@@ -167,6 +167,7 @@ int64_t ctrl_sched_submit(struct ctrl_sched *s, const struct ctrl_request *rq)
 	r->kv_remote = rq->kv_remote != 0;
 	r->plp_end = rq->prompt_logprobs > 0 && rq->prompt_logprobs < rq->n_prompt ? rq->n_prompt : 0;
 	r->plp_next = r->plp_end > 0 ? rq->prompt_logprobs : 0;
+	r->pf_from = rq->hold_kv || rq->kv_remote ? 0 : rq->prefill_from;
 	r->t_admitted_ns = 0;
 	r->t_wait_ns = 0;
 	r->n_replays = 0;
@@ -421,6 +422,7 @@ static int admit(struct ctrl_sched *s)
 		sl->rollback_to = -1;
 		sl->ready_at = s->launch_no;
 		sched_prefix_take(s, i); /* a cached prefix: its blocks, and prefill starts past them */
+		sched_sibling_admit(s, i); /* else another choice's computed prompt, or wait for it */
 		s->reserved += r->need;
 		s->n_live++;
 		s->live_bytes += sizeof(*r) + sizeof(int32_t) * (size_t)(r->cap + r->n_stop);
@@ -591,6 +593,8 @@ static void apply_result(struct ctrl_sched *s, const struct ctrl_chain_result *r
 				break;
 			sl->n_fed += en->n;
 			sched_prefix_fed(s, en->slot);
+			if (s->n_pf_wait > 0) /* the other choices of its request read its prompt's blocks */
+				sched_sibling_done(s, en->slot, 1);
 			if (sl->r->max_tokens == 0) /* the prompt alone was asked for */
 				sched_slot_finish(s, en->slot, CTRL_FINISH_LENGTH, -1, NULL);
 			else

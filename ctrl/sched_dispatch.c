@@ -69,6 +69,10 @@ int64_t ctrl_dispatch_submit(struct ctrl_dispatch *d, const struct ctrl_request 
 	int best = -1, fits_any = 0;
 	double best_load = 0.0;
 
+	/* another choice of a request: where the first one's prompt is computed */
+	if (r != NULL && r->prefill_from != 0 && (int)(r->prefill_from & 0xffu) < d->n)
+		return ctrl_sched_submit(d->r[r->prefill_from & 0xffu], r);
+
 	/* Replicas whose pools differ (devices of different memory): only one
 	 * that could ever carry the request is a candidate, if any can. */
 	for (int i = 0; i < d->n && !fits_any; i++)

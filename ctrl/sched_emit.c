@@ -119,6 +119,13 @@ static struct sched_req *slot_free(struct ctrl_sched *s, int32_t i, int kept)
 	struct sched_slot *sl = &s->slots[i];
 	struct sched_req *r = sl->r;
 
+	if (s->n_pf_wait > 0) {
+		if (sl->pf_wait) {
+			sl->pf_wait = 0;
+			s->n_pf_wait--;
+		}
+		sched_sibling_done(s, i, 0); /* those waiting for its prompt compute their own */
+	}
 	if (!kept)
 		sched_prefix_release(s, i);
 	sl->n_blk = 0;

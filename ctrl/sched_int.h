@@ -36,6 +36,7 @@ struct sched_req {
 	int32_t plp_end;          /* prompt_logprobs: the prompt's length (positions plp_next ..
 	                             plp_end-1 are scored), 0 without; kept across replays */
 	int32_t plp_next;         /* the next prompt position to report (a replay reports none twice) */
+	uint64_t pf_from;         /* ctrl_request.prefill_from (0 for hold_kv and kv_remote requests) */
 	uint64_t t_admitted_ns;   /* kvf_mono_ns() at admission, 0 while queued (ctrl_event's) */
 	uint64_t t_wait_ns;       /* when it last began to wait in a queue (replay_timeout) */
 	int32_t n_replays;        /* times the chain lost it and it was put back */
@@ -65,6 +66,7 @@ struct sched_slot {
 	uint8_t cancelled;        /* end after the in-flight rounds return */
 	uint8_t kv_wait;          /* kv_remote: waiting for its prompt's KV (not packed) */
 	uint8_t kv_first;         /* kv_remote: its first token went out before its pages (ctrl_sched_kv_first) */
+	uint8_t pf_wait;          /* waiting for request pf_from's prompt to be computed (not packed) */
 	int32_t pfx_done;         /* prefix cache: leading blocks named (or taken) so far */
 	uint64_t pfx_name;        /* ... and the last one's name (sched_prefix.c) */
 	char *lost;               /* a round failed with rounds still in flight: lost (this why) once they return */
@@ -292,6 +294,7 @@ struct ctrl_sched {
 	uint64_t down_since;      /* replay on: when the chain was first seen not ready, 0 ready */
 	char down_why[CTRL_CHAIN_ERRLEN];
 	int32_t n_live;
+	int32_t n_pf_wait;        /* live slots waiting for another's prompt (pf_wait) */
 	int32_t reserved;         /* sum of worst-case blocks of live sequences */
 	uint64_t launch_no;
 	size_t queued_bytes, live_bytes;
@@ -332,5 +335,12 @@ void sched_prefix_fed(struct ctrl_sched *s, int32_t i);
 void sched_prefix_release(struct ctrl_sched *s, int32_t i);
 void sched_prefix_flush(struct ctrl_sched *s);
 int sched_blk_alloc(struct ctrl_sched *s, int32_t n, int32_t *out);
+/* sched_prefix.c: the n choices of one request (ctrl_request.prefill_from).
+ * admit: slot @p i was just admitted: share its lead's computed prompt
+ * blocks now, or wait for them (pf_wait), or compute alone. done: slot
+ * @p i's prompt is computed (@p share), or slot @p i is leaving (not
+ * @p share): the slots waiting for it share its blocks, or compute alone. */
+void sched_sibling_admit(struct ctrl_sched *s, int32_t i);
+void sched_sibling_done(struct ctrl_sched *s, int32_t i, int share);
 
 #endif /* CTRL_SCHED_INT_H */

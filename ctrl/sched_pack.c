@@ -159,7 +159,7 @@ static int prefill_packable(const struct ctrl_sched *s, const struct sched_slot 
 {
 	const struct sched_req *r = sl->r;
 
-	if (r == NULL || sl->kv_wait || sl->n_sent >= r->n_prompt)
+	if (r == NULL || sl->kv_wait || sl->pf_wait || sl->n_sent >= r->n_prompt)
 		return 0;
 	return sl->inflight == 0 || (s->o.prefill_pipeline && s->ci.n_stages > 1 && !sl->cancelled && sl->lost == NULL
 				     && (s->o.pipeline_held || !r->hold_kv));

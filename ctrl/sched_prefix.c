@@ -291,3 +291,71 @@ void sched_prefix_release(struct ctrl_sched *s, int32_t i)
 		if (shm_blkpool_unref(s->pool, sl->blk[j]) == 1 && p->name[sl->blk[j]])
 			lru_append(p, sl->blk[j]);
 }
+
+/* ---- the n choices of one request: a prompt computed once ---- */
+
+/* Slot @p i takes the whole blocks of slot @p j's computed prompt that hold
+ * its own prompt's tokens (never its last position: computed for its logits). */
+static void sibling_share(struct ctrl_sched *s, int32_t i, int32_t j)
+{
+	struct sched_slot *sl = &s->slots[i], *lead = &s->slots[j];
+	const struct sched_req *r = sl->r;
+	int32_t most = (r->n_prompt - 1) / KN_PAGE_BLK, c = 0;
+
+	if (most > lead->n_fed / KN_PAGE_BLK)
+		most = lead->n_fed / KN_PAGE_BLK;
+	if (most > lead->n_blk)
+		most = lead->n_blk;
+	while (c < most && !memcmp(r->toks + (size_t)c * KN_PAGE_BLK, lead->r->toks + (size_t)c * KN_PAGE_BLK,
+				   sizeof(int32_t) * KN_PAGE_BLK))
+		c++;
+	for (int32_t k = 0; k < c; k++) {
+		shm_blkpool_ref(s->pool, lead->blk[k]);
+		sl->blk[k] = lead->blk[k];
+	}
+	sl->n_blk = c;
+	sl->n_fed = sl->n_sent = c * KN_PAGE_BLK;
+	s->st.prefill_shared_tokens += (uint64_t)c * KN_PAGE_BLK;
+}
+
+/* The live slot of request @p id, or -1. */
+static int32_t slot_of(const struct ctrl_sched *s, uint64_t id)
+{
+	for (int32_t j = 0; j < s->n_slots; j++)
+		if (s->slots[j].r != NULL && s->slots[j].r->id == id)
+			return j;
+	return -1;
+}
+
+void sched_sibling_admit(struct ctrl_sched *s, int32_t i)
+{
+	struct sched_slot *sl = &s->slots[i];
+	int32_t j;
+
+	sl->pf_wait = 0;
+	if (sl->r->pf_from == 0 || sl->n_blk > 0 || sl->r->n_replays > 0 || (j = slot_of(s, sl->r->pf_from)) < 0)
+		return; /* (the prefix cache's blocks, a replay, or a lead that ended: computed here) */
+	if (s->slots[j].n_fed >= s->slots[j].r->n_prompt) {
+		sibling_share(s, i, j);
+		return;
+	}
+	sl->pf_wait = 1;
+	s->n_pf_wait++;
+}
+
+void sched_sibling_done(struct ctrl_sched *s, int32_t i, int share)
+{
+	uint64_t id = s->slots[i].r->id;
+
+	for (int32_t k = 0; k < s->n_slots && s->n_pf_wait > 0; k++) {
+		struct sched_slot *sl = &s->slots[k];
+
+		if (!sl->pf_wait || sl->r->pf_from != id)
+			continue;
+		sl->pf_wait = 0;
+		s->n_pf_wait--;
+		if (share)
+			sibling_share(s, k, i);
+		sl->ready_at = s->launch_no;
+	}
+}

@@ -140,6 +140,13 @@ struct ctrl_request {
 	                                likelihood tasks ask: echo with logprobs, k = 1). Those
 	                                positions are computed here (no prefix-cache blocks over
 	                                them); not with hold_kv or kv_remote. 0: none */
+	uint64_t prefill_from;     /**< 0, or the id of an earlier request of this scheduler with
+	                                the same prompt (the n choices of one API request): once
+	                                that one's prompt is computed this one reads its whole
+	                                prompt blocks instead of computing them again (its last
+	                                partial block and first token it computes itself); if that
+	                                one ends first, or never ran here, this one computes its
+	                                prompt. Ignored for hold_kv and kv_remote requests */
 	int kv_remote;             /**< a decode node's request: its prompt's KV comes from
 	                                elsewhere. Once admitted, the prompt's blocks are
 	                                reserved (a kv_reserved event lists them) and nothing
@@ -249,6 +256,8 @@ struct ctrl_sched_stats {
 	int32_t blocks_cached;     /**< prefix cache: idle blocks kept for later prompts (counted in
 	                                blocks_in_use; given back first when the pool runs dry) */
 	uint64_t prefix_hit_tokens; /**< prompt positions taken from the prefix cache, not computed */
+	uint64_t prefill_shared_tokens; /**< prompt positions read from an earlier request's blocks
+	                                (ctrl_request.prefill_from: the n choices of one request) */
 	uint64_t prefix_flushes;   /**< times the prefix cache was emptied (the chain lost KV) */
 	uint64_t spec_rounds;      /**< verify spans launched */
 	uint64_t spec_drafted;

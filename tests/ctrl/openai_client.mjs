@@ -130,6 +130,15 @@ check('n choices: indexed, seeded ones repeat, choice 0 is the n=1 answer, the p
   const greedy = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, n: 2 });
   assert.equal(greedy.choices.length, 2);
   assert.equal(greedy.choices[0].message.content, greedy.choices[1].message.content);
+  // the later choices read the first one's computed prompt: its whole 16-token blocks
+  const shared = async () => (await (await fetch(base + '/stats')).json()).backend.replicas
+    .reduce((a, x) => a + x.prefill_shared_tokens_total, 0);
+  const ids = Array.from({ length: 40 }, (_, i) => 3 + ((i * 37) % 200));
+  const before = await shared();
+  const alone = await client.completions.create({ model, prompt: ids, max_tokens: 6, temperature: 0 });
+  const four = await client.completions.create({ model, prompt: ids, max_tokens: 6, temperature: 0, n: 4 });
+  for (const c of four.choices) assert.equal(c.text, alone.choices[0].text);
+  assert.equal(await shared() - before, 3 * 32, 'three choices each read two blocks of the first one\'s prompt');
 });
 
 check('a list of prompts: choice p * n + j answers prompt p as it would alone, each prompt counted once', async () => {

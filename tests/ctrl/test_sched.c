@@ -1052,8 +1052,25 @@ static void bad_requests_are_refused_at_submit(void **state)
 	assert_int_equal(ctrl_sched_submit(s, &rq), -EINVAL); /* no callback */
 	rq.cb = rec_cb;
 	rq.cb_arg = &r;
-	rq.max_tokens = 0;
+	rq.max_tokens = -1;
 	assert_int_equal(ctrl_sched_submit(s, &rq), -EINVAL);
+	rq.max_tokens = 0; /* the prompt alone: not for a decode node's remote prompt */
+	rq.kv_remote = 1;
+	assert_int_equal(ctrl_sched_submit(s, &rq), -EINVAL);
+	rq.kv_remote = 0;
+	rq.prompt_logprobs = -1;
+	assert_int_equal(ctrl_sched_submit(s, &rq), -EINVAL);
+	rq.prompt_logprobs = 1; /* a prompt scored where it is computed: not a held one */
+	rq.hold_kv = 1;
+	assert_int_equal(ctrl_sched_submit(s, &rq), -EINVAL);
+	rq.hold_kv = 0;
+	memset(&r, 0, sizeof(r));
+	assert_true(ctrl_sched_submit(s, &rq) > 0); /* max_tokens 0: computed, then length, no token */
+	for (int k = 0; k < 100000 && !r.done; k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_int_equal(r.done, 1);
+	assert_int_equal(r.finish, CTRL_FINISH_LENGTH);
+	assert_int_equal(r.n, 1); /* the one scored prompt position, no token */
 	ctrl_sched_destroy(s);
 	/* More groups than the chain takes. */
 	o.force_groups = 1000;

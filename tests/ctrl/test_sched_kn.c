@@ -23,6 +23,7 @@
 #include "kn_stage.h"
 #include "kvf_clock.h"
 #include "sched_harness.h"
+#include "sched_int.h"
 
 enum { N = 14 };
 
@@ -167,7 +168,8 @@ static struct ctrl_chain *kn_chain_ends(int32_t stages, int threaded, const int3
 	return ctrl_kn_chain_create(g_model, &ko, err, errlen);
 }
 
-static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
+/* A chain of @p stages with @p slots rows and a pool of @p blocks. */
+static struct ctrl_chain *kn_chain_pool(int32_t stages, int threaded, int32_t slots, int32_t blocks)
 {
 	struct ctrl_kn_chain_opts ko;
 	struct ctrl_chain *c;
@@ -176,8 +178,8 @@ static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
 	ctrl_kn_chain_opts_init(&ko);
 	ko.n_stages = stages;
 	ko.threaded = threaded;
-	ko.stage.n_slots = 8;
-	ko.stage.n_blocks = 24; /* fewer than 14 requests' worst case: some wait */
+	ko.stage.n_slots = slots;
+	ko.stage.n_blocks = blocks;
 	ko.stage.max_blocks_per_slot = 8;
 	ko.stage.plan_widths[0] = 8;
 	ko.stage.plan_widths[1] = 32;
@@ -187,6 +189,11 @@ static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
 	if (c == NULL)
 		fail_msg("ctrl_kn_chain_create: %s", err);
 	return c;
+}
+
+static struct ctrl_chain *kn_chain(int32_t stages, int threaded)
+{
+	return kn_chain_pool(stages, threaded, 8, 24); /* fewer than 14 requests' worst case: some wait */
 }
 
 /* Request @p i of the set, as its solo run made it. */
@@ -678,6 +685,85 @@ static void prompt_logprobs_are_the_log_softmax_of_the_prompt_logits_in_any_chun
 	assert_true(st.prefix_hit_tokens > 0);
 	for (int i = 0; i < N; i++)
 		assert_memory_equal(got[0][i].lp, got[1][i].lp, sizeof(float) * (size_t)(got[0][i].n_p < 48 ? got[0][i].n_p : 48));
+	ctrl_sched_destroy(s);
+	ctrl_chain_destroy(c);
+}
+
+/*
+ * The n choices of one request (ctrl_request.prefill_from): the later ones
+ * wait for the first one's prompt and read its whole blocks, computing only
+ * their last partial block, so the set's prompts are computed once, and
+ * every choice (same seed: the same draws) answers as its solo run. When
+ * the first choice is cancelled mid-prompt the others compute theirs.
+ */
+static void the_choices_of_a_request_compute_its_prompt_once_and_each_answers_as_alone(void **state)
+{
+	enum { K = 4 };
+	static struct rec got[N][K];
+	struct ctrl_chain *c = kn_chain_pool(2, 1, N * K, N * K * 6); /* every choice admitted at once */
+	struct ctrl_sched *s = set_sched(c, 1, 0);
+	struct ctrl_sched_stats st;
+	uint64_t shared = 0, cols = 0;
+
+	(void)state;
+	memset(got, 0, sizeof(got));
+	for (int i = 0; i < N; i++) {
+		for (int k = 0; k < K; k++) {
+			struct ctrl_request rq;
+
+			request_of(&rq, i);
+			rq.cb = rec_cb;
+			rq.cb_arg = &got[i][k];
+			rq.prefill_from = k ? (uint64_t)got[i][0].id : 0;
+			got[i][k].id = ctrl_sched_submit(s, &rq);
+			assert_true(got[i][k].id > 0);
+		}
+		shared += (uint64_t)(K - 1) * (uint64_t)((g_len[i] - 1) / KN_PAGE_BLK * KN_PAGE_BLK);
+		cols += (uint64_t)K * (uint64_t)g_len[i];
+	}
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_true(ctrl_sched_drained(s));
+	for (int i = 0; i < N; i++)
+		for (int k = 0; k < K; k++) {
+			assert_int_equal(got[i][k].finish, CTRL_FINISH_LENGTH);
+			assert_int_equal(got[i][k].n, g_ref[i].n);
+			assert_memory_equal(got[i][k].toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+		}
+	ctrl_sched_stats(s, &st);
+	printf("%d requests x %d choices: %llu prompt positions read from the first choice's blocks (want %llu), "
+	       "%llu computed of %llu\n", N, K, (unsigned long long)st.prefill_shared_tokens,
+	       (unsigned long long)shared, (unsigned long long)st.prefill_cols, (unsigned long long)cols);
+	assert_int_equal(st.prefill_shared_tokens, shared);
+	assert_int_equal(st.prefill_cols, cols - shared);
+	assert_int_equal(st.blocks_in_use, 0);
+
+	/* the first choice cancelled with its prompt's first chunk out: the
+	 * others compute their own prompt, and answer as alone */
+	memset(got, 0, sizeof(got));
+	for (int k = 0; k < K; k++) {
+		struct ctrl_request rq;
+
+		request_of(&rq, 4); /* 31 positions: two launches of the prompt */
+		rq.cb = rec_cb;
+		rq.cb_arg = &got[0][k];
+		rq.prefill_from = k ? (uint64_t)got[0][0].id : 0;
+		got[0][k].id = ctrl_sched_submit(s, &rq);
+	}
+	assert_true(ctrl_sched_poll(s) >= 0);
+	assert_int_equal(s->n_pf_wait, K - 1);
+	assert_int_equal(ctrl_sched_cancel(s, (uint64_t)got[0][0].id), 0);
+	for (long k = 0; k < 10000000 && !ctrl_sched_drained(s); k++)
+		assert_true(ctrl_sched_poll(s) >= 0);
+	assert_int_equal(got[0][0].finish, CTRL_FINISH_CANCELLED);
+	for (int k = 1; k < K; k++) {
+		assert_int_equal(got[0][k].finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(got[0][k].n, g_ref[4].n);
+		assert_memory_equal(got[0][k].toks, g_ref[4].toks, sizeof(int32_t) * (size_t)g_ref[4].n);
+	}
+	assert_int_equal(s->n_pf_wait, 0);
+	ctrl_sched_stats(s, &st);
+	assert_int_equal(st.blocks_in_use, 0);
 	ctrl_sched_destroy(s);
 	ctrl_chain_destroy(c);
 }
@@ -2105,6 +2191,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(uneven_layer_ranges_give_every_request_its_solo_tokens_and_ranges_that_do_not_tile_are_refused),
 		cmocka_unit_test(top_logprobs_equal_the_log_softmax_of_the_solo_logits_best_first_with_each_requests_k),
 		cmocka_unit_test(prompt_logprobs_are_the_log_softmax_of_the_prompt_logits_in_any_chunking_batching_and_cache),
+		cmocka_unit_test(the_choices_of_a_request_compute_its_prompt_once_and_each_answers_as_alone),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 		cmocka_unit_test(a_remote_requests_first_token_goes_out_before_its_pages_and_ready_does_not_send_it_again),
