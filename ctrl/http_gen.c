@@ -214,6 +214,8 @@ static int match_stop(struct gen *g, size_t from)
 	if (best == SIZE_MAX)
 		return 0;
 	g->stop_hit = hit;
+	if (g->keep_stop) /* include_stop_str_in_output: the text ends with it */
+		best += strlen(g->stops[hit]);
 	g->text.len = best;
 	g->text.p[best] = 0;
 	g->cut = 1;

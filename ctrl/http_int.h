@@ -130,6 +130,7 @@ struct gen {
 	int lp_report;               /* GEN_NATIVE: return_logprob */
 	int lp_text;                 /* GEN_NATIVE: return_text_in_logprobs */
 	int stop_hit;                /* the stop string that cut the text, -1: none */
+	int keep_stop;               /* the stop string stays at the end of the text */
 	int32_t stop_token;          /* the token that ended it (CTRL_FINISH_STOP), -1: none */
 	struct lp_ent *lp;           /* one per generated token */
 	size_t lp_n, lp_cap, lp_sent;
@@ -257,6 +258,12 @@ struct http_gen_req {
 	                                /generate's logprob_start_len >= 0) */
 	int64_t lp_start;            /* /generate's logprob_start_len (-1: none) */
 	int no_tokens;               /* max_tokens 0 was asked: the prompt alone (echo) */
+	int32_t *stop_ids;           /* stop_token_ids (vLLM's, SGLang's) [n_stop_ids] (malloc'd) */
+	int n_stop_ids;
+	int skip_special;            /* skip_special_tokens (default 1): special tokens' text left out */
+	int keep_stop;               /* include_stop_str_in_output / no_stop_trim: a stop string stays */
+	int add_special;             /* /v1/completions' add_special_tokens (default 1: BOS) */
+	int64_t truncate;            /* truncate_prompt_tokens: keep the prompt's last this many (0: all) */
 	char **stops;                /* [n_stops] non-empty stop strings (malloc'd) */
 	int n_stops;
 	size_t max_stop;             /* the longest one's length */
@@ -315,6 +322,8 @@ int http_opt_bool(json_t *req, const char *key, int *out, struct http_verr *e);
 int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
 		    struct http_verr *e);
 int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* stop_token_ids of @p obj into q->stop_ids. */
+int http_read_stop_ids(struct ctrl_http *h, json_t *obj, struct http_gen_req *q, struct http_verr *e);
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e);
 /* A request with bootstrap_room (read) that asks for no tokens or for prompt
  * logprobs (@p mt, @p lp: their fields' names) is refused: 0 or -1. */

@@ -50,10 +50,7 @@ static const struct http_fixed g_sp_fixed[] = {
 	{"frequency_penalty", HTTP_NEUTRAL_ZERO, "0"},
 	{"presence_penalty", HTTP_NEUTRAL_ZERO, "0"},
 	{"repetition_penalty", HTTP_NEUTRAL_ONE, "1"},
-	{"stop_token_ids", HTTP_NEUTRAL_EMPTY, "[]"},
-	{"skip_special_tokens", HTTP_NEUTRAL_TRUE, "true"},
 	{"spaces_between_special_tokens", HTTP_NEUTRAL_TRUE, "true"},
-	{"no_stop_trim", HTTP_NEUTRAL_FALSE, "false"},
 	{"json_schema", HTTP_NEUTRAL_EMPTY, "null"},
 	{"regex", HTTP_NEUTRAL_EMPTY, "null"},
 	{"ebnf", HTTP_NEUTRAL_EMPTY, "null"},
@@ -65,7 +62,7 @@ static const struct http_fixed g_sp_fixed[] = {
 /* Sampling parameters read below, or that change nothing generated. */
 static const char *const g_sp_read[] = {
 	"max_new_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos", "sampling_seed", "seed",
-	"stream_interval",
+	"stream_interval", "stop_token_ids", "skip_special_tokens", "no_stop_trim",
 };
 
 static int known_sp(const char *key)
@@ -79,7 +76,7 @@ static int known_sp(const char *key)
 	return 0;
 }
 
-static int read_sampling(json_t *sp, struct http_gen_req *q, struct http_verr *e)
+static int read_sampling(struct ctrl_http *h, json_t *sp, struct http_gen_req *q, struct http_verr *e)
 {
 	const char *key;
 	json_t *v;
@@ -94,14 +91,17 @@ static int read_sampling(json_t *sp, struct http_gen_req *q, struct http_verr *e
 		if (!known_sp(key))
 			return http_verr_set(e, 400, key, "unsupported_parameter",
 					     "sampling_params has an unknown parameter '%s' (kvferry reads max_new_tokens, "
-					     "temperature, top_p, top_k, stop, ignore_eos, sampling_seed)", key);
+					     "temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, skip_special_tokens, "
+					     "no_stop_trim, sampling_seed)", key);
 	}
 	if (http_check_fixed(sp, g_sp_fixed, sizeof(g_sp_fixed) / sizeof(g_sp_fixed[0]), "sampling_params ", e))
 		return -1;
 	if (http_opt_int(sp, "max_new_tokens", 0, INT32_MAX, &q->max_tokens, e) < 0
 	    || http_opt_num(sp, "temperature", 0, 2, &q->temperature, e) < 0
 	    || http_opt_num(sp, "top_p", 0, 1, &q->top_p, e) < 0 || http_opt_int(sp, "top_k", -1, INT32_MAX, &q->top_k, e) < 0
-	    || http_opt_bool(sp, "ignore_eos", &q->ignore_eos, e) < 0)
+	    || http_opt_bool(sp, "ignore_eos", &q->ignore_eos, e) < 0 || http_read_stop_ids(h, sp, q, e)
+	    || http_opt_bool(sp, "skip_special_tokens", &q->skip_special, e) < 0
+	    || http_opt_bool(sp, "no_stop_trim", &q->keep_stop, e) < 0)
 		return -1;
 	q->no_tokens = json_is_integer(json_object_get(sp, "max_new_tokens")) && q->max_tokens == 0;
 	if (q->top_p <= 0)
@@ -148,7 +148,7 @@ int http_read_native(struct ctrl_http *h, json_t *req, struct http_gen_req *q, s
 	q->rid = json_string_value(v);
 	q->lp_on = 1; /* the output ids are the logprob entries' tokens */
 	q->lp_top = q->lp_report ? (int32_t)top : 0;
-	if (read_sampling(json_object_get(req, "sampling_params"), q, e) || http_read_bootstrap(req, q, e))
+	if (read_sampling(h, json_object_get(req, "sampling_params"), q, e) || http_read_bootstrap(req, q, e))
 		return -1;
 	/* the prompt's logprobs from logprob_start_len on (with return_logprob, as SGLang's) */
 	if (!q->lp_report)

@@ -48,9 +48,9 @@ static struct gen *choice(struct gen *g, int i)
 
 /* Prompt logprobs: an entry per prompt token, not yet scored, whose text
  * (@p echo) starts where the echoed prompt's decoding puts it. */
-static int prompt_entries(struct gen *g, const int32_t *ids, int echo, struct http_verr *e)
+static int prompt_entries(struct gen *g, const int32_t *ids, int echo, unsigned flags, struct http_verr *e)
 {
-	struct kn_tok_stream *ds = echo ? kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL) : NULL;
+	struct kn_tok_stream *ds = echo ? kn_tok_stream_new(g->h->tok, flags) : NULL;
 	size_t off = 0;
 	char buf[512];
 
@@ -77,6 +77,8 @@ static int prompt_entries(struct gen *g, const int32_t *ids, int echo, struct ht
  * q->more[p - 1]); a choice past the first copies the lead's stop strings. */
 static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct http_verr *e)
 {
+	unsigned flags = q->skip_special ? KN_TOK_SKIP_SPECIAL : 0; /* the text's decoding */
+
 	g->stream = q->stream;
 	g->include_usage = q->include_usage;
 	g->lp_on = q->lp_on;
@@ -97,7 +99,8 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		if (g->n_stops < l->n_stops)
 			return http_verr_set(e, 500, NULL, NULL, "out of memory copying the stop strings");
 	}
-	g->ds = kn_tok_stream_new(g->h->tok, KN_TOK_SKIP_SPECIAL);
+	g->keep_stop = q->keep_stop;
+	g->ds = kn_tok_stream_new(g->h->tok, flags);
 	if (!g->ds)
 		return http_verr_set(e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));
 	if (q->echo) {
@@ -105,7 +108,7 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		char *txt = NULL;
 		size_t len = 0;
 		int rc = kn_tok_decode(g->h->tok, p ? q->more[p - 1].ids : q->ids, p ? q->more[p - 1].n_ids : q->n_ids,
-				       KN_TOK_SKIP_SPECIAL, &txt, &len);
+				       flags, &txt, &len);
 
 		if (rc || kvf_buf_add(&g->text, txt, len)) {
 			free(txt);
@@ -122,7 +125,7 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 		g->plp_src = choice(g->lead, first);
 		return 0;
 	}
-	if (q->prompt_lp && prompt_entries(g, p ? q->more[p - 1].ids : q->ids, q->echo, e))
+	if (q->prompt_lp && prompt_entries(g, p ? q->more[p - 1].ids : q->ids, q->echo, flags, e))
 		return -1;
 	return 0;
 }
@@ -225,6 +228,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	struct http_gen_req q;
 	struct gen *g;
 	struct ctrl_request r;
+	int32_t *stops = NULL;
 	int n_sub = 0, total;
 
 	memset(&e, 0, sizeof(e));
@@ -275,6 +279,18 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 	memset(&r, 0, sizeof(r));
 	r.stop_ids = q.ignore_eos ? NULL : h->stop_ids;
 	r.n_stop = q.ignore_eos ? 0 : h->n_stop;
+	if (q.n_stop_ids > 0) {
+		/* the model's end tokens (unless ignore_eos), then the request's */
+		stops = malloc(sizeof(int32_t) * (size_t)(r.n_stop + q.n_stop_ids));
+		if (!stops) {
+			http_verr_set(&e, 500, NULL, NULL, "out of memory for the stop token ids");
+			goto reject;
+		}
+		memcpy(stops, h->stop_ids, sizeof(int32_t) * (size_t)r.n_stop);
+		memcpy(stops + r.n_stop, q.stop_ids, sizeof(int32_t) * (size_t)q.n_stop_ids);
+		r.stop_ids = stops;
+		r.n_stop += q.n_stop_ids;
+	}
 	r.temperature = (float)q.temperature;
 	r.top_p = (float)q.top_p;
 	r.top_k = q.top_k < 0 ? 0 : (int32_t)q.top_k;
@@ -297,6 +313,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 			goto reject;
 	}
 	http_gen_req_free(&q);
+	free(stops);
 	cs->gen = g;
 	if (kind == GEN_CHAT)
 		atomic_fetch_add(&h->n_chat, 1);
@@ -324,6 +341,7 @@ enum MHD_Result http_generate(struct ctrl_http *h, struct MHD_Connection *c, str
 
 reject:
 	http_gen_req_free(&q);
+	free(stops);
 	/* the choices already submitted end (their finish events drop the
 	 * backend's references), then the connection's references go */
 	gen_abandon(g, n_sub);

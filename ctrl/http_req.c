@@ -99,9 +99,11 @@ static int check_model(struct ctrl_http *h, json_t *req, int required, struct ht
  * never believe a penalty, a bias, a tool or a format was applied when it was
  * not. (Penalties and logit_bias would be cheap in the CPU sampler, but the
  * CUDA backend samples on the device, kernels/cuda/sample.cu, and both must
- * draw the same token: they stay refused until both have them.) Fields not
- * listed here and not read elsewhere are ignored (user, metadata, store...):
- * none of them changes what is generated.
+ * draw the same token: they stay refused until both have them.) vLLM's
+ * extensions that change the answer are read (read_extras(), chat_flags())
+ * or listed here. Fields not listed and not read elsewhere are ignored
+ * (user, metadata, store, priority...): none of them changes what is
+ * generated.
  */
 static const struct http_fixed g_unsupported[] = {
 	{"logit_bias", HTTP_NEUTRAL_EMPTY, "{}"},
@@ -118,6 +120,17 @@ static const struct http_fixed g_unsupported[] = {
 	{"audio", HTTP_NEUTRAL_NULL, "null"},
 	/* vLLM's sampling extensions */
 	{"repetition_penalty", HTTP_NEUTRAL_ONE, "1"},
+	{"length_penalty", HTTP_NEUTRAL_ONE, "1"},
+	{"allowed_token_ids", HTTP_NEUTRAL_EMPTY, "null"},
+	{"bad_words", HTTP_NEUTRAL_EMPTY, "[]"},
+	{"logits_processors", HTTP_NEUTRAL_EMPTY, "null"},
+	{"return_tokens_as_token_ids", HTTP_NEUTRAL_FALSE, "false"},
+	{"prompt_logprobs", HTTP_NEUTRAL_NULL, "null"},
+	{"structured_outputs", HTTP_NEUTRAL_EMPTY, "null"},
+	{"continue_final_message", HTTP_NEUTRAL_FALSE, "false"},
+	{"add_generation_prompt", HTTP_NEUTRAL_TRUE, "true"},
+	{"chat_template", HTTP_NEUTRAL_EMPTY, "null"},
+	{"documents", HTTP_NEUTRAL_EMPTY, "null"},
 	{"min_p", HTTP_NEUTRAL_ZERO, "0"},
 	{"min_tokens", HTTP_NEUTRAL_ZERO, "0"},
 	{"use_beam_search", HTTP_NEUTRAL_FALSE, "false"},
@@ -253,6 +266,35 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 	return prompt_ids_at(h, p, param, param, add_special, ids, n, e);
 }
 
+/* chat_template_kwargs (vLLM's and SGLang's): the template variables a
+ * request sets. The templates are rendered in C (kn_tok_chat.c), which
+ * reads enable_thinking (Qwen 3's); any other is refused by name rather
+ * than ignored. @return 0 with *flags for kn_tok_apply_chat_flags(), or -1. */
+static int chat_flags(json_t *req, unsigned *flags, struct http_verr *e)
+{
+	json_t *kw = json_object_get(req, "chat_template_kwargs"), *v;
+	const char *key;
+
+	*flags = KN_CHAT_GEN;
+	if (!kw || json_is_null(kw))
+		return 0;
+	if (!json_is_object(kw))
+		return http_verr_set(e, 400, "chat_template_kwargs", "invalid_type",
+				     "'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
+	json_object_foreach(kw, key, v) {
+		if (strcmp(key, "enable_thinking"))
+			return http_verr_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
+					     "chat_template_kwargs '%s' is not supported: kvferry renders the chat template "
+					     "in C and reads only enable_thinking; remove it", key);
+		if (!json_is_boolean(v))
+			return http_verr_set(e, 400, "chat_template_kwargs", "invalid_type",
+					     "chat_template_kwargs 'enable_thinking' must be true or false");
+		if (json_is_false(v))
+			*flags |= KN_CHAT_NO_THINKING;
+	}
+	return 0;
+}
+
 /* Encode the prompt of a completion or chat request (or of /tokenize). */
 static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, int add_special,
 			 int32_t **ids, size_t *n, struct http_verr *e)
@@ -269,6 +311,7 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 		struct kvf_buf *texts;
 		size_t i, cnt;
 		char *prompt = NULL;
+		unsigned flags;
 		int ret = 0;
 
 		if (!msgs || json_is_null(msgs))
@@ -296,7 +339,12 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 			cm[i].role = role;
 			cm[i].content = texts[i].p ? texts[i].p : "";
 		}
-		rc = kn_tok_apply_chat(h->tok, cm, cnt, 1, &prompt);
+		rc = chat_flags(req, &flags, e);
+		if (rc) {
+			ret = -1;
+			goto chat_out;
+		}
+		rc = kn_tok_apply_chat_flags(h->tok, cm, cnt, flags, &prompt);
 		if (rc == -ENOTSUP) {
 			ret = http_verr_set(e, 400, "messages", "chat_template_unsupported",
 				  "this model has no usable chat template (%s); use /v1/completions",
@@ -409,6 +457,9 @@ void http_gen_req_free(struct http_gen_req *q)
 	for (int i = 0; i < q->n_stops; i++)
 		free(q->stops[i]);
 	free(q->stops);
+	free(q->stop_ids);
+	q->stop_ids = NULL;
+	q->n_stop_ids = 0;
 	free(q->ids);
 	for (int i = 0; i < q->n_more; i++)
 		free(q->more[i].ids);
@@ -486,10 +537,70 @@ static int read_prompt_list(struct ctrl_http *h, json_t *req, struct http_gen_re
 				   "only those)", i);
 		if (i)
 			q->n_more++;
-		if (prompt_ids_at(h, v, "prompt", which, 1, ids, n_ids, e))
+		if (prompt_ids_at(h, v, "prompt", which, q->add_special, ids, n_ids, e))
 			return -1;
 	}
 	return 0;
+}
+
+/* Most stop_token_ids a request may give. */
+#define HTTP_MAX_STOP_IDS 64
+
+int http_read_stop_ids(struct ctrl_http *h, json_t *obj, struct http_gen_req *q, struct http_verr *e)
+{
+	json_t *a = json_object_get(obj, "stop_token_ids"), *v;
+	int32_t vocab = kn_tok_vocab_size(h->tok);
+	size_t i;
+
+	if (!a || json_is_null(a))
+		return 0;
+	if (!json_is_array(a) || json_array_size(a) > HTTP_MAX_STOP_IDS)
+		return http_verr_set(e, 400, "stop_token_ids", "invalid_value",
+				     "'stop_token_ids' must be an array of at most %d token ids", HTTP_MAX_STOP_IDS);
+	q->stop_ids = malloc(sizeof(int32_t) * (json_array_size(a) + 1));
+	if (!q->stop_ids)
+		return http_verr_set(e, 500, NULL, NULL, "out of memory");
+	json_array_foreach(a, i, v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+			return http_verr_set(e, 400, "stop_token_ids", "invalid_value",
+					     "stop_token_ids[%zu] is not a token id of this model (0..%d)", i, vocab - 1);
+		q->stop_ids[q->n_stop_ids++] = (int32_t)json_integer_value(v);
+	}
+	return 0;
+}
+
+/* vLLM's output extensions both routes take (the OpenAI ones; /generate's
+ * sampling_params name the last one no_stop_trim). */
+static int read_extras(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct http_gen_req *q,
+		       struct http_verr *e)
+{
+	int add_special = kind == GEN_COMPLETION;
+
+	if (http_read_stop_ids(h, req, q, e) || http_opt_bool(req, "skip_special_tokens", &q->skip_special, e) < 0
+	    || http_opt_bool(req, "include_stop_str_in_output", &q->keep_stop, e) < 0
+	    || http_opt_int(req, "truncate_prompt_tokens", 1, INT32_MAX, &q->truncate, e) < 0
+	    || http_opt_bool(req, "add_special_tokens", &add_special, e) < 0)
+		return -1;
+	if (kind == GEN_CHAT && add_special)
+		return http_verr_set(e, 400, "add_special_tokens", "unsupported_value",
+				     "'add_special_tokens' true on chat: the chat template writes the special tokens "
+				     "(BOS) itself, and another would go in front; remove it");
+	q->add_special = add_special;
+	return 0;
+}
+
+/* Keep the last q->truncate tokens of every prompt (truncate_prompt_tokens). */
+static void truncate_prompts(struct http_gen_req *q)
+{
+	for (int i = 0; q->truncate > 0 && i <= q->n_more; i++) {
+		int32_t *ids = i ? q->more[i - 1].ids : q->ids;
+		size_t *n = i ? &q->more[i - 1].n_ids : &q->n_ids;
+
+		if ((int64_t)*n > q->truncate) {
+			memmove(ids, ids + (*n - (size_t)q->truncate), sizeof(int32_t) * (size_t)q->truncate);
+			*n = (size_t)q->truncate;
+		}
+	}
 }
 
 /* http_read_gen() up to the encoded prompt, in the order its errors are
@@ -505,6 +616,8 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 	q->top_p = 1.0;
 	q->room = -1;
 	q->lp_start = -1;
+	q->skip_special = 1;
+	q->add_special = 1;
 	q->n = 1;
 	q->seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ atomic_fetch_add(&h->seq, 1) * 0xbf58476d1ce4e5b9ull;
 	if (kind == GEN_NATIVE)
@@ -570,7 +683,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		q->lp_on = on;
 		q->lp_top = on ? (int32_t)iv : 0;
 	}
-	if (http_read_stops(req, q, e))
+	if (http_read_stops(req, q, e) || read_extras(h, kind, req, q, e))
 		return -1;
 	if (kind == GEN_COMPLETION && http_opt_bool(req, "echo", &q->echo, e) < 0)
 		return -1;
@@ -584,7 +697,7 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		return -1;
 	if (kind == GEN_COMPLETION && (rc = read_prompt_list(h, req, q, e)) <= 0)
 		return rc;
-	return encode_prompt(h, req, kind, 1, &q->ids, &q->n_ids, e);
+	return encode_prompt(h, req, kind, q->add_special, &q->ids, &q->n_ids, e);
 }
 
 /* One prompt of @p n_ids tokens against the context and the pool: fills
@@ -639,6 +752,7 @@ int http_read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct h
 	memset(e, 0, sizeof(*e));
 	if (read_gen(h, kind, req, q, e))
 		goto fail;
+	truncate_prompts(q);
 	if (q->prompt_param != NULL)
 		what = q->prompt_param;
 	asked = q->max_tokens;

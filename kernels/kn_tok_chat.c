@@ -16,6 +16,8 @@
  *                                      them share it; the template drops other roles: we refuse
  *     reasoning "</think>"             (Qwen 3) <think> split off assistant turns after the
  *                                      last user query
+ *     "enable_thinking"                (Qwen 3) false: the answer opens with an empty
+ *                                      <think>\n\n</think>\n\n (KN_CHAT_NO_THINKING)
  *   Llama 3   "<|start_header_id|>"    BOS, <|start_header_id|>ROLE<|end_header_id|>\n\n,
  *                                      content | trim (Python's str.strip()), <|eot_id|>
  *     no "add_generation_prompt"       (3.0 as first released) the assistant header always
@@ -196,8 +198,9 @@ static int chatml_assistant(const struct kn_tok *t, struct kn_tok_buf *b, const 
 }
 
 static int render_chatml(const struct kn_tok *t, const struct kn_chat_msg *m, size_t n,
-			 int gen, struct kn_tok_buf *b)
+			 unsigned flags, struct kn_tok_buf *b)
 {
+	int gen = (flags & KN_CHAT_GEN) != 0;
 	size_t last_query = n ? n - 1 : 0;
 	int rc = 0;
 
@@ -234,6 +237,8 @@ static int render_chatml(const struct kn_tok *t, const struct kn_chat_msg *m, si
 	}
 	if (gen)
 		rc |= kn_tok_buf_str(b, "<|im_start|>assistant\n");
+	if (gen && t->chat_think_switch && (flags & KN_CHAT_NO_THINKING)) /* Qwen 3's enable_thinking false */
+		rc |= kn_tok_buf_str(b, "<think>\n\n</think>\n\n");
 	return rc ? -ENOMEM : 0;
 }
 
@@ -304,6 +309,12 @@ static int render_llama3(const struct kn_tok *t, const struct kn_chat_msg *m, si
 int kn_tok_apply_chat(const struct kn_tok *t, const struct kn_chat_msg *msgs,
 		      size_t n, int add_generation_prompt, char **out)
 {
+	return kn_tok_apply_chat_flags(t, msgs, n, add_generation_prompt ? KN_CHAT_GEN : 0, out);
+}
+
+int kn_tok_apply_chat_flags(const struct kn_tok *t, const struct kn_chat_msg *msgs, size_t n, unsigned flags,
+			    char **out)
+{
 	struct kn_tok_buf b = { 0 };
 	int rc;
 
@@ -317,10 +328,10 @@ int kn_tok_apply_chat(const struct kn_tok *t, const struct kn_chat_msg *msgs,
 		return -ENOMEM;
 	switch (t->chat) {
 	case KN_CHAT_CHATML:
-		rc = render_chatml(t, msgs, n, add_generation_prompt, &b);
+		rc = render_chatml(t, msgs, n, flags, &b);
 		break;
 	case KN_CHAT_LLAMA3:
-		rc = render_llama3(t, msgs, n, add_generation_prompt, &b);
+		rc = render_llama3(t, msgs, n, (flags & KN_CHAT_GEN) != 0, &b);
 		break;
 	default:
 		rc = -ENOTSUP;
@@ -451,7 +462,7 @@ int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin)
 	free(t->chat_system);
 	t->chat_system = NULL;
 	t->chat = KN_CHAT_NONE;
-	t->chat_think = t->chat_tools = t->chat_gen_always = t->chat_dated = t->chat_today = 0;
+	t->chat_think = t->chat_think_switch = t->chat_tools = t->chat_gen_always = t->chat_dated = t->chat_today = 0;
 	t->eot_id = -1;
 	t->chat_err[0] = '\0';
 	if (!tmpl) {
@@ -462,6 +473,7 @@ int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin)
 	if (strstr(tmpl, "<|im_start|>")) {
 		t->chat = KN_CHAT_CHATML;
 		t->chat_think = strstr(tmpl, "</think>") != NULL;
+		t->chat_think_switch = t->chat_think && strstr(tmpl, "enable_thinking") != NULL;
 		t->chat_tools = strstr(tmpl, "<tool_response>") != NULL;
 		t->eot_id = kn_tok_token_to_id(t, "<|im_end|>");
 		return find_default_system(t, tmpl);

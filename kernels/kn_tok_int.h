@@ -95,6 +95,8 @@ struct kn_tok {
 	enum kn_chat_family chat;
 	char *chat_system;        /* ChatML default system prompt, or NULL */
 	int chat_think;           /* ChatML template splits <think> off replies (Qwen3) */
+	int chat_think_switch;    /* ... and reads enable_thinking: false opens the answer with an
+	                             empty <think> block (Qwen3) */
 	int chat_tools;           /* ChatML: Qwen 2.5/3 tool turns; unknown roles refused */
 	int chat_gen_always;      /* template ends with the assistant header always */
 	int chat_dated;           /* Llama 3.1+ template: dated system block */

@@ -254,6 +254,18 @@ int kn_tok_load_chat_template(struct kn_tok *tok, const char *path, char *err, s
 int kn_tok_apply_chat(const struct kn_tok *tok, const struct kn_chat_msg *msgs,
 		      size_t n, int add_generation_prompt, char **out);
 
+/** kn_tok_apply_chat_flags(): end with the assistant header (add_generation_prompt). */
+#define KN_CHAT_GEN 0x1u
+/** kn_tok_apply_chat_flags(): enable_thinking false (a chat_template_kwargs key):
+ *  a template that reads it (Qwen 3) opens the answer with an empty
+ *  <think></think> block, so the model answers without reasoning; the
+ *  others ignore it, as their Jinja does. */
+#define KN_CHAT_NO_THINKING 0x2u
+
+/** kn_tok_apply_chat() with KN_CHAT_* @p flags. */
+int kn_tok_apply_chat_flags(const struct kn_tok *tok, const struct kn_chat_msg *msgs, size_t n, unsigned flags,
+			    char **out);
+
 /** @return why kn_tok_apply_chat() returns -ENOTSUP, or "" when it does not. */
 const char *kn_tok_chat_error(const struct kn_tok *tok);
 

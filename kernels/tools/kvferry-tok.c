@@ -7,7 +7,7 @@
  *       in:  "text" or {"text": "..."}      out: {"ids": [..]}
  *   kvferry-tok decode --model DIR [--skip-special]
  *       in:  [ids] or {"ids": [..]}        out: {"text": "..."}
- *   kvferry-tok chat --model DIR [--gen] [--chat-template FILE|none]
+ *   kvferry-tok chat --model DIR [--gen] [--no-thinking] [--chat-template FILE|none]
  *       in:  [{"role": .., "content": ..}]  out: {"prompt": "...", "ids": [..]}
  *
  * --tokenizer FILE [--config FILE] replace --model. --chat-template replaces
@@ -30,7 +30,8 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: kvferry-tok encode|decode|chat (--model DIR | --tokenizer FILE "
 		"[--config FILE])\n"
-		"       [--no-special] [--bos] [--skip-special] [--gen] [--chat-template FILE|none] [--time]\n"
+		"       [--no-special] [--bos] [--skip-special] [--gen] [--no-thinking] [--chat-template FILE|none]\n"
+		"       [--time]\n"
 		"JSON lines on stdin, one JSON object per line on stdout.\n");
 }
 
@@ -71,7 +72,7 @@ int main(int argc, char **argv)
 {
 	const char *model = NULL, *tjson = NULL, *tcfg = NULL, *chat_tmpl = NULL, *cmd;
 	unsigned eflags = KN_TOK_SPECIAL, dflags = 0;
-	int gen = 0, timing = 0, failed = 0;
+	int gen = 0, no_think = 0, timing = 0, failed = 0;
 	char err[512];
 	struct kn_tok *tok;
 	char *line = NULL;
@@ -105,6 +106,8 @@ int main(int argc, char **argv)
 			dflags |= KN_TOK_SKIP_SPECIAL;
 		else if (strcmp(argv[i], "--gen") == 0)
 			gen = 1;
+		else if (strcmp(argv[i], "--no-thinking") == 0)
+			no_think = 1;
 		else if (strcmp(argv[i], "--time") == 0)
 			timing = 1;
 		else {
@@ -205,7 +208,8 @@ int main(int argc, char **argv)
 				m[i].content = json_string_value(
 					json_object_get(json_array_get(j, i), "content"));
 			}
-			rc = m ? kn_tok_apply_chat(tok, m, n, gen, &prompt) : -ENOMEM;
+			rc = m ? kn_tok_apply_chat_flags(tok, m, n, (gen ? KN_CHAT_GEN : 0u) |
+							 (no_think ? KN_CHAT_NO_THINKING : 0u), &prompt) : -ENOMEM;
 			if (rc == -ENOTSUP) {
 				put_string(stdout, "error", kn_tok_chat_error(tok), strlen(kn_tok_chat_error(tok)));
 				fputc('\n', stdout);

@@ -34,6 +34,8 @@ struct fake_req {
 	int32_t *prompt;
 	int32_t n_prompt, max_tokens, emitted;
 	int32_t plp_next, n_top;  /* prompt_logprobs: the next position to score; top logprobs asked */
+	int32_t stop_ids[80];     /* the request's stop ids: the fake stops at any of them */
+	int32_t n_stop_ids;
 	ctrl_token_cb cb;
 	void *arg;
 	atomic_int cancel;
@@ -84,6 +86,8 @@ static int64_t fake_submit(void *ctx, const struct ctrl_request *r)
 	if (r->prompt_logprobs > 0)
 		atomic_fetch_add(&f->plp_asked, 1);
 	q->n_top = r->n_logprobs;
+	for (int32_t k = 0; k < r->n_stop && k < 80; k++)
+		q->stop_ids[q->n_stop_ids++] = r->stop_ids[k];
 	q->cb = r->cb;
 	q->arg = r->cb_arg;
 	{
@@ -205,6 +209,11 @@ static void *fake_thread(void *arg)
 				ev.token = q->prompt[q->emitted % q->n_prompt];
 				ev.logprob = -0.5f;
 				ev.n_generated = ++q->emitted;
+				for (int32_t k = 0; k < q->n_stop_ids; k++)
+					if (q->stop_ids[k] == ev.token && ev.token != f->eos) {
+						ev.finish = CTRL_FINISH_STOP; /* a request's stop token */
+						break;
+					}
 			}
 			q->cb(q->arg, &ev);
 			if (ev.finish == CTRL_FINISH_NONE && q->emitted == q->max_tokens) {

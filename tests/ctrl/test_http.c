@@ -997,6 +997,92 @@ static void echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones
 	wait_idle();
 }
 
+/*
+ * vLLM's request extensions that change the answer and that kvferry
+ * implements: stop_token_ids, include_stop_str_in_output,
+ * skip_special_tokens, truncate_prompt_tokens, add_special_tokens and
+ * chat_template_kwargs' enable_thinking; the others are refused by name.
+ */
+static void vllms_extensions_are_applied_or_refused_by_name(void **state)
+{
+	json_t *t, *j, *plain;
+	int32_t ids[8];
+	int n = 0, nb;
+	size_t i;
+	json_t *v;
+	struct resp r;
+	const char *finish;
+	int events;
+
+	(void)state;
+	fake_reset();
+	t = post("/tokenize", 200, "{\"model\":\"tiny\",\"prompt\":\"abcdefgh\",\"add_special_tokens\":false}");
+	json_array_foreach(json_object_get(t, "tokens"), i, v)
+		if (n < 8)
+			ids[n++] = (int32_t)json_integer_value(v);
+	json_decref(t);
+	assert_true(n >= 4 && ids[2] != ids[0] && ids[2] != ids[1]);
+	/* stop_token_ids: the fake says the prompt back, so it stops at the third token */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":[%d,%d,%d,%d],\"max_tokens\":20,"
+		 "\"stop_token_ids\":[%d]}", ids[0], ids[1], ids[2], ids[3], ids[2]);
+	assert_string_equal(finish_of(j), "stop");
+	assert_int_equal(usage(j, "completion_tokens"), 3);
+	json_decref(j);
+	assert_error(400, "stop_token_ids", "invalid_value", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"stop_token_ids\":[-1]}");
+	/* include_stop_str_in_output: the stop string ends the text, streamed or not */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"aaa bbSTOcc STOP dd\",\"max_tokens\":400,"
+		 "\"stop\":\"STOP\",\"include_stop_str_in_output\":true}");
+	assert_string_equal(text_of(j), "aaa bbSTOcc STOP");
+	json_decref(j);
+	assert_int_equal(request("POST", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"aaa bbSTOcc STOP dd\","
+				 "\"max_tokens\":400,\"stream\":true,\"stop\":\"STOP\",\"include_stop_str_in_output\":true}",
+				 0, &r), CURLE_OK);
+	assert_string_equal(sse_text(r.body, 0, &finish, &events, NULL), "aaa bbSTOcc STOP");
+	assert_string_equal(finish, "stop");
+	resp_free(&r);
+	/* skip_special_tokens false: the chat template's special tokens the fake says back show */
+	plain = post("/v1/chat/completions", 200, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+		     "\"max_tokens\":4}");
+	j = post("/v1/chat/completions", 200, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+		 "\"max_tokens\":4,\"skip_special_tokens\":false}");
+	assert_null(strstr(text_of(plain), "<|im_start|>"));
+	assert_non_null(strstr(text_of(j), "<|im_start|>"));
+	json_decref(j);
+	/* chat_template_kwargs: enable_thinking is read (this template ignores it), others refused */
+	j = post("/v1/chat/completions", 200, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+		 "\"max_tokens\":4,\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+	assert_int_equal(usage(j, "prompt_tokens"), usage(plain, "prompt_tokens"));
+	json_decref(j);
+	json_decref(plain);
+	assert_error(400, "chat_template_kwargs", "unsupported_parameter", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template_kwargs\":{\"tools\":1}}");
+	assert_error(400, "chat_template_kwargs", "invalid_type", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template_kwargs\":\"x\"}");
+	/* truncate_prompt_tokens: the prompt's last k tokens */
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":[%d,%d,%d,%d],\"max_tokens\":1,\"echo\":true,"
+		 "\"truncate_prompt_tokens\":2}", ids[0], ids[1], ids[2], ids[3]);
+	assert_int_equal(usage(j, "prompt_tokens"), 2);
+	assert_memory_equal(text_of(j), "cd", 2);
+	json_decref(j);
+	/* add_special_tokens false: the prompt as /tokenize encodes it without them */
+	nb = count_tokens("abcdefgh");
+	j = post("/v1/completions", 200, "{\"model\":\"tiny\",\"prompt\":\"abcdefgh\",\"max_tokens\":1,\"add_special_tokens\":false}");
+	assert_int_equal(usage(j, "prompt_tokens"), n);
+	assert_true(nb >= n);
+	json_decref(j);
+	assert_error(400, "add_special_tokens", "unsupported_value", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_special_tokens\":true}");
+	/* the extensions kvferry does not implement */
+	assert_error(400, "bad_words", "unsupported_parameter", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"bad_words\":[\"no\"]}");
+	assert_error(400, "add_generation_prompt", "unsupported_parameter", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_generation_prompt\":false}");
+	assert_error(400, "allowed_token_ids", "unsupported_parameter", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\",\"allowed_token_ids\":[1,2]}");
+	wait_idle();
+}
+
 static void parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default(void **state)
 {
 	static const char *const refused[][2] = {
@@ -1483,6 +1569,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(response_ids_are_unique_even_for_seeded_requests_in_one_second),
 		cmocka_unit_test(echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt),
 		cmocka_unit_test(echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones),
+		cmocka_unit_test(vllms_extensions_are_applied_or_refused_by_name),
 		cmocka_unit_test(parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default),
 		cmocka_unit_test(a_model_is_retrieved_by_its_id_and_another_id_is_a_404),
 		cmocka_unit_test(content_lengths_two_readers_could_frame_differently_are_refused_and_closed),

@@ -224,6 +224,29 @@ static void generate_reports_the_prompts_logprobs_from_logprob_start_len(void **
 	wait_idle();
 }
 
+/* sampling_params' stop_token_ids (the finish names the token), no_stop_trim
+ * (the stop string stays) and skip_special_tokens, as SGLang's. */
+static void generate_takes_stop_token_ids_no_stop_trim_and_skip_special_tokens(void **state)
+{
+	json_t *j, *f;
+
+	(void)state;
+	fake_reset();
+	j = post("/generate", 200, "{\"input_ids\":[40,41,42,43],\"sampling_params\":{\"max_new_tokens\":9,"
+		 "\"stop_token_ids\":[42]}}");
+	f = json_object_get(json_object_get(j, "meta_info"), "finish_reason");
+	assert_string_equal(json_string_value(json_object_get(f, "type")), "stop");
+	assert_int_equal(json_integer_value(json_object_get(f, "matched")), 42);
+	assert_int_equal(json_array_size(json_object_get(j, "output_ids")), 3); /* 40, 41 and the stop token */
+	json_decref(j);
+	j = post("/generate", 200, "{\"text\":\"aaa STOP bb\",\"sampling_params\":{\"max_new_tokens\":50,\"stop\":\"STOP\","
+		 "\"no_stop_trim\":true,\"skip_special_tokens\":false}}");
+	assert_non_null(strstr(json_string_value(json_object_get(j, "text")), "aaa STOP"));
+	assert_null(strstr(json_string_value(json_object_get(j, "text")), "bb"));
+	json_decref(j);
+	wait_idle();
+}
+
 static void assert_refused(const char *param, const char *code, const char *body)
 {
 	struct resp r;
@@ -251,7 +274,9 @@ static void what_generate_cannot_do_is_refused_by_name(void **state)
 	assert_refused("text", "missing_required_parameter", "{\"sampling_params\":{}}");
 	assert_refused("frequency_penalty", "unsupported_parameter",
 		       "{\"text\":\"a\",\"sampling_params\":{\"frequency_penalty\":0.5}}");
-	assert_refused("stop_token_ids", "unsupported_parameter", "{\"text\":\"a\",\"sampling_params\":{\"stop_token_ids\":[5]}}");
+	assert_refused("stop_token_ids", "invalid_value", "{\"text\":\"a\",\"sampling_params\":{\"stop_token_ids\":[-5]}}");
+	assert_refused("spaces_between_special_tokens", "unsupported_parameter",
+		       "{\"text\":\"a\",\"sampling_params\":{\"spaces_between_special_tokens\":false}}");
 	assert_refused("bogus", "unsupported_parameter", "{\"text\":\"a\",\"sampling_params\":{\"bogus\":1}}");
 	assert_refused("logprob_start_len", "invalid_value", "{\"input_ids\":[5,6],\"return_logprob\":true,"
 		       "\"logprob_start_len\":2}");
@@ -331,6 +356,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(a_generate_stream_sends_the_answer_so_far_in_each_event_then_done),
 		cmocka_unit_test(generate_logprobs_come_as_logprob_id_text_triples),
 		cmocka_unit_test(generate_reports_the_prompts_logprobs_from_logprob_start_len),
+		cmocka_unit_test(generate_takes_stop_token_ids_no_stop_trim_and_skip_special_tokens),
 		cmocka_unit_test(what_generate_cannot_do_is_refused_by_name),
 		cmocka_unit_test(the_routes_sglangs_router_and_tools_call_answer),
 	};

@@ -125,10 +125,10 @@ def token_text(v):
 _compiled = {}
 
 
-def render_jinja(env, tmpl, cfg, msgs, gen):
+def render_jinja(env, tmpl, cfg, msgs, gen, think=None):
     if tmpl not in _compiled:
         _compiled[tmpl] = env.from_string(tmpl)
-    kw = {}
+    kw = {} if think is None else {"enable_thinking": think}
     for k in ("bos_token", "eos_token", "unk_token", "pad_token"):
         t = token_text(cfg.get(k))
         if t is not None:
@@ -138,8 +138,9 @@ def render_jinja(env, tmpl, cfg, msgs, gen):
                                   add_generation_prompt=gen, **kw)
 
 
-def render_c(tok, tokenizer, config, cases, gen):
-    cmd = [tok, "chat", "--tokenizer", tokenizer, "--config", config] + (["--gen"] if gen else [])
+def render_c(tok, tokenizer, config, cases, gen, think=None):
+    cmd = [tok, "chat", "--tokenizer", tokenizer, "--config", config] + (["--gen"] if gen else []) + \
+        (["--no-thinking"] if think is False else [])
     inp = "".join(json.dumps(c[1], ensure_ascii=False) + "\n" for c in cases)
     p = subprocess.run(cmd, input=inp.encode(), capture_output=True)
     # split on "\n" only: str.splitlines() also breaks at U+2028, U+0085, ...
@@ -150,13 +151,13 @@ def render_c(tok, tokenizer, config, cases, gen):
     return [json.loads(line) for line in lines]
 
 
-def drops_a_message(env, tmpl, cfg, msgs, gen, want):
+def drops_a_message(env, tmpl, cfg, msgs, gen, want, think=None):
     """Whether the template renders nothing for one of the messages: the
     conversation without it renders the same."""
     for i in range(len(msgs)):
         rest = msgs[:i] + msgs[i + 1:]
         try:
-            if rest and render_jinja(env, tmpl, cfg, rest, gen) == want:
+            if rest and render_jinja(env, tmpl, cfg, rest, gen, think) == want:
                 return True
         except jinja2.exceptions.TemplateError:
             pass
@@ -179,11 +180,12 @@ def check_template(env, tok, name, tmpl, tokenizer, base_cfg_path, work):
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False)
     fails = compared = refused = 0
-    for gen in (False, True):
-        got = render_c(tok, tokenizer, cfg_path, CASES, gen)
+    # and chat_template_kwargs {"enable_thinking": false} (Qwen 3 reads it)
+    for gen, think in ((False, None), (True, None), (True, False)):
+        got = render_c(tok, tokenizer, cfg_path, CASES, gen, think)
         for (case, msgs), c in zip(CASES, got):
             try:
-                want = render_jinja(env, tmpl, cfg, msgs, gen)
+                want = render_jinja(env, tmpl, cfg, msgs, gen, think)
             except jinja2.exceptions.TemplateError as e:
                 want = None
                 why = str(e)
@@ -191,7 +193,7 @@ def check_template(env, tok, name, tmpl, tokenizer, base_cfg_path, work):
                 if want is None:
                     refused += 1  # both refuse
                     continue
-                if drops_a_message(env, tmpl, cfg, msgs, gen, want):
+                if drops_a_message(env, tmpl, cfg, msgs, gen, want, think):
                     refused += 1  # the template drops a message; C refuses instead
                     continue
                 print("FAIL %s %s gen=%d: the C renderer refused (%s); jinja2 renders %r" %
@@ -259,7 +261,7 @@ def main():
                     os.path.join(out, "tokenizer_config.json"))
 
     fails = sum(check_template(env, tok, *t, work) for t in targets)
-    print("%d templates x %d conversations x add_generation_prompt off/on: %s" %
+    print("%d templates x %d conversations x add_generation_prompt off/on/on with enable_thinking false: %s" %
           (len(targets), len(CASES), "%d mismatches" % fails if fails else "all equal"))
     return 1 if fails else 0
 
