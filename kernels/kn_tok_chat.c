@@ -18,6 +18,9 @@
  *                                      last user query
  *     "enable_thinking"                (Qwen 3) false: the answer opens with an empty
  *                                      <think>\n\n</think>\n\n (KN_CHAT_NO_THINKING)
+ *     "<tools>" and "<tool_call>"      (Qwen 2.5, 3) `tools` listed in the system turn, each
+ *                                      through tojson (json.dumps' format: add_py_json()),
+ *                                      an assistant turn's tool calls as <tool_call> JSON
  *   Llama 3   "<|start_header_id|>"    BOS, <|start_header_id|>ROLE<|end_header_id|>\n\n,
  *                                      content | trim (Python's str.strip()), <|eot_id|>
  *     no "add_generation_prompt"       (3.0 as first released) the assistant header always
@@ -36,6 +39,7 @@
  * the templates of tests/kernels/data/chat/ and of every models/ directory.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +132,98 @@ static int add_json_string(struct kn_tok_buf *b, const char *s)
 	return rc | kn_tok_buf_add(b, "\"", 1);
 }
 
+/* A float as Python's repr() writes it (json.dumps uses it): the shortest
+ * digits that read back to the same double, fixed notation from 1e-4 up to
+ * 1e16 (with ".0" when whole), else d.ddde+XX. */
+static int add_py_float(struct kn_tok_buf *b, double x)
+{
+	char e[40], d[24], out[64];
+	int p = 1, exp, nd = 0, o = 0;
+
+	for (; p <= 17; p++) {
+		snprintf(e, sizeof(e), "%.*e", p - 1, x);
+		if (strtod(e, NULL) == x)
+			break;
+	}
+	/* e: [-]D[.DDD]e[+-]XX */
+	for (const char *c = e; *c && *c != 'e'; c++)
+		if (*c >= '0' && *c <= '9')
+			d[nd++] = *c;
+	d[nd] = 0;
+	exp = atoi(strchr(e, 'e') + 1);
+	if (signbit(x))
+		out[o++] = '-';
+	if (exp >= -4 && exp < 16) {
+		if (exp < 0) {
+			o += snprintf(out + o, sizeof(out) - (size_t)o, "0.");
+			for (int k = -1; k > exp; k--)
+				out[o++] = '0';
+			o += snprintf(out + o, sizeof(out) - (size_t)o, "%s", d);
+		} else {
+			for (int k = 0; k <= exp; k++)
+				out[o++] = k < nd ? d[k] : '0';
+			out[o++] = '.';
+			if (nd > exp + 1)
+				o += snprintf(out + o, sizeof(out) - (size_t)o, "%s", d + exp + 1);
+			else
+				out[o++] = '0';
+		}
+	} else {
+		out[o++] = d[0];
+		if (nd > 1)
+			o += snprintf(out + o, sizeof(out) - (size_t)o, ".%s", d + 1);
+		o += snprintf(out + o, sizeof(out) - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+	}
+	return kn_tok_buf_add(b, out, (size_t)o);
+}
+
+/* A JSON value as transformers' tojson writes it: json.dumps with
+ * ensure_ascii=False and the default separators ", " and ": ", keys in
+ * their order. */
+static int add_py_json(struct kn_tok_buf *b, const json_t *v)
+{
+	const char *key;
+	json_t *x;
+	size_t i;
+	int rc = 0, first = 1;
+	char num[32];
+
+	switch (json_typeof(v)) {
+	case JSON_OBJECT:
+		rc |= kn_tok_buf_add(b, "{", 1);
+		json_object_foreach((json_t *)v, key, x) {
+			if (!first)
+				rc |= kn_tok_buf_add(b, ", ", 2);
+			first = 0;
+			rc |= add_json_string(b, key);
+			rc |= kn_tok_buf_add(b, ": ", 2);
+			rc |= add_py_json(b, x);
+		}
+		return rc | kn_tok_buf_add(b, "}", 1);
+	case JSON_ARRAY:
+		rc |= kn_tok_buf_add(b, "[", 1);
+		json_array_foreach(v, i, x) {
+			if (i)
+				rc |= kn_tok_buf_add(b, ", ", 2);
+			rc |= add_py_json(b, x);
+		}
+		return rc | kn_tok_buf_add(b, "]", 1);
+	case JSON_STRING:
+		return add_json_string(b, json_string_value(v));
+	case JSON_INTEGER:
+		snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+		return kn_tok_buf_str(b, num);
+	case JSON_REAL:
+		return add_py_float(b, json_real_value(v));
+	case JSON_TRUE:
+		return kn_tok_buf_str(b, "true");
+	case JSON_FALSE:
+		return kn_tok_buf_str(b, "false");
+	default:
+		return kn_tok_buf_str(b, "null");
+	}
+}
+
 static const char *last_strstr(const char *h, const char *n)
 {
 	const char *r = NULL, *p;
@@ -157,16 +253,55 @@ static int chatml_turn(struct kn_tok_buf *b, const char *role, const char *conte
 	return rc;
 }
 
-/* Qwen3: an assistant turn's reasoning sits between <think> and </think>. */
-static int chatml_assistant(const struct kn_tok *t, struct kn_tok_buf *b, const char *c,
+/* An assistant turn's tool calls as Qwen 2.5 (each after a newline) or
+ * Qwen 3 (a newline between them, and before the first after content)
+ * write them; the arguments through tojson. 0, -ENOMEM or -EBADMSG. */
+static int chatml_calls(const struct kn_tok *t, struct kn_tok_buf *b, const struct kn_chat_msg *m, int content)
+{
+	int rc = 0;
+
+	for (size_t k = 0; k < m->n_calls; k++) {
+		json_t *a = json_loads(m->calls[k].arguments ? m->calls[k].arguments : "", JSON_DECODE_ANY, NULL);
+
+		if (!a || !m->calls[k].name) {
+			json_decref(a);
+			return -EBADMSG;
+		}
+		if (!t->chat_think || k > 0 || content)
+			rc |= kn_tok_buf_add(b, "\n", 1);
+		rc |= kn_tok_buf_str(b, "<tool_call>\n{\"name\": \"");
+		rc |= kn_tok_buf_str(b, m->calls[k].name);
+		rc |= kn_tok_buf_str(b, "\", \"arguments\": ");
+		rc |= add_py_json(b, a);
+		rc |= kn_tok_buf_str(b, "}\n</tool_call>");
+		json_decref(a);
+	}
+	return rc ? -ENOMEM : 0;
+}
+
+/* Qwen3: an assistant turn's reasoning sits between <think> and </think>;
+ * Qwen 2.5 and 3: its tool calls follow its content. 0, -ENOMEM, -EBADMSG. */
+static int chatml_assistant(const struct kn_tok *t, struct kn_tok_buf *b, const struct kn_chat_msg *m,
 			    int after_query, int last)
 {
-	const char *content = c, *end = strstr(c, "</think>");
+	const char *c = m->content, *content = c, *end = strstr(c, "</think>");
 	const char *r = "", *re = r;
 	int rc = 0;
 
+	if (!t->chat_think && m->n_calls) {
+		rc |= kn_tok_buf_str(b, "<|im_start|>assistant");
+		if (*c) {
+			rc |= kn_tok_buf_add(b, "\n", 1);
+			rc |= kn_tok_buf_str(b, c);
+		}
+		if (rc)
+			return -ENOMEM;
+		if ((rc = chatml_calls(t, b, m, 0)))
+			return rc;
+		return kn_tok_buf_str(b, "<|im_end|>\n") ? -ENOMEM : 0;
+	}
 	if (!t->chat_think)
-		return chatml_turn(b, "assistant", c);
+		return chatml_turn(b, "assistant", c) ? -ENOMEM : 0;
 	if (end) {
 		const char *tail = last_strstr(c, "</think>") + strlen("</think>");
 		const char *open;
@@ -193,16 +328,49 @@ static int chatml_assistant(const struct kn_tok *t, struct kn_tok_buf *b, const 
 	} else {
 		rc |= kn_tok_buf_str(b, content);
 	}
-	rc |= kn_tok_buf_str(b, "<|im_end|>\n");
+	if (rc)
+		return -ENOMEM;
+	if ((rc = chatml_calls(t, b, m, *content != 0)))
+		return rc;
+	return kn_tok_buf_str(b, "<|im_end|>\n") ? -ENOMEM : 0;
+}
+
+/* Qwen 2.5 and 3: the system turn that lists the tools. */
+static int chatml_tools(const struct kn_tok *t, struct kn_tok_buf *b, const struct kn_chat_msg *m, size_t n,
+			const json_t *tools)
+{
+	const char *sys = n && strcmp(m[0].role, "system") == 0 ? m[0].content : NULL;
+	size_t i;
+	json_t *x;
+	int rc = kn_tok_buf_str(b, "<|im_start|>system\n");
+
+	if (t->chat_think) { /* Qwen 3: no default system prompt */
+		if (sys) {
+			rc |= kn_tok_buf_str(b, sys);
+			rc |= kn_tok_buf_str(b, "\n\n");
+		}
+	} else {
+		rc |= kn_tok_buf_str(b, sys ? sys : t->chat_system ? t->chat_system : "");
+		rc |= kn_tok_buf_str(b, "\n\n");
+	}
+	rc |= kn_tok_buf_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+			     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+	json_array_foreach(tools, i, x) {
+		rc |= kn_tok_buf_add(b, "\n", 1);
+		rc |= add_py_json(b, x);
+	}
+	rc |= kn_tok_buf_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and "
+			     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+			     "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
 	return rc;
 }
 
 static int render_chatml(const struct kn_tok *t, const struct kn_chat_msg *m, size_t n,
-			 unsigned flags, struct kn_tok_buf *b)
+			 unsigned flags, const json_t *tools, struct kn_tok_buf *b)
 {
 	int gen = (flags & KN_CHAT_GEN) != 0;
 	size_t last_query = n ? n - 1 : 0;
-	int rc = 0;
+	int rc = 0, e;
 
 	for (size_t i = n; i-- > 0;)
 		if (strcmp(m[i].role, "user") == 0 &&
@@ -210,7 +378,9 @@ static int render_chatml(const struct kn_tok *t, const struct kn_chat_msg *m, si
 			last_query = i;
 			break;
 		}
-	if (n && strcmp(m[0].role, "system") == 0)
+	if (tools && json_array_size(tools))
+		rc |= chatml_tools(t, b, m, n, tools);
+	else if (n && strcmp(m[0].role, "system") == 0)
 		rc |= chatml_turn(b, "system", m[0].content);
 	else if (t->chat_system)
 		rc |= chatml_turn(b, "system", t->chat_system);
@@ -220,7 +390,9 @@ static int render_chatml(const struct kn_tok *t, const struct kn_chat_msg *m, si
 		if (i == 0 && strcmp(role, "system") == 0)
 			continue;
 		if (strcmp(role, "assistant") == 0) {
-			rc |= chatml_assistant(t, b, m[i].content, i > last_query, i + 1 == n);
+			if ((e = chatml_assistant(t, b, &m[i], i > last_query, i + 1 == n)) == -EBADMSG)
+				return e;
+			rc |= e;
 		} else if (t->chat_tools && strcmp(role, "tool") == 0) {
 			if (i == 0 || strcmp(m[i - 1].role, "tool") != 0)
 				rc |= kn_tok_buf_str(b, "<|im_start|>user");
@@ -315,20 +487,47 @@ int kn_tok_apply_chat(const struct kn_tok *t, const struct kn_chat_msg *msgs,
 int kn_tok_apply_chat_flags(const struct kn_tok *t, const struct kn_chat_msg *msgs, size_t n, unsigned flags,
 			    char **out)
 {
+	return kn_tok_apply_chat_tools(t, msgs, n, NULL, flags, out);
+}
+
+int kn_tok_chat_has_tools(const struct kn_tok *t)
+{
+	return t && t->chat == KN_CHAT_CHATML && t->chat_tool_defs;
+}
+
+int kn_tok_apply_chat_tools(const struct kn_tok *t, const struct kn_chat_msg *msgs, size_t n,
+			    const char *tools_json, unsigned flags, char **out)
+{
 	struct kn_tok_buf b = { 0 };
-	int rc;
+	json_t *tools = NULL;
+	int rc, calls = 0;
 
 	if (!t || (!msgs && n) || !out)
 		return -EINVAL;
 	*out = NULL;
-	for (size_t i = 0; i < n; i++)
-		if (!msgs[i].role || !msgs[i].content)
+	for (size_t i = 0; i < n; i++) {
+		if (!msgs[i].role || !msgs[i].content || (msgs[i].n_calls && !msgs[i].calls))
 			return -EINVAL;
-	if (kn_tok_buf_add(&b, "", 0))
+		calls |= msgs[i].n_calls > 0;
+	}
+	if (tools_json) {
+		tools = json_loads(tools_json, 0, NULL);
+		if (!json_is_array(tools)) {
+			json_decref(tools);
+			return -EBADMSG;
+		}
+	}
+	if ((calls || json_array_size(tools)) && !kn_tok_chat_has_tools(t)) {
+		json_decref(tools);
+		return -ENOTSUP; /* tools on a template kvferry does not render them for */
+	}
+	if (kn_tok_buf_add(&b, "", 0)) {
+		json_decref(tools);
 		return -ENOMEM;
+	}
 	switch (t->chat) {
 	case KN_CHAT_CHATML:
-		rc = render_chatml(t, msgs, n, flags, &b);
+		rc = render_chatml(t, msgs, n, flags, tools, &b);
 		break;
 	case KN_CHAT_LLAMA3:
 		rc = render_llama3(t, msgs, n, (flags & KN_CHAT_GEN) != 0, &b);
@@ -337,6 +536,7 @@ int kn_tok_apply_chat_flags(const struct kn_tok *t, const struct kn_chat_msg *ms
 		rc = -ENOTSUP;
 		break;
 	}
+	json_decref(tools);
 	if (rc) {
 		free(b.p);
 		return rc;
@@ -462,7 +662,8 @@ int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin)
 	free(t->chat_system);
 	t->chat_system = NULL;
 	t->chat = KN_CHAT_NONE;
-	t->chat_think = t->chat_think_switch = t->chat_tools = t->chat_gen_always = t->chat_dated = t->chat_today = 0;
+	t->chat_think = t->chat_think_switch = t->chat_tool_defs = t->chat_tools = 0;
+	t->chat_gen_always = t->chat_dated = t->chat_today = 0;
 	t->eot_id = -1;
 	t->chat_err[0] = '\0';
 	if (!tmpl) {
@@ -474,6 +675,7 @@ int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin)
 		t->chat = KN_CHAT_CHATML;
 		t->chat_think = strstr(tmpl, "</think>") != NULL;
 		t->chat_think_switch = t->chat_think && strstr(tmpl, "enable_thinking") != NULL;
+		t->chat_tool_defs = strstr(tmpl, "<tool_response>") && strstr(tmpl, "<tools>") && strstr(tmpl, "<tool_call>");
 		t->chat_tools = strstr(tmpl, "<tool_response>") != NULL;
 		t->eot_id = kn_tok_token_to_id(t, "<|im_end|>");
 		return find_default_system(t, tmpl);

@@ -97,6 +97,8 @@ struct kn_tok {
 	int chat_think;           /* ChatML template splits <think> off replies (Qwen3) */
 	int chat_think_switch;    /* ... and reads enable_thinking: false opens the answer with an
 	                             empty <think> block (Qwen3) */
+	int chat_tool_defs;       /* ChatML template lists `tools` in a <tools> block and writes
+	                             tool calls as <tool_call> JSON (Qwen 2.5, 3) */
 	int chat_tools;           /* ChatML: Qwen 2.5/3 tool turns; unknown roles refused */
 	int chat_gen_always;      /* template ends with the assistant header always */
 	int chat_dated;           /* Llama 3.1+ template: dated system block */

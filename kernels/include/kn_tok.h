@@ -52,6 +52,15 @@ enum kn_chat_family {
 struct kn_chat_msg {
 	const char *role;
 	const char *content;
+	const struct kn_chat_call *calls; /**< an assistant turn's tool calls (may be NULL) */
+	size_t n_calls;
+};
+
+/** A tool call of an assistant turn: the function's name and its arguments
+ *  as JSON text (an object; written again as the template's tojson would). */
+struct kn_chat_call {
+	const char *name;
+	const char *arguments;
 };
 
 struct kn_tok;
@@ -265,6 +274,22 @@ int kn_tok_apply_chat(const struct kn_tok *tok, const struct kn_chat_msg *msgs,
 /** kn_tok_apply_chat() with KN_CHAT_* @p flags. */
 int kn_tok_apply_chat_flags(const struct kn_tok *tok, const struct kn_chat_msg *msgs, size_t n, unsigned flags,
 			    char **out);
+
+/**
+ * kn_tok_apply_chat_flags() with tools: @p tools_json, a JSON array of the
+ * tool definitions as an OpenAI client sends them ({"type": "function",
+ * "function": {...}}), rendered as the template renders its `tools`
+ * (each through tojson), and the messages' tool calls. NULL or "[]": none.
+ * @return as kn_tok_apply_chat(), and -ENOTSUP (kn_tok_chat_error() says
+ *         why) for tools or tool calls on a template that kvferry does not
+ *         render them for (Qwen 2.5 and 3 only), -EBADMSG for tools or
+ *         arguments that are not JSON of the right shape.
+ */
+int kn_tok_apply_chat_tools(const struct kn_tok *tok, const struct kn_chat_msg *msgs, size_t n,
+			    const char *tools_json, unsigned flags, char **out);
+
+/** @return 1 when the chat template renders tools (kn_tok_apply_chat_tools()). */
+int kn_tok_chat_has_tools(const struct kn_tok *tok);
 
 /** @return why kn_tok_apply_chat() returns -ENOTSUP, or "" when it does not. */
 const char *kn_tok_chat_error(const struct kn_tok *tok);

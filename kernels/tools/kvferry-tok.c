@@ -9,6 +9,8 @@
  *       in:  [ids] or {"ids": [..]}        out: {"text": "..."}
  *   kvferry-tok chat --model DIR [--gen] [--no-thinking] [--chat-template FILE|none]
  *       in:  [{"role": .., "content": ..}]  out: {"prompt": "...", "ids": [..]}
+ *            or {"messages": [..], "tools": [..]}, assistant turns with
+ *            "tool_calls": [{"function": {"name": .., "arguments": ..}}]
  *
  * --tokenizer FILE [--config FILE] replace --model. --chat-template replaces
  * the model's template as kvferry-ctrld's does. A line that fails gives
@@ -196,21 +198,53 @@ int main(int argc, char **argv)
 			}
 			free(ids);
 		} else {
-			size_t n = json_array_size(j);
+			/* [messages], or {"messages": [...], "tools": [...]} with the
+			 * assistant turns' "tool_calls" ([{"function": {"name",
+			 * "arguments": object or JSON text}}]) */
+			const json_t *msgs = json_is_object(j) ? json_object_get(j, "messages") : j;
+			json_t *tl = json_is_object(j) ? json_object_get(j, "tools") : NULL;
+			size_t n = json_array_size(msgs);
 			struct kn_chat_msg *m = calloc(n + 1, sizeof(*m));
-			char *prompt = NULL;
+			struct kn_chat_call *calls = NULL;
+			char **args = NULL, *tools = tl ? json_dumps(tl, 0) : NULL, *prompt = NULL;
+			size_t n_args = 0, n_all = 0;
 			int32_t *ids = NULL;
 			size_t nid = 0;
 			int rc;
 
-			for (size_t i = 0; m && i < n; i++) {
-				m[i].role = json_string_value(json_object_get(json_array_get(j, i), "role"));
-				m[i].content = json_string_value(
-					json_object_get(json_array_get(j, i), "content"));
+			for (size_t i = 0; i < n; i++)
+				n_all += json_array_size(json_object_get(json_array_get(msgs, i), "tool_calls"));
+			calls = calloc(n_all + 1, sizeof(*calls));
+			args = calloc(n_all + 1, sizeof(*args));
+			for (size_t i = 0; m && calls && args && i < n; i++) {
+				const json_t *mi = json_array_get(msgs, i), *tc = json_object_get(mi, "tool_calls"), *c;
+				size_t k;
+
+				m[i].role = json_string_value(json_object_get(mi, "role"));
+				m[i].content = json_string_value(json_object_get(mi, "content"));
+				if (!m[i].content && json_array_size(tc))
+					m[i].content = "";
+				m[i].calls = calls + n_args;
+				json_array_foreach(tc, k, c) {
+					const json_t *f = json_object_get(c, "function"), *a = json_object_get(f, "arguments");
+
+					calls[n_args].name = json_string_value(json_object_get(f, "name"));
+					args[n_args] = json_is_string(a) ? strdup(json_string_value(a)) : json_dumps(a, JSON_ENCODE_ANY);
+					calls[n_args].arguments = args[n_args];
+					n_args++;
+					m[i].n_calls++;
+				}
 			}
-			rc = m ? kn_tok_apply_chat_flags(tok, m, n, (gen ? KN_CHAT_GEN : 0u) |
-							 (no_think ? KN_CHAT_NO_THINKING : 0u), &prompt) : -ENOMEM;
-			if (rc == -ENOTSUP) {
+			rc = m && calls && args ? kn_tok_apply_chat_tools(tok, m, n, tools, (gen ? KN_CHAT_GEN : 0u) |
+									  (no_think ? KN_CHAT_NO_THINKING : 0u), &prompt)
+						: -ENOMEM;
+			if (rc == -ENOTSUP && (n_args || json_array_size(tl))) {
+				static const char why[] = "tools are not rendered for this chat template";
+
+				put_string(stdout, "error", why, sizeof(why) - 1);
+				fputc('\n', stdout);
+				failed = 1;
+			} else if (rc == -ENOTSUP) {
 				put_string(stdout, "error", kn_tok_chat_error(tok), strlen(kn_tok_chat_error(tok)));
 				fputc('\n', stdout);
 				failed = 1;
@@ -241,6 +275,11 @@ int main(int argc, char **argv)
 			free(ids);
 			free(prompt);
 			free(m);
+			for (size_t k = 0; args && k < n_args; k++)
+				free(args[k]);
+			free(args);
+			free(calls);
+			free(tools);
 		}
 		json_decref(j);
 	}

@@ -28,7 +28,10 @@ static const char g_text[] = "Hello, world!<|im_start|>user\n d\xc3\xa9j\xc3\xa0
 static void use(const struct kn_tok *t)
 {
 	static const struct kn_chat_msg msgs[] = {
-		{"system", "Be brief."}, {"user", "Hi <|im_end|>"}, {"assistant", "Hello."}, {"user", ""},
+		{ .role = "system", .content = "Be brief." },
+		{ .role = "user", .content = "Hi <|im_end|>" },
+		{ .role = "assistant", .content = "Hello." },
+		{ .role = "user", .content = "" },
 	};
 	int32_t *ids = NULL, eos[4];
 	size_t n = 0, len;

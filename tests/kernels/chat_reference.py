@@ -125,7 +125,7 @@ def token_text(v):
 _compiled = {}
 
 
-def render_jinja(env, tmpl, cfg, msgs, gen, think=None):
+def render_jinja(env, tmpl, cfg, msgs, gen, think=None, tools=None):
     if tmpl not in _compiled:
         _compiled[tmpl] = env.from_string(tmpl)
     kw = {} if think is None else {"enable_thinking": think}
@@ -133,15 +133,17 @@ def render_jinja(env, tmpl, cfg, msgs, gen, think=None):
         t = token_text(cfg.get(k))
         if t is not None:
             kw[k] = t
-    # as apply_chat_template calls it without tools or documents
-    return _compiled[tmpl].render(messages=msgs, tools=None, documents=None,
+    # as apply_chat_template calls it (tools as vLLM passes them: the
+    # request's list, each tool call's arguments a dict)
+    return _compiled[tmpl].render(messages=msgs, tools=tools, documents=None,
                                   add_generation_prompt=gen, **kw)
 
 
 def render_c(tok, tokenizer, config, cases, gen, think=None):
     cmd = [tok, "chat", "--tokenizer", tokenizer, "--config", config] + (["--gen"] if gen else []) + \
         (["--no-thinking"] if think is False else [])
-    inp = "".join(json.dumps(c[1], ensure_ascii=False) + "\n" for c in cases)
+    inp = "".join(json.dumps(c[1] if len(c) == 2 else {"messages": c[1], "tools": c[2]}, ensure_ascii=False) + "\n"
+                  for c in cases)
     p = subprocess.run(cmd, input=inp.encode(), capture_output=True)
     # split on "\n" only: str.splitlines() also breaks at U+2028, U+0085, ...
     lines = p.stdout.decode().split("\n")[:-1]
@@ -169,6 +171,74 @@ def first_diff(a, b):
     while i < min(len(a), len(b)) and a[i] == b[i]:
         i += 1
     return i
+
+
+def call(name, args, cid="call_1"):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city, \"quoted\" and \u00e9 \u4f60\n",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "the city"},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 10, "default": 3},
+        "ratio": {"type": "number", "multipleOf": 0.1, "examples": [1.5, 100.0, 1e-05, 1e+16, 12345678.9, -0.0]},
+        "deep": {"type": "array", "items": {"type": "object", "properties": {}}, "x": [True, False, None, {}, []]}},
+        "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+
+# (name, messages, tools): tool definitions and tool calls, as an OpenAI
+# client sends them and vLLM hands them to the template.
+TOOL_CASES = [
+    ("tools_user_only", [m("user", "weather in Paris?")], [WEATHER]),
+    ("tools_with_system", [m("system", "You are a weather bot."), m("user", "Paris?")], [WEATHER, CLOCK]),
+    ("tools_round_trip", [m("system", "S"), m("user", "weather and time?"),
+                          {"role": "assistant", "content": "Let me look.",
+                           "tool_calls": [call("get_weather", {"city": "Paris", "days": 2, "ratio": 0.5}),
+                                          call("now", {}, "call_2")]},
+                          m("tool", "{\"temp\": 21}"), m("tool", "12:00"), m("assistant", "21 degrees at noon."),
+                          m("user", "thanks")], [WEATHER, CLOCK]),
+    ("tools_call_without_content", [m("user", "q"),
+                                    {"role": "assistant", "content": None,
+                                     "tool_calls": [call("get_weather", {"city": "\u00c9vian \"x\"\n"})]},
+                                    m("tool", "r")], [WEATHER]),
+    ("tools_reasoning_and_calls", [m("user", "q"),
+                                   {"role": "assistant", "content": "<think>\nplan\n</think>\n\nok",
+                                    "tool_calls": [call("now", {})]},
+                                   m("tool", "r")], [CLOCK]),
+    ("tool_calls_without_tools", [m("user", "q"), {"role": "assistant", "content": "",
+                                                   "tool_calls": [call("now", {"a": [1, 2.25]})]}], []),
+]
+
+
+def check_tools(env, tok, name, tmpl, tokenizer, cfg_path, cfg):
+    """The tool cases: equal to jinja2 where the C renderer renders them; a
+    template that lists tools in <tools> (Qwen 2.5, 3) must. Returns
+    (failures, compared, refused)."""
+    fails = compared = refused = 0
+    for gen in (False, True):
+        got = render_c(tok, tokenizer, cfg_path, TOOL_CASES, gen)
+        for (case, msgs, tools), c in zip(TOOL_CASES, got):
+            try:
+                want = render_jinja(env, tmpl, cfg, msgs, gen, tools=tools)
+            except Exception:  # noqa: BLE001 (a template without tools may trip on a null content)
+                want = None
+            if "error" in c:
+                if "<tools>" in tmpl and "<tool_call>" in tmpl and want is not None:
+                    print("FAIL %s %s gen=%d: the C renderer refused tools (%s) on a template that has them" %
+                          (name, case, gen, c["error"]))
+                    fails += 1
+                else:
+                    refused += 1
+                continue
+            compared += 1
+            if c["prompt"] != want:
+                i = first_diff(want or "", c["prompt"])
+                print("FAIL %s %s gen=%d: differs at offset %d\n  jinja2: %r\n  C:      %r" %
+                      (name, case, gen, i, (want or "")[max(0, i - 40):i + 60], c["prompt"][max(0, i - 40):i + 60]))
+                fails += 1
+    return fails, compared, refused
 
 
 def check_template(env, tok, name, tmpl, tokenizer, base_cfg_path, work):
@@ -211,8 +281,10 @@ def check_template(env, tok, name, tmpl, tokenizer, base_cfg_path, work):
                 print("FAIL %s %s gen=%d: differs at offset %d\n  jinja2: %r\n  C:      %r" %
                       (name, case, gen, i, want[max(0, i - 40):i + 60], c["prompt"][max(0, i - 40):i + 60]))
                 fails += 1
-    print("%-4s %-44s %3d renders equal, %d refused where the template drops a message" %
-          ("ok" if not fails else "FAIL", name, compared, refused))
+    tf, tc, tr = check_tools(env, tok, name, tmpl, tokenizer, cfg_path, cfg)
+    fails += tf
+    print("%-4s %-44s %3d renders equal, %d refused where the template drops a message; tools: %d equal, %d "
+          "refused" % ("ok" if not fails else "FAIL", name, compared, refused, tc, tr))
     return fails
 
 

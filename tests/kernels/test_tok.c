@@ -271,8 +271,9 @@ static void streaming_never_emits_half_an_emoji(void **state)
 static void chatml_renders_default_system_and_generation_prompt(void **state)
 {
 	struct kn_tok *t = open_tiny();
-	struct kn_chat_msg m[] = { { "user", "hi" }, { "assistant", "hello" }, { "user", "bye" } };
-	struct kn_chat_msg sys[] = { { "system", "Be brief." }, { "user", "hi" } };
+	struct kn_chat_msg m[] = { { .role = "user", .content = "hi" }, { .role = "assistant", .content = "hello" },
+				   { .role = "user", .content = "bye" } };
+	struct kn_chat_msg sys[] = { { .role = "system", .content = "Be brief." }, { .role = "user", .content = "hi" } };
 	char *out;
 	int32_t eos[4];
 
@@ -299,7 +300,7 @@ static void llama3_renders_bos_headers_and_trimmed_content(void **state)
 	char err[256];
 	struct kn_tok *t = kn_tok_open_file(data("tok_tiny/tokenizer.json"),
 					    data("tok_tiny_llama3_config.json"), err, sizeof(err));
-	struct kn_chat_msg m[] = { { "system", " Be brief.\n" }, { "user", "hi" } };
+	struct kn_chat_msg m[] = { { .role = "system", .content = " Be brief.\n" }, { .role = "user", .content = "hi" } };
 	char *out;
 	int32_t *ids;
 	size_t n;
@@ -330,7 +331,7 @@ static void an_unknown_chat_template_is_refused_by_name(void **state)
 	char err[256];
 	struct kn_tok *t = kn_tok_open_file(data("tok_tiny/tokenizer.json"),
 					    data("tok_unknown_template_config.json"), err, sizeof(err));
-	struct kn_chat_msg m[] = { { "user", "hi" } };
+	struct kn_chat_msg m[] = { { .role = "user", .content = "hi" } };
 	char *out = (char *)1;
 
 	(void)state;
@@ -359,7 +360,7 @@ static void a_chat_template_file_replaces_the_models_template(void **state)
 	char err[512];
 	struct kn_tok *t = kn_tok_open_file(data("tok_tiny/tokenizer.json"),
 					    data("tok_tiny_llama3_config.json"), err, sizeof(err));
-	struct kn_chat_msg m[] = { { "user", "hi" } };
+	struct kn_chat_msg m[] = { { .role = "user", .content = "hi" } };
 	int32_t eos[4];
 	char *out;
 
@@ -444,8 +445,8 @@ static void roles_follow_what_the_template_does_with_them(void **state)
 {
 	char err[512];
 	struct kn_tok *t = open_tiny();
-	struct kn_chat_msg dev[] = { { "developer", "x" }, { "user", "hi" } };
-	struct kn_chat_msg tool[] = { { "user", "hi" }, { "tool", "a \"b\"\n" } };
+	struct kn_chat_msg dev[] = { { .role = "developer", .content = "x" }, { .role = "user", .content = "hi" } };
+	struct kn_chat_msg tool[] = { { .role = "user", .content = "hi" }, { .role = "tool", .content = "a \"b\"\n" } };
 	char *out;
 
 	(void)state;
@@ -576,7 +577,7 @@ static void a_tokenizer_read_from_memory_is_the_one_read_from_its_files(void **s
 	struct kn_tok *f = kn_tok_open_file(data("tok_tiny/tokenizer.json"), data("tok_tiny_llama3_config.json"), err,
 					    sizeof(err));
 	struct kn_tok *m = kn_tok_open_buf(json, jn, cfg, cn, err, sizeof(err));
-	struct kn_chat_msg msg[] = { { "user", "hi there" } };
+	struct kn_chat_msg msg[] = { { .role = "user", .content = "hi there" } };
 	int32_t *ia, *ib;
 
 	(void)state;
@@ -685,7 +686,7 @@ static void the_generated_models_tokenizer_loads_and_round_trips(void **state)
 	char dir[] = "/tmp/kvf-tok-mkmodel-XXXXXX";
 	char cmd[2048], err[512];
 	struct kn_tok *t;
-	struct kn_chat_msg m[] = { { "user", "hi" } };
+	struct kn_chat_msg m[] = { { .role = "user", .content = "hi" } };
 	char *prompt;
 
 	(void)state;
