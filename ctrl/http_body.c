@@ -269,6 +269,33 @@ static void native_build(struct gen *g)
 	stream_end(g);
 }
 
+/* A finished answer's tool calls as one chunk, then its finish chunk
+ * ("tool_calls"; its logprobs on it). @return 1 when it had calls; 0: its
+ * held text is content (the calls did not parse), streamed now. */
+static int tools_chunk(struct gen *g)
+{
+	size_t content_end = 0, lp_upto = lp_valid(g);
+	json_t *calls = http_tool_calls(g, &content_end), *c;
+	size_t i;
+
+	if (!calls) {
+		if (g->text.len > g->emitted)
+			sse(g, chunk_json(g, g->text.p + g->emitted, g->text.len - g->emitted, NULL, 0, NULL));
+		g->emitted = g->text.len;
+		return 0;
+	}
+	json_array_foreach(calls, i, c)
+		json_object_set_new(c, "index", json_integer((json_int_t)i));
+	sse(g, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:o}, s:n, s:n}]}", "id", g->rid, "object",
+			 "chat.completion.chunk", "created", (json_int_t)g->created, "model", g->h->model, "choices",
+			 "index", g->index, "delta", "tool_calls", calls, "logprobs", "finish_reason"));
+	sse(g, chunk_json(g, NULL, 0, "tool_calls", 0,
+			  g->lp_on && lp_upto > g->lp_sent ? logprobs_json(g, 0, g->lp_sent, lp_upto) : NULL));
+	g->lp_sent = lp_upto;
+	g->fin_sent = 1;
+	return 1;
+}
+
 /* Choice @p g's chunks that are now due, and its finish chunk once it is
  * done (a failure is the stream's: stream_build()). */
 static void choice_build(struct gen *g)
@@ -282,7 +309,7 @@ static void choice_build(struct gen *g)
 		sse(g, chunk_json(g, "", 0, NULL, 1, NULL));
 		g->role_sent = 1;
 	}
-	upto = g->done ? g->text.len : g->text.len - held_back(g);
+	upto = http_tool_hold(g, g->done ? g->text.len : g->text.len - held_back(g));
 	/* A chunk carries the tokens whose text starts in it (all that are left
 	 * once the answer is complete). */
 	if (g->lp_on) {
@@ -300,6 +327,8 @@ static void choice_build(struct gen *g)
 		wp = 0;
 	}
 	if (!g->done || g->fin_sent || g->failed)
+		return;
+	if (g->tool_parse && tools_chunk(g))
 		return;
 	/* tokens with no text of their own left: on the last chunk */
 	sse(g, chunk_json(g, NULL, 0, g->finish, 0,
@@ -376,8 +405,13 @@ ssize_t gen_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 static json_t *choice_json(struct gen *g)
 {
-	json_t *lp = g->lp_on ? logprobs_json(g, 1, 0, lp_valid(g)) : json_null();
+	json_t *lp = g->lp_on ? logprobs_json(g, 1, 0, lp_valid(g)) : json_null(), *calls;
+	size_t content_end = 0;
 
+	if (g->kind == GEN_CHAT && (calls = http_tool_calls(g, &content_end)) != NULL)
+		return json_pack("{s:i, s:{s:s, s:o, s:o}, s:o, s:s}", "index", g->index, "message", "role", "assistant",
+				 "content", content_end ? json_stringn(g->text.p, content_end) : json_null(),
+				 "tool_calls", calls, "logprobs", lp, "finish_reason", "tool_calls");
 	if (g->kind == GEN_CHAT)
 		return json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", g->index, "message", "role",
 				 "assistant", "content", g->text.p ? g->text.p : "", g->text.len,

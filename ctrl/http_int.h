@@ -131,6 +131,8 @@ struct gen {
 	int lp_text;                 /* GEN_NATIVE: return_text_in_logprobs */
 	int stop_hit;                /* the stop string that cut the text, -1: none */
 	int keep_stop;               /* the stop string stays at the end of the text */
+	int tool_parse;              /* its <tool_call>s are read back as tool_calls (http_tools.c) */
+	int tools_sent;              /* streaming: the tool calls' chunk is out */
 	int32_t stop_token;          /* the token that ended it (CTRL_FINISH_STOP), -1: none */
 	struct lp_ent *lp;           /* one per generated token */
 	size_t lp_n, lp_cap, lp_sent;
@@ -258,6 +260,8 @@ struct http_gen_req {
 	                                /generate's logprob_start_len >= 0) */
 	int64_t lp_start;            /* /generate's logprob_start_len (-1: none) */
 	int no_tokens;               /* max_tokens 0 was asked: the prompt alone (echo) */
+	int tool_parse;              /* chat with tools and tool_choice "auto": the answer's
+	                                <tool_call>s are read back (http_tools.c) */
 	int32_t *stop_ids;           /* stop_token_ids (vLLM's, SGLang's) [n_stop_ids] (malloc'd) */
 	int n_stop_ids;
 	int skip_special;            /* skip_special_tokens (default 1): special tokens' text left out */
@@ -322,6 +326,14 @@ int http_opt_bool(json_t *req, const char *key, int *out, struct http_verr *e);
 int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_special, int32_t **ids, size_t *n,
 		    struct http_verr *e);
 int http_read_stops(json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* http_tools.c: `tools` and `tool_choice` of a chat request (q->tool_parse). */
+int http_read_tools(struct ctrl_http *h, json_t *req, struct http_gen_req *q, struct http_verr *e);
+/* The most of the text up to @p upto that may stream as content (not past
+ * a <tool_call>, nor a tail that may become one). */
+size_t http_tool_hold(const struct gen *g, size_t upto);
+/* The answer's tool calls (a new array) and where its content ends, or NULL
+ * when it has none (or they do not parse: the answer is text). */
+json_t *http_tool_calls(struct gen *g, size_t *content_end);
 /* stop_token_ids of @p obj into q->stop_ids. */
 int http_read_stop_ids(struct ctrl_http *h, json_t *obj, struct http_gen_req *q, struct http_verr *e);
 int http_read_bootstrap(json_t *req, struct http_gen_req *q, struct http_verr *e);

@@ -100,6 +100,7 @@ static int gen_setup(struct gen *g, const struct http_gen_req *q, int p, struct 
 			return http_verr_set(e, 500, NULL, NULL, "out of memory copying the stop strings");
 	}
 	g->keep_stop = q->keep_stop;
+	g->tool_parse = q->tool_parse;
 	g->ds = kn_tok_stream_new(g->h->tok, flags);
 	if (!g->ds)
 		return http_verr_set(e, 500, NULL, NULL, "kn_tok_stream_new failed: %s", strerror(errno));

@@ -183,11 +183,17 @@ int http_check_fixed(json_t *obj, const struct http_fixed *t, size_t n, const ch
 
 static int check_unsupported(enum gen_kind kind, json_t *req, struct http_verr *e)
 {
-	size_t n = sizeof(g_unsupported) / sizeof(g_unsupported[0]);
+	for (size_t i = 0; i < sizeof(g_unsupported) / sizeof(g_unsupported[0]); i++) {
+		const char *k = g_unsupported[i].key;
 
-	if (kind == GEN_COMPLETION && !strcmp(g_unsupported[n - 1].key, "echo"))
-		n--;
-	return http_check_fixed(req, g_unsupported, n, "", e);
+		/* completions read echo, chat reads tools (http_tools.c) */
+		if ((kind == GEN_COMPLETION && !strcmp(k, "echo"))
+		    || (kind == GEN_CHAT && (!strcmp(k, "tools") || !strcmp(k, "tool_choice"))))
+			continue;
+		if (http_check_fixed(req, &g_unsupported[i], 1, "", e))
+			return -1;
+	}
+	return 0;
 }
 
 /* Gather the text of a message's content: a string, or an array of parts. */
@@ -266,6 +272,41 @@ int http_prompt_ids(struct ctrl_http *h, json_t *p, const char *param, int add_s
 	return prompt_ids_at(h, p, param, param, add_special, ids, n, e);
 }
 
+/* An assistant message's tool_calls ([{"id", "type": "function", "function":
+ * {"name", "arguments": JSON text}}], as OpenAI's API writes them) into
+ * @p cm's calls; each arguments' text is kept in @p args (malloc'd). */
+static int message_calls(json_t *m, size_t i, struct kn_chat_msg *cm, struct kn_chat_call *out, char **args,
+			 struct http_verr *e)
+{
+	json_t *tc = json_object_get(m, "tool_calls"), *c;
+	size_t k;
+
+	if (!tc || json_is_null(tc))
+		return 0;
+	if (!json_is_array(tc))
+		return http_verr_set(e, 400, "messages", "invalid_type", "messages[%zu].tool_calls must be an array", i);
+	json_array_foreach(tc, k, c) {
+		json_t *f = json_object_get(c, "function"), *a = json_object_get(f, "arguments"), *parsed;
+		const char *name = json_string_value(json_object_get(f, "name"));
+
+		if (!name || !a)
+			return http_verr_set(e, 400, "messages", "invalid_value",
+					     "messages[%zu].tool_calls[%zu] needs function.name and function.arguments", i, k);
+		/* arguments are JSON text (OpenAI's); an object is taken too */
+		parsed = json_is_string(a) ? json_loads(json_string_value(a), JSON_DECODE_ANY, NULL) : json_incref(a);
+		if (!parsed)
+			return http_verr_set(e, 400, "messages", "invalid_value",
+					     "messages[%zu].tool_calls[%zu].function.arguments is not JSON", i, k);
+		args[k] = json_dumps(parsed, JSON_ENCODE_ANY | JSON_COMPACT);
+		json_decref(parsed);
+		if (!args[k])
+			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		out[k] = (struct kn_chat_call){ .name = name, .arguments = args[k] };
+		cm->n_calls++;
+	}
+	return 0;
+}
+
 /* chat_template_kwargs (vLLM's and SGLang's): the template variables a
  * request sets. The templates are rendered in C (kn_tok_chat.c), which
  * reads enable_thinking (Qwen 3's); any other is refused by name rather
@@ -306,10 +347,12 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 	if (kind != GEN_CHAT) {
 		return http_prompt_ids(h, json_object_get(req, "prompt"), "prompt", add_special, ids, n, e);
 	} else {
-		json_t *msgs = json_object_get(req, "messages"), *m;
+		json_t *msgs = json_object_get(req, "messages"), *m, *tools = json_object_get(req, "tools");
 		struct kn_chat_msg *cm;
 		struct kvf_buf *texts;
-		size_t i, cnt;
+		struct kn_chat_call *calls = NULL;
+		char **args = NULL, *tools_json = NULL;
+		size_t i, cnt, n_calls = 0, n_all;
 		char *prompt = NULL;
 		unsigned flags;
 		int ret = 0;
@@ -319,13 +362,20 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 		if (!json_is_array(msgs) || !json_array_size(msgs))
 			return http_verr_set(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
 		cnt = json_array_size(msgs);
+		json_array_foreach(msgs, i, m)
+			n_calls += json_array_size(json_object_get(m, "tool_calls"));
+		n_all = n_calls;
 		cm = calloc(cnt, sizeof(*cm));
 		texts = calloc(cnt, sizeof(*texts));
-		if (!cm || !texts) {
-			free(cm);
-			free(texts);
-			return http_verr_set(e, 500, NULL, NULL, "out of memory");
+		calls = calloc(n_all + 1, sizeof(*calls));
+		args = calloc(n_all + 1, sizeof(*args));
+		if (json_is_array(tools) && json_array_size(tools))
+			tools_json = json_dumps(tools, JSON_COMPACT);
+		if (!cm || !texts || !calls || !args || (json_array_size(tools) && !tools_json)) {
+			ret = http_verr_set(e, 500, NULL, NULL, "out of memory");
+			goto chat_out;
 		}
+		n_calls = 0;
 		json_array_foreach(msgs, i, m) {
 			const char *role = json_string_value(json_object_get(m, "role"));
 			if (!json_is_object(m) || !role) {
@@ -338,14 +388,26 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 			}
 			cm[i].role = role;
 			cm[i].content = texts[i].p ? texts[i].p : "";
+			cm[i].calls = calls + n_calls;
+			if (message_calls(m, i, &cm[i], calls + n_calls, args + n_calls, e)) {
+				ret = -1;
+				goto chat_out;
+			}
+			n_calls += cm[i].n_calls;
 		}
 		rc = chat_flags(req, &flags, e);
 		if (rc) {
 			ret = -1;
 			goto chat_out;
 		}
-		rc = kn_tok_apply_chat_flags(h->tok, cm, cnt, flags, &prompt);
-		if (rc == -ENOTSUP) {
+		rc = kn_tok_apply_chat_tools(h->tok, cm, cnt, tools_json, flags, &prompt);
+		if (rc == -ENOTSUP && (n_calls || tools_json)) {
+			ret = http_verr_set(e, 400, "messages", "unsupported_value",
+				  "this model's chat template does not render tool calls in a form kvferry knows (it "
+				  "renders them for the Qwen 2.5 and Qwen 3 templates)");
+		} else if (rc == -EBADMSG) {
+			ret = http_verr_set(e, 400, "tools", "invalid_value", "the tools or a tool call's arguments are not JSON");
+		} else if (rc == -ENOTSUP) {
 			ret = http_verr_set(e, 400, "messages", "chat_template_unsupported",
 				  "this model has no usable chat template (%s); use /v1/completions",
 				  kn_tok_chat_error(h->tok));
@@ -362,8 +424,13 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 		}
 	chat_out:
 		free(prompt);
-		for (i = 0; i < cnt; i++)
+		for (i = 0; texts && i < cnt; i++)
 			kvf_buf_free(&texts[i]);
+		for (i = 0; args && i < n_all; i++)
+			free(args[i]);
+		free(args);
+		free(calls);
+		free(tools_json);
 		free(texts);
 		free(cm);
 		return ret;
@@ -683,7 +750,8 @@ static int read_gen(struct ctrl_http *h, enum gen_kind kind, json_t *req, struct
 		q->lp_on = on;
 		q->lp_top = on ? (int32_t)iv : 0;
 	}
-	if (http_read_stops(req, q, e) || read_extras(h, kind, req, q, e))
+	if (http_read_stops(req, q, e) || read_extras(h, kind, req, q, e)
+	    || (kind == GEN_CHAT && http_read_tools(h, req, q, e)))
 		return -1;
 	if (kind == GEN_COMPLETION && http_opt_bool(req, "echo", &q->echo, e) < 0)
 		return -1;

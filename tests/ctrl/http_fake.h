@@ -58,12 +58,15 @@ struct fake {
 	atomic_int pool;         /* > 0: positions (prompt + max_tokens) the fake's pool holds */
 	atomic_int submits, cancels, live;
 	atomic_int plp_asked;    /* submits that asked for prompt logprobs */
+	int32_t say[512];        /* n_say > 0: requests answer these tokens, then the stop token */
+	atomic_int n_say;
 	int32_t eos;
 };
 
 static struct fake g_fake;
 static struct ctrl_http *g_http;
 static struct kn_tok *g_tok;
+static const char *g_tok_dir;  /* its directory (argv[1]) */
 static char g_base[64];
 
 /* The server's context limit: the tiny tokenizer spends a token per byte or so. */
@@ -201,12 +204,13 @@ static void *fake_thread(void *arg)
 			} else if (atomic_load(&f->fail_after) >= 0 && q->emitted >= atomic_load(&f->fail_after)) {
 				ev.finish = CTRL_FINISH_ERROR;
 				ev.message = "stage 1 stopped answering";
-			} else if (atomic_load(&f->eos_after) >= 0 && q->emitted >= atomic_load(&f->eos_after)) {
+			} else if ((atomic_load(&f->eos_after) >= 0 && q->emitted >= atomic_load(&f->eos_after))
+				   || (atomic_load(&f->n_say) > 0 && q->emitted >= atomic_load(&f->n_say))) {
 				ev.finish = CTRL_FINISH_STOP;
 				ev.token = f->eos;
 				ev.n_generated = q->emitted + 1;
 			} else {
-				ev.token = q->prompt[q->emitted % q->n_prompt];
+				ev.token = atomic_load(&f->n_say) > 0 ? f->say[q->emitted] : q->prompt[q->emitted % q->n_prompt];
 				ev.logprob = -0.5f;
 				ev.n_generated = ++q->emitted;
 				for (int32_t k = 0; k < q->n_stop_ids; k++)
@@ -250,7 +254,21 @@ static void fake_reset(void)
 	atomic_store(&g_fake.refuse_from, 0);
 	atomic_store(&g_fake.down, 0);
 	atomic_store(&g_fake.pool, 0);
+	atomic_store(&g_fake.n_say, 0);
 	ctrl_http_set_draining(g_http, 0);
+}
+
+/* Requests answer @p text (encoded with the server's tokenizer), then stop. */
+static inline void fake_say(const char *text)
+{
+	int32_t *ids = NULL;
+	size_t n = 0;
+
+	assert_int_equal(kn_tok_encode(g_tok, text, strlen(text), 0, &ids, &n), 0);
+	assert_true(n <= 512);
+	memcpy(g_fake.say, ids, sizeof(int32_t) * n);
+	atomic_store(&g_fake.n_say, (int)n);
+	free(ids);
 }
 
 /* ---- HTTP client ---- */
@@ -387,6 +405,7 @@ static int http_fake_run(int argc, char **argv, const char *group, const struct 
 		fprintf(stderr, "usage: %s TOKENIZER_DIR\n", argv[0]);
 		return 1;
 	}
+	g_tok_dir = argv[1];
 	g_tok = kn_tok_open(argv[1], err, sizeof(err));
 	if (!g_tok) {
 		fprintf(stderr, "kn_tok_open(%s): %s\n", argv[1], err);

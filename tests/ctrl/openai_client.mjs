@@ -104,9 +104,13 @@ check('models.retrieve gives the served model, and another id a 404', async () =
 
 check('parameters kvferry does not implement are refused by name, and accepted at their defaults', async () => {
   for (const [k, v] of [['presence_penalty', 0.5], ['frequency_penalty', 1], ['logit_bias', { 5: 10 }],
-    ['response_format', { type: 'json_object' }], ['tools', [{ type: 'function', function: { name: 'f', parameters: {} } }]]])
+    ['response_format', { type: 'json_object' }]])
     await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2, [k]: v }),
       (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);
+  // this model's template (plain ChatML) renders no tools: said, not ignored
+  await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2,
+    tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }),
+  (e) => e.status === 400 && e.param === 'tools' && e.code === 'unsupported_value' && /Qwen/.test(e.message));
   for (const [k, v] of [['best_of', 2], ['suffix', 'tail']])
     await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 2, [k]: v }),
       (e) => e.status === 400 && e.param === k && e.code === 'unsupported_parameter', k);

@@ -1083,13 +1083,142 @@ static void vllms_extensions_are_applied_or_refused_by_name(void **state)
 	wait_idle();
 }
 
+/* The chat template of the server's tokenizer: tests/kernels/data/chat/NAME,
+ * or (NULL) the tokenizer's own again. */
+static void use_template(const char *name)
+{
+	char path[512], err[256];
+
+	if (name)
+		snprintf(path, sizeof(path), "%s/../chat/%s", g_tok_dir, name);
+	else
+		snprintf(path, sizeof(path), "%s/tokenizer_config.json", g_tok_dir);
+	if (kn_tok_load_chat_template(g_tok, path, err, sizeof(err)))
+		fail_msg("%s: %s", path, err);
+}
+
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":" \
+	      "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]"
+#define ASK "\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"weather in Paris?\"}]"
+#define MT ", \"max_tokens\":200"
+#define CALL "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+
+/*
+ * Tool calling (a Qwen 2.5 template): the model's <tool_call>s come back as
+ * the message's tool_calls, text before them as its content, streamed or
+ * not; an answer whose calls do not parse is text; tool_choice "none" reads
+ * nothing; a history with calls and results is rendered; what cannot be
+ * done is refused by name.
+ */
+static void a_models_tool_calls_come_back_as_tool_calls_streamed_or_not(void **state)
+{
+	json_t *j, *msg, *c, *args, *plain;
+	struct resp r;
+	const char *p;
+	int calls = 0, finishes = 0;
+	char content[256] = "";
+
+	(void)state;
+	fake_reset();
+	use_template("qwen25.jinja");
+	fake_say(CALL);
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+	assert_true(json_is_null(json_object_get(msg, "content")));
+	c = json_array_get(json_object_get(msg, "tool_calls"), 0);
+	assert_string_equal(json_string_value(json_object_get(c, "type")), "function");
+	assert_memory_equal(json_string_value(json_object_get(c, "id")), "chatcmpl-tool-", 14);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(c, "function"), "name")), "get_weather");
+	args = json_loads(json_string_value(json_object_get(json_object_get(c, "function"), "arguments")), 0, NULL);
+	assert_string_equal(json_string_value(json_object_get(args, "city")), "Paris");
+	json_decref(args);
+	assert_string_equal(finish_of(j), "tool_calls");
+	json_decref(j);
+	/* content before two calls; streamed: the content, then the calls in one chunk, then the finish */
+	fake_say("Let me check.\n" CALL CALL);
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+	assert_string_equal(json_string_value(json_object_get(msg, "content")), "Let me check.\n");
+	assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 2);
+	json_decref(j);
+	assert_int_equal(request("POST", "/v1/chat/completions", "{" ASK ", " TOOLS MT ", \"stream\":true}", 0, &r), CURLE_OK);
+	for (p = strstr(r.body, "data: {"); p; p = strstr(p + 1, "data: {")) {
+		json_t *ev = json_loadb(p + 6, (size_t)(strstr(p, "\n\n") - p - 6), 0, NULL), *ch, *d;
+
+		assert_non_null(ev);
+		ch = json_array_get(json_object_get(ev, "choices"), 0);
+		d = json_object_get(ch, "delta");
+		if (json_is_string(json_object_get(d, "content")))
+			strcat(content, json_string_value(json_object_get(d, "content")));
+		if (json_object_get(d, "tool_calls")) {
+			calls += (int)json_array_size(json_object_get(d, "tool_calls"));
+			assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(d, "tool_calls"), 1),
+									    "index")), 1);
+		}
+		if (json_is_string(json_object_get(ch, "finish_reason"))) {
+			assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
+			finishes++;
+		}
+		json_decref(ev);
+	}
+	assert_string_equal(content, "Let me check.\n");
+	assert_int_equal(calls, 2);
+	assert_int_equal(finishes, 1);
+	resp_free(&r);
+	/* not JSON inside: the answer is text, whole, streamed or not */
+	fake_say("<tool_call>\nnot json\n</tool_call>");
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	assert_string_equal(text_of(j), "<tool_call>\nnot json\n</tool_call>");
+	assert_string_equal(finish_of(j), "stop");
+	json_decref(j);
+	assert_int_equal(request("POST", "/v1/chat/completions", "{" ASK ", " TOOLS MT ", \"stream\":true}", 0, &r), CURLE_OK);
+	{
+		const char *fin;
+		int events;
+
+		assert_string_equal(sse_text(r.body, 1, &fin, &events, NULL), "<tool_call>\nnot json\n</tool_call>");
+	}
+	resp_free(&r);
+	/* tool_choice none: the tools are listed, the answer read as text */
+	fake_say(CALL);
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT ", \"tool_choice\":\"none\"}");
+	assert_string_equal(text_of(j), CALL);
+	json_decref(j);
+	/* a history of calls and results renders; the prompt grows by them */
+	atomic_store(&g_fake.n_say, 0);
+	plain = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS ", \"max_tokens\":1}");
+	j = post("/v1/chat/completions", 200, "{\"model\":\"tiny\",\"max_tokens\":1, " TOOLS ", \"messages\":["
+		 "{\"role\":\"user\",\"content\":\"weather in Paris?\"},{\"role\":\"assistant\",\"content\":null,"
+		 "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+		 "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\","
+		 "\"content\":\"21 C\"}]}");
+	assert_true(usage(j, "prompt_tokens") > usage(plain, "prompt_tokens") + 20);
+	json_decref(j);
+	json_decref(plain);
+	assert_error(400, "messages", "invalid_value", "/v1/chat/completions",
+		     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":"
+		     "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{not json\"}}]}]}");
+	assert_error(400, "tool_choice", "unsupported_value", "/v1/chat/completions",
+		     "{" ASK ", " TOOLS ", \"tool_choice\":\"required\"}");
+	assert_error(400, "tools", "invalid_value", "/v1/chat/completions",
+		     "{" ASK ", \"tools\":[{\"type\":\"function\",\"function\":{}}]}");
+	/* a template that does not render tools refuses them */
+	use_template(NULL);
+	assert_error(400, "tools", "unsupported_value", "/v1/chat/completions", "{" ASK ", " TOOLS MT "}");
+	assert_error(400, "tools", "unsupported_parameter", "/v1/completions",
+		     "{\"model\":\"tiny\",\"prompt\":\"x\", " TOOLS "}");
+	fake_reset();
+	wait_idle();
+}
+
 static void parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default(void **state)
 {
 	static const char *const refused[][2] = {
 		{"logit_bias", "{\"50256\":-100}"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "-1"},
 		{"best_of", "3"}, {"suffix", "\"tail\""}, {"echo", "true"}, /* chat's (completions echo) */
-		{"response_format", "{\"type\":\"json_object\"}"},
-		{"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"}, {"tool_choice", "\"required\""},
+		/* tools on /v1/completions (chat reads them: a_models_tool_calls_...) */
+		{"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"},
+		{"response_format", "{\"type\":\"json_object\"}"}, {"tool_choice", "\"required\""},
 		{"functions", "[{\"name\":\"f\"}]"}, {"modalities", "[\"text\",\"audio\"]"},
 		{"repetition_penalty", "1.1"}, {"min_tokens", "4"}, {"guided_json", "{}"},
 	};
@@ -1570,6 +1699,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(echo_starts_the_text_with_the_prompt_and_no_stop_string_cuts_the_prompt),
 		cmocka_unit_test(echo_with_logprobs_reports_the_prompt_tokens_then_the_generated_ones),
 		cmocka_unit_test(vllms_extensions_are_applied_or_refused_by_name),
+		cmocka_unit_test(a_models_tool_calls_come_back_as_tool_calls_streamed_or_not),
 		cmocka_unit_test(parameters_kvferry_lacks_are_refused_by_name_unless_at_their_default),
 		cmocka_unit_test(a_model_is_retrieved_by_its_id_and_another_id_is_a_404),
 		cmocka_unit_test(content_lengths_two_readers_could_frame_differently_are_refused_and_closed),

@@ -48,6 +48,16 @@ http = {
                                      'max_tokens': 1, 'temperature': 0}),
     'completion-prompt-only': (0, {'model': M, 'prompt': 'score me', 'echo': True, 'logprobs': 5,
                                    'max_tokens': 0, 'stream': True}),
+    'chat-tools': (1 | 9 << 2, {'model': M, 'tools': [{'type': 'function', 'function': {
+        'name': 'get_weather', 'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}},
+                                              'examples': [1.5, -0.0, 1e-05, 1e+16]}}}],
+        'tool_choice': 'auto', 'stop_token_ids': [5], 'include_stop_str_in_output': True,
+        'chat_template_kwargs': {'enable_thinking': False},
+        'messages': [{'role': 'user', 'content': 'weather?'},
+                     {'role': 'assistant', 'content': None, 'tool_calls': [
+                         {'id': 'c1', 'type': 'function',
+                          'function': {'name': 'get_weather', 'arguments': '{"city": "Paris"}'}}]},
+                     {'role': 'tool', 'tool_call_id': 'c1', 'content': '21 C'}]}),
     'chat-n-stream': (1, {'model': M, 'messages': [{'role': 'user', 'content': 'hi'}], 'n': 4,
                           'stream': True, 'max_tokens': 3}),
     'completion-bootstrap': (0, {'model': M, 'prompt': 'pd', 'bootstrap_room': 12345,
