@@ -131,7 +131,7 @@ struct gen {
 	int lp_text;                 /* GEN_NATIVE: return_text_in_logprobs */
 	int stop_hit;                /* the stop string that cut the text, -1: none */
 	int keep_stop;               /* the stop string stays at the end of the text */
-	int tool_parse;              /* its <tool_call>s are read back as tool_calls (http_tools.c) */
+	int tool_parse;              /* its calls are read back as tool_calls: kn_tok_chat_tool_style() */
 	int tools_sent;              /* streaming: the tool calls' chunk is out */
 	int32_t stop_token;          /* the token that ended it (CTRL_FINISH_STOP), -1: none */
 	struct lp_ent *lp;           /* one per generated token */
@@ -260,8 +260,8 @@ struct http_gen_req {
 	                                /generate's logprob_start_len >= 0) */
 	int64_t lp_start;            /* /generate's logprob_start_len (-1: none) */
 	int no_tokens;               /* max_tokens 0 was asked: the prompt alone (echo) */
-	int tool_parse;              /* chat with tools and tool_choice "auto": the answer's
-	                                <tool_call>s are read back (http_tools.c) */
+	int tool_parse;              /* chat with tools and tool_choice "auto": the answer's calls
+	                                are read back, in kn_tok_chat_tool_style()'s form (http_tools.c) */
 	int32_t *stop_ids;           /* stop_token_ids (vLLM's, SGLang's) [n_stop_ids] (malloc'd) */
 	int n_stop_ids;
 	int skip_special;            /* skip_special_tokens (default 1): special tokens' text left out */

@@ -369,9 +369,9 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 		texts = calloc(cnt, sizeof(*texts));
 		calls = calloc(n_all + 1, sizeof(*calls));
 		args = calloc(n_all + 1, sizeof(*args));
-		if (json_is_array(tools) && json_array_size(tools))
+		if (json_is_array(tools)) /* (an empty list too: the Llama templates tell it from none) */
 			tools_json = json_dumps(tools, JSON_COMPACT);
-		if (!cm || !texts || !calls || !args || (json_array_size(tools) && !tools_json)) {
+		if (!cm || !texts || !calls || !args || (json_is_array(tools) && !tools_json)) {
 			ret = http_verr_set(e, 500, NULL, NULL, "out of memory");
 			goto chat_out;
 		}
@@ -404,7 +404,11 @@ static int encode_prompt(struct ctrl_http *h, json_t *req, enum gen_kind kind, i
 		if (rc == -ENOTSUP && (n_calls || tools_json)) {
 			ret = http_verr_set(e, 400, "messages", "unsupported_value",
 				  "this model's chat template does not render tool calls in a form kvferry knows (it "
-				  "renders them for the Qwen 2.5 and Qwen 3 templates)");
+				  "renders them for the Qwen 2.5 and 3 and Llama 3.1+ templates)");
+		} else if (rc == -EINVAL && (n_calls || tools_json)) {
+			ret = http_verr_set(e, 400, "messages", "invalid_value",
+				  "the chat template (Llama 3.1+'s) takes one tool call per assistant message, and puts the "
+				  "tools in the first message after the system one, which must be there");
 		} else if (rc == -EBADMSG) {
 			ret = http_verr_set(e, 400, "tools", "invalid_value", "the tools or a tool call's arguments are not JSON");
 		} else if (rc == -ENOTSUP) {

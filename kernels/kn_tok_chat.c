@@ -27,6 +27,8 @@
  *     "Cutting Knowledge Date"         (3.1+) a dated system block always opens; tool and
  *                                      ipython results are written as JSON strings (tojson)
  *     "strftime_now"                   (3.2) the block is dated today, not 26 Jul 2024
+ *     "Environment: ipython"           (3.1+) `tools` go into the first user message (each
+ *                                      tojson(indent=4)), a tool call is {"name", "parameters"}
  *
  * Invariant: kn_tok_apply_chat() returns what Hugging Face transformers'
  * apply_chat_template renders with the model's template for the same
@@ -177,36 +179,52 @@ static int add_py_float(struct kn_tok_buf *b, double x)
 	return kn_tok_buf_add(b, out, (size_t)o);
 }
 
+/* Before item @p i of a container at @p depth: json.dumps' separator, and
+ * with an indent a newline and the item's indentation. */
+static int py_item(struct kn_tok_buf *b, size_t i, int indent, int depth)
+{
+	int rc = i ? kn_tok_buf_str(b, indent ? "," : ", ") : 0;
+
+	if (indent) {
+		rc |= kn_tok_buf_add(b, "\n", 1);
+		for (int k = 0; k < indent * depth; k++)
+			rc |= kn_tok_buf_add(b, " ", 1);
+	}
+	return rc;
+}
+
 /* A JSON value as transformers' tojson writes it: json.dumps with
- * ensure_ascii=False and the default separators ", " and ": ", keys in
- * their order. */
-static int add_py_json(struct kn_tok_buf *b, const json_t *v)
+ * ensure_ascii=False and the default separators ", " and ": " (with
+ * @p indent, tojson(indent=N): "," and a newline, N spaces a level), keys
+ * in their order. */
+static int add_py_json_in(struct kn_tok_buf *b, const json_t *v, int indent, int depth)
 {
 	const char *key;
 	json_t *x;
-	size_t i;
-	int rc = 0, first = 1;
+	size_t i = 0;
+	int rc = 0;
 	char num[32];
 
 	switch (json_typeof(v)) {
 	case JSON_OBJECT:
 		rc |= kn_tok_buf_add(b, "{", 1);
 		json_object_foreach((json_t *)v, key, x) {
-			if (!first)
-				rc |= kn_tok_buf_add(b, ", ", 2);
-			first = 0;
+			rc |= py_item(b, i++, indent, depth + 1);
 			rc |= add_json_string(b, key);
 			rc |= kn_tok_buf_add(b, ": ", 2);
-			rc |= add_py_json(b, x);
+			rc |= add_py_json_in(b, x, indent, depth + 1);
 		}
+		if (i)
+			rc |= py_item(b, 0, indent, depth);
 		return rc | kn_tok_buf_add(b, "}", 1);
 	case JSON_ARRAY:
 		rc |= kn_tok_buf_add(b, "[", 1);
 		json_array_foreach(v, i, x) {
-			if (i)
-				rc |= kn_tok_buf_add(b, ", ", 2);
-			rc |= add_py_json(b, x);
+			rc |= py_item(b, i, indent, depth + 1);
+			rc |= add_py_json_in(b, x, indent, depth + 1);
 		}
+		if (json_array_size(v))
+			rc |= py_item(b, 0, indent, depth);
 		return rc | kn_tok_buf_add(b, "]", 1);
 	case JSON_STRING:
 		return add_json_string(b, json_string_value(v));
@@ -222,6 +240,11 @@ static int add_py_json(struct kn_tok_buf *b, const json_t *v)
 	default:
 		return kn_tok_buf_str(b, "null");
 	}
+}
+
+static int add_py_json(struct kn_tok_buf *b, const json_t *v)
+{
+	return add_py_json_in(b, v, 0, 0);
 }
 
 static const char *last_strstr(const char *h, const char *n)
@@ -438,11 +461,51 @@ static int add_today(struct kn_tok_buf *b)
 	return kn_tok_buf_str(b, d);
 }
 
+/* Llama 3.1+: an assistant turn's one tool call, {"name": ..., "parameters": ...}. */
+static int llama3_call(struct kn_tok_buf *b, const struct kn_chat_call *c)
+{
+	json_t *a = json_loads(c->arguments ? c->arguments : "", JSON_DECODE_ANY, NULL);
+	int rc;
+
+	if (!a || !c->name) {
+		json_decref(a);
+		return -EBADMSG;
+	}
+	rc = llama3_header(b, "assistant");
+	rc |= kn_tok_buf_str(b, "{\"name\": \"");
+	rc |= kn_tok_buf_str(b, c->name);
+	rc |= kn_tok_buf_str(b, "\", \"parameters\": ");
+	rc |= add_py_json(b, a);
+	rc |= kn_tok_buf_str(b, "}<|eot_id|>");
+	json_decref(a);
+	return rc ? -ENOMEM : 0;
+}
+
+/* Llama 3.1+: the tools go into the first message after the system one
+ * (tools_in_user_message, the templates' default), each tojson(indent=4). */
+static int llama3_tools(struct kn_tok_buf *b, const struct kn_chat_msg *first, const json_t *tools)
+{
+	size_t i;
+	json_t *x;
+	int rc = llama3_header(b, "user");
+
+	rc |= kn_tok_buf_str(b, "Given the following functions, please respond with a JSON for a function call with its "
+			     "proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": "
+			     "function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+			     "variables.\n\n");
+	json_array_foreach(tools, i, x) {
+		rc |= add_py_json_in(b, x, 4, 0);
+		rc |= kn_tok_buf_str(b, "\n\n");
+	}
+	rc |= add_trimmed(b, first->content);
+	return rc | kn_tok_buf_str(b, "<|eot_id|>");
+}
+
 static int render_llama3(const struct kn_tok *t, const struct kn_chat_msg *m, size_t n,
-			 int gen, struct kn_tok_buf *b)
+			 int gen, const json_t *tools, struct kn_tok_buf *b)
 {
 	size_t first = 0;
-	int rc = 0;
+	int rc = 0, e;
 
 	if (t->bos_text)
 		rc |= kn_tok_buf_str(b, t->bos_text);
@@ -450,6 +513,8 @@ static int render_llama3(const struct kn_tok *t, const struct kn_chat_msg *m, si
 		/* Llama 3.1+ always opens with a dated system block: 3.1 and 3.3
 		 * date it with the template's default, 3.2 with today. */
 		rc |= llama3_header(b, "system");
+		if (tools)
+			rc |= kn_tok_buf_str(b, "Environment: ipython\n");
 		rc |= kn_tok_buf_str(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
 		rc |= t->chat_today ? add_today(b) : kn_tok_buf_str(b, "26 Jul 2024");
 		rc |= kn_tok_buf_str(b, "\n\n");
@@ -459,9 +524,21 @@ static int render_llama3(const struct kn_tok *t, const struct kn_chat_msg *m, si
 		}
 		rc |= kn_tok_buf_str(b, "<|eot_id|>");
 	}
+	if (tools) {
+		if (first >= n)
+			return -EINVAL; /* the template raises: no first user message to put them in */
+		rc |= llama3_tools(b, &m[first++], tools);
+	}
 	for (size_t i = first; i < n; i++) {
 		const char *role = m[i].role;
 
+		if (m[i].n_calls) {
+			if (m[i].n_calls != 1)
+				return -EINVAL; /* "This model only supports single tool-calls at once!" */
+			if ((e = llama3_call(b, &m[i].calls[0])))
+				return e;
+			continue;
+		}
 		if (t->chat_dated && (strcmp(role, "tool") == 0 || strcmp(role, "ipython") == 0)) {
 			/* the template's `content is iterable` holds for a string:
 			 * tool results go through tojson, quoted and untrimmed */
@@ -492,7 +569,12 @@ int kn_tok_apply_chat_flags(const struct kn_tok *t, const struct kn_chat_msg *ms
 
 int kn_tok_chat_has_tools(const struct kn_tok *t)
 {
-	return t && t->chat == KN_CHAT_CHATML && t->chat_tool_defs;
+	return t && t->chat_tool_defs;
+}
+
+int kn_tok_chat_tool_style(const struct kn_tok *t)
+{
+	return !kn_tok_chat_has_tools(t) ? 0 : t->chat == KN_CHAT_LLAMA3 ? 2 : 1;
 }
 
 int kn_tok_apply_chat_tools(const struct kn_tok *t, const struct kn_chat_msg *msgs, size_t n,
@@ -530,7 +612,8 @@ int kn_tok_apply_chat_tools(const struct kn_tok *t, const struct kn_chat_msg *ms
 		rc = render_chatml(t, msgs, n, flags, tools, &b);
 		break;
 	case KN_CHAT_LLAMA3:
-		rc = render_llama3(t, msgs, n, (flags & KN_CHAT_GEN) != 0, &b);
+		/* (an empty list is "not none" to the Llama templates) */
+		rc = render_llama3(t, msgs, n, (flags & KN_CHAT_GEN) != 0, t->chat_tool_defs ? tools : NULL, &b);
 		break;
 	default:
 		rc = -ENOTSUP;
@@ -686,6 +769,9 @@ int kn_tok_chat_detect(struct kn_tok *t, const char *tmpl, const char *origin)
 		 * test: it always ends with the assistant header. */
 		t->chat_gen_always = strstr(tmpl, "add_generation_prompt") == NULL;
 		t->chat_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
+		/* 3.1+: tools in the first user message, calls as {"name", "parameters"} JSON */
+		t->chat_tool_defs = t->chat_dated && strstr(tmpl, "Environment: ipython")
+				    && strstr(tmpl, "\"parameters\": ") && strstr(tmpl, "tools_in_user_message");
 		t->chat_today = t->chat_dated && strstr(tmpl, "strftime_now") != NULL;
 		t->eot_id = kn_tok_token_to_id(t, "<|eot_id|>");
 		return 0;

@@ -279,10 +279,12 @@ int kn_tok_apply_chat_flags(const struct kn_tok *tok, const struct kn_chat_msg *
  * kn_tok_apply_chat_flags() with tools: @p tools_json, a JSON array of the
  * tool definitions as an OpenAI client sends them ({"type": "function",
  * "function": {...}}), rendered as the template renders its `tools`
- * (each through tojson), and the messages' tool calls. NULL or "[]": none.
+ * (each through tojson), and the messages' tool calls. NULL: none; "[]"
+ * is none to the Qwen templates and an empty list to the Llama ones, as in
+ * their Jinja.
  * @return as kn_tok_apply_chat(), and -ENOTSUP (kn_tok_chat_error() says
  *         why) for tools or tool calls on a template that kvferry does not
- *         render them for (Qwen 2.5 and 3 only), -EBADMSG for tools or
+ *         render them for (Qwen 2.5 and 3, Llama 3.1+ only), -EBADMSG for tools or
  *         arguments that are not JSON of the right shape.
  */
 int kn_tok_apply_chat_tools(const struct kn_tok *tok, const struct kn_chat_msg *msgs, size_t n,
@@ -290,6 +292,11 @@ int kn_tok_apply_chat_tools(const struct kn_tok *tok, const struct kn_chat_msg *
 
 /** @return 1 when the chat template renders tools (kn_tok_apply_chat_tools()). */
 int kn_tok_chat_has_tools(const struct kn_tok *tok);
+
+/** How the template's model writes a tool call: 0 none (no tools), 1
+ *  <tool_call>{"name", "arguments"}</tool_call> (Qwen 2.5/3, hermes), 2 a
+ *  bare {"name", "parameters"} JSON object (Llama 3.1+). */
+int kn_tok_chat_tool_style(const struct kn_tok *tok);
 
 /** @return why kn_tok_apply_chat() returns -ENOTSUP, or "" when it does not. */
 const char *kn_tok_chat_error(const struct kn_tok *tok);

@@ -1202,6 +1202,34 @@ static void a_models_tool_calls_come_back_as_tool_calls_streamed_or_not(void **s
 		     "{" ASK ", " TOOLS ", \"tool_choice\":\"required\"}");
 	assert_error(400, "tools", "invalid_value", "/v1/chat/completions",
 		     "{" ASK ", \"tools\":[{\"type\":\"function\",\"function\":{}}]}");
+	/* Llama 3.1+: the answer is the call, {"name", "parameters"} JSON, ";" between two */
+	use_template("llama31.jinja");
+	fake_say("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; "
+		 "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}");
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+	assert_true(json_is_null(json_object_get(msg, "content")));
+	assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 2);
+	args = json_loads(json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(msg,
+		"tool_calls"), 1), "function"), "arguments")), 0, NULL);
+	assert_string_equal(json_string_value(json_object_get(args, "city")), "Rome");
+	json_decref(args);
+	assert_string_equal(finish_of(j), "tool_calls");
+	json_decref(j);
+	assert_int_equal(request("POST", "/v1/chat/completions", "{" ASK ", " TOOLS MT ", \"stream\":true}", 0, &r), CURLE_OK);
+	assert_null(strstr(r.body, "\"content\":\"{"));
+	assert_non_null(strstr(r.body, "\"tool_calls\":[{"));
+	assert_non_null(strstr(r.body, "\"finish_reason\":\"tool_calls\""));
+	resp_free(&r);
+	fake_say("It is sunny.");
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	assert_string_equal(text_of(j), "It is sunny.");
+	assert_string_equal(finish_of(j), "stop");
+	json_decref(j);
+	fake_say("{\"name\": \"get_weather\"");
+	j = post("/v1/chat/completions", 200, "{" ASK ", " TOOLS MT "}");
+	assert_string_equal(text_of(j), "{\"name\": \"get_weather\"");
+	json_decref(j);
 	/* a template that does not render tools refuses them */
 	use_template(NULL);
 	assert_error(400, "tools", "unsupported_value", "/v1/chat/completions", "{" ASK ", " TOOLS MT "}");
