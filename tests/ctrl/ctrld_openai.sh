@@ -74,3 +74,12 @@ if (!(f === "length" && u.completion_tokens === 1900)) { console.log(JSON.string
 ' "$tmp/inflight.json" || fail "the request in flight at SIGTERM did not finish"
 [ ! -e "$sock" ] || fail "the admin socket was left behind"
 echo "ok    SIGTERM drains: the request in flight completes, new ones get 503, exit 0"
+
+# Tool calling through the official client, on a Qwen 2.5 chat template.
+KVFERRY_MAX_SLOTS=8 "$ctrld" --model-dir "$tmp/model" --served-model-name tiny --port 0 \
+  --admin-socket "$tmp/tools.sock" --stages 1 --threads 1 --kv-memory 16M \
+  --chat-template "$root/tests/kernels/data/chat/qwen25.jinja" --config /dev/null >"$tmp/ctrld.log" 2>&1 &
+pid=$!
+port=$(kvf_ctrld_port "$tmp/ctrld.log" "$pid") || fail "$port"
+node "$root/tests/ctrl/openai_tools.mjs" "http://127.0.0.1:$port" tiny "$ref" || fail "openai client tool checks"
+kill -TERM "$pid"; wait "$pid"; pid=
