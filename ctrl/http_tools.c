@@ -74,6 +74,10 @@ size_t http_tool_hold(const struct gen *g, size_t upto)
 			c++;
 		return (c == e && !g->done) || (c < e && *c == '{') ? from : upto;
 	}
+	/* the text already sent holds no "<tool_call>" (nothing goes past one):
+	 * look only from where one could still start, not from the top each chunk */
+	if (g->emitted >= from + strlen(TC_OPEN) && g->emitted <= g->text.len)
+		from = g->emitted - (strlen(TC_OPEN) - 1);
 	at = memmem(g->text.p + from, g->text.len - from, TC_OPEN, strlen(TC_OPEN));
 	if (at)
 		return (size_t)(at - g->text.p) < upto ? (size_t)(at - g->text.p) : upto;
