@@ -39,6 +39,7 @@
 
 #include "ctrl_chain.h"
 #include "kvf_clock.h"
+#include "kvf_mix.h"
 
 struct fake_group {
 	int busy;
@@ -74,12 +75,10 @@ struct fake_chain {
 	int32_t plan_used[8];       /* steps run in each plan */
 };
 
+/* splitmix64's step: the golden increment, then its finalizer */
 static uint64_t mix64(uint64_t x)
 {
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
+	return kvf_mix64(x + KVF_MIX_GOLDEN);
 }
 
 void ctrl_fake_chain_opts_init(struct ctrl_fake_chain_opts *o)

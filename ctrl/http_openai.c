@@ -13,14 +13,7 @@
 #include <time.h>
 
 #include "http_int.h"
-
-/* splitmix64's finalizer: a bijection of 64-bit words. */
-static uint64_t mix64(uint64_t x)
-{
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
+#include "kvf_mix.h"
 
 static struct gen *gen_new(struct ctrl_http *h, struct MHD_Connection *c, enum gen_kind kind, double t_start)
 {
@@ -143,10 +136,10 @@ static void gen_rid(struct gen *g, const struct http_gen_req *q)
 		snprintf(g->rid, sizeof(g->rid), "%s", q->rid); /* the client's (SGLang's rid) */
 		return;
 	}
-	x = mix64(h->id_salt + atomic_fetch_add(&h->ids, 1));
+	x = kvf_mix64(h->id_salt + atomic_fetch_add(&h->ids, 1));
 	if (g->kind == GEN_NATIVE) /* 32 hex digits, as SGLang's ids */
 		snprintf(g->rid, sizeof(g->rid), "%016llx%016llx", (unsigned long long)x,
-			 (unsigned long long)mix64(x ^ h->id_salt));
+			 (unsigned long long)kvf_mix64(x ^ h->id_salt));
 	else
 		snprintf(g->rid, sizeof(g->rid), "%s-%016llx", g->kind == GEN_CHAT ? "chatcmpl" : "cmpl",
 			 (unsigned long long)x);
@@ -217,7 +210,7 @@ static int gen_submit(struct gen *g, struct ctrl_request *r, const struct http_g
  * n > 1 repeats exactly and its choices differ. */
 static uint32_t choice_seed(uint64_t seed, int i)
 {
-	uint64_t s = i ? mix64(seed ^ mix64((uint64_t)i)) : seed;
+	uint64_t s = i ? kvf_mix64(seed ^ kvf_mix64((uint64_t)i)) : seed;
 
 	return (uint32_t)(s ^ (s >> 32));
 }

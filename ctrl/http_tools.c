@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "http_int.h"
+#include "kvf_mix.h"
 
 #define TC_OPEN "<tool_call>"
 #define TC_CLOSE "</tool_call>"
@@ -94,10 +95,9 @@ size_t http_tool_hold(const struct gen *g, size_t upto)
 static json_t *call_id(struct ctrl_http *h)
 {
 	char id[48];
-	uint64_t x = h->id_salt ^ (atomic_fetch_add(&h->ids, 1) * 0x9e3779b97f4a7c15ull);
+	const uint64_t x = kvf_mix64(h->id_salt ^ (atomic_fetch_add(&h->ids, 1) * KVF_MIX_GOLDEN));
 
-	x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-	snprintf(id, sizeof(id), "chatcmpl-tool-%016llx", (unsigned long long)(x ^ (x >> 29)));
+	snprintf(id, sizeof(id), "chatcmpl-tool-%016llx", (unsigned long long)x);
 	return json_string(id);
 }
 

@@ -40,25 +40,18 @@
 #include <string.h>
 
 #include "ctrl_sched.h"
+#include "kvf_mix.h"
 #include "sched_int.h"
 #include "shm_blkpool.h"
-
-/* splitmix64's finalizer */
-static uint64_t mix64(uint64_t x)
-{
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
 
 /* The name of a block holding @p t[0 .. KN_PAGE_BLK) after a block named
  * @p parent (0: the prompt's first). Never 0 (0: not cached). */
 static uint64_t block_name(uint64_t parent, const int32_t *t)
 {
-	uint64_t h = mix64(parent + 0x9e3779b97f4a7c15ull);
+	uint64_t h = kvf_mix64(parent + KVF_MIX_GOLDEN);
 
 	for (int k = 0; k < KN_PAGE_BLK; k++)
-		h = mix64(h ^ (uint32_t)t[k]);
+		h = kvf_mix64(h ^ (uint32_t)t[k]);
 	return h ? h : 1;
 }
 
