@@ -191,13 +191,15 @@ const struct cfg_key g_cfg_keys[] = {
 	 "prompt on two CPU stages took 0.57-0.59 of its time to its first token, a 2,048-token one "
 	 "on two CUDA stages (1B, H200) 0.86-0.87; each launch beside running decodes may then carry "
 	 "a chunk more often. no: one chunk of a prompt in flight"},
-	{"prefix_cache", "sched", CFG_BOOL, OFF(prefix_cache), "no", 0, 1,
+	{"prefix_cache", "sched", CFG_BOOL, OFF(prefix_cache), "yes", 0, 1,
 	 "KVFERRY_PREFIX_CACHE", "--prefix-cache", NULL, NULL,
-	 "keep the KV blocks of finished prompts for later prompts that start with the same tokens "
-	 "(16-token blocks): those compute only the rest. Idle cached blocks count as in use and go "
-	 "back first when the pool runs dry; all are forgotten when a worker re-joins or a "
-	 "micro-batch is lost. Answers are unchanged on the CPU backend (its KV has the same bits "
-	 "however a prompt is chunked)"},
+	 "keep the KV blocks of prompts for later prompts that start with the same tokens (16-token "
+	 "blocks: a shared system prompt, a chat's earlier turns): those compute only the rest. Idle "
+	 "cached blocks are not counted in blocks_in_use and go back first when the pool runs dry; "
+	 "all are forgotten when a worker re-joins or a micro-batch is lost, and on POST /flush_cache. "
+	 "Answers are unchanged on the CPU backend and with cuda_batch_invariant (a prompt's KV has "
+	 "the same bits however it was chunked); the CUDA backend's default kernels may differ in the "
+	 "last bits, as batched requests do. no: every prompt computed whole"},
 	{"spec", "sched", CFG_BOOL, OFF(spec), "yes", 0, 1,
 	 "KVFERRY_SPEC", "--spec", NULL, NULL,
 	 "prompt-lookup speculative decoding for greedy requests (output is unchanged)"},

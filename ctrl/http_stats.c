@@ -93,7 +93,8 @@ static const struct prom_rule {
 	/* a pool's size is a gauge, and a gauge's name must not end in _total */
 	{"backend.replicas[].blocks_total", "blocks_capacity", NULL, "KV blocks in the pool", NULL},
 	{"backend.replicas[].blocks_cached", NULL, NULL,
-	 "[sched] prefix_cache: idle KV blocks kept for later prompts (counted in blocks_in_use)", NULL},
+	 "[sched] prefix_cache: idle KV blocks kept for later prompts (not in blocks_in_use: an "
+	 "allocation takes them back first)", NULL},
 	{"backend.replicas[].prefix_hit_tokens_total", NULL, NULL,
 	 "prompt positions whose KV came from the prefix cache instead of being computed", NULL},
 	{"backend.replicas[].prefill_shared_tokens_total", NULL, NULL,

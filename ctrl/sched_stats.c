@@ -23,7 +23,8 @@ void sched_publish(struct ctrl_sched *s)
 	st->replaying = s->n_replaying;
 	st->live = s->n_live;
 	st->blocks_total = s->n_blocks;
-	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool);
+	/* idle cached blocks are not in use: any allocation takes them back */
+	st->blocks_in_use = s->n_blocks - shm_blkpool_available(s->pool) - s->pfx.n_idle;
 	st->blocks_reserved = s->reserved;
 	st->blocks_cached = s->pfx.n_idle;
 	st->queued_bytes = s->queued_bytes;

@@ -253,8 +253,8 @@ struct ctrl_sched_stats {
 	int32_t blocks_total;
 	int32_t blocks_in_use;
 	int32_t blocks_reserved;   /**< worst case of every admitted sequence */
-	int32_t blocks_cached;     /**< prefix cache: idle blocks kept for later prompts (counted in
-	                                blocks_in_use; given back first when the pool runs dry) */
+	int32_t blocks_cached;     /**< prefix cache: idle blocks kept for later prompts (not counted
+	                                in blocks_in_use; given back first when the pool runs dry) */
 	uint64_t prefix_hit_tokens; /**< prompt positions taken from the prefix cache, not computed */
 	uint64_t prefill_shared_tokens; /**< prompt positions read from an earlier request's blocks
 	                                (ctrl_request.prefill_from: the n choices of one request) */

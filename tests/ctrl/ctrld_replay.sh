@@ -60,7 +60,7 @@ pool() { # FIELD: replica 0's, from ctrlctl pool
 # blocks_back WHAT: every KV block back and nothing waiting, within 10 s
 blocks_back() {
   for _ in $(seq 100); do
-    [ "$(pool blocks_in_use)" = "$(pool blocks_cached)" ] && [ "$(pool blocks_reserved)" = 0 ] && [ "$(pool live)" = 0 ] \
+    [ "$(pool blocks_in_use)" = 0 ] && [ "$(pool blocks_reserved)" = 0 ] && [ "$(pool live)" = 0 ] \
       && [ "$(pool replaying)" = 0 ] && return 0
     sleep 0.1
   done
