@@ -61,10 +61,27 @@
  */
 static int wg_one_chain = 1;
 
+/*
+ * k per segment of down-shaped layers (at least two inputs a row: the
+ * 8B's down, 14,336 k, and the 1B's, 8,192). Their wide plans run tiles
+ * too few to fill the GPU, so in segment parts, whose sums (4 bytes a
+ * column, row and segment, written and read again) grow with the segments:
+ * at 128 columns the 8B's 28 segments of 512 k wrote half as many bytes
+ * as the weights, and without parts its 128 tiles each read as much X as
+ * W from L2 (86.9 us against cuBLAS's 65.4, H100, .dc/run14.sh). Longer
+ * segments cut both; narrow plans still get blocks enough. KVFERRY_WG_SEG_DOWN
+ * (512, 1024, 2048 or 4096; read once a process): other bits, the same
+ * family (every width alike).
+ */
+static int wg_seg_down = WG_SEG;
+
 static int wg_seg_of(int in, int out)
 {
-	return (wg_one_chain == 1 && (long)out >= 4L * in) || wg_one_chain == 2 ? (in + WG_SEG - 1) / WG_SEG * WG_SEG
-										  : WG_SEG;
+	if ((wg_one_chain == 1 && (long)out >= 4L * in) || wg_one_chain == 2)
+		return (in + WG_SEG - 1) / WG_SEG * WG_SEG;
+	if (wg_one_chain == 1 && (long)in >= 2L * out && in > wg_seg_down)
+		return wg_seg_down;
+	return WG_SEG;
 }
 
 /* the segments of a layer's sum */
@@ -927,6 +944,8 @@ static void wg_read_env(void)
 	wg_wpairs = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
 	e = getenv("KVFERRY_WG_256");
 	wg_256 = !(e && !strcmp(e, "0"));
+	e = getenv("KVFERRY_WG_SEG_DOWN");
+	wg_seg_down = e && (!strcmp(e, "1024") || !strcmp(e, "2048") || !strcmp(e, "4096")) ? atoi(e) : WG_SEG;
 	e = getenv("KVFERRY_WG_TMA_FROM");
 	wg_tma_from = e && atoi(e) > 0 ? atoi(e) : 0;
 	void *fn = NULL;
