@@ -125,23 +125,33 @@ static int32_t completion_tokens(const struct gen *g)
 }
 
 /* Each prompt counts once, however many choices share it (as OpenAI's):
- * the first choice of each. */
-static int32_t prompt_tokens(const struct gen *g)
+ * the first choice of each; with the positions of those the prefix cache
+ * gave (*cached). */
+static int32_t prompt_counts(const struct gen *g, int32_t *cached)
 {
-	int32_t n = g->n_prompt, per = g->per_prompt > 0 ? g->per_prompt : 1;
+	int32_t n = g->n_prompt, c = g->n_cached, per = g->per_prompt > 0 ? g->per_prompt : 1;
 
 	for (int i = 0; i < g->n_kids; i++)
-		if (g->kids[i]->index % per == 0)
+		if (g->kids[i]->index % per == 0) {
 			n += g->kids[i]->n_prompt;
+			c += g->kids[i]->n_cached;
+		}
+	if (cached != NULL)
+		*cached = c;
 	return n;
+}
+
+static int32_t prompt_tokens(const struct gen *g)
+{
+	return prompt_counts(g, NULL);
 }
 
 static json_t *usage_json(const struct gen *g)
 {
-	int32_t in = prompt_tokens(g), out = completion_tokens(g);
+	int32_t cached, in = prompt_counts(g, &cached), out = completion_tokens(g);
 
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", in, "completion_tokens", out,
-			 "total_tokens", in + out);
+	return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", in, "completion_tokens", out,
+			 "total_tokens", in + out, "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static json_t *chunk_json(struct gen *g, const char *text, size_t len, const char *finish, int role,

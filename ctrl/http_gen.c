@@ -81,7 +81,7 @@ void gen_on_event(void *arg, const struct ctrl_event *ev)
 	struct gen *g = arg;
 	struct http_ev e = {.t = http_now(), .t_admitted_ns = ev->t_admitted_ns, .token = ev->token,
 			    .logprob = ev->logprob, .n_generated = ev->n_generated, .finish = (int32_t)ev->finish,
-			    .prompt_pos = ev->prompt_pos};
+			    .prompt_pos = ev->prompt_pos, .cached = ev->cached_tokens};
 
 	if (ev->finish == CTRL_FINISH_NONE && ev->n_top > 0 && ev->top_ids && ev->top_logprobs) {
 		e.n_top = ev->n_top < HTTP_MAX_LOGPROBS ? ev->n_top : HTTP_MAX_LOGPROBS;
@@ -284,6 +284,7 @@ static void plp_fill(struct gen *g, const struct http_ev *e)
 /* Latency of one event, as the pump takes it (see the top of the file). */
 static void note_latency(struct gen *g, const struct http_ev *e)
 {
+	g->n_cached = e->cached; /* the last admission's (a replay admits again) */
 	if (e->t_admitted_ns && !g->queue_noted) {
 		http_hist_observe(g->h, HTTP_HIST_QUEUE, (double)e->t_admitted_ns * 1e-9 - g->t_start);
 		g->queue_noted = 1;

@@ -28,6 +28,7 @@ struct http_ev {
 	int32_t n_generated;
 	int32_t finish; /* enum ctrl_finish */
 	int32_t prompt_pos;          /* > 0: prompt token prompt_pos scored (ctrl_event's) */
+	int32_t cached;              /* ctrl_event's cached_tokens */
 	int32_t n_top;
 	int32_t top_ids[HTTP_MAX_LOGPROBS];
 	float top_lps[HTTP_MAX_LOGPROBS];
@@ -111,6 +112,7 @@ struct gen {
 	int64_t created;
 	double t_start;              /* arrival: the handler began with the whole body */
 	double t_last;               /* the latest token's http_ev.t (inter-token latency) */
+	int32_t n_cached;            /* prompt positions the prefix cache gave (usage's cached_tokens) */
 	int queue_noted, e2e_noted;  /* queue time / end-to-end latency observed */
 	int32_t n_prompt, n_gen, max_tokens;
 	char **stops;

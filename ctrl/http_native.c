@@ -217,7 +217,7 @@ json_t *http_native_json(const struct gen *g, size_t upto, size_t lp_upto, int f
 		json_array_append_new(ids, json_integer(g->stop_token));
 	meta = json_pack("{s:s, s:o, s:i, s:i, s:i}", "id", g->rid, "finish_reason",
 			 final ? finish_json(g) : json_null(), "prompt_tokens", g->n_prompt, "completion_tokens",
-			 final ? g->n_gen : (int)lp_upto, "cached_tokens", 0);
+			 final ? g->n_gen : (int)lp_upto, "cached_tokens", g->n_cached);
 	if (final)
 		json_object_set_new(meta, "e2e_latency", json_real(http_now() - g->t_start));
 	if (g->lp_report) {

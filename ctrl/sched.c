@@ -421,7 +421,10 @@ static int admit(struct ctrl_sched *s)
 		sl->kv_wait = 0;
 		sl->rollback_to = -1;
 		sl->ready_at = s->launch_no;
-		sched_prefix_take(s, i); /* a cached prefix: its blocks, and prefill starts past them */
+		/* a cached prefix: its blocks, and prefill starts past them; a
+		 * prefill node may ship those at once */
+		if (sched_prefix_take(s, i) > 0 && r->hold_kv)
+			sched_kv_progress(s, i);
 		sched_sibling_admit(s, i); /* else another choice's computed prompt, or wait for it */
 		s->reserved += r->need;
 		s->n_live++;

@@ -94,6 +94,7 @@ static void req_finish_kv(struct ctrl_sched *s, struct sched_req *r, enum ctrl_f
 		.n_generated = r->n_gen, .message = msg,
 		.kv_blocks = h != NULL ? h->blk : NULL, .n_kv_blocks = h != NULL ? h->n : 0,
 		.kv_positions = h != NULL ? kv_pos : 0, .t_admitted_ns = r->t_admitted_ns,
+		.cached_tokens = r->n_cached,
 	};
 
 	s->st.finished++;
@@ -199,7 +200,7 @@ int sched_slot_emit(struct ctrl_sched *s, int32_t i, int32_t tok, float lp, stru
 		.id = r->id, .finish = CTRL_FINISH_NONE, .token = tok, .logprob = lp,
 		.n_generated = r->n_gen, .message = NULL,
 		.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps,
-		.t_admitted_ns = r->t_admitted_ns,
+		.t_admitted_ns = r->t_admitted_ns, .cached_tokens = r->n_cached,
 	};
 	sched_emit(s, r->cb, r->cb_arg, &ev);
 	if (r->n_gen >= r->max_tokens) {
@@ -236,6 +237,7 @@ int sched_slot_prompt_lp(struct ctrl_sched *s, int32_t i, const struct ctrl_chai
 			.id = r->id, .finish = CTRL_FINISH_NONE, .token = r->toks[p], .prompt_pos = p,
 			.logprob = res->logprobs != NULL ? res->logprobs[j] : 0.0f, .n_generated = r->n_gen,
 			.n_top = top.n, .top_ids = top.ids, .top_logprobs = top.lps, .t_admitted_ns = r->t_admitted_ns,
+			.cached_tokens = r->n_cached,
 		};
 		sched_emit(s, r->cb, r->cb_arg, &ev);
 		r->plp_next = p + 1;

@@ -38,6 +38,7 @@ struct sched_req {
 	int32_t plp_next;         /* the next prompt position to report (a replay reports none twice) */
 	uint64_t pf_from;         /* ctrl_request.prefill_from (0 for hold_kv and kv_remote requests) */
 	uint64_t t_admitted_ns;   /* kvf_mono_ns() at admission, 0 while queued (ctrl_event's) */
+	int32_t n_cached;         /* prompt positions its last admission took from the prefix cache */
 	uint64_t t_wait_ns;       /* when it last began to wait in a queue (replay_timeout) */
 	int32_t n_replays;        /* times the chain lost it and it was put back */
 	char *why;                /* after a replay: how the chain lost it (NULL before) */
@@ -324,7 +325,8 @@ struct ctrl_sched {
  * (nothing to do unless o.prefix_cache). take: at admission, slot @p i's
  * cached prompt blocks (its row and n_fed start past them); @return how
  * many. fed: its prefill advanced: name its newly whole prompt blocks.
- * release: at a slot's end, instead of giving its blocks back. flush:
+ * release: at a slot's end, instead of giving its blocks back; unref: the
+ * same for @p n blocks held elsewhere (a prefill node's held KV). flush:
  * forget every cached block.
  * sched_blk_alloc(): shm_blkpool_alloc(), idle cached blocks evicted first
  * when the pool runs dry. */
@@ -333,6 +335,7 @@ void sched_prefix_fini(struct ctrl_sched *s);
 int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i);
 void sched_prefix_fed(struct ctrl_sched *s, int32_t i);
 void sched_prefix_release(struct ctrl_sched *s, int32_t i);
+void sched_prefix_unref(struct ctrl_sched *s, const int32_t *blk, int32_t n);
 void sched_prefix_flush(struct ctrl_sched *s);
 int sched_blk_alloc(struct ctrl_sched *s, int32_t n, int32_t *out);
 /* sched_prefix.c: the n choices of one request (ctrl_request.prefill_from).

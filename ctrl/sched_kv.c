@@ -195,7 +195,7 @@ static void apply(struct ctrl_sched *s, const struct sched_kvmsg *m)
 				struct sched_held *h = *pp;
 
 				*pp = h->next;
-				shm_blkpool_release(s->pool, h->blk, h->n);
+				sched_prefix_unref(s, h->blk, h->n); /* those the cache names stay with it */
 				s->n_held_blocks -= h->n;
 				s->reserved -= h->n;
 				free(h);

@@ -28,8 +28,12 @@
  *  - everything is forgotten (sched_prefix_flush()) when the chain may have
  *    lost KV: its KV generation changed (a worker re-joined), or a
  *    micro-batch was lost;
- *  - hold_kv and kv_remote requests (PD) neither take nor leave blocks:
- *    their blocks have lives of their own (sched_kv.c).
+ *  - a prefill node's hold_kv prompts take and name blocks as any prompt
+ *    does: the blocks they take are final, so they are told at admission
+ *    (a kv_progress event) and may ship at once; the blocks they hold past
+ *    their end go back through sched_prefix_unref() when released
+ *    (sched_kv.c). A decode node's kv_remote requests neither take nor
+ *    name blocks: their prompt's KV comes from another node.
  *
  * On the CPU engine a prompt's KV has the same bits however it was chunked
  * (kernels/NOTES.md), so a request answers token for token as it would
@@ -215,7 +219,8 @@ int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i)
 
 	sl->pfx_done = 0;
 	sl->pfx_name = 0;
-	if (!p->on || r->hold_kv || r->kv_remote)
+	sl->r->n_cached = 0;
+	if (!p->on || r->kv_remote)
 		return 0;
 	check_gen(s);
 	most = (r->n_prompt - 1) / KN_PAGE_BLK;
@@ -240,6 +245,7 @@ int32_t sched_prefix_take(struct ctrl_sched *s, int32_t i)
 	sl->n_fed = sl->n_sent = c * KN_PAGE_BLK;
 	sl->pfx_done = c;
 	sl->pfx_name = name;
+	sl->r->n_cached = c * KN_PAGE_BLK;
 	s->st.prefix_hit_tokens += (uint64_t)c * KN_PAGE_BLK;
 	return c;
 }
@@ -251,7 +257,7 @@ void sched_prefix_fed(struct ctrl_sched *s, int32_t i)
 	const struct sched_req *r = sl->r;
 	int32_t whole;
 
-	if (!p->on || r->hold_kv || r->kv_remote)
+	if (!p->on || r->kv_remote)
 		return;
 	check_gen(s);
 	whole = (sl->n_fed < r->n_prompt ? sl->n_fed : r->n_prompt) / KN_PAGE_BLK;
@@ -269,20 +275,24 @@ void sched_prefix_fed(struct ctrl_sched *s, int32_t i)
 	}
 }
 
-void sched_prefix_release(struct ctrl_sched *s, int32_t i)
+void sched_prefix_unref(struct ctrl_sched *s, const int32_t *blk, int32_t n)
 {
 	struct sched_prefix *p = &s->pfx;
-	struct sched_slot *sl = &s->slots[i];
 
 	if (!p->on) {
-		shm_blkpool_release(s->pool, sl->blk, sl->n_blk);
+		shm_blkpool_release(s->pool, blk, n);
 		return;
 	}
 	check_gen(s);
-	/* the row's references; a named block left to the cache alone idles */
-	for (int32_t j = 0; j < sl->n_blk; j++)
-		if (shm_blkpool_unref(s->pool, sl->blk[j]) == 1 && p->name[sl->blk[j]])
-			lru_append(p, sl->blk[j]);
+	/* one reference each; a named block left to the cache alone idles */
+	for (int32_t j = 0; j < n; j++)
+		if (shm_blkpool_unref(s->pool, blk[j]) == 1 && p->name[blk[j]])
+			lru_append(p, blk[j]);
+}
+
+void sched_prefix_release(struct ctrl_sched *s, int32_t i)
+{
+	sched_prefix_unref(s, s->slots[i].blk, s->slots[i].n_blk);
 }
 
 /* ---- the n choices of one request: a prompt computed once ---- */

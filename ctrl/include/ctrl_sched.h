@@ -105,6 +105,8 @@ struct ctrl_event {
 	uint64_t t_admitted_ns;    /**< when the scheduler admitted the request (kvf_mono_ns(),
 	                                CLOCK_MONOTONIC): the end of its queue time; 0 if it
 	                                never was (rejected or cancelled while waiting) */
+	int32_t cached_tokens;     /**< prompt positions its (last) admission took from the
+	                                prefix cache instead of computing them */
 };
 
 /**

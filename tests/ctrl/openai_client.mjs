@@ -75,7 +75,11 @@ check('a streamed chat completion gives the same text as the unstreamed one', as
   assert.ok(chunks >= 3, `only ${chunks} chunks`);
   assert.equal(text, chatText);
   assert.equal(finish, chatFinish);
-  assert.deepEqual(usage, chatUsage);
+  const { prompt_tokens_details: cached, ...counts } = usage;
+  const { prompt_tokens_details: _first, ...chatCounts } = chatUsage;
+  assert.deepEqual(counts, chatCounts);
+  // the same prompt again: the prefix cache gave its whole blocks but the last position's
+  assert.equal(cached.cached_tokens, Math.floor((usage.prompt_tokens - 1) / 16) * 16);
 });
 
 check('a streamed completion with a stop string never shows the stop string', async () => {
@@ -144,6 +148,12 @@ check('n choices: indexed, seeded ones repeat, choice 0 is the n=1 answer, the p
   assert.equal(await shared() - before, 3 * 32, 'three choices each read two blocks of the first one\'s prompt');
   const alone = await client.completions.create({ model, prompt: ids, max_tokens: 6, temperature: 0 });
   for (const c of four.choices) assert.equal(c.text, alone.choices[0].text);
+  // the prefix cache: the first time nothing cached, then the prompt's two whole blocks
+  assert.equal(four.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(alone.usage.prompt_tokens_details.cached_tokens, 32);
+  const nat = await (await fetch(base + '/generate', { method: 'POST', body: JSON.stringify({
+    input_ids: ids, sampling_params: { max_new_tokens: 2, temperature: 0 } }) })).json();
+  assert.equal(nat.meta_info.cached_tokens, 32, JSON.stringify(nat.meta_info));
 });
 
 check('a list of prompts: choice p * n + j answers prompt p as it would alone, each prompt counted once', async () => {

@@ -910,7 +910,7 @@ static void pd_decode_cb(void *arg, const struct ctrl_event *ev)
 
 enum pd_pipe { PD_PIPE_NONE, PD_PIPE_ALL, PD_PIPE_NOT_HELD };
 
-static struct ctrl_sched *pd_sched_pipe(struct ctrl_chain *c, int spec, enum pd_pipe pipe)
+static struct ctrl_sched *pd_sched_pipe(struct ctrl_chain *c, int spec, enum pd_pipe pipe, int prefix)
 {
 	struct ctrl_sched_opts o;
 	struct ctrl_sched *s;
@@ -922,6 +922,7 @@ static struct ctrl_sched *pd_sched_pipe(struct ctrl_chain *c, int spec, enum pd_
 	o.spec = spec;
 	o.mb_cols = 8;
 	o.hold_chunk = 20; /* held prompts in chunks of one block (20 rounds down to 16) */
+	o.prefix_cache = prefix;
 	s = ctrl_sched_create(c, &o, err, sizeof(err));
 	if (s == NULL)
 		fail_msg("ctrl_sched_create: %s", err);
@@ -930,7 +931,7 @@ static struct ctrl_sched *pd_sched_pipe(struct ctrl_chain *c, int spec, enum pd_
 
 static struct ctrl_sched *pd_sched(struct ctrl_chain *c, int spec)
 {
-	return pd_sched_pipe(c, spec, PD_PIPE_NONE);
+	return pd_sched_pipe(c, spec, PD_PIPE_NONE, 0);
 }
 
 static void drive_until_drained(struct ctrl_sched *s)
@@ -989,7 +990,7 @@ static void a_held_stage_computes_nothing_until_released_while_its_holder_export
 static uint64_t pd_prefill_pipe(struct pd_req *q, int32_t stages, enum pd_pipe pipe)
 {
 	struct ctrl_chain *pc = kn_chain(stages, 1);
-	struct ctrl_sched *ps = pd_sched_pipe(pc, 0, pipe);
+	struct ctrl_sched *ps = pd_sched_pipe(pc, 0, pipe, 0);
 	struct ctrl_sched_stats st;
 	int n_progress = 0;
 
@@ -1116,6 +1117,87 @@ static void a_decode_node_continues_from_pages_another_chain_computed_token_for_
 		ctrl_chain_destroy(dc);
 		pd_free(q);
 	}
+}
+
+/* A prefill node's prefix cache: the set prefilled twice with hold_kv on
+ * one scheduler, pages read out and released as a prefill node does. The
+ * second time each prompt takes the whole blocks the first named (told at
+ * admission, so they may ship at once), computes only the rest, and ships
+ * the first time's whole blocks byte for byte; a decode node continues
+ * from its pages with the co-located tokens. Released, no block is in use
+ * and the named ones idle in the cache. */
+static void a_prefill_nodes_cached_prefix_ships_the_same_pages_and_the_decode_node_answers_co_located(void **state)
+{
+	static struct pd_req q[2][N];
+	struct ctrl_chain *pc = kn_chain(2, 1), *dc = kn_chain(2, 1);
+	struct ctrl_sched *ds = pd_sched(dc, 0), *ps = pd_sched_pipe(pc, 0, PD_PIPE_NONE, 1);
+	struct ctrl_sched_stats st;
+	uint64_t hits[2] = {0, 0}, cols[2] = {0, 0};
+	int32_t saved = 0;
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		saved += (g_len[i] - 1) / KN_PAGE_BLK * KN_PAGE_BLK;
+	for (int wave = 0; wave < 2; wave++) {
+		for (int i = 0; i < N; i++) {
+			struct ctrl_request rq;
+
+			memset(&q[wave][i], 0, sizeof(q[wave][i]));
+			request_of(&rq, i);
+			rq.max_tokens = 1;
+			rq.hold_kv = 1;
+			rq.cb = pd_prefill_cb;
+			rq.cb_arg = &q[wave][i];
+			q[wave][i].n_stages = 2;
+			q[wave][i].psched = ps;
+			q[wave][i].pchain = pc;
+			q[wave][i].rec.id = ctrl_sched_submit(ps, &rq);
+			assert_true(q[wave][i].rec.id > 0);
+		}
+		drive_until_drained(ps);
+		assert_true(ctrl_sched_poll(ps) >= 0); /* the releases */
+		ctrl_sched_stats(ps, &st);
+		hits[wave] = st.prefix_hit_tokens - (wave ? hits[0] : 0);
+		cols[wave] = st.prefill_cols - (wave ? cols[0] : 0);
+		assert_int_equal(st.kv_held_blocks, 0);
+		assert_int_equal(st.blocks_in_use, 0);
+		assert_true(st.blocks_cached > 0);
+	}
+	printf("held prompts twice: prompt columns %llu then %llu, positions from the cache %llu then %llu (at most %d)\n",
+	       (unsigned long long)cols[0], (unsigned long long)cols[1], (unsigned long long)hits[0],
+	       (unsigned long long)hits[1], saved);
+	assert_true(hits[1] > 0 && hits[1] <= (uint64_t)saved);
+	assert_int_equal(cols[0] - cols[1], hits[1] - hits[0]); /* what the cache gave was not computed */
+	for (int i = 0; i < N; i++) {
+		struct pd_req *a = &q[0][i], *b = &q[1][i];
+
+		assert_int_equal(b->rec.finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(b->rec.toks[0], g_ref[i].toks[0]);
+		assert_int_equal(b->export_rc, 0);
+		assert_int_equal(b->n_blocks, a->n_blocks);
+		assert_int_equal(b->positions, a->positions);
+		assert_false(b->progress_bad);
+		assert_int_equal(b->n_progress, b->n_blocks - 1);
+		for (int32_t k = 0; k < 2; k++) /* whole blocks; the last one's unused positions may differ */
+			assert_memory_equal(a->pages[k], b->pages[k], b->fmt[k].block_bytes * (size_t)(b->n_blocks - 1));
+		b->dsched = ds;
+		b->dchain = dc;
+		b->deliver = 1;
+		assert_true(pd_submit_remote(b, i) > 0);
+	}
+	drive_until_drained(ds);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(q[1][i].import_rc, 0);
+		assert_int_equal(q[1][i].got.finish, CTRL_FINISH_LENGTH);
+		assert_int_equal(q[1][i].got.n, g_ref[i].n);
+		assert_memory_equal(q[1][i].got.toks, g_ref[i].toks, sizeof(int32_t) * (size_t)g_ref[i].n);
+	}
+	pd_free(q[0]);
+	pd_free(q[1]);
+	ctrl_sched_destroy(ds);
+	ctrl_sched_destroy(ps);
+	ctrl_chain_destroy(dc);
+	ctrl_chain_destroy(pc);
 }
 
 /* Request @p i, waiting for its pages on @p ds: they land in its reserved
@@ -2193,6 +2275,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(prompt_logprobs_are_the_log_softmax_of_the_prompt_logits_in_any_chunking_batching_and_cache),
 		cmocka_unit_test(the_choices_of_a_request_compute_its_prompt_once_and_each_answers_as_alone),
 		cmocka_unit_test(a_decode_node_continues_from_pages_another_chain_computed_token_for_token),
+		cmocka_unit_test(a_prefill_nodes_cached_prefix_ships_the_same_pages_and_the_decode_node_answers_co_located),
 		cmocka_unit_test(a_remote_request_that_ends_while_waiting_gives_its_blocks_back_and_a_late_ready_is_ignored),
 		cmocka_unit_test(a_remote_requests_first_token_goes_out_before_its_pages_and_ready_does_not_send_it_again),
 		cmocka_unit_test(a_remote_request_failed_before_admission_ends_at_once_with_the_error),
