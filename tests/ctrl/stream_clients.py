@@ -7,7 +7,9 @@
 # READY asks for more, as the tiny model streams 90 tokens in a few tens of ms)
 # (greedy for even i, seeded sampling for odd; logprobs 3 for i % 4 < 2).
 # KVF_PROMPT_PREFIX in the environment, if set, starts every prompt (prompts
-# that share whole KV blocks, for the prefix cache).
+# that share whole KV blocks, for the prefix cache). Each result's "usage"
+# holds the counts; usage.prompt_tokens_details.cached_tokens is apart, in
+# "cached_tokens".
 # READY is created once every stream has shown 3 tokens; OUT gets, per
 # client, the status, the text, logprobs, finish reason, usage, error events
 # and when the stream ended.
@@ -37,7 +39,7 @@ def note(i, k):
 
 def client(i):
     r = {"status": 0, "text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [], "finish": None,
-         "usage": None, "errors": [], "done": False}
+         "usage": None, "cached_tokens": 0, "errors": [], "done": False}
     try:
         c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
         c.request("POST", "/v1/completions", json.dumps(body(i)), {"Content-Type": "application/json"})
@@ -58,7 +60,11 @@ def client(i):
                     r["errors"].append(j["error"].get("message", ""))
                     continue
                 if j.get("usage"):
-                    r["usage"] = j["usage"]
+                    # what the prefix cache gave depends on what ran before, not on the
+                    # answer: kept apart, so runs compare by their counts
+                    use = dict(j["usage"])
+                    r["cached_tokens"] = (use.pop("prompt_tokens_details", None) or {}).get("cached_tokens", 0)
+                    r["usage"] = use
                 for ch in j.get("choices", []):
                     r["text"] += ch.get("text", "")
                     lp = ch.get("logprobs") or {}
