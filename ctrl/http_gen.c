@@ -284,7 +284,6 @@ static void plp_fill(struct gen *g, const struct http_ev *e)
 /* Latency of one event, as the pump takes it (see the top of the file). */
 static void note_latency(struct gen *g, const struct http_ev *e)
 {
-	g->n_cached = e->cached; /* the last admission's (a replay admits again) */
 	if (e->t_admitted_ns && !g->queue_noted) {
 		http_hist_observe(g->h, HTTP_HIST_QUEUE, (double)e->t_admitted_ns * 1e-9 - g->t_start);
 		g->queue_noted = 1;
@@ -319,6 +318,7 @@ void gen_pump(struct gen *g)
 		const struct http_ev *e = &q[i];
 		ssize_t w;
 
+		g->n_cached = e->cached; /* the last admission's (a replay admits again) */
 		note_latency(g, e);
 		t_end = e->t;
 		if (e->finish == CTRL_FINISH_NONE && e->prompt_pos > 0) {
